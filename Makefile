@@ -1,0 +1,30 @@
+# One entry point for people and CI. `make demo` and `make test` are the README's two commands.
+SHELL := /bin/bash
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: bootstrap demo demo-down test lint typecheck unit verify crds
+
+bootstrap:
+	@scripts/bootstrap.sh
+
+## The main job: a real local control plane, the operator, a sample fleet reconciled.
+demo: bootstrap
+	@scripts/demo.sh up
+
+demo-down:
+	@scripts/demo.sh down
+
+## Everything CI runs: lint, types, generated-file drift, all test tiers.
+test: bootstrap lint typecheck
+	$(BIN)/pytest -q
+
+lint:
+	$(BIN)/ruff check operator tests benchmarks
+	$(BIN)/ruff format --check operator tests benchmarks
+
+typecheck:
+	$(BIN)/mypy
+
+unit: bootstrap
+	$(BIN)/pytest -q tests/unit

@@ -1,0 +1,5 @@
+"""``python -m kvretention`` runs the CLI."""
+
+from kvretention.cli import main
+
+main()

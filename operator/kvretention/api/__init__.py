@@ -1,0 +1,1 @@
+"""The KvRetentionDeployment API: pydantic models that generate the CRD."""

@@ -1,0 +1,46 @@
+"""The ``kvretention`` command line: one entry point, one subcommand per process or tool.
+
+Subcommands are imported lazily so ``kvretention probe`` in a worker image does not import kopf,
+and ``kvretention frontend`` does not import the Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Final
+
+import click
+
+SUBCOMMANDS: Final[dict[str, tuple[str, str]]] = {
+    "operator": ("kvretention.controller.cli", "operator_cmd"),
+    "render": ("kvretention.controller.cli", "render_cmd"),
+    "crds": ("kvretention.api.cli", "crds_cmd"),
+    "frontend": ("kvretention.dataplane.frontend.cli", "frontend_cmd"),
+    "router": ("kvretention.dataplane.router.cli", "router_cmd"),
+    "worker": ("kvretention.dataplane.worker.cli", "worker_cmd"),
+    "probe": ("kvretention.probe", "probe_cmd"),
+    "cluster": ("kvretention.localcluster.cli", "cluster"),
+}
+"""name -> (module, click command attribute)."""
+
+
+class LazyGroup(click.Group):
+    """A click group whose subcommands are imported only when invoked."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(SUBCOMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = SUBCOMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module = importlib.import_module(target[0])
+        command = getattr(module, target[1])
+        assert isinstance(command, click.Command)
+        return command
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="kvretention")
+def main() -> None:
+    """kvretention: hinted SGLang/Mooncake fleets on Kubernetes."""

@@ -1,0 +1,1 @@
+"""Pure builders: a KvRetentionDeployment spec in, Kubernetes objects out."""

@@ -1,0 +1,1 @@
+"""The request path: frontend, router, worker and the protocol between them."""

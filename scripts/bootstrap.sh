@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Install everything the tests, the demo and the benchmarks need, from a clean checkout.
+# Idempotent: a second run only checks stamps. Slow builds are cached outside the repo.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${KVR_VENV:-.venv}
+SGLANG_VERSION=0.5.23
+MOONCAKE_VERSION=0.3.13.post1
+
+log() { printf '[bootstrap] %s\n' "$*" >&2; }
+
+# Debian packages: openssl for the control plane's keys, libibverbs1 for mooncake_master.
+need_apt=()
+command -v openssl >/dev/null || need_apt+=(openssl)
+[ -e /usr/lib/x86_64-linux-gnu/libibverbs.so.1 ] || ldconfig -p | grep -q libibverbs.so.1 || need_apt+=(libibverbs1)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  log "installing Debian packages: ${need_apt[*]}"
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  else
+    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  fi
+fi
+
+# Python: one venv, the package editable with dev extras, and the real sglang source (--no-deps:
+# its engine needs torch and a GPU; the tests use its kv_hints decoder and its signatures).
+stamp_src=$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -c1-16)
+stamp="$VENV/.kvr-stamp-$stamp_src"
+if [ ! -e "$stamp" ]; then
+  log "creating $VENV and installing Python packages (first run takes a few minutes)"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip
+  "$VENV/bin/pip" install -q -e '.[dev]'
+  "$VENV/bin/pip" install -q --no-deps "sglang==$SGLANG_VERSION"
+  "$VENV/bin/pip" install -q --no-deps "mooncake-transfer-engine==$MOONCAKE_VERSION"
+  rm -f "$VENV"/.kvr-stamp-*
+  touch "$stamp"
+else
+  log "Python environment up to date ($VENV)"
+fi
+
+# Kubernetes binaries for the real local control plane (cached in ~/.cache/kvretention).
+if [ -x scripts/build-kube.sh ]; then
+  scripts/build-kube.sh >/dev/null
+fi
+log "ready"
