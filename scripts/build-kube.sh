@@ -9,23 +9,19 @@
 #        KVR_BUILD_NICE  nice level for go build (default 10)
 set -euo pipefail
 
-readonly KUBE_VERSION=v1.37.2
-readonly ETCD_VERSION=v3.7.3
-readonly HELM_VERSION=v3.22.0
-# Commit date of the k8s.io/kubernetes tag (proxy .info), so builds are reproducible.
-readonly KUBE_BUILD_DATE=2026-10-27T12:01:04Z
-
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 hack="$root/hack/kube"
+# shellcheck source=../hack/kube/versions.env
+source "$hack/versions.env"
 cache="${KVR_CACHE:-$HOME/.cache/kvretention}"
 nice_level="${KVR_BUILD_NICE:-10}"
 
 log() { printf '[build-kube %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 hash_inputs() {
-  # The wrapper modules and this script decide the binaries' content.
-  (cd "$root" && find hack/kube -type f \( -name go.mod -o -name go.sum \) -print0 | sort -z |
-    xargs -0 sha256sum && sha256sum scripts/build-kube.sh) | sha256sum | cut -c1-12
+  # The wrapper modules and versions.env decide the binaries' content.
+  (cd "$root" && find hack/kube -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum) |
+    sha256sum | cut -c1-12
 }
 
 command -v go >/dev/null || { log "error: go is not on PATH (need Go >= 1.26)"; exit 1; }
@@ -45,6 +41,17 @@ if have_all; then
 fi
 
 mkdir -p "$bin"
+# One build at a time per cache: a second caller waits, then finds the binaries and reuses them.
+exec 9>"$cache/bin/.lock"
+if ! flock -n 9; then
+  log "another build holds $cache/bin/.lock; waiting for it"
+  flock 9
+fi
+if have_all; then
+  log "reusing $bin (built by the other caller)"
+  echo "$bin"
+  exit 0
+fi
 stage="$(mktemp -d "$cache/bin/.stage.XXXXXX")"
 trap 'rm -rf "$stage"' EXIT
 

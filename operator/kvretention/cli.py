@@ -12,8 +12,8 @@ from typing import Final
 import click
 
 SUBCOMMANDS: Final[dict[str, tuple[str, str]]] = {
-    "operator": ("kvretention.controller.cli", "operator_cmd"),
-    "render": ("kvretention.controller.cli", "render_cmd"),
+    "operator": ("kvretention.controller.operator", "operator_cmd"),
+    "render": ("kvretention.controller.render", "render_cmd"),
     "crds": ("kvretention.api.cli", "crds_cmd"),
     "frontend": ("kvretention.dataplane.frontend.cli", "frontend_cmd"),
     "router": ("kvretention.dataplane.router.cli", "router_cmd"),
