@@ -5,6 +5,7 @@
 # Kubernetes version and a hash of hack/kube, so a second run is instant.
 #
 # Usage: scripts/build-kube.sh            # prints progress on stderr, the bin dir last on stdout
+#        scripts/build-kube.sh --check    # print the bin dir if complete, else exit 3 (no build)
 # Env:   KVR_CACHE   cache root (default ~/.cache/kvretention)
 #        KVR_BUILD_NICE  nice level for go build (default 10)
 set -euo pipefail
@@ -32,12 +33,17 @@ all=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok hel
 have_all() {
   local b
   for b in "${all[@]}"; do [[ -x "$bin/$b" ]] || return 1; done
+  [[ -f "$bin/kwok-stages.yaml" ]]
 }
 
 if have_all; then
-  log "reusing $bin"
+  [[ "${1:-}" == --check ]] || log "reusing $bin"
   echo "$bin"
   exit 0
+fi
+if [[ "${1:-}" == --check ]]; then
+  log "not built yet: $bin (run scripts/build-kube.sh)"
+  exit 3
 fi
 
 mkdir -p "$bin"
@@ -92,6 +98,14 @@ if need etcd; then
   mv "$stage/server" "$stage/etcd"
 fi
 if need kwok; then build "$hack/kwok" "" sigs.k8s.io/kwok/cmd/kwok; fi
+# kwok has no built-in stages: ship the "fast" node and pod stages of the same kwok release, which
+# make a managed Node Ready (heartbeat via Lease) and every scheduled Pod Running and Ready.
+kwok_dir="$(cd "$hack/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)/kustomize/stage"
+for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+  pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+  echo "---"
+  cat "$kwok_dir/$f"
+done >"$stage/kwok-stages.yaml"
 if need helm; then
   build "$hack/helm" "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" helm.sh/helm/v3/cmd/helm
 fi
