@@ -1,0 +1,833 @@
+"""The ``KvRetentionDeployment`` API: pydantic models that are the single source of the CRD.
+
+Field names are snake_case in Python and camelCase on the wire (aliases). Every field carries a
+description (``kubectl explain`` shows it), bounds and a default where one is safe. Cross-field rules
+live next to the model they constrain as CEL (``x-kubernetes-validations``); pydantic enforces the
+same rules for ``render`` and tests through :func:`_check_cel_equivalents` validators, so a CR file
+is judged the same way with or without an API server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+GROUP: Final = "kvretention.io"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "KvRetentionDeployment"
+PLURAL: Final = "kvretentiondeployments"
+SINGULAR: Final = "kvretentiondeployment"
+SHORT_NAMES: Final = ("kvrd",)
+CATEGORIES: Final = ("kvretention",)
+FIELD_MANAGER: Final = "kvretention-operator"
+
+DEFAULT_IMAGE: Final = "ghcr.io/kvretention/kvretention:0.1.0"
+"""The operator's own image: runs ``kvretention frontend`` and ``kvretention router``."""
+DEFAULT_WORKER_IMAGE: Final = "ghcr.io/kvretention/worker:0.1.0"
+"""SGLang + Mooncake + this package's worker; also ships ``mooncake_master``."""
+
+MAX_NAME_LENGTH: Final = 54
+"""Longest CR name whose child Service names (``<name>-mooncake``) stay DNS-1035 labels (63)."""
+LARGEST_HINT_TTL_SECONDS: Final = 3_600
+"""The longest TTL the frontend emits (Anthropic ``1h``): a soft pin must be able to hold it."""
+MAX_SOFT_PIN_TTL_SECONDS: Final = 86_400
+
+Quantity = Annotated[
+    int | str,
+    Field(description="A Kubernetes resource quantity, such as 2, 500m or 16Gi."),
+]
+
+
+class _Model(BaseModel):
+    """camelCase on the wire, snake_case in Python; unknown fields are an error."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+    )
+
+
+def _sub(factory: type[_Model], description: str) -> Any:
+    """A nested object that defaults to its own defaults (``default: {}`` in the CRD)."""
+    return Field(
+        default_factory=factory, description=description, json_schema_extra={"default": {}}
+    )
+
+
+def _cel(*rules: tuple[str, str]) -> dict[str, Any]:
+    """``x-kubernetes-validations`` for a model: (CEL rule, message) pairs."""
+    return {"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]}
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+# --- shared ---------------------------------------------------------------------------------------
+
+
+class ResourceRequirements(_Model):
+    """Container CPU/memory/accelerator requests and limits (the Kubernetes shape)."""
+
+    requests: dict[str, Quantity] | None = Field(
+        default=None,
+        description="Minimum resources the scheduler reserves, e.g. {cpu: 2, memory: 8Gi}.",
+        json_schema_extra={"maxProperties": 16},
+    )
+    limits: dict[str, Quantity] | None = Field(
+        default=None,
+        description="Maximum resources the container may use, e.g. {nvidia.com/gpu: 1}.",
+        json_schema_extra={"maxProperties": 16},
+    )
+
+
+# --- model ----------------------------------------------------------------------------------------
+
+
+class ModelVolume(_Model):
+    """Where the weights live when ``model.path`` is a file path rather than a hub id."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_cel(
+            (
+                "has(self.claimName) != has(self.hostPath)",
+                "model.volume needs exactly one of claimName or hostPath",
+            )
+        )
+    )
+
+    claim_name: str | None = Field(
+        default=None,
+        max_length=253,
+        description="A PersistentVolumeClaim in the CR's namespace holding the weights.",
+    )
+    host_path: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="A directory on the node holding the weights (single-node and test setups).",
+    )
+    mount_path: str = Field(
+        default="/models",
+        min_length=1,
+        max_length=4096,
+        pattern=r"^/",
+        description="Where the volume is mounted read-only in worker containers.",
+    )
+
+    @model_validator(mode="after")
+    def _check_cel_equivalents(self) -> ModelVolume:
+        _require(
+            (self.claim_name is None) != (self.host_path is None),
+            "model.volume needs exactly one of claimName or hostPath",
+        )
+        return self
+
+
+class ModelSpec(_Model):
+    """The model every worker serves."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=256,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$",
+        description="Served model name: the `model` clients put in requests (SGLang --served-model-name).",
+    )
+    path: str = Field(
+        min_length=1,
+        max_length=4096,
+        description="Hugging Face id or path inside the worker container (SGLang --model-path).",
+    )
+    volume: ModelVolume | None = Field(
+        default=None, description="Optional volume with the weights, mounted in every worker."
+    )
+
+
+# --- hints ----------------------------------------------------------------------------------------
+
+
+class HintProviders(_Model):
+    """Which provider-native cache controls the frontend turns into KV hints."""
+
+    openai: bool = Field(
+        default=True,
+        description="Turn OpenAI implicit prompt_cache_options (30m) into a 1800 s retention hint.",
+    )
+    anthropic: bool = Field(
+        default=True,
+        description="Turn Anthropic top-level cache_control (5m/1h) into a 300/3600 s retention hint.",
+    )
+
+
+class HintsSpec(_Model):
+    """KV retention hints: what the frontend emits and whether the fleet must honour them."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_cel(
+            (
+                "self.policy != 'Required' || self.providers.openai || self.providers.anthropic",
+                "hints.policy Required needs at least one provider in hints.providers enabled",
+            )
+        )
+    )
+
+    policy: Literal["Required", "Optional"] = Field(
+        default="Optional",
+        description=(
+            "Required: the fleet is not Ready unless the worker image's SGLang accepts kv_hints. "
+            "Optional: hints are sent when supported; an engine without kv_hints only sets "
+            "KvHintsSupported=False."
+        ),
+    )
+    providers: HintProviders = _sub(HintProviders, "Per-provider switches for hint extraction.")
+
+    def active(self) -> bool:
+        """Whether any request can carry a hint (and so retention must be wired)."""
+        return self.policy == "Required" or self.providers.openai or self.providers.anthropic
+
+    @model_validator(mode="after")
+    def _check_cel_equivalents(self) -> HintsSpec:
+        _require(
+            self.policy != "Required" or self.providers.openai or self.providers.anthropic,
+            "hints.policy Required needs at least one provider in hints.providers enabled",
+        )
+        return self
+
+
+# --- frontend / router ----------------------------------------------------------------------------
+
+
+class ServiceSpec(_Model):
+    """The Kubernetes Service in front of the frontend."""
+
+    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
+        default="ClusterIP", description="Service type."
+    )
+    port: int = Field(
+        default=8000, ge=1, le=65535, description="Service port clients connect to (HTTP)."
+    )
+
+
+class FrontendSpec(_Model):
+    """The OpenAI/Anthropic-compatible HTTP frontend."""
+
+    replicas: int = Field(default=1, ge=0, le=1000, description="Frontend pods.")
+    image: str = Field(
+        default=DEFAULT_IMAGE, min_length=1, max_length=1024, description="kvretention image."
+    )
+    resources: ResourceRequirements | None = Field(
+        default=None, description="Frontend container resources."
+    )
+    service: ServiceSpec = _sub(ServiceSpec, "The client-facing Service.")
+
+
+class SessionAffinity(_Model):
+    """Kubernetes Service session affinity for frontend -> router connections.
+
+    Sticky sessions (``x-session-id``) are always honoured by the router itself; ClientIP affinity
+    additionally keeps each frontend pod on one router pod.
+    """
+
+    type: Literal["None", "ClientIP"] = Field(
+        default="None", description="Router Service sessionAffinity."
+    )
+    timeout_seconds: int = Field(
+        default=10800,
+        ge=1,
+        le=86400,
+        description="ClientIP affinity timeout (Service sessionAffinityConfig).",
+    )
+
+
+class RouterSpec(_Model):
+    """The router: picks workers, pairs prefill and decode, never reads kv_hints."""
+
+    replicas: int = Field(default=1, ge=0, le=1000, description="Router pods.")
+    image: str = Field(
+        default=DEFAULT_IMAGE, min_length=1, max_length=1024, description="kvretention image."
+    )
+    resources: ResourceRequirements | None = Field(
+        default=None, description="Router container resources."
+    )
+    session_affinity: SessionAffinity = _sub(
+        SessionAffinity, "Service-level affinity of frontend connections to router pods."
+    )
+
+
+# --- workers --------------------------------------------------------------------------------------
+
+ExtraArg = Annotated[str, Field(max_length=4096, description="One SGLang server argument.")]
+
+
+class WorkerPoolSpec(_Model):
+    """One SGLang worker pool (its size comes from ``workers.replicas``)."""
+
+    tensor_parallel_size: int = Field(
+        default=1, ge=1, le=64, description="GPUs per worker (SGLang --tp-size)."
+    )
+    resources: ResourceRequirements | None = Field(
+        default=None,
+        description=(
+            "Worker container resources. When limits omit workers.gpuResource, "
+            "tensorParallelSize GPUs are requested."
+        ),
+    )
+    extra_args: list[ExtraArg] = Field(
+        default_factory=list,
+        max_length=128,
+        description="Extra SGLang server arguments appended after the ones the operator renders.",
+    )
+
+
+class PrefillPoolSpec(WorkerPoolSpec):
+    """The prefill pool of a disaggregated fleet; sized on its own."""
+
+    replicas: int = Field(default=1, ge=0, le=1000, description="Prefill workers.")
+
+
+class HiCacheSpec(_Model):
+    """SGLang hierarchical cache (GPU -> host -> Mooncake L3) for every worker."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_cel(
+            (
+                "!(has(self.ratio) && has(self.sizeGiB))",
+                "hicache: set ratio or sizeGiB, not both",
+            ),
+            (
+                "self.storageBackend != 'mooncake' || self.memLayout != 'layer_first'",
+                "hicache.storageBackend mooncake needs a page-first memLayout",
+            ),
+        )
+    )
+
+    enabled: bool = Field(
+        default=True, description="Run HiCache (SGLang --enable-hierarchical-cache)."
+    )
+    ratio: float | None = Field(
+        default=None,
+        ge=1.0,
+        le=100.0,
+        description="Host pool size as a multiple of the GPU pool (--hicache-ratio; SGLang default 2).",
+    )
+    size_gib: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        alias="sizeGiB",
+        validation_alias=AliasChoices("sizeGiB", "size_gib"),
+        description="Host pool size in GiB per rank (--hicache-size); overrides ratio.",
+    )
+    write_policy: Literal["write_through", "write_through_selective", "write_back"] = Field(
+        default="write_through",
+        description="When pages are copied down a tier (--hicache-write-policy).",
+    )
+    io_backend: Literal["direct", "kernel"] = Field(
+        default="kernel", description="GPU<->host copy engine (--hicache-io-backend)."
+    )
+    mem_layout: Literal[
+        "layer_first", "page_first", "page_first_direct", "page_first_kv_split", "page_head"
+    ] = Field(default="page_first", description="Host pool layout (--hicache-mem-layout).")
+    page_size: int = Field(
+        default=64,
+        ge=1,
+        le=4096,
+        description="Tokens per KV page (SGLang --page-size); the unit stored in Mooncake.",
+    )
+    storage_backend: Literal["mooncake", "none"] = Field(
+        default="mooncake",
+        description="L3 tier (--hicache-storage-backend): mooncake (kvStore.mooncake) or none.",
+    )
+    prefetch_policy: Literal["best_effort", "wait_complete", "timeout"] = Field(
+        default="timeout",
+        description="When an L3 prefetch stops (--hicache-storage-prefetch-policy).",
+    )
+
+    @model_validator(mode="after")
+    def _check_cel_equivalents(self) -> HiCacheSpec:
+        _require(
+            not (self.ratio is not None and self.size_gib is not None),
+            "hicache: set ratio or sizeGiB, not both",
+        )
+        _require(
+            self.storage_backend != "mooncake" or self.mem_layout != "layer_first",
+            "hicache.storageBackend mooncake needs a page-first memLayout",
+        )
+        return self
+
+
+class WorkersSpec(_Model):
+    """The SGLang workers: one aggregated pool, or a prefill and a decode pool."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_cel(
+            (
+                "self.mode != 'disaggregated' || (has(self.prefill) && has(self.decode))",
+                "workers.mode disaggregated needs workers.prefill and workers.decode",
+            ),
+            (
+                "self.mode != 'aggregated' || (!has(self.prefill) && !has(self.decode))",
+                "workers.mode aggregated takes workers.aggregated, not prefill/decode",
+            ),
+            (
+                "self.mode != 'disaggregated' || !has(self.aggregated)",
+                "workers.mode disaggregated takes workers.prefill/decode, not aggregated",
+            ),
+        )
+    )
+
+    image: str = Field(
+        default=DEFAULT_WORKER_IMAGE,
+        min_length=1,
+        max_length=1024,
+        description="An SGLang image with this package's worker and Mooncake installed.",
+    )
+    mode: Literal["aggregated", "disaggregated"] = Field(
+        default="aggregated", description="One pool, or separate prefill and decode pools."
+    )
+    replicas: int = Field(
+        default=1,
+        ge=0,
+        le=1000,
+        description="Workers in the aggregated pool, or the decode pool when disaggregated (scale subresource).",
+    )
+    gpu_resource: str = Field(
+        default="nvidia.com/gpu",
+        max_length=253,
+        description="Extended resource requested per tensor-parallel rank; empty requests none.",
+    )
+    aggregated: WorkerPoolSpec | None = Field(
+        default=None, description="The aggregated pool (mode aggregated; defaults apply)."
+    )
+    prefill: PrefillPoolSpec | None = Field(
+        default=None, description="The prefill pool (mode disaggregated)."
+    )
+    decode: WorkerPoolSpec | None = Field(
+        default=None, description="The decode pool (mode disaggregated)."
+    )
+    bootstrap_port: int = Field(
+        default=8998,
+        ge=1,
+        le=65535,
+        description="Prefill workers' KV bootstrap port (SGLang --disaggregation-bootstrap-port).",
+    )
+    hicache: HiCacheSpec = _sub(HiCacheSpec, "Hierarchical cache settings of every worker.")
+
+    @model_validator(mode="after")
+    def _check_cel_equivalents(self) -> WorkersSpec:
+        pd = self.prefill is not None, self.decode is not None
+        if self.mode == "disaggregated":
+            _require(all(pd), "workers.mode disaggregated needs workers.prefill and workers.decode")
+            _require(
+                self.aggregated is None,
+                "workers.mode disaggregated takes workers.prefill/decode, not aggregated",
+            )
+        else:
+            _require(
+                not any(pd), "workers.mode aggregated takes workers.aggregated, not prefill/decode"
+            )
+        return self
+
+
+# --- kvStore --------------------------------------------------------------------------------------
+
+
+class SoftPinSpec(_Model):
+    """Mooncake soft pins: how long hinted KV is protected from eviction."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_cel(
+            (
+                "self.defaultTtlSeconds <= self.maxTtlSeconds",
+                "softPin.defaultTtlSeconds must not exceed softPin.maxTtlSeconds",
+            )
+        )
+    )
+
+    default_ttl_seconds: int = Field(
+        default=1800,
+        ge=1,
+        le=MAX_SOFT_PIN_TTL_SECONDS,
+        description="Soft-pin TTL when a write asks for none (--default_kv_soft_pin_ttl).",
+    )
+    max_ttl_seconds: int = Field(
+        default=MAX_SOFT_PIN_TTL_SECONDS,
+        ge=LARGEST_HINT_TTL_SECONDS,
+        le=MAX_SOFT_PIN_TTL_SECONDS,
+        description=(
+            "Longest soft pin a write may ask for (--max_kv_soft_pin_ttl); at least 3600, the "
+            "longest hint TTL the frontend emits, at most 86400."
+        ),
+    )
+    allow_eviction: bool = Field(
+        default=True,
+        description=(
+            "Evict soft-pinned objects once pinned data passes the high watermark "
+            "(--allow_evict_soft_pinned_objects); false makes pins hold."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _check_cel_equivalents(self) -> SoftPinSpec:
+        _require(
+            self.default_ttl_seconds <= self.max_ttl_seconds,
+            "softPin.defaultTtlSeconds must not exceed softPin.maxTtlSeconds",
+        )
+        return self
+
+
+class EvictionSpec(_Model):
+    """When the Mooncake master evicts, and how much."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_cel(
+            (
+                "self.ratio < self.highWatermarkRatio",
+                "eviction.ratio must be below eviction.highWatermarkRatio",
+            )
+        )
+    )
+
+    high_watermark_ratio: float = Field(
+        default=0.9,
+        gt=0.0,
+        le=1.0,
+        description="Pool fill ratio that triggers eviction (--eviction_high_watermark_ratio).",
+    )
+    ratio: float = Field(
+        default=0.05,
+        gt=0.0,
+        lt=1.0,
+        description="Fraction of objects evicted per round (--eviction_ratio).",
+    )
+
+    @model_validator(mode="after")
+    def _check_cel_equivalents(self) -> EvictionSpec:
+        _require(
+            self.ratio < self.high_watermark_ratio,
+            "eviction.ratio must be below eviction.highWatermarkRatio",
+        )
+        return self
+
+
+class MooncakeMasterSpec(_Model):
+    """The managed ``mooncake_master`` (mode managed)."""
+
+    image: str = Field(
+        default=DEFAULT_WORKER_IMAGE,
+        min_length=1,
+        max_length=1024,
+        description="Image with the mooncake_master binary (the worker image ships it).",
+    )
+    resources: ResourceRequirements | None = Field(
+        default=None, description="Master container resources."
+    )
+    rpc_port: int = Field(default=50051, ge=1, le=65535, description="Master RPC port.")
+    metrics_port: int = Field(
+        default=9003, ge=1, le=65535, description="Master metrics port (/metrics)."
+    )
+    metadata_port: int = Field(
+        default=8080,
+        ge=1,
+        le=65535,
+        description="HTTP metadata server port (transfer-engine metadata at /metadata).",
+    )
+    lease_ttl_milliseconds: int = Field(
+        default=10_000,
+        ge=1,
+        le=3_600_000,
+        description="How long a read lease protects an object (--default_kv_lease_ttl).",
+    )
+    eviction: EvictionSpec = _sub(EvictionSpec, "Eviction thresholds.")
+    soft_pin: SoftPinSpec = _sub(SoftPinSpec, "Soft-pin TTLs used for retention hints.")
+
+
+class TransferSpec(_Model):
+    """How workers move KV to and from the Mooncake pool."""
+
+    protocol: Literal["tcp", "rdma"] = Field(
+        default="tcp", description="Mooncake transfer-engine protocol."
+    )
+    device: str = Field(
+        default="",
+        max_length=1024,
+        description="RDMA device names, comma separated (empty: let Mooncake choose).",
+    )
+    global_segment_size: str = Field(
+        default="4gb",
+        max_length=32,
+        pattern=r"^[1-9][0-9]*(gb)?$",
+        description="Host memory each worker contributes to the pool: bytes or '<N>gb'; split across TP ranks.",
+    )
+
+
+class ExternalMooncakeSpec(_Model):
+    """An existing Mooncake master (mode external)."""
+
+    master_address: str = Field(
+        min_length=3,
+        max_length=512,
+        pattern=r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$",
+        description="host:port of the external mooncake_master RPC endpoint.",
+    )
+    metadata_server: str = Field(
+        default="P2PHANDSHAKE",
+        min_length=1,
+        max_length=1024,
+        description="Transfer-engine metadata server: P2PHANDSHAKE or an http://.../metadata URL.",
+    )
+
+
+class MooncakeSpec(_Model):
+    """The Mooncake store that holds HiCache's L3 pages."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_cel(
+            (
+                "self.mode != 'external' || has(self.external)",
+                "kvStore.mooncake.mode external needs kvStore.mooncake.external.masterAddress",
+            ),
+            (
+                "self.mode != 'managed' || !has(self.external)",
+                "kvStore.mooncake.mode managed must not set kvStore.mooncake.external",
+            ),
+        )
+    )
+
+    mode: Literal["managed", "external"] = Field(
+        default="managed",
+        description="managed: the operator runs a master; external: workers use external.masterAddress.",
+    )
+    master: MooncakeMasterSpec = _sub(MooncakeMasterSpec, "The managed master (mode managed).")
+    transfer: TransferSpec = _sub(TransferSpec, "Worker-side transfer settings.")
+    external: ExternalMooncakeSpec | None = Field(
+        default=None, description="The external master (mode external)."
+    )
+
+    @model_validator(mode="after")
+    def _check_cel_equivalents(self) -> MooncakeSpec:
+        if self.mode == "external":
+            _require(
+                self.external is not None,
+                "kvStore.mooncake.mode external needs kvStore.mooncake.external.masterAddress",
+            )
+        else:
+            _require(
+                self.external is None,
+                "kvStore.mooncake.mode managed must not set kvStore.mooncake.external",
+            )
+        return self
+
+
+class KvStoreSpec(_Model):
+    """The L3 KV store."""
+
+    mooncake: MooncakeSpec = _sub(MooncakeSpec, "Mooncake store settings.")
+
+
+# --- spec -----------------------------------------------------------------------------------------
+
+_HINTS_NEED_L3 = (
+    "(self.hints.policy != 'Required' && !self.hints.providers.openai && "
+    "!self.hints.providers.anthropic) || (self.workers.hicache.enabled && "
+    "self.workers.hicache.writePolicy != 'write_back' && "
+    "self.workers.hicache.storageBackend == 'mooncake')"
+)
+_HINTS_NEED_L3_MESSAGE = (
+    "retention hints (hints.policy Required or any hints.providers enabled) need "
+    "workers.hicache.enabled true, a write-through writePolicy and storageBackend mooncake"
+)
+
+
+class KvRetentionDeploymentSpec(_Model):
+    """A hinted SGLang/Mooncake fleet: frontend, router, workers and the KV store."""
+
+    model_config = ConfigDict(json_schema_extra=_cel((_HINTS_NEED_L3, _HINTS_NEED_L3_MESSAGE)))
+
+    model: ModelSpec = Field(description="The model the fleet serves.")
+    hints: HintsSpec = _sub(HintsSpec, "KV retention hints.")
+    frontend: FrontendSpec = _sub(FrontendSpec, "The HTTP frontend.")
+    router: RouterSpec = _sub(RouterSpec, "The router.")
+    workers: WorkersSpec = _sub(WorkersSpec, "The SGLang workers.")
+    kv_store: KvStoreSpec = _sub(KvStoreSpec, "The L3 KV store.")
+
+    @model_validator(mode="after")
+    def _check_cel_equivalents(self) -> KvRetentionDeploymentSpec:
+        h = self.workers.hicache
+        wired = h.enabled and h.write_policy != "write_back" and h.storage_backend == "mooncake"
+        _require(not self.hints.active() or wired, _HINTS_NEED_L3_MESSAGE)
+        return self
+
+
+# --- status ---------------------------------------------------------------------------------------
+
+ConditionType = Literal[
+    "Ready",
+    "FrontendReady",
+    "RouterReady",
+    "WorkersReady",
+    "KvStoreReady",
+    "KvHintsSupported",
+    "Progressing",
+]
+CONDITION_TYPES: Final[tuple[str, ...]] = (
+    "Ready",
+    "FrontendReady",
+    "RouterReady",
+    "WorkersReady",
+    "KvStoreReady",
+    "KvHintsSupported",
+    "Progressing",
+)
+
+
+class _StatusModel(_Model):
+    """Status is written by the operator; tolerate fields a newer operator adds."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class Condition(_StatusModel):
+    """One observed condition (the metav1.Condition shape)."""
+
+    type: str = Field(max_length=316, description="Condition type, e.g. Ready.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(
+        default="", max_length=1024, description="CamelCase reason for the last transition."
+    )
+    message: str = Field(default="", max_length=32768, description="Human-readable details.")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="The .metadata.generation this condition was computed for."
+    )
+    last_transition_time: str | None = Field(
+        default=None, description="When status last flipped (RFC 3339)."
+    )
+
+
+class ReplicaCount(_StatusModel):
+    """Ready and desired pods of one component."""
+
+    ready: int = Field(default=0, ge=0, description="Ready pods.")
+    desired: int = Field(default=0, ge=0, description="Desired pods.")
+
+
+class EngineStatus(_StatusModel):
+    """What the capability probe found in the worker image."""
+
+    sglang_version: str | None = Field(default=None, description="SGLang version in the image.")
+    dialect: Literal["none", "flat", "versioned"] | None = Field(
+        default=None, description="kv_hints form the engine accepts: none, flat or versioned."
+    )
+    kv_hints_parameter: bool | None = Field(
+        default=None, description="Whether Engine.async_generate takes kv_hints."
+    )
+    storage_backends: list[str] = Field(
+        default_factory=list, description="HiCache storage backends the image offers."
+    )
+    mooncake_importable: bool | None = Field(
+        default=None, description="Whether mooncake.store imports in the image."
+    )
+
+
+class KvRetentionDeploymentStatus(_StatusModel):
+    """Observed state, written only by the operator."""
+
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="The .metadata.generation last reconciled."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Ready, FrontendReady, RouterReady, WorkersReady, KvStoreReady, KvHintsSupported, Progressing.",
+    )
+    frontend: ReplicaCount | None = Field(default=None, description="Frontend pods.")
+    router: ReplicaCount | None = Field(default=None, description="Router pods.")
+    workers: ReplicaCount | None = Field(default=None, description="Worker pods (all pools).")
+    kv_store: ReplicaCount | None = Field(default=None, description="Mooncake master pods.")
+    workers_ready: str | None = Field(
+        default=None, description="Ready/desired workers as 'R/D' (printer column)."
+    )
+    endpoint: str | None = Field(
+        default=None, description="The frontend URL clients use inside the cluster."
+    )
+    engine: EngineStatus | None = Field(
+        default=None, description="Capability probe results of the worker image."
+    )
+    replicas: int | None = Field(
+        default=None, ge=0, description="Scaled pool's current pods (scale subresource)."
+    )
+    selector: str | None = Field(
+        default=None, description="Label selector of the scaled pool's pods (scale subresource)."
+    )
+
+
+# --- the object -----------------------------------------------------------------------------------
+
+
+class SpecError(ValueError):
+    """A KvRetentionDeployment body that does not validate; ``str()`` is readable, one per line."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+class KvRetentionDeployment(BaseModel):
+    """A whole object as the API server or a YAML file has it."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore", frozen=True)
+
+    api_version: Literal["kvretention.io/v1alpha1"] = Field(
+        default="kvretention.io/v1alpha1", alias="apiVersion"
+    )
+    kind: Literal["KvRetentionDeployment"] = KIND
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: KvRetentionDeploymentSpec
+    status: KvRetentionDeploymentStatus | None = None
+
+    @property
+    def name(self) -> str:
+        return str(self.metadata.get("name", ""))
+
+    @property
+    def namespace(self) -> str:
+        return str(self.metadata.get("namespace") or "default")
+
+    @classmethod
+    def from_k8s(cls, body: Mapping[str, Any]) -> KvRetentionDeployment:
+        """Validate a body from the API server or a YAML file; raise :class:`SpecError`."""
+        problems: list[str] = []
+        name = body.get("metadata", {}).get("name") if isinstance(body, Mapping) else None
+        if not isinstance(name, str) or not name:
+            problems.append("metadata.name: required")
+        elif len(name) > MAX_NAME_LENGTH:
+            problems.append(f"metadata.name: at most {MAX_NAME_LENGTH} characters, got {len(name)}")
+        try:
+            obj = cls.model_validate(dict(body))
+        except ValidationError as exc:
+            raise SpecError(problems + _readable(exc)) from None
+        if problems:
+            raise SpecError(problems)
+        return obj
+
+
+def _readable(exc: ValidationError) -> list[str]:
+    """One ``path: message`` line per pydantic error, with wire (camelCase) paths."""
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after"))
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{loc}: {msg}" if loc else msg)
+    return lines

@@ -1,0 +1,247 @@
+"""Model validation: the same rules the CRD's schema and CEL enforce, judged without a cluster."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from kvretention.api.models import (
+    API_VERSION,
+    DEFAULT_WORKER_IMAGE,
+    KvRetentionDeployment,
+    SpecError,
+)
+
+NO_HINTS = {"policy": "Optional", "providers": {"openai": False, "anthropic": False}}
+
+
+def body(spec: dict[str, Any] | None = None, *, name: str = "demo") -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "apiVersion": API_VERSION,
+        "kind": "KvRetentionDeployment",
+        "metadata": {"name": name, "namespace": "ns"},
+        "spec": {"model": {"name": "qwen", "path": "Qwen/Qwen3-0.6B"}},
+    }
+    base["spec"].update(copy.deepcopy(spec or {}))
+    return base
+
+
+def test_minimal_body_gets_defaults() -> None:
+    cr = KvRetentionDeployment.from_k8s(body())
+    spec = cr.spec
+    assert (cr.name, cr.namespace) == ("demo", "ns")
+    assert spec.hints.policy == "Optional" and spec.hints.active()
+    assert spec.workers.mode == "aggregated" and spec.workers.replicas == 1
+    assert spec.workers.image == DEFAULT_WORKER_IMAGE
+    assert spec.workers.hicache.write_policy == "write_through"
+    assert spec.workers.hicache.storage_backend == "mooncake"
+    assert spec.kv_store.mooncake.mode == "managed"
+    assert spec.kv_store.mooncake.master.soft_pin.max_ttl_seconds == 86400
+    assert spec.frontend.service.port == 8000
+
+
+def test_camel_case_on_the_wire_round_trips() -> None:
+    cr = KvRetentionDeployment.from_k8s(
+        body({"workers": {"hicache": {"sizeGiB": 8}, "aggregated": {"tensorParallelSize": 2}}})
+    )
+    assert cr.spec.workers.hicache.size_gib == 8
+    dumped = cr.spec.model_dump(by_alias=True, exclude_none=True)
+    assert dumped["workers"]["hicache"]["sizeGiB"] == 8
+    assert dumped["workers"]["aggregated"]["tensorParallelSize"] == 2
+    assert dumped["kvStore"]["mooncake"]["master"]["softPin"]["maxTtlSeconds"] == 86400
+
+
+VALID = [
+    pytest.param(
+        {"hints": NO_HINTS, "workers": {"hicache": {"enabled": False}}}, id="no-hints-no-hicache"
+    ),
+    pytest.param(
+        {"hints": NO_HINTS, "workers": {"hicache": {"storageBackend": "none"}}}, id="no-hints-no-l3"
+    ),
+    pytest.param(
+        {"workers": {"mode": "disaggregated", "prefill": {"replicas": 2}, "decode": {}}},
+        id="disaggregated",
+    ),
+    pytest.param(
+        {"kvStore": {"mooncake": {"mode": "external", "external": {"masterAddress": "mc:50051"}}}},
+        id="external",
+    ),
+    pytest.param(
+        {
+            "kvStore": {
+                "mooncake": {
+                    "master": {"softPin": {"defaultTtlSeconds": 3600, "maxTtlSeconds": 3600}}
+                }
+            }
+        },
+        id="soft-pin-max-3600",
+    ),
+    pytest.param(
+        {"hints": {"policy": "Required", "providers": {"openai": False}}},
+        id="required-anthropic-only",
+    ),
+    pytest.param(
+        {"workers": {"hicache": {"writePolicy": "write_through_selective"}}}, id="selective"
+    ),
+    pytest.param(
+        {"model": {"name": "m", "path": "/m", "volume": {"claimName": "weights"}}}, id="pvc"
+    ),
+]
+
+
+@pytest.mark.parametrize("spec", VALID)
+def test_valid_specs(spec: dict[str, Any]) -> None:
+    KvRetentionDeployment.from_k8s(body(spec))
+
+
+INVALID = [
+    pytest.param({"model": None}, "spec.model", id="model-missing"),
+    pytest.param({"model": {"name": "", "path": "p"}}, "spec.model.name", id="model-name-empty"),
+    pytest.param({"hints": {"policy": "Always"}}, "spec.hints.policy", id="policy-enum"),
+    pytest.param(
+        {"hints": {"policy": "Required", "providers": {"openai": False, "anthropic": False}}},
+        "hints.policy Required needs at least one provider",
+        id="required-without-providers",
+    ),
+    pytest.param(
+        {"workers": {"mode": "disaggregated"}},
+        "workers.mode disaggregated needs workers.prefill and workers.decode",
+        id="disagg-without-pools",
+    ),
+    pytest.param(
+        {"workers": {"mode": "disaggregated", "prefill": {}}},
+        "workers.mode disaggregated needs workers.prefill and workers.decode",
+        id="disagg-without-decode",
+    ),
+    pytest.param(
+        {"workers": {"prefill": {}}},
+        "workers.mode aggregated takes workers.aggregated, not prefill/decode",
+        id="aggregated-with-prefill",
+    ),
+    pytest.param(
+        {"workers": {"mode": "disaggregated", "prefill": {}, "decode": {}, "aggregated": {}}},
+        "not aggregated",
+        id="disagg-with-aggregated",
+    ),
+    pytest.param(
+        {"workers": {"hicache": {"enabled": False}}},
+        "retention hints (hints.policy Required or any hints.providers enabled) need",
+        id="hints-without-hicache",
+    ),
+    pytest.param(
+        {"workers": {"hicache": {"writePolicy": "write_back"}}},
+        "a write-through writePolicy",
+        id="hints-with-write-back",
+    ),
+    pytest.param(
+        {"workers": {"hicache": {"storageBackend": "none"}}},
+        "storageBackend mooncake",
+        id="hints-without-mooncake",
+    ),
+    pytest.param(
+        {"workers": {"hicache": {"ratio": 2.0, "sizeGiB": 8}}},
+        "set ratio or sizeGiB, not both",
+        id="ratio-and-size",
+    ),
+    pytest.param(
+        {"workers": {"hicache": {"memLayout": "layer_first"}}},
+        "needs a page-first memLayout",
+        id="mooncake-layer-first",
+    ),
+    pytest.param(
+        {"workers": {"aggregated": {"tensorParallelSize": 0}}},
+        "tensorParallelSize",
+        id="tp-zero",
+    ),
+    pytest.param({"workers": {"replicas": -1}}, "spec.workers.replicas", id="replicas-negative"),
+    pytest.param(
+        {"kvStore": {"mooncake": {"mode": "external"}}},
+        "mode external needs kvStore.mooncake.external.masterAddress",
+        id="external-without-address",
+    ),
+    pytest.param(
+        {"kvStore": {"mooncake": {"external": {"masterAddress": "mc:50051"}}}},
+        "mode managed must not set kvStore.mooncake.external",
+        id="managed-with-external",
+    ),
+    pytest.param(
+        {"kvStore": {"mooncake": {"mode": "external", "external": {"masterAddress": "no-port"}}}},
+        "masterAddress",
+        id="external-address-without-port",
+    ),
+    pytest.param(
+        {"kvStore": {"mooncake": {"master": {"softPin": {"maxTtlSeconds": 1800}}}}},
+        "maxTtlSeconds",
+        id="soft-pin-max-below-largest-hint",
+    ),
+    pytest.param(
+        {"kvStore": {"mooncake": {"master": {"softPin": {"maxTtlSeconds": 90000}}}}},
+        "maxTtlSeconds",
+        id="soft-pin-max-above-a-day",
+    ),
+    pytest.param(
+        {
+            "kvStore": {
+                "mooncake": {
+                    "master": {"softPin": {"defaultTtlSeconds": 7200, "maxTtlSeconds": 3600}}
+                }
+            }
+        },
+        "softPin.defaultTtlSeconds must not exceed softPin.maxTtlSeconds",
+        id="soft-pin-default-above-max",
+    ),
+    pytest.param(
+        {
+            "kvStore": {
+                "mooncake": {"master": {"eviction": {"highWatermarkRatio": 0.5, "ratio": 0.6}}}
+            }
+        },
+        "eviction.ratio must be below eviction.highWatermarkRatio",
+        id="eviction-ratio-above-watermark",
+    ),
+    pytest.param(
+        {"kvStore": {"mooncake": {"transfer": {"protocol": "ib"}}}},
+        "protocol",
+        id="transfer-protocol-enum",
+    ),
+    pytest.param(
+        {"kvStore": {"mooncake": {"transfer": {"globalSegmentSize": "4Gi"}}}},
+        "globalSegmentSize",
+        id="segment-size-format",
+    ),
+    pytest.param(
+        {"model": {"name": "m", "path": "/m", "volume": {"claimName": "a", "hostPath": "/b"}}},
+        "exactly one of claimName or hostPath",
+        id="volume-both",
+    ),
+    pytest.param({"workers": {"gpus": 1}}, "spec.workers.gpus", id="unknown-field"),
+]
+
+
+@pytest.mark.parametrize(("spec", "expected"), INVALID)
+def test_invalid_specs(spec: dict[str, Any], expected: str) -> None:
+    raw = body(spec)
+    if spec.get("model", "keep") is None:
+        del raw["spec"]["model"]
+    with pytest.raises(SpecError) as err:
+        KvRetentionDeployment.from_k8s(raw)
+    assert expected in str(err.value)
+    assert "Traceback" not in str(err.value) and "Value error" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [("", "metadata.name: required"), ("x" * 55, "at most 54 characters")],
+)
+def test_names(name: str, expected: str) -> None:
+    with pytest.raises(SpecError, match=expected):
+        KvRetentionDeployment.from_k8s(body(name=name))
+
+
+def test_status_tolerates_unknown_fields() -> None:
+    raw = body()
+    raw["status"] = {"observedGeneration": 2, "workersReady": "1/1", "futureField": 1}
+    cr = KvRetentionDeployment.from_k8s(raw)
+    assert cr.status is not None and cr.status.workers_ready == "1/1"
