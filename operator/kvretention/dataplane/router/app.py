@@ -1,0 +1,545 @@
+"""The router's HTTP app: place each request, forward its exact bytes, stream the answer back.
+
+The body is forwarded as the bytes received (a parsed copy is read for ``session_id`` only), so
+``kv_hints`` leaves the router byte-identical on every path. Placement data travels in
+``x-kvr-*`` headers. Workers are health-checked: a failed poll or a connection failure ejects
+one at once, a passing poll re-admits it. A worker that dies mid-stream gives the client a final
+``worker_unavailable`` line; a client that disconnects closes the upstream request, which makes
+the worker abort it in the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    generate_latest,
+)
+
+from kvretention.dataplane.protocol import (
+    ERROR_STATUS,
+    GENERATE_PATH,
+    HEADER_BOOTSTRAP_HOST,
+    HEADER_BOOTSTRAP_PORT,
+    HEADER_BOOTSTRAP_ROOM,
+    HEADER_ROLE,
+    NDJSON,
+    ErrorBody,
+    ErrorCode,
+    ErrorLine,
+)
+from kvretention.dataplane.router.discovery import (
+    PoolRole,
+    Source,
+    discover,
+    plan_membership,
+)
+from kvretention.dataplane.router.placement import (
+    Choice,
+    SessionPins,
+    WorkerView,
+    plan_pair,
+    plan_worker,
+    session_of,
+)
+
+log = logging.getLogger(__name__)
+
+INFO_PATH: Final = "/v1/info"
+HEALTH_PATH: Final = "/readyz"
+"""Polled on each worker: readiness, so a draining worker stops getting new requests."""
+
+
+@dataclass
+class RouterConfig:
+    health_interval_s: float = 2.0
+    health_timeout_s: float = 1.0
+    dns_interval_s: float = 5.0
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 600.0
+    """Longest gap between two streamed chunks before the request fails with ``upstream_timeout``."""
+    bootstrap_port: int | None = None
+    """Prefill bootstrap port when a prefill worker's ``/v1/info`` does not say."""
+    max_sessions: int = 100_000
+
+
+@dataclass
+class Worker:
+    url: str
+    role: PoolRole
+    healthy: bool = False
+    outstanding: int = 0
+    served: int = 0
+    info: dict[str, Any] | None = None
+
+    def view(self) -> WorkerView:
+        return WorkerView(
+            url=self.url, healthy=self.healthy, outstanding=self.outstanding, served=self.served
+        )
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "kvr_router_requests",
+            "Routed requests by mode and outcome.",
+            ["mode", "outcome"],
+            registry=self.registry,
+        )
+        self.healthy = Gauge(
+            "kvr_router_healthy_workers",
+            "Healthy workers by role.",
+            ["role"],
+            registry=self.registry,
+        )
+        self.outstanding = Gauge(
+            "kvr_router_outstanding_requests",
+            "Requests in flight per worker.",
+            ["role", "url"],
+            registry=self.registry,
+        )
+        self.ejections = Counter(
+            "kvr_router_worker_ejections",
+            "Workers taken out of rotation.",
+            ["role", "reason"],
+            registry=self.registry,
+        )
+        self.sticky = Counter(
+            "kvr_router_sticky_placements",
+            "Placements decided by a session pin.",
+            registry=self.registry,
+        )
+
+
+@dataclass
+class RouterState:
+    sources: list[Source]
+    config: RouterConfig = field(default_factory=RouterConfig)
+    workers: dict[str, Worker] = field(default_factory=dict)
+    metrics: RouterMetrics = field(default_factory=RouterMetrics)
+    session: aiohttp.ClientSession | None = None
+    pins: SessionPins = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.pins = SessionPins(max_sessions=self.config.max_sessions)
+
+    @property
+    def disaggregated(self) -> bool:
+        return any(s.role != "aggregated" for s in self.sources)
+
+    def pool(self, role: PoolRole) -> list[Worker]:
+        return [w for w in self.workers.values() if w.role == role]
+
+    def ready(self) -> bool:
+        roles: tuple[PoolRole, ...] = (
+            ("prefill", "decode") if self.disaggregated else ("aggregated",)
+        )
+        return all(any(w.healthy for w in self.pool(r)) for r in roles)
+
+    def set_healthy(self, worker: Worker, healthy: bool, *, reason: str = "health") -> None:
+        if worker.healthy and not healthy:
+            log.warning("ejecting %s worker %s (%s)", worker.role, worker.url, reason)
+            self.metrics.ejections.labels(worker.role, reason).inc()
+        elif healthy and not worker.healthy:
+            log.info("admitting %s worker %s", worker.role, worker.url)
+        worker.healthy = healthy
+        self._publish()
+
+    def _publish(self) -> None:
+        for role in ("aggregated", "prefill", "decode"):
+            self.metrics.healthy.labels(role).set(
+                sum(1 for w in self.workers.values() if w.role == role and w.healthy)
+            )
+
+    def begin(self, worker: Worker) -> None:
+        worker.outstanding += 1
+        worker.served += 1
+        self.metrics.outstanding.labels(worker.role, worker.url).set(worker.outstanding)
+
+    def end(self, worker: Worker) -> None:
+        worker.outstanding -= 1
+        self.metrics.outstanding.labels(worker.role, worker.url).set(worker.outstanding)
+
+
+STATE: Final = web.AppKey("router_state", RouterState)
+
+
+# ---------------------------------------------------------------- discovery and health
+
+
+async def refresh_membership(state: RouterState) -> None:
+    """Re-run discovery for every source and add/remove workers to match."""
+    for source in state.sources:
+        found = await discover(source)
+        if found is None:
+            continue
+        current = [w.url for w in state.pool(source.role)]
+        change = plan_membership(current, found)
+        for url in change.added:
+            state.workers[url] = Worker(url=url, role=source.role)
+            log.info("discovered %s worker %s", source.role, url)
+        for url in change.removed:
+            state.workers.pop(url, None)
+            log.info("%s worker %s left discovery", source.role, url)
+
+
+async def check_worker(state: RouterState, worker: Worker) -> None:
+    """One readiness poll; prefill workers also report their bootstrap address once."""
+    assert state.session is not None
+    timeout = aiohttp.ClientTimeout(total=state.config.health_timeout_s)
+    try:
+        async with state.session.get(worker.url + HEALTH_PATH, timeout=timeout) as resp:
+            ok = resp.status == 200
+        if ok and worker.role == "prefill" and worker.info is None:
+            async with state.session.get(worker.url + INFO_PATH, timeout=timeout) as resp:
+                if resp.status == 200:
+                    worker.info = await resp.json()
+    except (aiohttp.ClientError, TimeoutError):
+        ok = False
+    state.set_healthy(worker, ok, reason="health")
+
+
+async def check_all(state: RouterState) -> None:
+    await asyncio.gather(*(check_worker(state, w) for w in list(state.workers.values())))
+
+
+async def _every(interval_s: float, job: Any, state: RouterState) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await job(state)
+        except Exception:  # a background loop must survive one bad round
+            log.exception("router background job failed")
+
+
+async def _background(app: web.Application) -> Any:
+    state = app[STATE]
+    timeout = aiohttp.ClientTimeout(
+        total=None, connect=state.config.connect_timeout_s, sock_read=state.config.read_timeout_s
+    )
+    state.session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False)
+    await refresh_membership(state)
+    await check_all(state)
+    tasks = [
+        asyncio.create_task(_every(state.config.health_interval_s, check_all, state)),
+        asyncio.create_task(_every(state.config.dns_interval_s, refresh_membership, state)),
+    ]
+    yield
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    await state.session.close()
+
+
+# ---------------------------------------------------------------- request path
+
+
+def error_response(code: ErrorCode, message: str) -> web.Response:
+    line = ErrorLine(error=ErrorBody(code=code, message=message))
+    return web.Response(
+        status=ERROR_STATUS[code], body=line.model_dump_json(), content_type="application/json"
+    )
+
+
+def error_line(code: ErrorCode, message: str) -> bytes:
+    return ErrorLine(error=ErrorBody(code=code, message=message)).model_dump_json().encode() + b"\n"
+
+
+def is_terminal(line: bytes) -> bool:
+    """A stream's last line must be an error line or a chunk with a finish reason."""
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(obj, dict) and ("error" in obj or obj.get("finish_reason") is not None)
+
+
+def plan_bootstrap(
+    worker_url: str, info: dict[str, Any] | None, *, default_port: int | None
+) -> tuple[str, int] | None:
+    """The prefill worker's bootstrap server: what it reports, else its URL host and the default."""
+    info = info or {}
+    host = info.get("bootstrap_host") or urlsplit(worker_url).hostname
+    port = info.get("bootstrap_port") or default_port
+    if not host or not isinstance(port, int):
+        return None
+    return str(host), port
+
+
+async def handle_generate(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    body = await request.read()
+    session = session_of(body, {k.lower(): v for k, v in request.headers.items()})
+    mode = "disaggregated" if state.disaggregated else "aggregated"
+    outcome = "error"
+    try:
+        if state.disaggregated:
+            response, outcome = await _disaggregated(request, state, body, session)
+        else:
+            response, outcome = await _aggregated(request, state, body, session)
+        return response
+    except asyncio.CancelledError:
+        outcome = "cancelled"
+        raise
+    finally:
+        state.metrics.requests.labels(mode, outcome).inc()
+
+
+def _choose(
+    state: RouterState, role: PoolRole, session: str | None, exclude: set[str]
+) -> Choice | None:
+    views = [w.view() for w in state.pool(role) if w.url not in exclude]
+    return plan_worker(views, pinned=state.pins.get(role, session))
+
+
+def _pin(state: RouterState, role: PoolRole, session: str | None, choice: Choice) -> None:
+    if choice.sticky:
+        state.metrics.sticky.inc()
+    state.pins.set(role, session, choice.url)
+
+
+async def _aggregated(
+    request: web.Request, state: RouterState, body: bytes, session: str | None
+) -> tuple[web.StreamResponse, str]:
+    assert state.session is not None
+    tried: set[str] = set()
+    while True:
+        choice = _choose(state, "aggregated", session, tried)
+        if choice is None:
+            if tried:
+                return error_response(
+                    ErrorCode.WORKER_UNAVAILABLE, "every worker tried was unreachable"
+                ), "worker_unavailable"
+            return error_response(ErrorCode.NO_WORKERS, "no healthy workers"), "no_workers"
+        worker = state.workers[choice.url]
+        _pin(state, "aggregated", session, choice)
+        state.begin(worker)
+        try:
+            async with state.session.post(
+                worker.url + GENERATE_PATH,
+                data=body,
+                headers={"Content-Type": "application/json", HEADER_ROLE: "aggregated"},
+            ) as upstream:
+                if upstream.status == ERROR_STATUS[ErrorCode.DRAINING] and await _is_draining(
+                    upstream
+                ):
+                    # The worker refused before doing anything: another one may take it.
+                    state.set_healthy(worker, False, reason="draining")
+                    tried.add(worker.url)
+                    continue
+                return await _relay(request, state, worker, upstream)
+        except aiohttp.ClientConnectorError:
+            # Nothing reached the worker, so another one may take the request.
+            state.set_healthy(worker, False, reason="connect")
+            tried.add(worker.url)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            state.set_healthy(worker, False, reason="connect")
+            return error_response(
+                ErrorCode.WORKER_UNAVAILABLE, f"worker {worker.url} failed: {exc}"
+            ), "worker_unavailable"
+        finally:
+            state.end(worker)
+
+
+async def _disaggregated(
+    request: web.Request, state: RouterState, body: bytes, session: str | None
+) -> tuple[web.StreamResponse, str]:
+    assert state.session is not None
+    pair = plan_pair(
+        [w.view() for w in state.pool("prefill")],
+        [w.view() for w in state.pool("decode")],
+        pinned_prefill=state.pins.get("prefill", session),
+        pinned_decode=state.pins.get("decode", session),
+    )
+    if pair is None:
+        return error_response(
+            ErrorCode.NO_WORKERS, "no healthy prefill/decode worker pair"
+        ), "no_workers"
+    prefill, decode = state.workers[pair.prefill.url], state.workers[pair.decode.url]
+    bootstrap = plan_bootstrap(prefill.url, prefill.info, default_port=state.config.bootstrap_port)
+    if bootstrap is None:
+        return error_response(
+            ErrorCode.WORKER_UNAVAILABLE,
+            f"prefill worker {prefill.url} reports no bootstrap port; start the router with "
+            "--bootstrap-port or the worker with --bootstrap-port",
+        ), "worker_unavailable"
+    _pin(state, "prefill", session, pair.prefill)
+    _pin(state, "decode", session, pair.decode)
+    room = secrets.randbits(63)
+    headers = {
+        "Content-Type": "application/json",
+        HEADER_BOOTSTRAP_HOST: bootstrap[0],
+        HEADER_BOOTSTRAP_PORT: str(bootstrap[1]),
+        HEADER_BOOTSTRAP_ROOM: str(room),
+    }
+    session_http = state.session
+    state.begin(prefill)
+    state.begin(decode)
+    opened: list[aiohttp.ClientResponse] = []
+    drain_task: asyncio.Task[None] | None = None
+
+    async def send(worker: Worker, role: str) -> aiohttp.ClientResponse:
+        resp = await session_http.post(
+            worker.url + GENERATE_PATH, data=body, headers={**headers, HEADER_ROLE: role}
+        )
+        opened.append(resp)
+        return resp
+
+    try:
+        results = await asyncio.gather(
+            send(prefill, "prefill"), send(decode, "decode"), return_exceptions=True
+        )
+        for worker, result in zip((prefill, decode), results, strict=True):
+            if isinstance(result, aiohttp.ClientConnectorError):
+                state.set_healthy(worker, False, reason="connect")
+            if isinstance(result, BaseException):
+                return error_response(
+                    ErrorCode.WORKER_UNAVAILABLE,
+                    f"{worker.role} worker {worker.url} unreachable: {result}",
+                ), "worker_unavailable"
+        resp_p, resp_d = results
+        assert isinstance(resp_p, aiohttp.ClientResponse)
+        assert isinstance(resp_d, aiohttp.ClientResponse)
+        for resp in (resp_p, resp_d):
+            if resp.status != 200:
+                return await _passthrough_error(resp), "upstream_error"
+        # The prefill half's answer is not the client's; read it to the end so SGLang's
+        # prefill request completes, then drop it.
+        drain_task = asyncio.create_task(_discard(resp_p))
+        return await _relay(request, state, decode, resp_d)
+    finally:
+        if drain_task is not None and not drain_task.done():
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError, aiohttp.ClientError):
+                await asyncio.wait_for(asyncio.shield(drain_task), timeout=5.0)
+            drain_task.cancel()
+        for resp in opened:
+            resp.close()
+        state.end(prefill)
+        state.end(decode)
+
+
+async def _is_draining(resp: aiohttp.ClientResponse) -> bool:
+    try:
+        body = await resp.json(content_type=None)
+    except (ValueError, aiohttp.ClientError):
+        return False
+    error = body.get("error") if isinstance(body, dict) else None
+    return isinstance(error, dict) and error.get("code") == ErrorCode.DRAINING.value
+
+
+async def _discard(resp: aiohttp.ClientResponse) -> None:
+    with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+        await resp.read()
+
+
+async def _passthrough_error(resp: aiohttp.ClientResponse) -> web.Response:
+    """A worker's non-2xx answer reaches the client as the worker wrote it (typed error codes)."""
+    body = await resp.read()
+    return web.Response(status=resp.status, body=body, content_type="application/json")
+
+
+async def _relay(
+    request: web.Request, state: RouterState, worker: Worker, upstream: aiohttp.ClientResponse
+) -> tuple[web.StreamResponse, str]:
+    """Stream a worker's NDJSON answer to the client, ending with an error line if it breaks off."""
+    if upstream.status != 200:
+        return await _passthrough_error(upstream), "upstream_error"
+    out = web.StreamResponse(headers={"Content-Type": NDJSON})
+    await out.prepare(request)
+    pending, last = b"", b""
+    failure: BaseException | None = None
+    while True:
+        try:
+            data = await upstream.content.readany()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            failure = exc
+            break
+        if not data:
+            break
+        await out.write(data)
+        pending += data
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            if line.strip():
+                last = line
+    outcome = "ok"
+    if pending.strip() or not is_terminal(last):
+        if pending.strip():
+            await out.write(b"\n")
+        if isinstance(failure, TimeoutError):
+            code, outcome = ErrorCode.UPSTREAM_TIMEOUT, "upstream_timeout"
+            message = f"worker {worker.url} sent nothing for {state.config.read_timeout_s}s"
+        else:
+            code, outcome = ErrorCode.WORKER_UNAVAILABLE, "worker_unavailable"
+            message = f"worker {worker.url} stopped mid-stream"
+            state.set_healthy(worker, False, reason="midstream")
+        await out.write(error_line(code, message))
+    await out.write_eof()
+    return out, outcome
+
+
+# ---------------------------------------------------------------- health, metrics, assembly
+
+
+async def handle_healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def handle_readyz(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    ready = state.ready()
+    return web.json_response(
+        {"status": "ready" if ready else "no_workers"}, status=200 if ready else 503
+    )
+
+
+async def handle_workers(request: web.Request) -> web.Response:
+    """Debug view of the pool: what placement sees."""
+    state = request.app[STATE]
+    return web.json_response(
+        [
+            {
+                "url": w.url,
+                "role": w.role,
+                "healthy": w.healthy,
+                "outstanding": w.outstanding,
+                "served": w.served,
+            }
+            for w in sorted(state.workers.values(), key=lambda w: (w.role, w.url))
+        ]
+    )
+
+
+async def handle_metrics(request: web.Request) -> web.Response:
+    registry = request.app[STATE].metrics.registry
+    return web.Response(
+        body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+    )
+
+
+def build_app(state: RouterState) -> web.Application:
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app[STATE] = state
+    app.cleanup_ctx.append(_background)
+    app.router.add_post(GENERATE_PATH, handle_generate)
+    app.router.add_get("/healthz", handle_healthz)
+    app.router.add_get("/readyz", handle_readyz)
+    app.router.add_get("/v1/workers", handle_workers)
+    app.router.add_get("/metrics", handle_metrics)
+    return app

@@ -1,0 +1,119 @@
+"""``kvretention router``: place requests on workers and stream their answers back.
+
+Aggregated::
+
+    kvretention router --worker http://w0:8100 --worker http://w1:8100
+    kvretention router --worker-dns workers.ns.svc.cluster.local:8100
+
+Disaggregated (one prefill and one decode worker per request, sharing a bootstrap room)::
+
+    kvretention router --prefill-dns prefill.ns.svc:8100 --decode-dns decode.ns.svc:8100
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import click
+from aiohttp import web
+
+from kvretention.dataplane.router.app import RouterConfig, RouterState, build_app
+from kvretention.dataplane.router.discovery import DiscoveryError, build_sources
+
+log = logging.getLogger("kvretention.router")
+
+
+@click.command("router")
+@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8200, show_default=True, type=int, help="Port to listen on.")
+@click.option("--worker", "workers", multiple=True, help="Aggregated worker URL (repeatable).")
+@click.option(
+    "--worker-dns", multiple=True, help="Aggregated workers' headless Service as host:port."
+)
+@click.option("--prefill-worker", "prefill", multiple=True, help="Prefill worker URL (repeatable).")
+@click.option("--decode-worker", "decode", multiple=True, help="Decode worker URL (repeatable).")
+@click.option("--prefill-dns", multiple=True, help="Prefill workers' headless Service host:port.")
+@click.option("--decode-dns", multiple=True, help="Decode workers' headless Service host:port.")
+@click.option(
+    "--bootstrap-port",
+    type=int,
+    default=None,
+    help="Prefill bootstrap port to use when a prefill worker's /v1/info does not report one.",
+)
+@click.option("--health-interval", type=float, default=2.0, show_default=True)
+@click.option("--health-timeout", type=float, default=1.0, show_default=True)
+@click.option("--dns-interval", type=float, default=5.0, show_default=True)
+@click.option("--connect-timeout", type=float, default=5.0, show_default=True)
+@click.option(
+    "--read-timeout",
+    type=float,
+    default=600.0,
+    show_default=True,
+    help="Longest silence between two streamed chunks before the request fails.",
+)
+@click.option("--max-sessions", type=int, default=100_000, show_default=True)
+@click.option("--log-level", default="INFO", show_default=True)
+def router_cmd(
+    host: str,
+    port: int,
+    workers: tuple[str, ...],
+    worker_dns: tuple[str, ...],
+    prefill: tuple[str, ...],
+    decode: tuple[str, ...],
+    prefill_dns: tuple[str, ...],
+    decode_dns: tuple[str, ...],
+    bootstrap_port: int | None,
+    health_interval: float,
+    health_timeout: float,
+    dns_interval: float,
+    connect_timeout: float,
+    read_timeout: float,
+    max_sessions: int,
+    log_level: str,
+) -> None:
+    """Route PreprocessedRequests to workers: sticky sessions, least outstanding, PD pairs."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    try:
+        sources = build_sources(
+            workers=workers,
+            worker_dns=worker_dns,
+            prefill=prefill,
+            prefill_dns=prefill_dns,
+            decode=decode,
+            decode_dns=decode_dns,
+        )
+    except DiscoveryError as exc:
+        raise click.UsageError(str(exc)) from exc
+    config = RouterConfig(
+        health_interval_s=health_interval,
+        health_timeout_s=health_timeout,
+        dns_interval_s=dns_interval,
+        connect_timeout_s=connect_timeout,
+        read_timeout_s=read_timeout,
+        bootstrap_port=bootstrap_port,
+        max_sessions=max_sessions,
+    )
+    asyncio.run(_serve(RouterState(sources=sources, config=config), host=host, port=port))
+
+
+async def _serve(state: RouterState, *, host: str, port: int) -> None:
+    runner = web.AppRunner(
+        build_app(state), handler_cancellation=True, access_log=None, shutdown_timeout=5.0
+    )
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    log.info(
+        "router listening on %s:%d (%s), %d worker(s) known",
+        host,
+        port,
+        "disaggregated" if state.disaggregated else "aggregated",
+        len(state.workers),
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()

@@ -1,0 +1,379 @@
+"""The worker's HTTP app: ``POST /v1/generate`` in, NDJSON ``GenerateChunk`` lines out.
+
+Every check that can fail runs before the engine is called, so a rejected request never reaches
+SGLang: malformed JSON or envelope -> 400 ``invalid_request``; a hint for an engine without
+``kv_hints`` -> 501 ``kv_hints_unsupported`` naming ``kv_hints``. After the stream has started a
+failure becomes one final ``{"error": ...}`` line. A client that goes away aborts the engine request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Final, cast, get_args
+
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    generate_latest,
+)
+from pydantic import ValidationError
+
+from kvretention.dataplane.protocol import (
+    ERROR_STATUS,
+    GENERATE_PATH,
+    HEADER_BOOTSTRAP_HOST,
+    HEADER_BOOTSTRAP_PORT,
+    HEADER_BOOTSTRAP_ROOM,
+    HEADER_ROLE,
+    NDJSON,
+    ErrorBody,
+    ErrorCode,
+    ErrorLine,
+    GenerateChunk,
+    PreprocessedRequest,
+    Role,
+)
+from kvretention.dataplane.trace import RequestTrace
+from kvretention.dataplane.worker.call import (
+    Bootstrap,
+    StreamAdapter,
+    build_generate_kwargs,
+    render_prompt,
+)
+from kvretention.dataplane.worker.dialect import Dialect, build_kv_hints
+from kvretention.dataplane.worker.engine import LoadedEngine
+from kvretention.hints.envelope import WIRE_KEY, InvalidKvHint, KvHintEnvelope, envelope_or_none
+
+log = logging.getLogger(__name__)
+
+INFO_PATH: Final = "/v1/info"
+ROLES: Final[tuple[str, ...]] = get_args(Role)
+
+
+class RequestRejected(Exception):
+    """A request refused before the engine is called."""
+
+    def __init__(self, code: ErrorCode, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.param = param
+
+
+@dataclass
+class WorkerMetrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        self.requests = Counter(
+            "kvr_worker_requests",
+            "Finished generate requests by outcome.",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.kv_hints = Counter(
+            "kvr_worker_kv_hints_passed",
+            "Requests whose hint was passed to the engine, by dialect.",
+            ["dialect"],
+            registry=self.registry,
+        )
+        self.inflight = Gauge(
+            "kvr_worker_inflight", "Generate requests in flight.", registry=self.registry
+        )
+
+
+@dataclass
+class WorkerState:
+    """Everything the handlers share; lives on the app, not in module globals."""
+
+    engine: LoadedEngine
+    role: Role
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = None
+    trace: RequestTrace | None = None
+    draining: bool = False
+    inflight: int = 0
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+    metrics: WorkerMetrics = field(default_factory=WorkerMetrics)
+
+    def __post_init__(self) -> None:
+        self.idle.set()
+
+    def enter(self) -> None:
+        self.inflight += 1
+        self.idle.clear()
+        self.metrics.inflight.set(self.inflight)
+
+    def leave(self) -> None:
+        self.inflight -= 1
+        self.metrics.inflight.set(self.inflight)
+        if self.inflight == 0:
+            self.idle.set()
+
+
+STATE: Final = web.AppKey("worker_state", WorkerState)
+
+
+@dataclass(frozen=True)
+class PlannedCall:
+    """A validated request and the exact engine call it becomes."""
+
+    request: PreprocessedRequest
+    role: Role
+    kwargs: dict[str, Any]
+    kv_hints: dict[str, Any] | None
+
+
+def plan_call(
+    body: bytes, *, headers: dict[str, str], state_role: Role, engine: LoadedEngine
+) -> PlannedCall:
+    """Validate a generate request and build its engine call, or raise :class:`RequestRejected`."""
+    try:
+        raw = json.loads(body)
+    except ValueError:
+        raise RequestRejected(ErrorCode.INVALID_REQUEST, "request body is not JSON") from None
+    if not isinstance(raw, dict):
+        raise RequestRejected(ErrorCode.INVALID_REQUEST, "request body must be a JSON object")
+    try:
+        envelope = envelope_or_none(raw.get(WIRE_KEY))
+    except InvalidKvHint as exc:
+        raise RequestRejected(ErrorCode.INVALID_REQUEST, str(exc), param=exc.field) from None
+    try:
+        request = PreprocessedRequest.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise RequestRejected(
+            ErrorCode.INVALID_REQUEST, f"invalid {loc}: {err['msg']}", param=loc
+        ) from None
+    if request.token_ids is None and not request.messages:
+        raise RequestRejected(
+            ErrorCode.INVALID_REQUEST, "one of token_ids or messages is required", param="messages"
+        )
+    if envelope is not None and engine.dialect is Dialect.NONE:
+        raise RequestRejected(
+            ErrorCode.KV_HINTS_UNSUPPORTED,
+            f"this worker's engine ({engine.name}) has no kv_hints parameter on "
+            "Engine.async_generate, so it cannot honour the prompt-retention hint; "
+            "retry without prompt cache retention or upgrade the worker image",
+            param=WIRE_KEY,
+        )
+    role = _role_of(headers, default=state_role)
+    bootstrap = _bootstrap_of(headers) if role != "aggregated" else None
+    kv_hints = _kv_hints_for(envelope, engine.dialect, request_id=request.request_id)
+    prompt = None
+    if request.token_ids is None:
+        prompt = render_prompt(request.messages or [], tokenizer=engine.tokenizer)
+    kwargs = build_generate_kwargs(request, prompt=prompt, kv_hints=kv_hints, bootstrap=bootstrap)
+    return PlannedCall(request=request, role=role, kwargs=kwargs, kv_hints=kv_hints)
+
+
+def _kv_hints_for(
+    envelope: KvHintEnvelope | None, dialect: Dialect, *, request_id: str
+) -> dict[str, Any] | None:
+    return None if envelope is None else build_kv_hints(envelope, dialect, request_id=request_id)
+
+
+def _role_of(headers: dict[str, str], *, default: Role) -> Role:
+    value = headers.get(HEADER_ROLE, default)
+    if value not in ROLES:
+        raise RequestRejected(
+            ErrorCode.INVALID_REQUEST, f"{HEADER_ROLE} must be one of {', '.join(ROLES)}"
+        )
+    return cast(Role, value)
+
+
+def _bootstrap_of(headers: dict[str, str]) -> Bootstrap:
+    try:
+        return Bootstrap(
+            host=headers[HEADER_BOOTSTRAP_HOST],
+            port=int(headers[HEADER_BOOTSTRAP_PORT]),
+            room=int(headers[HEADER_BOOTSTRAP_ROOM]),
+        )
+    except (KeyError, ValueError):
+        raise RequestRejected(
+            ErrorCode.INVALID_REQUEST,
+            f"prefill/decode requests need {HEADER_BOOTSTRAP_HOST}, {HEADER_BOOTSTRAP_PORT} "
+            f"and {HEADER_BOOTSTRAP_ROOM} headers",
+        ) from None
+
+
+def error_response(code: ErrorCode, message: str, *, param: str | None = None) -> web.Response:
+    line = ErrorLine(error=ErrorBody(code=code, message=message, param=param))
+    return web.Response(
+        status=ERROR_STATUS[code], body=line.model_dump_json(), content_type="application/json"
+    )
+
+
+def _line(model: GenerateChunk | ErrorLine) -> bytes:
+    return model.model_dump_json(exclude_none=True).encode() + b"\n"
+
+
+async def handle_generate(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    if state.draining:
+        return error_response(ErrorCode.DRAINING, "worker is shutting down")
+    body = await request.read()
+    try:
+        planned = plan_call(
+            body,
+            headers={k.lower(): v for k, v in request.headers.items()},
+            state_role=state.role,
+            engine=state.engine,
+        )
+    except RequestRejected as exc:
+        state.metrics.requests.labels("rejected").inc()
+        _trace(state, request_id=_request_id_of(body), outcome="rejected", code=str(exc.code))
+        return error_response(exc.code, str(exc), param=exc.param)
+    state.enter()
+    try:
+        return await _stream(request, state, planned)
+    finally:
+        state.leave()
+
+
+async def _stream(
+    request: web.Request, state: WorkerState, planned: PlannedCall
+) -> web.StreamResponse:
+    rid = planned.request.request_id
+    started = time.monotonic()
+    outcome = "ok"
+    adapter = StreamAdapter(incremental=state.engine.incremental_stream)
+    gen: AsyncIterator[dict[str, Any]] | None = None
+    response: web.StreamResponse | None = None
+    try:
+        try:
+            gen = await state.engine.engine.async_generate(**planned.kwargs)
+            assert gen is not None
+            first = await gen.__anext__()
+        except StopAsyncIteration:
+            outcome = "error"
+            return error_response(ErrorCode.ENGINE_ERROR, "engine produced no output")
+        except ValueError as exc:
+            # SGLang rejects malformed requests (including kv_hints) with ValueError.
+            outcome = "rejected"
+            return error_response(ErrorCode.INVALID_REQUEST, f"engine rejected request: {exc}")
+        except Exception as exc:
+            outcome = "error"
+            log.exception("engine failed before the first chunk of %s", rid)
+            return error_response(ErrorCode.ENGINE_ERROR, f"engine error: {exc}")
+        response = web.StreamResponse(headers={"Content-Type": NDJSON})
+        await response.prepare(request)
+        await response.write(_line(adapter.chunk(first)))
+        try:
+            async for output in gen:
+                await response.write(_line(adapter.chunk(output)))
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception as exc:
+            outcome = "error"
+            log.exception("engine failed mid-stream for %s", rid)
+            err = ErrorLine(error=ErrorBody(code=ErrorCode.ENGINE_ERROR, message=str(exc)))
+            await response.write(_line(err))
+        await response.write_eof()
+        return response
+    except (asyncio.CancelledError, ConnectionResetError):
+        outcome = "aborted"
+        state.engine.abort(rid)
+        raise
+    finally:
+        if gen is not None:
+            aclose = getattr(gen, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+        state.metrics.requests.labels(outcome).inc()
+        if planned.kv_hints is not None and outcome == "ok":
+            state.metrics.kv_hints.labels(str(state.engine.dialect)).inc()
+        _trace(
+            state,
+            request_id=rid,
+            outcome=outcome,
+            kv_hints=planned.kv_hints,
+            kv_hints_passed=planned.kv_hints is not None,
+            role=planned.role,
+            dialect=str(state.engine.dialect),
+            duration_s=round(time.monotonic() - started, 6),
+        )
+
+
+def _trace(
+    state: WorkerState,
+    *,
+    request_id: str,
+    outcome: str,
+    kv_hints: dict[str, Any] | None = None,
+    **fields: Any,
+) -> None:
+    if state.trace is not None:
+        state.trace.record(request_id=request_id, outcome=outcome, kv_hints=kv_hints, **fields)
+
+
+def _request_id_of(body: bytes) -> str:
+    try:
+        raw = json.loads(body)
+    except ValueError:
+        return ""
+    rid = raw.get("request_id") if isinstance(raw, dict) else None
+    return rid if isinstance(rid, str) else ""
+
+
+async def handle_healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def handle_readyz(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if state.draining:
+        return web.json_response({"status": "draining"}, status=503)
+    return web.json_response({"status": "ready"})
+
+
+async def handle_info(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    return web.json_response(
+        {
+            "role": state.role,
+            "engine": state.engine.name,
+            "dialect": str(state.engine.dialect),
+            "bootstrap_host": state.bootstrap_host,
+            "bootstrap_port": state.bootstrap_port,
+            "draining": state.draining,
+        }
+    )
+
+
+async def handle_metrics(request: web.Request) -> web.Response:
+    registry = request.app[STATE].metrics.registry
+    return web.Response(
+        body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+    )
+
+
+def build_app(state: WorkerState) -> web.Application:
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app[STATE] = state
+    app.router.add_post(GENERATE_PATH, handle_generate)
+    app.router.add_get("/healthz", handle_healthz)
+    app.router.add_get("/readyz", handle_readyz)
+    app.router.add_get(INFO_PATH, handle_info)
+    app.router.add_get("/metrics", handle_metrics)
+    return app
+
+
+async def drain(state: WorkerState, *, deadline_s: float) -> bool:
+    """Stop taking requests and wait (bounded) for in-flight streams; True if all finished."""
+    state.draining = True
+    try:
+        await asyncio.wait_for(state.idle.wait(), timeout=deadline_s)
+    except TimeoutError:
+        return False
+    return True

@@ -1,0 +1,147 @@
+"""``kvretention worker``: load the engine, serve the router's protocol, drain on SIGTERM.
+
+Everything after ``--`` is passed to SGLang as server arguments, for example::
+
+    kvretention worker --engine sglang --port 8100 -- --model-path Qwen/Qwen3-0.6B --tp-size 1 \\
+        --enable-hierarchical-cache --hicache-storage-backend mooncake
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from typing import cast
+
+import click
+from aiohttp import web
+
+from kvretention.dataplane.protocol import Role
+from kvretention.dataplane.trace import trace_from_env
+from kvretention.dataplane.worker.app import WorkerState, build_app, drain
+from kvretention.dataplane.worker.engine import (
+    EngineLoadError,
+    build_sglang_argv,
+    load_engine,
+)
+
+log = logging.getLogger("kvretention.worker")
+
+
+@click.command("worker", context_settings={"ignore_unknown_options": True})
+@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8100, show_default=True, type=int, help="Port to listen on.")
+@click.option(
+    "--engine",
+    "engine_spec",
+    default="sglang",
+    show_default=True,
+    help="'sglang' (the real engine) or 'standin:none|flat|versioned' (no GPU, for tests).",
+)
+@click.option(
+    "--role",
+    type=click.Choice(["aggregated", "prefill", "decode"]),
+    default="aggregated",
+    show_default=True,
+    help="This worker's place in the fleet; prefill/decode add SGLang's disaggregation flags.",
+)
+@click.option(
+    "--bootstrap-host",
+    default=None,
+    help="Host decode workers use to reach this prefill worker's bootstrap server "
+    "(default: the address the router reaches this worker at).",
+)
+@click.option(
+    "--bootstrap-port",
+    type=int,
+    default=None,
+    help="This prefill worker's KV bootstrap port (SGLang --disaggregation-bootstrap-port).",
+)
+@click.option(
+    "--drain-seconds",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="On SIGTERM, how long in-flight streams may take to finish.",
+)
+@click.option(
+    "--trace-file",
+    default=None,
+    help="Append one JSONL record per request (default: $KVR_REQUEST_TRACE, else off).",
+)
+@click.option("--log-level", default="INFO", show_default=True)
+@click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
+def worker_cmd(
+    host: str,
+    port: int,
+    engine_spec: str,
+    role: str,
+    bootstrap_host: str | None,
+    bootstrap_port: int | None,
+    drain_seconds: float,
+    trace_file: str | None,
+    log_level: str,
+    server_args: tuple[str, ...],
+) -> None:
+    """Serve one SGLang engine (or the stand-in) behind the router."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    typed_role = cast(Role, role)
+    argv = build_sglang_argv(server_args, role=typed_role, bootstrap_port=bootstrap_port)
+    asyncio.run(
+        _serve(
+            host=host,
+            port=port,
+            engine_spec=engine_spec,
+            role=typed_role,
+            server_argv=argv,
+            bootstrap_host=bootstrap_host,
+            bootstrap_port=bootstrap_port,
+            drain_seconds=drain_seconds,
+            trace_file=trace_file,
+        )
+    )
+
+
+async def _serve(
+    *,
+    host: str,
+    port: int,
+    engine_spec: str,
+    role: Role,
+    server_argv: list[str],
+    bootstrap_host: str | None,
+    bootstrap_port: int | None,
+    drain_seconds: float,
+    trace_file: str | None,
+) -> None:
+    try:
+        engine = load_engine(engine_spec, server_argv=server_argv, role=role)
+    except EngineLoadError as exc:
+        raise click.ClickException(str(exc)) from exc
+    log.info("engine %s loaded, kv_hints dialect %s, role %s", engine.name, engine.dialect, role)
+    state = WorkerState(
+        engine=engine,
+        role=role,
+        bootstrap_host=bootstrap_host,
+        bootstrap_port=bootstrap_port,
+        trace=trace_from_env(trace_file, component="worker"),
+    )
+    runner = web.AppRunner(
+        build_app(state), handler_cancellation=True, access_log=None, shutdown_timeout=1.0
+    )
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    log.info("worker listening on %s:%d", host, port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("draining %d in-flight request(s) for up to %.1fs", state.inflight, drain_seconds)
+    drained = await drain(state, deadline_s=drain_seconds)
+    if not drained:
+        log.warning("drain deadline passed with %d request(s) in flight", state.inflight)
+    await runner.cleanup()
+    engine.shutdown()
+    if state.trace is not None:
+        state.trace.close()

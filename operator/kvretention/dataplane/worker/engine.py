@@ -1,0 +1,131 @@
+"""Loads the engine the worker serves: real ``sglang.Engine`` or the in-package stand-in.
+
+``--engine sglang`` builds ``sglang.Engine`` from the SGLang server arguments given after ``--``
+(``--model-path``, ``--tp-size``, HiCache flags, ...), adding the disaggregation flags the worker's
+role implies. ``--engine standin:<dialect>`` loads :mod:`kvretention.dataplane.worker.standin`.
+Either way the dialect is measured from the loaded engine, never assumed.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from kvretention.dataplane.protocol import Role
+from kvretention.dataplane.worker.dialect import (
+    VERSIONED_DECODER,
+    VERSIONED_MODULE,
+    Dialect,
+    detect_dialect,
+    parameter_names,
+)
+
+STANDIN_PREFIX: Final = "standin:"
+
+
+class EngineLoadError(RuntimeError):
+    """The ``--engine`` value or the engine's arguments cannot give a usable engine."""
+
+
+@dataclass(frozen=True)
+class LoadedEngine:
+    """An engine with what the worker must know about it."""
+
+    engine: Any
+    name: str
+    dialect: Dialect
+    incremental_stream: bool = False
+    """SGLang's ``--incremental-streaming-output``: stream chunks carry deltas, not cumulative text."""
+
+    def abort(self, rid: str) -> None:
+        """Abort an in-flight request (``Engine`` has no abort of its own; its tokenizer manager does)."""
+        manager = getattr(self.engine, "tokenizer_manager", None)
+        if manager is not None:
+            manager.abort_request(rid=rid)
+
+    @property
+    def tokenizer(self) -> Any:
+        manager = getattr(self.engine, "tokenizer_manager", None)
+        return getattr(manager, "tokenizer", None)
+
+    def shutdown(self) -> None:
+        stop = getattr(self.engine, "shutdown", None)
+        if callable(stop):
+            stop()
+
+
+def build_sglang_argv(
+    passthrough: Sequence[str], *, role: Role, bootstrap_port: int | None
+) -> list[str]:
+    """SGLang server argv: the user's flags plus the disaggregation flags the role implies.
+
+    Flags the user gave explicitly win; the worker only fills in what is missing.
+    """
+    argv = list(passthrough)
+    given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+    if role != "aggregated" and "--disaggregation-mode" not in given:
+        argv += ["--disaggregation-mode", role]
+    if (
+        role == "prefill"
+        and bootstrap_port is not None
+        and "--disaggregation-bootstrap-port" not in given
+    ):
+        argv += ["--disaggregation-bootstrap-port", str(bootstrap_port)]
+    return argv
+
+
+def has_versioned_decoder() -> bool:
+    """Whether the installed SGLang ships ``kv_hints.decode_kv_hints_envelope`` (needs only msgspec)."""
+    try:
+        module = importlib.import_module(VERSIONED_MODULE)
+    except ImportError:
+        return False
+    return callable(getattr(module, VERSIONED_DECODER, None))
+
+
+def load_engine(spec: str, *, server_argv: Sequence[str], role: Role) -> LoadedEngine:
+    """Build the engine named by ``--engine`` and measure its dialect."""
+    if spec.startswith(STANDIN_PREFIX):
+        return _load_standin(spec.removeprefix(STANDIN_PREFIX))
+    if spec == "sglang":
+        return _load_sglang(server_argv)
+    raise EngineLoadError(f"unknown --engine {spec!r}: use 'sglang' or 'standin:<dialect>'")
+
+
+def _load_standin(dialect_name: str) -> LoadedEngine:
+    from kvretention.dataplane.worker.standin import STANDINS
+
+    try:
+        cls = STANDINS[Dialect(dialect_name)]
+    except ValueError:
+        choices = ", ".join(d.value for d in Dialect)
+        raise EngineLoadError(
+            f"unknown stand-in dialect {dialect_name!r}; one of {choices}"
+        ) from None
+    engine: Any = cls()
+    dialect = detect_dialect(
+        parameter_names(engine.async_generate),
+        has_versioned_decoder=cls.has_versioned_decoder,
+    )
+    return LoadedEngine(engine=engine, name=f"standin:{dialect_name}", dialect=dialect)
+
+
+def _load_sglang(server_argv: Sequence[str]) -> LoadedEngine:  # pragma: no cover - needs a GPU
+    try:
+        import sglang
+        from sglang.srt.server_args import prepare_server_args
+    except ImportError as exc:
+        raise EngineLoadError(f"--engine sglang needs SGLang installed: {exc}") from exc
+    server_args = prepare_server_args(list(server_argv))
+    engine = sglang.Engine(server_args=server_args)
+    dialect = detect_dialect(
+        parameter_names(engine.async_generate), has_versioned_decoder=has_versioned_decoder()
+    )
+    return LoadedEngine(
+        engine=engine,
+        name=f"sglang-{getattr(sglang, '__version__', 'unknown')}",
+        dialect=dialect,
+        incremental_stream=bool(getattr(server_args, "incremental_streaming_output", False)),
+    )
