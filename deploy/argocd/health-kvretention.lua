@@ -1,0 +1,83 @@
+-- Argo CD health check for kvretention.io/KvRetentionDeployment (Lua 5.1, as Argo CD runs it).
+-- Healthy:     Ready=True, observed at the object's current generation.
+-- Degraded:    Ready=False for a reason that waiting cannot fix (bad spec, an engine that cannot
+--              take kv_hints under hints.policy=Required), or Ready=False with Progressing=False.
+-- Progressing: everything else (no status yet, an older generation observed, pods still starting).
+local hs = {}
+
+-- Ready=False reasons that need a human: the spec or the image must change.
+local permanent = {
+  InvalidSpec = true,
+  KvHintsUnsupported = true,
+  EngineIncompatible = true,
+}
+
+local function find(conditions, ctype)
+  if conditions == nil then
+    return nil
+  end
+  for _, c in ipairs(conditions) do
+    if c.type == ctype then
+      return c
+    end
+  end
+  return nil
+end
+
+local function describe(c, fallback)
+  if c ~= nil and c.message ~= nil and c.message ~= "" then
+    return c.message
+  end
+  if c ~= nil and c.reason ~= nil and c.reason ~= "" then
+    return c.reason
+  end
+  return fallback
+end
+
+local generation = nil
+if obj.metadata ~= nil then
+  generation = obj.metadata.generation
+end
+local status = obj.status
+
+if status == nil or status.conditions == nil then
+  hs.status = "Progressing"
+  hs.message = "Waiting for the kvretention operator to report status"
+  return hs
+end
+
+if generation ~= nil and (status.observedGeneration == nil or status.observedGeneration < generation) then
+  hs.status = "Progressing"
+  hs.message = "Waiting for the operator to observe generation " .. tostring(generation)
+  return hs
+end
+
+local ready = find(status.conditions, "Ready")
+if ready == nil then
+  hs.status = "Progressing"
+  hs.message = "Waiting for the Ready condition"
+  return hs
+end
+
+if generation ~= nil and ready.observedGeneration ~= nil and ready.observedGeneration < generation then
+  hs.status = "Progressing"
+  hs.message = "Ready reflects generation " .. tostring(ready.observedGeneration) .. ", not " .. tostring(generation)
+  return hs
+end
+
+if ready.status == "True" then
+  hs.status = "Healthy"
+  hs.message = describe(ready, "Ready")
+  return hs
+end
+
+local progressing = find(status.conditions, "Progressing")
+if ready.status == "False" and (permanent[ready.reason] or (progressing ~= nil and progressing.status == "False")) then
+  hs.status = "Degraded"
+  hs.message = describe(ready, "Not ready")
+  return hs
+end
+
+hs.status = "Progressing"
+hs.message = describe(ready, "Not ready yet")
+return hs
