@@ -1,0 +1,190 @@
+"""Pure: problems in a spec that the CRD schema and CEL cannot see (``check_spec``).
+
+Each check is a small function returning messages; an empty list means the spec can work. The
+operator turns a non-empty list into ``Ready=False`` with reason ``InvalidSpec`` and creates nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from decimal import Decimal, InvalidOperation
+from typing import Final
+
+from kvretention.api.models import KvRetentionDeployment, ResourceRequirements
+from kvretention.controller.resources.sglang_args import MANAGED_FLAGS, Role, pool_for
+from kvretention.controller.resources.workers import worker_roles
+
+_QUANTITY: Final = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$")
+_SUFFIX: Final[dict[str, Decimal]] = {
+    "": Decimal(1),
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "k": Decimal(10**3),
+    "M": Decimal(10**6),
+    "G": Decimal(10**9),
+    "T": Decimal(10**12),
+    "P": Decimal(10**15),
+    "E": Decimal(10**18),
+    "Ki": Decimal(2**10),
+    "Mi": Decimal(2**20),
+    "Gi": Decimal(2**30),
+    "Ti": Decimal(2**40),
+    "Pi": Decimal(2**50),
+    "Ei": Decimal(2**60),
+}
+GIB: Final = Decimal(2**30)
+
+
+def parse_quantity(value: int | str) -> Decimal:
+    """A Kubernetes quantity as a number (``16Gi`` -> 17179869184); ``ValueError`` if malformed."""
+    if isinstance(value, int):
+        return Decimal(value)
+    match = _QUANTITY.match(value.strip())
+    if match is None:
+        raise ValueError(f"{value!r} is not a Kubernetes quantity")
+    number, suffix = match.group(1), match.group(2) or ""
+    try:
+        base = Decimal(number)
+    except InvalidOperation:
+        raise ValueError(f"{value!r} is not a Kubernetes quantity") from None
+    if suffix[:1] in ("e", "E") and len(suffix) > 1:
+        return base * Decimal(10) ** int(suffix[1:])
+    return base * _SUFFIX[suffix]
+
+
+def segment_bytes(size: str) -> Decimal:
+    """Mooncake ``global_segment_size``: bytes, or ``<N>gb`` meaning N GiB (as SGLang parses it)."""
+    return Decimal(int(size[:-2])) * GIB if size.endswith("gb") else Decimal(int(size))
+
+
+def _pool_path(role: Role) -> str:
+    return f"spec.workers.{role}"
+
+
+def _resources(cr: KvRetentionDeployment) -> Iterator[tuple[str, ResourceRequirements | None]]:
+    spec = cr.spec
+    yield "spec.frontend.resources", spec.frontend.resources
+    yield "spec.router.resources", spec.router.resources
+    yield "spec.kvStore.mooncake.master.resources", spec.kv_store.mooncake.master.resources
+    for role in worker_roles(cr):
+        yield f"{_pool_path(role)}.resources", pool_for(spec, role).resources
+
+
+def check_quantities(cr: KvRetentionDeployment) -> list[str]:
+    """Every quantity parses, and no request exceeds its limit."""
+    problems = []
+    for path, res in _resources(cr):
+        if res is None:
+            continue
+        parsed: dict[str, dict[str, Decimal]] = {"requests": {}, "limits": {}}
+        for kind in ("requests", "limits"):
+            for key, value in sorted((getattr(res, kind) or {}).items()):
+                try:
+                    parsed[kind][key] = parse_quantity(value)
+                except ValueError as exc:
+                    problems.append(f"{path}.{kind}.{key}: {exc}")
+        for key, request in parsed["requests"].items():
+            limit = parsed["limits"].get(key)
+            if limit is not None and request > limit:
+                problems.append(f"{path}: requests.{key} exceeds limits.{key}")
+    return problems
+
+
+def check_extra_args(cr: KvRetentionDeployment) -> list[str]:
+    """``extraArgs`` must not override what the operator renders from the spec."""
+    problems = []
+    for role in worker_roles(cr):
+        for index, arg in enumerate(pool_for(cr.spec, role).extra_args):
+            flag = arg.split("=", 1)[0]
+            if flag in MANAGED_FLAGS:
+                problems.append(
+                    f"{_pool_path(role)}.extraArgs[{index}]: {flag} is set by the operator "
+                    "from the spec; change the matching spec field instead"
+                )
+    return problems
+
+
+def check_gpus(cr: KvRetentionDeployment) -> list[str]:
+    """A GPU limit given by hand must match tensorParallelSize (one GPU per rank)."""
+    gpu = cr.spec.workers.gpu_resource
+    problems = []
+    for role in worker_roles(cr):
+        pool = pool_for(cr.spec, role)
+        limits = (pool.resources.limits or {}) if pool.resources else {}
+        if not gpu or gpu not in limits:
+            continue
+        try:
+            given = parse_quantity(limits[gpu])
+        except ValueError:
+            continue  # reported by check_quantities
+        if given != pool.tensor_parallel_size:
+            problems.append(
+                f"{_pool_path(role)}.resources.limits.{gpu} is {limits[gpu]} but "
+                f"tensorParallelSize is {pool.tensor_parallel_size}: SGLang needs one GPU per rank"
+            )
+    return problems
+
+
+def check_host_memory(cr: KvRetentionDeployment) -> list[str]:
+    """A worker's memory limit must hold its HiCache host pool plus its Mooncake segment."""
+    spec = cr.spec
+    hicache = spec.workers.hicache
+    segment = (
+        segment_bytes(spec.kv_store.mooncake.transfer.global_segment_size)
+        if hicache.enabled and hicache.storage_backend == "mooncake"
+        else Decimal(0)
+    )
+    problems = []
+    for role in worker_roles(cr):
+        if role == "decode":
+            continue
+        pool = pool_for(spec, role)
+        limits = (pool.resources.limits or {}) if pool.resources else {}
+        if "memory" not in limits:
+            continue
+        try:
+            limit = parse_quantity(limits["memory"])
+        except ValueError:
+            continue
+        host_pool = (
+            Decimal(hicache.size_gib * pool.tensor_parallel_size) * GIB
+            if hicache.enabled and hicache.size_gib is not None
+            else Decimal(0)
+        )
+        if host_pool + segment > limit:
+            problems.append(
+                f"{_pool_path(role)}.resources.limits.memory {limits['memory']} is below the "
+                f"{(host_pool + segment) / GIB:.0f}Gi the worker needs for its HiCache host pool "
+                "(hicache.sizeGiB x tensorParallelSize) plus its Mooncake segment "
+                "(kvStore.mooncake.transfer.globalSegmentSize)"
+            )
+    return problems
+
+
+def check_master_ports(cr: KvRetentionDeployment) -> list[str]:
+    master = cr.spec.kv_store.mooncake.master
+    if cr.spec.kv_store.mooncake.mode != "managed":
+        return []
+    ports = [master.rpc_port, master.metrics_port, master.metadata_port]
+    if len(set(ports)) != len(ports):
+        return [
+            "spec.kvStore.mooncake.master: rpcPort, metricsPort and metadataPort must differ, "
+            f"got {ports[0]}, {ports[1]}, {ports[2]}"
+        ]
+    return []
+
+
+CHECKS: Final[tuple[Callable[[KvRetentionDeployment], list[str]], ...]] = (
+    check_quantities,
+    check_extra_args,
+    check_gpus,
+    check_host_memory,
+    check_master_ports,
+)
+
+
+def check_spec(cr: KvRetentionDeployment) -> list[str]:
+    """Every problem the schema cannot catch, in a stable order (empty: the spec can work)."""
+    return [problem for check in CHECKS for problem in check(cr)]

@@ -1,0 +1,182 @@
+"""Shared pieces of every child manifest: names, labels, owner references, hashes, probes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Final
+
+from kvretention.api.models import FIELD_MANAGER, KvRetentionDeployment, ResourceRequirements
+
+Manifest = dict[str, Any]
+
+APP_NAME: Final = "kvretention"
+LABEL_NAME: Final = "app.kubernetes.io/name"
+LABEL_INSTANCE: Final = "app.kubernetes.io/instance"
+LABEL_COMPONENT: Final = "app.kubernetes.io/component"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+CONFIG_HASH_ANNOTATION: Final = "kvretention.io/config-hash"
+"""Pod-template annotation: hash of the mounted config, so a config change rolls those pods."""
+
+FRONTEND_PORT: Final = 8000
+ROUTER_PORT: Final = 8001
+WORKER_PORT: Final = 8002
+CLI: Final = "kvretention"
+
+COMPONENT_FRONTEND: Final = "frontend"
+COMPONENT_ROUTER: Final = "router"
+COMPONENT_WORKER: Final = "worker"
+COMPONENT_PREFILL: Final = "worker-prefill"
+COMPONENT_DECODE: Final = "worker-decode"
+COMPONENT_MOONCAKE: Final = "mooncake-master"
+
+
+def child_name(cr: KvRetentionDeployment, suffix: str) -> str:
+    """``<cr name>-<suffix>``: every child is named after its owner."""
+    return f"{cr.name}-{suffix}"
+
+
+def service_host(cr: KvRetentionDeployment, suffix: str) -> str:
+    """The in-cluster DNS name of the child Service ``<cr name>-<suffix>``."""
+    return f"{child_name(cr, suffix)}.{cr.namespace}.svc"
+
+
+def selector_labels(cr: KvRetentionDeployment, component: str) -> dict[str, str]:
+    """The labels a Deployment/Service selects its pods by (immutable once created)."""
+    return {LABEL_NAME: APP_NAME, LABEL_INSTANCE: cr.name, LABEL_COMPONENT: component}
+
+
+def labels(cr: KvRetentionDeployment, component: str) -> dict[str, str]:
+    return {**selector_labels(cr, component), LABEL_MANAGED_BY: FIELD_MANAGER}
+
+
+def owner_references(cr: KvRetentionDeployment) -> list[dict[str, Any]]:
+    """The CR as controller owner, so deleting it garbage-collects the child (needs a uid)."""
+    uid = cr.metadata.get("uid")
+    if not uid:
+        return []
+    return [
+        {
+            "apiVersion": cr.api_version,
+            "kind": cr.kind,
+            "name": cr.name,
+            "uid": str(uid),
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+
+
+def object_meta(cr: KvRetentionDeployment, *, name: str, component: str) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": cr.namespace,
+        "labels": labels(cr, component),
+    }
+    refs = owner_references(cr)
+    if refs:
+        meta["ownerReferences"] = refs
+    return meta
+
+
+def content_hash(data: Any) -> str:
+    """A short stable hash of JSON-able data (sorted keys, so dict order never matters)."""
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def resources_dict(
+    resources: ResourceRequirements | None, *, extra_limits: dict[str, int] | None = None
+) -> dict[str, Any]:
+    """A container ``resources`` block; ``extra_limits`` fill in limits the user did not set."""
+    out: dict[str, Any] = {}
+    requests = dict(resources.requests or {}) if resources else {}
+    limits = dict(resources.limits or {}) if resources else {}
+    for key, value in (extra_limits or {}).items():
+        limits.setdefault(key, value)
+    if requests:
+        out["requests"] = {k: requests[k] for k in sorted(requests)}
+    if limits:
+        out["limits"] = {k: limits[k] for k in sorted(limits)}
+    return out
+
+
+def http_probes(port: int) -> dict[str, Any]:
+    """Liveness on ``/healthz`` and readiness on ``/readyz``: every kvretention process serves both."""
+    return {
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": port},
+            "periodSeconds": 10,
+            "failureThreshold": 3,
+        },
+        "readinessProbe": {
+            "httpGet": {"path": "/readyz", "port": port},
+            "periodSeconds": 5,
+            "failureThreshold": 2,
+        },
+    }
+
+
+def container_security() -> dict[str, Any]:
+    """A fresh securityContext per container (manifests never share mutable parts)."""
+    return {"allowPrivilegeEscalation": False}
+
+
+def build_deployment(
+    cr: KvRetentionDeployment,
+    *,
+    name: str,
+    component: str,
+    replicas: int,
+    pod_spec: dict[str, Any],
+    annotations: dict[str, str] | None = None,
+    strategy: dict[str, Any] | None = None,
+) -> Manifest:
+    """An apps/v1 Deployment whose pods carry the component's labels."""
+    template_meta: dict[str, Any] = {"labels": labels(cr, component)}
+    if annotations:
+        template_meta["annotations"] = dict(sorted(annotations.items()))
+    spec: dict[str, Any] = {
+        "replicas": replicas,
+        "selector": {"matchLabels": selector_labels(cr, component)},
+        "template": {"metadata": template_meta, "spec": pod_spec},
+    }
+    if strategy is not None:
+        spec["strategy"] = strategy
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": object_meta(cr, name=name, component=component),
+        "spec": spec,
+    }
+
+
+def build_service(
+    cr: KvRetentionDeployment,
+    *,
+    name: str,
+    component: str,
+    ports: list[tuple[str, int, int]],
+    service_type: str = "ClusterIP",
+    headless: bool = False,
+    extra_spec: dict[str, Any] | None = None,
+) -> Manifest:
+    """A v1 Service; ``ports`` are (name, port, targetPort); headless publishes every pod IP."""
+    spec: dict[str, Any] = {
+        "type": service_type,
+        "selector": selector_labels(cr, component),
+        "ports": [
+            {"name": pname, "port": port, "targetPort": target, "protocol": "TCP"}
+            for pname, port, target in ports
+        ],
+    }
+    if headless:
+        spec["clusterIP"] = "None"
+        spec["publishNotReadyAddresses"] = False
+    spec.update(extra_spec or {})
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": object_meta(cr, name=name, component=component),
+        "spec": spec,
+    }

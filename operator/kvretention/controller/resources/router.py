@@ -1,0 +1,80 @@
+"""The router: a Deployment + Service; it finds workers through their headless Services' DNS."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from kvretention.api.models import KvRetentionDeployment
+from kvretention.controller.resources.common import (
+    CLI,
+    COMPONENT_ROUTER,
+    ROUTER_PORT,
+    WORKER_PORT,
+    Manifest,
+    build_deployment,
+    build_service,
+    child_name,
+    container_security,
+    http_probes,
+    resources_dict,
+    service_host,
+)
+from kvretention.controller.resources.workers import ROLE_SUFFIX
+
+ROUTER_SUFFIX: Final = "router"
+
+
+def router_url(cr: KvRetentionDeployment) -> str:
+    """The URL the frontend reaches the router at (same namespace, short Service name)."""
+    return f"http://{child_name(cr, ROUTER_SUFFIX)}:{ROUTER_PORT}"
+
+
+def build_router_command(cr: KvRetentionDeployment) -> list[str]:
+    command = [CLI, "router", "--host", "0.0.0.0", "--port", str(ROUTER_PORT)]
+    if cr.spec.workers.mode == "disaggregated":
+        command += [
+            "--prefill-dns",
+            f"{service_host(cr, ROLE_SUFFIX['prefill'])}:{WORKER_PORT}",
+            "--decode-dns",
+            f"{service_host(cr, ROLE_SUFFIX['decode'])}:{WORKER_PORT}",
+        ]
+        return command
+    command += ["--worker-dns", f"{service_host(cr, ROLE_SUFFIX['aggregated'])}:{WORKER_PORT}"]
+    return command
+
+
+def build_router(cr: KvRetentionDeployment) -> list[Manifest]:
+    """Service + Deployment of the router."""
+    spec = cr.spec.router
+    name = child_name(cr, ROUTER_SUFFIX)
+    container: dict[str, Any] = {
+        "name": "router",
+        "image": spec.image,
+        "command": build_router_command(cr),
+        "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
+        **http_probes(ROUTER_PORT),
+        "securityContext": container_security(),
+    }
+    resources = resources_dict(spec.resources)
+    if resources:
+        container["resources"] = resources
+    affinity: dict[str, Any] = {"sessionAffinity": spec.session_affinity.type}
+    if spec.session_affinity.type == "ClientIP":
+        affinity["sessionAffinityConfig"] = {
+            "clientIP": {"timeoutSeconds": spec.session_affinity.timeout_seconds}
+        }
+    service = build_service(
+        cr,
+        name=name,
+        component=COMPONENT_ROUTER,
+        ports=[("http", ROUTER_PORT, ROUTER_PORT)],
+        extra_spec=affinity,
+    )
+    deployment = build_deployment(
+        cr,
+        name=name,
+        component=COMPONENT_ROUTER,
+        replicas=spec.replicas,
+        pod_spec={"containers": [container]},
+    )
+    return [service, deployment]

@@ -1,0 +1,205 @@
+"""Worker pools: a headless Service and a Deployment per role (aggregated, or prefill + decode).
+
+Every worker pod runs the capability probe first, as an init container named ``probe`` whose
+termination message is the probe's JSON report; the operator reads it from the pod status.
+Workers that use Mooncake mount the client config; its hash in the pod template rolls them when it
+changes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from kvretention.api.models import KvRetentionDeployment
+from kvretention.controller.resources.common import (
+    CLI,
+    COMPONENT_DECODE,
+    COMPONENT_PREFILL,
+    COMPONENT_WORKER,
+    CONFIG_HASH_ANNOTATION,
+    WORKER_PORT,
+    Manifest,
+    build_deployment,
+    build_service,
+    child_name,
+    container_security,
+    http_probes,
+    resources_dict,
+)
+from kvretention.controller.resources.mooncake import (
+    CONFIG_KEY,
+    CONFIG_MOUNT_DIR,
+    CONFIG_PATH,
+    CONFIG_PATH_ENV,
+    CONFIG_SUFFIX,
+    LOCAL_HOSTNAME_ENV,
+    config_hash,
+    uses_mooncake,
+)
+from kvretention.controller.resources.sglang_args import Role, build_sglang_args, pool_for
+
+PROBE_CONTAINER: Final = "probe"
+TERMINATION_LOG: Final = "/dev/termination-log"
+WORKER_CONTAINER: Final = "worker"
+SHM_SIZE: Final = "16Gi"
+
+ROLE_SUFFIX: Final[dict[Role, str]] = {
+    "aggregated": "worker",
+    "prefill": "prefill",
+    "decode": "decode",
+}
+ROLE_COMPONENT: Final[dict[Role, str]] = {
+    "aggregated": COMPONENT_WORKER,
+    "prefill": COMPONENT_PREFILL,
+    "decode": COMPONENT_DECODE,
+}
+
+
+def worker_roles(cr: KvRetentionDeployment) -> list[Role]:
+    if cr.spec.workers.mode == "disaggregated":
+        return ["prefill", "decode"]
+    return ["aggregated"]
+
+
+def role_replicas(cr: KvRetentionDeployment, role: Role) -> int:
+    """Prefill sizes itself; the aggregated or decode pool follows ``workers.replicas`` (scale)."""
+    workers = cr.spec.workers
+    if role == "prefill" and workers.prefill is not None:
+        return workers.prefill.replicas
+    return workers.replicas
+
+
+def role_mounts_mooncake(cr: KvRetentionDeployment, role: Role) -> bool:
+    return role != "decode" and uses_mooncake(cr.spec)
+
+
+def build_probe_container(cr: KvRetentionDeployment) -> dict[str, Any]:
+    return {
+        "name": PROBE_CONTAINER,
+        "image": cr.spec.workers.image,
+        "command": [CLI, "probe", "--termination-log", TERMINATION_LOG],
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "File",
+        "securityContext": container_security(),
+    }
+
+
+def build_worker_command(cr: KvRetentionDeployment, role: Role) -> list[str]:
+    command = [
+        CLI,
+        "worker",
+        "--engine",
+        "sglang",
+        "--role",
+        role,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(WORKER_PORT),
+    ]
+    if role == "prefill":
+        command += ["--bootstrap-port", str(cr.spec.workers.bootstrap_port)]
+    return [*command, "--", *build_sglang_args(cr.spec, role=role)]
+
+
+def _volumes(
+    cr: KvRetentionDeployment, role: Role
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(pod volumes, worker container mounts)."""
+    volumes: list[dict[str, Any]] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}}
+    ]
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    if role_mounts_mooncake(cr, role):
+        volumes.append(
+            {
+                "name": "mooncake-config",
+                "configMap": {
+                    "name": child_name(cr, CONFIG_SUFFIX),
+                    "items": [{"key": CONFIG_KEY, "path": CONFIG_KEY}],
+                },
+            }
+        )
+        mounts.append({"name": "mooncake-config", "mountPath": CONFIG_MOUNT_DIR, "readOnly": True})
+    volume = cr.spec.model.volume
+    if volume is not None:
+        source: dict[str, Any] = (
+            {"persistentVolumeClaim": {"claimName": volume.claim_name, "readOnly": True}}
+            if volume.claim_name is not None
+            else {"hostPath": {"path": volume.host_path, "type": "Directory"}}
+        )
+        volumes.append({"name": "model", **source})
+        mounts.append({"name": "model", "mountPath": volume.mount_path, "readOnly": True})
+    return volumes, mounts
+
+
+def _env(cr: KvRetentionDeployment, role: Role) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+    ]
+    if role_mounts_mooncake(cr, role):
+        env += [
+            {"name": CONFIG_PATH_ENV, "value": CONFIG_PATH},
+            # SGLang prefers this over the config file: each pod registers its own IP.
+            {"name": LOCAL_HOSTNAME_ENV, "value": "$(POD_IP)"},
+        ]
+    return env
+
+
+def build_worker_pool(cr: KvRetentionDeployment, role: Role) -> list[Manifest]:
+    """Headless Service + Deployment of one role."""
+    workers = cr.spec.workers
+    pool = pool_for(cr.spec, role)
+    name = child_name(cr, ROLE_SUFFIX[role])
+    component = ROLE_COMPONENT[role]
+    gpu_limits = {workers.gpu_resource: pool.tensor_parallel_size} if workers.gpu_resource else {}
+    volumes, mounts = _volumes(cr, role)
+    ports = [{"name": "http", "containerPort": WORKER_PORT, "protocol": "TCP"}]
+    if role == "prefill":
+        ports.append(
+            {"name": "bootstrap", "containerPort": workers.bootstrap_port, "protocol": "TCP"}
+        )
+    container: dict[str, Any] = {
+        "name": WORKER_CONTAINER,
+        "image": workers.image,
+        "command": build_worker_command(cr, role),
+        "env": _env(cr, role),
+        "ports": ports,
+        **http_probes(WORKER_PORT),
+        # Loading weights takes minutes: liveness starts only once the engine is up.
+        "startupProbe": {
+            "httpGet": {"path": "/healthz", "port": WORKER_PORT},
+            "periodSeconds": 10,
+            "failureThreshold": 180,
+        },
+        "volumeMounts": mounts,
+        "securityContext": container_security(),
+    }
+    resources = resources_dict(pool.resources, extra_limits=gpu_limits)
+    if resources:
+        container["resources"] = resources
+    annotations = (
+        {CONFIG_HASH_ANNOTATION: config_hash(cr)} if role_mounts_mooncake(cr, role) else None
+    )
+    service_ports = [("http", WORKER_PORT, WORKER_PORT)]
+    if role == "prefill":
+        service_ports.append(("bootstrap", workers.bootstrap_port, workers.bootstrap_port))
+    service = build_service(cr, name=name, component=component, ports=service_ports, headless=True)
+    deployment = build_deployment(
+        cr,
+        name=name,
+        component=component,
+        replicas=role_replicas(cr, role),
+        pod_spec={
+            "initContainers": [build_probe_container(cr)],
+            "containers": [container],
+            "volumes": volumes,
+            "terminationGracePeriodSeconds": 60,
+        },
+        annotations=annotations,
+    )
+    return [service, deployment]
+
+
+def build_workers(cr: KvRetentionDeployment) -> list[Manifest]:
+    return [m for role in worker_roles(cr) for m in build_worker_pool(cr, role)]
