@@ -1,0 +1,425 @@
+"""Thin kopf glue: watch events in, one level-based reconcile out.
+
+kopf watches the custom resource and the children; every event only *enqueues* the owning
+``KvRetentionDeployment``. A small work queue (one in-flight reconcile per object, coalesced
+triggers, backoff on failure, a periodic resync) runs the one reconcile: parse -> build -> apply
+-> observe -> compute status -> write status if it changed.
+
+Only ``@kopf.on.event`` handlers are registered, on purpose: kopf's change-detection handlers
+(``on.create``/``on.update``/``on.resume``) keep their bookkeeping in the user's object
+(annotations or status), and its timers and daemons add a finalizer. This operator keeps nothing in
+the user's object and adds no finalizer: a re-list after a restart is enough to converge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime as dt
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import kopf
+
+from kvretention.api.models import GROUP, KIND, PLURAL, VERSION, KvRetentionDeployment, SpecError
+from kvretention.controller import kube as k
+from kvretention.controller.metrics import Metrics
+from kvretention.controller.status import (
+    WORKER_COMPONENTS,
+    Fleet,
+    Observed,
+    compute_invalid_status,
+    compute_status,
+    owned_part,
+    transitions,
+)
+
+log = logging.getLogger(__name__)
+
+MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+INSTANCE: Final = "app.kubernetes.io/instance"
+COMPONENT: Final = "app.kubernetes.io/component"
+CR_KIND: Final = k.custom_kind(group=GROUP, version=VERSION, kind=KIND, plural=PLURAL)
+
+Key = tuple[str, str]
+"""(namespace, name) of a KvRetentionDeployment."""
+
+MAX_BACKOFF_S: Final = 60.0
+
+
+# -- pure helpers ------------------------------------------------------------------------------
+
+
+def manifest_hash(manifest: Mapping[str, Any]) -> str:
+    """A stable digest of a desired manifest (key order does not matter)."""
+    canonical = json.dumps(manifest, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def comparable(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """An object minus the fields every write bumps, to tell a real change from a no-op."""
+    out = copy.deepcopy(dict(obj))
+    meta = out.get("metadata") or {}
+    for key in ("managedFields", "resourceVersion"):
+        meta.pop(key, None)
+    return out
+
+
+def owner_key(body: Mapping[str, Any]) -> Key | None:
+    """The KvRetentionDeployment that owns a child: its controller reference, else its labels."""
+    meta = body.get("metadata") or {}
+    namespace = meta.get("namespace")
+    if not namespace:
+        return None
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == KIND and str(ref.get("apiVersion", "")).startswith(f"{GROUP}/"):
+            return (namespace, ref["name"])
+    instance = (meta.get("labels") or {}).get(INSTANCE)
+    return (namespace, instance) if instance else None
+
+
+def backoff_delay(failures: int) -> float:
+    """0.5 s, 1 s, 2 s, ... capped at a minute."""
+    return float(min(MAX_BACKOFF_S, 0.5 * 2 ** max(0, failures - 1)))
+
+
+def child_key(manifest: Mapping[str, Any]) -> tuple[str, str]:
+    return (str(manifest["kind"]), str(manifest["metadata"]["name"]))
+
+
+def is_controlled_by(child: Mapping[str, Any], uid: str) -> bool:
+    refs = (child.get("metadata") or {}).get("ownerReferences") or []
+    return any(r.get("uid") == uid and r.get("controller") for r in refs)
+
+
+def event_type(condition: Mapping[str, Any]) -> str:
+    """Warning when a health condition turns False; Normal otherwise."""
+    bad = condition["status"] == "False" and condition["type"] != "Progressing"
+    return "Warning" if bad else "Normal"
+
+
+# -- the work queue ----------------------------------------------------------------------------
+
+
+@dataclass
+class WorkQueue:
+    """client-go's workqueue semantics: a key is queued once, and never processed twice at once."""
+
+    queue: asyncio.Queue[Key] = field(default_factory=asyncio.Queue)
+    dirty: set[Key] = field(default_factory=set)
+    processing: set[Key] = field(default_factory=set)
+
+    def add(self, key: Key) -> None:
+        if key in self.dirty:
+            return
+        self.dirty.add(key)
+        if key not in self.processing:
+            self.queue.put_nowait(key)
+
+    def add_after(self, key: Key, delay: float) -> None:
+        asyncio.get_running_loop().call_later(delay, self.add, key)
+
+    async def get(self) -> Key:
+        key = await self.queue.get()
+        self.dirty.discard(key)
+        self.processing.add(key)
+        return key
+
+    def done(self, key: Key) -> None:
+        self.processing.discard(key)
+        if key in self.dirty:
+            self.queue.put_nowait(key)
+
+
+# -- the reconcile -----------------------------------------------------------------------------
+
+
+@dataclass
+class Controller:
+    """Owns the queue and the one reconcile; kopf handlers reach it through ``memo.controller``."""
+
+    kube: k.Kube
+    metrics: Metrics = field(default_factory=Metrics)
+    resync_seconds: float = 60.0
+    workers: int = 4
+    clock: Any = field(default=lambda: dt.datetime.now(dt.UTC))
+
+    def __post_init__(self) -> None:
+        self.queue = WorkQueue()
+        self.known: set[Key] = set()
+        self.failures: dict[Key, int] = {}
+        self._applied: dict[tuple[str, str, str], tuple[str, str, str]] = {}
+        """(kind, ns, name) -> (uid, resourceVersion, manifest hash) known to match what we want."""
+
+    # triggers
+
+    def observe(self, key: Key, *, deleted: bool = False) -> None:
+        """A watch event about a KvRetentionDeployment."""
+        if deleted:
+            self.known.discard(key)
+            self.failures.pop(key, None)
+        else:
+            self.known.add(key)
+            self.queue.add(key)
+        self.metrics.watched_objects.set(len(self.known))
+
+    def touch(self, key: Key | None) -> None:
+        """A watch event about a child: reconcile its owner (if we know it)."""
+        if key is not None and key in self.known:
+            self.queue.add(key)
+
+    # loops
+
+    async def run(self) -> None:
+        """Workers plus the resync ticker; runs until cancelled."""
+        async with asyncio.TaskGroup() as tg:
+            for _ in range(self.workers):
+                tg.create_task(self._worker())
+            tg.create_task(self._resync())
+
+    async def _resync(self) -> None:
+        while True:
+            await asyncio.sleep(self.resync_seconds)
+            for key in sorted(self.known):
+                self.queue.add(key)
+
+    async def _worker(self) -> None:
+        while True:
+            key = await self.queue.get()
+            try:
+                await self._process(key)
+            finally:
+                self.queue.done(key)
+
+    async def _process(self, key: Key) -> None:
+        started = time.monotonic()
+        try:
+            result = await self.reconcile(key)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            failures = self.failures.get(key, 0) + 1
+            self.failures[key] = failures
+            delay = backoff_delay(failures)
+            if isinstance(exc, kopf.TemporaryError) and exc.delay:
+                delay = max(delay, float(exc.delay))
+            self.metrics.errors.inc()
+            self.metrics.reconciles.labels("error").inc()
+            log.warning("reconcile %s/%s failed (retry in %.1fs): %s", *key, delay, exc)
+            if key in self.known:
+                self.queue.add_after(key, delay)
+        else:
+            self.failures.pop(key, None)
+            self.metrics.reconciles.labels(result).inc()
+        finally:
+            self.metrics.reconcile_seconds.observe(time.monotonic() - started)
+
+    async def reconcile(self, key: Key) -> str:
+        """One level-based pass over one object. Returns ``ok``, ``invalid`` or ``gone``."""
+        namespace, name = key
+        body = await self.kube.get_or_none(CR_KIND, namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return "gone"  # owner references let the garbage collector take the children
+        generation = int(body["metadata"].get("generation") or 0)
+        previous = body.get("status")
+        spec_only = {key_: v for key_, v in body.items() if key_ != "status"}
+        try:
+            cr = KvRetentionDeployment.from_k8s(spec_only)
+            problems = _check_spec(cr)
+        except SpecError as exc:
+            problems = exc.problems
+        if problems:
+            status = compute_invalid_status(
+                generation=generation, problems=problems, previous=previous, now=self.clock()
+            )
+            await self._write_status(body, previous, status)
+            return "invalid"
+
+        desired = _build_children(cr)
+        live = await self._list_children(namespace, name)
+        observed_deployments: dict[str, Mapping[str, Any]] = {}
+        for manifest in desired:
+            current = await self._ensure(manifest, live.get(child_key(manifest)))
+            if manifest["kind"] == "Deployment":
+                observed_deployments[manifest["metadata"]["name"]] = current
+        await self._prune(body, desired, live)
+        pods = await self.kube.list(
+            k.POD,
+            namespace,
+            selector=f"{INSTANCE}={name},{COMPONENT} in ({','.join(WORKER_COMPONENTS)})",
+        )
+        mooncake = cr.spec.kv_store.mooncake
+        fleet = Fleet(
+            name=name,
+            namespace=namespace,
+            generation=generation,
+            hints_required=cr.spec.hints.policy == "Required",
+            desired=desired,
+            kvstore_external=(
+                mooncake.external.master_address
+                if mooncake.mode == "external" and mooncake.external is not None
+                else None
+            ),
+        )
+        observed = Observed(deployments=observed_deployments, worker_pods=pods)
+        status = compute_status(fleet, observed, previous=previous, now=self.clock())
+        await self._write_status(body, previous, status)
+        return "ok"
+
+    async def _list_children(self, namespace: str, name: str) -> dict[tuple[str, str], Any]:
+        out: dict[tuple[str, str], Any] = {}
+        for kind in k.CHILD_KINDS:
+            for item in await self.kube.list(kind, namespace, selector=f"{INSTANCE}={name}"):
+                out[(kind.kind, item["metadata"]["name"])] = item
+        return out
+
+    async def _ensure(
+        self, manifest: Mapping[str, Any], live: Mapping[str, Any] | None
+    ) -> Mapping[str, Any]:
+        """Apply ``manifest`` unless the live object already is what an apply would make it."""
+        kind = k.kind_of(manifest)
+        meta = manifest["metadata"]
+        memo_key = (kind.kind, str(meta.get("namespace")), str(meta["name"]))
+        digest = manifest_hash(manifest)
+        if live is not None:
+            live_meta = live["metadata"]
+            stamp = (str(live_meta.get("uid")), str(live_meta.get("resourceVersion")), digest)
+            if self._applied.get(memo_key) == stamp:
+                return live
+            self.metrics.dry_runs.labels(kind.kind).inc()
+            dry = await self.kube.apply(manifest, dry_run=True)
+            if comparable(dry) == comparable(live):
+                self._applied[memo_key] = stamp
+                return live
+        result = await self.kube.apply(manifest)
+        self.metrics.apply_writes.labels(kind.kind).inc()
+        log.info("applied %s %s/%s", kind.kind, meta.get("namespace"), meta["name"])
+        result_meta = result.get("metadata") or {}
+        self._applied[memo_key] = (
+            str(result_meta.get("uid")),
+            str(result_meta.get("resourceVersion")),
+            digest,
+        )
+        return result
+
+    async def _prune(
+        self,
+        owner: Mapping[str, Any],
+        desired: list[dict[str, Any]],
+        live: Mapping[tuple[str, str], Any],
+    ) -> None:
+        """Delete children this object controls that the spec no longer wants (mode changes)."""
+        uid = str(owner["metadata"]["uid"])
+        wanted = {child_key(m) for m in desired}
+        for (kind_name, name), obj in sorted(live.items()):
+            if (kind_name, name) in wanted or not is_controlled_by(obj, uid):
+                continue
+            kind = k.kind_of(obj)
+            await self.kube.delete(
+                kind, owner["metadata"]["namespace"], name, uid=obj["metadata"]["uid"]
+            )
+            self.metrics.deletes.labels(kind_name).inc()
+            log.info("deleted %s %s/%s (no longer in the spec)", kind_name, obj, name)
+
+    async def _write_status(
+        self,
+        body: Mapping[str, Any],
+        previous: Mapping[str, Any] | None,
+        status: dict[str, Any],
+    ) -> None:
+        """Apply the status subresource only when it changed; post an Event per flip."""
+        if owned_part(previous) == status:
+            return
+        meta = body["metadata"]
+        patch = {
+            "apiVersion": body["apiVersion"],
+            "kind": body["kind"],
+            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+            "status": status,
+        }
+        await self.kube.apply(patch, kind=CR_KIND, subresource="status")
+        self.metrics.status_writes.inc()
+        now = self.clock()
+        for cond in transitions(previous, status):
+            if cond["status"] == "Unknown" and not (previous or {}).get("conditions"):
+                continue  # nothing to say yet
+            await self.kube.post_event(
+                body,
+                type_=event_type(cond),
+                reason=cond["reason"],
+                message=f"{cond['type']} is {cond['status']}: {cond['message']}",
+                now=now,
+            )
+            self.metrics.events.inc()
+
+
+def _check_spec(cr: KvRetentionDeployment) -> list[str]:
+    from kvretention.controller.resources import check_spec
+
+    return list(check_spec(cr))
+
+
+def _build_children(cr: KvRetentionDeployment) -> list[dict[str, Any]]:
+    from kvretention.controller.resources import build_children
+
+    return list(build_children(cr))
+
+
+# -- kopf registration -------------------------------------------------------------------------
+
+
+def _controller(memo: Any) -> Controller:
+    controller = memo.controller
+    assert isinstance(controller, Controller)
+    return controller
+
+
+def build_registry() -> kopf.OperatorRegistry:
+    """A fresh registry with this operator's handlers (no module-level side effects)."""
+    registry = kopf.OperatorRegistry()
+    managed = {MANAGED_BY: k.FIELD_MANAGER}
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        # Our own Events (on condition flips) replace kopf's per-log-line events.
+        settings.posting.enabled = False
+        # Nothing in the user's object: keep kopf's (unused) bookkeeping out of annotations.
+        settings.persistence.progress_storage = kopf.StatusProgressStorage(field="status.kopf")
+        settings.persistence.diffbase_storage = kopf.StatusDiffBaseStorage(field="status.kopf.d")
+        # The chart's RBAC grants no cluster-wide namespace/CRD listing.
+        settings.scanning.disabled = True
+        settings.watching.server_timeout = 300
+        settings.watching.client_timeout = 330
+        settings.watching.connect_timeout = 10
+        settings.networking.request_timeout = 60
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, id="kvretentiondeployment", registry=registry)
+    def on_cr(event: Mapping[str, Any], body: Mapping[str, Any], memo: Any, **_: Any) -> None:
+        meta = body.get("metadata") or {}
+        key = (str(meta.get("namespace")), str(meta.get("name")))
+        _controller(memo).observe(key, deleted=event.get("type") == "DELETED")
+
+    def on_child(body: Mapping[str, Any], memo: Any, **_: Any) -> None:
+        _controller(memo).touch(owner_key(body))
+
+    kopf.on.event(
+        "apps", "v1", "deployments", id="child-deployments", labels=managed, registry=registry
+    )(on_child)
+    kopf.on.event("v1", "services", id="child-services", labels=managed, registry=registry)(
+        on_child
+    )
+    kopf.on.event("v1", "configmaps", id="child-configmaps", labels=managed, registry=registry)(
+        on_child
+    )
+    # Pods carry their pool's selector labels, not necessarily managed-by: match on component.
+    worker_pod: dict[str, Any] = {
+        COMPONENT: lambda value, **_: value in WORKER_COMPONENTS,
+        INSTANCE: kopf.PRESENT,
+    }
+    kopf.on.event("v1", "pods", id="child-pods", labels=worker_pod, registry=registry)(on_child)
+    return registry

@@ -1,0 +1,326 @@
+"""The only module that talks to the Kubernetes API server.
+
+Everything here is thin I/O over the synchronous ``kubernetes`` client, run in a worker thread with
+``asyncio.to_thread`` so kopf's event loop never blocks. Bodies go in and come out as plain dicts
+(the JSON the API server speaks), so the pure builders and status code never see client models.
+Transient failures (409 conflicts, 429, 5xx, dropped connections) are retried with bounded
+exponential backoff, then surfaced as :class:`kopf.TemporaryError` so the caller retries later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import logging
+import random
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
+
+import kopf
+import urllib3
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+log = logging.getLogger(__name__)
+
+FIELD_MANAGER: Final = "kvretention-operator"
+"""The one server-side-apply field manager the operator writes with."""
+
+APPLY_CONTENT_TYPE: Final = "application/apply-patch+yaml"
+MERGE_CONTENT_TYPE: Final = "application/merge-patch+json"
+
+RETRY_STATUSES: Final = frozenset({409, 429, 500, 502, 503, 504})
+"""HTTP statuses worth retrying: conflicts, throttling and server-side trouble."""
+
+REQUEST_TIMEOUT_S: Final = 30.0
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ResourceKind:
+    """Where a kind lives in the REST API."""
+
+    api_version: str
+    kind: str
+    plural: str
+    namespaced: bool = True
+
+    def collection_path(self, namespace: str | None) -> str:
+        """``/api/v1/namespaces/ns/services`` or ``/apis/apps/v1/namespaces/ns/deployments``."""
+        root = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
+        if self.namespaced and namespace is not None:
+            return f"{root}/namespaces/{namespace}/{self.plural}"
+        return f"{root}/{self.plural}"
+
+    def object_path(self, namespace: str | None, name: str) -> str:
+        return f"{self.collection_path(namespace)}/{name}"
+
+
+DEPLOYMENT: Final = ResourceKind("apps/v1", "Deployment", "deployments")
+SERVICE: Final = ResourceKind("v1", "Service", "services")
+CONFIGMAP: Final = ResourceKind("v1", "ConfigMap", "configmaps")
+POD: Final = ResourceKind("v1", "Pod", "pods")
+EVENT: Final = ResourceKind("v1", "Event", "events")
+LEASE: Final = ResourceKind("coordination.k8s.io/v1", "Lease", "leases")
+
+CHILD_KINDS: Final[tuple[ResourceKind, ...]] = (DEPLOYMENT, SERVICE, CONFIGMAP)
+"""The kinds the operator owns. A builder emitting another kind fails loudly in :func:`kind_of`."""
+
+_KINDS: Final = {(k.api_version, k.kind): k for k in (*CHILD_KINDS, POD, EVENT, LEASE)}
+
+
+def kind_of(manifest: Mapping[str, Any]) -> ResourceKind:
+    """The REST location of a manifest's kind; an unknown kind is a programming error."""
+    key = (str(manifest.get("apiVersion")), str(manifest.get("kind")))
+    try:
+        return _KINDS[key]
+    except KeyError:
+        raise ValueError(f"kvretention does not manage {key[1]} ({key[0]})") from None
+
+
+def custom_kind(*, group: str, version: str, kind: str, plural: str) -> ResourceKind:
+    """The REST location of a custom resource (the CR itself)."""
+    return ResourceKind(f"{group}/{version}", kind, plural)
+
+
+class NotFound(Exception):
+    """The object does not exist (HTTP 404)."""
+
+
+class ApiError(Exception):
+    """A non-retryable API error, with the server's message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+def _server_message(exc: ApiException) -> str:
+    try:
+        body = json.loads(exc.body or "{}")
+    except ValueError:
+        return str(exc.body or exc.reason)
+    return str(body.get("message") or exc.reason)
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Conflicts, throttling, 5xx and connection trouble are worth another try."""
+    if isinstance(exc, ApiException):
+        return exc.status in RETRY_STATUSES or exc.status == 0
+    return isinstance(exc, urllib3.exceptions.HTTPError | ConnectionError | TimeoutError)
+
+
+async def with_retries(
+    call: Callable[[], Awaitable[T]],
+    *,
+    what: str,
+    attempts: int = 5,
+    base_delay: float = 0.2,
+    max_delay: float = 3.0,
+) -> T:
+    """Run ``call``; retry transient failures with jittered backoff, then raise TemporaryError."""
+    for attempt in range(attempts):
+        try:
+            return await call()
+        except Exception as exc:
+            if not is_retryable(exc):
+                raise
+            if attempt == attempts - 1:
+                raise kopf.TemporaryError(f"{what}: {exc}", delay=max_delay) from exc
+            delay = min(max_delay, base_delay * 2**attempt) * (0.5 + random.random() / 2)
+            log.debug("retrying %s in %.2fs after %s", what, delay, exc)
+            await asyncio.sleep(delay)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def load_config() -> client.ApiClient:
+    """An API client from KUBECONFIG (or ~/.kube/config), else the in-cluster service account."""
+    try:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        config.load_kube_config()  # type: ignore[no-untyped-call]
+    return client.ApiClient()
+
+
+class Kube:
+    """Async facade over one ``ApiClient``: dict in, dict out, retries built in."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self._api = api
+        self.requests = 0
+        """Requests sent (for tests and metrics)."""
+
+    def close(self) -> None:
+        self._api.close()  # type: ignore[no-untyped-call]
+
+    # -- raw transport -------------------------------------------------------------------------
+
+    def _request_sync(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Iterable[tuple[str, str]] = (),
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        request = self._api.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=list(query),
+            header_params=headers,
+            body=json.dumps(body) if body is not None else None,
+            auth_settings=["BearerToken"],
+        )
+        self.requests += 1
+        response = self._api.call_api(*request, _request_timeout=REQUEST_TIMEOUT_S)
+        response.read()  # type: ignore[no-untyped-call]
+        if not 200 <= response.status <= 299:
+            raise ApiException.from_response(http_resp=response, body=None, data=None)
+        data: dict[str, Any] = json.loads(response.data or b"{}")
+        return data
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Iterable[tuple[str, str]] = (),
+        body: Any = None,
+        content_type: str = "application/json",
+        retry: bool = True,
+    ) -> dict[str, Any]:
+        """One API call in a thread; 404 -> NotFound, other hard errors -> ApiError."""
+        query = list(query)
+
+        async def once() -> dict[str, Any]:
+            return await asyncio.to_thread(
+                self._request_sync, method, path, query=query, body=body, content_type=content_type
+            )
+
+        try:
+            if retry:
+                return await with_retries(once, what=f"{method} {path}")
+            return await once()
+        except ApiException as exc:
+            if exc.status == 404:
+                raise NotFound(path) from exc
+            raise ApiError(int(exc.status or 0), _server_message(exc)) from exc
+
+    # -- objects -------------------------------------------------------------------------------
+
+    async def get(self, kind: ResourceKind, namespace: str | None, name: str) -> dict[str, Any]:
+        return await self.request("GET", kind.object_path(namespace, name))
+
+    async def get_or_none(
+        self, kind: ResourceKind, namespace: str | None, name: str
+    ) -> dict[str, Any] | None:
+        try:
+            return await self.get(kind, namespace, name)
+        except NotFound:
+            return None
+
+    async def list(
+        self, kind: ResourceKind, namespace: str | None, *, selector: str = ""
+    ) -> list[dict[str, Any]]:
+        """Every object of ``kind`` in ``namespace`` matching a label selector, with kind set."""
+        query = [("labelSelector", selector)] if selector else []
+        data = await self.request("GET", kind.collection_path(namespace), query=query)
+        items: list[dict[str, Any]] = data.get("items") or []
+        for item in items:  # list items come without apiVersion/kind
+            item.setdefault("apiVersion", kind.api_version)
+            item.setdefault("kind", kind.kind)
+        return items
+
+    async def apply(
+        self,
+        manifest: Mapping[str, Any],
+        *,
+        kind: ResourceKind | None = None,
+        dry_run: bool = False,
+        subresource: str = "",
+    ) -> dict[str, Any]:
+        """Server-side apply as ``kvretention-operator`` with force (we own what we build)."""
+        kind = kind or kind_of(manifest)
+        meta = manifest["metadata"]
+        path = kind.object_path(meta.get("namespace"), meta["name"])
+        if subresource:
+            path = f"{path}/{subresource}"
+        query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
+        if dry_run:
+            query.append(("dryRun", "All"))
+        return await self.request(
+            "PATCH", path, query=query, body=manifest, content_type=APPLY_CONTENT_TYPE
+        )
+
+    async def delete(self, kind: ResourceKind, namespace: str, name: str, *, uid: str) -> None:
+        """Delete with a uid precondition (never a same-named replacement), background GC."""
+        body = {"preconditions": {"uid": uid}, "propagationPolicy": "Background"}
+        try:
+            await self.request("DELETE", kind.object_path(namespace, name), body=body)
+        except NotFound:
+            return
+        except ApiError as exc:
+            if exc.status != 409:  # precondition failed: it's already a different object
+                raise
+
+    async def create(self, kind: ResourceKind, namespace: str, body: Mapping[str, Any]) -> Any:
+        return await self.request("POST", kind.collection_path(namespace), body=body)
+
+    async def replace(
+        self, kind: ResourceKind, namespace: str, name: str, body: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """PUT with the body's resourceVersion: optimistic concurrency, no retry on 409."""
+        return await self.request("PUT", kind.object_path(namespace, name), body=body, retry=False)
+
+    async def post_event(
+        self,
+        involved: Mapping[str, Any],
+        *,
+        type_: str,
+        reason: str,
+        message: str,
+        now: dt.datetime,
+    ) -> None:
+        """A core/v1 Event about ``involved`` (best effort: an event is never worth failing for)."""
+        meta = involved["metadata"]
+        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": involved.get("apiVersion"),
+                "kind": involved.get("kind"),
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": FIELD_MANAGER},
+            "reportingComponent": FIELD_MANAGER,
+            "reportingInstance": FIELD_MANAGER,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        try:
+            await self.create(EVENT, meta["namespace"], body)
+        except (ApiError, kopf.TemporaryError) as exc:
+            log.warning("could not post event %s on %s: %s", reason, meta["name"], exc)
+
+    async def served(self, group: str, version: str, plural: str) -> bool:
+        """Whether the API server serves ``plural`` in ``group/version`` (the CRD is installed)."""
+        try:
+            data = await self.request("GET", f"/apis/{group}/{version}", retry=False)
+        except (NotFound, ApiError):
+            return False
+        return any(r.get("name") == plural for r in data.get("resources") or [])

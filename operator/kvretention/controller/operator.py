@@ -1,0 +1,275 @@
+"""``kvretention operator``: the operator process.
+
+Starts health and metrics endpoints, waits for the leader Lease (unless ``--no-leader-elect``),
+waits for the CRD to be served, then runs kopf (standalone: no peering objects) with the handlers of
+:mod:`kvretention.controller.handlers` and the reconcile work queue. Losing the Lease exits with
+status 1 so Kubernetes restarts the pod as a standby; SIGTERM releases the Lease and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import click
+import kopf
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from kvretention.api.models import GROUP, PLURAL, VERSION
+from kvretention.controller.handlers import Controller, build_registry
+from kvretention.controller.kube import Kube, load_config
+from kvretention.controller.leader import LeaderElector, LeadershipLost, default_identity
+from kvretention.controller.metrics import Metrics
+
+log = logging.getLogger("kvretention.operator")
+
+CRD_POLL_SECONDS = 2.0
+KOPF_STOP_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """The command line, validated."""
+
+    namespaces: tuple[str, ...] = ()
+    health_port: int = 8080
+    metrics_port: int = 9090
+    leader_elect: bool = True
+    leader_election_namespace: str = "default"
+    resync_seconds: float = 60.0
+    identity: str = field(default_factory=default_identity)
+
+    @property
+    def clusterwide(self) -> bool:
+        return not self.namespaces
+
+
+@dataclass
+class ProcessState:
+    """What the health endpoints report."""
+
+    role: str = "starting"  # starting | standby | leader | stopping
+    kopf_ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def ready(self) -> bool:
+        return self.role == "standby" or (self.role == "leader" and self.kopf_ready.is_set())
+
+
+def build_health_app(state: ProcessState) -> web.Application:
+    """``/healthz`` (the loop answers) and ``/readyz`` (standby waiting, or leader watching)."""
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "role": state.role})
+
+    async def readyz(_: web.Request) -> web.Response:
+        ok = state.ready()
+        return web.json_response({"ok": ok, "role": state.role}, status=200 if ok else 503)
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
+def build_metrics_app(metrics: Metrics) -> web.Application:
+    async def serve(_: web.Request) -> web.Response:
+        body = generate_latest(metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/metrics", serve)
+    return app
+
+
+async def _serve(app: web.Application, port: int) -> web.AppRunner:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host="0.0.0.0", port=port).start()
+    return runner
+
+
+async def _wait_for_crd(kube: Kube, stop: asyncio.Event) -> bool:
+    """Poll discovery until the CRD is served; False if asked to stop first."""
+    warned = False
+    while not stop.is_set():
+        if await kube.served(GROUP, VERSION, PLURAL):
+            return True
+        if not warned:
+            log.warning("waiting for the CRD: %s.%s/%s is not served yet", PLURAL, GROUP, VERSION)
+            warned = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), CRD_POLL_SECONDS)
+    return False
+
+
+async def _first(*aws: Any) -> tuple[set[asyncio.Task[Any]], set[asyncio.Task[Any]]]:
+    tasks = [a if isinstance(a, asyncio.Task) else asyncio.ensure_future(a) for a in aws]
+    done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    return done, pending
+
+
+async def _cancel(tasks: Any) -> None:
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
+
+async def run_operator(cfg: OperatorConfig, *, kube: Kube | None = None) -> int:
+    """Run until SIGTERM (0), a lost Lease (1) or kopf failing (1)."""
+    kube = kube or Kube(load_config())
+    metrics = Metrics()
+    state = ProcessState()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    runners = [
+        await _serve(build_health_app(state), cfg.health_port),
+        await _serve(build_metrics_app(metrics), cfg.metrics_port),
+    ]
+    elector: LeaderElector | None = None
+    code = 0
+    try:
+        if cfg.leader_elect:
+            elector = LeaderElector(
+                kube, namespace=cfg.leader_election_namespace, identity=cfg.identity
+            )
+            state.role = "standby"
+            _, pending = await _first(elector.acquire(), stop.wait())
+            await _cancel(pending)
+            if stop.is_set():
+                return 0
+        state.role = "leader"
+        metrics.leader.set(1)
+        if not await _wait_for_crd(kube, stop):
+            return 0
+        code = await _lead(cfg, kube=kube, metrics=metrics, state=state, stop=stop, elector=elector)
+        return code
+    finally:
+        state.role = "stopping"
+        metrics.leader.set(0)
+        if elector is not None and code == 0:
+            await elector.release()
+        for runner in runners:
+            await runner.cleanup()
+        kube.close()
+
+
+async def _lead(
+    cfg: OperatorConfig,
+    *,
+    kube: Kube,
+    metrics: Metrics,
+    state: ProcessState,
+    stop: asyncio.Event,
+    elector: LeaderElector | None,
+) -> int:
+    """kopf + the reconcile queue (+ Lease renewal) until one of them ends."""
+    controller = Controller(kube, metrics=metrics, resync_seconds=cfg.resync_seconds)
+    kopf_stop = asyncio.Event()
+    kopf_task = asyncio.create_task(
+        kopf.operator(
+            registry=build_registry(),
+            standalone=True,
+            clusterwide=cfg.clusterwide,
+            namespaces=list(cfg.namespaces),
+            memo=kopf.Memo(controller=controller),
+            ready_flag=state.kopf_ready,
+            stop_flag=kopf_stop,
+        ),
+        name="kopf",
+    )
+    others = [
+        asyncio.create_task(controller.run(), name="controller"),
+        asyncio.create_task(stop.wait(), name="stop"),
+    ]
+    if elector is not None:
+        others.append(asyncio.create_task(elector.hold(), name="lease"))
+    done, _ = await _first(kopf_task, *others)
+    code = 0
+    for task in done:
+        if task.cancelled():
+            continue
+        exc = task.exception()
+        if isinstance(exc, LeadershipLost):
+            log.error("%s: exiting so a standby can lead", exc)
+            code = 1
+        elif exc is not None:
+            log.error("%s failed: %r", task.get_name(), exc)
+            code = 1
+    kopf_stop.set()
+    await _cancel(others)
+    if not kopf_task.done():
+        try:
+            await asyncio.wait_for(kopf_task, KOPF_STOP_TIMEOUT_S)
+        except BaseException:
+            log.warning("kopf did not stop in %.0fs", KOPF_STOP_TIMEOUT_S)
+    return code
+
+
+@click.command("operator")
+@click.option(
+    "--namespace",
+    "namespaces",
+    multiple=True,
+    help="Watch this namespace (repeatable). Default: all namespaces.",
+)
+@click.option("--all-namespaces", is_flag=True, help="Watch every namespace (the default).")
+@click.option("--health-port", default=8080, show_default=True, help="/healthz and /readyz.")
+@click.option("--metrics-port", default=9090, show_default=True, help="Prometheus /metrics.")
+@click.option(
+    "--leader-elect/--no-leader-elect",
+    default=True,
+    show_default=True,
+    help="Hold the kvretention-operator Lease before acting.",
+)
+@click.option(
+    "--leader-election-namespace",
+    default=None,
+    help="Namespace of the Lease. Default: $POD_NAMESPACE, else default.",
+)
+@click.option(
+    "--resync-seconds",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(min=1.0),
+    help="Reconcile every object at least this often.",
+)
+@click.option("--log-level", default="INFO", show_default=True)
+def operator_cmd(
+    namespaces: tuple[str, ...],
+    all_namespaces: bool,
+    health_port: int,
+    metrics_port: int,
+    leader_elect: bool,
+    leader_election_namespace: str | None,
+    resync_seconds: float,
+    log_level: str,
+) -> None:
+    """Run the KvRetentionDeployment operator."""
+    if all_namespaces and namespaces:
+        raise click.UsageError("--all-namespaces and --namespace exclude each other")
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("kopf").setLevel(max(logging.INFO, logging.getLevelName(log_level.upper())))
+    cfg = OperatorConfig(
+        namespaces=tuple(namespaces),
+        health_port=health_port,
+        metrics_port=metrics_port,
+        leader_elect=leader_elect,
+        leader_election_namespace=(
+            leader_election_namespace or os.environ.get("POD_NAMESPACE") or "default"
+        ),
+        resync_seconds=resync_seconds,
+    )
+    sys.exit(asyncio.run(run_operator(cfg)))
