@@ -77,11 +77,17 @@ def build_sglang_argv(
 
 
 def has_versioned_decoder() -> bool:
-    """Whether the installed SGLang ships ``kv_hints.decode_kv_hints_envelope`` (needs only msgspec)."""
+    """Whether the installed SGLang ships ``kv_hints.decode_kv_hints_envelope``."""
     try:
         module = importlib.import_module(VERSIONED_MODULE)
     except ImportError:
-        return False
+        from kvretention.dataplane.worker.sglang_source import (
+            has_versioned_decoder_source,
+            locate_sglang,
+        )
+
+        root = locate_sglang()
+        return root is not None and has_versioned_decoder_source(root)
     return callable(getattr(module, VERSIONED_DECODER, None))
 
 

@@ -272,10 +272,13 @@ class StandinEngineFlat(_StandinBase):
 
 
 def _real_versioned_decoder() -> Callable[[Any], Any] | None:
+    """SGLang's own decoder: imported when SGLang imports here, else executed from its file."""
+    from kvretention.dataplane.worker.sglang_source import load_kv_hints_module
+
     try:
-        module = __import__(VERSIONED_MODULE, fromlist=[VERSIONED_DECODER])
-    except ImportError:
-        return None
+        module: Any = __import__(VERSIONED_MODULE, fromlist=[VERSIONED_DECODER])
+    except Exception:  # no SGLang, or no torch for sglang/__init__.py
+        module = load_kv_hints_module()
     decoder = getattr(module, VERSIONED_DECODER, None)
     return decoder if callable(decoder) else None
 
