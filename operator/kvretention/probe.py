@@ -75,7 +75,9 @@ def exit_code_of(report: dict[str, Any]) -> int:
     return EXIT_USABLE if report["usable_for_hints"] else EXIT_NO_HINTS
 
 
-def check_mooncake(*, python: str = sys.executable, timeout_s: float = MOONCAKE_TIMEOUT_S) -> str | None:
+def check_mooncake(
+    *, python: str = sys.executable, timeout_s: float = MOONCAKE_TIMEOUT_S
+) -> str | None:
     """None when the Mooncake store imports in a fresh interpreter, else why not (shortened)."""
     try:
         done = subprocess.run(
