@@ -1,0 +1,348 @@
+"""The reconcile against an in-memory API: write counts, drift repair, pruning, invalid specs.
+
+The fake keeps the one property of server-side apply the reconcile relies on: applying what is
+already there changes nothing (no new resourceVersion). The real API server is exercised by the
+integration tier; this tier pins the controller's decisions and is fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime as dt
+import itertools
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kvretention.controller import kube as k
+from kvretention.controller.handlers import (
+    CR_KIND,
+    Controller,
+    WorkQueue,
+    backoff_delay,
+    build_registry,
+    comparable,
+    owner_key,
+)
+
+EXAMPLES = Path(__file__).parents[3] / "examples"
+NOW = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
+Key = tuple[str, str, str]
+
+
+def _matches(labels: Mapping[str, str], selector: str) -> bool:
+    for term in re.split(r",(?![^()]*\))", selector) if selector else []:
+        if " in " in term:
+            name, values = term.split(" in ")
+            if labels.get(name.strip()) not in values.strip("() ").split(","):
+                return False
+        else:
+            name, value = term.split("=")
+            if labels.get(name) != value:
+                return False
+    return True
+
+
+class FakeKube:
+    """Objects by (plural, namespace, name); counts every write that changed something."""
+
+    def __init__(self) -> None:
+        self.objects: dict[Key, dict[str, Any]] = {}
+        self.writes: list[tuple[str, str]] = []
+        self.events: list[tuple[str, str]] = []
+        self._rv = itertools.count(1)
+        self._uid = itertools.count(1)
+
+    def put(self, kind: k.ResourceKind, body: dict[str, Any]) -> dict[str, Any]:
+        body = copy.deepcopy(body)
+        meta = body.setdefault("metadata", {})
+        meta.setdefault("uid", f"uid-{next(self._uid)}")
+        meta["resourceVersion"] = str(next(self._rv))
+        meta.setdefault("generation", 1)
+        self.objects[(kind.plural, meta["namespace"], meta["name"])] = body
+        return body
+
+    async def get_or_none(self, kind: k.ResourceKind, ns: str, name: str) -> Any:
+        obj = self.objects.get((kind.plural, ns, name))
+        return copy.deepcopy(obj) if obj else None
+
+    async def list(self, kind: k.ResourceKind, ns: str, *, selector: str = "") -> Any:
+        return [
+            copy.deepcopy(o)
+            for (plural, o_ns, _), o in sorted(self.objects.items())
+            if plural == kind.plural
+            and o_ns == ns
+            and _matches(o["metadata"].get("labels") or {}, selector)
+        ]
+
+    async def apply(
+        self,
+        manifest: Mapping[str, Any],
+        *,
+        kind: k.ResourceKind | None = None,
+        dry_run: bool = False,
+        subresource: str = "",
+    ) -> dict[str, Any]:
+        kind = kind or k.kind_of(manifest)
+        meta = manifest["metadata"]
+        key = (kind.plural, meta["namespace"], meta["name"])
+        old = self.objects.get(key)
+        if subresource == "status":
+            assert old is not None
+            new = {**copy.deepcopy(old), "status": copy.deepcopy(manifest["status"])}
+        else:
+            new = copy.deepcopy(dict(manifest))
+            if old is not None:
+                for field in ("uid", "resourceVersion", "generation"):
+                    new["metadata"][field] = old["metadata"][field]
+                if "status" in old:
+                    new["status"] = old["status"]
+                if old.get("spec") != new.get("spec"):
+                    new["metadata"]["generation"] += 1
+        if old is not None and comparable(old) == comparable(new):
+            return copy.deepcopy(old)
+        if dry_run:
+            return new
+        self.writes.append((kind.kind + ("/status" if subresource else ""), meta["name"]))
+        if old is None:
+            return self.put(kind, new)
+        new["metadata"]["resourceVersion"] = str(next(self._rv))
+        self.objects[key] = new
+        return copy.deepcopy(new)
+
+    async def delete(self, kind: k.ResourceKind, ns: str, name: str, *, uid: str) -> None:
+        obj = self.objects.get((kind.plural, ns, name))
+        if obj is not None and obj["metadata"]["uid"] == uid:
+            del self.objects[(kind.plural, ns, name)]
+            self.writes.append(("delete " + kind.kind, name))
+
+    async def post_event(self, involved: Any, *, type_: str, reason: str, **_: Any) -> None:
+        self.events.append((type_, reason))
+
+    # helpers for tests
+
+    def children(self) -> set[tuple[str, str]]:
+        return {(p, n) for (p, _, n) in self.objects if p != CR_KIND.plural}
+
+    def cr(self, name: str = "qwen") -> dict[str, Any]:
+        return self.objects[(CR_KIND.plural, "ns", name)]
+
+
+def load_example(name: str) -> dict[str, Any]:
+    body: dict[str, Any] = yaml.safe_load((EXAMPLES / f"{name}.yaml").read_text())
+    body["metadata"]["namespace"] = "ns"
+    return body
+
+
+@pytest.fixture
+def fake() -> FakeKube:
+    return FakeKube()
+
+
+def controller(fake: FakeKube) -> Controller:
+    return Controller(fake, clock=lambda: NOW)  # type: ignore[arg-type]
+
+
+def make_ready(fake: FakeKube) -> None:
+    """What kube-controller-manager and kwok would do: every Deployment fully rolled out."""
+    for (plural, _, _), obj in fake.objects.items():
+        if plural == "deployments":
+            n = obj["spec"].get("replicas", 1)
+            obj["status"] = {
+                "replicas": n,
+                "readyReplicas": n,
+                "updatedReplicas": n,
+                "observedGeneration": obj["metadata"]["generation"],
+            }
+            obj["metadata"]["resourceVersion"] = str(next(fake._rv))
+
+
+def conditions(body: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in body["status"]["conditions"]}
+
+
+async def test_first_reconcile_writes_each_child_once_then_nothing(fake: FakeKube) -> None:
+    fake.put(CR_KIND, load_example("aggregated"))
+    c = controller(fake)
+    assert await c.reconcile(("ns", "qwen")) == "ok"
+    kinds = [w[0] for w in fake.writes]
+    children = [w for w in fake.writes if not w[0].endswith("/status")]
+    assert len(children) == len(set(children)) == len(fake.children())
+    assert kinds.count("KvRetentionDeployment/status") == 1
+    assert conditions(fake.cr())["Ready"][0] == "False"
+
+    fake.writes.clear()
+    await c.reconcile(("ns", "qwen"))
+    assert fake.writes == []  # converged on the spec side, status unchanged
+
+    make_ready(fake)
+    await c.reconcile(("ns", "qwen"))
+    assert fake.writes == [("KvRetentionDeployment/status", "qwen")]
+    cond = conditions(fake.cr())
+    assert cond["WorkersReady"] == ("True", "PodsReady")
+    # Optional policy, no probe report yet: serving, without hints.
+    assert cond["Ready"] == ("True", "ReadyWithoutKvHints")
+
+    fake.writes.clear()
+    for _ in range(3):
+        await c.reconcile(("ns", "qwen"))
+    assert fake.writes == []
+
+
+async def test_deleted_and_edited_children_are_repaired(fake: FakeKube) -> None:
+    fake.put(CR_KIND, load_example("aggregated"))
+    c = controller(fake)
+    await c.reconcile(("ns", "qwen"))
+    make_ready(fake)
+    await c.reconcile(("ns", "qwen"))
+    fake.writes.clear()
+
+    del fake.objects[("deployments", "ns", "qwen-router")]
+    edited = fake.objects[("deployments", "ns", "qwen-frontend")]
+    edited["spec"]["replicas"] = 7
+    edited["metadata"]["resourceVersion"] = "999"
+    await c.reconcile(("ns", "qwen"))
+    repaired = {w for w in fake.writes if w[0] == "Deployment"}
+    assert repaired == {("Deployment", "qwen-router"), ("Deployment", "qwen-frontend")}
+    assert fake.objects[("deployments", "ns", "qwen-frontend")]["spec"]["replicas"] == 1
+
+
+async def test_invalid_spec_creates_nothing_and_says_why(fake: FakeKube) -> None:
+    body = load_example("aggregated")
+    body["spec"]["workers"]["mode"] = (
+        "sideways"  # the schema would reject it; a stale CRD might not
+    )
+    fake.put(CR_KIND, body)
+    c = controller(fake)
+    assert await c.reconcile(("ns", "qwen")) == "invalid"
+    assert fake.children() == set()
+    status, reason = conditions(fake.cr())["Ready"]
+    assert (status, reason) == ("False", "InvalidSpec")
+    assert (
+        "mode"
+        in next(c for c in fake.cr()["status"]["conditions"] if c["type"] == "Ready")["message"]
+    )
+    fake.writes.clear()
+    assert await c.reconcile(("ns", "qwen")) == "invalid"
+    assert fake.writes == []  # no status churn on an invalid object either
+
+
+async def test_user_metadata_is_never_written(fake: FakeKube) -> None:
+    body = load_example("aggregated")
+    body["metadata"]["annotations"] = {"argocd.argoproj.io/tracking-id": "x"}
+    fake.put(CR_KIND, body)
+    before = copy.deepcopy(fake.cr())
+    await controller(fake).reconcile(("ns", "qwen"))
+    after = fake.cr()
+    assert after["metadata"]["annotations"] == before["metadata"]["annotations"]
+    assert after["spec"] == before["spec"]
+    assert "finalizers" not in after["metadata"]
+
+
+async def test_mode_change_prunes_children_the_spec_no_longer_wants(fake: FakeKube) -> None:
+    fake.put(CR_KIND, load_example("aggregated"))
+    c = controller(fake)
+    await c.reconcile(("ns", "qwen"))
+    cr = fake.cr()
+    uid = cr["metadata"]["uid"]
+    for obj in fake.objects.values():  # the builders set ownerReferences from the CR's uid
+        if obj is not cr:
+            assert any(r["uid"] == uid for r in obj["metadata"].get("ownerReferences", []))
+    disagg = load_example("disaggregated")
+    cr["spec"] = {**disagg["spec"], "model": cr["spec"]["model"]}
+    cr["metadata"]["generation"] += 1
+    await c.reconcile(("ns", "qwen"))
+    names = {n for (_, n) in fake.children()}
+    assert "qwen-worker" not in names
+    assert {"qwen-prefill", "qwen-decode"} <= names
+
+
+async def test_gone_object_is_a_no_op(fake: FakeKube) -> None:
+    assert await controller(fake).reconcile(("ns", "missing")) == "gone"
+    assert fake.writes == []
+
+
+async def test_failures_are_retried_with_backoff_and_never_escape(fake: FakeKube) -> None:
+    fake.put(CR_KIND, load_example("aggregated"))
+    c = controller(fake)
+    calls = 0
+
+    async def boom(*_: Any, **__: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        raise k.ApiError(500, "etcd is sad")
+
+    fake.list = boom  # type: ignore[method-assign]
+    c.known.add(("ns", "qwen"))
+    await c._process(("ns", "qwen"))
+    await c._process(("ns", "qwen"))
+    assert calls == 2
+    assert c.failures[("ns", "qwen")] == 2
+    assert c.metrics.errors._value.get() == 2
+
+
+def test_workqueue_coalesces_and_serializes() -> None:
+    async def scenario() -> list[tuple[str, str]]:
+        q = WorkQueue()
+        a, b = ("ns", "a"), ("ns", "b")
+        q.add(a)
+        q.add(a)
+        q.add(b)
+        first = await q.get()
+        q.add(first)  # re-added while processing: not handed out twice at once
+        second = await q.get()
+        assert q.queue.empty()
+        q.done(first)
+        third = await q.get()
+        return [first, second, third]
+
+    assert asyncio.run(scenario()) == [("ns", "a"), ("ns", "b"), ("ns", "a")]
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (
+            {
+                "metadata": {
+                    "namespace": "ns",
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "kvretention.io/v1alpha1",
+                            "kind": "KvRetentionDeployment",
+                            "name": "x",
+                        }
+                    ],
+                }
+            },
+            ("ns", "x"),
+        ),
+        (
+            {"metadata": {"namespace": "ns", "labels": {"app.kubernetes.io/instance": "y"}}},
+            ("ns", "y"),
+        ),
+        ({"metadata": {"namespace": "ns"}}, None),
+        ({"metadata": {}}, None),
+    ],
+)
+def test_owner_key(body: dict[str, Any], expected: tuple[str, str] | None) -> None:
+    assert owner_key(body) == expected
+
+
+def test_backoff_grows_and_caps() -> None:
+    assert [backoff_delay(n) for n in (1, 2, 3)] == [0.5, 1.0, 2.0]
+    assert backoff_delay(50) == 60.0
+
+
+def test_registry_has_only_event_handlers() -> None:
+    registry = build_registry()
+    # No change-detection handlers (they persist state in the object) and no daemons/timers
+    # (they add a finalizer): only watch-event handlers and the startup settings.
+    assert not registry._changing.get_all_handlers()
+    assert not registry._spawning.get_all_handlers()
+    assert len(registry._watching.get_all_handlers()) == 5
