@@ -1,0 +1,396 @@
+"""Builder properties: determinism, ownership, labels, and that a spec change touches only what it must."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from kvretention.api.models import KvRetentionDeployment
+from kvretention.controller.resources import (
+    build_children,
+    build_mooncake_client_config,
+    build_mooncake_master_args,
+    build_sglang_args,
+    frontend_endpoint,
+)
+from kvretention.controller.resources.common import CONFIG_HASH_ANNOTATION
+
+Body = dict[str, Any]
+
+
+def base(**spec: Any) -> Body:
+    body: Body = {
+        "apiVersion": "kvretention.io/v1alpha1",
+        "kind": "KvRetentionDeployment",
+        "metadata": {"name": "f", "namespace": "ns", "uid": "u-1"},
+        "spec": {"model": {"name": "m", "path": "org/m"}},
+    }
+    body["spec"].update(spec)
+    return body
+
+
+PD = {"mode": "disaggregated", "prefill": {"replicas": 2}, "decode": {}}
+
+
+def children(body: Body) -> dict[str, Any]:
+    return {
+        f"{m['kind']}/{m['metadata']['name']}": m
+        for m in build_children(KvRetentionDeployment.from_k8s(body))
+    }
+
+
+def changed(before: Body, mutate: Callable[[Body], None]) -> set[str]:
+    after = copy.deepcopy(before)
+    mutate(after)
+    old, new = children(before), children(after)
+    assert old.keys() == new.keys()
+    return {key for key in old if old[key] != new[key]}
+
+
+def _set(path: str, value: Any) -> Callable[[Body], None]:
+    def mutate(body: Body) -> None:
+        node = body["spec"]
+        *parents, leaf = path.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+
+    return mutate
+
+
+@pytest.mark.parametrize(
+    ("start", "path", "value", "expected"),
+    [
+        ({}, "frontend.replicas", 3, {"Deployment/f-frontend"}),
+        ({}, "frontend.image", "img:2", {"Deployment/f-frontend"}),
+        ({}, "frontend.service", {"port": 80}, {"Service/f-frontend"}),
+        ({}, "router.replicas", 2, {"Deployment/f-router"}),
+        ({}, "router.sessionAffinity", {"type": "ClientIP"}, {"Service/f-router"}),
+        ({}, "workers.replicas", 4, {"Deployment/f-worker"}),
+        ({}, "hints", {"policy": "Required"}, {"Deployment/f-frontend"}),
+        (
+            {},
+            "kvStore.mooncake.transfer",
+            {"protocol": "rdma"},
+            {"ConfigMap/f-mooncake-config", "Deployment/f-worker"},
+        ),
+        ({}, "kvStore.mooncake.master.softPin", {"maxTtlSeconds": 7200}, {"Deployment/f-mooncake"}),
+        ({}, "kvStore.mooncake.master.eviction", {"ratio": 0.2}, {"Deployment/f-mooncake"}),
+        (
+            {},
+            "kvStore.mooncake.master.rpcPort",
+            50052,
+            {
+                "ConfigMap/f-mooncake-config",
+                "Service/f-mooncake",
+                "Deployment/f-mooncake",
+                "Deployment/f-worker",
+            },
+        ),
+        (
+            {},
+            "workers.hicache",
+            {"writePolicy": "write_through_selective"},
+            {"Deployment/f-worker"},
+        ),
+        ({"workers": PD}, "workers.replicas", 5, {"Deployment/f-decode"}),
+        ({"workers": PD}, "workers.prefill", {"replicas": 1}, {"Deployment/f-prefill"}),
+        (
+            {"workers": PD},
+            "kvStore.mooncake.transfer",
+            {"globalSegmentSize": "8gb"},
+            {"ConfigMap/f-mooncake-config", "Deployment/f-prefill"},
+        ),
+        ({"workers": PD}, "workers.hicache", {"ratio": 3.0}, {"Deployment/f-prefill"}),
+    ],
+)
+def test_a_change_touches_only_its_children(
+    start: Body, path: str, value: Any, expected: set[str]
+) -> None:
+    assert changed(base(**copy.deepcopy(start)), _set(path, value)) == expected
+
+
+def test_worker_scale_keeps_the_pod_template() -> None:
+    old, new = children(base()), children(base(workers={"replicas": 7}))
+    assert (
+        old["Deployment/f-worker"]["spec"]["template"]
+        == new["Deployment/f-worker"]["spec"]["template"]
+    )
+    assert new["Deployment/f-worker"]["spec"]["replicas"] == 7
+
+
+def test_config_change_rolls_workers_through_the_hash_only() -> None:
+    old = children(base())["Deployment/f-worker"]["spec"]["template"]
+    new = children(base(kvStore={"mooncake": {"transfer": {"protocol": "rdma"}}}))[
+        "Deployment/f-worker"
+    ]["spec"]["template"]
+    assert old["spec"] == new["spec"]
+    assert (
+        old["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]
+        != new["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]
+    )
+
+
+def test_same_spec_same_bytes() -> None:
+    first = json.dumps(build_children(KvRetentionDeployment.from_k8s(base(workers=PD))))
+    second = json.dumps(build_children(KvRetentionDeployment.from_k8s(base(workers=PD))))
+    assert first == second
+
+
+def test_children_are_owned_and_labelled() -> None:
+    for key, manifest in children(base(workers=PD)).items():
+        meta = manifest["metadata"]
+        assert meta["namespace"] == "ns", key
+        assert meta["ownerReferences"] == [
+            {
+                "apiVersion": "kvretention.io/v1alpha1",
+                "kind": "KvRetentionDeployment",
+                "name": "f",
+                "uid": "u-1",
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ], key
+        assert meta["labels"]["app.kubernetes.io/instance"] == "f"
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "kvretention-operator"
+        if manifest["kind"] == "Deployment":
+            template_labels = manifest["spec"]["template"]["metadata"]["labels"]
+            assert manifest["spec"]["selector"]["matchLabels"].items() <= template_labels.items()
+
+
+def test_no_owner_references_without_uid() -> None:
+    body = base()
+    del body["metadata"]["uid"]
+    assert all("ownerReferences" not in m["metadata"] for m in children(body).values())
+
+
+@pytest.mark.parametrize(
+    ("workers", "kv_store", "expected"),
+    [
+        (
+            {},
+            {},
+            [
+                "ConfigMap/f-mooncake-config",
+                "Service/f-mooncake",
+                "Deployment/f-mooncake",
+                "Service/f-worker",
+                "Deployment/f-worker",
+            ],
+        ),
+        (
+            PD,
+            {},
+            [
+                "ConfigMap/f-mooncake-config",
+                "Service/f-mooncake",
+                "Deployment/f-mooncake",
+                "Service/f-prefill",
+                "Deployment/f-prefill",
+                "Service/f-decode",
+                "Deployment/f-decode",
+            ],
+        ),
+        (
+            {},
+            {"mooncake": {"mode": "external", "external": {"masterAddress": "mc:1"}}},
+            ["ConfigMap/f-mooncake-config", "Service/f-worker", "Deployment/f-worker"],
+        ),
+    ],
+)
+def test_children_in_apply_order(workers: Body, kv_store: Body, expected: list[str]) -> None:
+    keys = list(children(base(workers=workers, kvStore=kv_store)))
+    assert keys == [
+        *expected,
+        "Service/f-router",
+        "Deployment/f-router",
+        "Service/f-frontend",
+        "Deployment/f-frontend",
+    ]
+
+
+def _container(manifest: dict[str, Any], name: str) -> dict[str, Any]:
+    spec = manifest["spec"]["template"]["spec"]
+    found: dict[str, Any] = next(
+        c for c in spec.get("initContainers", []) + spec["containers"] if c["name"] == name
+    )
+    return found
+
+
+def test_worker_pods_run_the_probe_first() -> None:
+    for name in ("Deployment/f-prefill", "Deployment/f-decode"):
+        probe = _container(children(base(workers=PD))[name], "probe")
+        assert probe["command"] == [
+            "kvretention",
+            "probe",
+            "--termination-log",
+            "/dev/termination-log",
+        ]
+        assert probe["terminationMessagePolicy"] == "File"
+
+
+def test_disaggregated_wiring() -> None:
+    kids = children(base(workers=PD))
+    prefill = _container(kids["Deployment/f-prefill"], "worker")["command"]
+    decode = _container(kids["Deployment/f-decode"], "worker")["command"]
+    assert prefill[:12] == [
+        "kvretention",
+        "worker",
+        "--engine",
+        "sglang",
+        "--role",
+        "prefill",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8002",
+        "--bootstrap-port",
+        "8998",
+    ]
+    assert "--hicache-storage-backend" in prefill and "--hicache-storage-backend" not in decode
+    assert "CONFIG_HASH" not in json.dumps(kids["Deployment/f-decode"])
+    assert CONFIG_HASH_ANNOTATION not in json.dumps(kids["Deployment/f-decode"])
+    router = _container(kids["Deployment/f-router"], "router")["command"]
+    assert router[-4:] == [
+        "--prefill-dns",
+        "f-prefill.ns.svc:8002",
+        "--decode-dns",
+        "f-decode.ns.svc:8002",
+    ]
+    assert kids["Deployment/f-prefill"]["spec"]["replicas"] == 2
+    assert kids["Deployment/f-decode"]["spec"]["replicas"] == 1
+
+
+def test_frontend_points_at_the_router() -> None:
+    cr = KvRetentionDeployment.from_k8s(base(frontend={"service": {"port": 80}}))
+    command = _container(children(base())["Deployment/f-frontend"], "frontend")["command"]
+    assert command[-4:] == ["--router-url", "http://f-router:8001", "--model", "m"]
+    assert frontend_endpoint(cr) == "http://f-frontend.ns.svc:80"
+
+
+@pytest.mark.parametrize(
+    ("hicache", "expected_tail"),
+    [
+        (
+            {},
+            [
+                "--enable-hierarchical-cache",
+                "--hicache-write-policy",
+                "write_through",
+                "--hicache-io-backend",
+                "kernel",
+                "--hicache-mem-layout",
+                "page_first",
+                "--hicache-storage-backend",
+                "mooncake",
+                "--hicache-storage-prefetch-policy",
+                "timeout",
+            ],
+        ),
+        (
+            {"ratio": 1.5, "storageBackend": "none"},
+            [
+                "--enable-hierarchical-cache",
+                "--hicache-ratio",
+                "1.5",
+                "--hicache-write-policy",
+                "write_through",
+                "--hicache-io-backend",
+                "kernel",
+                "--hicache-mem-layout",
+                "page_first",
+            ],
+        ),
+        ({"enabled": False}, ["--enable-metrics"]),
+    ],
+)
+def test_sglang_hicache_args(hicache: Body, expected_tail: list[str]) -> None:
+    hints = {"providers": {"openai": False, "anthropic": False}}
+    cr = KvRetentionDeployment.from_k8s(base(hints=hints, workers={"hicache": hicache}))
+    args = build_sglang_args(cr.spec, role="aggregated")
+    assert args[:9] == [
+        "--model-path",
+        "org/m",
+        "--served-model-name",
+        "m",
+        "--tp-size",
+        "1",
+        "--page-size",
+        "64",
+        "--enable-metrics",
+    ]
+    assert args[-len(expected_tail) :] == expected_tail
+
+
+def test_mooncake_master_args_follow_the_spec() -> None:
+    cr = KvRetentionDeployment.from_k8s(
+        base(
+            kvStore={
+                "mooncake": {
+                    "master": {
+                        "rpcPort": 1,
+                        "metricsPort": 2,
+                        "metadataPort": 3,
+                        "softPin": {
+                            "defaultTtlSeconds": 60,
+                            "maxTtlSeconds": 3600,
+                            "allowEviction": False,
+                        },
+                    }
+                }
+            }
+        )
+    )
+    args = build_mooncake_master_args(cr.spec)
+    assert args[0] == "mooncake_master"
+    for flag in (
+        "--rpc_port=1",
+        "--metrics_port=2",
+        "--http_metadata_server_port=3",
+        "--default_kv_soft_pin_ttl=60000",
+        "--max_kv_soft_pin_ttl=3600000",
+        "--allow_evict_soft_pinned_objects=false",
+        "--enable_http_metadata_server=true",
+    ):
+        assert flag in args
+
+
+@pytest.mark.parametrize(
+    ("kv_store", "expected"),
+    [
+        (
+            {},
+            {
+                "master_server_address": "h:50051",
+                "metadata_server": "http://h:8080/metadata",
+                "protocol": "tcp",
+                "device_name": "",
+                "global_segment_size": "4gb",
+                "master_metrics_port": 9003,
+            },
+        ),
+        (
+            {
+                "mooncake": {
+                    "mode": "external",
+                    "external": {"masterAddress": "x:7"},
+                    "transfer": {"protocol": "rdma", "device": "mlx5_0"},
+                }
+            },
+            {
+                "master_server_address": "x:7",
+                "metadata_server": "P2PHANDSHAKE",
+                "protocol": "rdma",
+                "device_name": "mlx5_0",
+                "global_segment_size": "4gb",
+            },
+        ),
+    ],
+)
+def test_mooncake_client_config(kv_store: Body, expected: Body) -> None:
+    cr = KvRetentionDeployment.from_k8s(base(kvStore=kv_store))
+    assert build_mooncake_client_config(cr.spec, master_host="h") == expected

@@ -1,0 +1,149 @@
+"""check_spec: problems the schema cannot see, one message each; a workable spec has none."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from kvretention.api.models import KvRetentionDeployment
+from kvretention.controller.resources import check_spec
+from kvretention.controller.resources.checks import parse_quantity, segment_bytes
+
+
+def cr(**spec: Any) -> KvRetentionDeployment:
+    return KvRetentionDeployment.from_k8s(
+        {
+            "apiVersion": "kvretention.io/v1alpha1",
+            "kind": "KvRetentionDeployment",
+            "metadata": {"name": "c"},
+            "spec": {"model": {"name": "m", "path": "p"}, **spec},
+        }
+    )
+
+
+PD = {"mode": "disaggregated", "prefill": {}, "decode": {}}
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ({}, []),
+        ({"workers": {"aggregated": {"extraArgs": ["--mem-fraction-static", "0.8"]}}}, []),
+        (
+            {
+                "workers": {
+                    "aggregated": {
+                        "tensorParallelSize": 2,
+                        "resources": {"limits": {"nvidia.com/gpu": 2, "memory": "64Gi"}},
+                    }
+                }
+            },
+            [],
+        ),
+        (
+            {"workers": {"aggregated": {"extraArgs": ["--model-path=/x"]}}},
+            [
+                "spec.workers.aggregated.extraArgs[0]: --model-path is set by the operator from the spec; change the matching spec field instead"
+            ],
+        ),
+        (
+            {"workers": {**PD, "decode": {"extraArgs": ["--enable-hicache"]}}},
+            [
+                "spec.workers.decode.extraArgs[0]: --enable-hicache is set by the operator from the spec; change the matching spec field instead"
+            ],
+        ),
+        (
+            {"router": {"resources": {"limits": {"memory": "1 GB"}}}},
+            ["spec.router.resources.limits.memory: '1 GB' is not a Kubernetes quantity"],
+        ),
+        (
+            {"frontend": {"resources": {"requests": {"cpu": 2}, "limits": {"cpu": "1500m"}}}},
+            ["spec.frontend.resources: requests.cpu exceeds limits.cpu"],
+        ),
+        (
+            {
+                "workers": {
+                    **PD,
+                    "prefill": {
+                        "tensorParallelSize": 4,
+                        "resources": {"limits": {"nvidia.com/gpu": 2}},
+                    },
+                }
+            },
+            [
+                "spec.workers.prefill.resources.limits.nvidia.com/gpu is 2 but tensorParallelSize is 4: SGLang needs one GPU per rank"
+            ],
+        ),
+        (
+            {
+                "workers": {
+                    "gpuResource": "amd.com/gpu",
+                    "aggregated": {"resources": {"limits": {"nvidia.com/gpu": 8}}},
+                }
+            },
+            [],
+        ),
+        (
+            {"workers": {"aggregated": {"resources": {"limits": {"memory": "3Gi"}}}}},
+            [
+                "spec.workers.aggregated.resources.limits.memory 3Gi is below the 4Gi the worker needs for its HiCache host pool (hicache.sizeGiB x tensorParallelSize) plus its Mooncake segment (kvStore.mooncake.transfer.globalSegmentSize)"
+            ],
+        ),
+        (
+            {"workers": {"aggregated": {"resources": {"limits": {"memory": "4Gi"}}}}},
+            [],
+        ),
+        (
+            {"workers": {**PD, "decode": {"resources": {"limits": {"memory": "1Gi"}}}}},
+            [],
+        ),
+        (
+            {"kvStore": {"mooncake": {"master": {"metadataPort": 50051}}}},
+            [
+                "spec.kvStore.mooncake.master: rpcPort, metricsPort and metadataPort must differ, got 50051, 9003, 50051"
+            ],
+        ),
+        (
+            {
+                "kvStore": {
+                    "mooncake": {
+                        "mode": "external",
+                        "external": {"masterAddress": "a:1"},
+                        "master": {"metadataPort": 50051},
+                    }
+                }
+            },
+            [],
+        ),
+    ],
+)
+def test_check_spec(spec: dict[str, Any], expected: list[str]) -> None:
+    assert check_spec(cr(**spec)) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (2, Decimal(2)),
+        ("500m", Decimal("0.5")),
+        ("16Gi", Decimal(16 * 2**30)),
+        ("1G", Decimal(10**9)),
+        ("1e3", Decimal(1000)),
+        ("1.5Ki", Decimal(1536)),
+    ],
+)
+def test_parse_quantity(value: int | str, expected: Decimal) -> None:
+    assert parse_quantity(value) == expected
+
+
+@pytest.mark.parametrize("value", ["", "Gi", "1 Gi", "1gb", "one", "1.2.3"])
+def test_parse_quantity_rejects(value: str) -> None:
+    with pytest.raises(ValueError, match="not a Kubernetes quantity"):
+        parse_quantity(value)
+
+
+@pytest.mark.parametrize(("value", "expected"), [("4gb", 4 * 2**30), ("1048576", 2**20)])
+def test_segment_bytes(value: str, expected: int) -> None:
+    assert segment_bytes(value) == expected
