@@ -1,0 +1,101 @@
+"""``kvretention frontend``: serve the OpenAI and Anthropic APIs in front of a router."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+from aiohttp import web
+
+from kvretention.dataplane.frontend.app import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_UPSTREAM_TIMEOUT,
+    FrontendConfig,
+    create_app,
+)
+from kvretention.dataplane.frontend.tokenizer import (
+    ChatTokenizer,
+    TokenizerUnavailable,
+    load_tokenizer,
+)
+from kvretention.dataplane.trace import TRACE_ENV, trace_from_env
+
+
+@click.command("frontend")
+@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@click.option(
+    "--router-url",
+    required=True,
+    envvar="KVR_ROUTER_URL",
+    help="Base URL of the router (POST {router}/v1/generate, GET {router}/healthz).",
+)
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    help="A served model name (repeatable); others get a 404. None given: any name is accepted.",
+)
+@click.option(
+    "--max-body-bytes",
+    default=DEFAULT_MAX_BODY_BYTES,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Larger request bodies get a 413.",
+)
+@click.option(
+    "--upstream-timeout",
+    default=DEFAULT_UPSTREAM_TIMEOUT,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds to wait for the router to connect and for each streamed read (504 after).",
+)
+@click.option(
+    "--trace-file",
+    default=None,
+    help=f"Append one JSONL record per finished request here (or set {TRACE_ENV}).",
+)
+@click.option(
+    "--tokenizer",
+    "tokenizer_path",
+    default=None,
+    help="HF tokenizer path: apply the chat template here and send token ids (needs transformers).",
+)
+@click.option("--log-level", default="info", show_default=True)
+def frontend_cmd(
+    host: str,
+    port: int,
+    router_url: str,
+    models: tuple[str, ...],
+    max_body_bytes: int,
+    upstream_timeout: float,
+    trace_file: str | None,
+    tokenizer_path: str | None,
+    log_level: str,
+) -> None:
+    """Serve /v1/chat/completions, /v1/responses and /v1/messages, turning cache controls into KV hints."""
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    tokenizer: ChatTokenizer | None = None
+    if tokenizer_path:
+        try:
+            tokenizer = load_tokenizer(tokenizer_path)
+        except TokenizerUnavailable as exc:
+            raise click.UsageError(str(exc)) from exc
+    config = FrontendConfig(
+        router_url=router_url,
+        served_models=models,
+        max_body_bytes=max_body_bytes,
+        upstream_timeout=upstream_timeout,
+    )
+    trace = trace_from_env(trace_file, component="frontend")
+    app = create_app(config, trace=trace, tokenizer=tokenizer)
+    logging.getLogger("kvretention.frontend").info(
+        "frontend on %s:%d -> router %s (models: %s)",
+        host,
+        port,
+        router_url,
+        ", ".join(models) or "any",
+    )
+    web.run_app(app, host=host, port=port, print=None, access_log=None, shutdown_timeout=5.0)

@@ -1,0 +1,184 @@
+"""Every failure the frontend can return, and its rendering as each provider's error body.
+
+One table (``FrontendError`` factories below, documented in ``docs/contract.md``) maps a situation to
+an HTTP status plus an OpenAI ``type``/``code`` and an Anthropic ``type``; the renderers are pure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Final
+
+from kvretention.dataplane.protocol import ErrorBody, ErrorCode
+from kvretention.hints.errors import ClientError
+
+
+class Provider(StrEnum):
+    OPENAI = "openai"
+    ANTHROPIC = "anthropic"
+
+
+_ANTHROPIC_TYPE: Final[dict[int, str]] = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
+
+
+@dataclass(eq=False)
+class FrontendError(Exception):
+    """A failure with a status, a machine code and a client-safe message (never a traceback)."""
+
+    status: int
+    code: str
+    message: str
+    param: str | None = None
+
+    @property
+    def openai_type(self) -> str:
+        return "invalid_request_error" if self.status < 500 else "server_error"
+
+    @property
+    def anthropic_type(self) -> str:
+        return _ANTHROPIC_TYPE.get(
+            self.status, "invalid_request_error" if self.status < 500 else "api_error"
+        )
+
+    @property
+    def reason(self) -> str:
+        """The label used for rejection metrics and the trace outcome."""
+        return self.code
+
+
+def from_client_error(err: ClientError) -> FrontendError:
+    return FrontendError(
+        status=err.status, code=err.code.value, message=err.message, param=err.param
+    )
+
+
+def invalid_json(detail: str) -> FrontendError:
+    return FrontendError(
+        status=400,
+        code="invalid_json",
+        message=f"We could not parse the JSON body of your request: {detail}",
+    )
+
+
+def unknown_model(model: str, *, served: tuple[str, ...]) -> FrontendError:
+    return FrontendError(
+        status=404,
+        code="model_not_found",
+        message=f"The model '{model}' does not exist on this server; served: {', '.join(served)}.",
+        param="model",
+    )
+
+
+def body_too_large(limit: int) -> FrontendError:
+    return FrontendError(
+        status=413,
+        code="request_too_large",
+        message=f"Request body exceeds the maximum of {limit} bytes.",
+    )
+
+
+def not_found(path: str) -> FrontendError:
+    return FrontendError(status=404, code="not_found", message=f"No endpoint at {path}.")
+
+
+def method_not_allowed(method: str, path: str) -> FrontendError:
+    return FrontendError(
+        status=405, code="method_not_allowed", message=f"{method} is not allowed on {path}."
+    )
+
+
+def internal_error() -> FrontendError:
+    return FrontendError(
+        status=500, code="internal_error", message="The server had an error processing the request."
+    )
+
+
+def router_unavailable(detail: str) -> FrontendError:
+    return FrontendError(
+        status=503, code="router_unavailable", message=f"The router is unavailable: {detail}"
+    )
+
+
+def upstream_timeout(seconds: float) -> FrontendError:
+    return FrontendError(
+        status=504,
+        code="upstream_timeout",
+        message=f"The router did not answer within {seconds:g} seconds.",
+    )
+
+
+def upstream_disconnected(detail: str) -> FrontendError:
+    return FrontendError(
+        status=502,
+        code="upstream_disconnected",
+        message=f"The router closed the connection before the response finished: {detail}",
+    )
+
+
+def from_upstream(body: ErrorBody, *, hint_param: str | None) -> FrontendError:
+    """An ``{"error": ...}`` from the router or worker, passed on visibly with its own status.
+
+    ``kv_hints_unsupported`` keeps its code and names both ``kv_hints`` and the client parameter
+    that produced the hint, so the client knows which field to drop to run without retention.
+    """
+    code = body.code
+    if code is ErrorCode.KV_HINTS_UNSUPPORTED:
+        drop = (
+            f" Remove '{hint_param}' to send the request without KV retention."
+            if hint_param
+            else ""
+        )
+        return FrontendError(
+            status=501,
+            code=code.value,
+            message=f"kv_hints unsupported by the serving engine: {body.message}.{drop}",
+            param=hint_param,
+        )
+    status = UPSTREAM_STATUS.get(code, 502)
+    return FrontendError(status=status, code=code.value, message=body.message, param=body.param)
+
+
+UPSTREAM_STATUS: Final[dict[ErrorCode, int]] = {
+    ErrorCode.INVALID_REQUEST: 400,
+    ErrorCode.KV_HINTS_UNSUPPORTED: 501,
+    ErrorCode.NO_WORKERS: 503,
+    ErrorCode.DRAINING: 503,
+    ErrorCode.WORKER_UNAVAILABLE: 502,
+    ErrorCode.UPSTREAM_TIMEOUT: 504,
+    ErrorCode.ENGINE_ERROR: 500,
+}
+"""Status the client sees for each upstream error code."""
+
+
+def openai_error_body(err: FrontendError) -> dict[str, Any]:
+    """``{"error": {"message", "type", "param", "code"}}`` as the OpenAI API returns it."""
+    return {
+        "error": {
+            "message": err.message,
+            "type": err.openai_type,
+            "param": err.param,
+            "code": err.code,
+        }
+    }
+
+
+def anthropic_error_body(err: FrontendError) -> dict[str, Any]:
+    """``{"type": "error", "error": {"type", "message"}}``; the code leads the message when useful."""
+    message = err.message
+    if err.status >= 500 and not message.startswith(err.code):
+        message = f"{err.code}: {message}"
+    return {"type": "error", "error": {"type": err.anthropic_type, "message": message}}
+
+
+def error_body(err: FrontendError, provider: Provider) -> dict[str, Any]:
+    if provider is Provider.ANTHROPIC:
+        return anthropic_error_body(err)
+    return openai_error_body(err)

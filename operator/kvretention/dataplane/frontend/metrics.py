@@ -1,0 +1,44 @@
+"""Prometheus metrics of one frontend, on its own registry (state on the app, not module globals)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class FrontendMetrics:
+    """Requests, rejections by reason, hints emitted by TTL, and upstream latency."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.requests = Counter(
+            "kvr_frontend_requests",
+            "Finished requests by endpoint and outcome (ok, rejected, error, client_disconnected).",
+            ["endpoint", "outcome"],
+            registry=self.registry,
+        )
+        self.rejections = Counter(
+            "kvr_frontend_rejections",
+            "Requests refused before anything was forwarded, by reason (the error code).",
+            ["endpoint", "reason"],
+            registry=self.registry,
+        )
+        self.hints = Counter(
+            "kvr_frontend_kv_hints",
+            "KV-hint envelopes attached to forwarded requests, by TTL in seconds.",
+            ["endpoint", "ttl_seconds"],
+            registry=self.registry,
+        )
+        self.upstream_latency = Histogram(
+            "kvr_frontend_upstream_latency_seconds",
+            "Router latency: to the first chunk (phase=first_chunk) and to the end (phase=total).",
+            ["endpoint", "phase"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

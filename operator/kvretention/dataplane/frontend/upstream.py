@@ -1,0 +1,163 @@
+"""The frontend's only network client: POST ``PreprocessedRequest`` to the router, read NDJSON back.
+
+Every failure becomes a ``FrontendError`` with its documented status: router unreachable (503),
+connection dropped (502), no answer within ``--upstream-timeout`` (504, applied to connecting and
+to each read, so a long healthy stream is never cut), and the router's own ``{"error": ...}`` lines
+passed on with their code (``kv_hints_unsupported`` -> 501).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Final
+
+import aiohttp
+from pydantic import ValidationError
+
+from kvretention.dataplane.frontend import errors
+from kvretention.dataplane.frontend.errors import FrontendError
+from kvretention.dataplane.protocol import (
+    GENERATE_PATH,
+    ErrorLine,
+    GenerateChunk,
+    PreprocessedRequest,
+)
+
+_MAX_ERROR_BODY: Final = 64 * 1024
+
+
+class RouterClient:
+    """A pooled aiohttp session to one router base URL."""
+
+    def __init__(self, base_url: str, *, timeout: float) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        client_timeout = aiohttp.ClientTimeout(
+            total=None, connect=self.timeout, sock_connect=self.timeout, sock_read=self.timeout
+        )
+        self._session = aiohttp.ClientSession(timeout=client_timeout, raise_for_status=False)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("RouterClient.start() was not awaited")
+        return self._session
+
+    async def healthy(self, *, within: float = 1.0) -> bool:
+        """Readiness: the router answers ``GET /healthz`` with 2xx."""
+        try:
+            async with self.session.get(
+                f"{self.base_url}/healthz", timeout=aiohttp.ClientTimeout(total=within)
+            ) as resp:
+                return resp.status < 300
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    @asynccontextmanager
+    async def generate(
+        self, request: PreprocessedRequest, *, hint_param: str | None
+    ) -> AsyncIterator[AsyncIterator[GenerateChunk]]:
+        """Open the stream; raises ``FrontendError`` before yielding if the router refuses it."""
+        try:
+            resp = await self.session.post(
+                f"{self.base_url}{GENERATE_PATH}",
+                data=request.to_json_bytes(),
+                headers={"content-type": "application/json", "x-request-id": request.request_id},
+            )
+        except TimeoutError:
+            raise errors.upstream_timeout(self.timeout) from None
+        except aiohttp.ClientConnectorError as exc:
+            raise errors.router_unavailable(_describe(exc)) from None
+        except aiohttp.ClientError as exc:
+            raise errors.upstream_disconnected(_describe(exc)) from None
+        try:
+            if resp.status != 200:
+                raise await _error_from_status(resp, hint_param=hint_param, limit_s=self.timeout)
+            yield _chunks(resp, hint_param=hint_param, limit_s=self.timeout)
+        finally:
+            resp.release()
+
+
+async def _error_from_status(
+    resp: aiohttp.ClientResponse, *, hint_param: str | None, limit_s: float
+) -> FrontendError:
+    try:
+        raw = await resp.content.read(_MAX_ERROR_BODY)
+    except TimeoutError:
+        return errors.upstream_timeout(limit_s)
+    except aiohttp.ClientError as exc:
+        return errors.upstream_disconnected(_describe(exc))
+    try:
+        line = ErrorLine.model_validate_json(raw)
+    except ValidationError:
+        return FrontendError(
+            status=502, code="bad_gateway", message=f"The router answered HTTP {resp.status}."
+        )
+    return errors.from_upstream(line.error, hint_param=hint_param)
+
+
+async def _chunks(
+    resp: aiohttp.ClientResponse, *, hint_param: str | None, limit_s: float
+) -> AsyncIterator[GenerateChunk]:
+    """Parse NDJSON lines until a chunk carries a finish reason; errors raise ``FrontendError``."""
+    buffer = b""
+    while True:
+        try:
+            data = await resp.content.readany()
+        except TimeoutError:
+            raise errors.upstream_timeout(limit_s) from None
+        except aiohttp.ClientError as exc:
+            raise errors.upstream_disconnected(_describe(exc)) from None
+        if not data:
+            raise errors.upstream_disconnected("the stream ended without a finish reason")
+        buffer += data
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            if not line.strip():
+                continue
+            chunk = _parse_line(line, hint_param=hint_param)
+            yield chunk
+            if chunk.finish_reason is not None:
+                return
+
+
+def _parse_line(line: bytes, *, hint_param: str | None) -> GenerateChunk:
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        raise FrontendError(
+            status=502, code="bad_gateway", message="The router sent a malformed stream line."
+        ) from None
+    if isinstance(obj, dict) and "error" in obj:
+        try:
+            error = ErrorLine.model_validate(obj).error
+        except ValidationError:
+            raise FrontendError(
+                status=502, code="bad_gateway", message="The router sent a malformed error line."
+            ) from None
+        raise errors.from_upstream(error, hint_param=hint_param)
+    try:
+        chunk = GenerateChunk.model_validate(obj)
+    except ValidationError:
+        raise FrontendError(
+            status=502, code="bad_gateway", message="The router sent a malformed chunk."
+        ) from None
+    if chunk.finish_reason == "abort":
+        raise FrontendError(
+            status=500, code="engine_error", message="The engine aborted the generation."
+        )
+    return chunk
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

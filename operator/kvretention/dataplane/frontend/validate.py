@@ -1,0 +1,122 @@
+"""Small typed field checks for request bodies, raising ``ClientError`` in the provider's wording.
+
+OpenAI says ``Invalid type for 'messages[0].content': expected ...``; Anthropic (pydantic) says
+``messages.0.content: Input should be ...``. A ``Fields`` instance knows which.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvretention.hints.errors import ClientError, ClientErrorCode, json_type
+
+_ARTICLE = {"array": "an", "integer": "an", "object": "an"}
+
+
+@dataclass(frozen=True)
+class Fields:
+    """Field checks for one provider's path and message style."""
+
+    anthropic: bool = False
+
+    def path(self, *parts: str | int) -> str:
+        if self.anthropic:
+            return ".".join(str(p) for p in parts)
+        out = ""
+        for part in parts:
+            out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+        return out
+
+    def error(self, param: str, reason: str, *, code: ClientErrorCode) -> ClientError:
+        message = f"{param}: {reason}" if self.anthropic else reason
+        return ClientError(message, param=param, code=code)
+
+    def invalid_type(self, param: str, value: object, *, expected: str) -> ClientError:
+        got = json_type(value)
+        if self.anthropic:
+            reason = f"Input should be {expected}, got {got}"
+        else:
+            reason = (
+                f"Invalid type for '{param}': expected {expected}, "
+                f"but got {_ARTICLE.get(got, 'a')} {got} instead."
+            )
+        return self.error(param, reason, code=ClientErrorCode.INVALID_TYPE)
+
+    def invalid_value(self, param: str, reason: str) -> ClientError:
+        text = reason if self.anthropic else f"Invalid value for '{param}': {reason}"
+        return self.error(param, text, code=ClientErrorCode.INVALID_VALUE)
+
+    def missing(self, param: str) -> ClientError:
+        reason = "Field required" if self.anthropic else f"Missing required parameter: '{param}'."
+        return self.error(param, reason, code=ClientErrorCode.MISSING_REQUIRED_PARAMETER)
+
+    def unsupported(self, param: str, reason: str) -> ClientError:
+        text = reason if self.anthropic else f"Unsupported parameter: '{param}': {reason}"
+        return self.error(param, text, code=ClientErrorCode.UNSUPPORTED_PARAMETER)
+
+    # -- typed getters -------------------------------------------------------------------------
+
+    def required_str(self, body: Mapping[str, Any], key: str, *, param: str | None = None) -> str:
+        name = param or key
+        if key not in body:
+            raise self.missing(name)
+        value = body[key]
+        if not isinstance(value, str):
+            raise self.invalid_type(name, value, expected="a string")
+        return value
+
+    def opt_str(self, body: Mapping[str, Any], key: str, *, param: str | None = None) -> str | None:
+        value = body.get(key)
+        if value is not None and not isinstance(value, str):
+            raise self.invalid_type(param or key, value, expected="a string")
+        return value
+
+    def opt_bool(self, body: Mapping[str, Any], key: str, *, default: bool = False) -> bool:
+        value = body.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self.invalid_type(key, value, expected="a boolean")
+        return value
+
+    def opt_int(
+        self, body: Mapping[str, Any], key: str, *, minimum: int, param: str | None = None
+    ) -> int | None:
+        name = param or key
+        value = body.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.invalid_type(name, value, expected="an integer")
+        if value < minimum:
+            raise self.invalid_value(name, f"{value} is below the minimum of {minimum}.")
+        return value
+
+    def opt_number(
+        self, body: Mapping[str, Any], key: str, *, minimum: float, maximum: float
+    ) -> float | None:
+        value = body.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.invalid_type(key, value, expected="a number")
+        if not minimum <= value <= maximum:
+            raise self.invalid_value(
+                key, f"{value} is outside the range [{minimum:g}, {maximum:g}]."
+            )
+        return float(value)
+
+    def opt_stop(self, body: Mapping[str, Any], key: str, *, limit: int) -> list[str] | None:
+        """A stop string or a list of at most ``limit`` stop strings."""
+        value = body.get(key)
+        if value is None:
+            return None
+        if isinstance(value, str):
+            return [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self.invalid_type(key, value, expected="a string or an array of strings")
+        if len(value) > limit:
+            raise self.invalid_value(key, f"at most {limit} stop sequences are allowed.")
+        return list(value)

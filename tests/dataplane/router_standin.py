@@ -1,0 +1,144 @@
+"""A router stand-in for frontend tests: records every request body and streams canned NDJSON.
+
+It runs an aiohttp server on its own event loop in a background thread, so synchronous SDK clients
+in the test thread can drive a frontend process that talks to it. What it does for a request is
+chosen by a marker in the last message's text (``[[kv_unsupported]]``, ``[[hang]]``, ``[[drop]]``,
+...; see ``MARKERS``), so tests stay independent of each other and of ordering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from dataclasses import dataclass
+from typing import Any, Final
+
+from aiohttp import web
+
+CANNED: Final = ["Hello", ", ", "world", "!"]
+USAGE: Final = {"prompt_tokens": 7, "completion_tokens": 4, "cached_tokens": 3}
+HANG_S: Final = 10.0
+
+MARKERS: Final = {
+    "[[kv_unsupported]]": "501 kv_hints_unsupported before the stream",
+    "[[kv_unsupported_midstream]]": "one chunk, then a kv_hints_unsupported error line",
+    "[[no_workers]]": "503 no_workers before the stream",
+    "[[hang]]": "no answer for HANG_S seconds",
+    "[[hang_midstream]]": "one chunk, then silence",
+    "[[drop]]": "close the connection without answering",
+    "[[drop_midstream]]": "one chunk, then close the connection",
+    "[[garbage]]": "200 with a line that is not JSON",
+}
+
+
+@dataclass(frozen=True)
+class Received:
+    body: dict[str, Any]
+    headers: dict[str, str]
+
+
+def _error_line(code: str, message: str) -> bytes:
+    return json.dumps({"error": {"code": code, "message": message}}).encode() + b"\n"
+
+
+def _chunk(text: str, **extra: Any) -> bytes:
+    return json.dumps({"text": text, "token_ids": [1], **extra}).encode() + b"\n"
+
+
+class RouterStandIn:
+    """Start with ``start()``, read ``received``, stop with ``stop()``."""
+
+    def __init__(self) -> None:
+        self.received: list[Received] = []
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._runner: web.AppRunner | None = None
+        self.base_url = ""
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> str:
+        self._thread.start()
+        future = asyncio.run_coroutine_threadsafe(self._start(), self._loop)
+        self.base_url = future.result(timeout=10)
+        return self.base_url
+
+    async def _start(self) -> str:
+        app = web.Application()
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_post("/v1/generate", self._generate)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        return f"http://127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
+
+    def clear(self) -> None:
+        self.received.clear()
+
+    def bodies_for(self, needle: str) -> list[dict[str, Any]]:
+        """Bodies whose last message contains ``needle`` (tests tag requests with a unique word)."""
+        return [r.body for r in self.received if needle in _last_text(r.body)]
+
+    # -- handlers ---------------------------------------------------------------------------
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.received.append(Received(body=body, headers=dict(request.headers)))
+        text = _last_text(body)
+        if "[[kv_unsupported]]" in text:
+            return _error_response(501, "kv_hints_unsupported", "sglang 0.4.0 has no kv_hints")
+        if "[[no_workers]]" in text:
+            return _error_response(503, "no_workers", "no healthy workers")
+        if "[[hang]]" in text:
+            await asyncio.sleep(HANG_S)
+        if "[[drop]]" in text:
+            assert request.transport is not None
+            request.transport.close()
+            return web.Response()
+        response = web.StreamResponse(headers={"content-type": "application/x-ndjson"})
+        await response.prepare(request)
+        if "[[garbage]]" in text:
+            await response.write(b"this is not json\n")
+            return response
+        await response.write(_chunk(CANNED[0]))
+        if "[[kv_unsupported_midstream]]" in text:
+            await response.write(
+                _error_line("kv_hints_unsupported", "decode worker lacks kv_hints")
+            )
+            return response
+        if "[[hang_midstream]]" in text:
+            await asyncio.sleep(HANG_S)
+        if "[[drop_midstream]]" in text:
+            assert request.transport is not None
+            request.transport.close()
+            return response
+        limit = (body.get("sampling") or {}).get("max_new_tokens") or len(CANNED)
+        pieces = CANNED[1:limit]
+        finish = "length" if limit < len(CANNED) else "stop"
+        for piece in pieces:
+            await response.write(_chunk(piece))
+        await response.write(_chunk("", finish_reason=finish, usage=USAGE))
+        await response.write_eof()
+        return response
+
+
+def _error_response(status: int, code: str, message: str) -> web.Response:
+    return web.json_response({"error": {"code": code, "message": message}}, status=status)
+
+
+def _last_text(body: dict[str, Any]) -> str:
+    messages = body.get("messages") or []
+    return str(messages[-1].get("content", "")) if messages else ""
