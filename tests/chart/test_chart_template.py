@@ -153,7 +153,7 @@ def test_operator_deployment_defaults(helm: Helm) -> None:
         "--leader-elect",
         "--resync-seconds=60",
     ]
-    assert container["image"] == "ghcr.io/kvretention/kvretention-operator:0.1.0"
+    assert container["image"] == "ghcr.io/kvretention/operator:0.1.0"
     env = {e["name"]: e for e in container["env"]}
     assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -216,7 +216,7 @@ def test_scheduling_and_resources_pass_through(helm: Helm) -> None:
     assert pod["affinity"] == values["affinity"]
     assert pod["priorityClassName"] == "system-cluster-critical"
     assert container["resources"] == values["resources"]
-    assert container["image"] == "ghcr.io/kvretention/kvretention-operator@sha256:" + "a" * 64
+    assert container["image"] == "ghcr.io/kvretention/operator@sha256:" + "a" * 64
     assert container["args"][-2:] == ["--resync-seconds=30", "--verbose"]
 
 
