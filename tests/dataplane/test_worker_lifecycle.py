@@ -1,0 +1,135 @@
+"""Worker behaviour over a request's life: SIGTERM drain, client disconnect, engine failures."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from test_worker_process import calls, post, request_body, wait_for
+
+from conftest import KvrProcess, StartKvretention, http_ok
+
+
+def start_worker(
+    start: StartKvretention, tmp: Path, *, env: dict[str, str], extra: list[str] | None = None
+) -> tuple[KvrProcess, Path]:
+    record = tmp / "calls.jsonl"
+    proc = start(
+        ["worker", "--engine", "standin:flat", *(extra or [])],
+        env={"KVR_STANDIN_RECORD": str(record), **env},
+    )
+    return proc, record
+
+
+def post_ignoring_errors(url: str, rid: str) -> None:
+    """A client whose stream is cut off by the shutdown; only the worker's side is checked."""
+    with contextlib.suppress(http.client.HTTPException, OSError, ValueError):
+        post(url, request_body(rid))
+
+
+def status_of(url: str, path: str, method: str = "GET", body: bytes | None = None) -> int:
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=5)
+    try:
+        conn.request(method, path, body=body)
+        status = conn.getresponse().status
+    finally:
+        conn.close()
+    return status
+
+
+def test_sigterm_drains_in_flight_streams_then_exits(
+    kvretention_process: StartKvretention, tmp_path: Path
+) -> None:
+    proc, record = start_worker(
+        kvretention_process,
+        tmp_path,
+        env={"KVR_STANDIN_DELAY_S": "0.25"},
+        extra=["--drain-seconds", "4"],
+    )
+    result: dict[str, Any] = {}
+    client = threading.Thread(
+        target=lambda: result.update(answer=post(proc.base_url, request_body("drain-1")))
+    )
+    client.start()
+    wait_for(lambda: calls(record, "drain-1"))
+    proc.proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: status_of(proc.base_url, "/readyz") == 503, timeout=3)
+    assert status_of(proc.base_url, "/v1/generate", "POST", request_body("late")) == 503
+    client.join(timeout=10)
+    status, lines = result["answer"]
+    assert status == 200
+    assert lines[-1]["finish_reason"] == "stop"
+    assert "".join(line["text"] for line in lines) == "Hello from the kvretention stand-in."
+    assert proc.proc.wait(timeout=10) == 0
+    assert calls(record, "late") == []
+
+
+def test_drain_deadline_aborts_what_is_left(
+    kvretention_process: StartKvretention, tmp_path: Path
+) -> None:
+    proc, record = start_worker(
+        kvretention_process,
+        tmp_path,
+        env={"KVR_STANDIN_DELAY_S": "1.0"},
+        extra=["--drain-seconds", "0.3"],
+    )
+    client = threading.Thread(target=post_ignoring_errors, args=(proc.base_url, "slow-1"))
+    client.start()
+    wait_for(lambda: calls(record, "slow-1"))
+    started = time.monotonic()
+    proc.proc.send_signal(signal.SIGTERM)
+    assert proc.proc.wait(timeout=10) == 0
+    assert time.monotonic() - started < 4.0
+    client.join(timeout=10)
+    assert calls(record, "slow-1", event="abort")
+
+
+def test_client_disconnect_aborts_the_engine_request(
+    kvretention_process: StartKvretention, tmp_path: Path
+) -> None:
+    proc, record = start_worker(kvretention_process, tmp_path, env={"KVR_STANDIN_DELAY_S": "0.3"})
+    body = request_body("gone-1")
+    with socket.create_connection(("127.0.0.1", proc.port), timeout=5) as sock:
+        sock.sendall(
+            b"POST /v1/generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        received = b""
+        while b"Hello" not in received:
+            data = sock.recv(4096)
+            assert data, "worker closed before the first chunk"
+            received += data
+    (abort,) = wait_for(lambda: calls(record, "gone-1", event="abort"))
+    assert abort["rid"] == "gone-1"
+    assert http_ok(proc.base_url + "/readyz")
+
+
+@pytest.mark.parametrize(
+    ("fail", "status", "last_code"),
+    [("start", 500, "engine_error"), ("midstream", 200, "engine_error")],
+)
+def test_engine_failures_are_typed_errors(
+    kvretention_process: StartKvretention,
+    tmp_path: Path,
+    fail: str,
+    status: int,
+    last_code: str,
+) -> None:
+    proc, _ = start_worker(kvretention_process, tmp_path, env={"KVR_STANDIN_FAIL": fail})
+    got, lines = post(proc.base_url, request_body(f"fail-{fail}"))
+    assert got == status
+    assert lines[-1]["error"]["code"] == last_code
+    if fail == "midstream":
+        assert lines[0]["text"] == "Hello"
+    assert json.dumps(lines).count("Traceback") == 0
