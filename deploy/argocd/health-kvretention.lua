@@ -1,15 +1,20 @@
 -- Argo CD health check for kvretention.io/KvRetentionDeployment (Lua 5.1, as Argo CD runs it).
 -- Healthy:     Ready=True, observed at the object's current generation.
 -- Degraded:    Ready=False for a reason that waiting cannot fix (bad spec, an engine that cannot
---              take kv_hints under hints.policy=Required), or Ready=False with Progressing=False.
--- Progressing: everything else (no status yet, an older generation observed, pods still starting).
+--              take kv_hints under hints.policy=Required).
+-- Progressing: everything else (no status yet, an older generation observed, pods still starting;
+--              Progressing=False does not mean stuck: it only says every Deployment has the
+--              current spec, while a large model may still be loading).
 local hs = {}
 
--- Ready=False reasons that need a human: the spec or the image must change.
+-- Ready=False reasons that need a human: the spec or the worker image must change
+-- (the image reasons reach Ready only with hints.policy=Required).
 local permanent = {
   InvalidSpec = true,
-  KvHintsUnsupported = true,
-  EngineIncompatible = true,
+  EngineLacksKvHints = true,
+  MooncakeUnavailable = true,
+  EngineUnusableForHints = true,
+  ProbeReportInvalid = true,
 }
 
 local function find(conditions, ctype)
@@ -71,8 +76,7 @@ if ready.status == "True" then
   return hs
 end
 
-local progressing = find(status.conditions, "Progressing")
-if ready.status == "False" and (permanent[ready.reason] or (progressing ~= nil and progressing.status == "False")) then
+if ready.status == "False" and permanent[ready.reason] then
   hs.status = "Degraded"
   hs.message = describe(ready, "Not ready")
   return hs

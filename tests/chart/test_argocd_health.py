@@ -143,7 +143,7 @@ CASES = [
             {
                 "observedGeneration": 2,
                 "conditions": [
-                    cond("Ready", "False", "KvHintsUnsupported", "sglang 0.4.0 has no kv_hints"),
+                    cond("Ready", "False", "EngineLacksKvHints", "sglang 0.4.0 has no kv_hints"),
                 ],
             }
         ),
@@ -151,18 +151,32 @@ CASES = [
         "no kv_hints",
     ),
     (
-        "stuck",
+        "converged-but-loading",
         kvrd(
             {
                 "observedGeneration": 2,
                 "conditions": [
                     cond("Ready", "False", "WorkersNotReady", ""),
-                    cond("Progressing", "False", "ProgressDeadlineExceeded"),
+                    cond("Progressing", "False", "Converged"),
                 ],
             }
         ),
-        "Degraded",
+        "Progressing",
         "WorkersNotReady",
+    ),
+    (
+        "hints-unsupported-but-optional",
+        kvrd(
+            {
+                "observedGeneration": 2,
+                "conditions": [
+                    cond("Ready", "True", "ReadyWithoutKvHints", "serving; hints not applied"),
+                    cond("KvHintsSupported", "False", "EngineLacksKvHints"),
+                ],
+            }
+        ),
+        "Healthy",
+        "hints not applied",
     ),
     (
         "rolling-out",
