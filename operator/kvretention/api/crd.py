@@ -3,7 +3,8 @@
 pydantic emits JSON Schema; Kubernetes wants a *structural* schema. :func:`structural` rewrites one
 into the other: ``$ref`` inlined, ``title`` dropped, ``anyOf[T, null]`` -> ``nullable``,
 ``anyOf[integer, string]`` -> ``x-kubernetes-int-or-string``, ``additionalProperties: false`` dropped
-(the API server prunes unknown fields instead), integer/number formats added.
+(the API server prunes unknown fields instead), numeric ``exclusiveMinimum``/``exclusiveMaximum`` ->
+OpenAPI v3.0 booleans, integer/number formats added.
 """
 
 from __future__ import annotations
@@ -85,6 +86,11 @@ def _rewrite(node: Schema, defs: dict[str, Schema]) -> Schema:
             out[key] = copy.deepcopy(value)
     if "const" in out:
         out["enum"] = [out.pop("const")]
+    # JSON Schema 2020 bounds are numbers; OpenAPI v3.0 (Kubernetes) wants a bound plus a boolean.
+    for exclusive, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if exclusive in out and not isinstance(out[exclusive], bool):
+            out[bound] = out[exclusive]
+            out[exclusive] = True
     if out.get("type") == "integer" and "format" not in out:
         bounded = "maximum" in out and out["maximum"] <= _INT32_MAX
         out["format"] = "int32" if bounded else "int64"

@@ -61,9 +61,14 @@ class _Model(BaseModel):
 
 
 def _sub(factory: type[_Model], description: str) -> Any:
-    """A nested object that defaults to its own defaults (``default: {}`` in the CRD)."""
+    """A nested object that defaults to its own defaults.
+
+    The CRD spells the default out in full: the API server checks a default against the CEL rules
+    without applying the nested defaults first, so ``default: {}`` would fail rules that read them.
+    """
+    default = factory().model_dump(mode="json", by_alias=True, exclude_none=True)
     return Field(
-        default_factory=factory, description=description, json_schema_extra={"default": {}}
+        default_factory=factory, description=description, json_schema_extra={"default": default}
     )
 
 

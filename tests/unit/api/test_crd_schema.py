@@ -43,6 +43,9 @@ def test_every_node_is_structural() -> None:
             problems.append(f"{path}: array without items")
         if node.get("type") == "integer" and node.get("format") not in ("int32", "int64"):
             problems.append(f"{path}: integer without int32/int64 format")
+        for key in ("exclusiveMinimum", "exclusiveMaximum"):
+            if key in node and not isinstance(node[key], bool):
+                problems.append(f"{path}: numeric {key} (OpenAPI v3.0 wants a boolean)")
         if node.get("default", "absent") is None:
             problems.append(f"{path}: default null")
     assert problems == []
@@ -57,9 +60,11 @@ def test_every_spec_field_has_a_description() -> None:
 def test_nullable_optional_and_defaulted_objects() -> None:
     spec = _schema()["properties"]["spec"]["properties"]
     assert spec["workers"]["properties"]["prefill"]["nullable"] is True
-    assert spec["workers"]["default"] == {}
-    assert spec["workers"]["properties"]["hicache"]["default"] == {}
-    assert spec["kvStore"]["properties"]["mooncake"]["default"] == {}
+    assert spec["workers"]["default"]["mode"] == "aggregated"
+    assert spec["workers"]["default"]["hicache"]["storageBackend"] == "mooncake"
+    assert spec["workers"]["properties"]["hicache"]["default"]["writePolicy"] == "write_through"
+    assert spec["kvStore"]["properties"]["mooncake"]["default"]["mode"] == "managed"
+    assert "external" not in spec["kvStore"]["properties"]["mooncake"]["default"]
     assert _schema()["properties"]["spec"]["required"] == ["model"]
 
 
@@ -162,6 +167,17 @@ def test_soft_pin_max_ttl_bounds() -> None:
         ({"type": "integer"}, {"type": "integer", "format": "int64"}),
         ({"type": "number"}, {"type": "number", "format": "double"}),
         ({"const": "x", "type": "string"}, {"type": "string", "enum": ["x"]}),
+        (
+            {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+            {
+                "type": "number",
+                "format": "double",
+                "minimum": 0,
+                "exclusiveMinimum": True,
+                "maximum": 1,
+                "exclusiveMaximum": True,
+            },
+        ),
     ],
 )
 def test_structural_rewrite(schema: dict[str, Any], expected: dict[str, Any]) -> None:
