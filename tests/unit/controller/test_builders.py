@@ -16,6 +16,8 @@ from kvretention.controller.resources import (
     build_mooncake_master_args,
     build_sglang_args,
     frontend_endpoint,
+    scale_selector,
+    scaled_role,
 )
 from kvretention.controller.resources.common import CONFIG_HASH_ANNOTATION
 
@@ -394,3 +396,14 @@ def test_mooncake_master_args_follow_the_spec() -> None:
 def test_mooncake_client_config(kv_store: Body, expected: Body) -> None:
     cr = KvRetentionDeployment.from_k8s(base(kvStore=kv_store))
     assert build_mooncake_client_config(cr.spec, master_host="h") == expected
+
+
+@pytest.mark.parametrize(
+    ("workers", "role", "deployment"),
+    [({}, "aggregated", "Deployment/f-worker"), (PD, "decode", "Deployment/f-decode")],
+)
+def test_scale_selector_matches_the_scaled_pool(workers: Body, role: str, deployment: str) -> None:
+    cr = KvRetentionDeployment.from_k8s(base(workers=workers))
+    assert scaled_role(cr) == role
+    match_labels = children(base(workers=workers))[deployment]["spec"]["selector"]["matchLabels"]
+    assert scale_selector(cr) == ",".join(f"{k}={v}" for k, v in match_labels.items())

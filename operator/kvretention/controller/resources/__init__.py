@@ -19,7 +19,7 @@ from kvretention.controller.resources.mooncake import (
 )
 from kvretention.controller.resources.router import build_router
 from kvretention.controller.resources.sglang_args import build_sglang_args
-from kvretention.controller.resources.workers import build_workers
+from kvretention.controller.resources.workers import build_workers, scale_selector, scaled_role
 
 __all__ = [
     "Manifest",
@@ -29,6 +29,8 @@ __all__ = [
     "build_sglang_args",
     "check_spec",
     "frontend_endpoint",
+    "scale_selector",
+    "scaled_role",
 ]
 
 

@@ -25,6 +25,7 @@ from kvretention.controller.resources.common import (
     container_security,
     http_probes,
     resources_dict,
+    selector_labels,
 )
 from kvretention.controller.resources.mooncake import (
     CONFIG_KEY,
@@ -203,3 +204,14 @@ def build_worker_pool(cr: KvRetentionDeployment, role: Role) -> list[Manifest]:
 
 def build_workers(cr: KvRetentionDeployment) -> list[Manifest]:
     return [m for role in worker_roles(cr) for m in build_worker_pool(cr, role)]
+
+
+def scaled_role(cr: KvRetentionDeployment) -> Role:
+    """The pool the scale subresource (``spec.workers.replicas``) sizes."""
+    return "decode" if cr.spec.workers.mode == "disaggregated" else "aggregated"
+
+
+def scale_selector(cr: KvRetentionDeployment) -> str:
+    """``status.selector`` for the scale subresource: the scaled pool's pod labels."""
+    selector = selector_labels(cr, ROLE_COMPONENT[scaled_role(cr)])
+    return ",".join(f"{key}={value}" for key, value in selector.items())
