@@ -4,7 +4,8 @@ pydantic emits JSON Schema; Kubernetes wants a *structural* schema. :func:`struc
 into the other: ``$ref`` inlined, ``title`` dropped, ``anyOf[T, null]`` -> ``nullable``,
 ``anyOf[integer, string]`` -> ``x-kubernetes-int-or-string``, ``additionalProperties: false`` dropped
 (the API server prunes unknown fields instead), numeric ``exclusiveMinimum``/``exclusiveMaximum`` ->
-OpenAPI v3.0 booleans, integer/number formats added.
+OpenAPI v3.0 booleans, free-form objects -> ``x-kubernetes-preserve-unknown-fields``, integer/number
+formats added.
 """
 
 from __future__ import annotations
@@ -75,6 +76,10 @@ def _rewrite(node: Schema, defs: dict[str, Schema]) -> Schema:
     out: Schema = {}
     for key, value in node.items():
         if key in _DROP or (key == "additionalProperties" and value is False):
+            continue
+        if key == "additionalProperties" and value is True:
+            # A free-form object: keep what is written instead of pruning it.
+            out["x-kubernetes-preserve-unknown-fields"] = True
             continue
         if key == "default" and value is None:
             continue

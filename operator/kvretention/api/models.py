@@ -776,6 +776,10 @@ class KvRetentionDeploymentStatus(_StatusModel):
     selector: str | None = Field(
         default=None, description="Label selector of the scaled pool's pods (scale subresource)."
     )
+    kopf: dict[str, Any] | None = Field(
+        default=None,
+        description="The operator framework's own bookkeeping (handler progress); opaque.",
+    )
 
 
 # --- the object -----------------------------------------------------------------------------------

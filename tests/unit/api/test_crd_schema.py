@@ -104,6 +104,7 @@ def test_status_shape_for_the_operator() -> None:
     assert conditions["x-kubernetes-list-map-keys"] == ["type"]
     assert set(conditions["items"]["required"]) == {"type", "status"}
     assert status["workersReady"]["type"] == "string"
+    assert status["kopf"]["x-kubernetes-preserve-unknown-fields"] is True
     assert status["observedGeneration"]["format"] == "int64"
     assert set(status["engine"]["properties"]) == {
         "sglangVersion",
@@ -165,6 +166,10 @@ def test_soft_pin_max_ttl_bounds() -> None:
             },
         ),
         ({"type": "integer"}, {"type": "integer", "format": "int64"}),
+        (
+            {"type": "object", "additionalProperties": True},
+            {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+        ),
         ({"type": "number"}, {"type": "number", "format": "double"}),
         ({"const": "x", "type": "string"}, {"type": "string", "enum": ["x"]}),
         (
