@@ -19,6 +19,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -108,6 +109,17 @@ def start_kvretention(
 
 
 StartKvretention = Callable[..., KvrProcess]
+
+
+@pytest.fixture(scope="module")
+def router_standin() -> Iterator[Any]:
+    """A running ``RouterStandIn`` (see ``router_standin.py``), one per test module."""
+    from router_standin import RouterStandIn
+
+    standin = RouterStandIn()
+    standin.start()
+    yield standin
+    standin.stop()
 
 
 @pytest.fixture(scope="module")

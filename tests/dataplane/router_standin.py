@@ -78,6 +78,7 @@ class RouterStandIn:
     def stop(self) -> None:
         if self._runner is not None:
             asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=10)
+        asyncio.run_coroutine_threadsafe(_cancel_others(), self._loop).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
         self._loop.close()
@@ -135,6 +136,15 @@ class RouterStandIn:
         return response
 
 
+async def _cancel_others() -> None:
+    """Cancel handlers still sleeping (``[[hang]]``) so the loop closes cleanly."""
+    current = asyncio.current_task()
+    pending = [t for t in asyncio.all_tasks() if t is not current]
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+
+
 def _error_response(status: int, code: str, message: str) -> web.Response:
     return web.json_response({"error": {"code": code, "message": message}}, status=status)
 
@@ -142,3 +152,25 @@ def _error_response(status: int, code: str, message: str) -> web.Response:
 def _last_text(body: dict[str, Any]) -> str:
     messages = body.get("messages") or []
     return str(messages[-1].get("content", "")) if messages else ""
+
+
+def parse_sse(raw: bytes) -> list[tuple[str | None, str]]:
+    """Split an SSE body into ``(event, data)`` frames, asserting the framing is well formed."""
+    text = raw.decode()
+    assert text.endswith("\n\n"), f"stream does not end with a blank line: {text[-80:]!r}"
+    frames: list[tuple[str | None, str]] = []
+    for block in text[:-2].split("\n\n"):
+        event: str | None = None
+        data: list[str] = []
+        for line in block.split("\n"):
+            field, sep, value = line.partition(": ")
+            assert sep, f"malformed SSE line {line!r}"
+            if field == "event":
+                event = value
+            elif field == "data":
+                data.append(value)
+            else:
+                raise AssertionError(f"unexpected SSE field {field!r}")
+        assert data, f"SSE frame without data: {block!r}"
+        frames.append((event, "\n".join(data)))
+    return frames

@@ -1,0 +1,308 @@
+"""Every documented failure of the real frontend process, in each provider's error shape.
+
+Raw HTTP (urllib / http.client) so malformed bodies, chunked uploads and plain endpoints are sent
+exactly as written; the router stand-in is told to hang, drop, or refuse through message markers.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import urllib.error
+import urllib.request
+import uuid
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from router_standin import RouterStandIn, parse_sse
+
+from kvretention.dataplane.frontend.errors import Provider
+
+MAX_BODY = 4096
+PATHS = {Provider.OPENAI: "/v1/chat/completions", Provider.ANTHROPIC: "/v1/messages"}
+
+
+@pytest.fixture(scope="module")
+def frontend(router_standin: RouterStandIn, kvretention_process: Any) -> Any:
+    args = ["frontend", "--router-url", router_standin.base_url, "--model", "m", "--model", "m2"]
+    return kvretention_process(
+        [*args, "--upstream-timeout", "1", "--max-body-bytes", str(MAX_BODY)]
+    )
+
+
+@pytest.fixture(scope="module")
+def orphan(kvretention_process: Any) -> Any:
+    """A frontend whose router does not exist."""
+    from conftest import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    return kvretention_process(["frontend", "--router-url", dead, "--upstream-timeout", "1"])
+
+
+def request(
+    url: str,
+    *,
+    body: bytes | None = None,
+    method: str = "POST",
+    headers: dict[str, str] | None = None,
+) -> tuple[int, dict[str, str], bytes]:
+    req = urllib.request.Request(
+        url,
+        data=body,
+        method=method,
+        headers={"content-type": "application/json", **(headers or {})},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=15) as resp:
+            return resp.status, _lower(resp.headers.items()), resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, _lower(err.headers.items()), err.read()
+
+
+def _lower(items: Any) -> dict[str, str]:
+    return {k.lower(): v for k, v in items}
+
+
+def body_for(provider: Provider, text: str, **extra: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": text}]}
+    if provider is Provider.ANTHROPIC:
+        base["max_tokens"] = 8
+    return {**base, **extra}
+
+
+def assert_error(provider: Provider, raw: bytes, *, status: int, code: str) -> dict[str, Any]:
+    """The provider's own error body; OpenAI carries ``code``, Anthropic names it in the message."""
+    text = raw.decode()
+    assert "Traceback" not in text
+    body: dict[str, Any] = json.loads(text)
+    if provider is Provider.OPENAI:
+        assert set(body) == {"error"}
+        assert set(body["error"]) == {"message", "type", "param", "code"}
+        assert body["error"]["code"] == code
+        assert body["error"]["type"] == (
+            "invalid_request_error" if status < 500 else "server_error"
+        )
+        return dict(body["error"])
+    assert body["type"] == "error"
+    assert set(body["error"]) == {"type", "message"}
+    if status >= 500:
+        assert body["error"]["message"].startswith(code)
+    return dict(body["error"])
+
+
+BOTH = pytest.mark.parametrize("provider", list(Provider), ids=[p.value for p in Provider])
+
+
+@BOTH
+@pytest.mark.parametrize(
+    ("raw", "code"),
+    [
+        pytest.param(b"{not json", "invalid_json", id="broken"),
+        pytest.param(b"", "invalid_json", id="empty"),
+        pytest.param(b"\xff\xfe", "invalid_json", id="not_utf8"),
+        pytest.param(b"[1, 2]", "invalid_type", id="array"),
+        pytest.param(b'"text"', "invalid_type", id="string"),
+    ],
+)
+def test_malformed_bodies_are_400(frontend: Any, provider: Provider, raw: bytes, code: str) -> None:
+    status, headers, body = request(frontend.base_url + PATHS[provider], body=raw)
+    assert status == 400
+    assert headers["content-type"].startswith("application/json")
+    assert_error(provider, body, status=400, code=code)
+
+
+@BOTH
+@pytest.mark.parametrize(
+    ("fields", "code", "param"),
+    [
+        pytest.param({"model": None}, "invalid_type", "model", id="model_null"),
+        pytest.param({"messages": "hi"}, "invalid_type", "messages", id="messages_string"),
+        pytest.param({"messages": []}, "invalid_value", "messages", id="messages_empty"),
+        pytest.param({"temperature": "hot"}, "invalid_type", "temperature", id="temperature_type"),
+        pytest.param({"stream": "yes"}, "invalid_type", "stream", id="stream_type"),
+    ],
+)
+def test_schema_violations_are_400_and_not_forwarded(
+    frontend: Any,
+    router_standin: RouterStandIn,
+    provider: Provider,
+    fields: dict[str, Any],
+    code: str,
+    param: str,
+) -> None:
+    word = uuid.uuid4().hex
+    payload = body_for(provider, word, **fields)
+    status, _, raw = request(frontend.base_url + PATHS[provider], body=json.dumps(payload).encode())
+    assert status == 400
+    error = assert_error(provider, raw, status=400, code=code)
+    if provider is Provider.OPENAI:
+        assert error["param"] == param
+    else:
+        assert error["message"].startswith(f"{param}: ")
+    assert router_standin.bodies_for(word) == []
+
+
+@BOTH
+def test_missing_max_tokens_is_anthropic_only(frontend: Any, provider: Provider) -> None:
+    payload = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    status, _, raw = request(frontend.base_url + PATHS[provider], body=json.dumps(payload).encode())
+    if provider is Provider.OPENAI:
+        assert status == 200
+    else:
+        assert status == 400
+        assert json.loads(raw)["error"]["message"] == "max_tokens: Field required"
+
+
+@BOTH
+@pytest.mark.parametrize("chunked", [False, True], ids=["content_length", "chunked"])
+def test_oversize_body_is_413(
+    frontend: Any, router_standin: RouterStandIn, provider: Provider, chunked: bool
+) -> None:
+    word = uuid.uuid4().hex
+    payload = json.dumps(body_for(provider, word + "x" * MAX_BODY)).encode()
+    if not chunked:
+        status, _, raw = request(frontend.base_url + PATHS[provider], body=payload)
+    else:
+        parts = urlsplit(frontend.base_url)
+        conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=15)
+        pieces = [payload[i : i + 1024] for i in range(0, len(payload), 1024)]
+        conn.request(
+            "POST",
+            PATHS[provider],
+            body=iter(pieces),
+            headers={"content-type": "application/json"},
+            encode_chunked=True,
+        )
+        resp = conn.getresponse()
+        status, raw = resp.status, resp.read()
+        conn.close()
+    assert status == 413
+    error = assert_error(provider, raw, status=413, code="request_too_large")
+    if provider is Provider.ANTHROPIC:
+        assert error["type"] == "request_too_large"
+    assert router_standin.bodies_for(word) == []
+
+
+@BOTH
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize(
+    ("marker", "status", "code"),
+    [
+        pytest.param("[[hang]]", 504, "upstream_timeout", id="timeout"),
+        pytest.param("[[drop]]", 502, "upstream_disconnected", id="dropped"),
+        pytest.param("[[garbage]]", 502, "bad_gateway", id="garbage"),
+        pytest.param("[[no_workers]]", 503, "no_workers", id="no_workers"),
+        pytest.param("[[kv_unsupported]]", 501, "kv_hints_unsupported", id="kv_unsupported"),
+    ],
+)
+def test_upstream_failures_before_the_stream(
+    frontend: Any, provider: Provider, marker: str, status: int, code: str, stream: bool
+) -> None:
+    hint = (
+        {"prompt_cache_options": {}}
+        if provider is Provider.OPENAI
+        else {"cache_control": {"type": "ephemeral"}}
+    )
+    payload = body_for(provider, f"{uuid.uuid4().hex} {marker}", stream=stream, **hint)
+    got, headers, raw = request(
+        frontend.base_url + PATHS[provider], body=json.dumps(payload).encode()
+    )
+    assert got == status
+    assert headers["content-type"].startswith("application/json")
+    error = assert_error(provider, raw, status=status, code=code)
+    if code == "kv_hints_unsupported":
+        assert "kv_hints" in error["message"]
+
+
+@BOTH
+@pytest.mark.parametrize(
+    ("marker", "code"),
+    [
+        pytest.param("[[hang_midstream]]", "upstream_timeout", id="timeout"),
+        pytest.param("[[drop_midstream]]", "upstream_disconnected", id="dropped"),
+        pytest.param("[[kv_unsupported_midstream]]", "kv_hints_unsupported", id="kv_unsupported"),
+    ],
+)
+def test_upstream_failures_mid_stream_are_sse_errors(
+    frontend: Any, provider: Provider, marker: str, code: str
+) -> None:
+    payload = body_for(provider, f"{uuid.uuid4().hex} {marker}", stream=True)
+    status, headers, raw = request(
+        frontend.base_url + PATHS[provider], body=json.dumps(payload).encode()
+    )
+    assert status == 200
+    assert headers["content-type"].startswith("text/event-stream")
+    assert b"Traceback" not in raw
+    name, data = parse_sse(raw)[-1]
+    error = json.loads(data)
+    if provider is Provider.OPENAI:
+        assert name is None and error["error"]["code"] == code
+    else:
+        assert name == "error" and error["type"] == "error"
+        assert error["error"]["message"].startswith(code)
+
+
+@pytest.mark.parametrize(
+    ("path", "method", "status", "provider"),
+    [
+        pytest.param("/v1/nope", "GET", 404, Provider.OPENAI, id="unknown_path"),
+        pytest.param("/v1/messages", "GET", 405, Provider.ANTHROPIC, id="wrong_method_anthropic"),
+        pytest.param("/v1/chat/completions", "GET", 405, Provider.OPENAI, id="wrong_method_openai"),
+    ],
+)
+def test_routing_errors_use_provider_shapes(
+    frontend: Any, path: str, method: str, status: int, provider: Provider
+) -> None:
+    got, _, raw = request(frontend.base_url + path, method=method)
+    assert got == status
+    code = "not_found" if status == 404 else "method_not_allowed"
+    assert_error(provider, raw, status=status, code=code)
+
+
+def test_router_unavailable_is_503_and_not_ready(orphan: Any) -> None:
+    status, _, raw = request(
+        orphan.base_url + "/v1/chat/completions",
+        body=json.dumps(body_for(Provider.OPENAI, "hi", prompt_cache_options={})).encode(),
+    )
+    assert status == 503
+    assert_error(Provider.OPENAI, raw, status=503, code="router_unavailable")
+    status, _, raw = request(
+        orphan.base_url + "/v1/messages",
+        body=json.dumps(body_for(Provider.ANTHROPIC, "hi")).encode(),
+    )
+    assert status == 503
+    assert json.loads(raw)["error"]["type"] == "overloaded_error"
+    assert request(orphan.base_url + "/healthz", method="GET")[0] == 200
+    status, _, raw = request(orphan.base_url + "/readyz", method="GET")
+    assert status == 503 and json.loads(raw)["status"] == "not_ready"
+
+
+def test_probes_models_and_metrics(frontend: Any) -> None:
+    assert request(frontend.base_url + "/healthz", method="GET")[0] == 200
+    status, _, raw = request(frontend.base_url + "/readyz", method="GET")
+    assert status == 200 and json.loads(raw)["status"] == "ready"
+
+    _, _, raw = request(frontend.base_url + "/v1/models", method="GET")
+    assert [m["id"] for m in json.loads(raw)["data"]] == ["m", "m2"]
+    _, _, raw = request(
+        frontend.base_url + "/v1/models", method="GET", headers={"anthropic-version": "2023-06-01"}
+    )
+    listed = json.loads(raw)
+    assert listed["data"][0]["type"] == "model" and listed["has_more"] is False
+
+    hinted = body_for(Provider.ANTHROPIC, "hi", cache_control={"type": "ephemeral", "ttl": "1h"})
+    request(frontend.base_url + "/v1/messages", body=json.dumps(hinted).encode())
+    explicit = body_for(Provider.OPENAI, "hi", prompt_cache_options={"mode": "explicit"})
+    request(frontend.base_url + "/v1/chat/completions", body=json.dumps(explicit).encode())
+
+    status, headers, raw = request(frontend.base_url + "/metrics", method="GET")
+    assert status == 200 and headers["content-type"].startswith("text/plain")
+    text = raw.decode()
+    assert 'kvr_frontend_kv_hints_total{endpoint="messages",ttl_seconds="3600"}' in text
+    assert (
+        'kvr_frontend_rejections_total{endpoint="chat.completions",reason="unsupported_value"}'
+        in text
+    )
+    assert 'kvr_frontend_requests_total{endpoint="messages",outcome="ok"}' in text
+    assert 'kvr_frontend_upstream_latency_seconds_count{endpoint="messages",phase="total"}' in text

@@ -1,0 +1,453 @@
+"""The frontend as a real process, driven by the official ``openai`` SDK, against the router stand-in.
+
+Checks end to end that hinted requests reach the router with ``kv_hints`` at top level, unhinted
+ones without it, refused ones not at all, and that both OpenAI stream formats are well formed.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from router_standin import CANNED, RouterStandIn, parse_sse
+
+HINT_30M = {"retain_full_prompt": {"ttl_seconds": 1800}}
+HINT_12H = {"retain_full_prompt": {"ttl_seconds": 43200}}
+
+
+@pytest.fixture(scope="module")
+def trace_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("trace") / "frontend.jsonl"
+
+
+@pytest.fixture(scope="module")
+def frontend(router_standin: RouterStandIn, kvretention_process: Any, trace_path: Path) -> Any:
+    args = ["frontend", "--router-url", router_standin.base_url, "--model", "m"]
+    args += ["--upstream-timeout", "1", "--trace-file", str(trace_path)]
+    return kvretention_process(args)
+
+
+@pytest.fixture(scope="module")
+def client(frontend: Any) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=f"{frontend.base_url}/v1", api_key="unused", max_retries=0, timeout=15
+    )
+
+
+def _any(value: object) -> Any:
+    """SDK params are TypedDicts; these tests send shapes the SDK does not model on purpose."""
+    return value
+
+
+def tag() -> str:
+    return f"tag-{uuid.uuid4().hex[:12]}"
+
+
+def user(text: str) -> Any:
+    return [{"role": "user", "content": text}]
+
+
+def received(router: RouterStandIn, needle: str) -> list[dict[str, Any]]:
+    return router.bodies_for(needle)
+
+
+# -- Chat Completions --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize(
+    ("extra", "hint"),
+    [
+        pytest.param({}, None, id="unhinted"),
+        pytest.param({"prompt_cache_options": {}}, HINT_30M, id="implicit_default"),
+        pytest.param(
+            {"prompt_cache_options": {"mode": "implicit", "ttl": "30m"}},
+            HINT_30M,
+            id="implicit_30m",
+        ),
+        pytest.param({"prompt_cache_key": "k", "prompt_cache_retention": "24h"}, None, id="legacy"),
+    ],
+)
+def test_chat_forwards_hint_exactly_when_asked(
+    client: openai.OpenAI,
+    router_standin: RouterStandIn,
+    extra: dict[str, Any],
+    hint: dict[str, Any] | None,
+    stream: bool,
+) -> None:
+    word = tag()
+    kwargs: dict[str, Any] = {"model": "m", "messages": user(word), "extra_body": extra}
+    if stream:
+        chunks = list(client.chat.completions.create(stream=True, **kwargs))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert chunks[-1].choices[0].finish_reason == "stop"
+    else:
+        completion = client.chat.completions.create(**kwargs)
+        text = completion.choices[0].message.content or ""
+        assert completion.choices[0].finish_reason == "stop"
+        assert completion.usage is not None and completion.usage.prompt_tokens == 7
+    assert text == "".join(CANNED)
+    [body] = received(router_standin, word)
+    assert body.get("kv_hints") == hint
+    assert ("kv_hints" in body) == (hint is not None)
+    assert "prompt_cache_options" not in body and "prompt_cache_key" not in body
+
+
+def test_chat_maps_sampling_and_session(frontend: Any, router_standin: RouterStandIn) -> None:
+    word = tag()
+    client = openai.OpenAI(
+        base_url=f"{frontend.base_url}/v1",
+        api_key="unused",
+        max_retries=0,
+        default_headers={"x-session-id": "sess-42"},
+    )
+    completion = client.chat.completions.create(
+        model="m",
+        messages=[
+            {"role": "developer", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": word}]},
+        ],
+        max_completion_tokens=2,
+        temperature=0.5,
+        top_p=0.9,
+        stop=["END"],
+        seed=7,
+        presence_penalty=0.1,
+    )
+    assert completion.choices[0].finish_reason == "length"
+    assert completion.choices[0].message.content == "".join(CANNED[:2])
+    [body] = received(router_standin, word)
+    assert body["session_id"] == "sess-42"
+    assert body["messages"] == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": word},
+    ]
+    assert body["sampling"] == {
+        "max_new_tokens": 2,
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "stop": ["END"],
+        "sampling_seed": 7,
+        "presence_penalty": 0.1,
+    }
+
+
+def test_chat_stream_usage_chunk(client: openai.OpenAI) -> None:
+    chunks = list(
+        client.chat.completions.create(
+            model="m",
+            messages=user(tag()),
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.prompt_tokens_details is not None
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 3
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize(
+    ("extra", "messages_part", "param", "code"),
+    [
+        pytest.param(
+            {"prompt_cache_options": {"mode": "explicit"}},
+            None,
+            "prompt_cache_options.mode",
+            "unsupported_value",
+            id="explicit_mode",
+        ),
+        pytest.param(
+            {"prompt_cache_options": {"ttl": "12h"}},
+            None,
+            "prompt_cache_options.ttl",
+            "invalid_value",
+            id="chat_has_no_12h",
+        ),
+        pytest.param(
+            {"prompt_cache_options": {"mode": "implicit", "extra": 1}},
+            None,
+            "prompt_cache_options.extra",
+            "unknown_parameter",
+            id="unknown_subfield",
+        ),
+        pytest.param(
+            {"prompt_cache_options": {}},
+            {"type": "image_url", "image_url": {"url": "https://x/a.png"}},
+            "messages[0].content[1].prompt_cache_breakpoint",
+            "unsupported_parameter",
+            id="image_part_breakpoint",
+        ),
+        pytest.param(
+            {},
+            {"type": "text", "text": "x"},
+            "messages[0].content[1].prompt_cache_breakpoint",
+            "unsupported_parameter",
+            id="text_part_breakpoint_without_options",
+        ),
+    ],
+)
+def test_chat_rejected_cache_controls_never_reach_the_router(
+    client: openai.OpenAI,
+    router_standin: RouterStandIn,
+    extra: dict[str, Any],
+    messages_part: dict[str, Any] | None,
+    param: str,
+    code: str,
+    stream: bool,
+) -> None:
+    word = tag()
+    content: list[dict[str, Any]] = [{"type": "text", "text": word}]
+    if messages_part is not None:
+        content.append({**messages_part, "prompt_cache_breakpoint": {"mode": "explicit"}})
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model="m",
+            messages=_any([{"role": "user", "content": content}]),
+            stream=stream,
+            extra_body=extra,
+        )
+    assert info.value.status_code == 400
+    assert info.value.param == param
+    assert info.value.code == code
+    assert info.value.type == "invalid_request_error"
+    assert info.value.response.headers["content-type"].startswith("application/json")
+    assert received(router_standin, word) == []
+
+
+def test_chat_unknown_model_is_404(client: openai.OpenAI, router_standin: RouterStandIn) -> None:
+    word = tag()
+    with pytest.raises(openai.NotFoundError) as info:
+        client.chat.completions.create(model="nope", messages=user(word))
+    assert info.value.code == "model_not_found" and info.value.param == "model"
+    assert received(router_standin, word) == []
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_chat_kv_hints_unsupported_before_stream_is_visible(
+    client: openai.OpenAI, router_standin: RouterStandIn, stream: bool
+) -> None:
+    word = tag()
+    with pytest.raises(openai.APIStatusError) as info:
+        client.chat.completions.create(
+            model="m",
+            messages=user(f"{word} [[kv_unsupported]]"),
+            stream=stream,
+            extra_body={"prompt_cache_options": {}},
+        )
+    assert info.value.status_code == 501
+    assert info.value.code == "kv_hints_unsupported"
+    assert "kv_hints" in info.value.message
+    assert info.value.param == "prompt_cache_options"
+    [body] = received(router_standin, word)
+    assert body["kv_hints"] == HINT_30M
+
+
+def test_chat_kv_hints_unsupported_mid_stream_is_an_sse_error(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model="m",
+        messages=user(f"{tag()} [[kv_unsupported_midstream]]"),
+        stream=True,
+        extra_body={"prompt_cache_options": {}},
+    )
+    seen: list[str] = []
+    with pytest.raises(openai.APIError) as info:
+        for chunk in stream:
+            seen.append(chunk.choices[0].delta.content or "")
+    assert "".join(seen) == CANNED[0]
+    assert "kv_hints" in info.value.message
+    assert isinstance(info.value.body, dict) and info.value.body["code"] == "kv_hints_unsupported"
+
+
+def test_chat_sse_is_well_formed(frontend: Any) -> None:
+    body = {"model": "m", "stream": True, "messages": user(tag()), "prompt_cache_options": {}}
+    raw = _post_raw(frontend.base_url + "/v1/chat/completions", body)
+    frames = parse_sse(raw)
+    assert frames[-1] == (None, "[DONE]")
+    chunks = [json.loads(data) for event, data in frames[:-1]]
+    assert all(event is None for event, _ in frames)
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
+    assert len({c["id"] for c in chunks}) == 1
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == "stop"
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+
+
+# -- Responses ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize(
+    ("extra", "hint"),
+    [
+        pytest.param({}, None, id="unhinted"),
+        pytest.param({"prompt_cache_options": {"mode": "implicit"}}, HINT_30M, id="implicit"),
+        pytest.param({"prompt_cache_options": {"ttl": "12h"}}, HINT_12H, id="ttl_12h"),
+        pytest.param({"prompt_cache_retention": "24h"}, None, id="legacy_only"),
+    ],
+)
+def test_responses_forwards_hint_exactly_when_asked(
+    client: openai.OpenAI,
+    router_standin: RouterStandIn,
+    extra: dict[str, Any],
+    hint: dict[str, Any] | None,
+    stream: bool,
+) -> None:
+    word = tag()
+    kwargs: dict[str, Any] = {
+        "model": "m",
+        "instructions": "be brief",
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": word}]}],
+        "extra_body": extra,
+    }
+    if stream:
+        events = list(client.responses.create(stream=True, **kwargs))
+        types = [e.type for e in events]
+        assert types[0] == "response.created" and types[-1] == "response.completed"
+        final = _any(events[-1]).response
+    else:
+        final = client.responses.create(**kwargs)
+    assert final.status == "completed"
+    assert final.output_text == "".join(CANNED)
+    assert final.usage is not None and final.usage.input_tokens_details.cached_tokens == 3
+    [body] = received(router_standin, word)
+    assert body.get("kv_hints") == hint
+    assert ("kv_hints" in body) == (hint is not None)
+    assert body["messages"][0] == {"role": "system", "content": "be brief"}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize(
+    ("part", "extra", "param", "code"),
+    [
+        pytest.param(
+            {"type": "input_file", "file_id": "file-1"},
+            {"prompt_cache_options": {}},
+            "input[0].content[1].prompt_cache_breakpoint",
+            "unsupported_parameter",
+            id="input_file_breakpoint",
+        ),
+        pytest.param(
+            None,
+            {"prompt_cache_options": {"prewarm": True}},
+            "prompt_cache_options.prewarm",
+            "unsupported_value",
+            id="prewarm",
+        ),
+        pytest.param(
+            None,
+            {"prompt_cache_options": {"mode": "Implicit"}},
+            "prompt_cache_options.mode",
+            "invalid_value",
+            id="mode_case",
+        ),
+    ],
+)
+def test_responses_rejections_never_reach_the_router(
+    client: openai.OpenAI,
+    router_standin: RouterStandIn,
+    part: dict[str, Any] | None,
+    extra: dict[str, Any],
+    param: str,
+    code: str,
+    stream: bool,
+) -> None:
+    word = tag()
+    content: list[dict[str, Any]] = [{"type": "input_text", "text": word}]
+    if part is not None:
+        content.append({**part, "prompt_cache_breakpoint": {"mode": "explicit"}})
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.create(
+            model="m",
+            input=_any([{"role": "user", "content": content}]),
+            stream=stream,
+            extra_body=extra,
+        )
+    assert (info.value.param, info.value.code) == (param, code)
+    assert received(router_standin, word) == []
+
+
+def test_responses_length_is_incomplete(client: openai.OpenAI) -> None:
+    response = client.responses.create(model="m", input=tag(), max_output_tokens=1)
+    assert response.status == "incomplete"
+    assert response.incomplete_details is not None
+    assert response.incomplete_details.reason == "max_output_tokens"
+
+
+def test_responses_mid_stream_error_events(client: openai.OpenAI) -> None:
+    events = list(
+        client.responses.create(
+            model="m",
+            input=f"{tag()} [[kv_unsupported_midstream]]",
+            stream=True,
+            extra_body={"prompt_cache_options": {}},
+        )
+    )
+    types = [e.type for e in events]
+    assert types[-2:] == ["error", "response.failed"]
+    error = _any(events[-2])
+    assert error.code == "kv_hints_unsupported"
+    assert "kv_hints" in error.message
+
+
+def test_responses_sse_is_well_formed(frontend: Any) -> None:
+    body = {"model": "m", "stream": True, "input": tag(), "prompt_cache_options": {}}
+    frames = parse_sse(_post_raw(frontend.base_url + "/v1/responses", body))
+    events = [(name, json.loads(data)) for name, data in frames]
+    assert all(name == data["type"] for name, data in events)
+    assert [data["sequence_number"] for _, data in events] == list(range(len(events)))
+    names = [name for name, _ in events]
+    assert names[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert names[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    deltas = [data["delta"] for name, data in events if name == "response.output_text.delta"]
+    assert "".join(deltas) == events[-4][1]["text"] == "".join(CANNED)
+
+
+# -- trace -------------------------------------------------------------------------------------
+
+
+def test_trace_records_hint_only_for_accepted_hinted_requests(
+    client: openai.OpenAI, trace_path: Path
+) -> None:
+    client.chat.completions.create(
+        model="m", messages=user(tag()), extra_body={"prompt_cache_options": {}}
+    )
+    client.chat.completions.create(model="m", messages=user(tag()))
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(
+            model="m", messages=user(tag()), extra_body={"prompt_cache_options": {"mode": "x"}}
+        )
+    records = [json.loads(line) for line in trace_path.read_text().splitlines()][-3:]
+    hinted, plain, rejected = records
+    assert (hinted["outcome"], hinted["kv_hints"]) == ("ok", HINT_30M)
+    assert hinted["endpoint"] == "chat.completions" and hinted["component"] == "frontend"
+    assert plain["outcome"] == "ok" and "kv_hints" not in plain
+    assert rejected["outcome"] == "rejected" and "kv_hints" not in rejected
+    assert rejected["error_code"] == "invalid_value" and rejected["status"] == 400
+    assert len({r["request_id"] for r in records}) == 3
+
+
+def _post_raw(url: str, body: dict[str, Any]) -> bytes:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=15) as resp:
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        data: bytes = resp.read()
+        return data
