@@ -131,11 +131,20 @@ up() {
 
   step "Helm chart charts/kvretention -> namespace $system_ns (watching namespace $demo_ns)"
   k create namespace "$demo_ns" --dry-run=client -o yaml | k apply -f - >/dev/null
+  # A CRD left by another install (kept on uninstall, or from deploy/install.yaml): adopt it into
+  # this release, as docs/install.md describes, so `helm install` can manage it.
+  if k get crd kvretentiondeployments.kvretention.io >/dev/null 2>&1; then
+    k annotate --overwrite crd kvretentiondeployments.kvretention.io \
+      "meta.helm.sh/release-name=$release" "meta.helm.sh/release-namespace=$system_ns" >/dev/null
+    k label --overwrite crd kvretentiondeployments.kvretention.io \
+      app.kubernetes.io/managed-by=Helm >/dev/null
+  fi
   "$helm" upgrade --install "$release" charts/kvretention --kubeconfig "$kc" \
     --namespace "$system_ns" --create-namespace \
     --set "watch.namespaces={$demo_ns}" --wait --timeout 3m >/dev/null
-  "$helm" status "$release" --kubeconfig "$kc" -n "$system_ns" | sed -n '1,8p' >&2
-  k -n "$system_ns" get deploy,pods,sa,role,rolebinding -o wide >&2 || true
+  "$helm" list --kubeconfig "$kc" -n "$system_ns" >&2
+  k -n "$system_ns" get deploy,pods >&2 || true
+  k get role,rolebinding -A -l "app.kubernetes.io/instance=$release" >&2 || true
 
   step "The real operator, authenticated as the chart's ServiceAccount"
   local token sa_kc="$demo_dir/operator.kubeconfig"
@@ -179,7 +188,23 @@ up() {
   worker="$(k -n "$demo_ns" get deploy -l "app.kubernetes.io/instance=$name" \
     -o jsonpath='{range .items[*]}{.metadata.name}{"\n"}{end}' | grep -E -- '-(worker|decode)$' | head -n 1)"
   k -n "$demo_ns" get deploy "$worker" -o jsonpath='{range .spec.template.spec.containers[0].command[*]}{@}{"\n"}{end}' |
-    "$PY" -c 'import sys; args = sys.stdin.read().split("\n"); print("  " + " \\\n    ".join(a for a in args if a))'
+    "$PY" -c '
+import sys
+args = [a for a in sys.stdin.read().split("\n") if a]
+lines, i = [], 0
+while i < len(args):  # one "--flag value" per line
+    if args[i].startswith("--") and i + 1 < len(args) and not args[i + 1].startswith("--"):
+        lines.append(f"{args[i]} {args[i + 1]}")
+        i += 2
+    else:
+        lines.append(args[i])
+        i += 1
+print("  " + " \\\n    ".join(lines))'
+
+  step "Capability probe (kwok pods run no init container; here is what the worker image's probe measures)"
+  note "kvretention probe, run here against the installed sglang source:"
+  "$KVR" probe --skip-mooncake 2>/dev/null |
+    "$PY" -c 'import json, sys; r = json.load(sys.stdin); print("\n".join(f"    {k}: {r.get(k)}" for k in ("sglang_version", "kv_hints_parameter", "dialect", "usable_for_hints")))' || true
 
   step "Done"
   cat >&2 <<MSG
