@@ -62,8 +62,9 @@ def manifest_hash(manifest: Mapping[str, Any]) -> str:
 
 
 def comparable(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """An object minus the fields every write bumps, to tell a real change from a no-op."""
+    """An object minus status and the fields every write bumps: what an apply could change."""
     out = copy.deepcopy(dict(obj))
+    out.pop("status", None)
     meta = out.get("metadata") or {}
     for key in ("managedFields", "resourceVersion"):
         meta.pop(key, None)
@@ -81,6 +82,15 @@ def owner_key(body: Mapping[str, Any]) -> Key | None:
             return (namespace, ref["name"])
     instance = (meta.get("labels") or {}).get(INSTANCE)
     return (namespace, instance) if instance else None
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta: Mapping[str, Any] = obj.get("metadata") or {}
+    return meta
+
+
+def _rv(obj: Mapping[str, Any]) -> str:
+    return str(_meta(obj).get("resourceVersion"))
 
 
 def backoff_delay(failures: int) -> float:
@@ -293,7 +303,12 @@ class Controller:
                 return live
             self.metrics.dry_runs.labels(kind.kind).inc()
             dry = await self.kube.apply(manifest, dry_run=True)
-            if comparable(dry) == comparable(live):
+            if comparable(dry) != comparable(live) and _rv(dry) != _rv(live):
+                # The listed copy is stale (e.g. the Deployment controller just annotated it).
+                live = await self.kube.get_or_none(kind, str(meta.get("namespace")), meta["name"])
+                live = live if live is not None else {}
+                stamp = (str(_meta(live).get("uid")), _rv(live), digest)
+            if live and comparable(dry) == comparable(live):
                 self._applied[memo_key] = stamp
                 return live
         result = await self.kube.apply(manifest)
@@ -397,6 +412,14 @@ def build_registry() -> kopf.OperatorRegistry:
         settings.watching.client_timeout = 330
         settings.watching.connect_timeout = 10
         settings.networking.request_timeout = 60
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # A fresh registry has none of kopf's default login handlers: in-cluster, then KUBECONFIG.
+        info: kopf.ConnectionInfo | None = kopf.login_with_service_account(
+            **kwargs
+        ) or kopf.login_with_kubeconfig(**kwargs)
+        return info
 
     @kopf.on.event(GROUP, VERSION, PLURAL, id="kvretentiondeployment", registry=registry)
     def on_cr(event: Mapping[str, Any], body: Mapping[str, Any], memo: Any, **_: Any) -> None:

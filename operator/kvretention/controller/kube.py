@@ -174,7 +174,7 @@ class Kube:
             resource_path=path,
             query_params=list(query),
             header_params=headers,
-            body=json.dumps(body) if body is not None else None,
+            body=body,
             auth_settings=["BearerToken"],
         )
         self.requests += 1

@@ -104,7 +104,12 @@ class FakeKube:
                     new["status"] = old["status"]
                 if old.get("spec") != new.get("spec"):
                     new["metadata"]["generation"] += 1
-        if old is not None and comparable(old) == comparable(new):
+        unchanged = (
+            old is not None
+            and comparable(old) == comparable(new)
+            and old.get("status") == new.get("status")
+        )
+        if unchanged:
             return copy.deepcopy(old)
         if dry_run:
             return new

@@ -1,0 +1,316 @@
+"""Helpers for the operator's integration tests: run the operator, read its metrics, fake kwok's gaps.
+
+Import from test modules as ``from operator_fixtures import ...`` (pytest puts this folder on
+sys.path). The control-plane fixtures themselves live in ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import json
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from controlplane import Cluster, RunningProcess, wait_until
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from kvretention.api.models import GROUP, PLURAL, VERSION
+
+REPO = Path(__file__).resolve().parents[2]
+CRD_PATH = Path(os.environ.get("KVR_CRD_PATH") or REPO / "crds" / f"{GROUP}_{PLURAL}.yaml")
+"""The generated CRD (``$KVR_CRD_PATH`` points the tests at another build of it)."""
+EXAMPLES = REPO / "examples"
+INSTANCE = "app.kubernetes.io/instance"
+COMPONENT = "app.kubernetes.io/component"
+WORKER_COMPONENTS = ("worker", "worker-prefill", "worker-decode")
+
+GOOD_REPORT: dict[str, Any] = {
+    "schema": 1,
+    "sglang_version": "0.5.23",
+    "kv_hints_parameter": True,
+    "dialect": "versioned",
+    "hicache_storage_backends": ["file", "mooncake"],
+    "mooncake_store_importable": True,
+    "mooncake_error": None,
+    "usable_for_hints": True,
+}
+OLD_ENGINE_REPORT: dict[str, Any] = {
+    **GOOD_REPORT,
+    "sglang_version": "0.4.6",
+    "kv_hints_parameter": False,
+    "dialect": "none",
+    "usable_for_hints": False,
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Operator:
+    """``python -m kvretention operator`` as a real process, with its ports."""
+
+    def __init__(self, cluster: Cluster, log_dir: Path, *args: str, name: str = "operator") -> None:
+        self.health_port = free_port()
+        self.metrics_port = free_port()
+        self.argv = [
+            sys.executable,
+            "-m",
+            "kvretention",
+            "operator",
+            f"--health-port={self.health_port}",
+            f"--metrics-port={self.metrics_port}",
+            *args,
+        ]
+        self.log_path = log_dir / f"{name}-{self.health_port}.log"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **cluster.env}
+        with self.log_path.open("wb") as out:
+            proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+        self.process = RunningProcess(argv=self.argv, proc=proc, log_path=self.log_path)
+
+    def get(self, port: int, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+                return int(r.status), r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return int(exc.code), exc.read().decode()
+
+    def readyz(self) -> dict[str, Any]:
+        """``/readyz`` as JSON, or ``{}`` while the server is not up yet."""
+        try:
+            _, body = self.get(self.health_port, "/readyz")
+        except OSError:
+            return {}
+        data: dict[str, Any] = json.loads(body)
+        return data
+
+    def wait_ready(self, *, role: str = "leader", timeout_s: float = 60) -> None:
+        def ready() -> bool:
+            if not self.process.alive():
+                raise AssertionError(f"operator exited:\n{self.process.log()[-4000:]}")
+            state = self.readyz()
+            return bool(state.get("ok")) and state.get("role") == role
+
+        wait_until(f"operator /readyz role={role}", ready, timeout_s=timeout_s)
+
+    def metrics(self) -> dict[str, float]:
+        """Prometheus samples as ``name{labels}`` -> value."""
+        _, body = self.get(self.metrics_port, "/metrics")
+        out: dict[str, float] = {}
+        for line in body.splitlines():
+            if line and not line.startswith("#"):
+                key, _, value = line.rpartition(" ")
+                out[key] = float(value)
+        return out
+
+    def metric_sum(self, prefix: str) -> float:
+        return sum(v for key, v in self.metrics().items() if key.startswith(prefix))
+
+    def writes(self) -> float:
+        """Children applied or deleted plus status writes, as counted by the operator."""
+        return sum(
+            self.metric_sum(f"kvretention_operator_{m}_total")
+            for m in ("apply_writes", "deletes", "status_writes")
+        )
+
+    def stop(self) -> int:
+        return self.process.stop()
+
+    def kill(self) -> None:
+        self.process.proc.kill()
+        self.process.proc.wait()
+
+
+def load_example(example: str, **overrides: Any) -> dict[str, Any]:
+    """An ``examples/`` CR with metadata overrides (``name=...``)."""
+    body: dict[str, Any] = yaml.safe_load((EXAMPLES / f"{example}.yaml").read_text())
+    body["metadata"].update(overrides)
+    return body
+
+
+class Fleets:
+    """CR and child access for one namespace, through the Python client."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.ns = namespace
+        self.custom = client.CustomObjectsApi(api)
+        self.apps = client.AppsV1Api(api)
+        self.core = client.CoreV1Api(api)
+
+    # the custom resource
+
+    def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        obj: dict[str, Any] = self.custom.create_namespaced_custom_object(
+            GROUP, VERSION, self.ns, PLURAL, copy.deepcopy(dict(body))
+        )
+        return obj
+
+    def get(self, name: str) -> dict[str, Any]:
+        obj: dict[str, Any] = self.custom.get_namespaced_custom_object(
+            GROUP, VERSION, self.ns, PLURAL, name
+        )
+        return obj
+
+    def patch_spec(self, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+        obj: dict[str, Any] = self.custom.patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            self.ns,
+            PLURAL,
+            name,
+            {"spec": spec},
+            _content_type="application/merge-patch+json",
+        )
+        return obj
+
+    def delete(self, name: str) -> None:
+        self.custom.delete_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name)
+
+    def conditions(self, name: str) -> dict[str, dict[str, Any]]:
+        status = self.get(name).get("status") or {}
+        return {c["type"]: c for c in status.get("conditions") or []}
+
+    def wait_condition(
+        self,
+        name: str,
+        type_: str,
+        status: str,
+        *,
+        reason: str | None = None,
+        generation: int | None = None,
+        timeout_s: float = 90,
+        while_waiting: Callable[[], None] | None = None,
+    ) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            if while_waiting is not None:
+                while_waiting()
+            cond = self.conditions(name).get(type_)
+            if cond is None or cond["status"] != status:
+                return None
+            if reason is not None and cond["reason"] != reason:
+                return None
+            if generation is not None and cond.get("observedGeneration") != generation:
+                return None
+            return cond
+
+        want = f"{name} {type_}={status}" + (f" ({reason})" if reason else "")
+        result: dict[str, Any] = wait_until(want, check, timeout_s=timeout_s)
+        return result
+
+    # children
+
+    def _raw(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The API server's own JSON (camelCase), not the client's snake_case models."""
+        response = call(*args, _preload_content=False, **kwargs)
+        data: dict[str, Any] = json.loads(response.data)
+        return data
+
+    def children(self, name: str) -> dict[tuple[str, str], dict[str, Any]]:
+        """Every Deployment, Service and ConfigMap labelled as this fleet's, by (kind, name)."""
+        selector = f"{INSTANCE}={name}"
+        out: dict[tuple[str, str], dict[str, Any]] = {}
+        for kind, lister in (
+            ("Deployment", self.apps.list_namespaced_deployment),
+            ("Service", self.core.list_namespaced_service),
+            ("ConfigMap", self.core.list_namespaced_config_map),
+        ):
+            for item in self._raw(lister, self.ns, label_selector=selector)["items"]:
+                out[(kind, item["metadata"]["name"])] = item
+        return out
+
+    def deployment(self, name: str) -> dict[str, Any]:
+        return self._raw(self.apps.read_namespaced_deployment, name, self.ns)
+
+    def worker_pods(self, name: str) -> list[dict[str, Any]]:
+        selector = f"{INSTANCE}={name},{COMPONENT} in ({','.join(WORKER_COMPONENTS)})"
+        pods = self._raw(self.core.list_namespaced_pod, self.ns, label_selector=selector)
+        return [p for p in pods["items"] if not p["metadata"].get("deletionTimestamp")]
+
+    def inject_probe_reports(self, name: str, report: Mapping[str, Any]) -> None:
+        """Write the probe report where the kubelet would: the init container's termination message.
+
+        kwok fakes the kubelet but has no container to run, so the ``probe`` init container never
+        writes a message. Once kwok has marked a pod Ready its stages stop touching the pod, so the
+        patch sticks; callers poll and call again, which covers the race with kwok's last stage.
+        """
+        message = json.dumps(dict(report))
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        for pod in self.worker_pods(name):
+            status = pod.get("status") or {}
+            ready = any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in status.get("conditions") or []
+            )
+            inits = status.get("initContainerStatuses") or []
+            if not ready or any(
+                ((s.get("state") or {}).get("terminated") or {}).get("message") == message
+                for s in inits
+            ):
+                continue
+            image = next(c["image"] for c in pod["spec"]["initContainers"] if c["name"] == "probe")
+            body = {
+                "status": {
+                    "initContainerStatuses": [
+                        {
+                            "name": "probe",
+                            "image": image,
+                            "imageID": "",
+                            "ready": True,
+                            "restartCount": 0,
+                            "state": {
+                                "terminated": {
+                                    "exitCode": 0,
+                                    "reason": "Completed",
+                                    "message": message,
+                                    "startedAt": now,
+                                    "finishedAt": now,
+                                }
+                            },
+                        }
+                    ]
+                }
+            }
+            try:
+                self.core.patch_namespaced_pod_status(
+                    pod["metadata"]["name"],
+                    self.ns,
+                    body,
+                    _content_type="application/merge-patch+json",
+                )
+            except ApiException as exc:
+                if exc.status not in (404, 409):
+                    raise
+
+
+def resource_versions(fleets: Fleets, name: str) -> dict[str, str]:
+    """resourceVersion of the CR and each child: equal snapshots mean nothing was written."""
+    out = {"cr": fleets.get(name)["metadata"]["resourceVersion"]}
+    for (kind, child), obj in fleets.children(name).items():
+        out[f"{kind}/{child}"] = obj["metadata"]["resourceVersion"]
+    return out
+
+
+def start_operator(cluster: Cluster, log_dir: Path, *args: str, name: str = "operator") -> Operator:
+    return Operator(cluster, log_dir, *args, name=name)
+
+
+def stopping(operators: list[Operator]) -> Iterator[None]:
+    """Stop every operator at the end and print its last lines (pytest shows them on failure)."""
+    try:
+        yield
+    finally:
+        for op in reversed(operators):
+            code = op.stop()
+            print(f"--- operator (exit {code}) {op.log_path}:\n{op.process.log()[-3000:]}")

@@ -1,0 +1,285 @@
+"""The operator as a real process against the real local control plane: reconcile, status, drift.
+
+One operator (all namespaces, no leader election, a 3 s resync) serves the whole module; each test
+has its own namespace. kwok makes pods Ready; the probe report is injected into worker pods' status
+(no worker image runs here).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from controlplane import ApplyCrd, Cluster, wait_until
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from operator_fixtures import (
+    CRD_PATH,
+    GOOD_REPORT,
+    OLD_ENGINE_REPORT,
+    Fleets,
+    Operator,
+    load_example,
+    resource_versions,
+    start_operator,
+)
+
+from kvretention.api.models import KvRetentionDeployment
+from kvretention.controller.resources import build_children
+
+pytestmark = pytest.mark.integration
+
+RESYNC_S = 3.0
+
+
+@pytest.fixture(scope="module")
+def operator(
+    cluster: Cluster, apply_crd: ApplyCrd, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Operator]:
+    apply_crd(CRD_PATH)
+    op = start_operator(
+        cluster,
+        tmp_path_factory.mktemp("operator"),
+        "--all-namespaces",
+        "--no-leader-elect",
+        f"--resync-seconds={RESYNC_S}",
+    )
+    try:
+        op.wait_ready()
+        yield op
+    finally:
+        code = op.stop()
+        print(f"--- operator (exit {code}):\n{op.process.log()[-4000:]}")
+        assert code == 0, "the operator must exit 0 on SIGTERM"
+
+
+@pytest.fixture
+def fleets(k8s: client.ApiClient, namespace: str) -> Fleets:
+    return Fleets(k8s, namespace)
+
+
+def expected_children(fleets: Fleets, name: str) -> set[tuple[str, str]]:
+    cr = KvRetentionDeployment.from_k8s(
+        {**load_example("aggregated", name=name, namespace=fleets.ns)}
+    )
+    return {(m["kind"], m["metadata"]["name"]) for m in build_children(cr)}
+
+
+def test_sample_reaches_ready_with_one_write_per_child_and_none_once_converged(
+    operator: Operator, fleets: Fleets
+) -> None:
+    writes_before = operator.metric_sum("kvretention_operator_apply_writes_total")
+    body = load_example("aggregated")
+    body["metadata"]["annotations"] = {"example.com/owned-by-gitops": "yes"}
+    created = fleets.create(body)
+    name = created["metadata"]["name"]
+
+    fleets.wait_condition(name, "WorkersReady", "True")
+    fleets.wait_condition(name, "KvHintsSupported", "Unknown", reason="ProbePending")
+    # Optional policy: serving before the probe report arrives, and says so.
+    fleets.wait_condition(name, "Ready", "True", reason="ReadyWithoutKvHints")
+    fleets.wait_condition(
+        name,
+        "Ready",
+        "True",
+        reason="Ready",
+        while_waiting=lambda: fleets.inject_probe_reports(name, GOOD_REPORT),
+    )
+
+    cr = fleets.get(name)
+    status = cr["status"]
+    assert status["observedGeneration"] == cr["metadata"]["generation"]
+    assert status["workersReady"] == "2/2"
+    assert status["frontend"] == {"ready": 1, "desired": 1}
+    assert status["endpoint"].startswith(f"http://{name}-frontend.{fleets.ns}.svc:")
+    assert status["engine"]["sglangVersion"] == "0.5.23"
+    assert status["engine"]["dialect"] == "versioned"
+    assert status["replicas"] == 2
+    assert f"app.kubernetes.io/instance={name}" in status["selector"]
+    for cond in status["conditions"]:
+        assert cond["observedGeneration"] == cr["metadata"]["generation"], cond
+
+    # Nothing the operator needs lives in the user's metadata; no finalizer.
+    assert cr["metadata"]["annotations"] == {"example.com/owned-by-gitops": "yes"}
+    assert not cr["metadata"].get("finalizers")
+
+    # Exactly the rendered children, each owned by the CR, each applied once.
+    children = fleets.children(name)
+    assert set(children) == expected_children(fleets, name)
+    uid = cr["metadata"]["uid"]
+    for obj in children.values():
+        refs = obj["metadata"]["ownerReferences"]
+        assert [(r["uid"], r["controller"]) for r in refs] == [(uid, True)]
+        managers = {m["manager"] for m in obj["metadata"]["managedFields"]}
+        assert "kvretention-operator" in managers
+    applied = operator.metric_sum("kvretention_operator_apply_writes_total") - writes_before
+    assert applied == len(children)
+
+    # Converged: two resync periods pass with no write at all.
+    before = resource_versions(fleets, name)
+    writes = operator.writes()
+    time.sleep(2 * RESYNC_S + 1)
+    assert resource_versions(fleets, name) == before
+    assert operator.writes() == writes
+
+
+def test_engine_without_kv_hints_under_required_policy_is_not_ready(
+    operator: Operator, fleets: Fleets
+) -> None:
+    body = load_example("aggregated", name="strict")
+    body["spec"]["hints"]["policy"] = "Required"
+    fleets.create(body)
+    fleets.wait_condition("strict", "WorkersReady", "True")
+    # Before any report: not Ready, waiting for the probe.
+    fleets.wait_condition("strict", "Ready", "False", reason="ProbePending")
+    cond = fleets.wait_condition(
+        "strict",
+        "KvHintsSupported",
+        "False",
+        reason="EngineLacksKvHints",
+        while_waiting=lambda: fleets.inject_probe_reports("strict", OLD_ENGINE_REPORT),
+    )
+    assert "0.4.6" in cond["message"]
+    ready = fleets.wait_condition("strict", "Ready", "False", reason="EngineLacksKvHints")
+    assert "kv_hints" in ready["message"]
+    assert fleets.get("strict")["status"]["engine"]["kvHintsParameter"] is False
+
+
+def test_invalid_spec_gets_invalid_spec_and_no_children(operator: Operator, fleets: Fleets) -> None:
+    body = load_example("aggregated", name="bad")
+    body["spec"]["workers"]["aggregated"] = {"extraArgs": ["--tp-size=4"]}
+    fleets.create(body)
+    cond = fleets.wait_condition("bad", "Ready", "False", reason="InvalidSpec")
+    assert "--tp-size" in cond["message"]
+    assert fleets.children("bad") == {}
+    # Fixing the spec recovers without any restart.
+    fleets.patch_spec("bad", {"workers": {"aggregated": {"extraArgs": []}}})
+    fleets.wait_condition("bad", "WorkersReady", "True")
+
+
+BAD_CRS: list[tuple[str, dict[str, Any], str]] = [
+    (
+        "disaggregated without pools",
+        {"workers": {"mode": "disaggregated"}},
+        "workers.mode disaggregated needs workers.prefill and workers.decode",
+    ),
+    (
+        "external Mooncake without an address",
+        {"kvStore": {"mooncake": {"mode": "external"}}},
+        "kvStore.mooncake.mode external needs kvStore.mooncake.external.masterAddress",
+    ),
+    (
+        "hints without an L3 tier",
+        {"hints": {"policy": "Required"}, "workers": {"hicache": {"enabled": False}}},
+        "retention hints",
+    ),
+    (
+        "soft pin default above max",
+        {
+            "kvStore": {
+                "mooncake": {
+                    "master": {"softPin": {"defaultTtlSeconds": 7200, "maxTtlSeconds": 3600}}
+                }
+            }
+        },
+        "softPin.defaultTtlSeconds must not exceed softPin.maxTtlSeconds",
+    ),
+    ("unknown mode", {"workers": {"mode": "sideways"}}, "Unsupported value"),
+    ("negative replicas", {"workers": {"replicas": -1}}, "should be greater than or equal to 0"),
+]
+
+
+@pytest.mark.parametrize(("case", "spec", "message"), BAD_CRS, ids=[c[0] for c in BAD_CRS])
+def test_bad_crs_are_rejected_at_admission(
+    fleets: Fleets, apply_crd: ApplyCrd, case: str, spec: dict[str, Any], message: str
+) -> None:
+    apply_crd(CRD_PATH)
+    body = load_example("aggregated", name="rejected")
+
+    def merge(into: dict[str, Any], patch: dict[str, Any]) -> None:
+        for key, value in patch.items():
+            if isinstance(value, dict) and isinstance(into.get(key), dict):
+                merge(into[key], value)
+            else:
+                into[key] = value
+
+    merge(body["spec"], spec)
+    with pytest.raises(ApiException) as err:
+        fleets.create(body)
+    assert err.value.status == 422, case
+    assert message in str(err.value.body), err.value.body
+
+
+def test_spec_change_rolls_only_the_affected_deployments(
+    operator: Operator, fleets: Fleets
+) -> None:
+    fleets.create(load_example("aggregated", name="roll"))
+    fleets.wait_condition("roll", "WorkersReady", "True")
+    fleets.wait_condition("roll", "FrontendReady", "True")
+
+    def generations() -> dict[str, int]:
+        return {
+            n: o["metadata"]["generation"]
+            for (k, n), o in fleets.children("roll").items()
+            if k == "Deployment"
+        }
+
+    before = generations()
+    # A frontend-only change: only the frontend Deployment moves.
+    fleets.patch_spec("roll", {"frontend": {"image": "example.com/kvretention:next"}})
+    wait_until("frontend rolled", lambda: generations()["roll-frontend"] > before["roll-frontend"])
+    fleets.wait_condition("roll", "Progressing", "False", reason="Converged", generation=2)
+    after = generations()
+    assert {n for n in after if after[n] != before[n]} == {"roll-frontend"}
+
+    # A Mooncake transfer change lands in the client config the workers mount: its hash is in the
+    # worker pod template, so the workers roll; the master, frontend and router stay.
+    fleets.patch_spec("roll", {"kvStore": {"mooncake": {"transfer": {"globalSegmentSize": "8gb"}}}})
+    wait_until("worker rolled", lambda: generations()["roll-worker"] > after["roll-worker"])
+    fleets.wait_condition("roll", "Progressing", "False", reason="Converged", generation=3)
+    final = generations()
+    assert {n for n in final if final[n] != after[n]} == {"roll-worker"}
+    assert fleets.get("roll")["status"]["observedGeneration"] == 3
+
+
+def test_hand_deleted_and_hand_edited_children_are_repaired(
+    operator: Operator, fleets: Fleets
+) -> None:
+    fleets.create(load_example("aggregated", name="drift"))
+    fleets.wait_condition("drift", "RouterReady", "True")
+    old = fleets.children("drift")
+    router_uid = old[("Deployment", "drift-router")]["metadata"]["uid"]
+
+    fleets.apps.delete_namespaced_deployment("drift-router", fleets.ns)
+    fleets.core.delete_namespaced_service("drift-frontend", fleets.ns)
+    fleets.apps.patch_namespaced_deployment(
+        "drift-frontend",
+        fleets.ns,
+        {"spec": {"replicas": 5}},
+        _content_type="application/merge-patch+json",
+    )
+
+    def repaired() -> bool:
+        now = fleets.children("drift")
+        router = now.get(("Deployment", "drift-router"))
+        return (
+            router is not None
+            and router["metadata"]["uid"] != router_uid
+            and ("Service", "drift-frontend") in now
+            and now[("Deployment", "drift-frontend")]["spec"]["replicas"] == 1
+        )
+
+    wait_until("children repaired", repaired, timeout_s=30)
+    assert set(fleets.children("drift")) == set(old)
+    fleets.wait_condition("drift", "RouterReady", "True")
+
+
+def test_deleting_the_cr_garbage_collects_everything_it_owned(
+    operator: Operator, fleets: Fleets
+) -> None:
+    fleets.create(load_example("aggregated", name="gone"))
+    wait_until("children created", lambda: len(fleets.children("gone")) >= 8)
+    fleets.delete("gone")
+    wait_until("children collected", lambda: fleets.children("gone") == {}, timeout_s=90)
