@@ -11,7 +11,9 @@ venv and costs the same behind every proxy being compared. It speaks three diale
   for the router (frontend alone) or for a worker (frontend + router without the engine stand-in).
 
 The answer is the engine stand-in's: the same pieces, one per token; ``max_tokens`` /
-``max_new_tokens`` asks for more (pieces repeat), bounded by ``MAX_PIECES``.
+``max_new_tokens`` asks for more (pieces repeat), bounded by ``MAX_PIECES``. Short answers are
+written in one go (the upstream is instant); streams longer than ``--pace-above`` pieces (64) are
+paced one piece per ``--pace-ms`` (1 ms), as a decoding engine would send them.
 
     python benchmarks/stub_openai.py --port 18000
 """
@@ -24,6 +26,7 @@ import json
 import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -76,6 +79,17 @@ def write_model_dir(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     (path / "tokenizer.json").write_text(json.dumps(TOKENIZER_JSON))
     return path
+
+
+@dataclass
+class Pacing:
+    """Streams longer than ``above`` pieces send one piece every ``pace_s`` seconds."""
+
+    above: int = 64
+    pace_s: float = 0.001
+
+
+PACING: Final = Pacing()
 
 
 def piece_count(body: dict[str, Any]) -> int:
@@ -299,11 +313,25 @@ class StubProtocol(asyncio.Protocol):
             b"Cache-Control: no-cache\r\n%s\r\n"
             % (ctype, b"" if keep_alive else b"Connection: close\r\n")
         ]
-        for part in parts:
-            out.append(b"%x\r\n%s\r\n" % (len(part), part))
-        out.append(b"0\r\n\r\n")
+        framed = [b"%x\r\n%s\r\n" % (len(part), part) for part in parts] + [b"0\r\n\r\n"]
+        if PACING.pace_s <= 0 or len(parts) <= PACING.above:
+            self.transport.writelines(out + framed)
+            if not keep_alive:
+                self.transport.close()
+            return
+        # A long stream arrives like a real decode: one piece at a time, so a proxy pays its
+        # per-chunk cost (a read, a parse, a write) for every piece instead of one batched read.
         self.transport.writelines(out)
-        if not keep_alive:
+        self._paced(framed, 0, keep_alive)
+
+    def _paced(self, framed: list[bytes], i: int, keep_alive: bool) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        self.transport.write(framed[i])
+        if i + 1 < len(framed):
+            loop = asyncio.get_running_loop()
+            loop.call_later(PACING.pace_s, self._paced, framed, i + 1, keep_alive)
+        elif not keep_alive:
             self.transport.close()
 
     def _close_with(self, status: int, body: bytes) -> None:
@@ -352,7 +380,17 @@ def main() -> None:
         default=None,
         help="advertise this local folder (created, with a minimal tokenizer.json) as model_path",
     )
+    parser.add_argument(
+        "--pace-above",
+        type=int,
+        default=PACING.above,
+        help="streams longer than this many pieces are paced (short ones are written at once)",
+    )
+    parser.add_argument(
+        "--pace-ms", type=float, default=PACING.pace_s * 1e3, help="gap between paced pieces"
+    )
     args = parser.parse_args()
+    PACING.above, PACING.pace_s = args.pace_above, args.pace_ms / 1e3
     if args.model_dir is not None:
         where = str(write_model_dir(args.model_dir).resolve())
         _INFO["model_path"] = _INFO["tokenizer_path"] = where
