@@ -20,29 +20,35 @@ CACHE_CONTROL: Final = "cache_control"
 TTLS: Final[Mapping[str, int]] = {"5m": 300, "1h": 3_600}
 DEFAULT_TTL: Final = "5m"
 _KEYS: Final = frozenset({"type", "ttl"})
+_ENVELOPES: Final = {name: KvHintEnvelope.retain(seconds) for name, seconds in TTLS.items()}
+"""Built once: the envelope is frozen, and pydantic construction would dominate a small request."""
 
 
 def normalize_messages(body: Mapping[str, Any]) -> KvHintEnvelope | None:
     """A parsed ``POST /v1/messages`` body -> envelope, ``None``, or :class:`CacheControlError`."""
     envelope = _top_level_envelope(body.get(CACHE_CONTROL))
     system = body.get("system")
-    if isinstance(system, list):
-        _reject_in_blocks(system, path="system")
+    if type(system) is list:
+        found = _find_in_blocks(system)
+        if found is not None:
+            raise _block_error("system", *found)
     tools = body.get("tools")
-    if isinstance(tools, list):
+    if type(tools) is list:
         for i, tool in enumerate(tools):
-            if isinstance(tool, dict) and tool.get(CACHE_CONTROL) is not None:
-                raise _block_error(f"tools.{i}.{CACHE_CONTROL}")
+            if type(tool) is dict and tool.get(CACHE_CONTROL) is not None:
+                raise _block_error("tools", i)
     messages = body.get("messages")
-    if isinstance(messages, list):
+    if type(messages) is list:
         for i, message in enumerate(messages):
-            if not isinstance(message, dict):
+            if type(message) is not dict:
                 continue
             if message.get(CACHE_CONTROL) is not None:
-                raise _block_error(f"messages.{i}.{CACHE_CONTROL}")
+                raise _block_error("messages", i)
             content = message.get("content")
-            if isinstance(content, list):
-                _reject_in_blocks(content, path=f"messages.{i}.content")
+            if type(content) is list:
+                found = _find_in_blocks(content)
+                if found is not None:
+                    raise _block_error("messages", i, "content", *found)
     return envelope
 
 
@@ -76,30 +82,36 @@ def _top_level_envelope(control: object) -> KvHintEnvelope | None:
         ttl = DEFAULT_TTL
     if not isinstance(ttl, str) or ttl not in TTLS:
         raise _error(f"{CACHE_CONTROL}.ttl", "Input should be '5m' or '1h'", value=ttl)
-    return KvHintEnvelope.retain(TTLS[ttl])
+    return _ENVELOPES[ttl]
 
 
-def _reject_in_blocks(blocks: list[Any], *, path: str) -> None:
-    """Refuse a non-null ``cache_control`` on any block, descending into nested block lists.
+def _find_in_blocks(blocks: list[Any]) -> list[str | int] | None:
+    """The relative path of the first block carrying a non-null ``cache_control``, else ``None``.
 
     Only block structure is walked (``content`` lists and a document's ``source.content``); tool
     inputs and schemas are user data and may legitimately hold a key named ``cache_control``.
+    Paths are built only on a hit, so the common, clean request pays for lookups alone.
     """
     for j, block in enumerate(blocks):
-        if not isinstance(block, dict):
+        if type(block) is not dict:
             continue
-        here = f"{path}.{j}"
         if block.get(CACHE_CONTROL) is not None:
-            raise _block_error(f"{here}.{CACHE_CONTROL}")
+            return [j]
         nested = block.get("content")
-        if isinstance(nested, list):
-            _reject_in_blocks(nested, path=f"{here}.content")
+        if type(nested) is list:
+            found = _find_in_blocks(nested)
+            if found is not None:
+                return [j, "content", *found]
         source = block.get("source")
-        if isinstance(source, dict) and isinstance(source.get("content"), list):
-            _reject_in_blocks(source["content"], path=f"{here}.source.content")
+        if type(source) is dict and type(source.get("content")) is list:
+            found = _find_in_blocks(source["content"])
+            if found is not None:
+                return [j, "source", "content", *found]
+    return None
 
 
-def _block_error(param: str) -> CacheControlError:
+def _block_error(*path: str | int) -> CacheControlError:
+    param = ".".join(str(p) for p in (*path, CACHE_CONTROL))
     return CacheControlError(
         f"{param}: block-level cache_control breakpoints are not supported by this server; "
         "remove it and set the top-level 'cache_control' to retain the full prompt",

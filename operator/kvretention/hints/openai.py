@@ -35,10 +35,12 @@ def normalize_chat_completions(body: Mapping[str, Any]) -> KvHintEnvelope | None
     _check_pass_through(body)
     envelope = _options_envelope(body, ttls=CHAT_TTLS, allowed=_CHAT_OPTION_KEYS)
     messages = body.get("messages")
-    if isinstance(messages, list):
+    if type(messages) is list:
         for i, message in enumerate(messages):
-            if isinstance(message, dict):
-                _reject_breakpoints(message.get("content"), prefix=f"messages[{i}].content")
+            if type(message) is dict:
+                j = _breakpoint_index(message.get("content"))
+                if j is not None:
+                    raise _breakpoint_error(f"messages[{i}].content[{j}].{BREAKPOINT}")
     return envelope
 
 
@@ -47,15 +49,17 @@ def normalize_responses(body: Mapping[str, Any]) -> KvHintEnvelope | None:
     _check_pass_through(body)
     envelope = _options_envelope(body, ttls=RESPONSES_TTLS, allowed=_RESPONSES_OPTION_KEYS)
     items = body.get("input")
-    if isinstance(items, list):
+    if type(items) is list:
         for i, item in enumerate(items):
-            if not isinstance(item, dict):
+            if type(item) is not dict:
                 continue
             if item.get(BREAKPOINT) is not None:  # a bare input_text/... part used as an item
                 raise _breakpoint_error(f"input[{i}].{BREAKPOINT}")
             # message items hold parts in "content", function_call_output items in "output"
-            _reject_breakpoints(item.get("content"), prefix=f"input[{i}].content")
-            _reject_breakpoints(item.get("output"), prefix=f"input[{i}].output")
+            for key in ("content", "output"):
+                j = _breakpoint_index(item.get(key))
+                if j is not None:
+                    raise _breakpoint_error(f"input[{i}].{key}[{j}].{BREAKPOINT}")
     return envelope
 
 
@@ -65,6 +69,9 @@ def _options_envelope(
     if OPTIONS not in body:
         return None
     options = body[OPTIONS]
+    fast = _fast_path(options, ttls=ttls, allowed=allowed)
+    if fast is not None:
+        return fast
     if not isinstance(options, dict):
         raise _invalid_type(OPTIONS, options, expected="an object")
     for key in options:
@@ -96,7 +103,36 @@ def _options_envelope(
     comparison = options.get("comparison_response_id")
     if comparison is not None and not isinstance(comparison, str):
         raise _invalid_type(f"{OPTIONS}.comparison_response_id", comparison, expected="a string")
-    return KvHintEnvelope.retain(ttls[ttl])
+    return _envelope(ttls[ttl])
+
+
+def _fast_path(
+    options: object, *, ttls: Mapping[str, int], allowed: frozenset[str]
+) -> KvHintEnvelope | None:
+    """The common valid case in a few lookups; anything else takes the checked path (same result)."""
+    if type(options) is not dict or not options.keys() <= allowed:
+        return None
+    ttl = options.get("ttl", "30m")
+    if (
+        options.get("mode", "implicit") == "implicit"
+        and type(ttl) is str
+        and ttl in ttls
+        and options.get("prewarm", False) is False
+        and type(options.get("comparison_response_id", "")) is str
+    ):
+        return _envelope(ttls[ttl])
+    return None
+
+
+_ENVELOPES: Final[dict[int, KvHintEnvelope]] = {}
+
+
+def _envelope(seconds: int) -> KvHintEnvelope:
+    """Envelopes are frozen, so one per TTL is built once; pydantic would dominate small requests."""
+    envelope = _ENVELOPES.get(seconds)
+    if envelope is None:
+        envelope = _ENVELOPES[seconds] = KvHintEnvelope.retain(seconds)
+    return envelope
 
 
 def _enum(options: Mapping[str, Any], key: str, *, default: str, values: Sequence[str]) -> str:
@@ -133,13 +169,17 @@ def _check_pass_through(body: Mapping[str, Any]) -> None:
         )
 
 
-def _reject_breakpoints(parts: object, *, prefix: str) -> None:
-    """Any non-null ``prompt_cache_breakpoint`` on a content part is refused, whatever its type."""
-    if not isinstance(parts, list):
-        return
+def _breakpoint_index(parts: object) -> int | None:
+    """Index of the first part with a non-null ``prompt_cache_breakpoint`` (of any part type).
+
+    Paths are formatted only on a hit, so a clean request pays for dict lookups alone.
+    """
+    if type(parts) is not list:
+        return None
     for j, part in enumerate(parts):
-        if isinstance(part, dict) and part.get(BREAKPOINT) is not None:
-            raise _breakpoint_error(f"{prefix}[{j}].{BREAKPOINT}")
+        if type(part) is dict and part.get(BREAKPOINT) is not None:
+            return j
+    return None
 
 
 def _breakpoint_error(param: str) -> CacheControlError:
