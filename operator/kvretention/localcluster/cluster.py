@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import functools
 import json
 import shutil
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -102,12 +104,34 @@ def up(
 ) -> tuple[ClusterState, bool]:
     """Start a fresh plane, or return the running one; the bool says whether it was started now."""
     state_dir = state_dir.resolve()
-    existing = load_state(state_dir)
-    if existing is not None:
-        if is_ready(existing):
-            return existing, False
-        echo(f"found a stale or partly running plane in {state_dir}; stopping it")
-        down(state_dir)
+    with _locked(state_dir):
+        existing = load_state(state_dir)
+        if existing is not None:
+            if is_ready(existing):
+                return existing, False
+            echo(f"found a stale or partly running plane in {state_dir}; stopping it")
+            _stop_all(state_dir, echo)
+        return _fresh(
+            state_dir,
+            bin_dir=bin_dir,
+            apiserver_port=apiserver_port,
+            nodes=nodes,
+            gpus_per_node=gpus_per_node,
+            timeout_s=timeout_s,
+            echo=echo,
+        )
+
+
+def _fresh(
+    state_dir: Path,
+    *,
+    bin_dir: Path | None,
+    apiserver_port: int,
+    nodes: int,
+    gpus_per_node: int,
+    timeout_s: float,
+    echo: Echo,
+) -> tuple[ClusterState, bool]:
     bins = resolve_bin_dir(bin_dir)
     layout = Layout(state_dir)
     _reset(layout)
@@ -132,13 +156,29 @@ def up(
             state, layout, gpus_per_node=gpus_per_node, timeout_s=timeout_s, echo=echo
         ), True
     except BaseException:
-        down(state_dir)
+        _stop_all(state_dir, echo)
         raise
 
 
 def down(state_dir: Path, *, echo: Echo = lambda _: None) -> list[str]:
     """Stop every recorded process, last started first; returns the names that were running."""
     state_dir = state_dir.resolve()
+    if not state_dir.is_dir():
+        return []
+    with _locked(state_dir):
+        return _stop_all(state_dir, echo)
+
+
+@contextlib.contextmanager
+def _locked(state_dir: Path) -> Iterator[None]:
+    """One up/down at a time per state dir (two shells, or a test run beside a demo)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with (state_dir / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _stop_all(state_dir: Path, echo: Echo) -> list[str]:
     state = load_state(state_dir)
     if state is None:
         return []

@@ -116,6 +116,9 @@ def build_apiserver_argv(bin_dir: Path, layout: Layout, ports: Ports) -> list[st
         f"--service-account-key-file={layout.sa_pub}",
         f"--service-account-signing-key-file={layout.sa_key}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
+        # A loopback advertise address is refused by the endpoint reconciler; nothing in-cluster
+        # dials the kubernetes Service here, so it needs no endpoints.
+        "--endpoint-reconciler-type=none",
         "--allow-privileged=true",
         "--profiling=false",
     ]
