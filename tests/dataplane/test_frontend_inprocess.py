@@ -1,0 +1,112 @@
+"""The frontend app in-process: the tokenizer path and the catch-all error layer."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from router_standin import RouterStandIn
+
+from kvretention.dataplane.frontend.app import FrontendConfig, create_app
+from kvretention.dataplane.protocol import ChatMessage
+
+
+class FakeTokenizer:
+    """Stands in for a HF chat template: one token per character of each message, role-tagged."""
+
+    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
+        ids: list[int] = []
+        for message in messages:
+            ids.append({"system": 1, "user": 2, "assistant": 3, "tool": 4}[message.role])
+            ids.extend(ord(c) for c in message.content)
+        return ids
+
+
+async def _client(app: web.Application) -> TestClient[Any, Any]:
+    client: TestClient[Any, Any] = TestClient(TestServer(app))
+    await client.start_server()
+    return client
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "hint"),
+    [
+        pytest.param(
+            "/v1/chat/completions",
+            {
+                "model": "m",
+                "messages": [{"role": "user", "content": "tok-chat"}],
+                "prompt_cache_options": {},
+            },
+            {"retain_full_prompt": {"ttl_seconds": 1800}},
+            id="chat",
+        ),
+        pytest.param(
+            "/v1/messages",
+            {
+                "model": "m",
+                "max_tokens": 4,
+                "messages": [{"role": "user", "content": "tok-msg"}],
+                "cache_control": {"type": "ephemeral", "ttl": "1h"},
+            },
+            {"retain_full_prompt": {"ttl_seconds": 3600}},
+            id="messages",
+        ),
+        pytest.param(
+            "/v1/responses",
+            {"model": "m", "input": "tok-resp"},
+            None,
+            id="responses_unhinted",
+        ),
+    ],
+)
+async def test_tokenizer_path_sends_token_ids_with_the_same_envelope(
+    router_standin: RouterStandIn, path: str, body: dict[str, Any], hint: dict[str, Any] | None
+) -> None:
+    router_standin.clear()
+    app = create_app(FrontendConfig(router_url=router_standin.base_url), tokenizer=FakeTokenizer())
+    client = await _client(app)
+    try:
+        resp = await client.post(path, json=body)
+        assert resp.status == 200, await resp.text()
+    finally:
+        await client.close()
+    [received] = [r.body for r in router_standin.received]
+    assert "messages" not in received
+    text = body.get("messages", [{"content": body.get("input")}])[-1]["content"]
+    assert received["token_ids"][0] == 2
+    assert received["token_ids"][1:] == [ord(c) for c in text]
+    assert received.get("kv_hints") == hint
+    assert ("kv_hints" in received) == (hint is not None)
+
+
+async def test_unexpected_exception_is_a_generic_provider_500(
+    router_standin: RouterStandIn, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = create_app(FrontendConfig(router_url=router_standin.base_url))
+
+    async def boom(request: web.Request) -> web.Response:
+        raise RuntimeError("secret internal detail")
+
+    app.router.add_post("/v1/messages/boom", boom)
+    app.router.add_post("/v1/boom", boom)
+    client = await _client(app)
+    try:
+        with caplog.at_level(logging.ERROR, logger="kvretention.frontend"):
+            anthropic_resp = await client.post("/v1/messages/boom", json={})
+            openai_resp = await client.post("/v1/boom", json={})
+        anthropic_body = await anthropic_resp.json()
+        openai_body = await openai_resp.json()
+    finally:
+        await client.close()
+    assert anthropic_resp.status == openai_resp.status == 500
+    assert anthropic_body["type"] == "error"
+    assert anthropic_body["error"]["type"] == "api_error"
+    assert openai_body["error"]["code"] == "internal_error"
+    for body in (anthropic_body, openai_body):
+        assert "secret" not in str(body) and "Traceback" not in str(body)
+    assert "secret internal detail" in caplog.text
