@@ -55,6 +55,7 @@ class OperatorConfig:
 class ProcessState:
     """What the health endpoints report."""
 
+    identity: str = ""
     role: str = "starting"  # starting | standby | leader | stopping
     kopf_ready: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -66,11 +67,12 @@ def build_health_app(state: ProcessState) -> web.Application:
     """``/healthz`` (the loop answers) and ``/readyz`` (standby waiting, or leader watching)."""
 
     async def healthz(_: web.Request) -> web.Response:
-        return web.json_response({"ok": True, "role": state.role})
+        return web.json_response({"ok": True, "role": state.role, "identity": state.identity})
 
     async def readyz(_: web.Request) -> web.Response:
         ok = state.ready()
-        return web.json_response({"ok": ok, "role": state.role}, status=200 if ok else 503)
+        body = {"ok": ok, "role": state.role, "identity": state.identity}
+        return web.json_response(body, status=200 if ok else 503)
 
     app = web.Application()
     app.router.add_get("/healthz", healthz)
@@ -127,7 +129,7 @@ async def run_operator(cfg: OperatorConfig, *, kube: Kube | None = None) -> int:
     """Run until SIGTERM (0), a lost Lease (1) or kopf failing (1)."""
     kube = kube or Kube(load_config())
     metrics = Metrics()
-    state = ProcessState()
+    state = ProcessState(identity=cfg.identity)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -1,0 +1,153 @@
+"""The operator process's life: SIGKILL mid-reconcile, leader election, losing the Lease.
+
+Each test starts its own operator(s), watching only the test's namespace.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from controlplane import ApplyCrd, Cluster, wait_until
+from kubernetes import client
+from operator_fixtures import (
+    CRD_PATH,
+    Fleets,
+    Operator,
+    load_example,
+    start_operator,
+)
+
+from kvretention.api.models import KvRetentionDeployment
+from kvretention.controller.resources import build_children
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def fleets(k8s: client.ApiClient, namespace: str, apply_crd: ApplyCrd) -> Fleets:
+    apply_crd(CRD_PATH)
+    return Fleets(k8s, namespace)
+
+
+@pytest.fixture
+def operators(tmp_path: Path) -> Iterator[list[Operator]]:
+    """Operators started by the test; stopped (and their logs printed) at teardown."""
+    started: list[Operator] = []
+    yield started
+    for op in reversed(started):
+        code = op.stop()
+        print(f"--- operator (exit {code}) {op.log_path}:\n{op.process.log()[-3000:]}")
+
+
+def expected_children(ns: str, name: str) -> set[tuple[str, str]]:
+    cr = KvRetentionDeployment.from_k8s(load_example("aggregated", name=name, namespace=ns))
+    return {(m["kind"], m["metadata"]["name"]) for m in build_children(cr)}
+
+
+def test_sigkill_mid_reconcile_then_restart_converges_without_duplicates(
+    cluster: Cluster, fleets: Fleets, operators: list[Operator], tmp_path: Path
+) -> None:
+    args = (f"--namespace={fleets.ns}", "--no-leader-elect", "--resync-seconds=3")
+    first = start_operator(cluster, tmp_path, *args, name="first")
+    operators.append(first)
+    first.wait_ready()
+    names = ["kill-a", "kill-b", "kill-c"]
+    for name in names:
+        fleets.create(load_example("aggregated", name=name))
+    first.process.wait_for_log(r"applied (Deployment|Service|ConfigMap) ", timeout_s=30)
+    first.kill()  # SIGKILL: no cleanup, whatever was in flight is cut off
+    partial = sum(len(fleets.children(n)) for n in names)
+    assert partial < sum(len(expected_children(fleets.ns, n)) for n in names), (
+        "the kill came too late to interrupt anything; the test proves nothing"
+    )
+
+    second = start_operator(cluster, tmp_path, *args, name="second")
+    operators.append(second)
+    second.wait_ready()
+    for name in names:
+        fleets.wait_condition(name, "WorkersReady", "True")
+        fleets.wait_condition(name, "Progressing", "False", reason="Converged")
+        assert set(fleets.children(name)) == expected_children(fleets.ns, name)
+
+    # No duplicate or churned rollouts: one ReplicaSet per Deployment.
+    replica_sets = fleets.apps.list_namespaced_replica_set(fleets.ns).items
+    owners = Counter(
+        ref.name
+        for rs in replica_sets
+        for ref in (rs.metadata.owner_references or [])
+        if ref.kind == "Deployment"
+    )
+    assert owners and set(owners.values()) == {1}, owners
+
+
+def test_two_replicas_with_leader_election_do_not_both_act(
+    cluster: Cluster, fleets: Fleets, operators: list[Operator], tmp_path: Path
+) -> None:
+    args = (
+        f"--namespace={fleets.ns}",
+        "--leader-elect",
+        f"--leader-election-namespace={fleets.ns}",
+        "--resync-seconds=3",
+    )
+    a = start_operator(cluster, tmp_path, *args, name="a")
+    operators.append(a)
+    a.wait_ready(role="leader")
+    b = start_operator(cluster, tmp_path, *args, name="b")
+    operators.append(b)
+    b.wait_ready(role="standby")
+
+    lease = client.CoordinationV1Api(fleets.core.api_client).read_namespaced_lease(
+        "kvretention-operator", fleets.ns
+    )
+    assert lease.spec is not None
+    assert lease.spec.holder_identity == a.readyz()["identity"]
+
+    fleets.create(load_example("aggregated", name="elected"))
+    fleets.wait_condition("elected", "WorkersReady", "True")
+    assert a.metric_sum("kvretention_operator_reconciles_total") > 0
+    assert b.metric_sum("kvretention_operator_reconciles_total") == 0
+    assert b.metric_sum("kvretention_operator_leader") == 0
+
+    # A clean stop releases the Lease: the standby takes over at once and carries on.
+    assert a.stop() == 0
+    b.wait_ready(role="leader", timeout_s=20)
+    fleets.patch_spec("elected", {"frontend": {"replicas": 2}})
+
+    def frontend_desired() -> bool:
+        status = fleets.get("elected").get("status") or {}
+        return bool((status.get("frontend") or {}).get("desired") == 2)
+
+    wait_until("the new leader reconciles", frontend_desired, timeout_s=30)
+    assert b.metric_sum("kvretention_operator_reconciles_total") > 0
+
+
+def test_losing_the_lease_exits_non_zero(
+    cluster: Cluster, fleets: Fleets, operators: list[Operator], tmp_path: Path
+) -> None:
+    op = start_operator(
+        cluster,
+        tmp_path,
+        f"--namespace={fleets.ns}",
+        f"--leader-election-namespace={fleets.ns}",
+        name="usurped",
+    )
+    operators.append(op)
+    op.wait_ready(role="leader")
+    coordination = client.CoordinationV1Api(fleets.core.api_client)
+    lease = coordination.read_namespaced_lease("kvretention-operator", fleets.ns)
+    assert lease.spec is not None
+    lease.spec.holder_identity = "someone-else"
+    lease.spec.lease_duration_seconds = 3600
+    lease.spec.renew_time = dt.datetime.now(dt.UTC)
+    coordination.replace_namespaced_lease("kvretention-operator", fleets.ns, lease)
+
+    def exited() -> bool:
+        return not op.process.alive()
+
+    wait_until("operator exits after losing its Lease", exited, timeout_s=40)
+    assert op.process.proc.returncode == 1
+    assert "exiting so a standby can lead" in op.process.log()
