@@ -9,7 +9,15 @@ from typing import Final
 
 from kvretention.localcluster.errors import ClusterError
 
-REQUIRED: Final = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+# kubectl is not part of the plane, but the tests and the demo drive it with ours, never PATH's.
+REQUIRED: Final = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+    "kubectl",
+)
 KWOK_STAGES: Final = "kwok-stages.yaml"
 BIN_ENV: Final = "KVR_KUBE_BIN"
 

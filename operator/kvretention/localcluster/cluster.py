@@ -133,9 +133,9 @@ def _fresh(
     echo: Echo,
 ) -> tuple[ClusterState, bool]:
     bins = resolve_bin_dir(bin_dir)
+    ports = _allocate_ports(apiserver_port)
     layout = Layout(state_dir)
     _reset(layout)
-    ports = _allocate_ports(apiserver_port)
     token = pki.new_token()
     pki.generate_service_account_keys(layout.sa_key, layout.sa_pub)
     layout.token_file.write_text(pki.build_token_file(token))
