@@ -117,6 +117,19 @@ def test_sample_reaches_ready_with_one_write_per_child_and_none_once_converged(
     applied = operator.metric_sum("kvretention_operator_apply_writes_total") - writes_before
     assert applied == len(children)
 
+    # Events only on condition flips, from our own reporting component.
+    events = fleets.core.list_namespaced_event(
+        fleets.ns, field_selector=f"involvedObject.name={name}"
+    ).items
+    ours = [e for e in events if e.reporting_component == "kvretention-operator"]
+    reasons = {(e.reason, e.type) for e in ours}
+    assert ("ReadyWithoutKvHints", "Normal") in reasons  # Ready flipped to True
+    assert ("EngineAcceptsKvHints", "Normal") in reasons  # KvHintsSupported flipped to True
+    # One Event per flip: Ready went Unknown/False -> True once, so it has one True event.
+    flips = [e.message for e in ours]
+    assert len(flips) == len(set(flips)), flips
+    assert sum(1 for m in flips if m.startswith("Ready is True")) == 1
+
     # Converged: two resync periods pass with no write at all.
     before = resource_versions(fleets, name)
     writes = operator.writes()
