@@ -173,6 +173,10 @@ class Controller:
         if deleted:
             self.known.discard(key)
             self.failures.pop(key, None)
+            namespace, name = key
+            for memo_key in [m for m in self._applied if m[1] == namespace]:
+                if memo_key[2].startswith(f"{name}-"):
+                    del self._applied[memo_key]
         else:
             self.known.add(key)
             self.queue.add(key)
