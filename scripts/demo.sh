@@ -38,8 +38,24 @@ die() { printf 'demo: %s\n' "$*" >&2; exit 1; }
 [[ -x "$KVR" ]] || die "no $KVR: run scripts/bootstrap.sh (or make demo) first"
 
 bin_dir() {
-  # The first build compiles Kubernetes from source: show its progress (stderr) as it goes.
-  "$root/scripts/build-kube.sh" | tail -n 1
+  # The first build compiles Kubernetes from source: build-kube.sh logs each step on stderr, and a
+  # heartbeat here shows it is still going between steps.
+  local out pid started=$SECONDS
+  if out="$("$root/scripts/build-kube.sh" --check 2>/dev/null)"; then
+    tail -n 1 <<<"$out"
+    return
+  fi
+  note "first run: compiling etcd, kwok, helm and Kubernetes into ~/.cache/kvretention (once per machine)"
+  out="$(mktemp)"
+  "$root/scripts/build-kube.sh" >"$out" &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    for _ in $(seq 1 30); do kill -0 "$pid" 2>/dev/null && sleep 1; done
+    kill -0 "$pid" 2>/dev/null && note "still building ($((SECONDS - started))s so far)"
+  done
+  wait "$pid" || { rm -f "$out"; die "scripts/build-kube.sh failed"; }
+  tail -n 1 "$out"
+  rm -f "$out"
 }
 
 kubeconfig() { "$KVR" cluster kubeconfig --state-dir "$state_dir"; }
