@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -187,3 +188,15 @@ def test_disaggregated_both_halves_get_the_hint_and_one_room(
             assert "kv_hints" not in kwargs
     assert p["kwargs"]["bootstrap_room"] == d["kwargs"]["bootstrap_room"]
     assert json.dumps(p["kwargs"]["bootstrap_room"]).isdigit()
+
+
+def test_workers_found_through_dns(kvretention_process: StartKvretention, pool: Pool) -> None:
+    """``--worker-dns host:port`` resolves the name (a headless Service in Kubernetes)."""
+    port = urllib.parse.urlsplit(pool.urls[0]).port
+    router = kvretention_process(["router", "--worker-dns", f"localhost:{port}"])
+    status, lines = post(router.base_url, short("via-dns"))
+    assert status == 200 and lines[-1]["finish_reason"] == "length"
+    assert pool.owner("via-dns") == 0
+    with urllib.request.urlopen(router.base_url + "/v1/workers", timeout=5) as resp:
+        found = {w["url"]: w["healthy"] for w in json.load(resp)}
+    assert found.get(f"http://127.0.0.1:{port}") is True

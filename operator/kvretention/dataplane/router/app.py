@@ -250,6 +250,23 @@ async def _background(app: web.Application) -> Any:
 # ---------------------------------------------------------------- request path
 
 
+class ClientGone(Exception):
+    """The client disconnected while its answer was being written (not the worker's fault)."""
+
+    def __init__(self, response: web.StreamResponse) -> None:
+        super().__init__("client disconnected")
+        self.response = response
+
+
+async def _write(out: web.StreamResponse, data: bytes) -> None:
+    # aiohttp's write error on a closed client is also a ClientError; keep the two apart so a
+    # client that walks away never gets a worker ejected.
+    try:
+        await out.write(data)
+    except ConnectionResetError as exc:
+        raise ClientGone(out) from exc
+
+
 def error_response(code: ErrorCode, message: str) -> web.Response:
     line = ErrorLine(error=ErrorBody(code=code, message=message))
     return web.Response(
@@ -294,6 +311,9 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
         else:
             response, outcome = await _aggregated(request, state, body, session)
         return response
+    except ClientGone as gone:
+        outcome = "client_gone"
+        return gone.response
     except asyncio.CancelledError:
         outcome = "cancelled"
         raise
@@ -472,7 +492,7 @@ async def _relay(
             break
         if not data:
             break
-        await out.write(data)
+        await _write(out, data)
         pending += data
         *lines, pending = pending.split(b"\n")
         for line in lines:
@@ -481,7 +501,7 @@ async def _relay(
     outcome = "ok"
     if pending.strip() or not is_terminal(last):
         if pending.strip():
-            await out.write(b"\n")
+            await _write(out, b"\n")
         if isinstance(failure, TimeoutError):
             code, outcome = ErrorCode.UPSTREAM_TIMEOUT, "upstream_timeout"
             message = f"worker {worker.url} sent nothing for {state.config.read_timeout_s}s"
@@ -489,8 +509,9 @@ async def _relay(
             code, outcome = ErrorCode.WORKER_UNAVAILABLE, "worker_unavailable"
             message = f"worker {worker.url} stopped mid-stream"
             state.set_healthy(worker, False, reason="midstream")
-        await out.write(error_line(code, message))
-    await out.write_eof()
+        await _write(out, error_line(code, message))
+    with contextlib.suppress(ConnectionResetError):
+        await out.write_eof()
     return out, outcome
 
 
