@@ -113,7 +113,14 @@ def render_report(report: dict[str, Any]) -> str:
     help="Also write the report here (Kubernetes: /dev/termination-log).",
 )
 @click.option("--skip-mooncake", is_flag=True, help="Do not try to import the Mooncake store.")
-def probe_cmd(termination_log: Path | None, skip_mooncake: bool) -> None:
+@click.option(
+    "--report-only",
+    is_flag=True,
+    help="Always exit 0: the report is the verdict. For an init container, so an image that "
+    "cannot take hints still starts its worker under hints policy Optional, and the operator "
+    "(not a crash loop) says why under Required.",
+)
+def probe_cmd(termination_log: Path | None, skip_mooncake: bool, report_only: bool) -> None:
     """Report whether this image's SGLang can take kv_hints (exit 0 yes, 3 no, 4 no SGLang)."""
     mooncake_error = "not checked (--skip-mooncake)" if skip_mooncake else check_mooncake()
     report = build_report(sglang_root=locate_sglang(), mooncake_error=mooncake_error)
@@ -121,4 +128,4 @@ def probe_cmd(termination_log: Path | None, skip_mooncake: bool) -> None:
     click.echo(text)
     if termination_log is not None:
         termination_log.write_text(text, encoding="utf-8")
-    sys.exit(exit_code_of(report))
+    sys.exit(0 if report_only else exit_code_of(report))

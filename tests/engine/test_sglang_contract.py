@@ -120,10 +120,10 @@ def test_standin_async_generate_is_a_coroutine_like_sglangs() -> None:
     assert inspect.iscoroutinefunction(StandinEngineFlat.async_generate)
 
 
-def _probe(env_extra: dict[str, str]) -> tuple[int, dict[str, Any]]:
+def _probe(env_extra: dict[str, str], *args: str) -> tuple[int, dict[str, Any]]:
     env = {**os.environ, **env_extra}
     done = subprocess.run(
-        [sys.executable, "-m", "kvretention", "probe", "--skip-mooncake"],
+        [sys.executable, "-m", "kvretention", "probe", "--skip-mooncake", *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -173,3 +173,11 @@ def test_probe_reports_none_for_sglang_without_kv_hints() -> None:
     assert report["dialect"] == "none"
     assert report["usable_for_hints"] is False
     assert "kv_hints" not in report["async_generate_parameters"]
+
+
+def test_probe_report_only_exits_zero_with_the_same_verdict() -> None:
+    """The init-container form: an unusable image still starts; the report carries the verdict."""
+    code, report = _probe({"PYTHONPATH": str(NOKVHINTS_PATH)}, "--report-only")
+    assert code == 0
+    assert report["dialect"] == "none"
+    assert report["usable_for_hints"] is False

@@ -78,7 +78,7 @@ def build_probe_container(cr: KvRetentionDeployment) -> dict[str, Any]:
     return {
         "name": PROBE_CONTAINER,
         "image": cr.spec.workers.image,
-        "command": [CLI, "probe", "--termination-log", TERMINATION_LOG],
+        "command": [CLI, "probe", "--report-only", "--termination-log", TERMINATION_LOG],
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "File",
         "securityContext": container_security(),
