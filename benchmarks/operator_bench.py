@@ -57,6 +57,7 @@ from kvretention.api.models import GROUP, PLURAL, VERSION  # noqa: E402
 from kvretention.localcluster import down, up  # noqa: E402
 from kvretention.localcluster.binaries import resolve_bin_dir  # noqa: E402
 from loadgen import proc_cpu_seconds  # noqa: E402
+from profiling import start_sampler  # noqa: E402
 
 RESULTS: Final = HERE / "results" / "operator.json"
 CONCURRENCY: Final = 4
@@ -364,6 +365,7 @@ def run_operator(
     log_dir: Path,
     resync_s: float,
     timeout_s: float,
+    profile_dir: Path | None = None,
 ) -> dict[str, Any]:
     ns = f"bench-op-{n}"
     make_namespace(api, ns)
@@ -377,7 +379,9 @@ def run_operator(
     )
     try:
         op.wait_ready(timeout_s=120)
-        return _measure_operator(api, op, n, ns=ns, resync_s=resync_s, timeout_s=timeout_s)
+        return _measure_operator(
+            api, op, n, ns=ns, resync_s=resync_s, timeout_s=timeout_s, profile_dir=profile_dir
+        )
     finally:
         code = op.stop()
         if code != 0:
@@ -385,7 +389,14 @@ def run_operator(
 
 
 def _measure_operator(
-    api: client.ApiClient, op: Operator, n: int, *, ns: str, resync_s: float, timeout_s: float
+    api: client.ApiClient,
+    op: Operator,
+    n: int,
+    *,
+    ns: str,
+    resync_s: float,
+    timeout_s: float,
+    profile_dir: Path | None,
 ) -> dict[str, Any]:
     pid = op.process.proc.pid
     custom: Any = client.CustomObjectsApi(api)
@@ -394,6 +405,10 @@ def _measure_operator(
     before = apiserver_requests(api)
     own_before = op.writes()
     cpu_before = proc_cpu_seconds(pid)
+    sampler = None
+    if profile_dir is not None:
+        sampler = start_sampler(pid, profile_dir / f"operator-{n}.txt", max_seconds=timeout_s)
+        time.sleep(1.0)  # let py-spy attach
     started = time.monotonic()
     with ThreadPoolExecutor(CONCURRENCY) as pool:
         list(
@@ -420,6 +435,7 @@ def _measure_operator(
     wait_for(f"{n} fleets Ready", all_ready, timeout_s=timeout_s)
     ready = time.monotonic() - started
     cpu_converge = proc_cpu_seconds(pid) - cpu_before
+    profile = sampler.stop() if sampler is not None else None
     first = owned_writes(before, apiserver_requests(api))
     first_dry = dry_runs(before, apiserver_requests(api))
     own_first = op.writes() - own_before
@@ -463,6 +479,7 @@ def _measure_operator(
         "operator_rss_kib": rss_kib(pid),
         "operator_rss_kib_converged": rss_converged,
         "spec_change": latency,
+        "profile": profile,
     }
 
 
@@ -589,6 +606,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--resync-seconds", type=float, default=5.0)
     parser.add_argument("--timeout", type=float, default=600.0, help="bound on each wait")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--profile", action="store_true", help="py-spy the operator while it converges"
+    )
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s] + ([500] if args.large else [])
     results: list[SizeResult] = []
@@ -615,6 +635,7 @@ def main(argv: list[str] | None = None) -> None:
                     log_dir=tmp,
                     resync_s=args.resync_seconds,
                     timeout_s=args.timeout,
+                    profile_dir=HERE / "results" / "profiles" if args.profile else None,
                 )
                 print(f"N={n} operator: {json.dumps(result.operator)}", file=sys.stderr)
                 result.ratio = {

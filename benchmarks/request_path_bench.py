@@ -48,6 +48,7 @@ REPO: Final = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from loadgen import pin_tree, rss_bytes, tree_cpu_seconds  # noqa: E402
+from profiling import start_sampler  # noqa: E402
 
 BENCH_VENV: Final = REPO / ".venv-bench"
 RESULTS: Final = HERE / "results" / "request_path.json"
@@ -402,6 +403,34 @@ def measure(
     )
 
 
+# --- profiling --------------------------------------------------------------------------------------
+
+
+def profile_run(
+    scenario: Scenario,
+    target: Target,
+    *,
+    body_file: Path,
+    stub_pid: int,
+    loadgen_cpu: int | None,
+    max_seconds: float,
+    out_dir: Path,
+) -> dict[str, Any]:
+    """One measurement with py-spy sampling every proxy process; returns the top frames of each."""
+    samplers = [
+        start_sampler(
+            pid, out_dir / f"{target.name}-{scenario.name}-{pid}.txt", max_seconds=max_seconds + 60
+        )
+        for pid in target.proxy_pids + target.worker_pids
+    ]
+    time.sleep(1.0)  # let py-spy attach
+    run = measure(
+        scenario, target, body_file=body_file, repeat=0, stub_pid=stub_pid,
+        loadgen_cpu=loadgen_cpu, max_seconds=max_seconds,
+    )  # fmt: skip
+    return {"run": asdict(run), "processes": [s.stop() for s in samplers]}
+
+
 # --- summary --------------------------------------------------------------------------------------
 
 
@@ -550,6 +579,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-peers", action="store_true", help="skip LiteLLM and sglang-router")
     parser.add_argument("--no-pin", action="store_true", help="do not pin servers / load generator")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--profile",
+        metavar="TARGET:SCENARIO",
+        default=None,
+        help="instead of the matrix: one run of TARGET under py-spy (needs .venv-bench)",
+    )
     args = parser.parse_args(argv)  # fmt: skip
     repeats = 1 if args.quick else args.repeats
     scenarios = build_scenarios(quick=args.quick)
@@ -577,6 +612,19 @@ def main(argv: list[str] | None = None) -> None:
             for name, why in stack.skipped.items():
                 print(f"skipping {name}: {why}", file=sys.stderr)
             stub_pid = stack.processes["stub"].proc.pid
+            if args.profile:
+                target_name, _, scenario_name = args.profile.partition(":")
+                target = next(t for t in stack.targets if t.name == target_name)
+                scenario = next(s for s in scenarios if s.name == scenario_name)
+                prof = profile_run(
+                    scenario, target, body_file=bodies[scenario.name], stub_pid=stub_pid,
+                    loadgen_cpu=loadgen_cpu, max_seconds=args.max_seconds,
+                    out_dir=HERE / "results" / "profiles",
+                )  # fmt: skip
+                out = HERE / "results" / "profiles" / f"{target_name}-{scenario_name}.json"
+                out.write_text(json.dumps(prof, indent=2) + "\n")
+                print(json.dumps(prof, indent=2))
+                return
             for repeat in range(repeats):
                 for scenario in scenarios:
                     for target in stack.targets:
