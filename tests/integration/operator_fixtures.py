@@ -26,8 +26,7 @@ from kubernetes.client.rest import ApiException
 from kvretention.api.models import GROUP, PLURAL, VERSION
 
 REPO = Path(__file__).resolve().parents[2]
-CRD_PATH = Path(os.environ.get("KVR_CRD_PATH") or REPO / "crds" / f"{GROUP}_{PLURAL}.yaml")
-"""The generated CRD (``$KVR_CRD_PATH`` points the tests at another build of it)."""
+CRD_PATH = REPO / "crds" / f"{GROUP}_{PLURAL}.yaml"
 EXAMPLES = REPO / "examples"
 INSTANCE = "app.kubernetes.io/instance"
 COMPONENT = "app.kubernetes.io/component"

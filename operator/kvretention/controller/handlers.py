@@ -408,8 +408,8 @@ def build_registry() -> kopf.OperatorRegistry:
         # Our own Events (on condition flips) replace kopf's per-log-line events.
         settings.posting.enabled = False
         # Nothing in the user's object: keep kopf's (unused) bookkeeping out of annotations.
-        settings.persistence.progress_storage = kopf.StatusProgressStorage(field="status.kopf")
-        settings.persistence.diffbase_storage = kopf.StatusDiffBaseStorage(field="status.kopf.d")
+        settings.persistence.progress_storage = kopf.StatusProgressStorage()
+        settings.persistence.diffbase_storage = kopf.StatusDiffBaseStorage()
         # The chart's RBAC grants no cluster-wide namespace/CRD listing.
         settings.scanning.disabled = True
         settings.watching.server_timeout = 300

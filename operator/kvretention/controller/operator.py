@@ -263,7 +263,8 @@ def operator_cmd(
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    logging.getLogger("kopf").setLevel(max(logging.INFO, logging.getLevelName(log_level.upper())))
+    # kopf logs every handler call at INFO ("Handler ... succeeded"): one line per watch event.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     cfg = OperatorConfig(
         namespaces=tuple(namespaces),
         health_port=health_port,
