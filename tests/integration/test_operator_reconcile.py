@@ -193,7 +193,7 @@ BAD_CRS: list[tuple[str, dict[str, Any], str]] = [
         {
             "kvStore": {
                 "mooncake": {
-                    "master": {"softPin": {"defaultTtlSeconds": 7200, "maxTtlSeconds": 3600}}
+                    "master": {"softPin": {"defaultTtlSeconds": 50000, "maxTtlSeconds": 43200}}
                 }
             }
         },

@@ -88,7 +88,7 @@ def master_cr() -> KvRetentionDeployment:
                             "eviction": {"highWatermarkRatio": 0.8, "ratio": 0.1},
                             "softPin": {
                                 "defaultTtlSeconds": 600,
-                                "maxTtlSeconds": 7200,
+                                "maxTtlSeconds": 43200,
                                 "allowEviction": False,
                             },
                         },
@@ -153,7 +153,7 @@ def test_master_runs_with_the_rendered_args(master: Master) -> None:
     [
         "default_kv_lease_ttl=5000",
         "default_kv_soft_pin_ttl=600000",
-        "max_kv_soft_pin_ttl=7200000",
+        "max_kv_soft_pin_ttl=43200000",
         "allow_evict_soft_pinned_objects=0",
         "eviction_ratio=0.1",
         "eviction_high_watermark_ratio=0.8",
@@ -222,7 +222,7 @@ def test_store_client_from_rendered_config_puts_and_gets_with_soft_pin(master: M
         assert store.get("kvr-l3-pinned") == value
         too_long = ReplicateConfig()
         too_long.soft_pin_action = SoftPinAction.ENABLE
-        too_long.soft_pin_ttl_ms = 7_200_001  # above the rendered --max_kv_soft_pin_ttl
+        too_long.soft_pin_ttl_ms = 43_200_001  # above the rendered --max_kv_soft_pin_ttl
         assert store.put("kvr-l3-too-long", value, too_long) != 0
     finally:
         store.close()

@@ -22,6 +22,8 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from kvretention.hints import LONGEST_EMITTED_TTL_SECONDS
+
 GROUP: Final = "kvretention.io"
 VERSION: Final = "v1alpha1"
 API_VERSION: Final = f"{GROUP}/{VERSION}"
@@ -39,8 +41,8 @@ DEFAULT_WORKER_IMAGE: Final = "ghcr.io/kvretention/worker:0.1.0"
 
 MAX_NAME_LENGTH: Final = 54
 """Longest CR name whose child Service names (``<name>-mooncake``) stay DNS-1035 labels (63)."""
-LARGEST_HINT_TTL_SECONDS: Final = 3_600
-"""The longest TTL the frontend emits (Anthropic ``1h``): a soft pin must be able to hold it."""
+LARGEST_HINT_TTL_SECONDS: Final = LONGEST_EMITTED_TTL_SECONDS
+"""The longest TTL the frontend emits (OpenAI Responses ``12h``): a soft pin must hold it."""
 MAX_SOFT_PIN_TTL_SECONDS: Final = 86_400
 
 Quantity = Annotated[
@@ -473,8 +475,8 @@ class SoftPinSpec(_Model):
         ge=LARGEST_HINT_TTL_SECONDS,
         le=MAX_SOFT_PIN_TTL_SECONDS,
         description=(
-            "Longest soft pin a write may ask for (--max_kv_soft_pin_ttl); at least 3600, the "
-            "longest hint TTL the frontend emits, at most 86400."
+            "Longest soft pin a write may ask for (--max_kv_soft_pin_ttl); at least "
+            f"{LARGEST_HINT_TTL_SECONDS}, the longest hint TTL the frontend emits, at most 86400."
         ),
     )
     allow_eviction: bool = Field(

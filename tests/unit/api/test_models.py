@@ -72,11 +72,11 @@ VALID = [
         {
             "kvStore": {
                 "mooncake": {
-                    "master": {"softPin": {"defaultTtlSeconds": 3600, "maxTtlSeconds": 3600}}
+                    "master": {"softPin": {"defaultTtlSeconds": 3600, "maxTtlSeconds": 43200}}
                 }
             }
         },
-        id="soft-pin-max-3600",
+        id="soft-pin-max-12h",
     ),
     pytest.param(
         {"hints": {"policy": "Required", "providers": {"openai": False}}},
@@ -182,10 +182,15 @@ INVALID = [
         id="soft-pin-max-above-a-day",
     ),
     pytest.param(
+        {"kvStore": {"mooncake": {"master": {"softPin": {"maxTtlSeconds": 3600}}}}},
+        "maxTtlSeconds",
+        id="soft-pin-max-below-longest-hint-12h",
+    ),
+    pytest.param(
         {
             "kvStore": {
                 "mooncake": {
-                    "master": {"softPin": {"defaultTtlSeconds": 7200, "maxTtlSeconds": 3600}}
+                    "master": {"softPin": {"defaultTtlSeconds": 50000, "maxTtlSeconds": 43200}}
                 }
             }
         },

@@ -80,7 +80,7 @@ def _set(path: str, value: Any) -> Callable[[Body], None]:
             {"protocol": "rdma"},
             {"ConfigMap/f-mooncake-config", "Deployment/f-worker"},
         ),
-        ({}, "kvStore.mooncake.master.softPin", {"maxTtlSeconds": 7200}, {"Deployment/f-mooncake"}),
+        ({}, "kvStore.mooncake.master.softPin", {"maxTtlSeconds": 50000}, {"Deployment/f-mooncake"}),
         ({}, "kvStore.mooncake.master.eviction", {"ratio": 0.2}, {"Deployment/f-mooncake"}),
         (
             {},
@@ -229,6 +229,7 @@ def test_worker_pods_run_the_probe_first() -> None:
         assert probe["command"] == [
             "kvretention",
             "probe",
+            "--report-only",
             "--termination-log",
             "/dev/termination-log",
         ]
@@ -339,7 +340,7 @@ def test_mooncake_master_args_follow_the_spec() -> None:
                         "metadataPort": 3,
                         "softPin": {
                             "defaultTtlSeconds": 60,
-                            "maxTtlSeconds": 3600,
+                            "maxTtlSeconds": 43200,
                             "allowEviction": False,
                         },
                     }
@@ -354,7 +355,7 @@ def test_mooncake_master_args_follow_the_spec() -> None:
         "--metrics_port=2",
         "--http_metadata_server_port=3",
         "--default_kv_soft_pin_ttl=60000",
-        "--max_kv_soft_pin_ttl=3600000",
+        "--max_kv_soft_pin_ttl=43200000",
         "--allow_evict_soft_pinned_objects=false",
         "--enable_http_metadata_server=true",
     ):
