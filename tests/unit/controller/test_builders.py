@@ -80,7 +80,12 @@ def _set(path: str, value: Any) -> Callable[[Body], None]:
             {"protocol": "rdma"},
             {"ConfigMap/f-mooncake-config", "Deployment/f-worker"},
         ),
-        ({}, "kvStore.mooncake.master.softPin", {"maxTtlSeconds": 50000}, {"Deployment/f-mooncake"}),
+        (
+            {},
+            "kvStore.mooncake.master.softPin",
+            {"maxTtlSeconds": 50000},
+            {"Deployment/f-mooncake"},
+        ),
         ({}, "kvStore.mooncake.master.eviction", {"ratio": 0.2}, {"Deployment/f-mooncake"}),
         (
             {},
