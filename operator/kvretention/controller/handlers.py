@@ -50,6 +50,8 @@ Key = tuple[str, str]
 """(namespace, name) of a KvRetentionDeployment."""
 
 MAX_BACKOFF_S: Final = 60.0
+REFUSED_STATUSES: Final = frozenset({400, 403, 422})
+"""Apply failures worth telling the user in status (RBAC, admission, a bad manifest)."""
 
 
 # -- pure helpers ------------------------------------------------------------------------------
@@ -257,11 +259,19 @@ class Controller:
         desired = _build_children(cr)
         live = await self._list_children(namespace, name)
         observed_deployments: dict[str, Mapping[str, Any]] = {}
+        refused: list[str] = []
         for manifest in desired:
-            current = await self._ensure(manifest, live.get(child_key(manifest)))
-            if manifest["kind"] == "Deployment":
+            current = live.get(child_key(manifest))
+            try:
+                current = await self._ensure(manifest, current)
+            except k.ApiError as exc:
+                if exc.status not in REFUSED_STATUSES:
+                    raise
+                refused.append(f"{manifest['kind']} {manifest['metadata']['name']}: {exc.message}")
+            if manifest["kind"] == "Deployment" and current is not None:
                 observed_deployments[manifest["metadata"]["name"]] = current
-        await self._prune(body, desired, live)
+        if not refused:
+            await self._prune(body, desired, live)
         pods = await self.kube.list(
             k.POD,
             namespace,
@@ -280,9 +290,14 @@ class Controller:
                 else None
             ),
         )
-        observed = Observed(deployments=observed_deployments, worker_pods=pods)
+        observed = Observed(
+            deployments=observed_deployments, worker_pods=pods, apply_errors=refused
+        )
         status = compute_status(fleet, observed, previous=previous, now=self.clock())
         await self._write_status(body, previous, status)
+        if refused:
+            # Said so in status; now fail so the queue retries with backoff.
+            raise kopf.TemporaryError("the API server refused: " + "; ".join(refused))
         return "ok"
 
     async def _list_children(self, namespace: str, name: str) -> dict[tuple[str, str], Any]:

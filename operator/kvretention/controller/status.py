@@ -188,6 +188,8 @@ class Observed:
 
     deployments: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     worker_pods: Sequence[Mapping[str, Any]] = ()
+    apply_errors: Sequence[str] = ()
+    """Children the API server refused (RBAC, admission); the reconcile retries them."""
 
 
 # -- checks ------------------------------------------------------------------------------------
@@ -276,10 +278,19 @@ def check_progressing(workloads: Sequence[Workload]) -> Verdict:
     return Verdict("False", "Converged", "every Deployment runs the current spec")
 
 
-def check_ready(verdicts: Mapping[str, Verdict], *, hints_required: bool) -> Verdict:
-    """The chain: a definite hints failure, then each component, then a pending probe."""
+def check_applied(apply_errors: Sequence[str]) -> Verdict | None:
+    if not apply_errors:
+        return None
+    return Verdict("False", "ApplyFailed", "; ".join(apply_errors))
+
+
+def check_ready(
+    verdicts: Mapping[str, Verdict], *, hints_required: bool, apply_errors: Sequence[str] = ()
+) -> Verdict:
+    """The chain: refused writes, a definite hints failure, each component, a pending probe."""
     hints = verdicts[KV_HINTS_SUPPORTED]
     chain: list[Callable[[], Verdict | None]] = [
+        lambda: check_applied(apply_errors),
         lambda: hints if hints_required and hints.status == "False" else None,
         *(
             (lambda t=t: verdicts[t] if verdicts[t].status != "True" else None)
@@ -414,9 +425,12 @@ def compute_status(
         WORKERS_READY: check_workloads(workers, what="worker"),
         KVSTORE_READY: check_kvstore(master, external=fleet.kvstore_external),
         KV_HINTS_SUPPORTED: check_kv_hints(reports),
-        PROGRESSING: check_progressing([w for ws in groups.values() for w in ws]),
+        PROGRESSING: check_applied(observed.apply_errors)
+        or check_progressing([w for ws in groups.values() for w in ws]),
     }
-    verdicts[READY] = check_ready(verdicts, hints_required=fleet.hints_required)
+    verdicts[READY] = check_ready(
+        verdicts, hints_required=fleet.hints_required, apply_errors=observed.apply_errors
+    )
     previous_conditions = (previous or {}).get("conditions") or []
     workers_count = _count(workers)
     status: dict[str, Any] = {

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import kopf
 import pytest
 import yaml
 
@@ -351,3 +352,23 @@ def test_registry_has_only_event_handlers() -> None:
     assert not registry._changing.get_all_handlers()
     assert not registry._spawning.get_all_handlers()
     assert len(registry._watching.get_all_handlers()) == 5
+
+
+async def test_a_refused_child_is_reported_in_status_and_retried(fake: FakeKube) -> None:
+    fake.put(CR_KIND, load_example("aggregated"))
+    real_apply = fake.apply
+
+    async def refuse_router(manifest: Mapping[str, Any], **kwargs: Any) -> dict[str, Any]:
+        if manifest["metadata"]["name"] == "qwen-router" and manifest["kind"] == "Deployment":
+            raise k.ApiError(403, 'deployments.apps "qwen-router" is forbidden')
+        return await real_apply(manifest, **kwargs)
+
+    fake.apply = refuse_router  # type: ignore[method-assign]
+    c = controller(fake)
+    c.known.add(("ns", "qwen"))
+    with pytest.raises(kopf.TemporaryError, match="forbidden"):
+        await c.reconcile(("ns", "qwen"))
+    ready = next(x for x in fake.cr()["status"]["conditions"] if x["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "ApplyFailed")
+    assert "qwen-router" in ready["message"]
+    assert ("deployments", "ns", "qwen-frontend") in fake.objects  # the rest still applied

@@ -413,3 +413,17 @@ def test_observe_workload_defaults_replicas_to_one_and_reads_live_status() -> No
     assert observe_workload(manifest, None).desired == 1
     w = observe_workload(deployment("d", "router", 2), live("d", replicas=2, ready=2))
     assert (w.exists, w.ready, w.rolled_out) == (True, 2, True)
+
+
+def test_refused_writes_outrank_everything_else() -> None:
+    observed = Observed(
+        deployments=all_ready(AGGREGATED),
+        worker_pods=GOOD_PODS,
+        apply_errors=["Deployment f-router: forbidden"],
+    )
+    status = compute_status(fleet(), observed, previous=None, now=T0)
+    got = conditions(status)
+    assert got["Ready"] == ("False", "ApplyFailed")
+    assert got["Progressing"] == ("False", "ApplyFailed")
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert "f-router: forbidden" in ready["message"]
