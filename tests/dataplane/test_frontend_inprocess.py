@@ -12,6 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from router_standin import RouterStandIn
 
 from kvretention.dataplane.frontend.app import FrontendConfig, create_app
+from kvretention.dataplane.frontend.errors import Provider
 from kvretention.dataplane.protocol import ChatMessage
 
 
@@ -110,3 +111,94 @@ async def test_unexpected_exception_is_a_generic_provider_500(
     for body in (anthropic_body, openai_body):
         assert "secret" not in str(body) and "Traceback" not in str(body)
     assert "secret internal detail" in caplog.text
+
+
+_BLOCK_CC = {"type": "ephemeral"}
+
+
+@pytest.mark.parametrize(
+    ("disabled", "path", "body"),
+    [
+        pytest.param(
+            "openai",
+            "/v1/chat/completions",
+            {
+                "model": "m",
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "text",
+                                "text": "off-chat",
+                                "prompt_cache_breakpoint": {"mode": "explicit"},
+                            }
+                        ],
+                    }
+                ],
+                "prompt_cache_options": {"mode": "explicit"},
+            },
+            id="openai-off-explicit-mode-and-breakpoint-ignored",
+        ),
+        pytest.param(
+            "openai",
+            "/v1/responses",
+            {"model": "m", "input": "off-resp", "prompt_cache_options": {"ttl": "30m"}},
+            id="openai-off-responses-no-hint",
+        ),
+        pytest.param(
+            "anthropic",
+            "/v1/messages",
+            {
+                "model": "m",
+                "max_tokens": 4,
+                "system": [{"type": "text", "text": "sys", "cache_control": _BLOCK_CC}],
+                "messages": [{"role": "user", "content": "off-msg"}],
+                "cache_control": {"type": "ephemeral", "ttl": "1h"},
+            },
+            id="anthropic-off-block-and-top-level-ignored",
+        ),
+    ],
+)
+async def test_a_provider_turned_off_has_its_cache_controls_accepted_and_ignored(
+    router_standin: RouterStandIn, disabled: str, path: str, body: dict[str, Any]
+) -> None:
+    """``--no-<provider>-hints``: no hint and no rejection, as a server without prompt caching."""
+    router_standin.clear()
+    enabled = frozenset(p for p in Provider if p.value != disabled)
+    app = create_app(FrontendConfig(router_url=router_standin.base_url, hint_providers=enabled))
+    client = await _client(app)
+    try:
+        resp = await client.post(path, json=body)
+        assert resp.status == 200, await resp.text()
+    finally:
+        await client.close()
+    [received] = [r.body for r in router_standin.received]
+    assert "kv_hints" not in received
+
+
+async def test_the_other_provider_still_hints_when_one_is_off(
+    router_standin: RouterStandIn,
+) -> None:
+    router_standin.clear()
+    app = create_app(
+        FrontendConfig(
+            router_url=router_standin.base_url, hint_providers=frozenset({Provider.ANTHROPIC})
+        )
+    )
+    client = await _client(app)
+    try:
+        resp = await client.post(
+            "/v1/messages",
+            json={
+                "model": "m",
+                "max_tokens": 4,
+                "messages": [{"role": "user", "content": "on-msg"}],
+                "cache_control": {"type": "ephemeral"},
+            },
+        )
+        assert resp.status == 200, await resp.text()
+    finally:
+        await client.close()
+    [received] = [r.body for r in router_standin.received]
+    assert received["kv_hints"] == {"retain_full_prompt": {"ttl_seconds": 300}}

@@ -21,8 +21,6 @@ from kvretention.controller.resources.common import (
 from kvretention.controller.resources.router import router_url
 
 FRONTEND_SUFFIX: Final = "frontend"
-HINTS_ENV: Final = ("KVR_HINTS_POLICY", "KVR_HINTS_OPENAI", "KVR_HINTS_ANTHROPIC")
-"""Hint settings handed to the frontend process (it has no flags for them)."""
 
 
 def frontend_endpoint(cr: KvRetentionDeployment) -> str:
@@ -43,24 +41,20 @@ def build_frontend_command(cr: KvRetentionDeployment) -> list[str]:
         router_url(cr),
         "--model",
         cr.spec.model.name,
+        # A provider turned off gets its cache controls accepted and ignored, never a hint.
+        "--openai-hints" if cr.spec.hints.providers.openai else "--no-openai-hints",
+        "--anthropic-hints" if cr.spec.hints.providers.anthropic else "--no-anthropic-hints",
     ]
 
 
 def build_frontend(cr: KvRetentionDeployment) -> list[Manifest]:
     """Service + Deployment of the frontend."""
     spec = cr.spec.frontend
-    hints = cr.spec.hints
     name = child_name(cr, FRONTEND_SUFFIX)
-    policy_env, openai_env, anthropic_env = HINTS_ENV
     container: dict[str, Any] = {
         "name": "frontend",
         "image": spec.image,
         "command": build_frontend_command(cr),
-        "env": [
-            {"name": policy_env, "value": hints.policy},
-            {"name": openai_env, "value": str(hints.providers.openai).lower()},
-            {"name": anthropic_env, "value": str(hints.providers.anthropic).lower()},
-        ],
         "ports": [{"name": "http", "containerPort": FRONTEND_PORT, "protocol": "TCP"}],
         **http_probes(FRONTEND_PORT),
         "securityContext": container_security(),

@@ -22,9 +22,13 @@ _STOP: Final = {"stop": "end_turn", "length": "max_tokens"}
 _MAX_STOP_SEQUENCES: Final = 8
 
 
-def parse_messages(body: dict[str, Any]) -> ParsedRequest:
-    """A ``/v1/messages`` body -> ``ParsedRequest``; raises ``ClientError``."""
-    envelope = normalize_messages(body)
+def parse_messages(body: dict[str, Any], *, hints: bool = True) -> ParsedRequest:
+    """A ``/v1/messages`` body -> ``ParsedRequest``; raises ``ClientError``.
+
+    With ``hints=False`` (Anthropic hints turned off for the fleet) ``cache_control`` is not
+    interpreted at all: accepted and ignored, as a server without prompt caching would.
+    """
+    envelope = normalize_messages(body) if hints else None
     model = F.required_str(body, "model")
     if "max_tokens" not in body:
         raise F.missing("max_tokens")
@@ -210,8 +214,8 @@ class MessagesApi:
     endpoint = "messages"
     provider = Provider.ANTHROPIC
 
-    def parse(self, body: dict[str, Any]) -> ParsedRequest:
-        return parse_messages(body)
+    def parse(self, body: dict[str, Any], *, hints: bool) -> ParsedRequest:
+        return parse_messages(body, hints=hints)
 
     def response(
         self, parsed: ParsedRequest, result: Completion, *, request_id: str

@@ -45,6 +45,8 @@ class FrontendConfig:
     """Model names clients may ask for; empty accepts any name."""
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     upstream_timeout: float = DEFAULT_UPSTREAM_TIMEOUT
+    hint_providers: frozenset[Provider] = frozenset(Provider)
+    """Providers whose cache controls become KV hints; others' are accepted and ignored."""
 
 
 @dataclass
@@ -175,7 +177,7 @@ async def _generate(
 ) -> web.StreamResponse:
     try:
         body = await read_json_body(request, limit=state.config.max_body_bytes)
-        parsed = api.parse(body)
+        parsed = api.parse(body, hints=api.provider in state.config.hint_providers)
         check_model(parsed.model, served=state.config.served_models)
     except (ClientError, FrontendError) as exc:
         err = errors.from_client_error(exc) if isinstance(exc, ClientError) else exc

@@ -13,6 +13,7 @@ from kvretention.dataplane.frontend.app import (
     FrontendConfig,
     create_app,
 )
+from kvretention.dataplane.frontend.errors import Provider
 from kvretention.dataplane.frontend.tokenizer import (
     ChatTokenizer,
     TokenizerUnavailable,
@@ -61,6 +62,20 @@ from kvretention.dataplane.trace import TRACE_ENV, trace_from_env
     default=None,
     help="HF tokenizer path: apply the chat template here and send token ids (needs transformers).",
 )
+@click.option(
+    "--openai-hints/--no-openai-hints",
+    default=True,
+    show_default=True,
+    envvar="KVR_HINTS_OPENAI",
+    help="Turn OpenAI prompt_cache_options into KV hints; off: the fields are accepted and ignored.",
+)
+@click.option(
+    "--anthropic-hints/--no-anthropic-hints",
+    default=True,
+    show_default=True,
+    envvar="KVR_HINTS_ANTHROPIC",
+    help="Turn Anthropic top-level cache_control into KV hints; off: accepted and ignored.",
+)
 @click.option("--log-level", default="info", show_default=True)
 def frontend_cmd(
     host: str,
@@ -71,6 +86,8 @@ def frontend_cmd(
     upstream_timeout: float,
     trace_file: str | None,
     tokenizer_path: str | None,
+    openai_hints: bool,
+    anthropic_hints: bool,
     log_level: str,
 ) -> None:
     """Serve /v1/chat/completions, /v1/responses and /v1/messages, turning cache controls into KV hints."""
@@ -88,6 +105,14 @@ def frontend_cmd(
         served_models=models,
         max_body_bytes=max_body_bytes,
         upstream_timeout=upstream_timeout,
+        hint_providers=frozenset(
+            provider
+            for provider, enabled in (
+                (Provider.OPENAI, openai_hints),
+                (Provider.ANTHROPIC, anthropic_hints),
+            )
+            if enabled
+        ),
     )
     trace = trace_from_env(trace_file, component="frontend")
     app = create_app(config, trace=trace, tokenizer=tokenizer)

@@ -60,7 +60,7 @@ class Api(Protocol):
     endpoint: str
     provider: Provider
 
-    def parse(self, body: dict[str, Any]) -> ParsedRequest: ...
+    def parse(self, body: dict[str, Any], *, hints: bool) -> ParsedRequest: ...
 
     def response(
         self, parsed: ParsedRequest, result: Completion, *, request_id: str

@@ -39,9 +39,12 @@ _MAX_STOP: Final = 4
 # -- parsing -----------------------------------------------------------------------------------
 
 
-def parse_chat(body: dict[str, Any]) -> ParsedRequest:
-    """A ``/v1/chat/completions`` body -> ``ParsedRequest``; raises ``ClientError``."""
-    envelope = normalize_chat_completions(body)
+def parse_chat(body: dict[str, Any], *, hints: bool = True) -> ParsedRequest:
+    """A ``/v1/chat/completions`` body -> ``ParsedRequest``; raises ``ClientError``.
+
+    With ``hints=False`` the prompt-cache fields are not interpreted: accepted and ignored.
+    """
+    envelope = normalize_chat_completions(body) if hints else None
     model = F.required_str(body, "model")
     if "messages" not in body:
         raise F.missing("messages")
@@ -71,9 +74,12 @@ def parse_chat(body: dict[str, Any]) -> ParsedRequest:
     )
 
 
-def parse_responses(body: dict[str, Any]) -> ParsedRequest:
-    """A ``/v1/responses`` body -> ``ParsedRequest``; raises ``ClientError``."""
-    envelope = normalize_responses(body)
+def parse_responses(body: dict[str, Any], *, hints: bool = True) -> ParsedRequest:
+    """A ``/v1/responses`` body -> ``ParsedRequest``; raises ``ClientError``.
+
+    With ``hints=False`` the prompt-cache fields are not interpreted: accepted and ignored.
+    """
+    envelope = normalize_responses(body) if hints else None
     model = F.required_str(body, "model")
     for key in ("previous_response_id", "conversation", "prompt"):
         if body.get(key) is not None:
@@ -306,8 +312,8 @@ class ChatApi:
     endpoint = "chat.completions"
     provider = Provider.OPENAI
 
-    def parse(self, body: dict[str, Any]) -> ParsedRequest:
-        return parse_chat(body)
+    def parse(self, body: dict[str, Any], *, hints: bool) -> ParsedRequest:
+        return parse_chat(body, hints=hints)
 
     def response(
         self, parsed: ParsedRequest, result: Completion, *, request_id: str
@@ -483,8 +489,8 @@ class ResponsesApi:
     endpoint = "responses"
     provider = Provider.OPENAI
 
-    def parse(self, body: dict[str, Any]) -> ParsedRequest:
-        return parse_responses(body)
+    def parse(self, body: dict[str, Any], *, hints: bool) -> ParsedRequest:
+        return parse_responses(body, hints=hints)
 
     def response(
         self, parsed: ParsedRequest, result: Completion, *, request_id: str
