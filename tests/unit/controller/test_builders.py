@@ -73,7 +73,9 @@ def _set(path: str, value: Any) -> Callable[[Body], None]:
         ({}, "router.replicas", 2, {"Deployment/f-router"}),
         ({}, "router.sessionAffinity", {"type": "ClientIP"}, {"Service/f-router"}),
         ({}, "workers.replicas", 4, {"Deployment/f-worker"}),
-        ({}, "hints", {"policy": "Required"}, {"Deployment/f-frontend"}),
+        ({}, "hints", {"providers": {"anthropic": False}}, {"Deployment/f-frontend"}),
+        # The policy only decides readiness (status): no child changes.
+        ({}, "hints", {"policy": "Required"}, set()),
         (
             {},
             "kvStore.mooncake.transfer",
@@ -276,7 +278,14 @@ def test_disaggregated_wiring() -> None:
 def test_frontend_points_at_the_router() -> None:
     cr = KvRetentionDeployment.from_k8s(base(frontend={"service": {"port": 80}}))
     command = _container(children(base())["Deployment/f-frontend"], "frontend")["command"]
-    assert command[-4:] == ["--router-url", "http://f-router:8001", "--model", "m"]
+    assert command[-6:] == [
+        "--router-url",
+        "http://f-router:8001",
+        "--model",
+        "m",
+        "--openai-hints",
+        "--anthropic-hints",
+    ]
     assert frontend_endpoint(cr) == "http://f-frontend.ns.svc:80"
 
 
