@@ -296,3 +296,32 @@ def test_deleting_the_cr_garbage_collects_everything_it_owned(
     wait_until("children created", lambda: len(fleets.children("gone")) >= 8)
     fleets.delete("gone")
     wait_until("children collected", lambda: fleets.children("gone") == {}, timeout_s=90)
+
+
+def test_disaggregated_and_external_mooncake_examples_reach_ready(
+    operator: Operator, fleets: Fleets
+) -> None:
+    fleets.create(load_example("disaggregated"))
+    fleets.create(load_example("external-mooncake"))
+    for name in ("qwen-pd", "qwen-ext"):
+        fleets.wait_condition(name, "WorkersReady", "True")
+    # Disaggregated: two pools; the scale subresource follows the decode pool.
+    pd = fleets.get("qwen-pd")["status"]
+    assert pd["workers"] == {"ready": 3, "desired": 3}
+    assert pd["replicas"] == 2
+    assert "worker-decode" in pd["selector"]
+    names = {n for (k, n) in fleets.children("qwen-pd") if k == "Deployment"}
+    assert {"qwen-pd-prefill", "qwen-pd-decode"} <= names
+    assert "qwen-pd-worker" not in names
+    # External Mooncake: no master of ours, and the store condition says whose it is.
+    kv = fleets.wait_condition("qwen-ext", "KvStoreReady", "True", reason="External")
+    assert "mooncake-master.mooncake.svc:50051" in kv["message"]
+    assert not any(n.endswith("-mooncake") for (_, n) in fleets.children("qwen-ext"))
+    # Required hints (the PD example) with a capable engine: Ready.
+    fleets.wait_condition(
+        "qwen-pd",
+        "Ready",
+        "True",
+        reason="Ready",
+        while_waiting=lambda: fleets.inject_probe_reports("qwen-pd", GOOD_REPORT),
+    )
