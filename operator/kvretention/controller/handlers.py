@@ -20,7 +20,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -29,6 +29,7 @@ import kopf
 from kvretention.api.models import GROUP, KIND, PLURAL, VERSION, KvRetentionDeployment, SpecError
 from kvretention.controller import kube as k
 from kvretention.controller.metrics import Metrics
+from kvretention.controller.resources import build_children, check_spec
 from kvretention.controller.status import (
     WORKER_COMPONENTS,
     Fleet,
@@ -159,7 +160,7 @@ class Controller:
     metrics: Metrics = field(default_factory=Metrics)
     resync_seconds: float = 60.0
     workers: int = 4
-    clock: Any = field(default=lambda: dt.datetime.now(dt.UTC))
+    clock: Callable[[], dt.datetime] = field(default=lambda: dt.datetime.now(dt.UTC))
 
     def __post_init__(self) -> None:
         self.queue = WorkQueue()
@@ -246,7 +247,7 @@ class Controller:
         spec_only = {key_: v for key_, v in body.items() if key_ != "status"}
         try:
             cr = KvRetentionDeployment.from_k8s(spec_only)
-            problems = _check_spec(cr)
+            problems = check_spec(cr)
         except SpecError as exc:
             problems = exc.problems
         if problems:
@@ -256,7 +257,7 @@ class Controller:
             await self._write_status(body, previous, status)
             return "invalid"
 
-        desired = _build_children(cr)
+        desired = build_children(cr)
         live = await self._list_children(namespace, name)
         observed_deployments: dict[str, Mapping[str, Any]] = {}
         refused: list[str] = []
@@ -390,18 +391,6 @@ class Controller:
                 now=now,
             )
             self.metrics.events.inc()
-
-
-def _check_spec(cr: KvRetentionDeployment) -> list[str]:
-    from kvretention.controller.resources import check_spec
-
-    return list(check_spec(cr))
-
-
-def _build_children(cr: KvRetentionDeployment) -> list[dict[str, Any]]:
-    from kvretention.controller.resources import build_children
-
-    return list(build_children(cr))
 
 
 # -- kopf registration -------------------------------------------------------------------------
