@@ -386,7 +386,7 @@ def test_parse_probe_report(the_pod: dict[str, Any], expected: type | None) -> N
         (OLD_ENGINE_REPORT, "EngineLacksKvHints"),
         (
             {**GOOD_REPORT, "mooncake_store_importable": False, "mooncake_error": "no libcuda"},
-            "MooncakeUnavailable",
+            "EngineAcceptsKvHints",  # reported, not required (docs/probe.md)
         ),
         ({**GOOD_REPORT, "usable_for_hints": False}, "EngineUnusableForHints"),
     ],
@@ -427,3 +427,12 @@ def test_refused_writes_outrank_everything_else() -> None:
     assert got["Progressing"] == ("False", "ApplyFailed")
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert "f-router: forbidden" in ready["message"]
+
+
+def test_mooncake_import_failure_is_named_in_the_message() -> None:
+    report = {**GOOD_REPORT, "mooncake_store_importable": False, "mooncake_error": "no libcuda"}
+    parsed = parse_probe_report(pod("f-worker-a", json.dumps(report)))
+    assert parsed is not None
+    verdict = check_kv_hints([parsed])
+    assert verdict.status == "True"
+    assert "mooncake.store does not import in pod f-worker-a: no libcuda" in verdict.message
