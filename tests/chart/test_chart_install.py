@@ -33,6 +33,8 @@ def release_ns(cluster: Cluster) -> Iterator[str]:
     """A fresh release namespace (the chart's kvretention-system, made unique per test)."""
     name = f"kvr-chart-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "namespace", name)
+    # PodSecurity admission then refuses an operator pod that is not "restricted".
+    cluster.kubectl("label", "namespace", name, "pod-security.kubernetes.io/enforce=restricted")
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
@@ -176,7 +178,7 @@ def test_helm_install_upgrade_uninstall_with_operator(
     assert "Hints" not in printer_columns(cluster)
     role = json.loads(cluster.kubectl("-n", fleet_ns, "get", "role", SA, "-o", "json").stdout)
     assert role["metadata"]["annotations"]["meta.helm.sh/release-namespace"] == release_ns
-    # The operator Deployment rolled out (its kwok pod passed the restricted-looking spec).
+    # The operator Deployment rolled out: its pod passed PodSecurity "restricted" admission.
     assert deployment(cluster, release_ns, SA)["status"].get("availableReplicas") == 1
 
     # 2. the real operator, as the chart's ServiceAccount, reconciles a sample fleet.
