@@ -28,3 +28,15 @@ typecheck:
 
 unit: bootstrap
 	$(BIN)/pytest -q tests/unit
+
+## Regenerate every generated file: the CRD, the chart's copy of it, the kubectl bundle.
+crds:
+	$(BIN)/kvretention crds --write crds/
+	scripts/sync-chart-crds.sh
+	scripts/gen-install-bundle.sh
+
+## Fail when a generated file differs from its source.
+verify:
+	$(BIN)/kvretention crds --write crds/ && git diff --exit-code -- crds/
+	scripts/sync-chart-crds.sh --check
+	scripts/gen-install-bundle.sh --check

@@ -10,9 +10,11 @@ MOONCAKE_VERSION=0.3.13.post1
 
 log() { printf '[bootstrap] %s\n' "$*" >&2; }
 
-# Debian packages: openssl for the control plane's keys, libibverbs1 for mooncake_master.
+# Debian packages: openssl for the control plane's keys, libibverbs1 for mooncake_master,
+# lua5.1 to test the Argo CD health check with a real Lua.
 need_apt=()
 command -v openssl >/dev/null || need_apt+=(openssl)
+command -v lua5.1 >/dev/null || need_apt+=(lua5.1)
 [ -e /usr/lib/x86_64-linux-gnu/libibverbs.so.1 ] || ldconfig -p | grep -q libibverbs.so.1 || need_apt+=(libibverbs1)
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "installing Debian packages: ${need_apt[*]}"
