@@ -1,7 +1,8 @@
 """A small closed-loop HTTP load generator on aiohttp, plus the process CPU accounting around it.
 
 ``C`` concurrent clients each POST the same body back to back until ``requests`` answers arrived
-or ``max_seconds`` passed (whichever first). Every answer is read to the end; for streams the
+or ``max_seconds`` passed (whichever first); requests still in flight ``LATE_GRACE_S`` after
+that are cancelled and not counted. Every answer is read to the end; for streams the
 time to the first body byte and the number of SSE events (``data:`` lines, ``[DONE]`` excluded)
 or NDJSON lines are counted. It pins itself to one CPU (``--cpu``) so that on a small machine its
 own work competes with the servers as little as possible, and reports its own CPU time so a reader
@@ -30,6 +31,7 @@ from typing import Any
 import aiohttp
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+LATE_GRACE_S = 5.0
 
 
 # --- process CPU accounting (used by the benchmark drivers; /proc, no psutil) ---------------------
@@ -132,6 +134,7 @@ class LoadResult:
     chunks_per_request: float
     loadgen_cpu_s: float
     first_error: str | None = None
+    cancelled: int = 0
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
@@ -205,7 +208,13 @@ async def run_load(spec: LoadSpec) -> LoadResult:
 
         cpu0 = os.times()
         started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(spec.concurrency)))
+        workers = [asyncio.ensure_future(worker()) for _ in range(spec.concurrency)]
+        # Requests still in flight this long after the deadline are cancelled and not counted:
+        # a slow peer cannot stretch a run past its bound.
+        _, late = await asyncio.wait(workers, timeout=spec.max_seconds + LATE_GRACE_S)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
         wall = time.perf_counter() - started
         cpu1 = os.times()
     latencies.sort()
@@ -225,6 +234,7 @@ async def run_load(spec: LoadSpec) -> LoadResult:
         chunks_per_request=chunks / done if done else 0.0,
         loadgen_cpu_s=(cpu1.user - cpu0.user) + (cpu1.system - cpu0.system),
         first_error=first_error,
+        cancelled=len(late),
     )
 
 
