@@ -10,6 +10,7 @@ Every target answers the same OpenAI chat request from the same bare upstream
 ``full``             -> our frontend -> our router -> our worker (``--engine standin:versioned``)
 ``litellm``          -> LiteLLM's proxy (``.venv-bench``) -> stub
 ``sglang-router``    -> SGLang's router (``.venv-bench``) -> stub
+``.../uvloop``       ``frontend+router`` again, same code, on uvloop (an event-loop experiment)
 ===================  ===========================================================================
 
 Scenarios: concurrency 1 and 64, streaming and not, a small and a ~200 KB prompt, plus one long
@@ -56,6 +57,7 @@ MODEL: Final = "stub-model"
 API_KEY: Final = "sk-kvr-bench-0123456789abcdef"
 """LiteLLM's master key; sent to every target (the others ignore it) so the requests are equal."""
 LONG_STREAM_TOKENS: Final = 256
+UVLOOP_TARGET: Final = "frontend+router/uvloop"
 READY_TIMEOUT_S: Final = 90.0
 
 
@@ -258,6 +260,11 @@ def start_stack(
                 )
             )
         bench_python = BENCH_VENV / "bin" / "python"
+        if peers and want(UVLOOP_TARGET):
+            if _has_uvloop(bench_python):
+                out.targets.append(_start_uvloop_pair(stack, out, stub=stub, log_dir=log_dir))
+            else:
+                out.skipped[UVLOOP_TARGET] = "run benchmarks/setup.sh first"
         if peers and want("litellm"):
             if (BENCH_VENV / "bin" / "litellm").exists():
                 out.targets.append(_start_litellm(stack, out, stub=stub, log_dir=log_dir))
@@ -272,6 +279,34 @@ def start_stack(
             for proc in out.processes.values():
                 pin_tree(proc.proc.pid, server_cpus)
         yield out
+
+
+def _has_uvloop(python: Path) -> bool:
+    if not python.exists():
+        return False
+    probe = [str(python), "-c", "import uvloop, prometheus_client"]
+    return subprocess.run(probe, capture_output=True, check=False).returncode == 0
+
+
+def _start_uvloop_pair(stack: ExitStack, out: Stack, *, stub: Any, log_dir: Path) -> Target:
+    """Our router and frontend again, on uvloop (``uvloop_launch.py`` from ``.venv-bench``)."""
+    launch = [str(BENCH_VENV / "bin" / "python"), str(HERE / "uvloop_launch.py")]
+    env = {"PYTHONPATH": str(REPO / "operator"), "PYTHONUNBUFFERED": "1"}
+    rport, fport = helpers.free_port(), helpers.free_port()
+    rt = start_external(
+        [*launch, "router", "--host", "127.0.0.1", "--port", str(rport),
+         "--worker", stub.base_url, "--log-level", "WARNING"],
+        name="uvloop-router", ready_url=f"http://127.0.0.1:{rport}/readyz", log_dir=log_dir, env=env,
+    )  # fmt: skip
+    stack.callback(rt.stop)
+    fe = start_external(
+        [*launch, "frontend", "--host", "127.0.0.1", "--port", str(fport), "--model", MODEL,
+         "--router-url", rt.base_url, "--log-level", "warning"],
+        name="uvloop-frontend", ready_url=f"http://127.0.0.1:{fport}/healthz", log_dir=log_dir, env=env,
+    )  # fmt: skip
+    stack.callback(fe.stop)
+    out.processes |= {"uv.router": rt, "uv.frontend": fe}
+    return Target(UVLOOP_TARGET, fe.base_url + "/v1/chat/completions", (fe.proc.pid, rt.proc.pid))
 
 
 def _start_litellm(stack: ExitStack, out: Stack, *, stub: Any, log_dir: Path) -> Target:
