@@ -63,7 +63,11 @@ READY_TIMEOUT_S: Final = 90.0
 
 def _load_dataplane_helpers() -> ModuleType:
     """The data-plane tier's process helpers (start a ``kvretention`` subcommand on a free port)."""
-    path = REPO / "tests" / "dataplane" / "conftest.py"
+    candidates = [
+        REPO / "tests" / "support" / "processes.py",
+        REPO / "tests" / "dataplane" / "conftest.py",  # where they lived before tests/support
+    ]
+    path = next((p for p in candidates if p.exists()), candidates[0])
     spec = importlib.util.spec_from_file_location("kvr_dataplane_helpers", path)
     if spec is None or spec.loader is None:
         raise RuntimeError(f"cannot import {path}")
