@@ -34,7 +34,7 @@ def frontend(router_standin: RouterStandIn, kvretention_process: Any) -> Any:
 @pytest.fixture(scope="module")
 def orphan(kvretention_process: Any) -> Any:
     """A frontend whose router does not exist."""
-    from conftest import free_port
+    from support.processes import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"
     return kvretention_process(["frontend", "--router-url", dead, "--upstream-timeout", "1"])

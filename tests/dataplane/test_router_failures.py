@@ -13,7 +13,7 @@ from typing import Any
 
 from test_worker_process import calls, post, request_body, wait_for
 
-from conftest import KvrProcess, StartKvretention, free_port, http_ok
+from support.processes import KvrProcess, StartKvretention, free_port, http_ok
 
 FAST_HEALTH = ["--health-interval", "0.2", "--health-timeout", "0.5"]
 

@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 from test_worker_process import post
 
-from conftest import StartKvretention, free_port
+from support.processes import StartKvretention, free_port
 
 # Deliberately odd formatting: spacing, key order, escapes, an exponent, an unknown future action.
 # Any parse-and-reserialize step on the way would change these bytes.

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from test_worker_process import HINT, calls, post, request_body, wait_for
 
-from conftest import StartKvretention
+from support.processes import StartKvretention
 
 PD_BOOTSTRAP_PORT = 8998
 

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 import pytest
 from test_worker_process import calls, post, request_body, wait_for
 
-from conftest import KvrProcess, StartKvretention, http_ok
+from support.processes import KvrProcess, StartKvretention, http_ok
 
 
 def start_worker(

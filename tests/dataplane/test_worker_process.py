@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from conftest import KvrProcess, StartKvretention
+from support.processes import KvrProcess, StartKvretention
 
 HINT = {"retain_full_prompt": {"ttl_seconds": 1800}}
 

@@ -7,9 +7,7 @@ assertions read what the engine was actually called with.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,15 +17,7 @@ import anthropic
 import openai
 import pytest
 
-_spec = importlib.util.spec_from_file_location(
-    "kvr_dataplane_processes", Path(__file__).resolve().parents[1] / "dataplane" / "conftest.py"
-)
-assert _spec is not None and _spec.loader is not None
-_procs = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = _procs  # dataclasses resolve annotations through sys.modules
-_spec.loader.exec_module(_procs)
-KvrProcess = _procs.KvrProcess
-start_kvretention = _procs.start_kvretention
+from support.processes import start_kvretention
 
 MODEL = "standin"
 REPLY = "Hello from the kvretention stand-in."

@@ -1,0 +1,1 @@
+"""Test helpers importable from every tier (``tests`` is on pytest's pythonpath)."""
