@@ -39,9 +39,9 @@ def request_tables(data: dict[str, Any]) -> str:
         out.append(f"\n**{scenario}**\n")
         out.append(
             "| target | p50 ms | +p50 ms | p99 ms | +p99 ms | req/s | x direct | "
-            "proxy CPU ms/req | x LiteLLM CPU | chunks per proxy CPU-s |"
+            "proxy CPU ms/req | worker CPU ms/req | x LiteLLM CPU | chunks per proxy CPU-s |"
         )
-        out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for target, m in targets.items():
             direct = target == "direct"
             out.append(
@@ -49,6 +49,7 @@ def request_tables(data: dict[str, Any]) -> str:
                 f"| {_num(m['p99_ms'], '.2f')} | {'' if direct else _num(m['added_p99_ms'], '+.2f')} "
                 f"| {_num(m['throughput_rps'], '.0f')} | {_num(m['throughput_ratio'], '.2f')} "
                 f"| {'' if direct else _num(m['proxy_cpu_ms_per_req'], '.3f')} "
+                f"| {_num(m['worker_cpu_ms_per_req'], '.3f') if m['worker_cpu_ms_per_req'] else ''} "
                 f"| {'' if direct or target == 'litellm' else _num(m['cpu_ratio_to_litellm'], '.2f')} "
                 f"| {'' if direct else _num(m['chunks_per_proxy_cpu_s'], ',.0f')} |"
             )
