@@ -420,7 +420,8 @@ def measure(
     if done.returncode != 0:
         raise RuntimeError(f"loadgen failed for {target.name}/{scenario.name}:\n{done.stderr}")
     result = json.loads(done.stdout)
-    served = max(1, result["requests"] + result["errors"] + warmup)
+    # Every request the server started work on, including those cancelled at the run's bound.
+    served = max(1, result["requests"] + result["errors"] + result.get("cancelled", 0) + warmup)
     proxy_s = after[0] - before[0]
     return Run(
         repeat=repeat,
