@@ -47,8 +47,8 @@ HERE: Final = Path(__file__).resolve().parent
 REPO: Final = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO / "tests" / "integration"))
+sys.path.insert(0, str(REPO / "tests"))
 
-from controlplane import Cluster  # noqa: E402
 from kubernetes import client, watch  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
 from operator_fixtures import CRD_PATH, Operator, load_example  # noqa: E402
@@ -58,6 +58,7 @@ from kvretention.localcluster import down, up  # noqa: E402
 from kvretention.localcluster.binaries import resolve_bin_dir  # noqa: E402
 from loadgen import proc_cpu_seconds  # noqa: E402
 from profiling import start_sampler  # noqa: E402
+from support.controlplane import Cluster  # noqa: E402
 
 RESULTS: Final = HERE / "results" / "operator.json"
 CONCURRENCY: Final = 4

@@ -8,6 +8,10 @@ from typing import Any
 
 import pytest
 
+# The real local control plane's fixtures (cluster, k8s, namespace, apply_crd, start_process),
+# shared by the integration and chart tiers; the plane starts only when a test asks for it.
+pytest_plugins = ["support.kube_fixtures"]
+
 FIXTURES = Path(__file__).parent / "fixtures"
 
 

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 import yaml
 from chartlib import BUNDLE, CHART, CRD_NAME, LEASE_NAME, ROOT, Helm, parse_docs
-from controlplane import Cluster, RunningProcess, StartProcess, wait_until
+
+from support.controlplane import Cluster, RunningProcess, StartProcess, wait_until
 
 pytestmark = pytest.mark.integration
 

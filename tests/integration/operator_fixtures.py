@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from controlplane import Cluster, RunningProcess, wait_until
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from kvretention.api.models import GROUP, PLURAL, VERSION
+from support.controlplane import Cluster, RunningProcess, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_PATH = REPO / "crds" / f"{GROUP}_{PLURAL}.yaml"

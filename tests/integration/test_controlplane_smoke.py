@@ -11,9 +11,10 @@ import json
 from typing import Any
 
 import pytest
-from controlplane import ApplyCrd, Cluster, wait_until
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+
+from support.controlplane import ApplyCrd, Cluster, wait_until
 
 pytestmark = pytest.mark.integration
 

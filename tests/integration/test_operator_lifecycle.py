@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from controlplane import ApplyCrd, Cluster, wait_until
 from kubernetes import client
 from operator_fixtures import (
     CRD_PATH,
@@ -23,6 +22,7 @@ from operator_fixtures import (
 
 from kvretention.api.models import KvRetentionDeployment
 from kvretention.controller.resources import build_children
+from support.controlplane import ApplyCrd, Cluster, wait_until
 
 pytestmark = pytest.mark.integration
 

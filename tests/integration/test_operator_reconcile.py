@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from controlplane import ApplyCrd, Cluster, wait_until
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from operator_fixtures import (
@@ -28,6 +27,7 @@ from operator_fixtures import (
 
 from kvretention.api.models import KvRetentionDeployment
 from kvretention.controller.resources import build_children
+from support.controlplane import ApplyCrd, Cluster, wait_until
 
 pytestmark = pytest.mark.integration
 

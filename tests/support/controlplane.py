@@ -1,6 +1,6 @@
 """Helpers for integration tests against the local control plane (the fixtures are in conftest.py).
 
-Import them as ``from controlplane import Cluster, wait_until`` (pytest puts this folder on sys.path).
+Import them as ``from support.controlplane import Cluster, wait_until`` (pytest puts this folder on sys.path).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fixtures for the integration tier: a real control plane on loopback, namespaces, CRDs, processes.
+"""Fixtures for the integration and chart tiers: a real control plane on loopback, namespaces, CRDs, processes.
 
 ``cluster`` (session) starts a fresh plane in a temporary state dir with
 ``kvretention.localcluster.up`` and stops it by pid at the end, or, when ``$KVR_KUBECONFIG`` names a
@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 import yaml
-from controlplane import ApplyCrd, Cluster, RunningProcess, StartProcess, wait_until
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from kvretention.localcluster import ClusterError, down, up
 from kvretention.localcluster.binaries import resolve_bin_dir
+from support.controlplane import ApplyCrd, Cluster, RunningProcess, StartProcess, wait_until
 
 KUBECONFIG_ENV = "KVR_KUBECONFIG"
 FIELD_MANAGER = "kvr-tests"
