@@ -192,11 +192,38 @@ up() {
     die "the fleet did not become Ready in ${timeout_s}s"
   fi
 
+  step "Capability probe: standing in for the worker pods' probe init container"
+  note "kwok nodes have no kubelet and run no container, so the 'probe' init container never runs"
+  note "here. STAND-IN: this script runs the init container's own command on this machine,"
+  note "  kvretention probe --report-only --termination-log $demo_dir/probe-report.json"
+  note "and writes that file into each worker pod's status.initContainerStatuses[probe]"
+  note "(terminated, exit 0, message = the report), where the kubelet would put it."
+  local report="$demo_dir/probe-report.json"
+  rm -f "$report"
+  "$KVR" probe --report-only --termination-log "$report" >/dev/null 2>"$demo_dir/probe.stderr" ||
+    die "kvretention probe failed: $(cat "$demo_dir/probe.stderr")"
+  "$PY" -c 'import json, sys; r = json.load(open(sys.argv[1])); print("\n".join(f"    {k}: {r.get(k)}" for k in ("sglang_version", "kv_hints_parameter", "dialect", "mooncake_store_importable", "mooncake_error", "usable_for_hints")))' "$report" >&2
+  "$PY" "$root/scripts/inject_probe_report.py" --kubeconfig "$kc" --namespace "$demo_ns" \
+    --name "$name" --report-file "$report" --timeout 60 >&2 ||
+    die "could not write the probe report into the worker pods"
+  note "waiting for the operator to read it (KvHintsSupported, then Ready with reason Ready)"
+  if ! k -n "$demo_ns" wait "kvrd/$name" --timeout=60s \
+    --for=jsonpath='{.status.conditions[?(@.type=="KvHintsSupported")].status}'=True >/dev/null ||
+    ! k -n "$demo_ns" wait "kvrd/$name" --timeout=60s \
+      --for=jsonpath='{.status.conditions[?(@.type=="Ready")].reason}'=Ready >/dev/null; then
+    k -n "$demo_ns" get kvrd "$name" -o yaml >&2 || true
+    tail -n 40 "$demo_dir/operator.log" >&2 || true
+    die "the operator did not take up the probe report"
+  fi
+
   step "Reconciled: kubectl get kvrd -A"
   k get kvrd -A
   step "Conditions"
   k -n "$demo_ns" get kvrd "$name" -o go-template='{{range .status.conditions}}{{printf "%-18s %-8s %-22s %s\n" .type .status .reason .message}}{{end}}'
   printf 'endpoint: %s\n' "$(k -n "$demo_ns" get kvrd "$name" -o jsonpath='{.status.endpoint}')"
+  step "Engine (status.engine, from the probe report)"
+  k -n "$demo_ns" get kvrd "$name" -o jsonpath='{.status.engine}' |
+    "$PY" -c 'import json, sys; print(json.dumps(json.load(sys.stdin), indent=2))'
   step "Children (kwok pods: Running with no kubelet)"
   k -n "$demo_ns" get deploy,svc,configmap,pods -l "app.kubernetes.io/instance=$name"
   step "Rendered worker command (what each worker pod runs)"
@@ -216,11 +243,6 @@ while i < len(args):  # one "--flag value" per line
         lines.append(args[i])
         i += 1
 print("  " + " \\\n    ".join(lines))'
-
-  step "Capability probe (kwok pods run no init container; here is what the worker image's probe measures)"
-  note "kvretention probe, run here against the installed sglang source:"
-  "$KVR" probe --skip-mooncake 2>/dev/null |
-    "$PY" -c 'import json, sys; r = json.load(sys.stdin); print("\n".join(f"    {k}: {r.get(k)}" for k in ("sglang_version", "kv_hints_parameter", "dialect", "usable_for_hints")))' || true
 
   step "Done"
   cat >&2 <<MSG

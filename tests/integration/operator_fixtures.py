@@ -7,7 +7,6 @@ sys.path). The control-plane fixtures themselves live in ``conftest.py``.
 from __future__ import annotations
 
 import copy
-import datetime as dt
 import json
 import os
 import socket
@@ -20,17 +19,19 @@ from typing import Any
 
 import yaml
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
 from kvretention.api.models import GROUP, PLURAL, VERSION
 from support.controlplane import Cluster, RunningProcess, wait_until
+from support.probe_status import (
+    INSTANCE,
+    inject_probe_reports,
+    list_worker_pods,
+    report_message,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_PATH = REPO / "crds" / f"{GROUP}_{PLURAL}.yaml"
 EXAMPLES = REPO / "examples"
-INSTANCE = "app.kubernetes.io/instance"
-COMPONENT = "app.kubernetes.io/component"
-WORKER_COMPONENTS = ("worker", "worker-prefill", "worker-decode")
 
 GOOD_REPORT: dict[str, Any] = {
     "schema": 1,
@@ -233,64 +234,15 @@ class Fleets:
         return self._raw(self.apps.read_namespaced_deployment, name, self.ns)
 
     def worker_pods(self, name: str) -> list[dict[str, Any]]:
-        selector = f"{INSTANCE}={name},{COMPONENT} in ({','.join(WORKER_COMPONENTS)})"
-        pods = self._raw(self.core.list_namespaced_pod, self.ns, label_selector=selector)
-        return [p for p in pods["items"] if not p["metadata"].get("deletionTimestamp")]
+        return list_worker_pods(self.core, self.ns, name)
 
     def inject_probe_reports(self, name: str, report: Mapping[str, Any]) -> None:
         """Write the probe report where the kubelet would: the init container's termination message.
 
         kwok fakes the kubelet but has no container to run, so the ``probe`` init container never
-        writes a message. Once kwok has marked a pod Ready its stages stop touching the pod, so the
-        patch sticks; callers poll and call again, which covers the race with kwok's last stage.
+        writes a message; see :mod:`support.probe_status`. Callers poll and call again.
         """
-        message = json.dumps(dict(report))
-        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        for pod in self.worker_pods(name):
-            status = pod.get("status") or {}
-            ready = any(
-                c["type"] == "Ready" and c["status"] == "True"
-                for c in status.get("conditions") or []
-            )
-            inits = status.get("initContainerStatuses") or []
-            if not ready or any(
-                ((s.get("state") or {}).get("terminated") or {}).get("message") == message
-                for s in inits
-            ):
-                continue
-            image = next(c["image"] for c in pod["spec"]["initContainers"] if c["name"] == "probe")
-            body = {
-                "status": {
-                    "initContainerStatuses": [
-                        {
-                            "name": "probe",
-                            "image": image,
-                            "imageID": "",
-                            "ready": True,
-                            "restartCount": 0,
-                            "state": {
-                                "terminated": {
-                                    "exitCode": 0,
-                                    "reason": "Completed",
-                                    "message": message,
-                                    "startedAt": now,
-                                    "finishedAt": now,
-                                }
-                            },
-                        }
-                    ]
-                }
-            }
-            try:
-                self.core.patch_namespaced_pod_status(
-                    pod["metadata"]["name"],
-                    self.ns,
-                    body,
-                    _content_type="application/merge-patch+json",
-                )
-            except ApiException as exc:
-                if exc.status not in (404, 409):
-                    raise
+        inject_probe_reports(self.core, self.ns, name, report_message(report))
 
 
 def resource_versions(fleets: Fleets, name: str) -> dict[str, str]:
