@@ -27,6 +27,16 @@ from kvretention.controller.kube import LEASE, ApiError, Kube, NotFound
 log = logging.getLogger(__name__)
 
 LEASE_NAME: Final = "kvretention-operator"
+DEFAULT_LEASE_DURATION_S: Final = 15
+
+
+def election_timings(duration_s: int) -> tuple[float, float]:
+    """(renew deadline, retry period) for a lease duration, in client-go's 15 : 10 : 2 ratio.
+
+    A leader gives up after the renew deadline, well before a standby may take over (one whole
+    duration unrenewed), so two processes never both act; retries fit several times into each.
+    """
+    return duration_s * 2 / 3, duration_s * 2 / 15
 
 
 class LeadershipLost(Exception):

@@ -25,7 +25,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from kvretention.api.models import GROUP, PLURAL, VERSION
 from kvretention.controller.handlers import Controller, build_registry
 from kvretention.controller.kube import Kube, load_config
-from kvretention.controller.leader import LeaderElector, LeadershipLost, default_identity
+from kvretention.controller.leader import (
+    DEFAULT_LEASE_DURATION_S,
+    LeaderElector,
+    LeadershipLost,
+    default_identity,
+    election_timings,
+)
 from kvretention.controller.metrics import Metrics
 
 log = logging.getLogger("kvretention.operator")
@@ -43,6 +49,7 @@ class OperatorConfig:
     metrics_port: int = 9090
     leader_elect: bool = True
     leader_election_namespace: str = "default"
+    lease_duration_seconds: int = DEFAULT_LEASE_DURATION_S
     resync_seconds: float = 60.0
     identity: str = field(default_factory=default_identity)
 
@@ -142,8 +149,14 @@ async def run_operator(cfg: OperatorConfig, *, kube: Kube | None = None) -> int:
     code = 0
     try:
         if cfg.leader_elect:
+            renew_deadline_s, retry_period_s = election_timings(cfg.lease_duration_seconds)
             elector = LeaderElector(
-                kube, namespace=cfg.leader_election_namespace, identity=cfg.identity
+                kube,
+                namespace=cfg.leader_election_namespace,
+                identity=cfg.identity,
+                duration_s=cfg.lease_duration_seconds,
+                renew_deadline_s=renew_deadline_s,
+                retry_period_s=retry_period_s,
             )
             state.role = "standby"
             _, pending = await _first(elector.acquire(), stop.wait())
@@ -240,6 +253,14 @@ async def _lead(
     help="Namespace of the Lease. Default: $POD_NAMESPACE, else default.",
 )
 @click.option(
+    "--lease-duration-seconds",
+    default=DEFAULT_LEASE_DURATION_S,
+    show_default=True,
+    type=click.IntRange(min=2, max=3600),
+    help="How long a standby waits on an unrenewed Lease before taking over (after a crash). "
+    "The leader renews every 2/15 of it and gives up after 2/3 of it without a renewal.",
+)
+@click.option(
     "--resync-seconds",
     default=60.0,
     show_default=True,
@@ -254,6 +275,7 @@ def operator_cmd(
     metrics_port: int,
     leader_elect: bool,
     leader_election_namespace: str | None,
+    lease_duration_seconds: int,
     resync_seconds: float,
     log_level: str,
 ) -> None:
@@ -273,6 +295,7 @@ def operator_cmd(
         leader_election_namespace=(
             leader_election_namespace or os.environ.get("POD_NAMESPACE") or "default"
         ),
+        lease_duration_seconds=lease_duration_seconds,
         resync_seconds=resync_seconds,
     )
     sys.exit(asyncio.run(run_operator(cfg)))
