@@ -355,11 +355,10 @@ class Controller:
             if (kind_name, name) in wanted or not is_controlled_by(obj, uid):
                 continue
             kind = k.kind_of(obj)
-            await self.kube.delete(
-                kind, owner["metadata"]["namespace"], name, uid=obj["metadata"]["uid"]
-            )
+            namespace = owner["metadata"]["namespace"]
+            await self.kube.delete(kind, namespace, name, uid=obj["metadata"]["uid"])
             self.metrics.deletes.labels(kind_name).inc()
-            log.info("deleted %s %s/%s (no longer in the spec)", kind_name, obj, name)
+            log.info("deleted %s %s/%s (no longer in the spec)", kind_name, namespace, name)
 
     async def _write_status(
         self,
