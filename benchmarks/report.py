@@ -66,24 +66,33 @@ def request_goals(data: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def operator_table(data: dict[str, Any]) -> str:
-    out = [
-        f"Run {data['machine']['date']}, client concurrency {data['client_concurrency']} on both "
-        f"sides, operator resync {data['resync_seconds']} s; `uptime` before: "
-        f"`{data['machine']['uptime_before']}`, after: `{data['machine']['uptime_after']}`.",
+def operator_table(runs: list[dict[str, Any]]) -> str:
+    """One row per N, from one or more ``operator_bench.py`` result files (each says when it ran)."""
+    out = []
+    for data in runs:
+        sizes = ", ".join(str(r["n"]) for r in data["results"])
+        out.append(
+            f"N = {sizes}: run {data['machine']['date']}, client concurrency "
+            f"{data['client_concurrency']} on both sides, operator resync {data['resync_seconds']} s; "
+            f"`uptime` before: `{data['machine']['uptime_before']}`, after: "
+            f"`{data['machine']['uptime_after']}`."
+        )
+    out += [
         "",
-        "| N | bulk apply s | bulk Ready s | operator: children applied s | operator: all Ready s "
-        "| Ready x bulk | child writes / fleet | status writes / fleet | dry-run applies / fleet "
-        "| writes at steady state | operator RSS MiB | operator CPU ms / fleet "
-        "| spec change -> status p50 / p99 s | -> Ready again p50 / p99 s |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| N | bulk apply s | bulk Ready s | operator: children applied s (x bulk apply) "
+        "| operator: all Ready s (x bulk Ready) | child writes / fleet | status writes / fleet "
+        "| dry-run applies / fleet | writes at steady state | operator RSS MiB "
+        "| operator CPU ms / fleet | spec change -> status p50 / p99 s | -> Ready again p50 / p99 s |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in data["results"]:
+    rows = sorted((r for data in runs for r in data["results"]), key=lambda r: r["n"])
+    for r in rows:
         b, o = r["baseline"], r["operator"]
         s = o["spec_change"]
         out.append(
             f"| {r['n']} | {b['apply_s']:.1f} | {b['ready_s']:.1f} "
-            f"| {_num(o['children_applied_s'], '.1f')} | {o['ready_s']:.1f} | {r['ratio']['ready']:.2f} "
+            f"| {_num(o['children_applied_s'], '.1f')} ({_num(r['ratio']['applied'], '.2f')}) "
+            f"| {o['ready_s']:.1f} ({r['ratio']['ready']:.2f}) "
             f"| {o['child_writes_per_fleet_first']:.2f} (of {o['children_per_fleet']}) "
             f"| {o['status_writes_per_fleet_first']:.2f} | {o['dry_run_applies_per_fleet_first']:.2f} "
             f"| {o['api_writes_per_fleet_steady'] * r['n']:.0f} "
@@ -94,6 +103,12 @@ def operator_table(data: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def operator_runs() -> list[dict[str, Any]]:
+    """``operator.json`` (the default sizes) and, when present, ``operator_large.json`` (N = 500)."""
+    names = ("operator.json", "operator_large.json")
+    return [json.loads((RESULTS / n).read_text()) for n in names if (RESULTS / n).exists()]
+
+
 def main() -> None:
     which = sys.argv[1] if len(sys.argv) > 1 else "all"
     if which in ("all", "request"):
@@ -101,7 +116,7 @@ def main() -> None:
         print(request_goals(data), "\n", request_tables(data), sep="\n")
     if which in ("all", "operator"):
         print()
-        print(operator_table(json.loads((RESULTS / "operator.json").read_text())))
+        print(operator_table(operator_runs()))
 
 
 if __name__ == "__main__":
