@@ -19,6 +19,7 @@ from aiohttp import web
 CANNED: Final = ["Hello", ", ", "world", "!"]
 USAGE: Final = {"prompt_tokens": 7, "completion_tokens": 4, "cached_tokens": 3}
 HANG_S: Final = 10.0
+LATE_EOF_S: Final = 0.05
 
 MARKERS: Final = {
     "[[kv_unsupported]]": "501 kv_hints_unsupported before the stream",
@@ -29,6 +30,7 @@ MARKERS: Final = {
     "[[drop]]": "close the connection without answering",
     "[[drop_midstream]]": "one chunk, then close the connection",
     "[[garbage]]": "200 with a line that is not JSON",
+    "[[late_eof]]": "end the body a moment after the finish line, as a relaying router does",
 }
 
 
@@ -36,6 +38,8 @@ MARKERS: Final = {
 class Received:
     body: dict[str, Any]
     headers: dict[str, str]
+    peer: tuple[str, int] | None = None
+    """The client's address: the same port twice means a pooled, reused connection."""
 
 
 def _error_line(code: str, message: str) -> bytes:
@@ -97,7 +101,10 @@ class RouterStandIn:
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        self.received.append(Received(body=body, headers=dict(request.headers)))
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        self.received.append(
+            Received(body=body, headers=dict(request.headers), peer=tuple(peer) if peer else None)
+        )
         text = _last_text(body)
         if "[[kv_unsupported]]" in text:
             return _error_response(501, "kv_hints_unsupported", "sglang 0.4.0 has no kv_hints")
@@ -132,6 +139,8 @@ class RouterStandIn:
         for piece in pieces:
             await response.write(_chunk(piece))
         await response.write(_chunk("", finish_reason=finish, usage=USAGE))
+        if "[[late_eof]]" in text:
+            await asyncio.sleep(LATE_EOF_S)
         await response.write_eof()
         return response
 

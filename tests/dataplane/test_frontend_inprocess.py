@@ -202,3 +202,30 @@ async def test_the_other_provider_still_hints_when_one_is_off(
         await client.close()
     [received] = [r.body for r in router_standin.received]
     assert received["kv_hints"] == {"retain_full_prompt": {"ttl_seconds": 300}}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_the_router_connection_is_pooled_across_requests(
+    router_standin: RouterStandIn, stream: bool
+) -> None:
+    """Finished answers are read to the end, so one connection serves request after request."""
+    router_standin.clear()
+    app = create_app(FrontendConfig(router_url=router_standin.base_url))
+    client = await _client(app)
+    try:
+        for i in range(4):
+            resp = await client.post(
+                "/v1/chat/completions",
+                json={
+                    "model": "m",
+                    "stream": stream,
+                    "messages": [{"role": "user", "content": f"pooled-{i} [[late_eof]]"}],
+                },
+            )
+            assert resp.status == 200, await resp.text()
+            await resp.read()
+    finally:
+        await client.close()
+    peers = {r.peer for r in router_standin.received}
+    assert len(router_standin.received) == 4
+    assert len(peers) == 1, peers

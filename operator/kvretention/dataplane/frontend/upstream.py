@@ -8,6 +8,8 @@ passed on with their code (``kv_hints_unsupported`` -> 501).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -26,6 +28,7 @@ from kvretention.dataplane.protocol import (
 )
 
 _MAX_ERROR_BODY: Final = 64 * 1024
+_DRAIN_LIMIT_S: Final = 1.0
 
 
 class RouterClient:
@@ -126,9 +129,23 @@ async def _chunks(
             if not line.strip():
                 continue
             chunk = _parse_line(line, hint_param=hint_param)
-            yield chunk
             if chunk.finish_reason is not None:
+                await _drain(resp)
+                yield chunk
                 return
+            yield chunk
+
+
+async def _drain(resp: aiohttp.ClientResponse) -> None:
+    """Read to the end of the body so aiohttp pools the connection instead of closing it.
+
+    After the finish line only the chunked terminator is left; a router that sends it late costs
+    a new connection on the next request, never a wait of more than ``_DRAIN_LIMIT_S``.
+    """
+    with contextlib.suppress(TimeoutError, aiohttp.ClientError):
+        async with asyncio.timeout(_DRAIN_LIMIT_S):
+            while await resp.content.readany():
+                pass
 
 
 def _parse_line(line: bytes, *, hint_param: str | None) -> GenerateChunk:
