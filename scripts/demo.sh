@@ -14,6 +14,13 @@
 # `kvretention-operator` Lease in kvretention-system, exactly as the in-cluster pod would on a real
 # cluster, and there is never a second actor.
 #
+# The probe report: on a real node each worker pod's `probe` init container runs
+# `kvretention probe --report-only` and the kubelet keeps its output as the container's termination
+# message, which the operator reads for KvHintsSupported and status.engine. kwok nodes run no
+# container, so the demo runs that same command here and writes its output into the worker pods'
+# status (scripts/inject_probe_report.py), saying so in its output. Without that stand-in the fleet
+# would stay at HINTS Unknown / Ready ReadyWithoutKvHints (or not Ready under policy Required).
+#
 # Env: KVR_CLUSTER_DIR (default .kvr-cluster), KVR_DEMO_EXAMPLE (default examples/aggregated.yaml),
 #      KVR_DEMO_TIMEOUT seconds to wait for Ready (default 180).
 set -euo pipefail
@@ -185,12 +192,15 @@ up() {
   k apply --server-side -n "$demo_ns" -f "$example" >&2
   local name
   name="$("$PY" -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["metadata"]["name"])' "$example")"
-  note "waiting up to ${timeout_s}s for KvRetentionDeployment $demo_ns/$name to be Ready"
-  if ! k -n "$demo_ns" wait "kvrd/$name" --for=condition=Ready --timeout="${timeout_s}s" >/dev/null; then
+  # Workers first: the probe report comes from worker pods, and under hints policy Required the
+  # fleet is not Ready until it has arrived.
+  note "waiting up to ${timeout_s}s for KvRetentionDeployment $demo_ns/$name's workers to be ready"
+  if ! k -n "$demo_ns" wait "kvrd/$name" --for=condition=WorkersReady --timeout="${timeout_s}s" >/dev/null; then
     k -n "$demo_ns" get kvrd "$name" -o yaml >&2 || true
     tail -n 40 "$demo_dir/operator.log" >&2 || true
-    die "the fleet did not become Ready in ${timeout_s}s"
+    die "the fleet's workers did not become ready in ${timeout_s}s"
   fi
+  note "now: $(k -n "$demo_ns" get kvrd "$name" -o go-template='{{range .status.conditions}}{{if or (eq .type "Ready") (eq .type "KvHintsSupported")}}{{.type}}={{.status}} ({{.reason}})  {{end}}{{end}}')"
 
   step "Capability probe: standing in for the worker pods' probe init container"
   note "kwok nodes have no kubelet and run no container, so the 'probe' init container never runs"
@@ -206,9 +216,10 @@ up() {
   "$PY" "$root/scripts/inject_probe_report.py" --kubeconfig "$kc" --namespace "$demo_ns" \
     --name "$name" --report-file "$report" --timeout 60 >&2 ||
     die "could not write the probe report into the worker pods"
-  note "waiting for the operator to read it (KvHintsSupported, then Ready with reason Ready)"
+  note "waiting for the operator to read it (KvHintsSupported=True, then Ready=True reason Ready)"
   if ! k -n "$demo_ns" wait "kvrd/$name" --timeout=60s \
     --for=jsonpath='{.status.conditions[?(@.type=="KvHintsSupported")].status}'=True >/dev/null ||
+    ! k -n "$demo_ns" wait "kvrd/$name" --timeout=60s --for=condition=Ready >/dev/null ||
     ! k -n "$demo_ns" wait "kvrd/$name" --timeout=60s \
       --for=jsonpath='{.status.conditions[?(@.type=="Ready")].reason}'=Ready >/dev/null; then
     k -n "$demo_ns" get kvrd "$name" -o yaml >&2 || true
