@@ -605,7 +605,7 @@ def main(argv: list[str] | None = None) -> None:
         "--state-dir", type=Path, default=None, help="state dir of the dedicated plane"
     )
     parser.add_argument("--resync-seconds", type=float, default=5.0)
-    parser.add_argument("--timeout", type=float, default=600.0, help="bound on each wait")
+    parser.add_argument("--timeout", type=float, default=1200.0, help="bound on each wait")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument(
         "--profile", action="store_true", help="py-spy the operator while it converges"
