@@ -77,6 +77,21 @@ def test_session_of(body: bytes, headers: dict[str, str], expected: str | None) 
     assert session_of(body, headers) == expected
 
 
+def test_session_of_does_not_parse_a_body_without_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large prompt without a session costs a byte search, not a second JSON parse."""
+    from kvretention.dataplane.router import placement
+
+    def refuse(_: bytes) -> object:
+        raise AssertionError("parsed a body that has no session_id")
+
+    monkeypatch.setattr(placement.json, "loads", refuse)
+    body = (
+        b'{"request_id": "r", "messages": [{"role": "user", "content": "' + b"x" * 200_000 + b'"}]}'
+    )
+    assert session_of(body, {"x-session-id": "h"}) == "h"
+    assert session_of(body, {}) is None
+
+
 def test_session_pins_are_per_role_and_bounded() -> None:
     pins = SessionPins(max_sessions=2)
     pins.set("prefill", "s1", A)

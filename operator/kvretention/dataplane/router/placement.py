@@ -66,15 +66,22 @@ def plan_pair(
     return None if p is None or d is None else PairChoice(prefill=p, decode=d)
 
 
+_SESSION_KEY: Final = b'"session_id"'
+
+
 def session_of(body: bytes, headers: Mapping[str, str]) -> str | None:
     """The sticky-session key: the body's ``session_id`` field, else the ``x-session-id`` header.
 
-    Parses a copy of the body only to read that one field; the forwarded bytes are untouched.
+    Parses a copy of the body only to read that one field, and only when the key is in the bytes
+    at all (the frontend writes keys unescaped), so a 200 KB prompt with no session is never
+    parsed here; the forwarded bytes are untouched.
     """
-    try:
-        raw = json.loads(body)
-    except ValueError:
-        raw = None
+    raw = None
+    if _SESSION_KEY in body:
+        try:
+            raw = json.loads(body)
+        except ValueError:
+            raw = None
     value = raw.get("session_id") if isinstance(raw, dict) else None
     if isinstance(value, str) and value:
         return value
