@@ -38,7 +38,9 @@ def main() -> int:
     args = parser.parse_args()
 
     message = Path(args.report_file).read_text().strip()
-    api = config.new_client_from_config(config_file=args.kubeconfig)
+    api: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
+        config_file=args.kubeconfig
+    )
     core = client.CoreV1Api(api)
     deadline = time.monotonic() + args.timeout
     try:
@@ -58,7 +60,7 @@ def main() -> int:
                 return 1
             time.sleep(1.0)
     finally:
-        api.close()
+        api.close()  # type: ignore[no-untyped-call]
 
 
 if __name__ == "__main__":

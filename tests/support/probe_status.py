@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kubernetes import client
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from kvretention.controller.status import COMPONENT_LABEL, PROBE_CONTAINER, WORKER_COMPONENTS
 
@@ -84,7 +84,7 @@ def _now() -> str:
 
 def list_worker_pods(core: client.CoreV1Api, namespace: str, name: str) -> list[dict[str, Any]]:
     """Fleet ``name``'s worker pods as the API server's own JSON, without those being deleted."""
-    response = core.list_namespaced_pod(
+    response: Any = core.list_namespaced_pod(
         namespace, label_selector=worker_selector(name), _preload_content=False
     )
     items: Sequence[dict[str, Any]] = json.loads(response.data)["items"]
