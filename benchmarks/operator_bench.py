@@ -140,6 +140,18 @@ def owned_writes(
     return out
 
 
+READ_RESOURCES: Final = frozenset({PLURAL, "deployments", "services", "configmaps", "pods"})
+
+
+def reads(before: Mapping[tuple[str, ...], float], after: Mapping[tuple[str, ...], float]) -> float:
+    """GET and LIST requests on the fleet's kinds (the rest of the plane watches instead)."""
+    return sum(
+        v - before.get(k, 0.0)
+        for k, v in after.items()
+        if k[0] in ("GET", "LIST") and k[3] in READ_RESOURCES and not k[4]
+    )
+
+
 def dry_runs(
     before: Mapping[tuple[str, ...], float], after: Mapping[tuple[str, ...], float]
 ) -> float:
@@ -453,6 +465,7 @@ def _measure_operator(
     steady_after = apiserver_requests(api)
     steady = owned_writes(steady_before, steady_after)
     steady_dry = dry_runs(steady_before, steady_after)
+    steady_reads = reads(steady_before, steady_after)
     own_steady = op.writes() - own_steady_before
     cpu_steady = proc_cpu_seconds(pid) - cpu_steady_before
 
@@ -473,6 +486,7 @@ def _measure_operator(
         "api_writes_steady": steady,
         "api_writes_per_fleet_steady": sum(steady.values()) / n,
         "dry_run_applies_steady": steady_dry,
+        "api_reads_per_fleet_per_resync_steady": round(steady_reads / n / (window / resync_s), 2),
         "operator_counted_writes_steady": own_steady,
         "operator_cpu_s_converge": round(cpu_converge, 2),
         "operator_cpu_ms_per_fleet": round(cpu_converge / n * 1e3, 2),

@@ -81,9 +81,10 @@ def operator_table(runs: list[dict[str, Any]]) -> str:
         "",
         "| N | bulk apply s | bulk Ready s | operator: children applied s (x bulk apply) "
         "| operator: all Ready s (x bulk Ready) | child writes / fleet | status writes / fleet "
-        "| dry-run applies / fleet | writes at steady state | operator RSS MiB "
+        "| dry-run applies / fleet | writes at steady state | reads / fleet / resync at steady state "
+        "| operator RSS MiB "
         "| operator CPU ms / fleet | spec change -> status p50 / p99 s | -> Ready again p50 / p99 s |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     rows = sorted((r for data in runs for r in data["results"]), key=lambda r: r["n"])
     for r in rows:
@@ -96,6 +97,7 @@ def operator_table(runs: list[dict[str, Any]]) -> str:
             f"| {o['child_writes_per_fleet_first']:.2f} (of {o['children_per_fleet']}) "
             f"| {o['status_writes_per_fleet_first']:.2f} | {o['dry_run_applies_per_fleet_first']:.2f} "
             f"| {o['api_writes_per_fleet_steady'] * r['n']:.0f} "
+            f"| {_num(o.get('api_reads_per_fleet_per_resync_steady'), '.1f')} "
             f"| {o['operator_rss_kib']['VmRSS'] / 1024:.0f} | {o['operator_cpu_ms_per_fleet']:.0f} "
             f"| {_num(s['status_observed_p50_s'], '.1f')} / {_num(s['status_observed_p99_s'], '.1f')} "
             f"| {_num(s['ready_again_p50_s'], '.1f')} / {_num(s['ready_again_p99_s'], '.1f')} |"
