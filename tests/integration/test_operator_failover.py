@@ -23,6 +23,7 @@ from kvretention.api.models import KvRetentionDeployment
 from kvretention.controller.leader import LEASE_NAME, election_timings
 from kvretention.controller.resources import build_children
 from support.controlplane import ApplyCrd, Cluster, wait_until
+from support.fleet_cleanup import delete_fleets
 
 pytestmark = pytest.mark.integration
 
@@ -31,9 +32,11 @@ RETRY_S = election_timings(LEASE_S)[1]
 
 
 @pytest.fixture
-def fleets(k8s: client.ApiClient, namespace: str, apply_crd: ApplyCrd) -> Fleets:
+def fleets(k8s: client.ApiClient, namespace: str, apply_crd: ApplyCrd) -> Iterator[Fleets]:
+    """This test's CRs; deleted at the end (after its operators stop), before the namespace."""
     apply_crd(CRD_PATH)
-    return Fleets(k8s, namespace)
+    yield Fleets(k8s, namespace)
+    delete_fleets(k8s, namespace)
 
 
 @pytest.fixture
