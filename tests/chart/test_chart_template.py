@@ -151,6 +151,7 @@ def test_operator_deployment_defaults(helm: Helm) -> None:
         "--health-port=8080",
         "--metrics-port=9090",
         "--leader-elect",
+        "--lease-duration-seconds=15",
         "--resync-seconds=60",
     ]
     assert container["image"] == "ghcr.io/kvretention/operator:0.1.0"
@@ -224,7 +225,9 @@ def test_no_leader_election_means_one_replica_and_recreate(helm: Helm) -> None:
     docs = helm.template({"operator": {"leaderElection": {"enabled": False}}})
     deploy = one(docs, "Deployment")
     assert deploy["spec"]["strategy"] == {"type": "Recreate"}
-    assert "--no-leader-elect" in operator_container(docs)["args"]
+    args = operator_container(docs)["args"]
+    assert "--no-leader-elect" in args
+    assert not any(a.startswith("--lease-duration-seconds") for a in args)
     error = helm.template_error({"operator": {"replicas": 2, "leaderElection": {"enabled": False}}})
     assert "leaderElection" in error
 
@@ -331,3 +334,10 @@ def test_every_value_is_documented() -> None:
             undocumented.append(line.strip())
         stack.append((indent, documented))
     assert undocumented == []
+
+
+def test_lease_duration_is_passed_through(helm: Helm) -> None:
+    docs = helm.template({"operator": {"leaderElection": {"leaseDurationSeconds": 6}}})
+    assert "--lease-duration-seconds=6" in operator_container(docs)["args"]
+    error = helm.template_error({"operator": {"leaderElection": {"leaseDurationSeconds": 1}}})
+    assert "leaseDurationSeconds" in error
