@@ -96,6 +96,31 @@ def _rv(obj: Mapping[str, Any]) -> str:
     return str(_meta(obj).get("resourceVersion"))
 
 
+Stamp = tuple[str, str, str, str]
+
+
+def stamp_of(live: Mapping[str, Any], manifest: Mapping[str, Any], *, digest: str) -> Stamp:
+    """What must stay the same for ``live`` to still match ``manifest`` without asking the server.
+
+    Objects with a ``generation`` (Deployments) are compared by it, so status updates and the
+    controller's own annotations (which bump only ``resourceVersion``) cost no dry run; a hand
+    edit of the spec bumps the generation, and one of our labels, annotations or owner
+    references changes the metadata part. Objects without one fall back to ``resourceVersion``.
+    """
+    meta = _meta(live)
+    generation = meta.get("generation")
+    version = f"g{generation}" if generation is not None else f"rv{meta.get('resourceVersion')}"
+    want = manifest.get("metadata") or {}
+    ours = {
+        "labels": {key: (meta.get("labels") or {}).get(key) for key in want.get("labels") or {}},
+        "annotations": {
+            key: (meta.get("annotations") or {}).get(key) for key in want.get("annotations") or {}
+        },
+        "ownerReferences": meta.get("ownerReferences") or [],
+    }
+    return (str(meta.get("uid")), version, digest, manifest_hash(ours))
+
+
 def backoff_delay(failures: int) -> float:
     """0.5 s, 1 s, 2 s, ... capped at a minute."""
     return float(min(MAX_BACKOFF_S, 0.5 * 2 ** max(0, failures - 1)))
@@ -166,8 +191,8 @@ class Controller:
         self.queue = WorkQueue()
         self.known: set[Key] = set()
         self.failures: dict[Key, int] = {}
-        self._applied: dict[tuple[str, str, str], tuple[str, str, str]] = {}
-        """(kind, ns, name) -> (uid, resourceVersion, manifest hash) known to match what we want."""
+        self._applied: dict[tuple[str, str, str], Stamp] = {}
+        """(kind, ns, name) -> the ``stamp_of`` a live object known to match what we want."""
 
     # triggers
 
@@ -261,14 +286,22 @@ class Controller:
         live = await self._list_children(namespace, name)
         observed_deployments: dict[str, Mapping[str, Any]] = {}
         refused: list[str] = []
-        for manifest in desired:
-            current = live.get(child_key(manifest))
-            try:
-                current = await self._ensure(manifest, current)
-            except k.ApiError as exc:
-                if exc.status not in REFUSED_STATUSES:
-                    raise
-                refused.append(f"{manifest['kind']} {manifest['metadata']['name']}: {exc.message}")
+        # Children are independent objects: apply them concurrently (server-side apply needs no
+        # order; a pod waits for its ConfigMap by itself).
+        results = await asyncio.gather(
+            *(self._ensure(m, live.get(child_key(m))) for m in desired), return_exceptions=True
+        )
+        for manifest, result in zip(desired, results, strict=True):
+            current: Mapping[str, Any] | None
+            if isinstance(result, k.ApiError) and result.status in REFUSED_STATUSES:
+                refused.append(
+                    f"{manifest['kind']} {manifest['metadata']['name']}: {result.message}"
+                )
+                current = live.get(child_key(manifest))
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                current = result
             if manifest["kind"] == "Deployment" and current is not None:
                 observed_deployments[manifest["metadata"]["name"]] = current
         if not refused:
@@ -317,9 +350,7 @@ class Controller:
         memo_key = (kind.kind, str(meta.get("namespace")), str(meta["name"]))
         digest = manifest_hash(manifest)
         if live is not None:
-            live_meta = live["metadata"]
-            stamp = (str(live_meta.get("uid")), str(live_meta.get("resourceVersion")), digest)
-            if self._applied.get(memo_key) == stamp:
+            if self._applied.get(memo_key) == stamp_of(live, manifest, digest=digest):
                 return live
             self.metrics.dry_runs.labels(kind.kind).inc()
             dry = await self.kube.apply(manifest, dry_run=True)
@@ -327,19 +358,13 @@ class Controller:
                 # The listed copy is stale (e.g. the Deployment controller just annotated it).
                 live = await self.kube.get_or_none(kind, str(meta.get("namespace")), meta["name"])
                 live = live if live is not None else {}
-                stamp = (str(_meta(live).get("uid")), _rv(live), digest)
             if live and comparable(dry) == comparable(live):
-                self._applied[memo_key] = stamp
+                self._applied[memo_key] = stamp_of(live, manifest, digest=digest)
                 return live
         result = await self.kube.apply(manifest)
         self.metrics.apply_writes.labels(kind.kind).inc()
         log.info("applied %s %s/%s", kind.kind, meta.get("namespace"), meta["name"])
-        result_meta = result.get("metadata") or {}
-        self._applied[memo_key] = (
-            str(result_meta.get("uid")),
-            str(result_meta.get("resourceVersion")),
-            digest,
-        )
+        self._applied[memo_key] = stamp_of(result, manifest, digest=digest)
         return result
 
     async def _prune(

@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,10 @@ log = logging.getLogger("kvretention.operator")
 
 CRD_POLL_SECONDS = 2.0
 KOPF_STOP_TIMEOUT_S = 10.0
+DEFAULT_WORKERS = 8
+KUBE_THREADS = 32
+"""API calls run in threads (the kubernetes client is synchronous); reconciles apply their
+children concurrently, so the default pool (cores + 4 threads) would serialize them."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,7 @@ class OperatorConfig:
     leader_election_namespace: str = "default"
     lease_duration_seconds: int = DEFAULT_LEASE_DURATION_S
     resync_seconds: float = 60.0
+    workers: int = DEFAULT_WORKERS
     identity: str = field(default_factory=default_identity)
 
     @property
@@ -189,7 +195,12 @@ async def _lead(
     elector: LeaderElector | None,
 ) -> int:
     """kopf + the reconcile queue (+ Lease renewal) until one of them ends."""
-    controller = Controller(kube, metrics=metrics, resync_seconds=cfg.resync_seconds)
+    asyncio.get_running_loop().set_default_executor(
+        ThreadPoolExecutor(max_workers=KUBE_THREADS, thread_name_prefix="kube")
+    )
+    controller = Controller(
+        kube, metrics=metrics, resync_seconds=cfg.resync_seconds, workers=cfg.workers
+    )
     kopf_stop = asyncio.Event()
     kopf_task = asyncio.create_task(
         kopf.operator(
@@ -267,6 +278,13 @@ async def _lead(
     type=click.FloatRange(min=1.0),
     help="Reconcile every object at least this often.",
 )
+@click.option(
+    "--workers",
+    default=DEFAULT_WORKERS,
+    show_default=True,
+    type=click.IntRange(min=1, max=64),
+    help="Objects reconciled at once (one reconcile per object at a time, whatever this is).",
+)
 @click.option("--log-level", default="INFO", show_default=True)
 def operator_cmd(
     namespaces: tuple[str, ...],
@@ -277,6 +295,7 @@ def operator_cmd(
     leader_election_namespace: str | None,
     lease_duration_seconds: int,
     resync_seconds: float,
+    workers: int,
     log_level: str,
 ) -> None:
     """Run the KvRetentionDeployment operator."""
@@ -297,5 +316,6 @@ def operator_cmd(
         ),
         lease_duration_seconds=lease_duration_seconds,
         resync_seconds=resync_seconds,
+        workers=workers,
     )
     sys.exit(asyncio.run(run_operator(cfg)))

@@ -212,6 +212,7 @@ async def test_deleted_and_edited_children_are_repaired(fake: FakeKube) -> None:
     edited = fake.objects[("deployments", "ns", "qwen-frontend")]
     edited["spec"]["replicas"] = 7
     edited["metadata"]["resourceVersion"] = "999"
+    edited["metadata"]["generation"] += 1  # as the API server does on a spec edit
     await c.reconcile(("ns", "qwen"))
     repaired = {w for w in fake.writes if w[0] == "Deployment"}
     assert repaired == {("Deployment", "qwen-router"), ("Deployment", "qwen-frontend")}
@@ -372,3 +373,46 @@ async def test_a_refused_child_is_reported_in_status_and_retried(fake: FakeKube)
     assert (ready["status"], ready["reason"]) == ("False", "ApplyFailed")
     assert "qwen-router" in ready["message"]
     assert ("deployments", "ns", "qwen-frontend") in fake.objects  # the rest still applied
+
+
+async def test_status_only_changes_to_a_child_cost_no_dry_run(fake: FakeKube) -> None:
+    """A Deployment's status (and resourceVersion) moves all the time; its generation does not."""
+    fake.put(CR_KIND, load_example("aggregated"))
+    c = controller(fake)
+    await c.reconcile(("ns", "qwen"))
+    make_ready(fake)
+    await c.reconcile(("ns", "qwen"))
+    before = sum(v for v in _dry_runs(c).values())
+    for key, obj in fake.objects.items():
+        if key[0] == "deployments":
+            obj["metadata"]["resourceVersion"] = str(int(obj["metadata"]["resourceVersion"]) + 100)
+            obj["status"]["observedGeneration"] = obj["metadata"]["generation"]
+    fake.writes.clear()
+    await c.reconcile(("ns", "qwen"))
+    assert [w for w in fake.writes if w[0] == "Deployment"] == []
+    assert sum(v for v in _dry_runs(c).values()) == before
+
+
+async def test_a_hand_edited_label_is_repaired(fake: FakeKube) -> None:
+    fake.put(CR_KIND, load_example("aggregated"))
+    c = controller(fake)
+    await c.reconcile(("ns", "qwen"))
+    make_ready(fake)
+    await c.reconcile(("ns", "qwen"))
+    fake.writes.clear()
+    edited = fake.objects[("deployments", "ns", "qwen-router")]
+    edited["metadata"]["labels"]["app.kubernetes.io/managed-by"] = "someone-else"
+    edited["metadata"]["resourceVersion"] = "1234"  # a metadata edit bumps no generation
+    await c.reconcile(("ns", "qwen"))
+    assert ("Deployment", "qwen-router") in fake.writes
+    labels = fake.objects[("deployments", "ns", "qwen-router")]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/managed-by"] == "kvretention-operator"
+
+
+def _dry_runs(c: Controller) -> dict[str, float]:
+    return {
+        s.labels["kind"]: s.value
+        for metric in c.metrics.dry_runs.collect()
+        for s in metric.samples
+        if s.name.endswith("_total")
+    }
