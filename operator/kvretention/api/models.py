@@ -195,8 +195,10 @@ class HintsSpec(_Model):
         default="Optional",
         description=(
             "Required: the fleet is not Ready unless the worker image's SGLang accepts kv_hints. "
-            "Optional: hints are sent when supported; an engine without kv_hints only sets "
-            "KvHintsSupported=False."
+            "Optional: the fleet can be Ready on an engine without kv_hints "
+            "(KvHintsSupported=False); hinted requests then fail visibly with HTTP 501 "
+            "kv_hints_unsupported, never silently. To serve cache-control clients on such an "
+            "engine, turn the providers off: their cache controls are then accepted and ignored."
         ),
     )
     providers: HintProviders = _sub(HintProviders, "Per-provider switches for hint extraction.")
