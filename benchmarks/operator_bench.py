@@ -3,8 +3,8 @@
 For each N (default 10 and 100; ``--large`` adds 500) in fresh namespaces of one local plane:
 
 1. **Baseline**: ``kvretention render`` the N fleets, then server-side apply every rendered
-   manifest straight to the API server with the Python ``kubernetes`` client (the same 4-way
-   concurrency as the operator's 4 reconcile workers; neither side has a client-side QPS limiter),
+   manifest straight to the API server with the Python ``kubernetes`` client, as many calls at a
+   time as the operator's API thread pool allows (neither side has a client-side QPS limiter),
    and wait until every Deployment is Ready (kwok marks the pods Ready).
 2. **Operator**: start ``kvretention operator --namespace NS --no-leader-elect``, create the same N
    ``KvRetentionDeployment`` objects at once, wait until every one reports ``Ready=True`` for its
@@ -54,6 +54,7 @@ from kubernetes.client.exceptions import ApiException  # noqa: E402
 from operator_fixtures import CRD_PATH, Operator, load_example  # noqa: E402
 
 from kvretention.api.models import GROUP, PLURAL, VERSION  # noqa: E402
+from kvretention.controller.operator import KUBE_THREADS  # noqa: E402
 from kvretention.localcluster import down, up  # noqa: E402
 from kvretention.localcluster.binaries import resolve_bin_dir  # noqa: E402
 from loadgen import proc_cpu_seconds  # noqa: E402
@@ -61,8 +62,9 @@ from profiling import start_sampler  # noqa: E402
 from support.controlplane import Cluster  # noqa: E402
 
 RESULTS: Final = HERE / "results" / "operator.json"
-CONCURRENCY: Final = 4
-"""Client concurrency of both sides: the operator runs 4 reconcile workers."""
+CONCURRENCY: Final = KUBE_THREADS
+"""Client concurrency of both sides: the operator makes its API calls from a pool of this many
+threads (its reconcile workers apply a fleet's children concurrently), so the baseline does too."""
 BASELINE_MANAGER: Final = "kvr-bench-bulk"
 PODS_PER_FLEET: Final = 6  # frontend, router, mooncake master, 3 workers after the spec change
 GPUS_PER_FLEET: Final = 3
