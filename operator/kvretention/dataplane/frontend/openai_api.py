@@ -130,9 +130,9 @@ def _chat_message(raw: object, *, index: int) -> ChatMessage:
     if not isinstance(raw, dict):
         raise F.invalid_type(where, raw, expected="an object")
     role = raw.get("role")
+    if not isinstance(role, str):  # before the dict lookup: a list or object role is unhashable
+        raise F.invalid_type(f"{where}.role", role, expected="a string")
     if role not in _CHAT_ROLES:
-        if not isinstance(role, str):
-            raise F.invalid_type(f"{where}.role", role, expected="a string")
         supported = ", ".join(f"'{r}'" for r in _CHAT_ROLES)
         raise F.invalid_value(f"{where}.role", f"'{role}'. Supported values are: {supported}.")
     if raw.get("tool_calls"):

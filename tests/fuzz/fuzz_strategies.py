@@ -1,0 +1,222 @@
+"""Shared Hypothesis strategies: arbitrary JSON, and request bodies built around the real fields.
+
+The field-shaped bodies matter more than pure noise: random dicts almost never name
+``prompt_cache_options`` or put a ``cache_control`` on a nested block, so each provider's real
+field names appear here with right and wrong types at every level.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from hypothesis import settings
+from hypothesis import strategies as st
+
+SCALE = int(os.environ.get("KVR_FUZZ_SCALE", "1"))
+
+
+def budget(examples: int) -> settings:
+    """A test's example budget, multiplied by ``KVR_FUZZ_SCALE`` when hunting by hand."""
+    return settings(max_examples=examples * SCALE)
+
+
+# -- arbitrary JSON ------------------------------------------------------------------------------
+
+FIELD_NAMES = (
+    "prompt_cache_options",
+    "prompt_cache_breakpoint",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "cache_control",
+    "messages",
+    "content",
+    "system",
+    "tools",
+    "input",
+    "output",
+    "source",
+    "role",
+    "type",
+    "text",
+    "mode",
+    "ttl",
+    "model",
+    "max_tokens",
+    "stream",
+    "prewarm",
+)
+
+keys = st.sampled_from(FIELD_NAMES) | st.text(max_size=6)
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats()
+    | st.text(max_size=8)
+    | st.sampled_from(["30m", "12h", "5m", "1h", "implicit", "explicit", "ephemeral", "text", ""])
+)
+json_values: st.SearchStrategy[Any] = st.recursive(
+    scalars,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(keys, children, max_size=4),
+    max_leaves=16,
+)
+json_objects = st.dictionaries(keys, json_values, max_size=6)
+
+
+def right_or_wrong(right: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """Mostly the right shape, sometimes any JSON value (the wrong type at this level)."""
+    return st.one_of(right, right, right, json_values)
+
+
+def optional_fields(**fields: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any]]:
+    """A dict holding any subset of ``fields``, each drawn from its strategy."""
+    return st.fixed_dictionaries({}, optional=fields)
+
+
+# -- provider-shaped pieces ----------------------------------------------------------------------
+
+openai_options = right_or_wrong(
+    optional_fields(
+        mode=right_or_wrong(st.sampled_from(["implicit", "explicit", "other"])),
+        ttl=right_or_wrong(st.sampled_from(["30m", "12h", "24h", "5m"])),
+        prewarm=right_or_wrong(st.booleans()),
+        comparison_response_id=right_or_wrong(st.text(max_size=4)),
+        extra=json_values,
+    )
+)
+anthropic_control = right_or_wrong(
+    optional_fields(
+        type=right_or_wrong(st.sampled_from(["ephemeral", "persistent"])),
+        ttl=right_or_wrong(st.sampled_from(["5m", "1h", "30m"])),
+        extra=json_values,
+    )
+)
+breakpoint_marker = right_or_wrong(st.just({"mode": "explicit"}))
+
+part_types = st.sampled_from(
+    [
+        "text",
+        "input_text",
+        "output_text",
+        "refusal",
+        "image_url",
+        "image",
+        "document",
+        "tool_result",
+    ]
+)
+roles = st.sampled_from(["system", "developer", "user", "assistant", "tool", "bot"])
+
+
+def _parts(marker_key: str, marker: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    part = optional_fields(
+        type=right_or_wrong(part_types),
+        text=right_or_wrong(st.text(max_size=8)),
+        refusal=right_or_wrong(st.text(max_size=8)),
+        input_text=right_or_wrong(st.text(max_size=8)),
+        **{marker_key: marker},
+    )
+    nested = optional_fields(
+        type=right_or_wrong(part_types),
+        content=right_or_wrong(st.lists(part, max_size=2)),
+        source=right_or_wrong(optional_fields(content=right_or_wrong(st.lists(part, max_size=2)))),
+        **{marker_key: marker},
+    )
+    return right_or_wrong(st.text(max_size=8) | st.lists(part | nested, max_size=3))
+
+
+def _messages(marker_key: str, marker: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    message = optional_fields(
+        role=right_or_wrong(roles),
+        content=_parts(marker_key, marker),
+        type=right_or_wrong(st.sampled_from(["message", "function_call_output"])),
+        output=_parts(marker_key, marker),
+        tool_calls=json_values,
+        **{marker_key: marker},
+    )
+    return right_or_wrong(st.lists(message, max_size=3))
+
+
+_common_openai = {
+    "model": right_or_wrong(st.just("m")),
+    "prompt_cache_options": openai_options,
+    "prompt_cache_key": right_or_wrong(st.text(max_size=4)),
+    "prompt_cache_retention": right_or_wrong(st.sampled_from(["in_memory", "24h", "1d"])),
+    "stream": right_or_wrong(st.booleans()),
+    "temperature": right_or_wrong(st.floats(min_value=-1, max_value=3)),
+    "top_p": right_or_wrong(st.floats(min_value=-1, max_value=2)),
+    "n": json_values,
+    "tools": json_values,
+    "response_format": json_values,
+    "metadata": json_values,
+}
+
+chat_bodies = optional_fields(
+    **_common_openai,
+    messages=_messages("prompt_cache_breakpoint", breakpoint_marker),
+    max_tokens=right_or_wrong(st.integers(min_value=-5, max_value=2**70)),
+    max_completion_tokens=right_or_wrong(st.integers(min_value=-5, max_value=10)),
+    stop=right_or_wrong(st.lists(st.text(max_size=3), max_size=6)),
+    stream_options=right_or_wrong(optional_fields(include_usage=json_values)),
+    seed=right_or_wrong(st.integers()),
+    logprobs=json_values,
+)
+responses_bodies = optional_fields(
+    **_common_openai,
+    input=right_or_wrong(
+        st.text(max_size=8) | _messages("prompt_cache_breakpoint", breakpoint_marker)
+    ),
+    instructions=right_or_wrong(st.text(max_size=8)),
+    max_output_tokens=right_or_wrong(st.integers(min_value=-5, max_value=10)),
+    previous_response_id=json_values,
+    background=json_values,
+)
+messages_bodies = optional_fields(
+    model=right_or_wrong(st.just("m")),
+    max_tokens=right_or_wrong(st.integers(min_value=-5, max_value=2**70)),
+    messages=_messages("cache_control", anthropic_control),
+    system=_parts("cache_control", anthropic_control),
+    tools=right_or_wrong(
+        st.lists(
+            optional_fields(name=st.text(max_size=4), cache_control=anthropic_control), max_size=2
+        )
+    ),
+    cache_control=anthropic_control,
+    stream=right_or_wrong(st.booleans()),
+    temperature=right_or_wrong(st.floats(min_value=-1, max_value=2)),
+    top_p=right_or_wrong(st.floats(min_value=-1, max_value=2)),
+    top_k=right_or_wrong(st.integers(min_value=-2, max_value=10)),
+    stop_sequences=right_or_wrong(st.lists(st.text(max_size=3), max_size=10)),
+    thinking=json_values,
+)
+
+
+def _with_core(
+    bodies: st.SearchStrategy[dict[str, Any]], core: dict[str, st.SearchStrategy[Any]]
+) -> st.SearchStrategy[dict[str, Any]]:
+    """Half the bodies carry the endpoint's required fields, so checks past them get exercised."""
+    cored = st.tuples(bodies, st.fixed_dictionaries(core)).map(lambda pair: {**pair[0], **pair[1]})
+    return bodies | cored
+
+
+chat_parser_bodies = _with_core(
+    chat_bodies,
+    {"model": st.just("m"), "messages": _messages("prompt_cache_breakpoint", breakpoint_marker)},
+)
+responses_parser_bodies = _with_core(
+    responses_bodies,
+    {
+        "model": st.just("m"),
+        "input": st.text(max_size=4) | _messages("prompt_cache_breakpoint", breakpoint_marker),
+    },
+)
+messages_parser_bodies = _with_core(
+    messages_bodies,
+    {
+        "model": st.just("m"),
+        "max_tokens": st.integers(min_value=1, max_value=8),
+        "messages": _messages("cache_control", anthropic_control),
+    },
+)
