@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -307,11 +308,22 @@ async def read_json_body(request: web.Request, *, limit: int) -> dict[str, Any]:
     except web.HTTPRequestEntityTooLarge:
         raise errors.body_too_large(limit) from None
     try:
-        body = json.loads(raw)
+        text = raw.decode("utf-8-sig")  # strict: invalid UTF-8 and encoded surrogates are refused
     except UnicodeDecodeError:
         raise errors.invalid_json("the body is not valid UTF-8") from None
+    try:
+        body = json.loads(text)
     except json.JSONDecodeError as exc:
         raise errors.invalid_json(str(exc)) from None
+    except RecursionError:
+        raise errors.invalid_json("the body is nested too deeply") from None
+    except ValueError:  # Python refuses integers of more than sys.get_int_max_str_digits() digits
+        raise errors.invalid_json("a number in the body has too many digits") from None
+    if _SURROGATE_ESCAPE.search(text) is not None and _has_lone_surrogate(body):
+        # json.loads turns an unpaired "\ud800" escape into a str that cannot be encoded as UTF-8
+        raise errors.invalid_json(
+            "a string holds an unpaired UTF-16 surrogate escape (\\ud800-\\udfff)"
+        )
     if not isinstance(body, dict):
         raise FrontendError(
             status=400,
@@ -319,6 +331,26 @@ async def read_json_body(request: web.Request, *, limit: int) -> dict[str, Any]:
             message="The request body must be a JSON object.",
         )
     return body
+
+
+_SURROGATE_ESCAPE: Final = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+
+
+def _has_lone_surrogate(value: object) -> bool:
+    """Whether any key or string in a parsed body holds a lone surrogate (iterative: no recursion)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item) is not None:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def check_model(model: str, *, served: tuple[str, ...]) -> None:
