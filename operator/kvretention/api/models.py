@@ -9,6 +9,7 @@ is judged the same way with or without an API server.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Final, Literal
 
@@ -821,12 +822,7 @@ class KvRetentionDeployment(BaseModel):
     @classmethod
     def from_k8s(cls, body: Mapping[str, Any]) -> KvRetentionDeployment:
         """Validate a body from the API server or a YAML file; raise :class:`SpecError`."""
-        problems: list[str] = []
-        name = body.get("metadata", {}).get("name") if isinstance(body, Mapping) else None
-        if not isinstance(name, str) or not name:
-            problems.append("metadata.name: required")
-        elif len(name) > MAX_NAME_LENGTH:
-            problems.append(f"metadata.name: at most {MAX_NAME_LENGTH} characters, got {len(name)}")
+        problems = _metadata_problems(body.get("metadata"))
         try:
             obj = cls.model_validate(dict(body))
         except ValidationError as exc:
@@ -834,6 +830,37 @@ class KvRetentionDeployment(BaseModel):
         if problems:
             raise SpecError(problems)
         return obj
+
+
+_DNS1035_LABEL: Final = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS1123_LABEL: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def _metadata_problems(metadata: object) -> list[str]:
+    """The name must make valid child names: Services named ``<name>-<suffix>`` are DNS-1035
+    labels, which the API server does not demand of a custom resource's own name."""
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, Mapping):
+        return ["metadata: must be an object"]
+    problems = []
+    name = metadata.get("name")
+    if not isinstance(name, str) or not name:
+        problems.append("metadata.name: required")
+    elif len(name) > MAX_NAME_LENGTH:
+        problems.append(f"metadata.name: at most {MAX_NAME_LENGTH} characters, got {len(name)}")
+    elif not _DNS1035_LABEL.match(name):
+        problems.append(
+            f"metadata.name: {name!r} must consist of lowercase letters, digits and '-', start "
+            "with a letter and end with a letter or digit (child Service names derive from it)"
+        )
+    namespace = metadata.get("namespace")
+    if namespace is not None and (
+        not isinstance(namespace, str)
+        or (namespace and (len(namespace) > 63 or not _DNS1123_LABEL.match(namespace)))
+    ):
+        problems.append(f"metadata.namespace: {namespace!r} is not a valid namespace name")
+    return problems
 
 
 def _readable(exc: ValidationError) -> list[str]:

@@ -152,21 +152,41 @@ def parse_probe_report(pod: Mapping[str, Any]) -> ProbeReport | ProbeFailure | N
         return None
     try:
         data = json.loads(message)
-    except ValueError:
+    except (ValueError, RecursionError):  # also numbers past Python's digit limit, deep nesting
         return ProbeFailure(pod=name, error=f"not JSON: {message[:120]!r}")
     if not isinstance(data, dict) or data.get("schema") != PROBE_SCHEMA:
         return ProbeFailure(pod=name, error=f"unknown probe report schema in {message[:120]!r}")
-    backends = data.get("hicache_storage_backends") or []
+    wrong = next((key for key, ok in _REPORT_TYPES.items() if not ok(data.get(key))), None)
+    if wrong is not None:  # a wrong type would reach status and make the API server refuse it
+        return ProbeFailure(pod=name, error=f"probe report field {wrong} has the wrong type")
     return ProbeReport(
         pod=name,
         sglang_version=data.get("sglang_version"),
         kv_hints_parameter=bool(data.get("kv_hints_parameter")),
-        dialect=str(data.get("dialect") or "none"),
-        storage_backends=tuple(str(b) for b in backends),
+        dialect=data.get("dialect") or "none",
+        storage_backends=tuple(data.get("hicache_storage_backends") or ()),
         mooncake_importable=bool(data.get("mooncake_store_importable")),
         mooncake_error=data.get("mooncake_error"),
         usable_for_hints=bool(data.get("usable_for_hints")),
     )
+
+
+def _optional(kind: type) -> Callable[[object], bool]:
+    return lambda value: value is None or type(value) is kind
+
+
+_REPORT_TYPES: Final[dict[str, Callable[[object], bool]]] = {
+    "sglang_version": _optional(str),
+    "kv_hints_parameter": _optional(bool),
+    "dialect": _optional(str),
+    "hicache_storage_backends": lambda v: (
+        v is None or (type(v) is list and all(type(b) is str for b in v))
+    ),
+    "mooncake_store_importable": _optional(bool),
+    "mooncake_error": _optional(str),
+    "usable_for_hints": _optional(bool),
+}
+"""Each report field's JSON type (absent or null is allowed: the field then reads as false/none)."""
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Final
 
 from kvretention.api.models import KvRetentionDeployment, ResourceRequirements
@@ -47,11 +47,11 @@ def parse_quantity(value: int | str) -> Decimal:
     number, suffix = match.group(1), match.group(2) or ""
     try:
         base = Decimal(number)
-    except InvalidOperation:
+        if suffix[:1] in ("e", "E") and len(suffix) > 1:
+            return base * Decimal(10) ** int(suffix[1:])
+        return base * _SUFFIX[suffix]
+    except (ArithmeticError, ValueError):  # "1.2.3", "1e999999999", an exponent of 5000 digits
         raise ValueError(f"{value!r} is not a Kubernetes quantity") from None
-    if suffix[:1] in ("e", "E") and len(suffix) > 1:
-        return base * Decimal(10) ** int(suffix[1:])
-    return base * _SUFFIX[suffix]
 
 
 def segment_bytes(size: str) -> Decimal:
@@ -82,9 +82,12 @@ def check_quantities(cr: KvRetentionDeployment) -> list[str]:
         for kind in ("requests", "limits"):
             for key, value in sorted((getattr(res, kind) or {}).items()):
                 try:
-                    parsed[kind][key] = parse_quantity(value)
+                    parsed[kind][key] = quantity = parse_quantity(value)
                 except ValueError as exc:
                     problems.append(f"{path}.{kind}.{key}: {exc}")
+                    continue
+                if quantity < 0:  # the API server refuses negative requests and limits
+                    problems.append(f"{path}.{kind}.{key}: {value!r} must not be negative")
         for key, request in parsed["requests"].items():
             limit = parsed["limits"].get(key)
             if limit is not None and request > limit:
