@@ -18,8 +18,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import pydantic
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from anthropic.types import Message
 from fuzz_strategies import (
     budget,
     chat_parser_bodies,
@@ -29,9 +31,12 @@ from fuzz_strategies import (
 )
 from hypothesis import given
 from hypothesis import strategies as st
+from openai.types.chat import ChatCompletion
+from openai.types.responses import Response
 
 from dataplane.router_standin import RouterStandIn
 from kvretention.dataplane.frontend.app import FrontendConfig, create_app
+from kvretention.dataplane.frontend.errors import Provider
 
 CHAT = "/v1/chat/completions"
 RESPONSES = "/v1/responses"
@@ -45,6 +50,10 @@ VALID: dict[str, dict[str, Any]] = {
 }
 
 
+SDK_MODELS: dict[str, Any] = {CHAT: ChatCompletion, RESPONSES: Response, MESSAGES: Message}
+"""The official SDKs' response models: a 200 must be an object the client can parse."""
+
+
 @dataclass
 class Answer:
     status: int
@@ -56,13 +65,22 @@ class Answer:
 class Frontend:
     """The frontend app on a private event loop, so synchronous Hypothesis tests can drive it."""
 
-    def __init__(self, router_url: str, standin: RouterStandIn | None) -> None:
+    def __init__(
+        self,
+        router_url: str,
+        standin: RouterStandIn | None,
+        *,
+        hint_providers: frozenset[Provider] = frozenset(Provider),
+    ) -> None:
         self.standin = standin
         self.loop = asyncio.new_event_loop()
-        self.client: TestClient[Any, Any] = self.loop.run_until_complete(self._start(router_url))
+        config = FrontendConfig(
+            router_url=router_url, upstream_timeout=5.0, hint_providers=hint_providers
+        )
+        self.client: TestClient[Any, Any] = self.loop.run_until_complete(self._start(config))
 
-    async def _start(self, router_url: str) -> TestClient[Any, Any]:
-        app = create_app(FrontendConfig(router_url=router_url, upstream_timeout=5.0))
+    async def _start(self, config: FrontendConfig) -> TestClient[Any, Any]:
+        app = create_app(config)
         client: TestClient[Any, Any] = TestClient(TestServer(app))
         await client.start_server()
         return client
@@ -98,6 +116,14 @@ def frontend(standin: RouterStandIn) -> Iterator[Frontend]:
 
 
 @pytest.fixture(scope="module")
+def frontend_without_hints(standin: RouterStandIn) -> Iterator[Frontend]:
+    """Hints turned off for both providers: cache controls are accepted and ignored."""
+    app = Frontend(standin.base_url, standin, hint_providers=frozenset())
+    yield app
+    app.close()
+
+
+@pytest.fixture(scope="module")
 def frontend_without_router() -> Iterator[Frontend]:
     with socket.socket() as sock:  # a port nothing listens on once this closes
         sock.bind(("127.0.0.1", 0))
@@ -124,6 +150,19 @@ def check_error_shape(path: str, answer: Answer) -> dict[str, Any]:
     return error
 
 
+def check_sdk_shape(path: str, body: dict[str, Any]) -> None:
+    """What the client echoed back must fit the SDK's response model.
+
+    Usage is left out: newer SDKs add required usage details (``cache_write_tokens``) that no
+    request can influence, so they are not what this bad-input test is about.
+    """
+    try:
+        SDK_MODELS[path].model_validate(body)
+    except pydantic.ValidationError as exc:
+        errors = [e for e in exc.errors() if e["loc"][:1] != ("usage",)]
+        assert not errors, errors
+
+
 def check_answer(path: str, answer: Answer, *, router_up: bool = True) -> None:
     if router_up:
         assert answer.status < 500, answer.body[:500]
@@ -136,6 +175,8 @@ def check_answer(path: str, answer: Answer, *, router_up: bool = True) -> None:
     else:
         assert answer.status == 200
         assert answer.forwarded == 1
+        if not answer.body.startswith((b"data:", b"event:")):  # a whole answer, not a stream
+            check_sdk_shape(path, json.loads(answer.body))
 
 
 # -- byte strategies -------------------------------------------------------------------------------
@@ -201,6 +242,26 @@ def test_responses_bodies(frontend: Frontend, body: dict[str, Any]) -> None:
 @given(body=messages_parser_bodies)
 def test_messages_bodies(frontend: Frontend, body: dict[str, Any]) -> None:
     check_answer(MESSAGES, frontend.post(MESSAGES, json.dumps(body).encode()))
+
+
+ENDPOINT_BODIES = {
+    CHAT: chat_parser_bodies,
+    RESPONSES: responses_parser_bodies,
+    MESSAGES: messages_parser_bodies,
+}
+
+
+@budget(60)
+@given(request=paths.flatmap(lambda p: st.tuples(st.just(p), ENDPOINT_BODIES[p])))
+def test_bodies_with_hints_off(
+    frontend_without_hints: Frontend, request: tuple[str, dict[str, Any]]
+) -> None:
+    path, body = request
+    answer = frontend_without_hints.post(path, json.dumps(body).encode())
+    check_answer(path, answer)
+    if answer.forwarded:
+        assert frontend_without_hints.standin is not None
+        assert "kv_hints" not in frontend_without_hints.standin.received[-1].body
 
 
 @budget(40)
@@ -294,3 +355,30 @@ def test_valid_unicode_still_reaches_the_router(frontend: Frontend, raw: str, te
 def test_utf8_bom_is_still_accepted(frontend: Frontend) -> None:
     answer = frontend.post(CHAT, b"\xef\xbb\xbf" + _valid_bytes(CHAT))
     assert answer.status == 200, answer.body
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        pytest.param({"metadata": {"a": 1}}, "metadata.a", id="metadata_int_value_was_echoed"),
+        pytest.param({"metadata": {"a": None}}, "metadata.a", id="metadata_null_value_was_echoed"),
+        pytest.param({"metadata": [1]}, "metadata", id="metadata_list_was_dropped_silently"),
+        pytest.param({"user": 5}, "user", id="user_int_was_echoed"),
+    ],
+)
+def test_regression_responses_echo_fields_are_typed(
+    frontend: Frontend, body: dict[str, Any], param: str
+) -> None:
+    answer = frontend.post(RESPONSES, json.dumps({**VALID[RESPONSES], **body}).encode())
+    assert answer.status == 400, answer.body
+    assert answer.forwarded == 0
+    assert check_error_shape(RESPONSES, answer)["param"] == param
+
+
+def test_regression_hints_off_echoes_only_a_string_cache_key(
+    frontend_without_hints: Frontend,
+) -> None:
+    body = {**VALID[RESPONSES], "prompt_cache_key": {"a": 1}}
+    answer = frontend_without_hints.post(RESPONSES, json.dumps(body).encode())
+    assert answer.status == 200, answer.body
+    assert json.loads(answer.body)["prompt_cache_key"] is None

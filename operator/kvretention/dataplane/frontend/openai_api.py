@@ -104,14 +104,15 @@ def parse_responses(body: dict[str, Any], *, hints: bool = True) -> ParsedReques
     _reject_unsupported(body, endpoint="responses")
     max_tokens = F.opt_int(body, "max_output_tokens", minimum=1)
     sampling = _sampling(body, max_tokens=max_tokens, stop_key=None)
+    cache_key = body.get("prompt_cache_key")  # type-checked by the normalizer when hints are on
     echo: dict[str, Any] = {
         "instructions": instructions,
         "max_output_tokens": max_tokens,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
-        "metadata": body.get("metadata") if isinstance(body.get("metadata"), dict) else {},
-        "prompt_cache_key": body.get("prompt_cache_key"),
-        "user": body.get("user"),
+        "metadata": _metadata(body),
+        "prompt_cache_key": cache_key if isinstance(cache_key, str) else None,
+        "user": F.opt_str(body, "user"),
     }
     return ParsedRequest(
         model=model,
@@ -123,6 +124,19 @@ def parse_responses(body: dict[str, Any], *, hints: bool = True) -> ParsedReques
         include_usage=True,
         echo=echo,
     )
+
+
+def _metadata(body: Mapping[str, Any]) -> dict[str, str]:
+    """Echoed in the response object, where the SDK types it as string keys to string values."""
+    value = body.get("metadata")
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise F.invalid_type("metadata", value, expected="an object")
+    for key, item in value.items():
+        if not isinstance(item, str):
+            raise F.invalid_type(f"metadata.{key}", item, expected="a string")
+    return value
 
 
 def _chat_message(raw: object, *, index: int) -> ChatMessage:
