@@ -95,6 +95,29 @@ class Frontend:
         async with self.client.post(path, data=data, headers=JSON) as resp:
             return resp.status, await resp.read()
 
+    def post_raw_header(self, path: str, data: bytes, *, header: bytes) -> Answer:
+        """POST with an ``x-session-id`` of arbitrary bytes (no HTTP client lets one send those)."""
+        before = len(self.standin.received) if self.standin else 0
+        status, body = self.loop.run_until_complete(self._post_raw(path, data, header))
+        after = len(self.standin.received) if self.standin else 0
+        return Answer(status=status, body=body, forwarded=after - before)
+
+    async def _post_raw(self, path: str, data: bytes, header: bytes) -> tuple[int, bytes]:
+        port = self.client.server.port
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\nConnection: close\r\n"
+        ).encode()
+        writer.write(head + b"x-session-id: " + header + b"\r\n\r\n" + data)
+        await writer.drain()
+        raw = await asyncio.wait_for(reader.read(), timeout=10)
+        writer.close()
+        await writer.wait_closed()
+        status_line, _, rest = raw.partition(b"\r\n")
+        _, _, body = rest.partition(b"\r\n\r\n")
+        return int(status_line.split()[1]), body
+
     def close(self) -> None:
         self.loop.run_until_complete(self.client.close())
         self.loop.close()
@@ -287,6 +310,25 @@ def test_router_unavailable_is_the_only_5xx(
     )
 
 
+_CONTROL = bytes([*range(0x20), 0x7F])
+header_bytes = st.binary(min_size=1, max_size=24).map(
+    lambda b: b.translate(None, _CONTROL).strip() or b"s"
+)
+"""Any bytes but controls, which RFC 9110 forbids in a field value: aiohttp's HTTP parser refuses
+those with its own plain-text 400 before the app (and its error layer) ever sees the request."""
+
+
+@budget(60)
+@given(path=paths, header=header_bytes)
+def test_session_header_bytes(frontend: Frontend, path: str, header: bytes) -> None:
+    answer = frontend.post_raw_header(path, _valid_bytes(path), header=header)
+    if answer.status == 400:
+        assert check_error_shape(path, answer)
+        assert answer.forwarded == 0
+    else:
+        assert (answer.status, answer.forwarded) == (200, 1), answer.body
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_router_unavailable_answers_503_in_the_provider_shape(
     frontend_without_router: Frontend, path: str
@@ -382,3 +424,26 @@ def test_regression_hints_off_echoes_only_a_string_cache_key(
     answer = frontend_without_hints.post(RESPONSES, json.dumps(body).encode())
     assert answer.status == 200, answer.body
     assert json.loads(answer.body)["prompt_cache_key"] is None
+
+
+@pytest.mark.parametrize("header", [b"\xff\xfe", b"\xed\xa0\x80", b"\xe9"])
+@pytest.mark.parametrize("path", PATHS)
+def test_regression_non_utf8_session_header_is_400(
+    frontend: Frontend, path: str, header: bytes
+) -> None:
+    """Was a 500: aiohttp keeps the bytes as surrogates, which the router request cannot encode."""
+    answer = frontend.post_raw_header(path, _valid_bytes(path), header=header)
+    assert answer.status == 400, answer.body
+    assert answer.forwarded == 0
+    error = check_error_shape(path, answer)
+    if path != MESSAGES:
+        assert (error["code"], error["param"]) == ("invalid_header", "x-session-id")
+
+
+def test_utf8_session_header_still_reaches_the_router(frontend: Frontend) -> None:
+    assert frontend.standin is not None
+    frontend.standin.clear()
+    answer = frontend.post_raw_header(CHAT, _valid_bytes(CHAT), header="sess-é".encode())
+    assert answer.status == 200, answer.body
+    [received] = frontend.standin.received
+    assert received.body["session_id"] == "sess-é"

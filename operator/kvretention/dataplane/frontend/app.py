@@ -180,6 +180,7 @@ async def _generate(
         body = await read_json_body(request, limit=state.config.max_body_bytes)
         parsed = api.parse(body, hints=api.provider in state.config.hint_providers)
         check_model(parsed.model, served=state.config.served_models)
+        session_id = session_header(request)
     except (ClientError, FrontendError) as exc:
         err = errors.from_client_error(exc) if isinstance(exc, ClientError) else exc
         state.metrics.rejections.labels(api.endpoint, err.reason).inc()
@@ -195,7 +196,7 @@ async def _generate(
     upstream_request = build_preprocessed(
         parsed,
         request_id=request_id,
-        session_id=request.headers.get(HEADER_SESSION),
+        session_id=session_id,
         tokenizer=state.tokenizer,
     )
     try:
@@ -351,6 +352,14 @@ def _has_lone_surrogate(value: object) -> bool:
         elif isinstance(item, list):
             stack.extend(item)
     return False
+
+
+def session_header(request: web.Request) -> str | None:
+    """The sticky-session id; aiohttp keeps non-UTF-8 header bytes as surrogates, refused here."""
+    value = request.headers.get(HEADER_SESSION)
+    if value is not None and _SURROGATE.search(value) is not None:
+        raise errors.invalid_header(HEADER_SESSION)
+    return value
 
 
 def check_model(model: str, *, served: tuple[str, ...]) -> None:

@@ -68,6 +68,15 @@ def invalid_json(detail: str) -> FrontendError:
     )
 
 
+def invalid_header(name: str) -> FrontendError:
+    return FrontendError(
+        status=400,
+        code="invalid_header",
+        message=f"The {name} header is not valid UTF-8.",
+        param=name,
+    )
+
+
 def unknown_model(model: str, *, served: tuple[str, ...]) -> FrontendError:
     return FrontendError(
         status=404,
