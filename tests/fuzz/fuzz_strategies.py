@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from hypothesis import settings
+from hypothesis import currently_in_test_context, event, settings
 from hypothesis import strategies as st
 
 SCALE = int(os.environ.get("KVR_FUZZ_SCALE", "1"))
@@ -19,6 +19,12 @@ SCALE = int(os.environ.get("KVR_FUZZ_SCALE", "1"))
 def budget(examples: int) -> settings:
     """A test's example budget, multiplied by ``KVR_FUZZ_SCALE`` when hunting by hand."""
     return settings(max_examples=examples * SCALE)
+
+
+def outcome(name: str) -> None:
+    """Count an outcome for ``--hypothesis-show-statistics`` (a no-op outside a property test)."""
+    if currently_in_test_context():
+        event(name)
 
 
 # -- arbitrary JSON ------------------------------------------------------------------------------
@@ -193,30 +199,70 @@ messages_bodies = optional_fields(
 )
 
 
-def _with_core(
-    bodies: st.SearchStrategy[dict[str, Any]], core: dict[str, st.SearchStrategy[Any]]
-) -> st.SearchStrategy[dict[str, Any]]:
-    """Half the bodies carry the endpoint's required fields, so checks past them get exercised."""
-    cored = st.tuples(bodies, st.fixed_dictionaries(core)).map(lambda pair: {**pair[0], **pair[1]})
-    return bodies | cored
+@st.composite
+def _near_valid(
+    draw: st.DrawFn,
+    noisy: st.SearchStrategy[dict[str, Any]],
+    core: st.SearchStrategy[dict[str, Any]],
+) -> dict[str, Any]:
+    """A valid body with up to two fields taken from a noisy one: reaches checks past the first."""
+    body = dict(draw(core))
+    extra = draw(noisy)
+    if extra:
+        picked = draw(st.lists(st.sampled_from(sorted(extra)), max_size=2, unique=True))
+        body.update({key: extra[key] for key in picked})
+    return body
 
 
-chat_parser_bodies = _with_core(
-    chat_bodies,
-    {"model": st.just("m"), "messages": _messages("prompt_cache_breakpoint", breakpoint_marker)},
-)
-responses_parser_bodies = _with_core(
-    responses_bodies,
+_text = st.text(max_size=8)
+_text_parts = st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": _text}), max_size=2)
+_valid_openai_options = {
+    "prompt_cache_options": st.sampled_from(
+        [{}, {"mode": "implicit"}, {"ttl": "30m"}, {"mode": "implicit", "ttl": "30m"}]
+    )
+}
+_valid_chat = st.fixed_dictionaries(
     {
         "model": st.just("m"),
-        "input": st.text(max_size=4) | _messages("prompt_cache_breakpoint", breakpoint_marker),
+        "messages": st.lists(
+            st.fixed_dictionaries(
+                {
+                    "role": st.sampled_from(["system", "developer", "user", "assistant", "tool"]),
+                    "content": _text | _text_parts,
+                }
+            ),
+            min_size=1,
+            max_size=3,
+        ),
+    },
+    optional=_valid_openai_options,
+)
+_user_turn = st.fixed_dictionaries({"role": st.just("user"), "content": _text | _text_parts})
+_valid_responses = st.fixed_dictionaries(
+    {"model": st.just("m"), "input": _text | st.lists(_user_turn, min_size=1, max_size=2)},
+    optional={
+        "prompt_cache_options": st.sampled_from(
+            [{}, {"ttl": "12h"}, {"mode": "implicit", "ttl": "30m", "prewarm": False}]
+        )
     },
 )
-messages_parser_bodies = _with_core(
-    messages_bodies,
+_valid_messages = st.fixed_dictionaries(
     {
         "model": st.just("m"),
         "max_tokens": st.integers(min_value=1, max_value=8),
-        "messages": _messages("cache_control", anthropic_control),
+        "messages": st.lists(_user_turn, min_size=1, max_size=2),
+    },
+    optional={
+        "cache_control": st.sampled_from(
+            [
+                {"type": "ephemeral"},
+                {"type": "ephemeral", "ttl": "1h"},
+                {"type": "ephemeral", "ttl": None},
+            ]
+        )
     },
 )
+chat_parser_bodies = chat_bodies | _near_valid(chat_bodies, _valid_chat)
+responses_parser_bodies = responses_bodies | _near_valid(responses_bodies, _valid_responses)
+messages_parser_bodies = messages_bodies | _near_valid(messages_bodies, _valid_messages)
+"""Noise, or a valid body with up to two noisy fields: every check gets a turn at failing."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,7 @@ from fuzz_strategies import (
     chat_parser_bodies,
     json_objects,
     messages_parser_bodies,
+    outcome,
     responses_parser_bodies,
 )
 from hypothesis import given
@@ -34,9 +35,15 @@ from hypothesis import strategies as st
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 
-from dataplane.router_standin import RouterStandIn
+from dataplane.router_standin import RouterStandIn, parse_sse
 from kvretention.dataplane.frontend.app import FrontendConfig, create_app
 from kvretention.dataplane.frontend.errors import Provider
+from kvretention.hints import (
+    KvHintEnvelope,
+    normalize_chat_completions,
+    normalize_messages,
+    normalize_responses,
+)
 
 CHAT = "/v1/chat/completions"
 RESPONSES = "/v1/responses"
@@ -187,6 +194,7 @@ def check_sdk_shape(path: str, body: dict[str, Any]) -> None:
 
 
 def check_answer(path: str, answer: Answer, *, router_up: bool = True) -> None:
+    outcome(f"status {answer.status}")
     if router_up:
         assert answer.status < 500, answer.body[:500]
     else:
@@ -198,7 +206,13 @@ def check_answer(path: str, answer: Answer, *, router_up: bool = True) -> None:
     else:
         assert answer.status == 200
         assert answer.forwarded == 1
-        if not answer.body.startswith((b"data:", b"event:")):  # a whole answer, not a stream
+        if answer.body.startswith((b"data:", b"event:")):  # a stream: well framed, JSON frames
+            frames = parse_sse(answer.body)
+            assert frames
+            for _, data in frames:
+                if data != "[DONE]":
+                    assert "error" not in json.loads(data), data
+        else:
             check_sdk_shape(path, json.loads(answer.body))
 
 
@@ -249,22 +263,40 @@ def raw_bodies(draw: st.DrawFn, path: str) -> bytes:
 # -- properties ------------------------------------------------------------------------------------
 
 
+NORMALIZERS: dict[str, Callable[[dict[str, Any]], KvHintEnvelope | None]] = {
+    CHAT: normalize_chat_completions,
+    RESPONSES: normalize_responses,
+    MESSAGES: normalize_messages,
+}
+
+
+def check_round_trip(frontend: Frontend, path: str, body: dict[str, Any]) -> None:
+    """Any body: the checks above; a forwarded one carries exactly the normalizer's envelope."""
+    answer = frontend.post(path, json.dumps(body).encode())
+    check_answer(path, answer)
+    if answer.forwarded:
+        assert frontend.standin is not None
+        envelope = NORMALIZERS[path](body)
+        sent = frontend.standin.received[-1].body.get("kv_hints")
+        assert sent == (envelope.to_wire() if envelope is not None else None)
+
+
 @budget(60)
 @given(body=chat_parser_bodies)
 def test_chat_bodies(frontend: Frontend, body: dict[str, Any]) -> None:
-    check_answer(CHAT, frontend.post(CHAT, json.dumps(body).encode()))
+    check_round_trip(frontend, CHAT, body)
 
 
 @budget(60)
 @given(body=responses_parser_bodies)
 def test_responses_bodies(frontend: Frontend, body: dict[str, Any]) -> None:
-    check_answer(RESPONSES, frontend.post(RESPONSES, json.dumps(body).encode()))
+    check_round_trip(frontend, RESPONSES, body)
 
 
 @budget(60)
 @given(body=messages_parser_bodies)
 def test_messages_bodies(frontend: Frontend, body: dict[str, Any]) -> None:
-    check_answer(MESSAGES, frontend.post(MESSAGES, json.dumps(body).encode()))
+    check_round_trip(frontend, MESSAGES, body)
 
 
 ENDPOINT_BODIES = {

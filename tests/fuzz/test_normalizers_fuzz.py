@@ -19,12 +19,10 @@ from typing import Any
 import pytest
 from fuzz_strategies import (
     budget,
-    chat_bodies,
     chat_parser_bodies,
     json_objects,
-    messages_bodies,
     messages_parser_bodies,
-    responses_bodies,
+    outcome,
     responses_parser_bodies,
 )
 from hypothesis import given
@@ -64,7 +62,9 @@ def _check_normalizer(normalize: Normalizer, ttls: frozenset[int], body: dict[st
         envelope = normalize(body)
     except CacheControlError as exc:
         assert exc.status == 400 and exc.message and exc.param
+        outcome("CacheControlError")
         return
+    outcome("no hint" if envelope is None else "hint")
     if envelope is None:
         return
     assert isinstance(envelope, KvHintEnvelope)
@@ -77,7 +77,9 @@ def _check_parser(parse: Parser, body: dict[str, Any], *, hints: bool) -> None:
         parsed = parse(body, hints=hints)
     except ClientError as exc:
         assert exc.status == 400 and exc.message
+        outcome("ClientError")
         return
+    outcome("parsed, hinted" if parsed.envelope is not None else "parsed")
     assert isinstance(parsed, ParsedRequest)
     assert parsed.messages, "a parsed request always has a message to send"
     if not hints:
@@ -87,19 +89,19 @@ def _check_parser(parse: Parser, body: dict[str, Any], *, hints: bool) -> None:
 
 
 @budget(150)
-@given(body=chat_bodies)
+@given(body=chat_parser_bodies)
 def test_normalize_chat_completions_on_field_shaped_bodies(body: dict[str, Any]) -> None:
     _check_normalizer(normalize_chat_completions, CHAT_TTLS, body)
 
 
 @budget(150)
-@given(body=responses_bodies)
+@given(body=responses_parser_bodies)
 def test_normalize_responses_on_field_shaped_bodies(body: dict[str, Any]) -> None:
     _check_normalizer(normalize_responses, RESPONSES_TTLS, body)
 
 
 @budget(150)
-@given(body=messages_bodies)
+@given(body=messages_parser_bodies)
 def test_normalize_messages_on_field_shaped_bodies(body: dict[str, Any]) -> None:
     _check_normalizer(normalize_messages, ANTHROPIC_TTLS, body)
 
