@@ -127,9 +127,12 @@ odd_quantities = st.sampled_from(
         "Infinity",
     ]
 )
-odd_numbers = st.sampled_from(
-    [0, -1, 1, 2, 63, 64, 65535, 65536, 86400, 86401, 2**31, 2**63, 10**30, -(10**30)]
-) | st.integers(min_value=-(2**70), max_value=2**70)
+USED_PORTS = [8000, 8001, 8002, 8080, 8998, 9003, 50051]
+"""Ports the children already use: a spec value equal to one may collide."""
+EDGE_NUMBERS = [0, -1, 1, 2, 63, 64, 65535, 65536, 86400, 86401, 2**31, 2**63, 10**30, -(10**30)]
+odd_numbers = st.sampled_from([*EDGE_NUMBERS, *USED_PORTS]) | st.integers(
+    min_value=-(2**70), max_value=2**70
+)
 odd_strings = (
     st.text(max_size=12)
     | st.text(min_size=250, max_size=300)
@@ -141,6 +144,22 @@ quantity_maps = st.dictionaries(
     max_size=3,
 )
 resources = st.fixed_dictionaries({}, optional={"requests": quantity_maps, "limits": quantity_maps})
+paths_on_disk = st.sampled_from(
+    [
+        "",
+        "/",
+        "/models",
+        "/dev/shm",
+        "/dev/shm/",
+        "/etc/kvretention/mooncake",
+        "/a/../b",
+        "rel",
+        "x",
+    ]
+)
+volumes = st.fixed_dictionaries(
+    {}, optional={"claimName": paths_on_disk, "hostPath": paths_on_disk, "mountPath": paths_on_disk}
+)
 odd_values = st.one_of(
     odd_numbers,
     odd_quantities,
@@ -173,6 +192,8 @@ def cr_bodies(draw: st.DrawFn) -> dict[str, Any]:
         _set(body, draw(targets), draw(odd_values))
     for _ in range(draw(st.integers(min_value=0, max_value=2))):  # quantities are the parsed part
         _set(body, draw(st.sampled_from(RESOURCE_PATHS)), draw(resources))
+    if draw(st.integers(min_value=0, max_value=4)) == 0:
+        _set(body, ("spec", "model", "volume"), draw(volumes))
     return body
 
 
@@ -206,8 +227,38 @@ def check_cr(body: dict[str, Any]) -> None:
             assert LABEL_VALUE.match(value) and len(value) <= 63, value
         for quantity in _quantities(child):
             assert parse_quantity(quantity) >= 0, quantity
+        check_api_server_rules(child)
     json.dumps(children)
     yaml.safe_dump(children)
+
+
+QUALIFIED_NAME = re.compile(r"^([a-z0-9.-]{1,253}/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+def check_api_server_rules(manifest: dict[str, Any]) -> None:
+    """A few rules the API server enforces that a spec value can break: duplicate Service ports,
+    duplicate container ports, malformed resource names, an empty hostPath."""
+    if manifest["kind"] == "Service":
+        ports = manifest["spec"]["ports"]
+        assert len({(p["port"], p["protocol"]) for p in ports}) == len(ports), ports
+        assert len({p["name"] for p in ports}) == len(ports), ports
+        return
+    pod = manifest.get("spec", {}).get("template", {}).get("spec", {})
+    containers = pod.get("containers", []) + pod.get("initContainers", [])
+    for container in containers:
+        mounts = [m["mountPath"] for m in container.get("volumeMounts", [])]
+        assert len(set(mounts)) == len(mounts), mounts
+        ports = container.get("ports", [])
+        assert len({(p["containerPort"], p["protocol"]) for p in ports}) == len(ports), ports
+        for kind in ("requests", "limits"):
+            for key in container.get("resources", {}).get(kind, {}):
+                assert QUALIFIED_NAME.match(key), key
+    for volume in pod.get("volumes", []):
+        if "persistentVolumeClaim" in volume:
+            assert volume["persistentVolumeClaim"]["claimName"]
+        if "hostPath" in volume:
+            path = volume["hostPath"]["path"]
+            assert path and ".." not in path.split("/"), path
 
 
 def _quantities(manifest: dict[str, Any]) -> list[int | str]:
@@ -385,6 +436,69 @@ def test_regression_metadata_is_a_spec_error(body: dict[str, Any], expected: str
     ],
 )
 def test_regression_odd_quantities_are_problems(body: dict[str, Any], expected: str) -> None:
+    problems = check_spec(KvRetentionDeployment.from_k8s(body))
+    assert any(expected in p for p in problems), problems
+
+
+DISAGGREGATED = next(e for e in EXAMPLES if e["spec"]["workers"]["mode"] == "disaggregated")
+
+
+def _disaggregated(*path: str, value: Any) -> dict[str, Any]:
+    body = copy.deepcopy(DISAGGREGATED)
+    _set(body, path, value)
+    return body
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        pytest.param(
+            _with_requests(**{"": "1"}),
+            "'' is not a valid resource name",
+            id="empty_resource_name_was_built",
+        ),
+        pytest.param(
+            _with_requests(**{"a b": "1"}),
+            "'a b' is not a valid resource name",
+            id="resource_name_with_space_was_built",
+        ),
+        pytest.param(
+            _disaggregated("spec", "workers", "gpuResource", value="nvidia com/gpu"),
+            "spec.workers.gpuResource",
+            id="gpu_resource_name_was_built",
+        ),
+        pytest.param(
+            _disaggregated("spec", "workers", "bootstrapPort", value=8002),
+            "spec.workers.bootstrapPort",
+            id="bootstrap_port_8002_duplicated_service_port",
+        ),
+        pytest.param(
+            _disaggregated("spec", "model", "volume", value={"hostPath": ""}),
+            "spec.model.volume.hostPath",
+            id="empty_host_path_was_built",
+        ),
+        pytest.param(
+            _disaggregated("spec", "model", "volume", value={"hostPath": "/a/../b"}),
+            "spec.model.volume.hostPath",
+            id="host_path_backstep_was_built",
+        ),
+        pytest.param(
+            _disaggregated("spec", "model", "volume", value={"claimName": ""}),
+            "spec.model.volume.claimName",
+            id="empty_claim_name_was_built",
+        ),
+        pytest.param(
+            _disaggregated(
+                "spec", "model", "volume", value={"claimName": "w", "mountPath": "/dev/shm/"}
+            ),
+            "spec.model.volume.mountPath",
+            id="mount_path_dev_shm_duplicated_a_mount",
+        ),
+    ],
+)
+def test_regression_children_the_api_server_would_refuse_are_problems(
+    body: dict[str, Any], expected: str
+) -> None:
     problems = check_spec(KvRetentionDeployment.from_k8s(body))
     assert any(expected in p for p in problems), problems
 

@@ -6,12 +6,15 @@ operator turns a non-empty list into ``Ready=False`` with reason ``InvalidSpec``
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from typing import Final
 
 from kvretention.api.models import KvRetentionDeployment, ResourceRequirements
+from kvretention.controller.resources.common import WORKER_PORT
+from kvretention.controller.resources.mooncake import CONFIG_MOUNT_DIR
 from kvretention.controller.resources.sglang_args import MANAGED_FLAGS, Role, pool_for
 from kvretention.controller.resources.workers import worker_roles
 
@@ -35,6 +38,18 @@ _SUFFIX: Final[dict[str, Decimal]] = {
     "Ei": Decimal(2**60),
 }
 GIB: Final = Decimal(2**30)
+_DNS_SUBDOMAIN: Final = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
+_NAME_PART: Final = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+
+def is_resource_name(name: str) -> bool:
+    """A Kubernetes qualified name (``cpu``, ``nvidia.com/gpu``), as resource names must be."""
+    prefix, _, part = name.rpartition("/")
+    if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+        return False
+    return len(part) <= 63 and _NAME_PART.match(part) is not None
 
 
 def parse_quantity(value: int | str) -> Decimal:
@@ -81,6 +96,9 @@ def check_quantities(cr: KvRetentionDeployment) -> list[str]:
         parsed: dict[str, dict[str, Decimal]] = {"requests": {}, "limits": {}}
         for kind in ("requests", "limits"):
             for key, value in sorted((getattr(res, kind) or {}).items()):
+                if not is_resource_name(key):  # the API server would refuse the whole Deployment
+                    problems.append(f"{path}.{kind}: {key!r} is not a valid resource name")
+                    continue
                 try:
                     parsed[kind][key] = quantity = parse_quantity(value)
                 except ValueError as exc:
@@ -113,6 +131,8 @@ def check_gpus(cr: KvRetentionDeployment) -> list[str]:
     """A GPU limit given by hand must match tensorParallelSize (one GPU per rank)."""
     gpu = cr.spec.workers.gpu_resource
     problems = []
+    if gpu and not is_resource_name(gpu):
+        problems.append(f"spec.workers.gpuResource: {gpu!r} is not a valid resource name")
     for role in worker_roles(cr):
         pool = pool_for(cr.spec, role)
         limits = (pool.resources.limits or {}) if pool.resources else {}
@@ -179,12 +199,41 @@ def check_master_ports(cr: KvRetentionDeployment) -> list[str]:
     return []
 
 
+_RESERVED_MOUNTS: Final = ("/dev/shm", CONFIG_MOUNT_DIR)
+
+
+def check_worker_pod(cr: KvRetentionDeployment) -> list[str]:
+    """Spec values the API server would refuse inside a worker pod or Service."""
+    problems = []
+    workers = cr.spec.workers
+    if workers.mode == "disaggregated" and workers.bootstrap_port == WORKER_PORT:
+        problems.append(
+            f"spec.workers.bootstrapPort: {WORKER_PORT} is the worker's HTTP port; choose another"
+        )
+    volume = cr.spec.model.volume
+    if volume is not None:
+        if volume.claim_name is not None and not volume.claim_name:
+            problems.append("spec.model.volume.claimName: must not be empty")
+        if volume.host_path is not None and (
+            not volume.host_path or ".." in volume.host_path.split("/")
+        ):
+            problems.append(
+                "spec.model.volume.hostPath: must be a non-empty path without '..' segments"
+            )
+        if posixpath.normpath(volume.mount_path) in _RESERVED_MOUNTS:
+            problems.append(
+                f"spec.model.volume.mountPath: {volume.mount_path} is already mounted in workers"
+            )
+    return problems
+
+
 CHECKS: Final[tuple[Callable[[KvRetentionDeployment], list[str]], ...]] = (
     check_quantities,
     check_extra_args,
     check_gpus,
     check_host_memory,
     check_master_ports,
+    check_worker_pod,
 )
 
 
