@@ -137,13 +137,19 @@ async def with_retries(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def load_config() -> client.ApiClient:
-    """An API client from KUBECONFIG (or ~/.kube/config), else the in-cluster service account."""
+def load_config(*, pool_size: int = 32) -> client.ApiClient:
+    """An API client from KUBECONFIG (or ~/.kube/config), else the in-cluster service account.
+
+    ``pool_size`` should match the threads that call it: the client's default pool (10) would
+    drop and reopen TLS connections whenever more calls run at once.
+    """
     try:
         config.load_incluster_config()  # type: ignore[no-untyped-call]
     except config.ConfigException:
         config.load_kube_config()  # type: ignore[no-untyped-call]
-    return client.ApiClient()
+    cfg = client.Configuration.get_default_copy()
+    cfg.connection_pool_maxsize = pool_size
+    return client.ApiClient(cfg)
 
 
 class Kube:

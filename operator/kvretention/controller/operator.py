@@ -140,7 +140,7 @@ async def _cancel(tasks: Any) -> None:
 
 async def run_operator(cfg: OperatorConfig, *, kube: Kube | None = None) -> int:
     """Run until SIGTERM (0), a lost Lease (1) or kopf failing (1)."""
-    kube = kube or Kube(load_config())
+    kube = kube or Kube(load_config(pool_size=KUBE_THREADS))
     metrics = Metrics()
     state = ProcessState(identity=cfg.identity)
     stop = asyncio.Event()
