@@ -225,6 +225,24 @@ def test_bad_crs_are_rejected_at_admission(
     assert message in str(err.value.body), err.value.body
 
 
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("a.b", "must consist of lowercase letters, digits and '-'"),
+        ("1e3", "must consist of lowercase letters, digits and '-'"),
+        ("x" * 55, "metadata.name must be at most 54 characters"),
+    ],
+)
+def test_names_that_make_invalid_child_names_are_rejected_at_admission(
+    fleets: Fleets, apply_crd: ApplyCrd, name: str, message: str
+) -> None:
+    apply_crd(CRD_PATH)
+    with pytest.raises(ApiException) as err:
+        fleets.create(load_example("aggregated", name=name))
+    assert err.value.status == 422, name
+    assert message in str(err.value.body), err.value.body
+
+
 def test_spec_change_rolls_only_the_affected_deployments(
     operator: Operator, fleets: Fleets
 ) -> None:

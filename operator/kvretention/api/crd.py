@@ -17,6 +17,7 @@ import yaml
 
 from kvretention.api.models import (
     CATEGORIES,
+    DNS1035_LABEL_PATTERN,
     GROUP,
     KIND,
     MAX_NAME_LENGTH,
@@ -155,7 +156,14 @@ def build_openapi_schema() -> Schema:
                     f"metadata.name must be at most {MAX_NAME_LENGTH} characters "
                     "(child Service names append up to 9)"
                 ),
-            }
+            },
+            {
+                "rule": f"self.metadata.name.matches('{DNS1035_LABEL_PATTERN}')",
+                "message": (
+                    "metadata.name must consist of lowercase letters, digits and '-', start with a "
+                    "letter and end with a letter or digit (child Service names derive from it)"
+                ),
+            },
         ],
     }
 

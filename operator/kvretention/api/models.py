@@ -832,7 +832,9 @@ class KvRetentionDeployment(BaseModel):
         return obj
 
 
-_DNS1035_LABEL: Final = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+DNS1035_LABEL_PATTERN: Final = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+"""What a CR name must match so that its child Service names are valid (also a CEL rule)."""
+_DNS1035_LABEL: Final = re.compile(DNS1035_LABEL_PATTERN)
 _DNS1123_LABEL: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
