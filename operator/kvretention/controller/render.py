@@ -46,7 +46,10 @@ def parse_cr(doc: dict[str, Any], *, source: str, namespace: str) -> KvRetention
             f"{source}: expected apiVersion {API_VERSION} kind {KIND}, "
             f"got {doc.get('apiVersion')} {doc.get('kind')}"
         )
-    metadata = dict(doc.get("metadata") or {})
+    raw_metadata = doc.get("metadata") or {}
+    if not isinstance(raw_metadata, dict):
+        raise RenderError(f"{source}: {KIND} metadata must be a mapping")
+    metadata = dict(raw_metadata)
     metadata.setdefault("namespace", namespace)
     label = f"{source}: {KIND} {metadata.get('name', '<unnamed>')}"
     try:

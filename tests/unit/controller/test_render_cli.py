@@ -56,6 +56,10 @@ def test_namespace_flag_fills_missing_namespace() -> None:
             "spec.model: Field required",
         ),
         ((CASES / "invalid-check-spec.yaml").read_text(), "can never work (InvalidSpec)"),
+        (
+            "apiVersion: kvretention.io/v1alpha1\nkind: KvRetentionDeployment\nmetadata: [1]\n",
+            "metadata must be a mapping",
+        ),
     ],
 )
 def test_bad_input_exits_2_without_traceback(tmp_path: Path, content: str, expected: str) -> None:
