@@ -39,7 +39,10 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 WIRE = json.loads((FIXTURES / "kv_hints_wire.json").read_text())
 NOKVHINTS_PATH = FIXTURES / "sglang_nokvhints"
 SGLANG = locate_sglang()
-needs_sglang = pytest.mark.skipif(SGLANG is None, reason="sglang 0.5.23 is not installed")
+# Skipped only on a dev box without bootstrap; under CI a missing sglang fails these tests.
+needs_sglang = pytest.mark.skipif(
+    SGLANG is None and not os.environ.get("CI"), reason="sglang 0.5.23 is not installed"
+)
 
 
 @pytest.fixture(scope="module")
