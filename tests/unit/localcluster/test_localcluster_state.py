@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -154,6 +155,10 @@ def test_a_taken_api_server_port_is_refused_with_the_fix() -> None:
 def test_stop_never_signals_a_pid_running_something_else(tmp_path: Path) -> None:
     sleeper = subprocess.Popen(["sleep", "30"])
     try:
+        # Right after fork the child may not have exec'd yet (its cmdline is still Python's).
+        deadline = time.monotonic() + 5
+        while not process.is_alive(sleeper.pid, "sleep") and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert process.is_alive(sleeper.pid, "/usr/bin/sleep")
         assert not process.is_alive(sleeper.pid, "etcd")
         assert process.stop(sleeper.pid, "etcd", grace_s=1) is False
