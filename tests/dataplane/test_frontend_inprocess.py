@@ -77,8 +77,9 @@ async def test_tokenizer_path_sends_token_ids_with_the_same_envelope(
     finally:
         await client.close()
     [received] = [r.body for r in router_standin.received]
-    assert "messages" not in received
     text = body.get("messages", [{"content": body.get("input")}])[-1]["content"]
+    # The conversation travels beside the ids: the worker parses tool calls against its tools.
+    assert received["messages"][-1] == {"role": "user", "content": text}
     assert received["token_ids"][0] == 2
     assert received["token_ids"][1:] == [ord(c) for c in text]
     assert received.get("kv_hints") == hint

@@ -13,9 +13,9 @@ stream starts are a non-2xx status with the same ``{"error": {...}}`` body.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Final, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 GENERATE_PATH: Final = "/v1/generate"
 NDJSON: Final = "application/x-ndjson"
@@ -85,18 +85,186 @@ class SamplingParams(BaseModel):
     presence_penalty: float | None = None
     stop: list[str] | None = None
     seed: int | None = Field(default=None, alias="sampling_seed")
+    logit_bias: dict[str, float] | None = None
+    """Token id (as a string) -> bias, as SGLang's ``logit_bias`` takes it."""
+    # Structure constraints (SGLang's names; at most one is set): the worker fills these in from
+    # tool_choice / response_format, as SGLang's OpenAI server does.
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    structural_tag: str | None = None
+    skip_special_tokens: bool | None = None
+    no_stop_trim: bool | None = None
 
     def to_sglang(self) -> dict[str, Any]:
         return self.model_dump(exclude_none=True, by_alias=True)
 
 
-class ChatMessage(BaseModel):
-    """A chat message after provider normalization: role plus plain text content."""
+def _compact(data: dict[str, Any], *, keep: frozenset[str]) -> dict[str, Any]:
+    """Drop empty optional fields so the common, text-only case stays as small as before."""
+    return {k: v for k, v in data.items() if k in keep or v not in (None, "", False, [])}
+
+
+class _Compact(BaseModel):
+    """A model whose JSON omits empty optional fields (``[]``, ``""``, ``false``, ``null``)."""
+
+    _keep: ClassVar[frozenset[str]] = frozenset()
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _compact(handler(self), keep=self._keep)
+
+
+# -- the provider-neutral conversation ---------------------------------------------------------
+#
+# Both providers' requests reduce to these models at the frontend; the worker renders them with the
+# model's own chat template. Provider field names stop at the frontend: nothing below is OpenAI- or
+# Anthropic-shaped, and every field here is one the worker acts on.
+
+
+class TextPart(BaseModel):
+    """A piece of text in a message."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ImagePart(BaseModel):
+    """An image, as a ``data:`` URL (base64 sources become one) or an ``http(s)`` URL."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["image"] = "image"
+    url: str = Field(min_length=1)
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
+class ToolCall(BaseModel):
+    """A tool call the assistant made (history) or makes (output).
+
+    ``arguments`` is the JSON text of a function's arguments, or the free-form input of a
+    ``custom`` tool (Codex's ``apply_patch``), exactly as the model wrote it.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    arguments: str = ""
+    kind: Literal["function", "custom"] = "function"
+
+
+class Reasoning(BaseModel):
+    """Prior reasoning replayed in history.
+
+    ``text`` is what the model sees again (Anthropic ``thinking`` text, Responses reasoning summary
+    text); ``signature`` / ``encrypted_content`` are opaque provider blobs that cannot be read here,
+    kept only so the trace can say they were present.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    text: str = ""
+    signature: str | None = None
+    encrypted: bool = False
+    """The client sent an encrypted blob (``encrypted_content`` / ``redacted_thinking``)."""
+
+
+MessageRole = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+class ChatMessage(_Compact):
+    """One message of the neutral conversation.
+
+    ``content`` is a plain string or a list of text / image parts. An assistant message may carry
+    ``reasoning`` (before its content) and ``tool_calls`` (after it). A ``tool`` message is one tool
+    result: ``tool_call_id`` names the call it answers, ``name`` the tool when known, ``is_error``
+    the client's error flag.
+    """
 
     model_config = ConfigDict(extra="forbid")
+    _keep: ClassVar[frozenset[str]] = frozenset({"role", "content"})
 
-    role: Literal["system", "user", "assistant", "tool"]
-    content: str
+    role: MessageRole
+    content: str | list[ContentPart] = ""
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    reasoning: Reasoning | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+    is_error: bool = False
+
+    def text(self) -> str:
+        """The text of the content, parts joined by newlines (images are skipped)."""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(p.text for p in self.content if isinstance(p, TextPart))
+
+    def images(self) -> list[ImagePart]:
+        if isinstance(self.content, str):
+            return []
+        return [p for p in self.content if isinstance(p, ImagePart)]
+
+
+class ToolGrammar(BaseModel):
+    """The input grammar of a ``custom`` tool (Responses ``format: {type: grammar}``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    syntax: Literal["lark", "regex"]
+    definition: str
+
+
+class ToolDefinition(BaseModel):
+    """A tool the model may call.
+
+    ``function`` tools have a JSON-schema ``parameters`` object. ``custom`` tools take free text,
+    optionally constrained by ``grammar``; the template shows them as a function with one string
+    parameter ``input`` (see docs/frontend.md).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["function", "custom"] = "function"
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+    grammar: ToolGrammar | None = None
+
+
+class ToolChoice(BaseModel):
+    """``auto`` (the default), ``none``, ``required`` (any tool), or ``named`` (one tool)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Literal["auto", "none", "required", "named"] = "auto"
+    name: str | None = None
+
+
+class ResponseFormat(BaseModel):
+    """Structured output: any JSON object, or JSON matching ``json_schema``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+    name: str | None = None
+    strict: bool | None = None
+
+
+class ReasoningControl(BaseModel):
+    """Whether the model should think, and how much (passed as chat-template kwargs)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    effort: Literal["minimal", "low", "medium", "high"] | None = None
+    budget_tokens: int | None = Field(default=None, ge=0)
 
 
 class PreprocessedRequest(BaseModel):
@@ -108,8 +276,17 @@ class PreprocessedRequest(BaseModel):
     model: str
     token_ids: list[int] | None = None
     messages: list[ChatMessage] | None = None
+    tools: list[ToolDefinition] = Field(default_factory=list)
+    tool_choice: ToolChoice = Field(default_factory=ToolChoice)
+    parallel_tool_calls: bool = True
+    response_format: ResponseFormat | None = None
+    reasoning: ReasoningControl | None = None
+    """``None``: the template's default; otherwise passed to the template as thinking switches."""
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     session_id: str | None = None
+    count_only: bool = False
+    """Render and count the prompt, answer one chunk with ``usage.prompt_tokens``, generate nothing
+    (``/v1/messages/count_tokens``)."""
     kv_hints: dict[str, Any] | None = None
     """The envelope's wire form, opaque to the router; absent when there is no hint."""
 
@@ -118,18 +295,46 @@ class PreprocessedRequest(BaseModel):
         return self.model_dump_json(exclude_none=True, by_alias=True).encode()
 
 
-class Usage(BaseModel):
+class Usage(_Compact):
+    _keep: ClassVar[frozenset[str]] = frozenset({"prompt_tokens", "completion_tokens"})
+
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    reasoning_tokens: int = 0
 
 
-class GenerateChunk(BaseModel):
-    """One streamed piece of the answer: a text delta, and on the last chunk the finish reason."""
+class ToolCallDelta(_Compact):
+    """A piece of an output tool call, streamed by ``index`` (0, 1, ... within one answer).
+
+    The first delta of a call carries ``id`` and ``name``; later ones only argument fragments.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    _keep: ClassVar[frozenset[str]] = frozenset({"index"})
+
+    index: int = Field(ge=0)
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+    kind: Literal["function", "custom"] = "function"
+
+
+FinishReason = Literal["stop", "length", "tool_calls", "abort"]
+
+
+class GenerateChunk(_Compact):
+    """One streamed piece of the answer, already parsed by the worker: text, reasoning and tool-call
+    deltas; the last chunk carries the finish reason (``tool_calls`` when the answer called tools)
+    and the usage."""
 
     model_config = ConfigDict(extra="ignore")
 
     text: str = ""
+    reasoning: str = ""
+    """A delta of the model's reasoning, separated from ``text`` by SGLang's reasoning parser."""
+    tool_calls: list[ToolCallDelta] = Field(default_factory=list)
     token_ids: list[int] = Field(default_factory=list)
-    finish_reason: Literal["stop", "length", "abort"] | None = None
+    finish_reason: FinishReason | None = None
     usage: Usage | None = None

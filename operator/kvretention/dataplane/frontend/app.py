@@ -215,23 +215,23 @@ def build_preprocessed(
 ) -> PreprocessedRequest:
     """The router request: token ids when a tokenizer is configured, messages otherwise; same hint."""
     wire = parsed.envelope.to_wire() if parsed.envelope is not None else None
-    if tokenizer is not None:
-        return PreprocessedRequest(
-            request_id=request_id,
-            model=parsed.model,
-            token_ids=tokenizer.encode_chat(parsed.messages),
-            sampling=parsed.sampling,
-            session_id=session_id,
-            kv_hints=wire,
-        )
-    return PreprocessedRequest(
+    request = PreprocessedRequest(
         request_id=request_id,
         model=parsed.model,
         messages=parsed.messages,
+        tools=parsed.tools,
+        tool_choice=parsed.tool_choice,
+        parallel_tool_calls=parsed.parallel_tool_calls,
+        response_format=parsed.response_format,
+        reasoning=parsed.reasoning,
         sampling=parsed.sampling,
         session_id=session_id,
         kv_hints=wire,
     )
+    if tokenizer is not None:
+        # The conversation still travels: the worker needs the tools to parse the answer.
+        request.token_ids = tokenizer.encode_chat(parsed.messages)
+    return request
 
 
 async def _forward(
