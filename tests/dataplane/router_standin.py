@@ -31,7 +31,14 @@ MARKERS: Final = {
     "[[drop_midstream]]": "one chunk, then close the connection",
     "[[garbage]]": "200 with a line that is not JSON",
     "[[late_eof]]": "end the body a moment after the finish line, as a relaying router does",
+    "[[reasoning]]": "reasoning deltas (REASONING) before the canned text",
+    "[[tool_call]]": "one call of the request's first tool, arguments in fragments (TOOL_ARGS)",
+    "[[parallel_tool_calls]]": "two calls of the request's first tool, then finish tool_calls",
+    "[[custom_tool]]": "one custom-tool call of the first tool with free-text input (CUSTOM_INPUT)",
 }
+REASONING: Final = ["Let me ", "think."]
+TOOL_ARGS: Final = ['{"city": ', '"Paris"}']
+CUSTOM_INPUT: Final = ["*** Begin Patch\n", "*** End Patch\n"]
 
 
 @dataclass(frozen=True)
@@ -121,6 +128,15 @@ class RouterStandIn:
         if "[[garbage]]" in text:
             await response.write(b"this is not json\n")
             return response
+        if "[[reasoning]]" in text:
+            for piece in REASONING:
+                await response.write(_chunk("", reasoning=piece))
+        calls = _tool_calls(body, text)
+        if calls:
+            for line in calls:
+                await response.write(line)
+            await response.write_eof()
+            return response
         await response.write(_chunk(CANNED[0]))
         if "[[kv_unsupported_midstream]]" in text:
             await response.write(
@@ -154,13 +170,41 @@ async def _cancel_others() -> None:
     await asyncio.gather(*pending, return_exceptions=True)
 
 
+def _tool_calls(body: dict[str, Any], text: str) -> list[bytes]:
+    """NDJSON lines of the tool calls a marker asks for, ending with ``finish_reason: tool_calls``."""
+    tools = body.get("tools") or [{"name": "get_weather"}]
+    name = tools[0]["name"]
+    if "[[custom_tool]]" in text:
+        kind, pieces, count = "custom", CUSTOM_INPUT, 1
+    elif "[[parallel_tool_calls]]" in text:
+        kind, pieces, count = "function", TOOL_ARGS, 2
+    elif "[[tool_call]]" in text:
+        kind, pieces, count = "function", TOOL_ARGS, 1
+    else:
+        return []
+    lines: list[bytes] = []
+    for index in range(count):
+        head = {"index": index, "id": f"call_{index}", "name": name, "kind": kind}
+        lines.append(_chunk("", tool_calls=[head]))
+        lines.extend(
+            _chunk("", tool_calls=[{"index": index, "arguments": piece}]) for piece in pieces
+        )
+    lines.append(_chunk("", finish_reason="tool_calls", usage=USAGE))
+    return lines
+
+
 def _error_response(status: int, code: str, message: str) -> web.Response:
     return web.json_response({"error": {"code": code, "message": message}}, status=status)
 
 
 def _last_text(body: dict[str, Any]) -> str:
     messages = body.get("messages") or []
-    return str(messages[-1].get("content", "")) if messages else ""
+    if not messages:
+        return ""
+    content = messages[-1].get("content", "")
+    if isinstance(content, list):  # text and image parts
+        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return str(content)
 
 
 def parse_sse(raw: bytes) -> list[tuple[str | None, str]]:
