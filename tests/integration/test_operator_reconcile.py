@@ -200,6 +200,14 @@ BAD_CRS: list[tuple[str, dict[str, Any], str]] = [
         "softPin.defaultTtlSeconds must not exceed softPin.maxTtlSeconds",
     ),
     ("unknown mode", {"workers": {"mode": "sideways"}}, "Unsupported value"),
+    ("unknown tool-call parser", {"model": {"toolCallParser": "qwen9"}}, "Unsupported value"),
+    ("unknown reasoning parser", {"model": {"reasoningParser": "r2"}}, "Unsupported value"),
+    (
+        "alias repeating the served name",
+        {"model": {"aliases": ["qwen3-0.6b"]}},
+        "model.aliases must not repeat model.name",
+    ),
+    ("duplicate aliases", {"model": {"aliases": ["a", "a"]}}, "Duplicate value"),
     ("negative replicas", {"workers": {"replicas": -1}}, "should be greater than or equal to 0"),
 ]
 

@@ -145,8 +145,48 @@ class ModelVolume(_Model):
         return self
 
 
+ModelName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=256,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@\[\]-]*$",
+        description="A model name as clients send it.",
+    ),
+]
+
+ToolCallParser = Literal[
+    "apertus2509", "beam", "cohere_command4", "deepseekv3", "deepseekv31", "deepseekv32",
+    "deepseekv4", "deepseekv41", "dots", "glm", "glm45", "glm47", "gpt-oss", "k2_horizon",
+    "kimi_k2", "kimi_k3", "lfm2", "ling3", "llama3", "mimo", "minicpm5", "mistral", "muse",
+    "poolside_v1", "pythonic", "qwen", "qwen25", "qwen3_coder", "spark25", "step3", "step3p5",
+    "minimax-m2", "minimax-m3", "nanbeige", "trinity", "interns1", "hermes", "hunyuan",
+    "gigachat3", "gigachat35", "gemma4", "inkling", "iquest_q1", "response_template",
+]  # fmt: skip
+"""SGLang 0.5.23's ``FunctionCallParser.ToolCallParserEnum`` keys (a unit test keeps them equal)."""
+
+ReasoningParserName = Literal[
+    "apertus2509", "beam", "deepseek-r1", "deepseek-v3", "deepseek-v4", "deepseek-v41", "dots",
+    "glm45", "ling3", "hunyuan", "gpt-oss", "k2_horizon", "kimi", "kimi_k2", "kimi_k3", "mimo",
+    "muse", "poolside_v1", "qwen3", "qwen3-thinking", "minimax", "minimax-append-think",
+    "minimax-m3", "nanbeige", "step3", "step3p5", "mistral", "nemotron_3",
+    "granite_thinking_parser", "interns1", "gemma4", "gigachat35", "inkling", "iquest_q1",
+    "cohere_command4", "response_template",
+]  # fmt: skip
+"""SGLang 0.5.23's ``ReasoningParser.DetectorMap`` keys (a unit test keeps them equal)."""
+
+
 class ModelSpec(_Model):
     """The model every worker serves."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_cel(
+            (
+                "!has(self.aliases) || !(self.name in self.aliases)",
+                "model.aliases must not repeat model.name",
+            )
+        )
+    )
 
     name: str = Field(
         min_length=1,
@@ -162,6 +202,38 @@ class ModelSpec(_Model):
     volume: ModelVolume | None = Field(
         default=None, description="Optional volume with the weights, mounted in every worker."
     )
+    aliases: list[ModelName] = Field(
+        default_factory=list,
+        max_length=32,
+        description=(
+            "Other model names clients may send that the frontend serves with this model (for "
+            "example Claude Code's small fast model or the names Codex is configured with); "
+            "responses echo the name the client asked for."
+        ),
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    tool_call_parser: ToolCallParser | None = Field(
+        default=None,
+        description=(
+            "SGLang tool-call parser for the model's native tool-call format (SGLang "
+            "--tool-call-parser), e.g. qwen25, qwen3_coder, llama3, deepseekv3, kimi_k2, glm45, "
+            "gpt-oss. Unset: tool calls are not parsed and requests with tools are refused."
+        ),
+    )
+    reasoning_parser: ReasoningParserName | None = Field(
+        default=None,
+        description=(
+            "SGLang reasoning parser that separates the model's thinking from its answer (SGLang "
+            "--reasoning-parser), e.g. qwen3, deepseek-r1, kimi_k2, glm45, gpt-oss. Unset: "
+            "thinking, if any, stays in the answer text."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _check_aliases(self) -> ModelSpec:
+        _require(self.name not in self.aliases, "model.aliases must not repeat model.name")
+        _require(len(set(self.aliases)) == len(self.aliases), "model.aliases must be unique")
+        return self
 
 
 # --- hints ----------------------------------------------------------------------------------------

@@ -88,6 +88,18 @@ VALID = [
     pytest.param(
         {"model": {"name": "m", "path": "/m", "volume": {"claimName": "weights"}}}, id="pvc"
     ),
+    pytest.param(
+        {
+            "model": {
+                "name": "m",
+                "path": "/m",
+                "toolCallParser": "gpt-oss",
+                "reasoningParser": "gpt-oss",
+                "aliases": ["claude-sonnet-4-5[1m]", "claude-haiku-4-5@20251001", "gpt-5-codex"],
+            }
+        },
+        id="agent-model",
+    ),
 ]
 
 
@@ -222,6 +234,31 @@ INVALID = [
         id="volume-both",
     ),
     pytest.param({"workers": {"gpus": 1}}, "spec.workers.gpus", id="unknown-field"),
+    pytest.param(
+        {"model": {"name": "m", "path": "/m", "toolCallParser": "qwen9"}},
+        "toolCallParser",
+        id="tool-call-parser-enum",
+    ),
+    pytest.param(
+        {"model": {"name": "m", "path": "/m", "reasoningParser": "r2"}},
+        "reasoningParser",
+        id="reasoning-parser-enum",
+    ),
+    pytest.param(
+        {"model": {"name": "m", "path": "/m", "aliases": ["m"]}},
+        "model.aliases must not repeat model.name",
+        id="alias-is-the-name",
+    ),
+    pytest.param(
+        {"model": {"name": "m", "path": "/m", "aliases": ["a", "a"]}},
+        "model.aliases must be unique",
+        id="alias-duplicate",
+    ),
+    pytest.param(
+        {"model": {"name": "m", "path": "/m", "aliases": ["bad name"]}},
+        "aliases",
+        id="alias-pattern",
+    ),
 ]
 
 

@@ -10,16 +10,17 @@ from __future__ import annotations
 import importlib.util
 import re
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
-from kvretention.api.models import KvRetentionDeployment
+from kvretention.api.models import KvRetentionDeployment, ReasoningParserName, ToolCallParser
 from kvretention.controller.resources import build_sglang_args
 from kvretention.controller.resources.sglang_args import MANAGED_FLAGS
 
 pytestmark = pytest.mark.engine
 
-FIELD = re.compile(r"^    ([a-z][a-z0-9_]*): A\[", re.MULTILINE)
+FIELD = re.compile(r"^    ([a-z][a-z0-9_]*): (?:A\[|Optional\[)", re.MULTILINE)
 ALIASES = re.compile(r"aliases=\[([^\]]*)\]")
 
 
@@ -51,7 +52,12 @@ def test_rendered_flags_exist(mode: str) -> None:
             "kind": "KvRetentionDeployment",
             "metadata": {"name": "s"},
             "spec": {
-                "model": {"name": "m", "path": "p"},
+                "model": {
+                    "name": "m",
+                    "path": "p",
+                    "toolCallParser": "qwen3_coder",
+                    "reasoningParser": "deepseek-r1",
+                },
                 "workers": workers,
                 "kvStore": {"mooncake": {"transfer": {"protocol": "rdma", "device": "mlx5_0"}}},
             },
@@ -66,3 +72,27 @@ def test_rendered_flags_exist(mode: str) -> None:
 
 def test_managed_flags_exist() -> None:
     assert MANAGED_FLAGS - sglang_flags() == set()
+
+
+def _registry_keys(relative: str, anchor: str) -> list[str]:
+    """The string keys of a class-level dict literal in SGLang's source (no torch needed)."""
+    spec = importlib.util.find_spec("sglang")
+    assert spec is not None and spec.submodule_search_locations, "sglang 0.5.23 is not installed"
+    text = (Path(next(iter(spec.submodule_search_locations))) / relative).read_text()
+    start = text.index(anchor)
+    return re.findall(r"^\s+\"([^\"]+)\":", text[start : text.index("}", start)], re.MULTILINE)
+
+
+@pytest.mark.parametrize(
+    ("literal", "relative", "anchor"),
+    [
+        (ToolCallParser, "srt/function_call/function_call_parser.py", "ToolCallParserEnum"),
+        (ReasoningParserName, "srt/parser/reasoning_parser.py", "DetectorMap"),
+    ],
+    ids=["tool_call_parser", "reasoning_parser"],
+)
+def test_parser_names_are_sglangs(literal: object, relative: str, anchor: str) -> None:
+    """The CRD's parser enums are exactly the names the installed SGLang accepts."""
+    keys = _registry_keys(relative, anchor)
+    assert len(keys) > 10, f"{anchor} not found in {relative}"
+    assert list(get_args(literal)) == keys

@@ -30,6 +30,7 @@ def frontend_endpoint(cr: KvRetentionDeployment) -> str:
 
 
 def build_frontend_command(cr: KvRetentionDeployment) -> list[str]:
+    aliases = [f"--model-alias={alias}={cr.spec.model.name}" for alias in cr.spec.model.aliases]
     return [
         CLI,
         "frontend",
@@ -44,6 +45,7 @@ def build_frontend_command(cr: KvRetentionDeployment) -> list[str]:
         # A provider turned off gets its cache controls accepted and ignored, never a hint.
         "--openai-hints" if cr.spec.hints.providers.openai else "--no-openai-hints",
         "--anthropic-hints" if cr.spec.hints.providers.anthropic else "--no-anthropic-hints",
+        *aliases,
     ]
 
 

@@ -39,6 +39,8 @@ MANAGED_FLAGS: Final = frozenset(
         "--disaggregation-bootstrap-port",
         "--disaggregation-transfer-backend",
         "--disaggregation-ib-device",
+        "--tool-call-parser",
+        "--reasoning-parser",
     }
 )
 """Flags the operator renders from the spec; ``extraArgs`` may not set them (``check_spec``)."""
@@ -93,6 +95,17 @@ def build_disaggregation_args(spec: KvRetentionDeploymentSpec, role: Role) -> li
     return args
 
 
+def build_parser_args(spec: KvRetentionDeploymentSpec) -> list[str]:
+    """The output parsers: SGLang's own flags, which the worker reads to parse tool calls and
+    reasoning with SGLang's parsers (engine and worker agree on one source)."""
+    args: list[str] = []
+    if spec.model.tool_call_parser is not None:
+        args += ["--tool-call-parser", spec.model.tool_call_parser]
+    if spec.model.reasoning_parser is not None:
+        args += ["--reasoning-parser", spec.model.reasoning_parser]
+    return args
+
+
 def build_sglang_args(spec: KvRetentionDeploymentSpec, *, role: Role) -> list[str]:
     """The whole SGLang argv of one role: model, parallelism, cache, PD, then the user's extras."""
     pool = pool_for(spec, role)
@@ -107,6 +120,7 @@ def build_sglang_args(spec: KvRetentionDeploymentSpec, *, role: Role) -> list[st
         str(spec.workers.hicache.page_size),
         "--enable-metrics",
     ]
+    args += build_parser_args(spec)
     if role != "decode":
         args += build_hicache_args(spec)
     args += build_disaggregation_args(spec, role)
