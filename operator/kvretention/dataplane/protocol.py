@@ -27,6 +27,8 @@ HEADER_BOOTSTRAP_PORT: Final = "x-kvr-bootstrap-port"
 HEADER_BOOTSTRAP_ROOM: Final = "x-kvr-bootstrap-room"
 HEADER_SESSION: Final = "x-session-id"
 """Client-facing sticky-session header (the frontend copies it into ``session_id``)."""
+HEADER_PREFIX: Final = "x-kvr-prefix"
+"""Frontend -> router: the prompt's prefix-hash chain for cache-aware placement (no body parse)."""
 
 Role = Literal["aggregated", "prefill", "decode"]
 

@@ -35,6 +35,7 @@ from kvretention.dataplane.protocol import (
     HEADER_BOOTSTRAP_HOST,
     HEADER_BOOTSTRAP_PORT,
     HEADER_BOOTSTRAP_ROOM,
+    HEADER_PREFIX,
     HEADER_ROLE,
     NDJSON,
     ErrorBody,
@@ -48,9 +49,14 @@ from kvretention.dataplane.router.discovery import (
     plan_membership,
 )
 from kvretention.dataplane.router.placement import (
+    DEFAULT_MAX_PREFIXES,
+    Balance,
     Choice,
+    Policy,
+    PrefixIndex,
     SessionPins,
     WorkerView,
+    parse_prefix_header,
     plan_pair,
     plan_worker,
     session_of,
@@ -74,6 +80,10 @@ class RouterConfig:
     bootstrap_port: int | None = None
     """Prefill bootstrap port when a prefill worker's ``/v1/info`` does not say."""
     max_sessions: int = 100_000
+    policy: Policy = "cache-aware"
+    """Placement of requests without a session pin: longest prefix match, or least outstanding."""
+    max_prefixes: int = DEFAULT_MAX_PREFIXES
+    balance: Balance = field(default_factory=Balance)
 
 
 @dataclass
@@ -123,6 +133,11 @@ class RouterMetrics:
             "Placements decided by a session pin.",
             registry=self.registry,
         )
+        self.prefix = Counter(
+            "kvr_router_prefix_placements",
+            "Placements decided by a prefix match (cache-aware policy).",
+            registry=self.registry,
+        )
 
 
 @dataclass
@@ -133,9 +148,11 @@ class RouterState:
     metrics: RouterMetrics = field(default_factory=RouterMetrics)
     session: aiohttp.ClientSession | None = None
     pins: SessionPins = field(init=False)
+    prefixes: PrefixIndex = field(init=False)
 
     def __post_init__(self) -> None:
         self.pins = SessionPins(max_sessions=self.config.max_sessions)
+        self.prefixes = PrefixIndex(max_prefixes=self.config.max_prefixes)
 
     @property
     def disaggregated(self) -> bool:
@@ -194,6 +211,7 @@ async def refresh_membership(state: RouterState) -> None:
             log.info("discovered %s worker %s", source.role, url)
         for url in change.removed:
             state.workers.pop(url, None)
+            state.prefixes.forget(url)
             log.info("%s worker %s left discovery", source.role, url)
 
 
@@ -303,13 +321,16 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     body = await request.read()
     session = session_of(body, {k.lower(): v for k, v in request.headers.items()})
+    chain: list[str] = []
+    if state.config.policy == "cache-aware":
+        chain = parse_prefix_header(request.headers.get(HEADER_PREFIX))
     mode = "disaggregated" if state.disaggregated else "aggregated"
     outcome = "error"
     try:
         if state.disaggregated:
-            response, outcome = await _disaggregated(request, state, body, session)
+            response, outcome = await _disaggregated(request, state, body, session, chain)
         else:
-            response, outcome = await _aggregated(request, state, body, session)
+            response, outcome = await _aggregated(request, state, body, session, chain)
         return response
     except ClientGone as gone:
         outcome = "client_gone"
@@ -322,25 +343,33 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
 
 
 def _choose(
-    state: RouterState, role: PoolRole, session: str | None, exclude: set[str]
+    state: RouterState, role: PoolRole, session: str | None, exclude: set[str], chain: list[str]
 ) -> Choice | None:
     views = [w.view() for w in state.pool(role) if w.url not in exclude]
-    return plan_worker(views, pinned=state.pins.get(role, session))
+    pinned = state.pins.get(role, session)
+    matched = state.prefixes.match(chain) if chain and pinned is None else None
+    return plan_worker(views, pinned=pinned, matched=matched, balance=state.config.balance)
 
 
-def _pin(state: RouterState, role: PoolRole, session: str | None, choice: Choice) -> None:
+def _pin(
+    state: RouterState, role: PoolRole, session: str | None, choice: Choice, chain: list[str]
+) -> None:
     if choice.sticky:
         state.metrics.sticky.inc()
+    elif choice.matched:
+        state.metrics.prefix.inc()
     state.pins.set(role, session, choice.url)
+    if chain:
+        state.prefixes.record(chain, choice.url)
 
 
 async def _aggregated(
-    request: web.Request, state: RouterState, body: bytes, session: str | None
+    request: web.Request, state: RouterState, body: bytes, session: str | None, chain: list[str]
 ) -> tuple[web.StreamResponse, str]:
     assert state.session is not None
     tried: set[str] = set()
     while True:
-        choice = _choose(state, "aggregated", session, tried)
+        choice = _choose(state, "aggregated", session, tried, chain)
         if choice is None:
             if tried:
                 return error_response(
@@ -348,7 +377,7 @@ async def _aggregated(
                 ), "worker_unavailable"
             return error_response(ErrorCode.NO_WORKERS, "no healthy workers"), "no_workers"
         worker = state.workers[choice.url]
-        _pin(state, "aggregated", session, choice)
+        _pin(state, "aggregated", session, choice, chain)
         state.begin(worker)
         try:
             async with state.session.post(
@@ -378,14 +407,18 @@ async def _aggregated(
 
 
 async def _disaggregated(
-    request: web.Request, state: RouterState, body: bytes, session: str | None
+    request: web.Request, state: RouterState, body: bytes, session: str | None, chain: list[str]
 ) -> tuple[web.StreamResponse, str]:
     assert state.session is not None
+    pinned_prefill = state.pins.get("prefill", session)
     pair = plan_pair(
         [w.view() for w in state.pool("prefill")],
         [w.view() for w in state.pool("decode")],
-        pinned_prefill=state.pins.get("prefill", session),
+        pinned_prefill=pinned_prefill,
         pinned_decode=state.pins.get("decode", session),
+        # The prompt is prefilled, and retained, on the prefill side.
+        matched_prefill=state.prefixes.match(chain) if chain and pinned_prefill is None else None,
+        balance=state.config.balance,
     )
     if pair is None:
         return error_response(
@@ -399,8 +432,8 @@ async def _disaggregated(
             f"prefill worker {prefill.url} reports no bootstrap port; start the router with "
             "--bootstrap-port or the worker with --bootstrap-port",
         ), "worker_unavailable"
-    _pin(state, "prefill", session, pair.prefill)
-    _pin(state, "decode", session, pair.decode)
+    _pin(state, "prefill", session, pair.prefill, chain)
+    _pin(state, "decode", session, pair.decode, [])
     room = secrets.randbits(63)
     headers = {
         "Content-Type": "application/json",

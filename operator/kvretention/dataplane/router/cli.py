@@ -15,12 +15,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from typing import cast
 
 import click
 from aiohttp import web
 
 from kvretention.dataplane.router.app import RouterConfig, RouterState, build_app
 from kvretention.dataplane.router.discovery import DiscoveryError, build_sources
+from kvretention.dataplane.router.placement import DEFAULT_MAX_PREFIXES, POLICIES, Policy
 
 log = logging.getLogger("kvretention.router")
 
@@ -54,6 +56,21 @@ log = logging.getLogger("kvretention.router")
     help="Longest silence between two streamed chunks before the request fails.",
 )
 @click.option("--max-sessions", type=int, default=100_000, show_default=True)
+@click.option(
+    "--policy",
+    type=click.Choice(POLICIES),
+    default="cache-aware",
+    show_default=True,
+    help="Placement without a session pin: the worker most likely to hold the prompt's longest "
+    "prefix (with a load guard), or simply the least outstanding.",
+)
+@click.option(
+    "--max-prefixes",
+    type=click.IntRange(1),
+    default=DEFAULT_MAX_PREFIXES,
+    show_default=True,
+    help="Prefix hashes the cache-aware index remembers (least recently used go first).",
+)
 @click.option("--log-level", default="INFO", show_default=True)
 def router_cmd(
     host: str,
@@ -71,6 +88,8 @@ def router_cmd(
     connect_timeout: float,
     read_timeout: float,
     max_sessions: int,
+    policy: str,
+    max_prefixes: int,
     log_level: str,
 ) -> None:
     """Route PreprocessedRequests to workers: sticky sessions, least outstanding, PD pairs."""
@@ -94,6 +113,8 @@ def router_cmd(
         read_timeout_s=read_timeout,
         bootstrap_port=bootstrap_port,
         max_sessions=max_sessions,
+        policy=cast(Policy, policy),
+        max_prefixes=max_prefixes,
     )
     asyncio.run(_serve(RouterState(sources=sources, config=config), host=host, port=port))
 

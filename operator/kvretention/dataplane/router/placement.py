@@ -1,9 +1,15 @@
 """Pure placement decisions: which worker (or prefill/decode pair) serves a request.
 
 A sticky session stays authoritative: while its pinned worker is healthy the session goes there,
-however busy it is. Otherwise the healthy worker with the fewest outstanding requests wins, ties
-broken by the fewest requests served so far (so sequential traffic spreads too), then by URL.
-``prompt_cache_key`` is not an affinity key: the router never sees provider fields.
+however busy it is. Without a session, the ``cache-aware`` policy sends a request to the worker
+most likely to hold its longest prompt prefix: the frontend sends a chain of prefix hashes (one
+per conversation block, each covering every block before it) in ``x-kvr-prefix``, and a bounded
+per-worker index remembers which chains each worker was sent, as SGLang's own router keeps an
+approximate radix tree of what it placed. A load guard overrides the match when the system is
+imbalanced. Otherwise (and under ``least-outstanding``) the healthy worker with the fewest
+outstanding requests wins, ties broken by the fewest requests served so far (so sequential
+traffic spreads too), then by URL. ``prompt_cache_key`` is not an affinity key: the router never
+sees provider fields.
 """
 
 from __future__ import annotations
@@ -12,11 +18,29 @@ import json
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Literal
 
 from kvretention.dataplane.protocol import HEADER_SESSION
 
 DEFAULT_MAX_SESSIONS: Final = 100_000
+DEFAULT_MAX_PREFIXES: Final = 1_000_000
+"""Prefix hashes remembered across all workers (about 100 bytes each)."""
+
+Policy = Literal["cache-aware", "least-outstanding"]
+POLICIES: Final[tuple[Policy, ...]] = ("cache-aware", "least-outstanding")
+
+
+@dataclass(frozen=True)
+class Balance:
+    """The load guard: a prefix match is overridden when the chosen worker has more than
+    ``absolute`` outstanding requests above the least loaded one AND more than ``relative`` times
+    its load (SGLang's router uses the same two-threshold test)."""
+
+    absolute: int = 4
+    relative: float = 1.5
+
+    def overloaded(self, candidate: int, least: int) -> bool:
+        return candidate - least > self.absolute and candidate > self.relative * least
 
 
 @dataclass(frozen=True)
@@ -33,7 +57,9 @@ class WorkerView:
 class Choice:
     url: str
     sticky: bool
-    """True when the session's pin decided, False when load did."""
+    """True when the session's pin decided, False when a prefix match or load did."""
+    matched: int = 0
+    """Prefix blocks the chosen worker was already sent (0: load decided)."""
 
 
 @dataclass(frozen=True)
@@ -42,15 +68,28 @@ class PairChoice:
     decode: Choice
 
 
-def plan_worker(workers: Sequence[WorkerView], *, pinned: str | None) -> Choice | None:
-    """The pinned worker if it is healthy, else the least loaded healthy one; None if none."""
+def plan_worker(
+    workers: Sequence[WorkerView],
+    *,
+    pinned: str | None,
+    matched: Mapping[str, int] | None = None,
+    balance: Balance = Balance(),
+) -> Choice | None:
+    """The pinned worker if it is healthy; else the healthy worker with the longest prefix match
+    (``matched``: URL -> matched blocks) unless the load guard says no; else the least loaded
+    healthy one; None if none is healthy."""
     healthy = [w for w in workers if w.healthy]
     if not healthy:
         return None
     if pinned is not None and any(w.url == pinned for w in healthy):
         return Choice(url=pinned, sticky=True)
-    best = min(healthy, key=lambda w: (w.outstanding, w.served, w.url))
-    return Choice(url=best.url, sticky=False)
+    least = min(healthy, key=lambda w: (w.outstanding, w.served, w.url))
+    if matched:
+        best = max(healthy, key=lambda w: (matched.get(w.url, 0), -w.outstanding, -w.served))
+        depth = matched.get(best.url, 0)
+        if depth > 0 and not balance.overloaded(best.outstanding, least.outstanding):
+            return Choice(url=best.url, sticky=False, matched=depth)
+    return Choice(url=least.url, sticky=False)
 
 
 def plan_pair(
@@ -59,9 +98,11 @@ def plan_pair(
     *,
     pinned_prefill: str | None,
     pinned_decode: str | None,
+    matched_prefill: Mapping[str, int] | None = None,
+    balance: Balance = Balance(),
 ) -> PairChoice | None:
     """A prefill and a decode worker, each chosen like :func:`plan_worker`; None unless both exist."""
-    p = plan_worker(prefill, pinned=pinned_prefill)
+    p = plan_worker(prefill, pinned=pinned_prefill, matched=matched_prefill, balance=balance)
     d = plan_worker(decode, pinned=pinned_decode)
     return None if p is None or d is None else PairChoice(prefill=p, decode=d)
 
@@ -115,3 +156,54 @@ class SessionPins:
 
     def __len__(self) -> int:
         return len(self._pins)
+
+
+def parse_prefix_header(value: str | None, *, limit: int = 512) -> list[str]:
+    """The ``x-kvr-prefix`` chain: comma-separated hashes, shortest prefix first (bounded)."""
+    if not value:
+        return []
+    return [h for h in (part.strip() for part in value.split(",", limit)[:limit]) if h]
+
+
+class PrefixIndex:
+    """hash of a prompt prefix -> the workers it was sent to; bounded, least recently used first.
+
+    Approximate on purpose: it records what the router placed, not what the engine kept, so an
+    engine eviction is only noticed as a cache miss (as in SGLang's router).
+    """
+
+    def __init__(self, *, max_prefixes: int = DEFAULT_MAX_PREFIXES) -> None:
+        self._max = max_prefixes
+        self._where: OrderedDict[str, set[str]] = OrderedDict()
+
+    def match(self, chain: Sequence[str]) -> dict[str, int]:
+        """URL -> how many leading blocks of ``chain`` that worker was sent (longest first)."""
+        depth: dict[str, int] = {}
+        for i in range(len(chain) - 1, -1, -1):
+            urls = self._where.get(chain[i])
+            if urls:
+                for url in urls:
+                    depth.setdefault(url, i + 1)
+        return depth
+
+    def record(self, chain: Sequence[str], url: str) -> None:
+        for h in chain:
+            urls = self._where.get(h)
+            if urls is None:
+                self._where[h] = {url}
+            else:
+                urls.add(url)
+                self._where.move_to_end(h)
+        while len(self._where) > self._max:
+            self._where.popitem(last=False)
+
+    def forget(self, url: str) -> None:
+        """Drop a worker that left the fleet (its cache went with it)."""
+        for h in [h for h, urls in self._where.items() if url in urls]:
+            urls = self._where[h]
+            urls.discard(url)
+            if not urls:
+                del self._where[h]
+
+    def __len__(self) -> int:
+        return len(self._where)

@@ -1,0 +1,185 @@
+"""Cache-aware placement, the prefix index, and the frontend's affinity inputs (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvretention.dataplane.frontend.affinity import (
+    CHAIN_STRIDE,
+    FULL_CHAIN_BLOCKS,
+    drop_billing_header,
+    prefix_chain,
+    session_key,
+)
+from kvretention.dataplane.protocol import ChatMessage, TextPart, ToolDefinition
+from kvretention.dataplane.router.placement import (
+    Balance,
+    PrefixIndex,
+    WorkerView,
+    parse_prefix_header,
+    plan_pair,
+    plan_worker,
+)
+
+A, B, C = "http://a:1", "http://b:1", "http://c:1"
+
+
+def w(url: str, outstanding: int = 0, served: int = 0, healthy: bool = True) -> WorkerView:
+    return WorkerView(url=url, healthy=healthy, outstanding=outstanding, served=served)
+
+
+@pytest.mark.parametrize(
+    ("workers", "pinned", "matched", "url", "depth"),
+    [
+        # the longest match wins over the least loaded worker
+        ([w(A, 0), w(B, 2)], None, {B: 3}, B, 3),
+        ([w(A, 1), w(B, 1), w(C, 0)], None, {A: 2, B: 5}, B, 5),
+        # equal matches: the less loaded one
+        ([w(A, 3), w(B, 1)], None, {A: 2, B: 2}, B, 2),
+        # no match at all: least outstanding, as before
+        ([w(A, 2), w(B, 0)], None, {}, B, 0),
+        ([w(A, 2), w(B, 0)], None, {C: 9}, B, 0),
+        # an unhealthy match is never chosen
+        ([w(A, 0, healthy=False), w(B, 1)], None, {A: 9}, B, 0),
+        # a session pin beats any match
+        ([w(A, 0), w(B, 0)], A, {B: 9}, A, 0),
+        # the load guard: 6 above the least loaded and more than 1.5x its load -> least loaded
+        ([w(A, 0), w(B, 6)], None, {B: 4}, A, 0),
+        # within the guard's absolute slack the match holds
+        ([w(A, 0), w(B, 4)], None, {B: 4}, B, 4),
+        # above the absolute slack but within 1.5x: the match holds
+        ([w(A, 10), w(B, 15)], None, {B: 4}, B, 4),
+    ],
+)
+def test_plan_worker_prefers_the_longest_prefix_within_the_load_guard(
+    workers: list[WorkerView], pinned: str | None, matched: dict[str, int], url: str, depth: int
+) -> None:
+    choice = plan_worker(workers, pinned=pinned, matched=matched, balance=Balance())
+    assert choice is not None
+    assert (choice.url, choice.matched) == (url, depth)
+    assert choice.sticky == (pinned is not None)
+
+
+def test_plan_pair_matches_the_prefill_side_only() -> None:
+    pair = plan_pair(
+        [w(A, 0), w(B, 1)],
+        [w(C, 0)],
+        pinned_prefill=None,
+        pinned_decode=None,
+        matched_prefill={B: 2},
+    )
+    assert pair is not None
+    assert (pair.prefill.url, pair.prefill.matched, pair.decode.url) == (B, 2, C)
+
+
+def test_prefix_index_finds_each_workers_longest_match() -> None:
+    index = PrefixIndex()
+    index.record(["h1", "h2", "h3"], A)
+    index.record(["h1", "h2", "x3", "x4"], B)
+    assert index.match(["h1", "h2", "h3", "h4"]) == {A: 3, B: 2}
+    assert index.match(["h1", "x2"]) == {A: 1, B: 1}
+    assert index.match(["z1"]) == {}
+    index.forget(A)
+    assert index.match(["h1", "h2", "h3"]) == {B: 2}
+
+
+def test_prefix_index_is_bounded_least_recently_used_first() -> None:
+    index = PrefixIndex(max_prefixes=3)
+    index.record(["a", "b"], A)
+    index.record(["c"], B)
+    index.record(["a"], B)  # touches "a": "b" is now the oldest
+    index.record(["d"], C)
+    assert len(index) == 3
+    assert index.match(["b"]) == {}
+    assert index.match(["a"]) == {A: 1, B: 1}
+
+
+@pytest.mark.parametrize(
+    ("value", "chain"),
+    [(None, []), ("", []), ("a,b , c", ["a", "b", "c"]), ("a,,b", ["a", "b"])],
+)
+def test_parse_prefix_header(value: str | None, chain: list[str]) -> None:
+    assert parse_prefix_header(value) == chain
+
+
+def test_parse_prefix_header_is_bounded() -> None:
+    assert len(parse_prefix_header(",".join(str(i) for i in range(2000)), limit=10)) == 10
+
+
+# -- the frontend's side ------------------------------------------------------------------------
+
+KEYS = ("x-session-id", "session_id", "x-claude-code-session-id", "metadata.user_id")
+
+
+@pytest.mark.parametrize(
+    ("headers", "body", "expected"),
+    [
+        ({}, {}, None),
+        ({"x-session-id": "s1", "session_id": "codex"}, {}, "s1"),
+        ({"session_id": "codex-conv"}, {"prompt_cache_key": "codex-conv"}, "codex-conv"),
+        ({"x-claude-code-session-id": "cc"}, {"metadata": {"user_id": "u"}}, "cc"),
+        ({}, {"metadata": {"user_id": "user_x_session_1"}}, "user_x_session_1"),
+        # prompt_cache_key alone is not affinity
+        ({}, {"prompt_cache_key": "k"}, None),
+        # wrong types and empty values are skipped, not errors
+        ({"x-session-id": ""}, {"metadata": {"user_id": 7}}, None),
+        ({}, {"metadata": "not-an-object"}, None),
+    ],
+)
+def test_session_key_takes_the_first_source_present(
+    headers: dict[str, str], body: dict[str, object], expected: str | None
+) -> None:
+    assert session_key(KEYS, headers=headers, body=body) == expected
+
+
+def test_session_key_order_is_configurable() -> None:
+    headers = {"x-session-id": "h"}
+    body = {"metadata": {"user_id": "m"}}
+    assert session_key(("metadata.user_id", "x-session-id"), headers=headers, body=body) == "m"
+
+
+def _conversation(turns: int) -> list[ChatMessage]:
+    messages = [ChatMessage(role="system", content="You are a coding agent.")]
+    for i in range(turns):
+        messages.append(ChatMessage(role="user", content=f"turn {i}"))
+        messages.append(ChatMessage(role="assistant", content=f"answer {i}"))
+    return messages
+
+
+TOOLS = [ToolDefinition(name="bash", parameters={"type": "object"})]
+
+
+def test_prefix_chain_shares_exactly_the_shared_blocks() -> None:
+    turn1 = prefix_chain(_conversation(1), TOOLS)
+    turn2 = prefix_chain(_conversation(2), TOOLS)
+    assert len(turn1) == 3 and len(turn2) == 5
+    assert turn2[:3] == turn1
+    other_tools = prefix_chain(_conversation(2), [ToolDefinition(name="edit")])
+    assert not set(other_tools) & set(turn2)  # the head block differs, so every hash does
+    edited = _conversation(2)
+    edited[1] = ChatMessage(role="user", content="turn 0, edited")
+    chain = prefix_chain(edited, TOOLS)
+    assert chain[0] == turn2[0] and not set(chain[1:]) & set(turn2[1:])
+
+
+def test_prefix_chain_of_a_long_conversation_keeps_stable_positions() -> None:
+    long = prefix_chain(_conversation(100), TOOLS)
+    longer = prefix_chain(_conversation(101), TOOLS)
+    # 201 blocks: the first 32, then 32, 40, ..., 200 (which is also the last)
+    assert len(long) == FULL_CHAIN_BLOCKS + len(range(FULL_CHAIN_BLOCKS, 201, CHAIN_STRIDE)) == 54
+    assert long[:-1] == longer[: len(long) - 1]  # every sampled position but the last is shared
+
+
+def test_drop_billing_header_keeps_the_rest_of_the_system_prompt() -> None:
+    billing = TextPart(text="x-anthropic-billing-header: cc_version=2.0.14; cch=ab12;")
+    system = ChatMessage(role="system", content=[billing, TextPart(text="You are Claude Code.")])
+    user = ChatMessage(role="user", content="x-anthropic-billing-header: is user text")
+    out, dropped = drop_billing_header([system, user])
+    assert dropped
+    assert out == [
+        ChatMessage(role="system", content=[TextPart(text="You are Claude Code.")]),
+        user,
+    ]
+    only = ChatMessage(role="system", content="x-anthropic-billing-header: cc_version=1; cch=2;")
+    assert drop_billing_header([only, user]) == ([user], True)
+    assert drop_billing_header([user]) == ([user], False)
