@@ -36,11 +36,15 @@ def w(url: str, outstanding: int = 0, served: int = 0, healthy: bool = True) -> 
         ([w(A, 1), w(B, 1), w(C, 0)], None, {A: 2, B: 5}, B, 5),
         # equal matches: the less loaded one
         ([w(A, 3), w(B, 1)], None, {A: 2, B: 2}, B, 2),
+        ([w(A, 3, served=1), w(B, 3, served=0)], None, {A: 2, B: 2}, B, 2),
         # no match at all: least outstanding, as before
         ([w(A, 2), w(B, 0)], None, {}, B, 0),
+        # a match of the shared first block (tools + system) alone does not decide
+        ([w(A, 1), w(B, 0)], None, {A: 1}, B, 0),
         ([w(A, 2), w(B, 0)], None, {C: 9}, B, 0),
         # an unhealthy match is never chosen
         ([w(A, 0, healthy=False), w(B, 1)], None, {A: 9}, B, 0),
+        ([w(A, 0, healthy=False), w(B, 1), w(C, 0)], None, {A: 9, B: 3}, B, 3),
         # a session pin beats any match
         ([w(A, 0), w(B, 0)], A, {B: 9}, A, 0),
         # the load guard: 6 above the least loaded and more than 1.5x its load -> least loaded

@@ -26,6 +26,11 @@ DEFAULT_MAX_SESSIONS: Final = 100_000
 DEFAULT_MAX_PREFIXES: Final = 1_000_000
 """Prefix hashes remembered across all workers (about 100 bytes each)."""
 
+MIN_MATCH_BLOCKS: Final = 2
+"""A match must reach past the first block (tools and system prompt): every conversation of an
+agent shares that block, and it soon sits on every worker, so it must not pull all new
+conversations onto the first worker that saw it."""
+
 Policy = Literal["cache-aware", "least-outstanding"]
 POLICIES: Final[tuple[Policy, ...]] = ("cache-aware", "least-outstanding")
 
@@ -87,7 +92,9 @@ def plan_worker(
     if matched:
         best = max(healthy, key=lambda w: (matched.get(w.url, 0), -w.outstanding, -w.served))
         depth = matched.get(best.url, 0)
-        if depth > 0 and not balance.overloaded(best.outstanding, least.outstanding):
+        if depth >= MIN_MATCH_BLOCKS and not balance.overloaded(
+            best.outstanding, least.outstanding
+        ):
             return Choice(url=best.url, sticky=False, matched=depth)
     return Choice(url=least.url, sticky=False)
 
