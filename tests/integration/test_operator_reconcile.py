@@ -208,6 +208,8 @@ BAD_CRS: list[tuple[str, dict[str, Any], str]] = [
         "model.aliases must not repeat model.name",
     ),
     ("duplicate aliases", {"model": {"aliases": ["a", "a"]}}, "Duplicate value"),
+    ("unknown router policy", {"router": {"policy": "RoundRobin"}}, "Unsupported value"),
+    ("malformed session key", {"router": {"sessionKeys": ["a b"]}}, "should match"),
     ("negative replicas", {"workers": {"replicas": -1}}, "should be greater than or equal to 0"),
 ]
 

@@ -23,6 +23,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from kvretention.dataplane.protocol import DEFAULT_SESSION_KEYS
 from kvretention.hints import LONGEST_EMITTED_TTL_SECONDS
 
 GROUP: Final = "kvretention.io"
@@ -334,6 +335,17 @@ class SessionAffinity(_Model):
     )
 
 
+SessionKey = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=128,
+        pattern=r"^(metadata\.[A-Za-z0-9_]+|[A-Za-z0-9][A-Za-z0-9_-]*)$",
+        description="A header name, or metadata.<field> of the request body.",
+    ),
+]
+
+
 class RouterSpec(_Model):
     """The router: picks workers, pairs prefill and decode, never reads kv_hints."""
 
@@ -346,6 +358,30 @@ class RouterSpec(_Model):
     )
     session_affinity: SessionAffinity = _sub(
         SessionAffinity, "Service-level affinity of frontend connections to router pods."
+    )
+    policy: Literal["CacheAware", "LeastOutstanding"] = Field(
+        default="CacheAware",
+        description=(
+            "Placement of requests without a session key. CacheAware: the worker most likely to "
+            "hold the prompt's longest prefix (the router remembers which conversation prefixes "
+            "it sent where), unless that worker is much busier than the least loaded one. "
+            "LeastOutstanding: the worker with the fewest requests in flight. A session key "
+            "always wins over either. Each router pod keeps its own memory: with several "
+            "replicas, sessionAffinity ClientIP keeps a frontend pod on one router pod."
+        ),
+    )
+    session_keys: list[SessionKey] = Field(
+        default_factory=lambda: list(DEFAULT_SESSION_KEYS),
+        min_length=0,
+        max_length=8,
+        description=(
+            "Where the frontend finds a request's session, in order; the first one present pins "
+            "the conversation to one worker. A header name (x-session-id; Codex's session_id; "
+            "x-claude-code-session-id) or metadata.<field> of the request body (Anthropic "
+            "metadata.user_id, where Claude Code puts its session). prompt_cache_key is never "
+            "an affinity key. Empty: no session affinity."
+        ),
+        json_schema_extra={"x-kubernetes-list-type": "set"},
     )
 
 

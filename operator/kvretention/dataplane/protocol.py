@@ -27,6 +27,15 @@ HEADER_BOOTSTRAP_PORT: Final = "x-kvr-bootstrap-port"
 HEADER_BOOTSTRAP_ROOM: Final = "x-kvr-bootstrap-room"
 HEADER_SESSION: Final = "x-session-id"
 """Client-facing sticky-session header (the frontend copies it into ``session_id``)."""
+DEFAULT_SESSION_KEYS: Final[tuple[str, ...]] = (
+    HEADER_SESSION,
+    "session_id",
+    "x-claude-code-session-id",
+    "metadata.user_id",
+)
+"""Where the frontend looks for a session, in order: header names, or ``metadata.<field>`` of the
+body (Codex sends ``session_id``; Claude Code ``metadata.user_id``, some setups
+``x-claude-code-session-id``). ``spec.router.sessionKeys`` overrides it per fleet."""
 HEADER_PREFIX: Final = "x-kvr-prefix"
 """Frontend -> router: the prompt's prefix-hash chain for cache-aware placement (no body parse)."""
 

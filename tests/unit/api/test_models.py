@@ -259,6 +259,9 @@ INVALID = [
         "aliases",
         id="alias-pattern",
     ),
+    pytest.param({"router": {"sessionKeys": ["x session"]}}, "sessionKeys", id="session-key-space"),
+    pytest.param({"router": {"sessionKeys": ["metadata."]}}, "sessionKeys", id="session-key-body"),
+    pytest.param({"router": {"policy": "RoundRobin"}}, "policy", id="router-policy-enum"),
 ]
 
 

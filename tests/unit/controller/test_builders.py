@@ -278,15 +278,48 @@ def test_disaggregated_wiring() -> None:
 def test_frontend_points_at_the_router() -> None:
     cr = KvRetentionDeployment.from_k8s(base(frontend={"service": {"port": 80}}))
     command = _container(children(base())["Deployment/f-frontend"], "frontend")["command"]
-    assert command[-6:] == [
+    assert command[-7:] == [
         "--router-url",
         "http://f-router:8001",
         "--model",
         "m",
         "--openai-hints",
         "--anthropic-hints",
+        "--session-keys=x-session-id,session_id,x-claude-code-session-id,metadata.user_id",
     ]
     assert frontend_endpoint(cr) == "http://f-frontend.ns.svc:80"
+
+
+@pytest.mark.parametrize(
+    ("model", "router", "frontend_tail", "router_policy"),
+    [
+        (
+            {"aliases": ["claude-haiku-4-5", "gpt-5-codex"]},
+            {"sessionKeys": ["metadata.user_id"], "policy": "LeastOutstanding"},
+            [
+                "--model-alias=claude-haiku-4-5=m",
+                "--model-alias=gpt-5-codex=m",
+                "--session-keys=metadata.user_id",
+            ],
+            "least-outstanding",
+        ),
+        ({}, {"sessionKeys": []}, ["--anthropic-hints", "--session-keys="], "cache-aware"),
+    ],
+    ids=["aliases-and-keys", "no-affinity"],
+)
+def test_agent_routing_flags(
+    model: dict[str, object],
+    router: dict[str, object],
+    frontend_tail: list[str],
+    router_policy: str,
+) -> None:
+    body = base(router=router)
+    body["spec"]["model"].update(model)
+    kids = children(body)
+    frontend = _container(kids["Deployment/f-frontend"], "frontend")["command"]
+    assert frontend[-len(frontend_tail) :] == frontend_tail
+    router_cmd = _container(kids["Deployment/f-router"], "router")["command"]
+    assert router_cmd[router_cmd.index("--policy") + 1] == router_policy
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,8 @@ def frontend_endpoint(cr: KvRetentionDeployment) -> str:
 
 def build_frontend_command(cr: KvRetentionDeployment) -> list[str]:
     aliases = [f"--model-alias={alias}={cr.spec.model.name}" for alias in cr.spec.model.aliases]
+    # Comma-separated, in order; an empty value turns session affinity off.
+    session = f"--session-keys={','.join(cr.spec.router.session_keys)}"
     return [
         CLI,
         "frontend",
@@ -46,6 +48,7 @@ def build_frontend_command(cr: KvRetentionDeployment) -> list[str]:
         "--openai-hints" if cr.spec.hints.providers.openai else "--no-openai-hints",
         "--anthropic-hints" if cr.spec.hints.providers.anthropic else "--no-anthropic-hints",
         *aliases,
+        session,
     ]
 
 

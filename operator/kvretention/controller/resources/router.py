@@ -29,8 +29,12 @@ def router_url(cr: KvRetentionDeployment) -> str:
     return f"http://{child_name(cr, ROUTER_SUFFIX)}:{ROUTER_PORT}"
 
 
+ROUTER_POLICY: Final = {"CacheAware": "cache-aware", "LeastOutstanding": "least-outstanding"}
+
+
 def build_router_command(cr: KvRetentionDeployment) -> list[str]:
-    command = [CLI, "router", "--host", "0.0.0.0", "--port", str(ROUTER_PORT)]
+    policy = ROUTER_POLICY[cr.spec.router.policy]
+    command = [CLI, "router", "--host", "0.0.0.0", "--port", str(ROUTER_PORT), "--policy", policy]
     if cr.spec.workers.mode == "disaggregated":
         command += [
             "--prefill-dns",

@@ -20,15 +20,14 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from kvretention.dataplane.protocol import ChatMessage, TextPart, ToolDefinition
-
-DEFAULT_SESSION_KEYS: Final[tuple[str, ...]] = (
-    "x-session-id",
-    "session_id",
-    "x-claude-code-session-id",
-    "metadata.user_id",
+from kvretention.dataplane.protocol import (
+    DEFAULT_SESSION_KEYS,
+    ChatMessage,
+    TextPart,
+    ToolDefinition,
 )
-"""Header names, or ``metadata.<field>`` for a string field of the request's ``metadata``."""
+
+__all__ = ["DEFAULT_SESSION_KEYS", "drop_billing_header", "prefix_chain", "session_key"]
 
 BODY_PREFIX: Final = "metadata."
 MAX_SESSION_KEY: Final = 512
