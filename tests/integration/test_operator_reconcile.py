@@ -209,6 +209,14 @@ BAD_CRS: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("duplicate aliases", {"model": {"aliases": ["a", "a"]}}, "Duplicate value"),
     ("unknown router policy", {"router": {"policy": "RoundRobin"}}, "Unsupported value"),
+    (
+        "default TTL above the soft-pin max",
+        {
+            "hints": {"defaultTtlSeconds": 50000},
+            "kvStore": {"mooncake": {"master": {"softPin": {"maxTtlSeconds": 43200}}}},
+        },
+        "hints.defaultTtlSeconds must not exceed kvStore.mooncake.master.softPin.maxTtlSeconds",
+    ),
     ("malformed session key", {"router": {"sessionKeys": ["a b"]}}, "should match"),
     ("negative replicas", {"workers": {"replicas": -1}}, "should be greater than or equal to 0"),
 ]

@@ -276,6 +276,39 @@ class HintsSpec(_Model):
         ),
     )
     providers: HintProviders = _sub(HintProviders, "Per-provider switches for hint extraction.")
+    breakpoints: Literal["Prefix", "Reject"] = Field(
+        default="Prefix",
+        description=(
+            "Block-level cache breakpoints (Anthropic cache_control on tools, system and message "
+            "blocks; OpenAI explicit-mode prompt_cache_breakpoint parts). Prefix: each retains "
+            "the prompt up to the end of its block for its TTL (the worker resolves the exact "
+            "token offset; never widened to the whole prompt). Reject: refused with the "
+            "provider's 400, exactly as the v1 contract."
+        ),
+    )
+    priority: int = Field(
+        default=50,
+        ge=1,
+        le=100,
+        description="Priority of the retention the frontend asks for (kv.retain 1..100).",
+    )
+    default_ttl_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_SOFT_PIN_TTL_SECONDS,
+        description=(
+            "Fleet policy, off when unset: retain the prompt of requests that carry no cache "
+            "control at all (Codex sends none) for this many seconds. Recorded in the request "
+            "trace as policy, not as client intent."
+        ),
+    )
+    normalize_clients: bool = Field(
+        default=True,
+        description=(
+            "Drop Claude Code's per-request billing-header system block before templating, so "
+            "consecutive requests share their prefix (counted in metrics, noted in the trace)."
+        ),
+    )
 
     def active(self) -> bool:
         """Whether any request can carry a hint (and so retention must be wired)."""
@@ -770,10 +803,24 @@ _HINTS_NEED_L3_MESSAGE = (
 )
 
 
+_DEFAULT_TTL_FITS: Final = (
+    "!has(self.hints.defaultTtlSeconds) || "
+    "self.hints.defaultTtlSeconds <= self.kvStore.mooncake.master.softPin.maxTtlSeconds"
+)
+_DEFAULT_TTL_FITS_MESSAGE: Final = (
+    "hints.defaultTtlSeconds must not exceed kvStore.mooncake.master.softPin.maxTtlSeconds"
+)
+
+
 class KvRetentionDeploymentSpec(_Model):
     """A hinted SGLang/Mooncake fleet: frontend, router, workers and the KV store."""
 
-    model_config = ConfigDict(json_schema_extra=_cel((_HINTS_NEED_L3, _HINTS_NEED_L3_MESSAGE)))
+    model_config = ConfigDict(
+        json_schema_extra=_cel(
+            (_HINTS_NEED_L3, _HINTS_NEED_L3_MESSAGE),
+            (_DEFAULT_TTL_FITS, _DEFAULT_TTL_FITS_MESSAGE),
+        )
+    )
 
     model: ModelSpec = Field(description="The model the fleet serves.")
     hints: HintsSpec = _sub(HintsSpec, "KV retention hints.")
@@ -787,6 +834,11 @@ class KvRetentionDeploymentSpec(_Model):
         h = self.workers.hicache
         wired = h.enabled and h.write_policy != "write_back" and h.storage_backend == "mooncake"
         _require(not self.hints.active() or wired, _HINTS_NEED_L3_MESSAGE)
+        ttl = self.hints.default_ttl_seconds
+        _require(
+            ttl is None or ttl <= self.kv_store.mooncake.master.soft_pin.max_ttl_seconds,
+            _DEFAULT_TTL_FITS_MESSAGE,
+        )
         return self
 
 

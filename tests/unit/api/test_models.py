@@ -262,6 +262,16 @@ INVALID = [
     pytest.param({"router": {"sessionKeys": ["x session"]}}, "sessionKeys", id="session-key-space"),
     pytest.param({"router": {"sessionKeys": ["metadata."]}}, "sessionKeys", id="session-key-body"),
     pytest.param({"router": {"policy": "RoundRobin"}}, "policy", id="router-policy-enum"),
+    pytest.param(
+        {
+            "hints": {"defaultTtlSeconds": 50000},
+            "kvStore": {"mooncake": {"master": {"softPin": {"maxTtlSeconds": 43200}}}},
+        },
+        "hints.defaultTtlSeconds must not exceed kvStore.mooncake.master.softPin.maxTtlSeconds",
+        id="default-ttl-above-soft-pin-max",
+    ),
+    pytest.param({"hints": {"breakpoints": "Widen"}}, "breakpoints", id="breakpoints-enum"),
+    pytest.param({"hints": {"priority": 0}}, "priority", id="priority-range"),
 ]
 
 

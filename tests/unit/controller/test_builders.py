@@ -278,16 +278,48 @@ def test_disaggregated_wiring() -> None:
 def test_frontend_points_at_the_router() -> None:
     cr = KvRetentionDeployment.from_k8s(base(frontend={"service": {"port": 80}}))
     command = _container(children(base())["Deployment/f-frontend"], "frontend")["command"]
-    assert command[-7:] == [
+    assert command[-10:] == [
         "--router-url",
         "http://f-router:8001",
         "--model",
         "m",
         "--openai-hints",
         "--anthropic-hints",
+        "--breakpoints=prefix",
+        "--hint-priority=50",
+        "--normalize-clients",
         "--session-keys=x-session-id,session_id,x-claude-code-session-id,metadata.user_id",
     ]
     assert frontend_endpoint(cr) == "http://f-frontend.ns.svc:80"
+
+
+@pytest.mark.parametrize(
+    ("hints", "expected"),
+    [
+        ({}, ["--breakpoints=prefix", "--hint-priority=50", "--normalize-clients"]),
+        (
+            {
+                "breakpoints": "Reject",
+                "priority": 90,
+                "defaultTtlSeconds": 600,
+                "normalizeClients": False,
+            },
+            [
+                "--breakpoints=reject",
+                "--hint-priority=90",
+                "--default-ttl-seconds=600",
+                "--no-normalize-clients",
+            ],
+        ),
+    ],
+    ids=["defaults", "all-set"],
+)
+def test_hint_policy_flags(hints: dict[str, object], expected: list[str]) -> None:
+    command = _container(children(base(hints=hints))["Deployment/f-frontend"], "frontend")[
+        "command"
+    ]
+    start = command.index("--anthropic-hints") + 1
+    assert command[start : start + len(expected)] == expected
 
 
 @pytest.mark.parametrize(
@@ -303,7 +335,7 @@ def test_frontend_points_at_the_router() -> None:
             ],
             "least-outstanding",
         ),
-        ({}, {"sessionKeys": []}, ["--anthropic-hints", "--session-keys="], "cache-aware"),
+        ({}, {"sessionKeys": []}, ["--normalize-clients", "--session-keys="], "cache-aware"),
     ],
     ids=["aliases-and-keys", "no-affinity"],
 )

@@ -29,6 +29,16 @@ def frontend_endpoint(cr: KvRetentionDeployment) -> str:
     return f"http://{service_host(cr, FRONTEND_SUFFIX)}:{port}"
 
 
+def build_hint_policy_args(cr: KvRetentionDeployment) -> list[str]:
+    """How breakpoints, priority, the fleet's default TTL and client normalisation are rendered."""
+    hints = cr.spec.hints
+    args = [f"--breakpoints={hints.breakpoints.lower()}", f"--hint-priority={hints.priority}"]
+    if hints.default_ttl_seconds is not None:
+        args.append(f"--default-ttl-seconds={hints.default_ttl_seconds}")
+    args.append("--normalize-clients" if hints.normalize_clients else "--no-normalize-clients")
+    return args
+
+
 def build_frontend_command(cr: KvRetentionDeployment) -> list[str]:
     aliases = [f"--model-alias={alias}={cr.spec.model.name}" for alias in cr.spec.model.aliases]
     # Comma-separated, in order; an empty value turns session affinity off.
@@ -47,6 +57,7 @@ def build_frontend_command(cr: KvRetentionDeployment) -> list[str]:
         # A provider turned off gets its cache controls accepted and ignored, never a hint.
         "--openai-hints" if cr.spec.hints.providers.openai else "--no-openai-hints",
         "--anthropic-hints" if cr.spec.hints.providers.anthropic else "--no-anthropic-hints",
+        *build_hint_policy_args(cr),
         *aliases,
         session,
     ]
