@@ -909,7 +909,9 @@ class MessagesStream:
                     "name": call.name or "",
                     "input": {},
                 }
-                out.append(self._event("content_block_start", content_block=block))
+                out.append(
+                    self._event("content_block_start", index=self._index, content_block=block)
+                )
             if call.arguments:
                 delta = {"type": "input_json_delta", "partial_json": call.arguments}
                 out.append(
