@@ -115,7 +115,7 @@ def test_stream_without_output_still_has_a_text_block() -> None:
 
 def test_omitted_thinking_keeps_the_block_and_signature_without_text() -> None:
     request = parsed(thinking={"type": "adaptive", "display": "omitted"})
-    got = events(request, chunks()[:3] + [GenerateChunk(finish_reason="stop")])
+    got = events(request, [*chunks()[:3], GenerateChunk(finish_reason="stop")])
     deltas = [e["delta"]["type"] for e in got if e["type"] == "content_block_delta"]
     assert deltas == ["signature_delta", "text_delta"]
     result = Completion()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -120,6 +120,8 @@ _COUNT_FIELDS: Final = frozenset(
 
 # -- block keys (beyond ``type``) ---------------------------------------------------------------
 
+_MESSAGE_KEYS: Final = frozenset({"role", "content", CACHE_CONTROL})
+"""``cache_control`` anywhere is the hint normalizer's: refused, or ignored with hints off."""
 _TEXT_KEYS: Final = frozenset({"text", CACHE_CONTROL, "citations"})
 _IMAGE_KEYS: Final = frozenset({"source", CACHE_CONTROL, "transformations"})
 _DOCUMENT_KEYS: Final = frozenset({"source", CACHE_CONTROL, "citations", "context", "title"})
@@ -234,7 +236,7 @@ def parse_count_tokens(body: dict[str, Any], *, hints: bool = True) -> ParsedReq
     )
 
 
-def _check_fields(body: Mapping[str, Any], *, allowed: frozenset[str] | Any) -> None:
+def _check_fields(body: Mapping[str, Any], *, allowed: Collection[str]) -> None:
     """Refuse fields this server cannot honour by name, unknown ones as Anthropic does; check no-ops."""
     for key in body:
         if key in allowed:
@@ -356,7 +358,7 @@ def _message(raw: object, *, index: int, names: dict[str, str]) -> list[ChatMess
         raise F.invalid_value(f"{where}.role", "Input should be 'user', 'assistant' or 'system'")
     if "content" not in raw:
         raise F.missing(f"{where}.content")
-    _keys(raw, frozenset({"role", "content"}), where=where)
+    _keys(raw, _MESSAGE_KEYS, where=where)
     content = raw["content"]
     param = f"{where}.content"
     if role == "system":
