@@ -520,3 +520,35 @@ def test_errors_never_leak_internal_addresses_or_exceptions(
 @pytest.fixture
 def request_fixture(request: pytest.FixtureRequest) -> pytest.FixtureRequest:
     return request
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        pytest.param(["--model-alias", "fast"], {}, "is not ALIAS=SERVED", id="no_equals"),
+        pytest.param(["--model-alias", "fast=other"], {}, "is not a served model", id="unknown"),
+        pytest.param(["--model-alias", "m=m2"], {}, "already a served model", id="shadowing"),
+        pytest.param([], {"KVR_MODEL_ALIASES": "a=m b=nope"}, "'nope'", id="env_unknown"),
+    ],
+)
+def test_bad_model_aliases_stop_the_frontend_at_startup(
+    args: list[str], env: dict[str, str], message: str
+) -> None:
+    from click.testing import CliRunner
+
+    from kvretention.dataplane.frontend.cli import frontend_cmd
+
+    base = ["--router-url", "http://127.0.0.1:1", "--model", "m", "--model", "m2"]
+    result = CliRunner().invoke(frontend_cmd, [*base, *args], env=env)
+    assert result.exit_code == 2
+    assert message in result.output
+
+
+def test_model_aliases_from_the_environment() -> None:
+    from kvretention.dataplane.frontend.cli import parse_aliases
+
+    assert parse_aliases(("fast=m", "codex-mini = m2"), served=("m", "m2")) == {
+        "fast": "m",
+        "codex-mini": "m2",
+    }
+    assert parse_aliases(("any=whatever",), served=()) == {"any": "whatever"}
