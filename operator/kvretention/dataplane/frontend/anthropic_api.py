@@ -145,6 +145,18 @@ _TOOL_KEYS: Final = frozenset(
         "allowed_callers",
     }
 )
+_PARALLEL: Final = "disable_parallel_tool_use"
+_TOOL_CHOICE_KEYS: Final[Mapping[str, frozenset[str]]] = {
+    "auto": frozenset({_PARALLEL}),
+    "any": frozenset({_PARALLEL}),
+    "tool": frozenset({"name", _PARALLEL}),
+    "none": frozenset(),
+}
+_TOOL_CHOICE_MODES: Final[Mapping[str, Literal["auto", "required", "none"]]] = {
+    "auto": "auto",
+    "any": "required",
+    "none": "none",
+}
 SERVER_TOOL_PREFIXES: Final = (
     "bash_",
     "text_editor_",
@@ -662,12 +674,9 @@ def _tool_choice(raw: object, *, tools: list[ToolDefinition]) -> tuple[ToolChoic
     if not isinstance(raw, dict):
         raise F.invalid_type("tool_choice", raw, expected="a valid dictionary")
     kind = raw.get("type")
-    keys = {"auto": {"disable_parallel_tool_use"}, "any": {"disable_parallel_tool_use"}}
-    keys["tool"] = {"name", "disable_parallel_tool_use"}
-    keys["none"] = set()
-    if kind not in keys:
+    if not isinstance(kind, str) or kind not in _TOOL_CHOICE_KEYS:
         raise F.invalid_value("tool_choice.type", "Input should be 'auto', 'any', 'tool' or 'none'")
-    _keys(raw, frozenset(keys[kind]), where="tool_choice")
+    _keys(raw, _TOOL_CHOICE_KEYS[kind], where="tool_choice")
     disable = raw.get("disable_parallel_tool_use")
     if disable is not None and not isinstance(disable, bool):
         raise F.invalid_type(
@@ -678,12 +687,8 @@ def _tool_choice(raw: object, *, tools: list[ToolDefinition]) -> tuple[ToolChoic
         raise F.invalid_value(
             "tool_choice", f"tool_choice.type '{kind}' may only be specified while providing tools"
         )
-    if kind == "auto":
-        return ToolChoice(mode="auto"), parallel
-    if kind == "none":
-        return ToolChoice(mode="none"), parallel
-    if kind == "any":
-        return ToolChoice(mode="required"), parallel
+    if kind != "tool":
+        return ToolChoice(mode=_TOOL_CHOICE_MODES[kind]), parallel
     name = _str(raw, "name", where="tool_choice")
     if name not in {t.name for t in tools}:
         raise F.invalid_value("tool_choice.name", f"Tool '{name}' not found in 'tools'")
