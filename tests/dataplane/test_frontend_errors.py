@@ -6,20 +6,27 @@ exactly as written; the router stand-in is told to hang, drop, or refuse through
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
+import socket
+import threading
+import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from aiohttp import web
 from router_standin import RouterStandIn, parse_sse
 
 from kvretention.dataplane.frontend.errors import Provider
 
 MAX_BODY = 4096
+BODY_TIMEOUT_S = 1.0
 PATHS = {Provider.OPENAI: "/v1/chat/completions", Provider.ANTHROPIC: "/v1/messages"}
 
 
@@ -27,7 +34,11 @@ PATHS = {Provider.OPENAI: "/v1/chat/completions", Provider.ANTHROPIC: "/v1/messa
 def frontend(router_standin: RouterStandIn, kvretention_process: Any) -> Any:
     args = ["frontend", "--router-url", router_standin.base_url, "--model", "m", "--model", "m2"]
     return kvretention_process(
-        [*args, "--upstream-timeout", "1", "--max-body-bytes", str(MAX_BODY)]
+        [
+            *args,
+            *["--upstream-timeout", "1", "--max-body-bytes", str(MAX_BODY)],
+            *["--body-timeout", str(BODY_TIMEOUT_S)],
+        ]
     )
 
 
@@ -280,8 +291,6 @@ def test_router_unavailable_is_503_and_not_ready(orphan: Any) -> None:
 
 def test_probes_models_and_metrics(frontend: Any) -> None:
     assert request(frontend.base_url + "/healthz", method="GET")[0] == 200
-    status, _, raw = request(frontend.base_url + "/readyz", method="GET")
-    assert status == 200 and json.loads(raw)["status"] == "ready"
 
     _, _, raw = request(frontend.base_url + "/v1/models", method="GET")
     assert [m["id"] for m in json.loads(raw)["data"]] == ["m", "m2"]
@@ -306,3 +315,240 @@ def test_probes_models_and_metrics(frontend: Any) -> None:
     )
     assert 'kvr_frontend_requests_total{endpoint="messages",outcome="ok"}' in text
     assert 'kvr_frontend_upstream_latency_seconds_count{endpoint="messages",phase="total"}' in text
+
+
+# -- retries, readiness, disconnects, stalled bodies, leaks (issue 10) -------------------------
+
+
+@BOTH
+@pytest.mark.parametrize(
+    ("send", "status", "retry"),
+    [
+        pytest.param({"raw": b"{nope"}, 400, "false", id="400_bad_json"),
+        pytest.param({"fields": {"model": "nope"}}, 404, "false", id="404_unknown_model"),
+        pytest.param({"path": "/v1/nope"}, 404, "false", id="404_unknown_path"),
+        pytest.param({"method": "GET"}, 405, "false", id="405_method"),
+        pytest.param({"fields": {"pad": "x" * MAX_BODY}}, 413, "false", id="413_too_large"),
+        pytest.param({"marker": "[[kv_unsupported]]"}, 501, "false", id="501_kv_hints"),
+        pytest.param({"marker": "[[no_workers]]"}, 503, None, id="503_no_workers"),
+        pytest.param({"marker": "[[hang]]"}, 504, None, id="504_timeout"),
+        pytest.param({"marker": "[[drop]]"}, 502, None, id="502_dropped"),
+    ],
+)
+def test_deterministic_errors_say_do_not_retry(
+    frontend: Any, provider: Provider, send: dict[str, Any], status: int, retry: str | None
+) -> None:
+    """``x-should-retry: false`` stops the SDKs' three retries of an answer that cannot change."""
+    text = f"{uuid.uuid4().hex} {send.get('marker', '')}"
+    payload = json.dumps(body_for(provider, text, **send.get("fields", {}))).encode()
+    got, headers, _ = request(
+        frontend.base_url + send.get("path", PATHS[provider]),
+        body=None if send.get("method") == "GET" else send.get("raw", payload),
+        method=send.get("method", "POST"),
+    )
+    assert got == status
+    assert headers.get("x-should-retry") == retry
+
+
+class RouterDouble:
+    """A router for readiness and abort tests: ``/readyz`` answers as told, and ``/v1/generate``
+    sends its headers, then waits, recording whether the frontend hung up (the router's handler is
+    cancelled, as the real router's is, when its client disconnects)."""
+
+    def __init__(self) -> None:
+        self.ready = True
+        self.started = threading.Event()
+        self.cancelled = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._runner: web.AppRunner | None = None
+        self.base_url = ""
+
+    def start(self) -> None:
+        self._thread.start()
+        self.base_url = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
+
+    async def _start(self) -> str:
+        app = web.Application()
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_post("/v1/generate", self._generate)
+        self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        return f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+
+    def stop(self) -> None:
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        status = 200 if self.ready else 503
+        return web.json_response({"status": "ready" if self.ready else "no_workers"}, status=status)
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "application/x-ndjson"})
+        await response.prepare(request)
+        await response.write(b'{"text": "Hel", "token_ids": [1]}\n')
+        self.started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        return response
+
+
+@pytest.fixture(scope="module")
+def router_double() -> Iterator[RouterDouble]:
+    double = RouterDouble()
+    double.start()
+    yield double
+    double.stop()
+
+
+@pytest.fixture(scope="module")
+def fronted_double(router_double: RouterDouble, kvretention_process: Any) -> Any:
+    return kvretention_process(["frontend", "--router-url", router_double.base_url])
+
+
+def test_readyz_follows_the_routers_workers(
+    router_double: RouterDouble, fronted_double: Any
+) -> None:
+    router_double.ready = True
+    status, _, raw = request(fronted_double.base_url + "/readyz", method="GET")
+    assert (status, json.loads(raw)) == (200, {"status": "ready"})
+    router_double.ready = False
+    try:
+        status, _, raw = request(fronted_double.base_url + "/readyz", method="GET")
+    finally:
+        router_double.ready = True
+    assert status == 503
+    assert json.loads(raw) == {
+        "status": "not_ready",
+        "reason": "the router reports no ready worker",
+    }
+    assert router_double.base_url.split("//")[1] not in raw.decode()
+
+
+@BOTH
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_a_client_that_hangs_up_aborts_the_generation(
+    router_double: RouterDouble, fronted_double: Any, provider: Provider, stream: bool
+) -> None:
+    router_double.started.clear()
+    router_double.cancelled.clear()
+    parts = urlsplit(fronted_double.base_url)
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=15)
+    payload = json.dumps(body_for(provider, "abort me", stream=stream)).encode()
+    conn.request(
+        "POST", PATHS[provider], body=payload, headers={"content-type": "application/json"}
+    )
+    assert router_double.started.wait(10), "the request never reached the router"
+    conn.close()
+    assert router_double.cancelled.wait(10), "the router's generation was not aborted"
+
+
+def _read_response(sock: socket.socket) -> bytes:
+    """One HTTP response with a content-length (the server may linger before it closes)."""
+    raw = b""
+    while b"\r\n\r\n" not in raw:
+        raw += sock.recv(65536)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
+@BOTH
+def test_a_stalled_body_is_timed_out(
+    frontend: Any, router_standin: RouterStandIn, provider: Provider
+) -> None:
+    word = uuid.uuid4().hex
+    payload = json.dumps(body_for(provider, word)).encode()
+    parts = urlsplit(frontend.base_url)
+    started = time.monotonic()
+    with socket.create_connection((parts.hostname or "", parts.port or 80), timeout=15) as sock:
+        head = (
+            f"POST {PATHS[provider]} HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(payload)}\r\n\r\n"
+        ).encode()
+        sock.sendall(head + payload[:10])  # and then nothing more
+        raw = _read_response(sock)
+    elapsed = time.monotonic() - started
+    head_text, _, body = raw.partition(b"\r\n\r\n")
+    assert head_text.startswith(b"HTTP/1.1 408 ")
+    assert b"connection: close" in head_text.lower()
+    assert BODY_TIMEOUT_S <= elapsed < BODY_TIMEOUT_S + 5
+    error = assert_error(provider, body, status=408, code="request_body_timeout")
+    assert "did not finish arriving" in error["message"]
+    assert router_standin.bodies_for(word) == []
+
+
+@BOTH
+@pytest.mark.parametrize(
+    ("target", "marker"),
+    [
+        pytest.param("orphan", "", id="router_unreachable"),
+        pytest.param("frontend", "[[drop]]", id="router_dropped"),
+    ],
+)
+def test_errors_never_leak_internal_addresses_or_exceptions(
+    request_fixture: pytest.FixtureRequest, provider: Provider, target: str, marker: str
+) -> None:
+    app = request_fixture.getfixturevalue(target)
+    payload = json.dumps(body_for(provider, f"{uuid.uuid4().hex} {marker}")).encode()
+    status, _, raw = request(app.base_url + PATHS[provider], body=payload)
+    assert status in (502, 503)
+    text = raw.decode()
+    router_url = next(a for a in app.args if a.startswith("http://"))
+    for secret in (router_url, router_url.split("//")[1], "127.0.0.1", "Error", "Errno"):
+        assert secret not in text, (secret, text)
+    if target == "orphan":
+        status, _, raw = request(app.base_url + "/readyz", method="GET")
+        assert status == 503
+        assert json.loads(raw) == {"status": "not_ready", "reason": "the router is unreachable"}
+
+
+@pytest.fixture
+def request_fixture(request: pytest.FixtureRequest) -> pytest.FixtureRequest:
+    return request
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        pytest.param(["--model-alias", "fast"], {}, "is not ALIAS=SERVED", id="no_equals"),
+        pytest.param(["--model-alias", "fast=other"], {}, "is not a served model", id="unknown"),
+        pytest.param(["--model-alias", "m=m2"], {}, "already a served model", id="shadowing"),
+        pytest.param([], {"KVR_MODEL_ALIASES": "a=m b=nope"}, "'nope'", id="env_unknown"),
+    ],
+)
+def test_bad_model_aliases_stop_the_frontend_at_startup(
+    args: list[str], env: dict[str, str], message: str
+) -> None:
+    from click.testing import CliRunner
+
+    from kvretention.dataplane.frontend.cli import frontend_cmd
+
+    base = ["--router-url", "http://127.0.0.1:1", "--model", "m", "--model", "m2"]
+    result = CliRunner().invoke(frontend_cmd, [*base, *args], env=env)
+    assert result.exit_code == 2
+    assert message in result.output
+
+
+def test_model_aliases_from_the_environment() -> None:
+    from kvretention.dataplane.frontend.cli import parse_aliases
+
+    assert parse_aliases(("fast=m", "codex-mini = m2"), served=("m", "m2")) == {
+        "fast": "m",
+        "codex-mini": "m2",
+    }
+    assert parse_aliases(("any=whatever",), served=()) == {"any": "whatever"}

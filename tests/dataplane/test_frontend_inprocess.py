@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from router_standin import RouterStandIn
+from router_standin import RouterStandIn, parse_sse
 
 from kvretention.dataplane.frontend.app import FrontendConfig, create_app
 from kvretention.dataplane.frontend.errors import Provider
@@ -230,3 +231,117 @@ async def test_the_router_connection_is_pooled_across_requests(
     peers = {r.peer for r in router_standin.received}
     assert len(router_standin.received) == 4
     assert len(peers) == 1, peers
+
+
+async def test_tool_conversations_travel_as_messages_only(router_standin: RouterStandIn) -> None:
+    """The frontend tokenizer renders role + text only: a tool loop needs the worker's template."""
+    router_standin.clear()
+    app = create_app(FrontendConfig(router_url=router_standin.base_url), tokenizer=FakeTokenizer())
+    client = await _client(app)
+    try:
+        resp = await client.post(
+            "/v1/messages",
+            json={
+                "model": "m",
+                "max_tokens": 4,
+                "tools": [{"name": "Read", "input_schema": {"type": "object"}}],
+                "messages": [{"role": "user", "content": "tool-msg"}],
+            },
+        )
+        assert resp.status == 200, await resp.text()
+    finally:
+        await client.close()
+    [received] = [r.body for r in router_standin.received]
+    assert "token_ids" not in received
+    assert received["tools"] == [
+        {"kind": "function", "name": "Read", "parameters": {"type": "object"}}
+    ]
+
+
+async def test_message_start_carries_the_workers_prompt_usage() -> None:
+    """A router that reports prompt counts on its first chunk: ``message_start`` shows them."""
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "application/x-ndjson"})
+        await response.prepare(request)
+        first = {"text": "Hi", "prompt_usage": {"prompt_tokens": 120, "cached_tokens": 100}}
+        last = {
+            "text": "",
+            "finish_reason": "stop",
+            "usage": {"prompt_tokens": 120, "completion_tokens": 2, "cached_tokens": 100},
+        }
+        for line in (first, last):
+            await response.write(json.dumps(line).encode() + b"\n")
+        await response.write_eof()
+        return response
+
+    router = web.Application()
+    router.router.add_post("/v1/generate", generate)
+    router_server = TestServer(router)
+    await router_server.start_server()
+    app = create_app(FrontendConfig(router_url=str(router_server.make_url(""))))
+    client = await _client(app)
+    try:
+        resp = await client.post(
+            "/v1/messages",
+            json={
+                "model": "m",
+                "max_tokens": 4,
+                "stream": True,
+                "messages": [{"role": "user", "content": "usage"}],
+            },
+        )
+        raw = await resp.read()
+    finally:
+        await client.close()
+        await router_server.close()
+    events = [json.loads(data) for _, data in parse_sse(raw)]
+    assert events[0]["type"] == "message_start"
+    assert events[0]["message"]["usage"] == {
+        "input_tokens": 20,
+        "output_tokens": 0,
+        "cache_read_input_tokens": 100,
+        "cache_creation_input_tokens": 0,
+    }
+    assert events[-2]["usage"]["output_tokens"] == 2
+
+
+async def test_count_tokens_stops_at_the_first_usage_and_closes_the_stream() -> None:
+    """The worker answers a ``count_only`` request with one usage chunk; nothing else is read."""
+    seen: list[dict[str, Any]] = []
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        seen.append(await request.json())
+        response = web.StreamResponse(headers={"content-type": "application/x-ndjson"})
+        await response.prepare(request)
+        line = {"finish_reason": "stop", "usage": {"prompt_tokens": 42, "completion_tokens": 0}}
+        await response.write(json.dumps(line).encode() + b"\n")
+        await response.write_eof()
+        return response
+
+    router = web.Application()
+    router.router.add_post("/v1/generate", generate)
+    router_server = TestServer(router)
+    await router_server.start_server()
+    app = create_app(
+        FrontendConfig(
+            router_url=str(router_server.make_url("")),
+            served_models=("served",),
+            model_aliases={"alias": "served"},
+        )
+    )
+    client = await _client(app)
+    try:
+        resp = await client.post(
+            "/v1/messages/count_tokens?beta=true",
+            json={"model": "alias", "messages": [{"role": "user", "content": "count me"}]},
+        )
+        body = await resp.json()
+    finally:
+        await client.close()
+        await router_server.close()
+    assert (resp.status, body) == (200, {"input_tokens": 42})
+    [sent] = seen
+    assert sent["count_only"] is True
+    assert sent["model"] == "served"
+    assert sent["sampling"] == {"max_new_tokens": 0}

@@ -111,6 +111,9 @@ part_types = st.sampled_from(
         "image",
         "document",
         "tool_result",
+        "tool_use",
+        "thinking",
+        "redacted_thinking",
     ]
 )
 roles = st.sampled_from(["system", "developer", "user", "assistant", "tool", "bot"])
@@ -186,16 +189,45 @@ messages_bodies = optional_fields(
     system=_parts("cache_control", anthropic_control),
     tools=right_or_wrong(
         st.lists(
-            optional_fields(name=st.text(max_size=4), cache_control=anthropic_control), max_size=2
+            optional_fields(
+                name=st.text(max_size=4),
+                cache_control=anthropic_control,
+                type=right_or_wrong(st.sampled_from(["custom", "bash_20250124"])),
+                input_schema=right_or_wrong(st.just({"type": "object"})),
+            ),
+            max_size=2,
         )
     ),
+    tool_choice=right_or_wrong(
+        optional_fields(
+            type=right_or_wrong(st.sampled_from(["auto", "any", "tool", "none"])),
+            name=right_or_wrong(st.text(max_size=4)),
+            disable_parallel_tool_use=right_or_wrong(st.booleans()),
+        )
+    ),
+    output_config=right_or_wrong(
+        optional_fields(
+            effort=right_or_wrong(st.sampled_from(["low", "max", "huge"])),
+            format=right_or_wrong(
+                optional_fields(
+                    type=right_or_wrong(st.just("json_schema")), schema=right_or_wrong(json_objects)
+                )
+            ),
+        )
+    ),
+    metadata=right_or_wrong(optional_fields(user_id=right_or_wrong(st.text(max_size=4)))),
     cache_control=anthropic_control,
     stream=right_or_wrong(st.booleans()),
     temperature=right_or_wrong(st.floats(min_value=-1, max_value=2)),
     top_p=right_or_wrong(st.floats(min_value=-1, max_value=2)),
     top_k=right_or_wrong(st.integers(min_value=-2, max_value=10)),
     stop_sequences=right_or_wrong(st.lists(st.text(max_size=3), max_size=10)),
-    thinking=json_values,
+    thinking=right_or_wrong(
+        optional_fields(
+            type=right_or_wrong(st.sampled_from(["enabled", "adaptive", "disabled"])),
+            budget_tokens=right_or_wrong(st.integers(min_value=0, max_value=5000)),
+        )
+    ),
 )
 
 
@@ -246,20 +278,50 @@ _valid_responses = st.fixed_dictionaries(
         )
     },
 )
+_tool = st.fixed_dictionaries(
+    {
+        "name": st.sampled_from(["Read", "Bash"]),
+        "input_schema": st.just({"type": "object", "properties": {"p": {"type": "string"}}}),
+    },
+    optional={"description": _text},
+)
+_tool_loop = st.tuples(_text, st.dictionaries(st.sampled_from(["p", "q"]), _text), _text).map(
+    lambda t: [
+        {"role": "user", "content": t[0]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": t[0], "signature": "s"},
+                {"type": "tool_use", "id": "toolu_1", "name": "Read", "input": t[1]},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": t[2]},
+                {"type": "text", "text": t[2]},
+            ],
+        },
+    ]
+)
 _valid_messages = st.fixed_dictionaries(
     {
         "model": st.just("m"),
         "max_tokens": st.integers(min_value=1, max_value=8),
-        "messages": st.lists(_user_turn, min_size=1, max_size=2),
+        "messages": st.lists(_user_turn, min_size=1, max_size=2) | _tool_loop,
     },
     optional={
+        "tools": st.lists(_tool, min_size=1, max_size=2, unique_by=lambda t: t["name"]),
+        "tool_choice": st.sampled_from([{"type": "auto"}, {"type": "none"}]),
+        "thinking": st.sampled_from([{"type": "adaptive"}, {"type": "disabled"}]),
+        "metadata": st.fixed_dictionaries({"user_id": _text}),
         "cache_control": st.sampled_from(
             [
                 {"type": "ephemeral"},
                 {"type": "ephemeral", "ttl": "1h"},
                 {"type": "ephemeral", "ttl": None},
             ]
-        )
+        ),
     },
 )
 chat_parser_bodies = chat_bodies | _near_valid(chat_bodies, _valid_chat)

@@ -18,6 +18,8 @@ from typing import Annotated, Any, ClassVar, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 GENERATE_PATH: Final = "/v1/generate"
+READY_PATH: Final = "/readyz"
+"""The router answers 2xx here only while at least one worker is ready (the frontend's readiness)."""
 NDJSON: Final = "application/x-ndjson"
 
 # Per-hop placement headers set by the router; the body is never changed.
@@ -349,3 +351,7 @@ class GenerateChunk(_Compact):
     token_ids: list[int] = Field(default_factory=list)
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
+    prompt_usage: Usage | None = None
+    """Optional, on the first chunk: the prompt-side counts (``prompt_tokens``, ``cached_tokens``)
+    as soon as they are known, so Anthropic's ``message_start`` can carry the real
+    ``input_tokens``. The final chunk's ``usage`` stays the authoritative total."""

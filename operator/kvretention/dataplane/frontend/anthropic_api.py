@@ -1,25 +1,188 @@
 """Anthropic Messages: request parsing and response/SSE formatting.
 
 The top-level ``cache_control`` is normalized (and block-level ones refused) by
-``kvretention.hints.anthropic`` before the rest of the body is checked. The stream follows the
-Messages event sequence the official SDK parses: ``message_start``, ``content_block_start``,
-``content_block_delta``..., ``content_block_stop``, ``message_delta``, ``message_stop``.
+``kvretention.hints.anthropic`` before the rest of the body is checked. Every other top-level field,
+block type and block key is one of: honoured, a documented no-op (``docs/frontend.md``), or a 400
+naming it; unknown keys get Anthropic's ``Extra inputs are not permitted``. The stream follows the
+Messages event sequence the official SDK parses: ``message_start``, then for each content block
+(``thinking``, ``text``, ``tool_use``, each its own index) ``content_block_start``,
+``content_block_delta``..., ``content_block_stop``; then ``message_delta`` and ``message_stop``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Final
+import hashlib
+import json
+import logging
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal
 
 from kvretention.dataplane.frontend import sse
 from kvretention.dataplane.frontend.common import Completion, ParsedRequest
 from kvretention.dataplane.frontend.errors import FrontendError, Provider, anthropic_error_body
 from kvretention.dataplane.frontend.validate import Fields
-from kvretention.dataplane.protocol import ChatMessage, GenerateChunk, SamplingParams, Usage
+from kvretention.dataplane.protocol import (
+    ChatMessage,
+    ContentPart,
+    GenerateChunk,
+    ImagePart,
+    Reasoning,
+    ReasoningControl,
+    ResponseFormat,
+    SamplingParams,
+    TextPart,
+    ToolCall,
+    ToolChoice,
+    ToolDefinition,
+    Usage,
+)
 from kvretention.hints.anthropic import CACHE_CONTROL, normalize_messages
+from kvretention.hints.errors import ClientError, ClientErrorCode
+
+log = logging.getLogger("kvretention.frontend")
 
 F: Final = Fields(anthropic=True)
-_STOP: Final = {"stop": "end_turn", "length": "max_tokens"}
+OMIT_THINKING: Final = "omit_thinking"
+"""``ParsedRequest.echo`` key: the client asked for ``thinking.display: omitted``."""
+_STOP: Final = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 _MAX_STOP_SEQUENCES: Final = 8
+_MIN_THINKING_BUDGET: Final = 1024
+_IMAGE_TYPES: Final = ("image/jpeg", "image/png", "image/gif", "image/webp")
+_EFFORT: Final[Mapping[str, Literal["low", "medium", "high"]]] = {
+    "low": "low",
+    "medium": "medium",
+    "high": "high",
+    "xhigh": "high",
+    "max": "high",
+}
+"""``output_config.effort`` -> the neutral effort; ``xhigh`` and ``max`` are the highest we have."""
+
+# -- which top-level fields exist, and what happens to each ------------------------------------
+
+_HONOURED: Final = frozenset(
+    {
+        "model",
+        "messages",
+        "system",
+        "max_tokens",
+        "stream",
+        "stop_sequences",
+        "temperature",
+        "top_p",
+        "top_k",
+        "tools",
+        "tool_choice",
+        "thinking",
+        "output_config",
+        CACHE_CONTROL,
+    }
+)
+NO_OPS: Final[Mapping[str, str]] = {
+    "metadata": "validated (user_id only); not forwarded",
+    "service_tier": "validated ('auto' or 'standard_only'); one tier here",
+    "inference_geo": "validated (a string); one location here",
+    "speed": "validated ('standard' or 'fast'); one speed here",
+    "user_profile_id": "validated (a string); no accounts here",
+    "workspace_id": "validated (a string); no workspaces here",
+    "context_management": "only the no-op edit clear_thinking_20251015 with keep 'all' is accepted",
+}
+"""Accepted, checked, and deliberately without effect (listed in docs/frontend.md)."""
+REFUSED: Final[Mapping[str, str]] = {
+    "container": "code-execution containers are not available on this server",
+    "diagnostics": "cache-miss diagnostics are not available on this server",
+    "mcp_servers": "MCP connectors are not available on this server",
+    "compaction": "server-side compaction is not available on this server",
+    "thread": "threads are not available on this server",
+    "fallbacks": "model fallbacks are not available on this server",
+    "fallback_credit_token": "model fallbacks are not available on this server",
+    "billing_policy": "billing policies are not available on this server",
+    "output_format": "use output_config.format for structured output",
+}
+"""Real Messages fields this server cannot honour: a 400 naming them, never a silent drop."""
+_COUNT_FIELDS: Final = frozenset(
+    {
+        "model",
+        "messages",
+        "system",
+        "tools",
+        "tool_choice",
+        "thinking",
+        "output_config",
+        CACHE_CONTROL,
+        "speed",
+        "user_profile_id",
+        "workspace_id",
+        "context_management",
+    }
+)
+"""``/v1/messages/count_tokens`` takes the prompt-shaping fields only (as Anthropic's does)."""
+
+# -- block keys (beyond ``type``) ---------------------------------------------------------------
+
+_MESSAGE_KEYS: Final = frozenset({"role", "content", CACHE_CONTROL})
+"""``cache_control`` anywhere is the hint normalizer's: refused, or ignored with hints off."""
+_TEXT_KEYS: Final = frozenset({"text", CACHE_CONTROL, "citations"})
+_IMAGE_KEYS: Final = frozenset({"source", CACHE_CONTROL, "transformations"})
+_DOCUMENT_KEYS: Final = frozenset({"source", CACHE_CONTROL, "citations", "context", "title"})
+_TOOL_USE_KEYS: Final = frozenset({"id", "name", "input", CACHE_CONTROL, "caller", "toolset_name"})
+_TOOL_RESULT_KEYS: Final = frozenset(
+    {"tool_use_id", "content", "is_error", CACHE_CONTROL, "toolset_name"}
+)
+_THINKING_KEYS: Final = frozenset({"thinking", "signature"})
+_REDACTED_KEYS: Final = frozenset({"data"})
+_TOOL_KEYS: Final = frozenset(
+    {
+        "type",
+        "name",
+        "description",
+        "input_schema",
+        CACHE_CONTROL,
+        "strict",
+        "defer_loading",
+        "input_examples",
+        "eager_input_streaming",
+        "allowed_callers",
+    }
+)
+_PARALLEL: Final = "disable_parallel_tool_use"
+_TOOL_CHOICE_KEYS: Final[Mapping[str, frozenset[str]]] = {
+    "auto": frozenset({_PARALLEL}),
+    "any": frozenset({_PARALLEL}),
+    "tool": frozenset({"name", _PARALLEL}),
+    "none": frozenset(),
+}
+_TOOL_CHOICE_MODES: Final[Mapping[str, Literal["auto", "required", "none"]]] = {
+    "auto": "auto",
+    "any": "required",
+    "none": "none",
+}
+SERVER_TOOL_PREFIXES: Final = (
+    "bash_",
+    "text_editor_",
+    "web_search_",
+    "web_fetch_",
+    "code_execution_",
+    "computer_",
+    "memory_",
+    "tool_search_tool_",
+    "browser_",
+)
+"""Anthropic-defined tool types: run by Anthropic or with a schema only Anthropic's models know."""
+
+
+@dataclass(frozen=True)
+class _Conversation:
+    """The converted messages plus what tool_choice validation needs to know."""
+
+    messages: list[ChatMessage]
+    tools: list[ToolDefinition]
+    tool_choice: ToolChoice
+    parallel_tool_calls: bool
+    reasoning: ReasoningControl | None
+    response_format: ResponseFormat | None
+    omit_thinking: bool
+    """``thinking.display: omitted``: answer thinking blocks with a signature and no text."""
 
 
 def parse_messages(body: dict[str, Any], *, hints: bool = True) -> ParsedRequest:
@@ -29,10 +192,141 @@ def parse_messages(body: dict[str, Any], *, hints: bool = True) -> ParsedRequest
     interpreted at all: accepted and ignored, as a server without prompt caching would.
     """
     envelope = normalize_messages(body) if hints else None
+    _check_fields(body, allowed=_HONOURED | NO_OPS.keys())
     model = F.required_str(body, "model")
     if "max_tokens" not in body:
         raise F.missing("max_tokens")
     max_tokens = F.opt_int(body, "max_tokens", minimum=1)
+    conversation = _conversation(body, max_tokens=max_tokens)
+    sampling = SamplingParams(
+        max_new_tokens=max_tokens,
+        temperature=F.opt_number(body, "temperature", minimum=0, maximum=1),
+        top_p=_top_p(body),
+        top_k=F.opt_int(body, "top_k", minimum=0),
+        stop=F.opt_stop(body, "stop_sequences", limit=_MAX_STOP_SEQUENCES),
+    )
+    return ParsedRequest(
+        model=model,
+        messages=conversation.messages,
+        sampling=sampling,
+        stream=F.opt_bool(body, "stream"),
+        envelope=envelope,
+        hint_param=CACHE_CONTROL if envelope is not None else None,
+        include_usage=True,
+        tools=conversation.tools,
+        tool_choice=conversation.tool_choice,
+        parallel_tool_calls=conversation.parallel_tool_calls,
+        response_format=conversation.response_format,
+        reasoning=conversation.reasoning,
+        echo={OMIT_THINKING: True} if conversation.omit_thinking else {},
+    )
+
+
+def parse_count_tokens(body: dict[str, Any], *, hints: bool = True) -> ParsedRequest:
+    """A ``/v1/messages/count_tokens`` body: the same checks, without ``max_tokens``.
+
+    ``cache_control`` is validated as for ``/v1/messages`` but makes no hint: counting prefills
+    nothing, so there is nothing to retain.
+    """
+    if hints:
+        normalize_messages(body)
+    _check_fields(body, allowed=_COUNT_FIELDS)
+    model = F.required_str(body, "model")
+    conversation = _conversation(body, max_tokens=None)
+    return ParsedRequest(
+        model=model,
+        messages=conversation.messages,
+        sampling=SamplingParams(max_new_tokens=0),
+        stream=False,
+        envelope=None,
+        hint_param=None,
+        tools=conversation.tools,
+        tool_choice=conversation.tool_choice,
+        parallel_tool_calls=conversation.parallel_tool_calls,
+        response_format=conversation.response_format,
+        reasoning=conversation.reasoning,
+    )
+
+
+def _check_fields(body: Mapping[str, Any], *, allowed: Collection[str]) -> None:
+    """Refuse fields this server cannot honour by name, unknown ones as Anthropic does; check no-ops."""
+    for key in body:
+        if key in allowed:
+            continue
+        if key in REFUSED:
+            raise F.unsupported(key, f"'{key}' is not supported by this server: {REFUSED[key]}")
+        raise _extra(key)
+    _check_no_ops(body)
+
+
+def _extra(param: str) -> ClientError:
+    return F.error(param, "Extra inputs are not permitted", code=ClientErrorCode.UNKNOWN_PARAMETER)
+
+
+def _keys(block: Mapping[str, Any], allowed: frozenset[str], *, where: str) -> None:
+    for key in block:
+        if key != "type" and key not in allowed:
+            raise _extra(f"{where}.{key}")
+
+
+def _check_no_ops(body: Mapping[str, Any]) -> None:
+    metadata = body.get("metadata")
+    if metadata is not None:
+        if not isinstance(metadata, dict):
+            raise F.invalid_type("metadata", metadata, expected="a valid dictionary")
+        _keys(metadata, frozenset({"user_id"}), where="metadata")
+        F.opt_str(metadata, "user_id", param="metadata.user_id")
+    _literal(body, "service_tier", ("auto", "standard_only"))
+    _literal(body, "speed", ("standard", "fast"))
+    for key in ("inference_geo", "user_profile_id", "workspace_id"):
+        F.opt_str(body, key)
+    management = body.get("context_management")
+    if management is not None:
+        _context_management(management)
+
+
+def _literal(body: Mapping[str, Any], key: str, values: tuple[str, ...], *, param: str = "") -> Any:
+    value = body.get(key)
+    if value is not None and value not in values:
+        choices = " or ".join(f"'{v}'" for v in values)
+        raise F.invalid_value(param or key, f"Input should be {choices}")
+    return value
+
+
+def _context_management(value: object) -> None:
+    """Only ``clear_thinking_20251015`` keeping all turns (what Claude Code sends) changes nothing."""
+    if not isinstance(value, dict):
+        raise F.invalid_type("context_management", value, expected="a valid dictionary")
+    _keys(value, frozenset({"edits"}), where="context_management")
+    edits = value.get("edits") or []
+    if not isinstance(edits, list):
+        raise F.invalid_type("context_management.edits", edits, expected="a valid list")
+    for i, edit in enumerate(edits):
+        where = f"context_management.edits.{i}"
+        if not (
+            isinstance(edit, dict)
+            and edit.get("type") == "clear_thinking_20251015"
+            and edit.get("keep") in ("all", {"type": "all"})
+            and set(edit) <= {"type", "keep"}
+        ):
+            raise F.unsupported(
+                where,
+                "context editing is not supported by this server; only "
+                "{'type': 'clear_thinking_20251015', 'keep': 'all'} (which keeps everything) is",
+            )
+
+
+def _top_p(body: dict[str, Any]) -> float | None:
+    top_p = F.opt_number(body, "top_p", minimum=0, maximum=1)
+    if top_p == 0:
+        raise F.invalid_value("top_p", "Input should be greater than 0")
+    return top_p
+
+
+# -- the conversation ---------------------------------------------------------------------------
+
+
+def _conversation(body: dict[str, Any], *, max_tokens: int | None) -> _Conversation:
     if "messages" not in body:
         raise F.missing("messages")
     raw = body["messages"]
@@ -43,81 +337,469 @@ def parse_messages(body: dict[str, Any], *, hints: bool = True) -> ParsedRequest
     messages: list[ChatMessage] = []
     system = body.get("system")
     if system is not None:
-        messages.append(ChatMessage(role="system", content=_text(system, where="system")))
-    messages.extend(_message(m, index=i) for i, m in enumerate(raw))
-    if body.get("tools"):
-        raise F.unsupported("tools", "tool use is not supported by this server")
+        messages.append(ChatMessage(role="system", content=_system_text(system, where="system")))
+    names: dict[str, str] = {}
+    """tool_use id -> tool name, so a tool result can name its tool."""
+    for i, message in enumerate(raw):
+        messages.extend(_message(message, index=i, names=names))
+    tools = _tools(body.get("tools"))
+    tool_choice, parallel = _tool_choice(body.get("tool_choice"), tools=tools)
+    output_config = body.get("output_config")
+    effort, response_format = _output_config(output_config)
     thinking = body.get("thinking")
-    if isinstance(thinking, dict) and thinking.get("type") == "enabled":
-        raise F.unsupported("thinking", "extended thinking is not supported by this server")
-    top_k = F.opt_int(body, "top_k", minimum=0)
-    sampling = SamplingParams(
-        max_new_tokens=max_tokens,
-        temperature=F.opt_number(body, "temperature", minimum=0, maximum=1),
-        top_p=_top_p(body),
-        top_k=top_k,
-        stop=F.opt_stop(body, "stop_sequences", limit=_MAX_STOP_SEQUENCES),
-    )
-    return ParsedRequest(
-        model=model,
+    reasoning = _thinking(thinking, max_tokens=max_tokens, effort=effort)
+    omit = isinstance(thinking, dict) and thinking.get("display") == "omitted"
+    return _Conversation(
         messages=messages,
-        sampling=sampling,
-        stream=F.opt_bool(body, "stream"),
-        envelope=envelope,
-        hint_param=CACHE_CONTROL if envelope is not None else None,
-        include_usage=True,
+        tools=tools,
+        tool_choice=tool_choice,
+        parallel_tool_calls=parallel,
+        reasoning=reasoning,
+        response_format=response_format,
+        omit_thinking=omit,
     )
 
 
-def _top_p(body: dict[str, Any]) -> float | None:
-    top_p = F.opt_number(body, "top_p", minimum=0, maximum=1)
-    if top_p == 0:
-        raise F.invalid_value("top_p", "Input should be greater than 0")
-    return top_p
-
-
-def _message(raw: object, *, index: int) -> ChatMessage:
+def _message(raw: object, *, index: int, names: dict[str, str]) -> list[ChatMessage]:
+    """One Anthropic message -> one neutral message, or several when it holds tool results."""
     where = F.path("messages", index)
     if not isinstance(raw, dict):
         raise F.invalid_type(where, raw, expected="a valid dictionary")
     role = raw.get("role")
-    if role not in ("user", "assistant"):
-        raise F.invalid_value(f"{where}.role", "Input should be 'user' or 'assistant'")
+    if role not in ("user", "assistant", "system"):
+        raise F.invalid_value(f"{where}.role", "Input should be 'user', 'assistant' or 'system'")
     if "content" not in raw:
         raise F.missing(f"{where}.content")
-    return ChatMessage(role=role, content=_text(raw["content"], where=f"{where}.content"))
-
-
-def _text(content: object, *, where: str) -> str:
-    """String content or text blocks joined by newlines; other block types are refused."""
+    _keys(raw, _MESSAGE_KEYS, where=where)
+    content = raw["content"]
+    param = f"{where}.content"
+    if role == "system":
+        return [ChatMessage(role="system", content=_system_text(content, where=param))]
     if isinstance(content, str):
-        return content
+        return [ChatMessage(role=role, content=content)]
     if not isinstance(content, list):
-        raise F.invalid_type(where, content, expected="a valid string or list of content blocks")
-    texts: list[str] = []
+        raise F.invalid_type(param, content, expected="a valid string or list of content blocks")
+    if role == "assistant":
+        return [_assistant(content, where=param, names=names)]
+    return _user(content, where=param, names=names)
+
+
+def _blocks(content: list[Any], *, where: str) -> list[tuple[str, str, dict[str, Any]]]:
+    """``(path, type, block)`` for each block, each a dict with a string ``type``."""
+    out: list[tuple[str, str, dict[str, Any]]] = []
     for j, block in enumerate(content):
         param = f"{where}.{j}"
         if not isinstance(block, dict):
             raise F.invalid_type(param, block, expected="a valid dictionary")
         kind = block.get("type")
+        if not isinstance(kind, str):
+            raise (F.missing if kind is None else _bad_type)(f"{param}.type")
+        out.append((param, kind, block))
+    return out
+
+
+def _bad_type(param: str) -> ClientError:
+    return F.invalid_value(param, "Input should be a valid string")
+
+
+def _user(content: list[Any], *, where: str, names: dict[str, str]) -> list[ChatMessage]:
+    """User blocks in order; each ``tool_result`` becomes its own ``tool`` message."""
+    out: list[ChatMessage] = []
+    parts: list[ContentPart] = []
+    for param, kind, block in _blocks(content, where=where):
+        if kind == "tool_result":
+            if parts:
+                out.append(ChatMessage(role="user", content=_content(parts)))
+                parts = []
+            out.append(_tool_result(block, where=param, names=names))
+        else:
+            parts.append(_part(block, kind=kind, where=param))
+    if parts or not out:
+        out.append(ChatMessage(role="user", content=_content(parts)))
+    return out
+
+
+def _assistant(content: list[Any], *, where: str, names: dict[str, str]) -> ChatMessage:
+    """Assistant blocks: thinking (replayed as reasoning), text, and tool_use (tool calls)."""
+    parts: list[ContentPart] = []
+    calls: list[ToolCall] = []
+    thoughts: list[str] = []
+    signature: str | None = None
+    encrypted = False
+    for param, kind, block in _blocks(content, where=where):
+        if kind == "thinking":
+            _keys(block, _THINKING_KEYS, where=param)
+            thoughts.append(_str(block, "thinking", where=param))
+            signature = _str(block, "signature", where=param)
+        elif kind == "redacted_thinking":
+            _keys(block, _REDACTED_KEYS, where=param)
+            _str(block, "data", where=param)
+            encrypted = True
+        elif kind == "tool_use":
+            call = _tool_use(block, where=param)
+            names[call.id] = call.name
+            calls.append(call)
+        elif kind == "text":
+            parts.append(_part(block, kind=kind, where=param))
+        else:
+            raise _unsupported_block(param, kind, role="assistant")
+    reasoning = None
+    if thoughts or encrypted:
+        reasoning = Reasoning(text="\n".join(thoughts), signature=signature, encrypted=encrypted)
+    return ChatMessage(
+        role="assistant", content=_content(parts), tool_calls=calls, reasoning=reasoning
+    )
+
+
+def _content(parts: list[ContentPart]) -> str | list[ContentPart]:
+    """Text-only content stays a string (blocks joined by newlines); with images, a part list."""
+    if all(isinstance(p, TextPart) for p in parts):
+        return "\n".join(p.text for p in parts if isinstance(p, TextPart))
+    return parts
+
+
+def _part(block: dict[str, Any], *, kind: str, where: str) -> ContentPart:
+    """A text, image or plain-text document block of a user message or a tool result."""
+    if kind == "text":
+        _keys(block, _TEXT_KEYS, where=where)
+        return TextPart(text=_str(block, "text", where=where))
+    if kind == "image":
+        _keys(block, _IMAGE_KEYS, where=where)
+        return ImagePart(url=_image_url(block.get("source"), where=f"{where}.source"))
+    if kind == "document":
+        _keys(block, _DOCUMENT_KEYS, where=where)
+        return TextPart(text=_document_text(block, where=where))
+    raise _unsupported_block(where, kind, role="user")
+
+
+def _unsupported_block(param: str, kind: str, *, role: str) -> ClientError:
+    known = {
+        "user": "text, image, document (plain text) and tool_result",
+        "assistant": "text, thinking, redacted_thinking and tool_use",
+    }[role]
+    return F.unsupported(
+        f"{param}.type",
+        f"content blocks of type {kind!r} are not supported in {role} messages by this server "
+        f"({known} are)",
+    )
+
+
+def _str(block: Mapping[str, Any], key: str, *, where: str) -> str:
+    if key not in block:
+        raise F.missing(f"{where}.{key}")
+    value = block[key]
+    if not isinstance(value, str):
+        raise F.invalid_type(f"{where}.{key}", value, expected="a valid string")
+    return value
+
+
+def _image_url(source: object, *, where: str) -> str:
+    """A base64 source becomes a ``data:`` URL; a url source stays; file ids are refused."""
+    if not isinstance(source, dict):
+        raise F.invalid_type(where, source, expected="a valid dictionary")
+    kind = source.get("type")
+    if kind == "base64":
+        _keys(source, frozenset({"media_type", "data"}), where=where)
+        media = source.get("media_type")
+        if media not in _IMAGE_TYPES:
+            choices = ", ".join(f"'{t}'" for t in _IMAGE_TYPES)
+            raise F.invalid_value(f"{where}.media_type", f"Input should be {choices}")
+        data = _str(source, "data", where=where)
+        if not data:
+            raise F.invalid_value(f"{where}.data", "String should have at least 1 character")
+        return f"data:{media};base64,{data}"
+    if kind == "url":
+        _keys(source, frozenset({"url"}), where=where)
+        url = _str(source, "url", where=where)
+        if not url.startswith(("http://", "https://")):
+            raise F.invalid_value(f"{where}.url", "Input should be an http(s) URL")
+        return url
+    if kind == "file":
+        raise F.unsupported(f"{where}.type", "file sources (the Files API) are not supported")
+    raise F.invalid_value(f"{where}.type", "Input should be 'base64' or 'url'")
+
+
+def _document_text(block: Mapping[str, Any], *, where: str) -> str:
+    """Plain-text documents become text (title and context first); PDFs and files are refused."""
+    source = block.get("source")
+    param = f"{where}.source"
+    if not isinstance(source, dict):
+        raise F.invalid_type(param, source, expected="a valid dictionary")
+    if source.get("type") != "text":
+        raise F.unsupported(
+            f"{param}.type",
+            f"document sources of type {source.get('type')!r} are not supported by this server "
+            "(plain-text documents are)",
+        )
+    _keys(source, frozenset({"media_type", "data"}), where=param)
+    if source.get("media_type") != "text/plain":
+        raise F.invalid_value(f"{param}.media_type", "Input should be 'text/plain'")
+    pieces = [
+        block[k] for k in ("title", "context") if isinstance(block.get(k), str) and block.get(k)
+    ]
+    return "\n".join([*pieces, _str(source, "data", where=param)])
+
+
+def _tool_use(block: dict[str, Any], *, where: str) -> ToolCall:
+    _keys(block, _TOOL_USE_KEYS, where=where)
+    caller = block.get("caller")
+    if caller is not None and not (isinstance(caller, dict) and caller.get("type") == "direct"):
+        raise F.unsupported(f"{where}.caller", "only direct tool calls are supported")
+    call_id = _str(block, "id", where=where)
+    name = _str(block, "name", where=where)
+    if not call_id or not name:
+        raise F.invalid_value(
+            f"{where}.{'id' if not call_id else 'name'}", "String should have at least 1 character"
+        )
+    if "input" not in block:
+        raise F.missing(f"{where}.input")
+    arguments = block["input"]
+    if not isinstance(arguments, dict):
+        raise F.invalid_type(f"{where}.input", arguments, expected="a valid dictionary")
+    return ToolCall(id=call_id, name=name, arguments=json.dumps(arguments, ensure_ascii=False))
+
+
+def _tool_result(block: dict[str, Any], *, where: str, names: Mapping[str, str]) -> ChatMessage:
+    _keys(block, _TOOL_RESULT_KEYS, where=where)
+    call_id = _str(block, "tool_use_id", where=where)
+    is_error = block.get("is_error")
+    if is_error is not None and not isinstance(is_error, bool):
+        raise F.invalid_type(f"{where}.is_error", is_error, expected="a valid boolean")
+    raw = block.get("content", "")
+    param = f"{where}.content"
+    content: str | list[ContentPart]
+    if raw is None or isinstance(raw, str):
+        content = raw or ""
+    elif isinstance(raw, list):
+        parts: list[ContentPart] = []
+        for nested, kind, inner in _blocks(raw, where=param):
+            if kind not in ("text", "image", "document"):
+                raise F.unsupported(
+                    f"{nested}.type",
+                    f"tool_result content of type {kind!r} is not supported by this server "
+                    "(text, image and plain-text document are)",
+                )
+            parts.append(_part(inner, kind=kind, where=nested))
+        content = _content(parts)
+    else:
+        raise F.invalid_type(param, raw, expected="a valid string or list of content blocks")
+    return ChatMessage(
+        role="tool",
+        content=content,
+        tool_call_id=call_id,
+        name=names.get(call_id),
+        is_error=bool(is_error),
+    )
+
+
+def _system_text(content: object, *, where: str) -> str:
+    """System content: a string or text blocks joined by newlines."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise F.invalid_type(where, content, expected="a valid string or list of text blocks")
+    texts: list[str] = []
+    for param, kind, block in _blocks(content, where=where):
         if kind != "text":
             raise F.unsupported(
-                f"{param}.type", f"content blocks of type {kind!r} are not supported (text only)"
+                f"{param}.type", f"system blocks of type {kind!r} are not supported (text only)"
             )
-        text = block.get("text")
-        if not isinstance(text, str):
-            raise F.invalid_type(f"{param}.text", text, expected="a valid string")
-        texts.append(text)
+        _keys(block, _TEXT_KEYS, where=param)
+        texts.append(_str(block, "text", where=param))
     return "\n".join(texts)
 
 
-def _usage(usage: Usage) -> dict[str, Any]:
+# -- tools, tool_choice, thinking, output_config ------------------------------------------------
+
+
+def _tools(raw: object) -> list[ToolDefinition]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise F.invalid_type("tools", raw, expected="a valid list")
+    tools: list[ToolDefinition] = []
+    seen: set[str] = set()
+    for i, tool in enumerate(raw):
+        definition = _tool(tool, where=f"tools.{i}")
+        if definition.name in seen:
+            raise F.invalid_value(f"tools.{i}.name", "Tool names must be unique.")
+        seen.add(definition.name)
+        tools.append(definition)
+    return tools
+
+
+def _tool(raw: object, *, where: str) -> ToolDefinition:
+    if not isinstance(raw, dict):
+        raise F.invalid_type(where, raw, expected="a valid dictionary")
+    kind = raw.get("type")
+    if kind not in (None, "custom"):
+        known = isinstance(kind, str) and kind.startswith(SERVER_TOOL_PREFIXES)
+        reason = (
+            f"Anthropic-defined tools such as {kind!r} are not supported by this server; "
+            "declare a custom tool with an input_schema instead"
+            if known
+            else f"tools of type {kind!r} are not supported (custom tools with input_schema are)"
+        )
+        raise F.unsupported(f"{where}.type", reason)
+    _keys(raw, _TOOL_KEYS, where=where)
+    name = _str(raw, "name", where=where)
+    if not name:
+        raise F.invalid_value(f"{where}.name", "String should have at least 1 character")
+    description = F.opt_str(raw, "description", param=f"{where}.description")
+    if "input_schema" not in raw:
+        raise F.missing(f"{where}.input_schema")
+    schema = raw["input_schema"]
+    if not isinstance(schema, dict):
+        raise F.invalid_type(f"{where}.input_schema", schema, expected="a valid dictionary")
+    if schema.get("type") != "object":
+        raise F.invalid_value(f"{where}.input_schema.type", "Input should be 'object'")
+    strict = raw.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise F.invalid_type(f"{where}.strict", strict, expected="a valid boolean")
+    if raw.get("defer_loading"):
+        raise F.unsupported(f"{where}.defer_loading", "deferred tools need tool search")
+    callers = raw.get("allowed_callers")
+    if callers is not None and callers != ["direct"]:
+        raise F.unsupported(f"{where}.allowed_callers", "only direct tool calls are supported")
+    for key in ("input_examples", "eager_input_streaming"):
+        if key in raw and raw[key] is not None and not isinstance(raw[key], list | bool):
+            raise F.invalid_type(f"{where}.{key}", raw[key], expected="a valid list or boolean")
+    return ToolDefinition(name=name, description=description, parameters=schema, strict=strict)
+
+
+def _tool_choice(raw: object, *, tools: list[ToolDefinition]) -> tuple[ToolChoice, bool]:
+    """Anthropic ``tool_choice`` -> the neutral choice and ``parallel_tool_calls``."""
+    if raw is None:
+        return ToolChoice(), True
+    if not isinstance(raw, dict):
+        raise F.invalid_type("tool_choice", raw, expected="a valid dictionary")
+    kind = raw.get("type")
+    if not isinstance(kind, str) or kind not in _TOOL_CHOICE_KEYS:
+        raise F.invalid_value("tool_choice.type", "Input should be 'auto', 'any', 'tool' or 'none'")
+    _keys(raw, _TOOL_CHOICE_KEYS[kind], where="tool_choice")
+    disable = raw.get("disable_parallel_tool_use")
+    if disable is not None and not isinstance(disable, bool):
+        raise F.invalid_type(
+            "tool_choice.disable_parallel_tool_use", disable, expected="a valid boolean"
+        )
+    parallel = not disable
+    if kind in ("any", "tool") and not tools:
+        raise F.invalid_value(
+            "tool_choice", f"tool_choice.type '{kind}' may only be specified while providing tools"
+        )
+    if kind != "tool":
+        return ToolChoice(mode=_TOOL_CHOICE_MODES[kind]), parallel
+    name = _str(raw, "name", where="tool_choice")
+    if name not in {t.name for t in tools}:
+        raise F.invalid_value("tool_choice.name", f"Tool '{name}' not found in 'tools'")
+    return ToolChoice(mode="named", name=name), parallel
+
+
+def _thinking(
+    raw: object, *, max_tokens: int | None, effort: Literal["low", "medium", "high"] | None
+) -> ReasoningControl | None:
+    """``thinking`` (enabled / adaptive / disabled) plus ``output_config.effort``."""
+    if raw is None:
+        return ReasoningControl(effort=effort) if effort is not None else None
+    if not isinstance(raw, dict):
+        raise F.invalid_type("thinking", raw, expected="a valid dictionary")
+    kind = raw.get("type")
+    if kind == "disabled":
+        _keys(raw, frozenset(), where="thinking")
+        return ReasoningControl(enabled=False, effort=effort)
+    if kind == "between_tools":
+        raise F.unsupported("thinking.type", "thinking 'between_tools' is not supported")
+    if kind not in ("enabled", "adaptive"):
+        raise F.invalid_value(
+            "thinking.type", "Input should be 'enabled', 'adaptive' or 'disabled'"
+        )
+    _literal(raw, "display", ("summarized", "omitted"), param=f"thinking.{kind}.display")
+    if kind == "adaptive":
+        _keys(raw, frozenset({"display"}), where="thinking.adaptive")
+        return ReasoningControl(enabled=True, effort=effort)
+    _keys(raw, frozenset({"budget_tokens", "display"}), where="thinking.enabled")
+    if "budget_tokens" not in raw:
+        raise F.missing("thinking.enabled.budget_tokens")
+    budget = F.opt_int(
+        raw, "budget_tokens", minimum=_MIN_THINKING_BUDGET, param="thinking.enabled.budget_tokens"
+    )
+    if budget is not None and max_tokens is not None and max_tokens <= budget:
+        raise F.invalid_value(
+            "max_tokens", "`max_tokens` must be greater than `thinking.budget_tokens`."
+        )
+    return ReasoningControl(enabled=True, budget_tokens=budget, effort=effort)
+
+
+def _output_config(
+    raw: object,
+) -> tuple[Literal["low", "medium", "high"] | None, ResponseFormat | None]:
+    if raw is None:
+        return None, None
+    if not isinstance(raw, dict):
+        raise F.invalid_type("output_config", raw, expected="a valid dictionary")
+    _keys(raw, frozenset({"effort", "format"}), where="output_config")
+    effort = _literal(raw, "effort", tuple(_EFFORT), param="output_config.effort")
+    fmt = raw.get("format")
+    response_format = None
+    if fmt is not None:
+        if not isinstance(fmt, dict):
+            raise F.invalid_type("output_config.format", fmt, expected="a valid dictionary")
+        _keys(fmt, frozenset({"schema"}), where="output_config.format")
+        if fmt.get("type") != "json_schema":
+            raise F.invalid_value("output_config.format.type", "Input should be 'json_schema'")
+        if "schema" not in fmt:
+            raise F.missing("output_config.format.schema")
+        schema = fmt["schema"]
+        if not isinstance(schema, dict):
+            raise F.invalid_type(
+                "output_config.format.schema", schema, expected="a valid dictionary"
+            )
+        response_format = ResponseFormat(type="json_schema", json_schema=schema)
+    return (_EFFORT[effort] if effort is not None else None), response_format
+
+
+# -- the answer -----------------------------------------------------------------------------
+
+
+def usage_object(usage: Usage, *, hinted: bool) -> dict[str, Any]:
+    """Anthropic usage: ``input_tokens + cache_creation + cache_read`` is the whole prompt.
+
+    ``cache_read`` is the prefix the engine found cached. With a retention hint (top-level
+    ``cache_control``) the rest of the prompt is written to the retained cache, so it counts as
+    ``cache_creation`` and ``input_tokens`` is 0; without one it is ``input_tokens``.
+    """
+    cached = min(usage.cached_tokens, usage.prompt_tokens)
+    fresh = usage.prompt_tokens - cached
     return {
-        "input_tokens": usage.prompt_tokens,
+        "input_tokens": 0 if hinted else fresh,
         "output_tokens": usage.completion_tokens,
-        "cache_read_input_tokens": usage.cached_tokens,
-        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+        "cache_creation_input_tokens": fresh if hinted else 0,
     }
+
+
+def tool_use_id(call_id: str | None, *, request_id: str, index: int) -> str:
+    """Anthropic-shaped, unique across turns: the engine's ids (``call_0``) may repeat."""
+    if call_id and call_id.startswith("toolu_"):
+        return call_id
+    return f"toolu_{request_id}{index:02d}"
+
+
+def thinking_signature(text: str) -> str:
+    """An opaque signature for a thinking block; clients replay it and this server ignores it."""
+    return "kvr-" + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def tool_input(arguments: str) -> dict[str, Any]:
+    """A call's JSON arguments as the ``input`` object; text that is not an object is kept whole."""
+    try:
+        value = json.loads(arguments) if arguments.strip() else {}
+    except ValueError:
+        value = None
+    if isinstance(value, dict):
+        return value
+    log.warning("tool call arguments are not a JSON object; returned under 'raw_arguments'")
+    return {"raw_arguments": arguments}
 
 
 def _message_object(
@@ -136,78 +818,170 @@ def _message_object(
         "content": content,
         "stop_reason": stop_reason,
         "stop_sequence": None,
-        "usage": _usage(usage),
+        "usage": usage_object(usage, hinted=parsed.envelope is not None),
     }
 
 
 def messages_response(
     parsed: ParsedRequest, result: Completion, *, request_id: str
 ) -> dict[str, Any]:
-    """The non-streaming ``message`` object."""
+    """The non-streaming ``message`` object: thinking, text, then tool_use blocks."""
+    content: list[dict[str, Any]] = []
+    if result.reasoning:
+        shown = "" if parsed.echo.get(OMIT_THINKING) else result.reasoning
+        content.append(
+            {
+                "type": "thinking",
+                "thinking": shown,
+                "signature": thinking_signature(result.reasoning),
+            }
+        )
+    if result.text or not (content or result.tool_calls):
+        content.append({"type": "text", "text": result.text})
+    for index, call in enumerate(result.tool_calls):
+        content.append(
+            {
+                "type": "tool_use",
+                "id": tool_use_id(call.id, request_id=request_id, index=index),
+                "name": call.name,
+                "input": tool_input(call.arguments),
+            }
+        )
     return _message_object(
         parsed,
         request_id=request_id,
-        content=[{"type": "text", "text": result.text}],
+        content=content,
         stop_reason=_STOP.get(result.finish_reason or "stop", "end_turn"),
         usage=result.usage,
     )
 
 
+def count_tokens_response(usage: Usage) -> dict[str, Any]:
+    return {"input_tokens": usage.prompt_tokens}
+
+
+BlockKind = Literal["thinking", "text", "tool_use"]
+
+
 class MessagesStream:
-    """Anthropic's named SSE events around one text content block."""
+    """Anthropic's named SSE events; each thinking, text or tool_use run is its own block.
+
+    ``message_start`` waits for the first chunk so its usage can carry the real prompt counts
+    (``GenerateChunk.prompt_usage``, or ``usage`` when the first chunk is also the last).
+    """
 
     def __init__(self, parsed: ParsedRequest, *, request_id: str) -> None:
         self._parsed = parsed
         self._rid = request_id
+        self._hinted = parsed.envelope is not None
+        self._omit_thinking = bool(parsed.echo.get(OMIT_THINKING))
+        self._started = False
         self._finish: str | None = None
         self._usage = Usage()
+        self._open: BlockKind | None = None
+        self._index = -1
+        self._thinking = ""
+        self._tools: dict[int, int] = {}
+        """engine tool-call index -> content block index"""
 
     def start(self) -> bytes:
-        message = _message_object(
-            self._parsed, request_id=self._rid, content=[], stop_reason=None, usage=Usage()
-        )
-        block = {
-            "type": "content_block_start",
-            "index": 0,
-            "content_block": {"type": "text", "text": ""},
-        }
-        return sse.event(
-            {"type": "message_start", "message": message}, name="message_start"
-        ) + sse.event(block, name="content_block_start")
+        return b""
 
     def chunk(self, chunk: GenerateChunk) -> bytes:
+        out: list[bytes] = []
+        if not self._started:
+            self._started = True
+            out.append(self._message_start(chunk))
         if chunk.finish_reason is not None:
             self._finish = chunk.finish_reason
         if chunk.usage is not None:
             self._usage = chunk.usage
-        if not chunk.text:
-            return b""
-        delta = {
-            "type": "content_block_delta",
-            "index": 0,
-            "delta": {"type": "text_delta", "text": chunk.text},
-        }
-        return sse.event(delta, name="content_block_delta")
+        if chunk.reasoning:
+            out.append(self._open_block("thinking"))
+            self._thinking += chunk.reasoning
+            if not self._omit_thinking:
+                out.append(self._delta({"type": "thinking_delta", "thinking": chunk.reasoning}))
+        if chunk.text:
+            out.append(self._open_block("text"))
+            out.append(self._delta({"type": "text_delta", "text": chunk.text}))
+        for call in chunk.tool_calls:
+            if call.index not in self._tools:
+                out.append(self._close_block())
+                self._index += 1
+                self._open = "tool_use"
+                self._tools[call.index] = self._index
+                block = {
+                    "type": "tool_use",
+                    "id": tool_use_id(call.id, request_id=self._rid, index=call.index),
+                    "name": call.name or "",
+                    "input": {},
+                }
+                out.append(
+                    self._event("content_block_start", index=self._index, content_block=block)
+                )
+            if call.arguments:
+                delta = {"type": "input_json_delta", "partial_json": call.arguments}
+                out.append(
+                    self._event("content_block_delta", index=self._tools[call.index], delta=delta)
+                )
+        return b"".join(out)
 
     def finish(self) -> bytes:
+        out = [b"" if self._index >= 0 else self._open_block("text"), self._close_block()]
         delta = {
             "type": "message_delta",
             "delta": {
                 "stop_reason": _STOP.get(self._finish or "stop", "end_turn"),
                 "stop_sequence": None,
             },
-            "usage": _usage(self._usage),
+            "usage": usage_object(self._usage, hinted=self._hinted),
         }
-        return b"".join(
-            [
-                sse.event({"type": "content_block_stop", "index": 0}, name="content_block_stop"),
-                sse.event(delta, name="message_delta"),
-                sse.event({"type": "message_stop"}, name="message_stop"),
-            ]
-        )
+        out.append(sse.event(delta, name="message_delta"))
+        out.append(sse.event({"type": "message_stop"}, name="message_stop"))
+        return b"".join(out)
 
     def error(self, err: FrontendError) -> bytes:
         return sse.event(anthropic_error_body(err), name="error")
+
+    # -- pieces ------------------------------------------------------------------------------
+
+    def _message_start(self, first: GenerateChunk) -> bytes:
+        usage = first.prompt_usage or first.usage or Usage()
+        message = _message_object(
+            self._parsed, request_id=self._rid, content=[], stop_reason=None, usage=usage
+        )
+        message["usage"]["output_tokens"] = 0
+        return sse.event({"type": "message_start", "message": message}, name="message_start")
+
+    def _event(self, name: str, **fields: Any) -> bytes:
+        return sse.event({"type": name, **fields}, name=name)
+
+    def _delta(self, delta: dict[str, Any]) -> bytes:
+        return self._event("content_block_delta", index=self._index, delta=delta)
+
+    def _open_block(self, kind: Literal["thinking", "text"]) -> bytes:
+        if self._open == kind:
+            return b""
+        closed = self._close_block()
+        self._index += 1
+        self._open = kind
+        block: dict[str, Any] = (
+            {"type": "thinking", "thinking": "", "signature": ""}
+            if kind == "thinking"
+            else {"type": "text", "text": ""}
+        )
+        return closed + self._event("content_block_start", index=self._index, content_block=block)
+
+    def _close_block(self) -> bytes:
+        if self._open is None:
+            return b""
+        out = b""
+        if self._open == "thinking":
+            signature = thinking_signature(self._thinking)
+            out = self._delta({"type": "signature_delta", "signature": signature})
+            self._thinking = ""
+        self._open = None
+        return out + self._event("content_block_stop", index=self._index)
 
 
 class MessagesApi:
@@ -224,3 +998,13 @@ class MessagesApi:
 
     def formatter(self, parsed: ParsedRequest, *, request_id: str) -> MessagesStream:
         return MessagesStream(parsed, request_id=request_id)
+
+
+class CountTokensApi:
+    """``/v1/messages/count_tokens``: parsed like Messages, answered from the worker's count."""
+
+    endpoint = "messages.count_tokens"
+    provider = Provider.ANTHROPIC
+
+    def parse(self, body: dict[str, Any], *, hints: bool) -> ParsedRequest:
+        return parse_count_tokens(body, hints=hints)

@@ -8,27 +8,39 @@ SSE error event. Tracebacks are logged, never sent.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from types import MappingProxyType
+from typing import Any, Final, Protocol
 
 from aiohttp import web
 
 from kvretention.dataplane.frontend import errors
-from kvretention.dataplane.frontend.anthropic_api import MessagesApi
+from kvretention.dataplane.frontend.anthropic_api import (
+    CountTokensApi,
+    MessagesApi,
+    count_tokens_response,
+)
 from kvretention.dataplane.frontend.common import Api, Completion, ParsedRequest
 from kvretention.dataplane.frontend.errors import FrontendError, Provider, error_body
 from kvretention.dataplane.frontend.metrics import CONTENT_TYPE, FrontendMetrics
 from kvretention.dataplane.frontend.openai_api import ChatApi, ResponsesApi
 from kvretention.dataplane.frontend.tokenizer import ChatTokenizer
 from kvretention.dataplane.frontend.upstream import RouterClient
-from kvretention.dataplane.protocol import HEADER_SESSION, PreprocessedRequest
+from kvretention.dataplane.protocol import (
+    HEADER_SESSION,
+    ChatMessage,
+    PreprocessedRequest,
+    SamplingParams,
+    Usage,
+)
 from kvretention.dataplane.trace import RequestTrace
 from kvretention.hints.errors import ClientError
 
@@ -36,7 +48,9 @@ log = logging.getLogger("kvretention.frontend")
 
 DEFAULT_MAX_BODY_BYTES: Final = 8 * 1024 * 1024
 DEFAULT_UPSTREAM_TIMEOUT: Final = 300.0
+DEFAULT_BODY_TIMEOUT: Final = 30.0
 REQUEST_ID_HEADER: Final = "x-request-id"
+SHOULD_RETRY_HEADER: Final = "x-should-retry"
 
 
 @dataclass(frozen=True)
@@ -48,6 +62,19 @@ class FrontendConfig:
     upstream_timeout: float = DEFAULT_UPSTREAM_TIMEOUT
     hint_providers: frozenset[Provider] = frozenset(Provider)
     """Providers whose cache controls become KV hints; others' are accepted and ignored."""
+    model_aliases: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    """Client-facing name -> served name (Claude Code's small-fast model, Codex's model names).
+    The router gets the served name; answers echo the name the client asked for."""
+    body_timeout: float = DEFAULT_BODY_TIMEOUT
+    """Seconds a request body may take to arrive (408 after)."""
+
+    def served_name(self, model: str) -> str:
+        return self.model_aliases.get(model, model)
+
+    def listed_models(self) -> tuple[str, ...]:
+        """Served names, then aliases: every name a client may ask for."""
+        extra = tuple(a for a in self.model_aliases if a not in self.served_models)
+        return (*self.served_models, *extra)
 
 
 @dataclass
@@ -83,6 +110,7 @@ def create_app(
     app.router.add_post("/v1/chat/completions", _endpoint(ChatApi()))
     app.router.add_post("/v1/responses", _endpoint(ResponsesApi()))
     app.router.add_post("/v1/messages", _endpoint(MessagesApi()))
+    app.router.add_post("/v1/messages/count_tokens", count_tokens)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
@@ -106,8 +134,14 @@ def provider_for(path: str) -> Provider:
 def error_response(
     err: FrontendError, provider: Provider, *, request_id: str | None = None
 ) -> web.Response:
-    headers = {REQUEST_ID_HEADER: request_id} if request_id else None
-    return web.json_response(error_body(err, provider), status=err.status, headers=headers)
+    """The provider's error body; deterministic failures tell the SDKs not to retry."""
+    headers = {REQUEST_ID_HEADER: request_id} if request_id else {}
+    if not err.retryable:
+        headers[SHOULD_RETRY_HEADER] = "false"
+    response = web.json_response(error_body(err, provider), status=err.status, headers=headers)
+    if err.status == 408:
+        response.force_close()  # the rest of the stalled body may still be on its way
+    return response
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -131,6 +165,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         else:
             err = FrontendError(status=exc.status, code="http_error", message=exc.reason)
         return error_response(err, provider)
+    except asyncio.CancelledError:
+        raise  # the client went away (handler cancellation): nothing to answer
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
         return error_response(errors.internal_error(), provider)
@@ -161,6 +197,11 @@ async def generate(request: web.Request, api: Api) -> web.StreamResponse:
     done = _Outcome()
     try:
         return await _generate(request, api, state=state, request_id=request_id, done=done)
+    except asyncio.CancelledError:
+        # aiohttp cancels the handler when the client disconnects; leaving the router's
+        # ``async with`` closes that connection, and the router aborts the generation.
+        done.outcome, done.status, done.error_code = "client_disconnected", 499, None
+        raise
     finally:
         state.metrics.requests.labels(api.endpoint, done.outcome).inc()
         if state.trace is not None:
@@ -177,12 +218,8 @@ async def _generate(
     request: web.Request, api: Api, *, state: FrontendState, request_id: str, done: _Outcome
 ) -> web.StreamResponse:
     try:
-        body = await read_json_body(request, limit=state.config.max_body_bytes)
-        parsed = api.parse(body, hints=api.provider in state.config.hint_providers)
-        check_model(parsed.model, served=state.config.served_models)
-        session_id = session_header(request)
-    except (ClientError, FrontendError) as exc:
-        err = errors.from_client_error(exc) if isinstance(exc, ClientError) else exc
+        parsed, session_id = await admit(request, api, state=state)
+    except FrontendError as err:
         state.metrics.rejections.labels(api.endpoint, err.reason).inc()
         done.outcome, done.status, done.error_code = "rejected", err.status, err.code
         return error_response(err, api.provider, request_id=request_id)
@@ -198,6 +235,7 @@ async def _generate(
         request_id=request_id,
         session_id=session_id,
         tokenizer=state.tokenizer,
+        model=state.config.served_name(parsed.model),
     )
     try:
         return await _forward(request, api, parsed, upstream_request, state=state, done=done)
@@ -206,18 +244,47 @@ async def _generate(
         return error_response(err, api.provider, request_id=request_id)
 
 
+class Parser(Protocol):
+    """What admission needs of an endpoint: its name, its provider, and its body parser."""
+
+    endpoint: str
+    provider: Provider
+
+    def parse(self, body: dict[str, Any], *, hints: bool) -> ParsedRequest: ...
+
+
+async def admit(
+    request: web.Request, api: Parser, *, state: FrontendState
+) -> tuple[ParsedRequest, str | None]:
+    """Read, parse and check a request before anything is forwarded; raises ``FrontendError``."""
+    try:
+        body = await read_json_body(
+            request, limit=state.config.max_body_bytes, stall_s=state.config.body_timeout
+        )
+        parsed = api.parse(body, hints=api.provider in state.config.hint_providers)
+        check_model(parsed.model, config=state.config)
+        return parsed, session_header(request)
+    except ClientError as exc:
+        raise errors.from_client_error(exc) from None
+
+
 def build_preprocessed(
     parsed: ParsedRequest,
     *,
     request_id: str,
     session_id: str | None,
     tokenizer: ChatTokenizer | None,
+    model: str | None = None,
+    count_only: bool = False,
 ) -> PreprocessedRequest:
-    """The router request: token ids when a tokenizer is configured, messages otherwise; same hint."""
+    """The router request: token ids when a tokenizer can render it, messages always; same hint.
+
+    ``model`` is the served name when the client used an alias.
+    """
     wire = parsed.envelope.to_wire() if parsed.envelope is not None else None
     request = PreprocessedRequest(
         request_id=request_id,
-        model=parsed.model,
+        model=model or parsed.model,
         messages=parsed.messages,
         tools=parsed.tools,
         tool_choice=parsed.tool_choice,
@@ -226,12 +293,33 @@ def build_preprocessed(
         reasoning=parsed.reasoning,
         sampling=parsed.sampling,
         session_id=session_id,
+        count_only=count_only,
         kv_hints=wire,
     )
-    if tokenizer is not None:
+    if tokenizer is not None and _plain_text(parsed):
         # The conversation still travels: the worker needs the tools to parse the answer.
         request.token_ids = tokenizer.encode_chat(parsed.messages)
     return request
+
+
+def _plain_text(parsed: ParsedRequest) -> bool:
+    """Whether the frontend tokenizer (role + text only) renders this prompt as the worker would.
+
+    Tools, tool calls and results, replayed reasoning, images and thinking switches need the
+    worker's full template rendering, so such requests travel as messages only.
+    """
+    if parsed.tools or parsed.reasoning is not None or parsed.response_format is not None:
+        return False
+    return all(_plain_message(m) for m in parsed.messages)
+
+
+def _plain_message(message: ChatMessage) -> bool:
+    return (
+        isinstance(message.content, str)
+        and message.role != "tool"
+        and not message.tool_calls
+        and message.reasoning is None
+    )
 
 
 async def _forward(
@@ -300,14 +388,21 @@ async def _write_eof_quietly(response: web.StreamResponse) -> None:
         await response.write_eof()
 
 
-async def read_json_body(request: web.Request, *, limit: int) -> dict[str, Any]:
-    """The request body as a JSON object, or a ``FrontendError`` (413 before reading when possible)."""
+async def read_json_body(
+    request: web.Request, *, limit: int, stall_s: float = DEFAULT_BODY_TIMEOUT
+) -> dict[str, Any]:
+    """The request body as a JSON object, or a ``FrontendError`` (413 before reading when possible,
+    408 when the body stalls past ``stall_s`` seconds)."""
     if request.content_length is not None and request.content_length > limit:
         raise errors.body_too_large(limit)
     try:
-        raw = await request.read()
+        async with asyncio.timeout(stall_s):
+            raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise errors.body_too_large(limit) from None
+    except TimeoutError:
+        log.info("request body on %s stalled past %gs", request.path, stall_s)
+        raise errors.body_timeout(stall_s) from None
     try:
         text = raw.decode("utf-8-sig")  # strict: invalid UTF-8 and encoded surrogates are refused
     except UnicodeDecodeError:
@@ -362,20 +457,78 @@ def session_header(request: web.Request) -> str | None:
     return value
 
 
-def check_model(model: str, *, served: tuple[str, ...]) -> None:
-    if served and model not in served:
-        raise errors.unknown_model(model, served=served)
+def check_model(model: str, *, config: FrontendConfig) -> None:
+    """A served name or an alias of one; with no served names configured, any name."""
+    if model in config.model_aliases:
+        return
+    if config.served_models and model not in config.served_models:
+        raise errors.unknown_model(model, served=config.listed_models())
 
 
 # -- plain endpoints ---------------------------------------------------------------------------
 
 
+async def count_tokens(request: web.Request) -> web.Response:
+    """``POST /v1/messages/count_tokens``: the worker renders the prompt with the model's template
+    and tokenizer and answers its length; nothing is generated."""
+    state = request.app[STATE]
+    api = CountTokensApi()
+    request_id = uuid.uuid4().hex
+    outcome = "ok"
+    try:
+        parsed, session_id = await admit(request, api, state=state)
+    except FrontendError as err:
+        state.metrics.rejections.labels(api.endpoint, err.reason).inc()
+        state.metrics.requests.labels(api.endpoint, "rejected").inc()
+        return error_response(err, api.provider, request_id=request_id)
+    upstream_request = build_preprocessed(
+        parsed,
+        request_id=request_id,
+        session_id=session_id,
+        tokenizer=None,
+        model=state.config.served_name(parsed.model),
+        count_only=True,
+    )
+    upstream_request.sampling = SamplingParams(max_new_tokens=0)
+    try:
+        usage = await _count(state, upstream_request)
+    except FrontendError as err:
+        outcome = "error"
+        return error_response(err, api.provider, request_id=request_id)
+    except asyncio.CancelledError:
+        outcome = "client_disconnected"
+        raise
+    finally:
+        state.metrics.requests.labels(api.endpoint, outcome).inc()
+    return web.json_response(count_tokens_response(usage), headers={REQUEST_ID_HEADER: request_id})
+
+
+async def _count(state: FrontendState, upstream_request: PreprocessedRequest) -> Usage:
+    """The first usage the worker reports for a ``count_only`` request."""
+    async with state.router.generate(upstream_request, hint_param=None) as chunks:
+        async for chunk in chunks:
+            usage = chunk.usage or chunk.prompt_usage
+            if usage is not None:
+                return usage
+    log.warning("count %s: the worker answered without usage", upstream_request.request_id)
+    raise FrontendError(
+        status=502, code="bad_gateway", message="The worker did not report a token count."
+    )
+
+
 async def models(request: web.Request) -> web.Response:
-    """OpenAI's model list, or Anthropic's when the client sends ``anthropic-version``."""
-    served = request.app[STATE].config.served_models
+    """OpenAI's model list, or Anthropic's when the client sends ``anthropic-version``.
+
+    Aliases are listed too: each is a name clients may send."""
+    served = request.app[STATE].config.listed_models()
     if "anthropic-version" in request.headers:
         data = [
-            {"type": "model", "id": m, "display_name": m, "created_at": "1970-01-01T00:00:00Z"}
+            {
+                "type": "model",
+                "id": m,
+                "display_name": m,
+                "created_at": "1970-01-01T00:00:00Z",
+            }
             for m in served
         ]
         first = served[0] if served else None
@@ -394,13 +547,11 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    if await state.router.healthy():
-        return web.json_response({"status": "ready", "router": state.config.router_url})
-    return web.json_response(
-        {"status": "not_ready", "reason": f"router {state.config.router_url} is unreachable"},
-        status=503,
-    )
+    """Ready while the router reports a ready worker; the details (addresses) go to the log."""
+    reason = await request.app[STATE].router.ready()
+    if reason is None:
+        return web.json_response({"status": "ready"})
+    return web.json_response({"status": "not_ready", "reason": reason}, status=503)
 
 
 async def metrics_view(request: web.Request) -> web.Response:

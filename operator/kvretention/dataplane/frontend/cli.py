@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 import click
 from aiohttp import web
 
 from kvretention.dataplane.frontend.app import (
+    DEFAULT_BODY_TIMEOUT,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_UPSTREAM_TIMEOUT,
     FrontendConfig,
@@ -36,6 +38,22 @@ from kvretention.dataplane.trace import TRACE_ENV, trace_from_env
     "models",
     multiple=True,
     help="A served model name (repeatable); others get a 404. None given: any name is accepted.",
+)
+@click.option(
+    "--model-alias",
+    "aliases",
+    multiple=True,
+    envvar="KVR_MODEL_ALIASES",
+    metavar="ALIAS=SERVED",
+    help="Another name for a served model (repeatable; env: space-separated). The router gets "
+    "SERVED; answers echo ALIAS.",
+)
+@click.option(
+    "--body-timeout",
+    default=DEFAULT_BODY_TIMEOUT,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds a request body may take to arrive; a stalled body gets a 408.",
 )
 @click.option(
     "--max-body-bytes",
@@ -82,6 +100,8 @@ def frontend_cmd(
     port: int,
     router_url: str,
     models: tuple[str, ...],
+    aliases: tuple[str, ...],
+    body_timeout: float,
     max_body_bytes: int,
     upstream_timeout: float,
     trace_file: str | None,
@@ -103,6 +123,8 @@ def frontend_cmd(
     config = FrontendConfig(
         router_url=router_url,
         served_models=models,
+        model_aliases=parse_aliases(aliases, served=models),
+        body_timeout=body_timeout,
         max_body_bytes=max_body_bytes,
         upstream_timeout=upstream_timeout,
         hint_providers=frozenset(
@@ -123,4 +145,35 @@ def frontend_cmd(
         router_url,
         ", ".join(models) or "any",
     )
-    web.run_app(app, host=host, port=port, print=None, access_log=None, shutdown_timeout=5.0)
+    # handler_cancellation: a client that disconnects cancels its handler, which closes the
+    # router connection, so the generation is aborted instead of running to its end unread.
+    web.run_app(
+        app,
+        host=host,
+        port=port,
+        print=None,
+        access_log=None,
+        shutdown_timeout=5.0,
+        handler_cancellation=True,
+    )
+
+
+def parse_aliases(values: tuple[str, ...], *, served: tuple[str, ...]) -> Mapping[str, str]:
+    """``ALIAS=SERVED`` pairs -> a mapping; SERVED must be a ``--model`` when any is given."""
+    aliases: dict[str, str] = {}
+    for value in values:
+        alias, sep, target = value.partition("=")
+        alias, target = alias.strip(), target.strip()
+        if not sep or not alias or not target:
+            raise click.BadParameter(f"{value!r} is not ALIAS=SERVED", param_hint="--model-alias")
+        if served and target not in served:
+            raise click.BadParameter(
+                f"{target!r} is not a served model (--model {', '.join(served)})",
+                param_hint="--model-alias",
+            )
+        if alias in served:
+            raise click.BadParameter(
+                f"{alias!r} is already a served model name", param_hint="--model-alias"
+            )
+        aliases[alias] = target
+    return aliases

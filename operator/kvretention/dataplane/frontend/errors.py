@@ -23,10 +23,15 @@ _ANTHROPIC_TYPE: Final[dict[int, str]] = {
     400: "invalid_request_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "request_too_large",
     503: "overloaded_error",
     504: "timeout_error",
 }
+
+
+DETERMINISTIC_STATUSES: Final = frozenset({400, 404, 405, 413, 422, 501})
+"""The same request gets the same answer: sent with ``x-should-retry: false``."""
 
 
 @dataclass(eq=False)
@@ -47,6 +52,11 @@ class FrontendError(Exception):
         return _ANTHROPIC_TYPE.get(
             self.status, "invalid_request_error" if self.status < 500 else "api_error"
         )
+
+    @property
+    def retryable(self) -> bool:
+        """Whether the same request could succeed later; the SDKs skip retries when not."""
+        return self.status not in DETERMINISTIC_STATUSES
 
     @property
     def reason(self) -> str:
@@ -110,9 +120,12 @@ def internal_error() -> FrontendError:
     )
 
 
-def router_unavailable(detail: str) -> FrontendError:
+def router_unavailable() -> FrontendError:
+    """The detail (address, exception) is logged, never sent: it names internal endpoints."""
     return FrontendError(
-        status=503, code="router_unavailable", message=f"The router is unavailable: {detail}"
+        status=503,
+        code="router_unavailable",
+        message="The request router is unavailable; try again shortly.",
     )
 
 
@@ -124,11 +137,20 @@ def upstream_timeout(seconds: float) -> FrontendError:
     )
 
 
-def upstream_disconnected(detail: str) -> FrontendError:
+def upstream_disconnected() -> FrontendError:
+    """The detail is logged, never sent."""
     return FrontendError(
         status=502,
         code="upstream_disconnected",
-        message=f"The router closed the connection before the response finished: {detail}",
+        message="The router closed the connection before the response finished.",
+    )
+
+
+def body_timeout(seconds: float) -> FrontendError:
+    return FrontendError(
+        status=408,
+        code="request_body_timeout",
+        message=f"The request body did not finish arriving within {seconds:g} seconds.",
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Final
@@ -22,10 +23,13 @@ from kvretention.dataplane.frontend import errors
 from kvretention.dataplane.frontend.errors import FrontendError
 from kvretention.dataplane.protocol import (
     GENERATE_PATH,
+    READY_PATH,
     ErrorLine,
     GenerateChunk,
     PreprocessedRequest,
 )
+
+log = logging.getLogger("kvretention.frontend")
 
 _MAX_ERROR_BODY: Final = 64 * 1024
 _DRAIN_LIMIT_S: Final = 1.0
@@ -56,15 +60,20 @@ class RouterClient:
             raise RuntimeError("RouterClient.start() was not awaited")
         return self._session
 
-    async def healthy(self, *, within: float = 1.0) -> bool:
-        """Readiness: the router answers ``GET /healthz`` with 2xx."""
+    async def ready(self, *, within: float = 1.0) -> str | None:
+        """``None`` when the router's ``GET /readyz`` is 2xx (it is when a worker is ready), else
+        why not, in words that name no internal address."""
         try:
             async with self.session.get(
-                f"{self.base_url}/healthz", timeout=aiohttp.ClientTimeout(total=within)
+                f"{self.base_url}{READY_PATH}", timeout=aiohttp.ClientTimeout(total=within)
             ) as resp:
-                return resp.status < 300
-        except (aiohttp.ClientError, TimeoutError):
-            return False
+                if resp.status < 300:
+                    return None
+                log.warning("router readiness: HTTP %d from %s", resp.status, self.base_url)
+                return "the router reports no ready worker"
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("router readiness: %s unreachable: %s", self.base_url, _describe(exc))
+            return "the router is unreachable"
 
     @asynccontextmanager
     async def generate(
@@ -80,15 +89,23 @@ class RouterClient:
         except TimeoutError:
             raise errors.upstream_timeout(self.timeout) from None
         except aiohttp.ClientConnectorError as exc:
-            raise errors.router_unavailable(_describe(exc)) from None
+            log.warning("router %s unavailable: %s", self.base_url, _describe(exc))
+            raise errors.router_unavailable() from None
         except aiohttp.ClientError as exc:
-            raise errors.upstream_disconnected(_describe(exc)) from None
+            log.warning("router %s dropped the request: %s", self.base_url, _describe(exc))
+            raise errors.upstream_disconnected() from None
         try:
             if resp.status != 200:
                 raise await _error_from_status(resp, hint_param=hint_param, limit_s=self.timeout)
             yield _chunks(resp, hint_param=hint_param, limit_s=self.timeout)
         finally:
-            resp.release()
+            # An answer read to its end keeps the pooled connection; anything else (the client
+            # went away, a count that stopped at its first chunk) closes it, which is how the
+            # router learns to abort the generation.
+            if resp.content.is_eof():
+                resp.release()
+            else:
+                resp.close()
 
 
 async def _error_from_status(
@@ -99,7 +116,8 @@ async def _error_from_status(
     except TimeoutError:
         return errors.upstream_timeout(limit_s)
     except aiohttp.ClientError as exc:
-        return errors.upstream_disconnected(_describe(exc))
+        log.warning("router error body unreadable: %s", _describe(exc))
+        return errors.upstream_disconnected()
     try:
         line = ErrorLine.model_validate_json(raw)
     except ValidationError:
@@ -120,9 +138,11 @@ async def _chunks(
         except TimeoutError:
             raise errors.upstream_timeout(limit_s) from None
         except aiohttp.ClientError as exc:
-            raise errors.upstream_disconnected(_describe(exc)) from None
+            log.warning("router stream dropped: %s", _describe(exc))
+            raise errors.upstream_disconnected() from None
         if not data:
-            raise errors.upstream_disconnected("the stream ended without a finish reason")
+            log.warning("router stream ended without a finish reason")
+            raise errors.upstream_disconnected()
         buffer += data
         *lines, buffer = buffer.split(b"\n")
         for line in lines:

@@ -1,0 +1,440 @@
+"""Anthropic Messages bodies -> the neutral conversation: what is converted, and what is refused."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from kvretention.dataplane.frontend.anthropic_api import (
+    NO_OPS,
+    REFUSED,
+    parse_count_tokens,
+    parse_messages,
+)
+from kvretention.dataplane.protocol import (
+    ChatMessage,
+    ImagePart,
+    Reasoning,
+    ReasoningControl,
+    ResponseFormat,
+    TextPart,
+    ToolCall,
+    ToolChoice,
+    ToolDefinition,
+)
+from kvretention.hints.errors import ClientError, ClientErrorCode
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+WEATHER = {"name": "get_weather", "description": "Weather now", "input_schema": SCHEMA}
+PNG = {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}
+
+
+def body(**extra: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "model": "m",
+        "max_tokens": 4096,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    return {**base, **extra}
+
+
+def test_a_tool_loop_converts_exactly() -> None:
+    parsed = parse_messages(
+        body(
+            system=[{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+            tools=[WEATHER],
+            messages=[
+                {"role": "user", "content": "weather in Paris?"},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "thinking", "thinking": "call it", "signature": "sig=="},
+                        {"type": "text", "text": "Checking."},
+                        {
+                            "type": "tool_use",
+                            "id": "toolu_1",
+                            "name": "get_weather",
+                            "input": {"city": "Paris"},
+                        },
+                        {"type": "tool_use", "id": "toolu_2", "name": "get_weather", "input": {}},
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"},
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "toolu_2",
+                            "is_error": True,
+                            "content": [
+                                {"type": "text", "text": "no city"},
+                                {"type": "image", "source": PNG},
+                            ],
+                        },
+                        {"type": "text", "text": "and now?"},
+                    ],
+                },
+            ],
+        )
+    )
+    assert parsed.messages == [
+        ChatMessage(role="system", content="a\nb"),
+        ChatMessage(role="user", content="weather in Paris?"),
+        ChatMessage(
+            role="assistant",
+            content="Checking.",
+            reasoning=Reasoning(text="call it", signature="sig=="),
+            tool_calls=[
+                ToolCall(id="toolu_1", name="get_weather", arguments='{"city": "Paris"}'),
+                ToolCall(id="toolu_2", name="get_weather", arguments="{}"),
+            ],
+        ),
+        ChatMessage(role="tool", content="sunny", tool_call_id="toolu_1", name="get_weather"),
+        ChatMessage(
+            role="tool",
+            content=[
+                TextPart(text="no city"),
+                ImagePart(url="data:image/png;base64,iVBORw0KGgo="),
+            ],
+            tool_call_id="toolu_2",
+            name="get_weather",
+            is_error=True,
+        ),
+        ChatMessage(role="user", content="and now?"),
+    ]
+    assert parsed.tools == [
+        ToolDefinition(name="get_weather", description="Weather now", parameters=SCHEMA)
+    ]
+    assert parsed.tool_choice == ToolChoice(mode="auto")
+    assert parsed.parallel_tool_calls is True
+
+
+@pytest.mark.parametrize(
+    ("choice", "expected", "parallel"),
+    [
+        pytest.param({"type": "auto"}, ToolChoice(mode="auto"), True, id="auto"),
+        pytest.param({"type": "any"}, ToolChoice(mode="required"), True, id="any"),
+        pytest.param(
+            {"type": "tool", "name": "get_weather"},
+            ToolChoice(mode="named", name="get_weather"),
+            True,
+            id="tool",
+        ),
+        pytest.param({"type": "none"}, ToolChoice(mode="none"), True, id="none"),
+        pytest.param(
+            {"type": "any", "disable_parallel_tool_use": True},
+            ToolChoice(mode="required"),
+            False,
+            id="any_single",
+        ),
+        pytest.param(
+            {"type": "auto", "disable_parallel_tool_use": True},
+            ToolChoice(mode="auto"),
+            False,
+            id="auto_single",
+        ),
+    ],
+)
+def test_tool_choice(choice: dict[str, Any], expected: ToolChoice, parallel: bool) -> None:
+    parsed = parse_messages(body(tools=[WEATHER], tool_choice=choice))
+    assert parsed.tool_choice == expected
+    assert parsed.parallel_tool_calls is parallel
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        pytest.param({}, None, id="absent"),
+        pytest.param(
+            {"thinking": {"type": "enabled", "budget_tokens": 2048}},
+            ReasoningControl(enabled=True, budget_tokens=2048),
+            id="enabled",
+        ),
+        pytest.param(
+            {"thinking": {"type": "adaptive"}}, ReasoningControl(enabled=True), id="adaptive"
+        ),
+        pytest.param(
+            {"thinking": {"type": "disabled"}}, ReasoningControl(enabled=False), id="disabled"
+        ),
+        pytest.param(
+            {"thinking": {"type": "adaptive"}, "output_config": {"effort": "max"}},
+            ReasoningControl(enabled=True, effort="high"),
+            id="adaptive_max_effort",
+        ),
+        pytest.param(
+            {"output_config": {"effort": "low"}},
+            ReasoningControl(effort="low"),
+            id="effort_only",
+        ),
+    ],
+)
+def test_thinking_and_effort(fields: dict[str, Any], expected: ReasoningControl | None) -> None:
+    assert parse_messages(body(**fields)).reasoning == expected
+
+
+def test_structured_output_and_images() -> None:
+    parsed = parse_messages(
+        body(
+            output_config={"format": {"type": "json_schema", "schema": SCHEMA}},
+            messages=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image", "source": {"type": "url", "url": "https://x/a.png"}},
+                        {"type": "image", "source": PNG},
+                        {
+                            "type": "document",
+                            "title": "T",
+                            "source": {"type": "text", "media_type": "text/plain", "data": "doc"},
+                        },
+                    ],
+                }
+            ],
+        )
+    )
+    assert parsed.response_format == ResponseFormat(type="json_schema", json_schema=SCHEMA)
+    assert parsed.messages == [
+        ChatMessage(
+            role="user",
+            content=[
+                ImagePart(url="https://x/a.png"),
+                ImagePart(url="data:image/png;base64,iVBORw0KGgo="),
+                TextPart(text="T\ndoc"),
+            ],
+        )
+    ]
+
+
+def test_redacted_thinking_and_system_role_messages() -> None:
+    parsed = parse_messages(
+        body(
+            messages=[
+                {"role": "system", "content": "late system"},
+                {"role": "user", "content": "q"},
+                {
+                    "role": "assistant",
+                    "content": [{"type": "redacted_thinking", "data": "opaque"}],
+                },
+                {"role": "user", "content": "q2"},
+            ]
+        )
+    )
+    assert parsed.messages[0] == ChatMessage(role="system", content="late system")
+    assert parsed.messages[2].reasoning == Reasoning(encrypted=True)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        pytest.param({"metadata": {"user_id": "u-1"}}, id="metadata"),
+        pytest.param({"service_tier": "auto"}, id="service_tier"),
+        pytest.param({"speed": "fast"}, id="speed"),
+        pytest.param({"inference_geo": "us"}, id="inference_geo"),
+        pytest.param(
+            {"context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}},
+            id="context_management_keep_all",
+        ),
+    ],
+)
+def test_documented_no_ops_change_nothing(fields: dict[str, Any]) -> None:
+    assert set(fields) <= set(NO_OPS)
+    plain = parse_messages(body())
+    parsed = parse_messages(body(**fields))
+    assert parsed == plain
+
+
+def _refused(fields: dict[str, Any], *, count: bool = False) -> ClientError:
+    with pytest.raises(ClientError) as info:
+        (parse_count_tokens if count else parse_messages)(body(**fields))
+    return info.value
+
+
+def _msgs(*content: Any, role: str = "user") -> dict[str, Any]:
+    return {"messages": [{"role": role, "content": list(content)}]}
+
+
+REFUSALS = [
+    # (fields, param, code)
+    ({"output_format": {"type": "json_schema"}}, "output_format", "unsupported_parameter"),
+    ({"container": "c"}, "container", "unsupported_parameter"),
+    ({"mcp_servers": []}, "mcp_servers", "unsupported_parameter"),
+    ({"frobnicate": 1}, "frobnicate", "unknown_parameter"),
+    (
+        {"tools": [{"type": "bash_20250124", "name": "bash"}]},
+        "tools.0.type",
+        "unsupported_parameter",
+    ),
+    (
+        {"tools": [{"type": "web_search_20250305", "name": "web_search"}]},
+        "tools.0.type",
+        "unsupported_parameter",
+    ),
+    ({"tools": [{"name": "t"}]}, "tools.0.input_schema", "missing_required_parameter"),
+    (
+        {"tools": [{"name": "t", "input_schema": {"type": "array"}}]},
+        "tools.0.input_schema.type",
+        "invalid_value",
+    ),
+    ({"tools": [WEATHER, WEATHER]}, "tools.1.name", "invalid_value"),
+    ({"tools": [{**WEATHER, "nope": 1}]}, "tools.0.nope", "unknown_parameter"),
+    ({"tool_choice": {"type": "any"}}, "tool_choice", "invalid_value"),
+    (
+        {"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "other"}},
+        "tool_choice.name",
+        "invalid_value",
+    ),
+    ({"tools": [WEATHER], "tool_choice": {"type": "maybe"}}, "tool_choice.type", "invalid_value"),
+    (
+        {"thinking": {"type": "enabled", "budget_tokens": 512}},
+        "thinking.enabled.budget_tokens",
+        "invalid_value",
+    ),
+    ({"thinking": {"type": "enabled", "budget_tokens": 4096}}, "max_tokens", "invalid_value"),
+    (
+        {"thinking": {"type": "enabled"}},
+        "thinking.enabled.budget_tokens",
+        "missing_required_parameter",
+    ),
+    ({"thinking": {"type": "between_tools"}}, "thinking.type", "unsupported_parameter"),
+    ({"thinking": {"type": "sometimes"}}, "thinking.type", "invalid_value"),
+    (
+        {"output_config": {"format": {"type": "json_object"}}},
+        "output_config.format.type",
+        "invalid_value",
+    ),
+    ({"output_config": {"effort": "extreme"}}, "output_config.effort", "invalid_value"),
+    ({"metadata": {"user_id": "u", "email": "x"}}, "metadata.email", "unknown_parameter"),
+    ({"service_tier": "priority"}, "service_tier", "invalid_value"),
+    (
+        {"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}},
+        "context_management.edits.0",
+        "unsupported_parameter",
+    ),
+    (
+        _msgs(
+            {
+                "type": "document",
+                "source": {"type": "base64", "media_type": "application/pdf", "data": "x"},
+            }
+        ),
+        "messages.0.content.0.source.type",
+        "unsupported_parameter",
+    ),
+    (
+        _msgs({"type": "image", "source": {"type": "file", "file_id": "f"}}),
+        "messages.0.content.0.source.type",
+        "unsupported_parameter",
+    ),
+    (
+        _msgs({"type": "image", "source": {**PNG, "media_type": "image/tiff"}}),
+        "messages.0.content.0.source.media_type",
+        "invalid_value",
+    ),
+    (_msgs({"type": "search_result"}), "messages.0.content.0.type", "unsupported_parameter"),
+    (
+        _msgs({"type": "tool_use", "id": "t", "name": "n", "input": {}}),
+        "messages.0.content.0.type",
+        "unsupported_parameter",
+    ),
+    (
+        _msgs({"type": "tool_result", "tool_use_id": "t", "content": [{"type": "search_result"}]}),
+        "messages.0.content.0.content.0.type",
+        "unsupported_parameter",
+    ),
+    (
+        _msgs(
+            {"type": "server_tool_use", "id": "s", "name": "web_search", "input": {}},
+            role="assistant",
+        ),
+        "messages.0.content.0.type",
+        "unsupported_parameter",
+    ),
+    (
+        _msgs({"type": "tool_use", "id": "t", "name": "n", "input": "{}"}, role="assistant"),
+        "messages.0.content.0.input",
+        "invalid_type",
+    ),
+    (
+        _msgs({"type": "thinking", "thinking": "x"}, role="assistant"),
+        "messages.0.content.0.signature",
+        "missing_required_parameter",
+    ),
+    (
+        _msgs({"type": "text", "text": "x", "extra": 1}),
+        "messages.0.content.0.extra",
+        "unknown_parameter",
+    ),
+    (
+        {"messages": [{"role": "user", "content": "x", "name": "n"}]},
+        "messages.0.name",
+        "unknown_parameter",
+    ),
+    ({"system": [{"type": "image", "source": PNG}]}, "system.0.type", "unsupported_parameter"),
+]
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "code"),
+    [pytest.param(f, p, c, id=p + "-" + c) for f, p, c in REFUSALS],
+)
+def test_refusals_name_the_field(fields: dict[str, Any], param: str, code: str) -> None:
+    err = _refused(fields)
+    assert err.param == param
+    assert err.code == ClientErrorCode(code)
+    assert err.message.startswith(f"{param}: ")
+
+
+def test_every_refused_top_level_field_is_named() -> None:
+    for key in REFUSED:
+        err = _refused({key: {}})
+        assert err.param == key and key in err.message
+
+
+def test_count_tokens_takes_the_prompt_fields_only() -> None:
+    parsed = parse_count_tokens(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [WEATHER],
+            "thinking": {"type": "enabled", "budget_tokens": 100_000},
+            "cache_control": {"type": "ephemeral"},
+        }
+    )
+    assert parsed.tools[0].name == "get_weather"
+    assert parsed.envelope is None  # counting prefills nothing, so nothing is retained
+    assert parsed.reasoning == ReasoningControl(enabled=True, budget_tokens=100_000)
+    for field in ("max_tokens", "stream", "metadata"):
+        with pytest.raises(ClientError) as info:
+            parse_count_tokens({"model": "m", "messages": [], field: 1})
+        assert info.value.param == field
+    with pytest.raises(ClientError) as info:
+        parse_count_tokens(
+            {"model": "m", "messages": [{"role": "user", "content": "x", "cache_control": {}}]}
+        )
+    assert info.value.param == "messages.0.cache_control"
+
+
+def test_block_level_cache_control_is_still_refused_first() -> None:
+    """Issue 11 covers breakpoints; until then the hint normalizer refuses them before anything."""
+    err = _refused(
+        {"system": [{"type": "text", "text": "s", "cache_control": {"type": "ephemeral"}}]}
+    )
+    assert err.param == "system.0.cache_control"
+
+
+def test_tool_use_arguments_keep_unicode() -> None:
+    parsed = parse_messages(
+        body(
+            messages=[
+                {
+                    "role": "assistant",
+                    "content": [{"type": "tool_use", "id": "t", "name": "n", "input": {"q": "é"}}],
+                }
+            ]
+        )
+    )
+    assert json.loads(parsed.messages[0].tool_calls[0].arguments) == {"q": "é"}
+    assert "é" in parsed.messages[0].tool_calls[0].arguments
