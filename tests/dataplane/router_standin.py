@@ -78,6 +78,7 @@ class RouterStandIn:
     async def _start(self) -> str:
         app = web.Application()
         app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._healthz)
         app.router.add_post("/v1/generate", self._generate)
         self._runner = web.AppRunner(app, shutdown_timeout=0.5)
         await self._runner.setup()

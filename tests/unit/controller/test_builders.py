@@ -278,7 +278,7 @@ def test_disaggregated_wiring() -> None:
 def test_frontend_points_at_the_router() -> None:
     cr = KvRetentionDeployment.from_k8s(base(frontend={"service": {"port": 80}}))
     command = _container(children(base())["Deployment/f-frontend"], "frontend")["command"]
-    assert command[-10:] == [
+    assert command[-11:] == [
         "--router-url",
         "http://f-router:8001",
         "--model",
@@ -288,6 +288,7 @@ def test_frontend_points_at_the_router() -> None:
         "--breakpoints=prefix",
         "--hint-priority=50",
         "--normalize-clients",
+        "--prefix-routing",
         "--session-keys=x-session-id,session_id,x-claude-code-session-id,metadata.user_id",
     ]
     assert frontend_endpoint(cr) == "http://f-frontend.ns.svc:80"
@@ -296,7 +297,15 @@ def test_frontend_points_at_the_router() -> None:
 @pytest.mark.parametrize(
     ("hints", "expected"),
     [
-        ({}, ["--breakpoints=prefix", "--hint-priority=50", "--normalize-clients"]),
+        (
+            {},
+            [
+                "--breakpoints=prefix",
+                "--hint-priority=50",
+                "--normalize-clients",
+                "--prefix-routing",
+            ],
+        ),
         (
             {
                 "breakpoints": "Reject",
@@ -309,6 +318,7 @@ def test_frontend_points_at_the_router() -> None:
                 "--hint-priority=90",
                 "--default-ttl-seconds=600",
                 "--no-normalize-clients",
+                "--prefix-routing",
             ],
         ),
     ],
@@ -329,13 +339,14 @@ def test_hint_policy_flags(hints: dict[str, object], expected: list[str]) -> Non
             {"aliases": ["claude-haiku-4-5", "gpt-5-codex"]},
             {"sessionKeys": ["metadata.user_id"], "policy": "LeastOutstanding"},
             [
+                "--no-prefix-routing",
                 "--model-alias=claude-haiku-4-5=m",
                 "--model-alias=gpt-5-codex=m",
                 "--session-keys=metadata.user_id",
             ],
             "least-outstanding",
         ),
-        ({}, {"sessionKeys": []}, ["--normalize-clients", "--session-keys="], "cache-aware"),
+        ({}, {"sessionKeys": []}, ["--prefix-routing", "--session-keys="], "cache-aware"),
     ],
     ids=["aliases-and-keys", "no-affinity"],
 )

@@ -64,7 +64,8 @@ def test_plan_pair_needs_both_roles_and_keeps_pins() -> None:
     ("body", "headers", "expected"),
     [
         (b'{"session_id": "s1"}', {}, "s1"),
-        (b'{"session_id": "s1"}', {"x-session-id": "h"}, "s1"),
+        # the header (which our frontend always sets) wins: the body is not even read
+        (b'{"session_id": "s1"}', {"x-session-id": "h"}, "h"),
         (b'{"request_id": "r"}', {"x-session-id": "h"}, "h"),
         (b'{"session_id": ""}', {"x-session-id": "h"}, "h"),
         (b'{"session_id": 7}', {}, None),
@@ -90,6 +91,8 @@ def test_session_of_does_not_parse_a_body_without_the_key(monkeypatch: pytest.Mo
     )
     assert session_of(body, {"x-session-id": "h"}) == "h"
     assert session_of(body, {}) is None
+    with_key = b'{"session_id": "s", "messages": "' + b"x" * 200_000 + b'"}'
+    assert session_of(with_key, {"x-session-id": "h"}) == "h"  # the header spares the parse
 
 
 def test_session_pins_are_per_role_and_bounded() -> None:

@@ -36,6 +36,9 @@ def build_hint_policy_args(cr: KvRetentionDeployment) -> list[str]:
     if hints.default_ttl_seconds is not None:
         args.append(f"--default-ttl-seconds={hints.default_ttl_seconds}")
     args.append("--normalize-clients" if hints.normalize_clients else "--no-normalize-clients")
+    # The prefix chain is only read by the router's cache-aware placement.
+    cache_aware = cr.spec.router.policy == "CacheAware"
+    args.append("--prefix-routing" if cache_aware else "--no-prefix-routing")
     return args
 
 

@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Final, Protocol
+from typing import Any, Final, Literal, Protocol
 
 from aiohttp import web
 
 from kvretention.dataplane.frontend import errors
+from kvretention.dataplane.frontend.affinity import drop_billing_header, prefix_chain, session_key
 from kvretention.dataplane.frontend.anthropic_api import (
     CountTokensApi,
     MessagesApi,
@@ -35,6 +37,8 @@ from kvretention.dataplane.frontend.openai_api import ChatApi, ResponsesApi
 from kvretention.dataplane.frontend.tokenizer import ChatTokenizer
 from kvretention.dataplane.frontend.upstream import RouterClient
 from kvretention.dataplane.protocol import (
+    DEFAULT_SESSION_KEYS,
+    HEADER_PREFIX,
     HEADER_SESSION,
     ChatMessage,
     PreprocessedRequest,
@@ -67,6 +71,17 @@ class FrontendConfig:
     The router gets the served name; answers echo the name the client asked for."""
     body_timeout: float = DEFAULT_BODY_TIMEOUT
     """Seconds a request body may take to arrive (408 after)."""
+    session_keys: tuple[str, ...] = DEFAULT_SESSION_KEYS
+    """Where a request's session is found, in order (headers, or ``metadata.<field>``)."""
+    prefix_routing: bool = True
+    """Send the router the prompt's prefix-hash chain (its cache-aware placement reads it)."""
+    normalize_clients: bool = True
+    """Drop Claude Code's per-request billing-header system block before templating."""
+    breakpoints: Literal["prefix", "reject"] = "prefix"
+    """Block-level breakpoints: prefix retention, or the v1 400."""
+    hint_priority: int = 50
+    default_ttl_seconds: int | None = None
+    """Fleet policy for requests with no cache control (off when ``None``)."""
 
     def served_name(self, model: str) -> str:
         return self.model_aliases.get(model, model)
@@ -189,6 +204,8 @@ class _Outcome:
     kv_hints: dict[str, Any] | None = None
     model: str | None = None
     stream: bool = False
+    normalized: list[str] = field(default_factory=list)
+    """Client normalisations applied (``billing_header``), for the trace."""
 
 
 async def generate(request: web.Request, api: Api) -> web.StreamResponse:
@@ -209,6 +226,8 @@ async def generate(request: web.Request, api: Api) -> web.StreamResponse:
             extra.update(model=done.model, stream=done.stream)
             if done.error_code is not None:
                 extra["error_code"] = done.error_code
+            if done.normalized:
+                extra["normalized"] = done.normalized
             state.trace.record(
                 request_id=request_id, outcome=done.outcome, kv_hints=done.kv_hints, **extra
             )
@@ -224,6 +243,7 @@ async def _generate(
         done.outcome, done.status, done.error_code = "rejected", err.status, err.code
         return error_response(err, api.provider, request_id=request_id)
 
+    parsed = normalize_clients(parsed, state=state, endpoint=api.endpoint, done=done)
     done.model, done.stream = parsed.model, parsed.stream
     wire = parsed.envelope.to_wire() if parsed.envelope is not None else None
     if parsed.envelope is not None and parsed.envelope.retain_full_prompt is not None:
@@ -237,8 +257,17 @@ async def _generate(
         tokenizer=state.tokenizer,
         model=state.config.served_name(parsed.model),
     )
+    upstream_request_headers = router_headers(parsed, session_id, config=state.config)
     try:
-        return await _forward(request, api, parsed, upstream_request, state=state, done=done)
+        return await _forward(
+            request,
+            api,
+            parsed,
+            upstream_request,
+            state=state,
+            done=done,
+            headers=upstream_request_headers,
+        )
     except FrontendError as err:  # before anything was sent to the client
         done.outcome, done.status, done.error_code = "error", err.status, err.code
         return error_response(err, api.provider, request_id=request_id)
@@ -263,7 +292,7 @@ async def admit(
         )
         parsed = api.parse(body, hints=api.provider in state.config.hint_providers)
         check_model(parsed.model, config=state.config)
-        return parsed, session_header(request)
+        return parsed, session_of(request, body, keys=state.config.session_keys)
     except ClientError as exc:
         raise errors.from_client_error(exc) from None
 
@@ -330,11 +359,14 @@ async def _forward(
     *,
     state: FrontendState,
     done: _Outcome,
+    headers: Mapping[str, str] | None = None,
 ) -> web.StreamResponse:
     request_id = upstream_request.request_id
     latency = state.metrics.upstream_latency
     started = time.perf_counter()
-    async with state.router.generate(upstream_request, hint_param=parsed.hint_param) as chunks:
+    async with state.router.generate(
+        upstream_request, hint_param=parsed.hint_param, headers=headers
+    ) as chunks:
         first = await anext(chunks)
         latency.labels(api.endpoint, "first_chunk").observe(time.perf_counter() - started)
         if not parsed.stream:
@@ -449,12 +481,42 @@ def _has_lone_surrogate(value: object) -> bool:
     return False
 
 
-def session_header(request: web.Request) -> str | None:
-    """The sticky-session id; aiohttp keeps non-UTF-8 header bytes as surrogates, refused here."""
-    value = request.headers.get(HEADER_SESSION)
-    if value is not None and _SURROGATE.search(value) is not None:
-        raise errors.invalid_header(HEADER_SESSION)
-    return value
+def session_of(request: web.Request, body: Mapping[str, Any], *, keys: Sequence[str]) -> str | None:
+    """The sticky-session key from the configured sources; aiohttp keeps non-UTF-8 header bytes
+    as surrogates, refused here."""
+    for key in keys:
+        value = request.headers.get(key)
+        if value is not None and _SURROGATE.search(value) is not None:
+            raise errors.invalid_header(key)
+    return session_key(keys, headers=request.headers, body=body)
+
+
+def router_headers(
+    parsed: ParsedRequest, session_id: str | None, *, config: FrontendConfig
+) -> dict[str, str]:
+    """Placement data for the router, in headers so it never parses the body: the session key
+    and, for cache-aware placement, the prompt's prefix-hash chain."""
+    headers: dict[str, str] = {}
+    if session_id is not None:
+        headers[HEADER_SESSION] = session_id
+    if config.prefix_routing:
+        headers[HEADER_PREFIX] = ",".join(prefix_chain(parsed.messages, parsed.tools))
+    return headers
+
+
+def normalize_clients(
+    parsed: ParsedRequest, *, state: FrontendState, endpoint: str, done: _Outcome | None = None
+) -> ParsedRequest:
+    """Client quirks that would defeat prefix caching, removed before templating (counted)."""
+    if not state.config.normalize_clients:
+        return parsed
+    messages, dropped = drop_billing_header(parsed.messages)
+    if not dropped:
+        return parsed
+    state.metrics.normalized.labels(endpoint, "billing_header").inc()
+    if done is not None:
+        done.normalized.append("billing_header")
+    return dataclasses.replace(parsed, messages=messages)
 
 
 def check_model(model: str, *, config: FrontendConfig) -> None:
@@ -481,6 +543,7 @@ async def count_tokens(request: web.Request) -> web.Response:
         state.metrics.rejections.labels(api.endpoint, err.reason).inc()
         state.metrics.requests.labels(api.endpoint, "rejected").inc()
         return error_response(err, api.provider, request_id=request_id)
+    parsed = normalize_clients(parsed, state=state, endpoint=api.endpoint)
     upstream_request = build_preprocessed(
         parsed,
         request_id=request_id,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 
 import click
@@ -21,7 +22,23 @@ from kvretention.dataplane.frontend.tokenizer import (
     TokenizerUnavailable,
     load_tokenizer,
 )
+from kvretention.dataplane.protocol import DEFAULT_SESSION_KEYS
 from kvretention.dataplane.trace import TRACE_ENV, trace_from_env
+from kvretention.hints.envelope import MAX_TTL_SECONDS
+
+_SESSION_KEY = re.compile(r"^(metadata\.[A-Za-z0-9_]+|[A-Za-z0-9][A-Za-z0-9_-]*)$")
+
+
+def parse_session_keys(value: str) -> tuple[str, ...]:
+    """``a,b,metadata.c`` -> keys; a malformed key stops startup with a usage error."""
+    keys = tuple(k.strip() for k in value.split(",") if k.strip())
+    for key in keys:
+        if not _SESSION_KEY.match(key):
+            raise click.BadParameter(
+                f"{key!r} is neither a header name nor metadata.<field>",
+                param_hint="--session-keys",
+            )
+    return keys
 
 
 @click.command("frontend")
@@ -94,6 +111,51 @@ from kvretention.dataplane.trace import TRACE_ENV, trace_from_env
     envvar="KVR_HINTS_ANTHROPIC",
     help="Turn Anthropic top-level cache_control into KV hints; off: accepted and ignored.",
 )
+@click.option(
+    "--session-keys",
+    default=",".join(DEFAULT_SESSION_KEYS),
+    show_default=True,
+    envvar="KVR_SESSION_KEYS",
+    callback=lambda _ctx, _param, value: parse_session_keys(value),
+    help="Where a request's session is found, in order, comma-separated: header names or "
+    "metadata.<field> of the body. The first present pins the conversation to a worker. "
+    "Empty: no session affinity.",
+)
+@click.option(
+    "--prefix-routing/--no-prefix-routing",
+    default=True,
+    show_default=True,
+    help="Send the router the prompt's prefix-hash chain for cache-aware placement.",
+)
+@click.option(
+    "--normalize-clients/--no-normalize-clients",
+    default=True,
+    show_default=True,
+    envvar="KVR_NORMALIZE_CLIENTS",
+    help="Drop Claude Code's per-request billing-header system block before templating.",
+)
+@click.option(
+    "--breakpoints",
+    type=click.Choice(["prefix", "reject"]),
+    default="prefix",
+    show_default=True,
+    help="Block-level cache breakpoints: retain the prompt up to the block (prefix), or refuse "
+    "them with the provider's 400 (reject, the v1 contract).",
+)
+@click.option(
+    "--hint-priority",
+    type=click.IntRange(1, 100),
+    default=50,
+    show_default=True,
+    help="Priority of the retention asked for (kv.retain).",
+)
+@click.option(
+    "--default-ttl-seconds",
+    type=click.IntRange(1, MAX_TTL_SECONDS),
+    default=None,
+    help="Fleet policy: retain the prompt of requests with no cache control for this long "
+    "(traced as policy, not client intent). Default: off.",
+)
 @click.option("--log-level", default="info", show_default=True)
 def frontend_cmd(
     host: str,
@@ -108,6 +170,12 @@ def frontend_cmd(
     tokenizer_path: str | None,
     openai_hints: bool,
     anthropic_hints: bool,
+    session_keys: tuple[str, ...],
+    prefix_routing: bool,
+    normalize_clients: bool,
+    breakpoints: str,
+    hint_priority: int,
+    default_ttl_seconds: int | None,
     log_level: str,
 ) -> None:
     """Serve /v1/chat/completions, /v1/responses and /v1/messages, turning cache controls into KV hints."""
@@ -135,6 +203,12 @@ def frontend_cmd(
             )
             if enabled
         ),
+        session_keys=session_keys,
+        prefix_routing=prefix_routing,
+        normalize_clients=normalize_clients,
+        breakpoints="reject" if breakpoints == "reject" else "prefix",
+        hint_priority=hint_priority,
+        default_ttl_seconds=default_ttl_seconds,
     )
     trace = trace_from_env(trace_file, component="frontend")
     app = create_app(config, trace=trace, tokenizer=tokenizer)

@@ -26,6 +26,12 @@ class FrontendMetrics:
             ["endpoint", "reason"],
             registry=self.registry,
         )
+        self.normalized = Counter(
+            "kvr_frontend_normalized",
+            "Client quirks removed before templating, by kind (billing_header).",
+            ["endpoint", "kind"],
+            registry=self.registry,
+        )
         self.hints = Counter(
             "kvr_frontend_kv_hints",
             "KV-hint envelopes attached to forwarded requests, by TTL in seconds.",

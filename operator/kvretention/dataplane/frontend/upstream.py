@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Final
 
@@ -77,14 +77,24 @@ class RouterClient:
 
     @asynccontextmanager
     async def generate(
-        self, request: PreprocessedRequest, *, hint_param: str | None
+        self,
+        request: PreprocessedRequest,
+        *,
+        hint_param: str | None,
+        headers: Mapping[str, str] | None = None,
     ) -> AsyncIterator[AsyncIterator[GenerateChunk]]:
-        """Open the stream; raises ``FrontendError`` before yielding if the router refuses it."""
+        """Open the stream; raises ``FrontendError`` before yielding if the router refuses it.
+
+        ``headers`` carry placement data for the router (the prefix chain), never the body's."""
         try:
             resp = await self.session.post(
                 f"{self.base_url}{GENERATE_PATH}",
                 data=request.to_json_bytes(),
-                headers={"content-type": "application/json", "x-request-id": request.request_id},
+                headers={
+                    "content-type": "application/json",
+                    "x-request-id": request.request_id,
+                    **(headers or {}),
+                },
             )
         except TimeoutError:
             raise errors.upstream_timeout(self.timeout) from None

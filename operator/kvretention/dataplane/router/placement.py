@@ -118,12 +118,16 @@ _SESSION_KEY: Final = b'"session_id"'
 
 
 def session_of(body: bytes, headers: Mapping[str, str]) -> str | None:
-    """The sticky-session key: the body's ``session_id`` field, else the ``x-session-id`` header.
+    """The sticky-session key: the ``x-session-id`` header (our frontend always sets it), else the
+    body's ``session_id`` field (other senders).
 
-    Parses a copy of the body only to read that one field, and only when the key is in the bytes
-    at all (the frontend writes keys unescaped), so a 200 KB prompt with no session is never
-    parsed here; the forwarded bytes are untouched.
+    The body is parsed only when there is no header and the key is in the bytes at all (the
+    frontend writes keys unescaped), so a 200 KB agent prompt is never parsed here; the
+    forwarded bytes are untouched.
     """
+    header = headers.get(HEADER_SESSION)
+    if header:
+        return header
     raw = None
     if _SESSION_KEY in body:
         try:
@@ -131,10 +135,7 @@ def session_of(body: bytes, headers: Mapping[str, str]) -> str | None:
         except ValueError:
             raw = None
     value = raw.get("session_id") if isinstance(raw, dict) else None
-    if isinstance(value, str) and value:
-        return value
-    header = headers.get(HEADER_SESSION)
-    return header or None
+    return value if isinstance(value, str) and value else None
 
 
 class SessionPins:
