@@ -124,7 +124,7 @@ def test_chat_maps_sampling_and_session(frontend: Any, router_standin: RouterSta
     [body] = received(router_standin, word)
     assert body["session_id"] == "sess-42"
     assert body["messages"] == [
-        {"role": "system", "content": "be brief"},
+        {"role": "developer", "content": "be brief"},
         {"role": "user", "content": word},
     ]
     assert body["sampling"] == {
