@@ -81,7 +81,7 @@ HONOURED: Final = frozenset(
     }
 )
 NO_OP: Final = frozenset(
-    {"metadata", "store", "user", "safety_identifier", "service_tier", "verbosity"}
+    {"metadata", "store", "user", "safety_identifier", "service_tier", "verbosity", "modalities"}
 )
 """Accepted and type-checked; nothing here acts on them (docs/frontend.md says why for each)."""
 REFUSED: Final[Mapping[str, str]] = {
@@ -219,6 +219,7 @@ def _assistant(msg: Mapping[str, Any], *, where: str, calls: dict[str, str]) -> 
             "audio": "assistant audio is not supported.",
             "function_call": "legacy 'function_call' is not supported; use 'tool_calls'.",
         },
+        where=where,
     )
     content: str | list[ContentPart] = ""
     if msg.get("content") is not None:

@@ -55,12 +55,12 @@ def only_keys(obj: Mapping[str, Any], *, where: str, allowed: Collection[str]) -
             raise unknown(f"{where}.{key}" if where else key)
 
 
-def refuse_set(body: Mapping[str, Any], refused: Mapping[str, str]) -> None:
+def refuse_set(body: Mapping[str, Any], refused: Mapping[str, str], *, where: str = "") -> None:
     """Fields this server cannot honour: a 400 naming the field when it is set to anything."""
     for key, why in refused.items():
         value = body.get(key)
         if value is not None and value is not False and value != [] and value != {}:
-            raise F.unsupported(key, why)
+            raise F.unsupported(f"{where}.{key}" if where else key, why)
 
 
 def obj(value: object, *, where: str) -> dict[str, Any]:
@@ -253,9 +253,15 @@ def chat_usage(usage: Usage) -> dict[str, Any]:
 
 
 def responses_usage(usage: Usage) -> dict[str, Any]:
+    """``cache_write_tokens`` (required by the SDK): SGLang's radix cache inserts every prompt
+    token it computed, so the tokens written are the prompt tokens that were not read from it."""
+    written = max(usage.prompt_tokens - usage.cached_tokens, 0)
     return {
         "input_tokens": usage.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "input_tokens_details": {
+            "cached_tokens": usage.cached_tokens,
+            "cache_write_tokens": written,
+        },
         "output_tokens": usage.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
