@@ -251,7 +251,8 @@ def _history_calls(raw: object, *, where: str) -> list[ToolCall]:
     for i, item in enumerate(raw):
         at = f"{where}[{i}]"
         call = obj(item, where=at)
-        only_keys(call, where=at, allowed=("id", "type", "function"))
+        # ``index`` is what a streamed call carried; clients that replay it are not wrong
+        only_keys(call, where=at, allowed=("id", "type", "function", "index"))
         kind = call.get("type", "function")
         if kind != "function":
             raise F.unsupported(f"{at}.type", f"tool calls of type {kind!r} are not supported.")
