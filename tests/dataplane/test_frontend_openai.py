@@ -887,3 +887,16 @@ def test_responses_agent_refusals_are_openai_errors(
         client.responses.create(model="m", stream=stream, extra_body=body)
     assert (info.value.status_code, info.value.param, info.value.code) == (400, param, code)
     assert received(router_standin, word) == []
+
+
+def test_responses_stream_helper_accumulates_calls_and_text(client: openai.OpenAI) -> None:
+    """The SDK's ``responses.stream`` helper rebuilds the response from the events alone."""
+    with client.responses.stream(
+        model="m", input=f"{tag()} [[reasoning]] [[tool_call]]", tools=RESPONSES_TOOLS
+    ) as stream:
+        deltas = [e.delta for e in stream if e.type == "response.function_call_arguments.delta"]
+        final = stream.get_final_response()
+    assert "".join(deltas) == ARGS
+    assert [item.type for item in final.output] == ["reasoning", "function_call"]
+    with client.responses.stream(model="m", input=tag()) as stream:
+        assert stream.get_final_response().output_text == "".join(CANNED)

@@ -443,3 +443,18 @@ def test_non_streaming_response_orders_reasoning_text_then_calls() -> None:
     assert final.status == "completed" and final.output_text == "Running it."
     call = final.output[2]
     assert call.type == "function_call" and call.call_id == "call_a"
+
+
+def test_a_late_fragment_of_a_closed_call_still_lands_in_the_final_item() -> None:
+    events = _events(
+        [
+            GenerateChunk(tool_calls=[ToolCallDelta(index=0, id="a", name="shell", arguments="{")]),
+            GenerateChunk(
+                tool_calls=[ToolCallDelta(index=1, id="b", name="shell", arguments="{}")]
+            ),
+            GenerateChunk(tool_calls=[ToolCallDelta(index=0, arguments="}")]),
+            GenerateChunk(finish_reason="tool_calls"),
+        ]
+    )
+    final = Response.model_validate(events[-1]["response"])
+    assert [getattr(item, "arguments", None) for item in final.output] == ["{}", "{}"]

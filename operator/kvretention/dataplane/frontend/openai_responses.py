@@ -658,10 +658,14 @@ class _Output:
             self._calls[delta.index] = index
         if delta.arguments:
             self._buf[index] += delta.arguments
-            item_id = self.items[index]["id"]
+            item = self.items[index]
+            custom = item["type"] == "custom_tool_call"
+            if index != self._open:  # a late fragment of a closed call: keep the item whole
+                item["input" if custom else "arguments"] = self._buf[index]
+            item_id = item["id"]
             kind = (
                 "response.custom_tool_call_input.delta"
-                if self.items[index]["type"] == "custom_tool_call"
+                if custom
                 else "response.function_call_arguments.delta"
             )
             out.append(
