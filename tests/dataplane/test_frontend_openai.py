@@ -511,7 +511,7 @@ def test_chat_tool_loop(client: openai.OpenAI, router_standin: RouterStandIn, st
     assert [t["name"] for t in first["tools"]] == ["get_weather", "get_time"]
     assert "tool_choice" not in first or first["tool_choice"] == {"mode": "auto"}
 
-    messages.append(message.model_dump(exclude_none=True, exclude={"parsed"}))
+    messages.append(message)  # the SDK's own object, as its docs show a tool loop
     messages.append({"role": "tool", "tool_call_id": call.id, "content": f"9C {word}-result"})
     answer, finish = _chat_turn(client, messages, stream=stream, tools=[WEATHER, TIME])
     assert (answer.content, finish) == ("".join(CANNED), "stop")

@@ -103,7 +103,7 @@ _ROLE_KEYS: Final[Mapping[str, frozenset[str]]] = {
         {"role", "content", "name", "tool_calls", "refusal", "reasoning_content"}
         | {"audio", "function_call"}
     ),
-    "tool": frozenset({"role", "content", "tool_call_id"}),
+    "tool": frozenset({"role", "content", "tool_call_id", "name"}),
 }
 _PART_KEYS: Final[Mapping[str, frozenset[str]]] = {
     "text": frozenset({"type", "text", "prompt_cache_breakpoint"}),

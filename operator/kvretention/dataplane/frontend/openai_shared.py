@@ -49,9 +49,13 @@ def unknown(param: str) -> ClientError:
 
 
 def only_keys(obj: Mapping[str, Any], *, where: str, allowed: Collection[str]) -> None:
-    """Refuse any key of ``obj`` outside ``allowed`` (``where`` prefixes the reported param)."""
-    for key in obj:
-        if key not in allowed:
+    """Refuse any key of ``obj`` outside ``allowed`` (``where`` prefixes the reported param).
+
+    A ``null`` value carries nothing to drop, so it passes: the SDK sends its own objects back
+    with such keys (a streamed message's ``parsed: null``, ``parsed_arguments: null``).
+    """
+    for key, value in obj.items():
+        if key not in allowed and value is not None:
             raise unknown(f"{where}.{key}" if where else key)
 
 
