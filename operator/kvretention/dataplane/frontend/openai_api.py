@@ -1,4 +1,5 @@
-"""The OpenAI endpoints: Chat Completions (``openai_chat``) and Responses (``openai_responses``).
+"""The OpenAI endpoints: Chat Completions (``openai_chat``) and Responses (``openai_responses``
+parses, ``openai_responses_output`` answers).
 
 Both share field checks, images, schemas and usage in ``openai_shared``; this module is the name
 the app and the tests import them by.
@@ -12,10 +13,9 @@ from kvretention.dataplane.frontend.openai_chat import (
     chat_response,
     parse_chat,
 )
-from kvretention.dataplane.frontend.openai_responses import (
-    ResponsesApi,
+from kvretention.dataplane.frontend.openai_responses import ResponsesApi, parse_responses
+from kvretention.dataplane.frontend.openai_responses_output import (
     ResponsesStream,
-    parse_responses,
     responses_response,
 )
 
