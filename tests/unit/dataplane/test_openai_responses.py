@@ -15,6 +15,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from kvretention.dataplane.frontend.common import Completion
+from kvretention.dataplane.frontend.errors import FrontendError
 from kvretention.dataplane.frontend.openai_api import (
     ResponsesStream,
     parse_responses,
@@ -458,3 +459,21 @@ def test_a_late_fragment_of_a_closed_call_still_lands_in_the_final_item() -> Non
     )
     final = Response.model_validate(events[-1]["response"])
     assert [getattr(item, "arguments", None) for item in final.output] == ["{}", "{}"]
+
+
+def test_a_failure_mid_item_is_an_error_event_then_a_failed_response() -> None:
+    stream = ResponsesStream(parse_responses(codex_body()), request_id="r5")
+    raw = (
+        stream.start()
+        + stream.chunk(GenerateChunk(text="par"))
+        + stream.error(FrontendError(status=502, code="upstream_disconnected", message="gone"))
+    )
+    events = [
+        json.loads(f.split("\n")[1].removeprefix("data: ")) for f in raw.decode().split("\n\n")[:-1]
+    ]
+    for event in events:
+        EVENTS.validate_python(event)
+    assert [e["type"] for e in events][-2:] == ["error", "response.failed"]
+    failed = Response.model_validate(events[-1]["response"])
+    assert failed.status == "failed" and failed.error is not None
+    assert failed.output[0].type == "message" and failed.output[0].status == "incomplete"

@@ -318,9 +318,10 @@ class ResponsesStream:
             {**item, "status": "incomplete"} if item.get("status") == "in_progress" else item
             for item in self._output.items
         ]
-        failed = self._response(
-            "failed", output=items, usage=None, error={"code": err.code, "message": err.message}
-        )
+        # the response's error.code is an enum in the SDK (``server_error``, ...): our own code
+        # leads the message there, and is the ``error`` event's code as it was
+        error = {"code": "server_error", "message": f"{err.code}: {err.message}"}
+        failed = self._response("failed", output=items, usage=None, error=error)
         return self._event(
             "error", code=err.code, message=err.message, param=err.param
         ) + self._event("response.failed", response=failed)
