@@ -789,7 +789,8 @@ def test_codex_shaped_request_is_served_and_converted_exactly(
         max_retries=0,
         default_headers={"session_id": "019a2b3c-conversation", "x-session-id": "019a2b3c"},
     )
-    events = list(client.responses.create(**body))
+    extra = {"client_metadata": body.pop("client_metadata")}  # Codex sends it; the SDK has no kwarg
+    events = list(client.responses.create(**body, extra_body=extra))
     assert events[-1].type == "response.completed"
     final = _any(events[-1]).response
     assert final.output_text == "".join(CANNED) and final.store is False

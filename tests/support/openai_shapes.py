@@ -101,6 +101,7 @@ def codex_body() -> dict[str, Any]:
                 "type": "message",
                 "role": "assistant",
                 "content": [{"type": "output_text", "text": "Fixed."}],
+                "phase": "final_answer",
             },
             {
                 "type": "message",
@@ -117,6 +118,7 @@ def codex_body() -> dict[str, Any]:
         "include": ["reasoning.encrypted_content"],
         "prompt_cache_key": "019a2b3c-conversation",
         "text": {"verbosity": "low"},
+        "client_metadata": {"x-codex-turn": "2"},
     }
 
 

@@ -162,6 +162,7 @@ def test_documented_no_ops_are_accepted(key: str) -> None:
         "stream_options": {"include_obfuscation": False},
         "truncation": "disabled",
         "max_tool_calls": 3,
+        "client_metadata": {"turn": "1"},
     }
     parsed = parse_responses({"model": "m", "input": "x", key: values.get(key, "x")})
     assert parsed.echo["store"] is False  # nothing is stored, whatever was asked
@@ -277,6 +278,12 @@ REFUSALS = [
         "invalid_value",
     ),
     ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role", "invalid_value"),
+    (
+        {"input": [{"role": "assistant", "content": "x", "phase": "draft"}]},
+        "input[0].phase",
+        "invalid_value",
+    ),
+    ({"client_metadata": {"a": 1}}, "client_metadata.a", "invalid_type"),
     (
         {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
         "input[0].content[0].type",

@@ -81,6 +81,7 @@ NO_OP: Final = frozenset(
         "stream_options",
         "truncation",
         "max_tool_calls",
+        "client_metadata",
     }
 )
 """Accepted and type-checked; nothing here acts on them (docs/frontend.md says why for each)."""
@@ -112,12 +113,12 @@ _PART_KEYS: Final[Mapping[str, tuple[str, ...]]] = {
     "input_image": ("type", "image_url", "file_id", "detail", "prompt_cache_breakpoint"),
 }
 _ITEM_KEYS: Final[Mapping[str, tuple[str, ...]]] = {
-    "message": ("type", "role", "content", "id", "status"),
+    "message": ("type", "role", "content", "id", "status", "phase"),
     "reasoning": ("type", "id", "summary", "content", "encrypted_content", "status"),
     "function_call": ("type", "id", "call_id", "name", "arguments", "status"),
     "custom_tool_call": ("type", "id", "call_id", "name", "input", "status"),
     "function_call_output": ("type", "id", "call_id", "output", "status"),
-    "custom_tool_call_output": ("type", "id", "call_id", "output", "status"),
+    "custom_tool_call_output": ("type", "id", "call_id", "output", "status", "name"),
 }
 _TOOL_CHOICES: Final = ("none", "auto", "required")
 
@@ -208,6 +209,7 @@ def _no_ops(body: Mapping[str, Any]) -> dict[str, Any]:
     if truncation == "auto":
         raise F.unsupported("truncation", "'auto' truncation is not supported; use 'disabled'.")
     max_tool_calls = F.opt_int(body, "max_tool_calls", minimum=1)
+    _string_map(body, "client_metadata")  # Codex's per-request tags: nothing here reads them
     return {
         "user": F.opt_str(body, "user"),
         "safety_identifier": F.opt_str(body, "safety_identifier"),
@@ -216,6 +218,17 @@ def _no_ops(body: Mapping[str, Any]) -> dict[str, Any]:
         "max_tool_calls": max_tool_calls,
         "store": False,  # nothing is ever stored here, whatever the client asked
     }
+
+
+def _string_map(body: Mapping[str, Any], key: str) -> None:
+    value = body.get(key)
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise F.invalid_type(key, value, expected="an object")
+    for name, item in value.items():
+        if not isinstance(item, str):
+            raise F.invalid_type(f"{key}.{name}", item, expected="a string")
 
 
 class _Conversation:
@@ -263,6 +276,8 @@ class _Conversation:
         if not isinstance(role, str) or role not in _ROLES:
             supported = ", ".join(f"'{r}'" for r in _ROLES)
             raise F.invalid_value(f"{where}.role", f"{role!r}. Supported values are: {supported}.")
+        # ``phase`` (commentary / final_answer) labels an output message; templates do not show it
+        enum(item, "phase", where=where, values=("commentary", "final_answer"))
         content = _content(item.get("content"), where=f"{where}.content", images=role == "user")
         turn = self._turn()
         if role == "assistant" and turn is not None and not turn.content and not turn.tool_calls:
