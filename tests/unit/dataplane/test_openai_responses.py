@@ -74,7 +74,7 @@ def test_reasoning_text_content_is_preferred_to_the_summary() -> None:
                 "summary": [{"type": "summary_text", "text": "short"}],
                 "content": [
                     {"type": "reasoning_text", "text": "long a"},
-                    {"type": "reasoning_text", "text": "long b"},
+                    {"type": "text", "text": "long b"},
                 ],
             },
             {"role": "assistant", "content": "done"},

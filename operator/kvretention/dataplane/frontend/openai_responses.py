@@ -287,8 +287,10 @@ class _Conversation:
 
     def _reasoning(self, item: Mapping[str, Any], *, where: str) -> None:
         """Summary (or ``reasoning_text`` content) is what the model sees; encrypted_content is opaque."""
-        summary = _texts(item.get("summary"), where=f"{where}.summary", kind="summary_text")
-        content = _texts(item.get("content"), where=f"{where}.content", kind="reasoning_text")
+        summary = _texts(item.get("summary"), where=f"{where}.summary", kinds=("summary_text",))
+        # Codex replays content only as ``text`` parts; OpenAI's own are ``reasoning_text``
+        kinds = ("reasoning_text", "text")
+        content = _texts(item.get("content"), where=f"{where}.content", kinds=kinds)
         encrypted = opt_str(item, "encrypted_content", where=where)
         text = "\n\n".join(content or summary)
         reasoning = Reasoning(text=text, encrypted=encrypted is not None)
@@ -330,7 +332,7 @@ class _Conversation:
         )
 
 
-def _texts(raw: object, *, where: str, kind: str) -> list[str]:
+def _texts(raw: object, *, where: str, kinds: tuple[str, ...]) -> list[str]:
     """The texts of a reasoning item's ``summary`` / ``content`` list."""
     if raw is None:
         return []
@@ -341,8 +343,9 @@ def _texts(raw: object, *, where: str, kind: str) -> list[str]:
         at = f"{where}[{i}]"
         entry = obj(part, where=at)
         only_keys(entry, where=at, allowed=("type", "text"))
-        if entry.get("type") != kind:
-            raise F.invalid_value(f"{at}.type", f"{entry.get('type')!r}. Expected '{kind}'.")
+        if entry.get("type") not in kinds:
+            expected = ", ".join(f"'{k}'" for k in kinds)
+            raise F.invalid_value(f"{at}.type", f"{entry.get('type')!r}. Expected {expected}.")
         out.append(req_str(entry, "text", where=at))
     return out
 
