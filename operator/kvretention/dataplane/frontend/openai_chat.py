@@ -175,7 +175,7 @@ def parse_chat(body: dict[str, Any], *, hints: bool = True) -> ParsedRequest:
 def _check_no_ops(body: Mapping[str, Any]) -> None:
     metadata(body)
     F.opt_bool(body, "store")
-    for key in ("user", "safety_identifier", "service_tier", "prompt_cache_key"):
+    for key in ("user", "safety_identifier", "service_tier"):  # prompt_cache_*: the normalizer's
         F.opt_str(body, key)
     enum(body, "verbosity", where="", values=("low", "medium", "high"))
     modalities = body.get("modalities")
