@@ -58,7 +58,7 @@ def _no_events(kind: str, /, **fields: Any) -> bytes:
 
 
 class _Output:
-    """The output items of one answer, built from parsed deltas; each ``add`` returns its events.
+    """The output items of one answer, built from parsed deltas; each method returns its events.
 
     One item is open at a time (OpenAI's order): a delta of another kind closes it and opens the
     next. ``events`` is the caller's event writer, so sequence numbers stay in one place.
