@@ -1,7 +1,9 @@
 """The frontend as a real process, driven by the official ``openai`` SDK, against the router stand-in.
 
 Checks end to end that hinted requests reach the router with ``kv_hints`` at top level, unhinted
-ones without it, refused ones not at all, and that both OpenAI stream formats are well formed.
+ones without it, refused ones not at all, and that both OpenAI stream formats are well formed; then
+agent traffic: tool loops, parallel calls, tool_choice, structured output, images, reasoning and a
+Codex-shaped Responses turn, each parsed by the SDK and checked at the router.
 """
 
 from __future__ import annotations
@@ -14,7 +16,22 @@ from typing import Any
 
 import openai
 import pytest
-from router_standin import CANNED, RouterStandIn, parse_sse
+from router_standin import (
+    CANNED,
+    CUSTOM_INPUT,
+    REASONING,
+    TOOL_ARGS,
+    RouterStandIn,
+    parse_sse,
+)
+
+from kvretention.dataplane.protocol import (
+    ChatMessage,
+    PreprocessedRequest,
+    ReasoningControl,
+    ToolChoice,
+)
+from support.openai_shapes import APPLY_PATCH, CODEX_MESSAGES, CODEX_TOOLS, codex_body
 
 HINT_30M = {"retain_full_prompt": {"ttl_seconds": 1800}}
 HINT_12H = {"retain_full_prompt": {"ttl_seconds": 43200}}
@@ -124,7 +141,7 @@ def test_chat_maps_sampling_and_session(frontend: Any, router_standin: RouterSta
     [body] = received(router_standin, word)
     assert body["session_id"] == "sess-42"
     assert body["messages"] == [
-        {"role": "system", "content": "be brief"},
+        {"role": "developer", "content": "be brief"},
         {"role": "user", "content": word},
     ]
     assert body["sampling"] == {
@@ -451,3 +468,436 @@ def _post_raw(url: str, body: dict[str, Any]) -> bytes:
         assert resp.headers["content-type"].startswith("text/event-stream")
         data: bytes = resp.read()
         return data
+
+
+# -- agents: tools, reasoning, structured output, images (issue 10) ---------------------------
+
+WEATHER: Any = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+TIME: Any = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+ARGS = "".join(TOOL_ARGS)
+PNG = "data:image/png;base64,iVBORw0KGgo="
+
+
+def _chat_turn(
+    client: openai.OpenAI, messages: list[Any], *, stream: bool, **kwargs: Any
+) -> tuple[Any, str | None]:
+    """One chat turn, streamed or not, folded into (assistant message as the SDK sees it, finish)."""
+    if not stream:
+        completion = client.chat.completions.create(model="m", messages=messages, **kwargs)
+        return completion.choices[0].message, completion.choices[0].finish_reason
+    with client.chat.completions.stream(model="m", messages=messages, **kwargs) as events:
+        final = events.get_final_completion()
+    return final.choices[0].message, final.choices[0].finish_reason
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_chat_tool_loop(client: openai.OpenAI, router_standin: RouterStandIn, stream: bool) -> None:
+    word = tag()
+    messages: list[Any] = [{"role": "user", "content": f"{word} weather? [[tool_call]]"}]
+    message, finish = _chat_turn(client, messages, stream=stream, tools=[WEATHER, TIME])
+    assert finish == "tool_calls"
+    assert message.content in (None, "")
+    [call] = message.tool_calls
+    assert (call.id, call.type, call.function.name) == ("call_0", "function", "get_weather")
+    assert call.function.arguments == ARGS
+    [first] = received(router_standin, word)
+    assert [t["name"] for t in first["tools"]] == ["get_weather", "get_time"]
+    assert "tool_choice" not in first or first["tool_choice"] == {"mode": "auto"}
+
+    messages.append(message)  # the SDK's own object, as its docs show a tool loop
+    messages.append({"role": "tool", "tool_call_id": call.id, "content": f"9C {word}-result"})
+    answer, finish = _chat_turn(client, messages, stream=stream, tools=[WEATHER, TIME])
+    assert (answer.content, finish) == ("".join(CANNED), "stop")
+    [second] = received(router_standin, f"{word}-result")
+    assert second["messages"][1:] == [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "call_0", "name": "get_weather", "arguments": ARGS, "kind": "function"}
+            ],
+        },
+        {
+            "role": "tool",
+            "content": f"9C {word}-result",
+            "tool_call_id": "call_0",
+            "name": "get_weather",
+        },
+    ]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_chat_parallel_tool_calls(client: openai.OpenAI, stream: bool) -> None:
+    messages: Any = user(f"{tag()} [[parallel_tool_calls]]")
+    message, finish = _chat_turn(client, messages, stream=stream, tools=[WEATHER])
+    assert finish == "tool_calls"
+    assert [(c.id, c.function.name, c.function.arguments) for c in message.tool_calls] == [
+        ("call_0", "get_weather", ARGS),
+        ("call_1", "get_weather", ARGS),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("choice", "expected"),
+    [
+        pytest.param("required", {"mode": "required"}, id="required"),
+        pytest.param(
+            {"type": "function", "function": {"name": "get_time"}},
+            {"mode": "named", "name": "get_time"},
+            id="named",
+        ),
+        pytest.param("none", {"mode": "none"}, id="none"),
+    ],
+)
+def test_chat_tool_choice_reaches_the_router(
+    client: openai.OpenAI, router_standin: RouterStandIn, choice: Any, expected: dict[str, Any]
+) -> None:
+    word = tag()
+    client.chat.completions.create(
+        model="m",
+        messages=user(word),
+        tools=[WEATHER, TIME],
+        tool_choice=choice,
+        parallel_tool_calls=False,
+    )
+    [body] = received(router_standin, word)
+    assert body["tool_choice"] == expected
+    assert body["parallel_tool_calls"] is False
+
+
+def test_chat_structured_output_image_and_reasoning(
+    client: openai.OpenAI, router_standin: RouterStandIn
+) -> None:
+    word = tag()
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"type": "string"}},
+        "required": ["answer"],
+    }
+    completion = client.chat.completions.create(
+        model="m",
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": f"{word} [[reasoning]]"},
+                    {"type": "image_url", "image_url": {"url": PNG, "detail": "low"}},
+                    {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}},
+                ],
+            }
+        ],
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "reply", "schema": schema, "strict": True},
+        },
+        reasoning_effort="low",
+    )
+    message = completion.choices[0].message
+    assert message.content == "".join(CANNED)
+    assert (message.model_extra or {})["reasoning_content"] == "".join(REASONING)
+    [body] = received(router_standin, word)
+    assert body["messages"][0]["content"] == [
+        {"type": "text", "text": f"{word} [[reasoning]]"},
+        {"type": "image", "url": PNG, "detail": "low"},
+        {"type": "image", "url": "https://example.com/cat.png"},
+    ]
+    assert body["response_format"] == {
+        "type": "json_schema",
+        "json_schema": schema,
+        "name": "reply",
+        "strict": True,
+    }
+    assert body["reasoning"] == {"enabled": True, "effort": "low"}
+
+
+def test_chat_streams_reasoning_content(client: openai.OpenAI) -> None:
+    chunks = list(
+        client.chat.completions.create(
+            model="m", messages=user(f"{tag()} [[reasoning]]"), stream=True
+        )
+    )
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    reasoning = "".join((d.model_extra or {}).get("reasoning_content", "") for d in deltas)
+    assert reasoning == "".join(REASONING)
+    assert "".join(d.content or "" for d in deltas) == "".join(CANNED)
+
+
+CHAT_REFUSALS = [
+    ({"tool_choice": "auto"}, "tool_choice", "invalid_value"),
+    ({"functions": [{"name": "f", "parameters": {}}]}, "functions", "unsupported_parameter"),
+    ({"logit_bias": {"x": 1}}, "logit_bias", "invalid_value"),
+    (
+        {"tools": [{"type": "custom", "custom": {"name": "x"}}]},
+        "tools[0].type",
+        "unsupported_parameter",
+    ),
+    (
+        {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+        "tool_choice.function.name",
+        "invalid_value",
+    ),
+    (
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "a"}}},
+        "response_format.json_schema.schema",
+        "missing_required_parameter",
+    ),
+    ({"frobnicate": True}, "frobnicate", "unknown_parameter"),
+]
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "code"), CHAT_REFUSALS, ids=[r[1] for r in CHAT_REFUSALS]
+)
+def test_chat_agent_refusals_are_openai_errors(
+    client: openai.OpenAI,
+    router_standin: RouterStandIn,
+    extra: dict[str, Any],
+    param: str,
+    code: str,
+) -> None:
+    word = tag()
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="m", messages=user(word), extra_body=extra)
+    assert (info.value.status_code, info.value.param, info.value.code) == (400, param, code)
+    assert info.value.type == "invalid_request_error"
+    assert isinstance(info.value.body, dict) and info.value.body["param"] == param
+    assert received(router_standin, word) == []
+
+
+RESPONSES_TOOLS: Any = [
+    {
+        "type": "function",
+        "name": "get_weather",
+        "description": "Weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+    APPLY_PATCH,
+]
+
+
+def _responses_turn(client: openai.OpenAI, *, stream: bool, **kwargs: Any) -> Any:
+    """One Responses turn, streamed or not; the final ``Response`` as the SDK parsed it."""
+    if not stream:
+        return client.responses.create(model="m", **kwargs)
+    events = list(client.responses.create(model="m", stream=True, **kwargs))
+    numbers = [e.sequence_number for e in events]
+    assert numbers == list(range(len(numbers)))
+    assert events[-1].type == "response.completed"
+    return _any(events[-1]).response
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_responses_tool_loop(
+    client: openai.OpenAI, router_standin: RouterStandIn, stream: bool
+) -> None:
+    word = tag()
+    first_input: list[Any] = [{"role": "user", "content": f"{word} [[reasoning]] [[tool_call]]"}]
+    response = _responses_turn(client, stream=stream, input=first_input, tools=RESPONSES_TOOLS)
+    reasoning, call = response.output
+    assert reasoning.type == "reasoning" and reasoning.summary[0].text == "".join(REASONING)
+    assert call.type == "function_call"
+    assert (call.call_id, call.name, call.arguments, call.status) == (
+        "call_0",
+        "get_weather",
+        ARGS,
+        "completed",
+    )
+    assert response.tools[1].type == "custom"
+
+    second_input = [
+        *first_input,
+        *(item.model_dump(exclude_none=True) for item in response.output),
+        {"type": "function_call_output", "call_id": call.call_id, "output": f"9C {word}-out"},
+    ]
+    final = _responses_turn(client, stream=stream, input=second_input, tools=RESPONSES_TOOLS)
+    assert final.output_text == "".join(CANNED)
+    [body] = received(router_standin, f"{word}-out")
+    assert body["messages"][1:] == [
+        {
+            "role": "assistant",
+            "content": "",
+            "reasoning": {"text": "".join(REASONING), "encrypted": False},
+            "tool_calls": [
+                {"id": "call_0", "name": "get_weather", "arguments": ARGS, "kind": "function"}
+            ],
+        },
+        {
+            "role": "tool",
+            "content": f"9C {word}-out",
+            "tool_call_id": "call_0",
+            "name": "get_weather",
+        },
+    ]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_responses_custom_tool_call(client: openai.OpenAI, stream: bool) -> None:
+    tools = [APPLY_PATCH, RESPONSES_TOOLS[0]]
+    response = _responses_turn(client, stream=stream, input=f"{tag()} [[custom_tool]]", tools=tools)
+    [call] = response.output
+    assert call.type == "custom_tool_call"
+    assert (call.call_id, call.name, call.input) == ("call_0", "apply_patch", "".join(CUSTOM_INPUT))
+
+
+def test_responses_stream_events_for_parallel_calls(frontend: Any) -> None:
+    body = {
+        "model": "m",
+        "stream": True,
+        "input": f"{tag()} [[parallel_tool_calls]]",
+        "tools": RESPONSES_TOOLS,
+        "parallel_tool_calls": True,
+    }
+    frames = parse_sse(_post_raw(frontend.base_url + "/v1/responses", body))
+    names = [name for name, _ in frames]
+    call_events = [
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+    ]
+    assert names == [
+        "response.created",
+        "response.in_progress",
+        *call_events,
+        *call_events,
+        "response.completed",
+    ]
+    final = json.loads(frames[-1][1])["response"]
+    assert [(i["call_id"], i["arguments"]) for i in final["output"]] == [
+        ("call_0", ARGS),
+        ("call_1", ARGS),
+    ]
+
+
+def test_codex_shaped_request_is_served_and_converted_exactly(
+    frontend: Any, router_standin: RouterStandIn
+) -> None:
+    body = codex_body()
+    word = tag()
+    body["input"][-1]["content"][0]["text"] += f" {word}"
+    client = openai.OpenAI(
+        base_url=f"{frontend.base_url}/v1",
+        api_key="unused",
+        max_retries=0,
+        default_headers={"session_id": "019a2b3c-conversation", "x-session-id": "019a2b3c"},
+    )
+    extra = {"client_metadata": body.pop("client_metadata")}  # Codex sends it; the SDK has no kwarg
+    events = list(client.responses.create(**body, extra_body=extra))
+    assert events[-1].type == "response.completed"
+    final = _any(events[-1]).response
+    assert final.output_text == "".join(CANNED) and final.store is False
+    assert final.text.verbosity == "low" and final.reasoning.summary == "auto"
+    [got] = received(router_standin, word)
+    request = PreprocessedRequest.model_validate(got)
+    expected = [*CODEX_MESSAGES]
+    expected[-1] = ChatMessage(role="user", content=f"now run the tests {word}")
+    assert request.messages == expected
+    assert request.tools == CODEX_TOOLS
+    assert request.tool_choice == ToolChoice(mode="auto")
+    assert request.parallel_tool_calls is False
+    assert request.reasoning == ReasoningControl(enabled=True, effort="medium")
+    assert request.response_format is None and request.kv_hints is None
+    assert request.session_id == "019a2b3c"
+    assert "kv_hints" not in got  # Codex sends no prompt_cache_options: no hint
+
+
+def test_responses_structured_output_and_image(
+    client: openai.OpenAI, router_standin: RouterStandIn
+) -> None:
+    word = tag()
+    client.responses.create(
+        model="m",
+        input=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_text", "text": word},
+                    {
+                        "type": "input_image",
+                        "image_url": "https://example.com/cat.png",
+                        "detail": "auto",
+                    },
+                ],
+            }
+        ],
+        text={"format": {"type": "json_schema", "name": "reply", "schema": {"type": "object"}}},
+        tools=RESPONSES_TOOLS,
+        tool_choice={"type": "function", "name": "get_weather"},
+    )
+    [body] = received(router_standin, word)
+    assert body["messages"][0]["content"][1] == {
+        "type": "image",
+        "url": "https://example.com/cat.png",
+        "detail": "auto",
+    }
+    assert body["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"type": "object"},
+        "name": "reply",
+    }
+    assert body["tool_choice"] == {"mode": "named", "name": "get_weather"}
+
+
+RESPONSES_REFUSALS = [
+    (
+        {"input": [{"type": "item_reference", "id": "msg_1"}]},
+        "input[0].type",
+        "unsupported_parameter",
+    ),
+    ({"tools": [{"type": "web_search"}]}, "tools[0].type", "unsupported_parameter"),
+    ({"tool_choice": "required"}, "tool_choice", "invalid_value"),
+    ({"previous_response_id": "resp_1"}, "previous_response_id", "unsupported_parameter"),
+    (
+        {"input": [{"type": "function_call_output", "call_id": "nope", "output": "x"}]},
+        "input[0].call_id",
+        "invalid_value",
+    ),
+    (
+        {"text": {"format": {"type": "json_schema", "name": "a"}}},
+        "text.format.schema",
+        "missing_required_parameter",
+    ),
+    ({"reasoning": {"effort": "huge"}}, "reasoning.effort", "invalid_value"),
+    ({"frobnicate": 1}, "frobnicate", "unknown_parameter"),
+]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize(
+    ("extra", "param", "code"), RESPONSES_REFUSALS, ids=[r[1] for r in RESPONSES_REFUSALS]
+)
+def test_responses_agent_refusals_are_openai_errors(
+    client: openai.OpenAI,
+    router_standin: RouterStandIn,
+    extra: dict[str, Any],
+    param: str,
+    code: str,
+    stream: bool,
+) -> None:
+    word = tag()
+    body: dict[str, Any] = {"input": word, **extra}
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.create(model="m", stream=stream, extra_body=body)
+    assert (info.value.status_code, info.value.param, info.value.code) == (400, param, code)
+    assert received(router_standin, word) == []
+
+
+def test_responses_stream_helper_accumulates_calls_and_text(client: openai.OpenAI) -> None:
+    """The SDK's ``responses.stream`` helper rebuilds the response from the events alone."""
+    with client.responses.stream(
+        model="m", input=f"{tag()} [[reasoning]] [[tool_call]]", tools=RESPONSES_TOOLS
+    ) as stream:
+        deltas = [e.delta for e in stream if e.type == "response.function_call_arguments.delta"]
+        final = stream.get_final_response()
+    assert "".join(deltas) == ARGS
+    assert [item.type for item in final.output] == ["reasoning", "function_call"]
+    with client.responses.stream(model="m", input=tag()) as stream:
+        assert stream.get_final_response().output_text == "".join(CANNED)

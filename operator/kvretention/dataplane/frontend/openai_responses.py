@@ -1,0 +1,566 @@
+"""OpenAI Responses requests: a body -> the neutral conversation (answers: ``openai_responses_output``).
+
+Input items fold into chat turns: ``reasoning``, assistant ``message``, ``function_call`` and
+``custom_tool_call`` items of one turn become one assistant message (reasoning, then text, then
+tool calls); ``*_output`` items become ``tool`` messages. Nothing is stored, so anything that
+needs a stored response (``previous_response_id``, ``item_reference``...) is a 400. Every field is
+honoured, a documented no-op, or a 400 naming it (``FIELDS``; docs/frontend.md lists the same).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+from kvretention.dataplane.frontend.common import Completion, ParsedRequest
+from kvretention.dataplane.frontend.errors import Provider
+from kvretention.dataplane.frontend.openai_responses_output import (
+    ResponsesStream,
+    responses_response,
+)
+from kvretention.dataplane.frontend.openai_shared import (
+    F,
+    enum,
+    image,
+    json_schema_format,
+    metadata,
+    obj,
+    only_keys,
+    opt_str,
+    opt_strict,
+    parameters_schema,
+    reasoning_effort,
+    refuse_set,
+    req_str,
+    sampling,
+    tool_name,
+    unknown_tool,
+)
+from kvretention.dataplane.protocol import (
+    ChatMessage,
+    ContentPart,
+    Reasoning,
+    ReasoningControl,
+    ResponseFormat,
+    TextPart,
+    ToolCall,
+    ToolChoice,
+    ToolDefinition,
+    ToolGrammar,
+)
+from kvretention.hints.errors import ClientError
+from kvretention.hints.openai import OPTIONS, normalize_responses
+
+HONOURED: Final = frozenset(
+    {
+        "model",
+        "input",
+        "instructions",
+        "stream",
+        "max_output_tokens",
+        "temperature",
+        "top_p",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "text",
+        "reasoning",
+        "prompt_cache_options",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+    }
+)
+NO_OP: Final = frozenset(
+    {
+        "store",
+        "include",
+        "metadata",
+        "user",
+        "safety_identifier",
+        "service_tier",
+        "stream_options",
+        "truncation",
+        "max_tool_calls",
+        "client_metadata",
+    }
+)
+"""Accepted and type-checked; nothing here acts on them (docs/frontend.md says why for each)."""
+_NO_STORE: Final = "this server keeps no stored responses, conversations or prompts."
+REFUSED: Final[Mapping[str, str]] = {
+    "previous_response_id": _NO_STORE,
+    "conversation": _NO_STORE,
+    "prompt": _NO_STORE,
+    "background": "background responses are not supported.",
+    "background_options": "background responses are not supported.",
+    "top_logprobs": "log probabilities are not supported.",
+    "context_management": "server-side context management is not supported.",
+    "moderation": "moderation is not supported.",
+    "image": "image generation is not supported.",
+    "access_programs": "programmatic tool calling is not supported.",
+}
+FIELDS: Final = HONOURED | NO_OP | frozenset(REFUSED)
+
+_ROLES: Final = ("user", "assistant", "system", "developer")
+_TEXT_PARTS: Final[Mapping[str, str]] = {
+    "input_text": "text",
+    "output_text": "text",
+    "refusal": "refusal",
+}
+_PART_KEYS: Final[Mapping[str, tuple[str, ...]]] = {
+    "input_text": ("type", "text", "prompt_cache_breakpoint"),
+    "output_text": ("type", "text", "annotations", "logprobs"),
+    "refusal": ("type", "refusal"),
+    "input_image": ("type", "image_url", "file_id", "detail", "prompt_cache_breakpoint"),
+}
+_ITEM_KEYS: Final[Mapping[str, tuple[str, ...]]] = {
+    "message": ("type", "role", "content", "id", "status", "phase"),
+    "reasoning": ("type", "id", "summary", "content", "encrypted_content", "status"),
+    "function_call": ("type", "id", "call_id", "name", "arguments", "status"),
+    "custom_tool_call": ("type", "id", "call_id", "name", "input", "status"),
+    "function_call_output": ("type", "id", "call_id", "output", "status"),
+    "custom_tool_call_output": ("type", "id", "call_id", "output", "status", "name"),
+}
+_TOOL_CHOICES: Final = ("none", "auto", "required")
+
+
+# -- parsing -----------------------------------------------------------------------------------
+
+
+def parse_responses(body: dict[str, Any], *, hints: bool = True) -> ParsedRequest:
+    """A ``/v1/responses`` body -> ``ParsedRequest``; raises ``ClientError``.
+
+    With ``hints=False`` the prompt-cache fields are not interpreted: accepted and ignored.
+    """
+    envelope = normalize_responses(body) if hints else None
+    model = F.required_str(body, "model")
+    only_keys(body, where="", allowed=FIELDS)
+    refuse_set(body, REFUSED)
+    no_ops = _no_ops(body)
+    messages: list[ChatMessage] = []
+    instructions = F.opt_str(body, "instructions")
+    if instructions:
+        messages.append(ChatMessage(role="system", content=instructions))
+    if "input" not in body:
+        raise F.missing("input")
+    items = body["input"]
+    if isinstance(items, str):
+        messages.append(ChatMessage(role="user", content=items))
+    elif isinstance(items, list):
+        _Conversation(messages).extend(items)
+    else:
+        raise F.invalid_type("input", items, expected="a string or an array")
+    if not any(m.role != "system" for m in messages):
+        raise F.invalid_value("input", "the input has no user or assistant message.")
+    raw_tools, tools = _tools(body.get("tools"))
+    tool_choice, allowed = _tool_choice(body.get("tool_choice"), tools=tools)
+    parallel = F.opt_bool(body, "parallel_tool_calls", default=True)
+    text_format, text_echo = _text(body.get("text"))
+    control, reasoning_echo = _reasoning_control(body.get("reasoning"))
+    max_tokens = F.opt_int(body, "max_output_tokens", minimum=1)
+    params = sampling(body, max_tokens=max_tokens, stop_key=None)
+    cache_key = body.get("prompt_cache_key")  # type-checked by the normalizer when hints are on
+    echo: dict[str, Any] = {
+        "instructions": instructions,
+        "max_output_tokens": max_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "metadata": metadata(body),
+        "prompt_cache_key": cache_key if isinstance(cache_key, str) else None,
+        "tools": raw_tools,
+        "tool_choice": body.get("tool_choice") or "auto",
+        "parallel_tool_calls": parallel,
+        "text": text_echo,
+        "reasoning": reasoning_echo,
+        **no_ops,
+    }
+    return ParsedRequest(
+        model=model,
+        messages=messages,
+        sampling=params,
+        stream=F.opt_bool(body, "stream"),
+        envelope=envelope,
+        hint_param=OPTIONS if envelope is not None else None,
+        include_usage=True,
+        echo=echo,
+        tools=allowed,
+        tool_choice=tool_choice,
+        parallel_tool_calls=parallel,
+        response_format=text_format,
+        reasoning=control,
+    )
+
+
+def _no_ops(body: Mapping[str, Any]) -> dict[str, Any]:
+    """Type-check the documented no-ops; returns those the response object repeats."""
+    F.opt_bool(body, "store")
+    include = body.get("include")
+    if include is not None and (
+        not isinstance(include, list) or not all(isinstance(i, str) for i in include)
+    ):
+        raise F.invalid_type("include", include, expected="an array of strings")
+    options = body.get("stream_options")
+    if options is not None:
+        only_keys(
+            obj(options, where="stream_options"),
+            where="stream_options",
+            allowed=("include_obfuscation",),
+        )
+    truncation = enum(body, "truncation", where="", values=("disabled", "auto"))
+    if truncation == "auto":
+        raise F.unsupported("truncation", "'auto' truncation is not supported; use 'disabled'.")
+    max_tool_calls = F.opt_int(body, "max_tool_calls", minimum=1)
+    _string_map(body, "client_metadata")  # Codex's per-request tags: nothing here reads them
+    return {
+        "user": F.opt_str(body, "user"),
+        "safety_identifier": F.opt_str(body, "safety_identifier"),
+        "service_tier": F.opt_str(body, "service_tier"),
+        "truncation": "disabled",
+        "max_tool_calls": max_tool_calls,
+        "store": False,  # nothing is ever stored here, whatever the client asked
+    }
+
+
+def _string_map(body: Mapping[str, Any], key: str) -> None:
+    value = body.get(key)
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise F.invalid_type(key, value, expected="an object")
+    for name, item in value.items():
+        if not isinstance(item, str):
+            raise F.invalid_type(f"{key}.{name}", item, expected="a string")
+
+
+class _Conversation:
+    """Folds Responses input items into neutral chat messages (see the module docstring)."""
+
+    def __init__(self, messages: list[ChatMessage]) -> None:
+        self.messages = messages
+        self.calls: dict[str, str] = {}
+        """call_id -> tool name, of the calls seen so far (outputs must answer one)."""
+
+    def extend(self, items: list[Any]) -> None:
+        for index, raw in enumerate(items):
+            self.add(raw, where=F.path("input", index))
+
+    def add(self, raw: object, *, where: str) -> None:
+        item = obj(raw, where=where)
+        kind = item.get("type", "message")
+        if kind == "item_reference":
+            raise F.unsupported(
+                f"{where}.type", "item references need stored responses; send the item itself."
+            )
+        if not isinstance(kind, str) or kind not in _ITEM_KEYS:
+            supported = ", ".join(f"'{k}'" for k in _ITEM_KEYS)
+            raise F.unsupported(
+                f"{where}.type",
+                f"input items of type {kind!r} are not supported (supported: {supported}).",
+            )
+        only_keys(item, where=where, allowed=_ITEM_KEYS[kind])
+        if kind == "message":
+            self._message(item, where=where)
+        elif kind == "reasoning":
+            self._reasoning(item, where=where)
+        elif kind in ("function_call", "custom_tool_call"):
+            self._call(item, where=where, custom=kind == "custom_tool_call")
+        else:
+            self._output(item, where=where)
+
+    def _turn(self) -> ChatMessage | None:
+        """The assistant message the current turn's items join, if the last message is one."""
+        last = self.messages[-1] if self.messages else None
+        return last if last is not None and last.role == "assistant" else None
+
+    def _message(self, item: Mapping[str, Any], *, where: str) -> None:
+        role = item.get("role")
+        if not isinstance(role, str) or role not in _ROLES:
+            supported = ", ".join(f"'{r}'" for r in _ROLES)
+            raise F.invalid_value(f"{where}.role", f"{role!r}. Supported values are: {supported}.")
+        # ``phase`` (commentary / final_answer) labels an output message; templates do not show it
+        enum(item, "phase", where=where, values=("commentary", "final_answer"))
+        content = _content(item.get("content"), where=f"{where}.content", images=role == "user")
+        turn = self._turn()
+        if role == "assistant" and turn is not None and not turn.content and not turn.tool_calls:
+            self.messages[-1] = turn.model_copy(update={"content": content})
+            return
+        self.messages.append(ChatMessage(role=role, content=content))
+
+    def _reasoning(self, item: Mapping[str, Any], *, where: str) -> None:
+        """Summary (or ``reasoning_text`` content) is what the model sees; encrypted_content is opaque."""
+        summary = _texts(item.get("summary"), where=f"{where}.summary", kinds=("summary_text",))
+        # Codex replays content only as ``text`` parts; OpenAI's own are ``reasoning_text``
+        kinds = ("reasoning_text", "text")
+        content = _texts(item.get("content"), where=f"{where}.content", kinds=kinds)
+        encrypted = opt_str(item, "encrypted_content", where=where)
+        text = "\n\n".join(content or summary)
+        reasoning = Reasoning(text=text, encrypted=encrypted is not None)
+        turn = self._turn()
+        if turn is not None and turn.reasoning is None and not turn.content and not turn.tool_calls:
+            self.messages[-1] = turn.model_copy(update={"reasoning": reasoning})
+            return
+        self.messages.append(ChatMessage(role="assistant", reasoning=reasoning))
+
+    def _call(self, item: Mapping[str, Any], *, where: str, custom: bool) -> None:
+        call_id = req_str(item, "call_id", where=where)
+        name = req_str(item, "name", where=where)
+        arguments = req_str(item, "input" if custom else "arguments", where=where)
+        if not call_id or not name:
+            raise F.invalid_value(where, "a tool call needs a non-empty 'call_id' and 'name'.")
+        call = ToolCall(
+            id=call_id, name=name, arguments=arguments, kind="custom" if custom else "function"
+        )
+        self.calls[call_id] = name
+        turn = self._turn()
+        if turn is not None:
+            self.messages[-1] = turn.model_copy(update={"tool_calls": [*turn.tool_calls, call]})
+        else:
+            self.messages.append(ChatMessage(role="assistant", tool_calls=[call]))
+
+    def _output(self, item: Mapping[str, Any], *, where: str) -> None:
+        call_id = req_str(item, "call_id", where=where)
+        if call_id not in self.calls:
+            raise F.invalid_value(
+                f"{where}.call_id", f"no tool call found for output with call_id '{call_id}'."
+            )
+        if "output" not in item:
+            raise F.missing(f"{where}.output")
+        content = _content(item["output"], where=f"{where}.output", images=True)
+        self.messages.append(
+            ChatMessage(
+                role="tool", content=content, tool_call_id=call_id, name=self.calls[call_id]
+            )
+        )
+
+
+def _texts(raw: object, *, where: str, kinds: tuple[str, ...]) -> list[str]:
+    """The texts of a reasoning item's ``summary`` / ``content`` list."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise F.invalid_type(where, raw, expected="an array")
+    out: list[str] = []
+    for i, part in enumerate(raw):
+        at = f"{where}[{i}]"
+        entry = obj(part, where=at)
+        only_keys(entry, where=at, allowed=("type", "text"))
+        if entry.get("type") not in kinds:
+            expected = ", ".join(f"'{k}'" for k in kinds)
+            raise F.invalid_value(f"{at}.type", f"{entry.get('type')!r}. Expected {expected}.")
+        out.append(req_str(entry, "text", where=at))
+    return out
+
+
+def _content(content: object, *, where: str, images: bool) -> str | list[ContentPart]:
+    """String content, or parts: text only -> one string joined by newlines; with images -> parts."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise F.invalid_type(where, content, expected="a string or an array of content parts")
+    parts: list[ContentPart] = []
+    for j, raw in enumerate(content):
+        param = f"{where}[{j}]"
+        part = obj(raw, where=param)
+        kind = part.get("type")
+        allowed = isinstance(kind, str) and (
+            kind in _TEXT_PARTS or (images and kind == "input_image")
+        )
+        if not allowed:
+            raise F.unsupported(
+                f"{param}.type", f"content parts of type {kind!r} are not supported here."
+            )
+        only_keys(part, where=param, allowed=_PART_KEYS[str(kind)])
+        if kind == "input_image":
+            if part.get("file_id") is not None:
+                raise F.unsupported(f"{param}.file_id", "file ids need stored files; send a URL.")
+            parts.append(
+                image(
+                    part.get("image_url"),
+                    detail=part.get("detail"),
+                    where=param,
+                    url_param=f"{param}.image_url",
+                )
+            )
+        else:
+            parts.append(TextPart(text=req_str(part, _TEXT_PARTS[str(kind)], where=param)))
+    if all(isinstance(p, TextPart) for p in parts):
+        return "\n".join(p.text for p in parts if isinstance(p, TextPart))
+    return parts
+
+
+def _tools(raw: object) -> tuple[list[dict[str, Any]], list[ToolDefinition]]:
+    """The tools as echoed in the response object, and as the worker gets them."""
+    if raw is None:
+        return [], []
+    if not isinstance(raw, list):
+        raise F.invalid_type("tools", raw, expected="an array")
+    echo: list[dict[str, Any]] = []
+    tools: list[ToolDefinition] = []
+    for i, item in enumerate(raw):
+        where = f"tools[{i}]"
+        tool = obj(item, where=where)
+        kind = tool.get("type")
+        if kind == "function":
+            only_keys(
+                tool, where=where, allowed=("type", "name", "description", "parameters", "strict")
+            )
+            definition = ToolDefinition(
+                name=tool_name(tool, where=where),
+                description=opt_str(tool, "description", where=where),
+                parameters=parameters_schema(tool, where=where),
+                strict=opt_strict(tool, where=where),
+            )
+        elif kind == "custom":
+            only_keys(tool, where=where, allowed=("type", "name", "description", "format"))
+            definition = ToolDefinition(
+                kind="custom",
+                name=tool_name(tool, where=where),
+                description=opt_str(tool, "description", where=where),
+                grammar=_grammar(tool.get("format"), where=f"{where}.format"),
+            )
+        else:
+            raise F.unsupported(
+                f"{where}.type",
+                f"tools of type {kind!r} are not supported; use 'function' or 'custom'.",
+            )
+        if any(t.name == definition.name for t in tools):
+            raise F.invalid_value(
+                f"{where}.name", f"the tool name '{definition.name}' is used twice."
+            )
+        tools.append(definition)
+        echo.append(tool)
+    return echo, tools
+
+
+def _grammar(raw: object, *, where: str) -> ToolGrammar | None:
+    if raw is None:
+        return None
+    fmt = obj(raw, where=where)
+    kind = fmt.get("type")
+    if kind == "text":
+        only_keys(fmt, where=where, allowed=("type",))
+        return None
+    if kind != "grammar":
+        raise F.invalid_value(
+            f"{where}.type", f"{kind!r}. Supported values are: 'text', 'grammar'."
+        )
+    only_keys(fmt, where=where, allowed=("type", "syntax", "definition"))
+    syntax = enum(fmt, "syntax", where=where, values=("lark", "regex"))
+    if syntax is None:
+        raise F.missing(f"{where}.syntax")
+    definition = req_str(fmt, "definition", where=where)
+    return ToolGrammar(syntax=syntax, definition=definition)
+
+
+def _tool_choice(
+    raw: object, *, tools: list[ToolDefinition]
+) -> tuple[ToolChoice, list[ToolDefinition]]:
+    """The choice, and the tools the template shows (``allowed_tools`` narrows them)."""
+    if raw is None:
+        return ToolChoice(), tools
+    if isinstance(raw, str):
+        if raw not in _TOOL_CHOICES:
+            supported = ", ".join(f"'{c}'" for c in _TOOL_CHOICES)
+            raise F.invalid_value("tool_choice", f"'{raw}'. Supported values are: {supported}.")
+        if raw == "required" and not tools:
+            raise _no_tools()
+        return ToolChoice(mode=raw), tools
+    choice = obj(raw, where="tool_choice")
+    kind = choice.get("type")
+    if kind in ("function", "custom"):
+        only_keys(choice, where="tool_choice", allowed=("type", "name"))
+        name = req_str(choice, "name", where="tool_choice")
+        if not any(t.name == name and t.kind == kind for t in tools):
+            raise unknown_tool("tool_choice.name", name)
+        return ToolChoice(mode="named", name=name), tools
+    if kind == "allowed_tools":
+        return _allowed_tools(choice, tools=tools)
+    raise F.unsupported(
+        "tool_choice.type",
+        f"tool_choice of type {kind!r} is not supported; use 'function', 'custom' or "
+        "'allowed_tools'.",
+    )
+
+
+def _no_tools() -> ClientError:
+    return F.invalid_value("tool_choice", "'required' needs at least one tool in 'tools'.")
+
+
+def _allowed_tools(
+    choice: Mapping[str, Any], *, tools: list[ToolDefinition]
+) -> tuple[ToolChoice, list[ToolDefinition]]:
+    only_keys(choice, where="tool_choice", allowed=("type", "mode", "tools"))
+    mode = enum(choice, "mode", where="tool_choice", values=("auto", "required"))
+    listed = choice.get("tools")
+    if not isinstance(listed, list) or not listed:
+        raise F.invalid_type("tool_choice.tools", listed, expected="a non-empty array")
+    names: set[str] = set()
+    for i, item in enumerate(listed):
+        at = f"tool_choice.tools[{i}]"
+        entry = obj(item, where=at)
+        only_keys(entry, where=at, allowed=("type", "name"))
+        name = req_str(entry, "name", where=at)
+        if not any(t.name == name and t.kind == entry.get("type") for t in tools):
+            raise unknown_tool(f"{at}.name", name)
+        names.add(name)
+    return (
+        ToolChoice(mode="required" if mode == "required" else "auto"),
+        [t for t in tools if t.name in names],
+    )
+
+
+def _text(raw: object) -> tuple[ResponseFormat | None, dict[str, Any]]:
+    """``text.format`` -> structured output; ``text.verbosity`` is echoed only (a no-op)."""
+    if raw is None:
+        return None, {"format": {"type": "text"}, "verbosity": "medium"}
+    text = obj(raw, where="text")
+    only_keys(text, where="text", allowed=("format", "verbosity"))
+    verbosity = enum(text, "verbosity", where="text", values=("low", "medium", "high"))
+    echo: dict[str, Any] = {"format": {"type": "text"}, "verbosity": verbosity or "medium"}
+    fmt_raw = text.get("format")
+    if fmt_raw is None:
+        return None, echo
+    fmt = obj(fmt_raw, where="text.format")
+    echo["format"] = fmt
+    kind = fmt.get("type")
+    if kind in ("text", "json_object"):
+        only_keys(fmt, where="text.format", allowed=("type",))
+        return (None if kind == "text" else ResponseFormat(type="json_object")), echo
+    if kind == "json_schema":
+        only_keys(
+            fmt, where="text.format", allowed=("type", "name", "schema", "strict", "description")
+        )
+        return json_schema_format(fmt, where="text.format"), echo
+    raise F.invalid_value(
+        "text.format.type", f"{kind!r}. Supported values are: 'text', 'json_object', 'json_schema'."
+    )
+
+
+def _reasoning_control(raw: object) -> tuple[ReasoningControl | None, dict[str, Any]]:
+    if raw is None:
+        return None, {"effort": None, "summary": None}
+    spec = obj(raw, where="reasoning")
+    only_keys(spec, where="reasoning", allowed=("effort", "summary", "generate_summary", "mode"))
+    mode = enum(spec, "mode", where="reasoning", values=("standard", "pro"))
+    if mode == "pro":
+        raise F.unsupported("reasoning.mode", "only 'standard' reasoning is supported.")
+    summaries = ("auto", "concise", "detailed")
+    summary = enum(spec, "summary", where="reasoning", values=summaries)
+    summary = summary or enum(spec, "generate_summary", where="reasoning", values=summaries)
+    control = reasoning_effort(spec.get("effort"), param="reasoning.effort")
+    return control, {"effort": spec.get("effort"), "summary": summary}
+
+
+class ResponsesApi:
+    endpoint = "responses"
+    provider = Provider.OPENAI
+
+    def parse(self, body: dict[str, Any], *, hints: bool) -> ParsedRequest:
+        return parse_responses(body, hints=hints)
+
+    def response(
+        self, parsed: ParsedRequest, result: Completion, *, request_id: str
+    ) -> dict[str, Any]:
+        return responses_response(parsed, result, request_id=request_id)
+
+    def formatter(self, parsed: ParsedRequest, *, request_id: str) -> ResponsesStream:
+        return ResponsesStream(parsed, request_id=request_id)
