@@ -810,7 +810,15 @@ def claude_code_expected(body: dict[str, Any]) -> dict[str, Any]:
     last = body["messages"][-1]["content"][-1]["text"]
     return expected_wire(
         messages=[
-            ChatMessage(role="system", content="\n".join(b["text"] for b in body["system"])),
+            # the billing header is normalised away (--normalize-clients, on by default)
+            ChatMessage(
+                role="system",
+                content="\n".join(
+                    b["text"]
+                    for b in body["system"]
+                    if not b["text"].startswith("x-anthropic-billing-header:")
+                ),
+            ),
             ChatMessage(role="user", content=f"{reminder}\nwhy does the test fail?"),
             ChatMessage(
                 role="assistant",
@@ -863,6 +871,8 @@ def claude_code_expected(body: dict[str, Any]) -> dict[str, Any]:
             )
             for t in body["tools"]
         ],
+        # Claude Code's session travels in metadata.user_id (the default --session-keys)
+        session_id=body["metadata"]["user_id"],
         reasoning=ReasoningControl(enabled=True, budget_tokens=31999),
         sampling=SamplingParams(max_new_tokens=32000, temperature=1.0),
     )

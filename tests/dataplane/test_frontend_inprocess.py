@@ -345,3 +345,119 @@ async def test_count_tokens_stops_at_the_first_usage_and_closes_the_stream() -> 
     assert sent["count_only"] is True
     assert sent["model"] == "served"
     assert sent["sampling"] == {"max_new_tokens": 0}
+
+
+# -- placement data for the router, and client normalisation -----------------------------------
+
+CODEX_BODY: dict[str, Any] = {
+    "model": "m",
+    "instructions": "You are Codex.",
+    "input": [{"type": "message", "role": "user", "content": "affinity-codex"}],
+    "prompt_cache_key": "conv-1",
+}
+CLAUDE_BODY: dict[str, Any] = {
+    "model": "m",
+    "max_tokens": 16,
+    "system": [
+        {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.0.14; cch=ab12;"},
+        {"type": "text", "text": "You are Claude Code."},
+    ],
+    "messages": [{"role": "user", "content": "affinity-claude"}],
+    "metadata": {"user_id": "user_abc_account__session_42"},
+}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "headers", "config", "session", "prefix_blocks"),
+    [
+        pytest.param(
+            "/v1/responses", CODEX_BODY, {"session_id": "conv-1"}, {}, "conv-1", 2, id="codex"
+        ),
+        pytest.param(
+            "/v1/messages",
+            CLAUDE_BODY,
+            {},
+            {},
+            "user_abc_account__session_42",
+            2,
+            id="claude-code",
+        ),
+        pytest.param(
+            "/v1/messages",
+            CLAUDE_BODY,
+            {"x-claude-code-session-id": "cc-7"},
+            {},
+            "cc-7",
+            2,
+            id="claude-code-header-first",
+        ),
+        # prompt_cache_key alone is not affinity
+        pytest.param("/v1/responses", CODEX_BODY, {}, {}, None, 2, id="prompt-cache-key-only"),
+        pytest.param(
+            "/v1/responses",
+            CODEX_BODY,
+            {"session_id": "conv-1"},
+            {"session_keys": (), "prefix_routing": False},
+            None,
+            0,
+            id="affinity-off",
+        ),
+    ],
+)
+async def test_router_gets_session_and_prefix_chain_in_headers(
+    router_standin: RouterStandIn,
+    path: str,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    config: dict[str, Any],
+    session: str | None,
+    prefix_blocks: int,
+) -> None:
+    router_standin.clear()
+    app = create_app(FrontendConfig(router_url=router_standin.base_url, **config))
+    client = await _client(app)
+    try:
+        resp = await client.post(path, json=body, headers=headers)
+        assert resp.status == 200, await resp.text()
+    finally:
+        await client.close()
+    [received] = router_standin.received
+    sent = {k.lower(): v for k, v in received.headers.items()}
+    assert sent.get("x-session-id") == session
+    assert received.body.get("session_id") == session
+    chain = [h for h in sent.get("x-kvr-prefix", "").split(",") if h]
+    assert len(chain) == prefix_blocks
+    assert all(len(h) == 16 for h in chain)
+
+
+async def test_billing_header_is_dropped_counted_and_traced(
+    router_standin: RouterStandIn, tmp_path: Any
+) -> None:
+    from kvretention.dataplane.trace import RequestTrace
+
+    router_standin.clear()
+    trace_path = tmp_path / "trace.jsonl"
+    trace = RequestTrace(str(trace_path), component="frontend")
+    for normalize in (True, False):
+        app = create_app(
+            FrontendConfig(router_url=router_standin.base_url, normalize_clients=normalize),
+            trace=trace if normalize else None,
+        )
+        client = await _client(app)
+        try:
+            assert (await client.post("/v1/messages", json=CLAUDE_BODY)).status == 200
+            metrics = await (await client.get("/metrics")).text()
+        finally:
+            await client.close()
+        system = router_standin.received[-1].body["messages"][0]
+        if normalize:
+            assert system == {"role": "system", "content": "You are Claude Code."}
+            assert (
+                'kvr_frontend_normalized_total{endpoint="messages",kind="billing_header"} 1.0'
+                in metrics
+            )
+        else:
+            assert system["content"].startswith("x-anthropic-billing-header:")
+            assert "kvr_frontend_normalized_total{" not in metrics
+    [record] = [json.loads(line) for line in trace_path.read_text().splitlines()]
+    assert record["normalized"] == ["billing_header"]

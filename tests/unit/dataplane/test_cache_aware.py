@@ -187,3 +187,40 @@ def test_drop_billing_header_keeps_the_rest_of_the_system_prompt() -> None:
     only = ChatMessage(role="system", content="x-anthropic-billing-header: cc_version=1; cch=2;")
     assert drop_billing_header([only, user]) == ([user], True)
     assert drop_billing_header([user]) == ([user], False)
+    # blocks joined into one string: only the header line goes
+    joined = ChatMessage(
+        role="system", content="x-anthropic-billing-header: cc_version=1; cch=2;\nYou are Claude."
+    )
+    assert drop_billing_header([joined]) == (
+        [ChatMessage(role="system", content="You are Claude.")],
+        True,
+    )
+    plain = ChatMessage(role="system", content="Mentions x-anthropic-billing-header: mid-line.")
+    assert drop_billing_header([plain]) == ([plain], False)
+
+
+@pytest.mark.parametrize(
+    ("value", "keys"),
+    [
+        (
+            "x-session-id,session_id,metadata.user_id",
+            ("x-session-id", "session_id", "metadata.user_id"),
+        ),
+        (" a , b ", ("a", "b")),
+        ("", ()),
+    ],
+)
+def test_frontend_session_keys_flag(value: str, keys: tuple[str, ...]) -> None:
+    from kvretention.dataplane.frontend.cli import parse_session_keys
+
+    assert parse_session_keys(value) == keys
+
+
+@pytest.mark.parametrize("value", ["a b", "metadata.", "metadata.user id", "-x"])
+def test_frontend_session_keys_flag_refuses_malformed_keys(value: str) -> None:
+    import click
+
+    from kvretention.dataplane.frontend.cli import parse_session_keys
+
+    with pytest.raises(click.BadParameter):
+        parse_session_keys(value)

@@ -23,6 +23,7 @@ from typing import Any, Final
 from kvretention.dataplane.protocol import (
     DEFAULT_SESSION_KEYS,
     ChatMessage,
+    ImagePart,
     TextPart,
     ToolDefinition,
 )
@@ -83,14 +84,17 @@ def prefix_chain(messages: Sequence[ChatMessage], tools: Sequence[ToolDefinition
     return chain
 
 
-def is_billing_header(message: ChatMessage) -> bool:
-    """A system message that is only Claude Code's per-request billing header."""
-    return message.role == "system" and message.text().lstrip().startswith(BILLING_HEADER)
+def _strip_billing_lines(text: str) -> str | None:
+    """``text`` without its billing-header lines; ``None`` when nothing was removed."""
+    lines = text.split("\n")
+    kept = [line for line in lines if not line.lstrip().startswith(BILLING_HEADER)]
+    return None if len(kept) == len(lines) else "\n".join(kept)
 
 
 def drop_billing_header(messages: list[ChatMessage]) -> tuple[list[ChatMessage], bool]:
-    """The conversation without Claude Code's billing-header system text, and whether one was
-    dropped. A system message made of several blocks keeps its other blocks."""
+    """The conversation without Claude Code's billing-header line in system messages, and whether
+    one was dropped. Only that line goes: the rest of the system prompt stays, and a system
+    message left empty is dropped."""
     out: list[ChatMessage] = []
     dropped = False
     for message in messages:
@@ -98,20 +102,26 @@ def drop_billing_header(messages: list[ChatMessage]) -> tuple[list[ChatMessage],
             out.append(message)
             continue
         if isinstance(message.content, str):
-            if is_billing_header(message):
+            text = _strip_billing_lines(message.content)
+            if text is not None:
                 dropped = True
-                continue
+                if not text.strip():
+                    continue
+                message = message.model_copy(update={"content": text})
             out.append(message)
             continue
-        kept = [
-            p
-            for p in message.content
-            if not (isinstance(p, TextPart) and p.text.lstrip().startswith(BILLING_HEADER))
-        ]
-        if len(kept) != len(message.content):
-            dropped = True
-            if not kept:
+        parts: list[TextPart | ImagePart] = []
+        for part in message.content:
+            text = _strip_billing_lines(part.text) if isinstance(part, TextPart) else None
+            if text is None:
+                parts.append(part)
                 continue
-            message = message.model_copy(update={"content": kept})
+            dropped = True
+            if text.strip():
+                parts.append(part.model_copy(update={"text": text}))
+        if not parts:
+            continue
+        if len(parts) != len(message.content) or dropped:
+            message = message.model_copy(update={"content": parts})
         out.append(message)
     return out, dropped
