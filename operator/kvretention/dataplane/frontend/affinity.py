@@ -56,8 +56,27 @@ def session_key(
     return None
 
 
-def _digest(previous: bytes, block: bytes) -> bytes:
-    return hashlib.blake2b(previous + block, digest_size=8).digest()
+def _message_bytes(message: ChatMessage) -> bytes:
+    """What identifies a message, cheaply: plain attribute reads, no model serialization (this
+    runs on every request over histories of hundreds of kilobytes)."""
+    fields: list[str] = [message.role, message.tool_call_id or "", message.name or ""]
+    if isinstance(message.content, str):
+        fields.append(message.content)
+    else:
+        fields.extend(p.text if isinstance(p, TextPart) else p.url for p in message.content)
+    if message.reasoning is not None:
+        fields.append(message.reasoning.text)
+    for call in message.tool_calls:
+        fields.extend((call.id, call.name, call.arguments))
+    return "\x1f".join(fields).encode("utf-8", "surrogatepass")
+
+
+def _head_bytes(system: Sequence[ChatMessage], tools: Sequence[ToolDefinition]) -> bytes:
+    parts = [_message_bytes(m) for m in system]
+    for tool in tools:
+        schema = json.dumps(tool.parameters, sort_keys=True) if tool.parameters else ""
+        parts.append(f"{tool.kind}\x1f{tool.name}\x1f{tool.description or ''}\x1f{schema}".encode())
+    return b"\x1e".join(parts)
 
 
 def prefix_chain(messages: Sequence[ChatMessage], tools: Sequence[ToolDefinition]) -> list[str]:
@@ -65,22 +84,13 @@ def prefix_chain(messages: Sequence[ChatMessage], tools: Sequence[ToolDefinition
     head = 0
     while head < len(messages) and messages[head].role in ("system", "developer"):
         head += 1
-    first = json.dumps(
-        {
-            "tools": [t.model_dump(mode="json", exclude_none=True) for t in tools],
-            "system": [m.model_dump(mode="json") for m in messages[:head]],
-        },
-        sort_keys=True,
-        separators=(",", ":"),
-    ).encode()
-    blocks = [first, *(m.model_dump_json().encode() for m in messages[head:])]
-    chain: list[str] = []
-    digest = b""
-    last = len(blocks) - 1
-    for i, block in enumerate(blocks):
-        digest = _digest(digest, block)
-        if i < FULL_CHAIN_BLOCKS or i % CHAIN_STRIDE == 0 or i == last:
-            chain.append(digest.hex())
+    hasher = hashlib.blake2b(_head_bytes(messages[:head], tools), digest_size=8)
+    chain = [hasher.hexdigest()]
+    rest = messages[head:]
+    for i, message in enumerate(rest, start=1):
+        hasher.update(b"\x1d" + _message_bytes(message))
+        if i < FULL_CHAIN_BLOCKS or i % CHAIN_STRIDE == 0 or i == len(rest):
+            chain.append(hasher.hexdigest())
     return chain
 
 
