@@ -67,7 +67,7 @@ To call a function, answer with one or more blocks like this one:
 {% endif -%}
 {%- for message in messages[ns.start:] -%}
   {%- set index = loop.index0 + ns.start -%}
-  {%- if message.role in ('user', 'system', 'developer') -%}
+  {%- if message.role in ('user', 'system') -%}
 <|im_start|>{{ message.role }}
 {{ render_content(message.content) }}<|im_end|>
 {% elif message.role == 'assistant' -%}
@@ -122,7 +122,9 @@ def build_tokenizer() -> Any:
         tokenizer_object=core,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in ("<|im_end|>", "<|endoftext|>")],
+        additional_special_tokens=[
+            t for t in SPECIAL_TOKENS if t not in ("<|im_end|>", "<|endoftext|>")
+        ],
     )
     tokenizer.add_tokens(list(ADDED_TOKENS))
     tokenizer.chat_template = CHAT_TEMPLATE
