@@ -52,7 +52,10 @@ def _msg(**fields: Any) -> ChatMessage:
             [],
         ),
         (
-            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+            },
             False,
             {"role": "user", "content": "a\nb"},
             [],
@@ -66,7 +69,10 @@ def _msg(**fields: Any) -> ChatMessage:
                 ],
             },
             False,
-            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "what is it?"}]},
+            {
+                "role": "user",
+                "content": [{"type": "image"}, {"type": "text", "text": "what is it?"}],
+            },
             ["data:image/png;base64,AAAA"],
         ),
         (
@@ -74,7 +80,9 @@ def _msg(**fields: Any) -> ChatMessage:
                 "role": "assistant",
                 "content": "Checking.",
                 "reasoning": {"text": "need weather", "signature": "sig"},
-                "tool_calls": [{"id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'}],
+                "tool_calls": [
+                    {"id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'}
+                ],
             },
             False,
             {
@@ -101,7 +109,12 @@ def _msg(**fields: Any) -> ChatMessage:
             {
                 "role": "assistant",
                 "tool_calls": [
-                    {"id": "c2", "name": "apply_patch", "arguments": "*** Begin Patch", "kind": "custom"},
+                    {
+                        "id": "c2",
+                        "name": "apply_patch",
+                        "arguments": "*** Begin Patch",
+                        "kind": "custom",
+                    },
                     {"id": "c3", "name": "get_weather", "arguments": ""},
                 ],
             },
@@ -113,9 +126,16 @@ def _msg(**fields: Any) -> ChatMessage:
                     {
                         "id": "c2",
                         "type": "function",
-                        "function": {"name": "apply_patch", "arguments": {"input": "*** Begin Patch"}},
+                        "function": {
+                            "name": "apply_patch",
+                            "arguments": {"input": "*** Begin Patch"},
+                        },
                     },
-                    {"id": "c3", "type": "function", "function": {"name": "get_weather", "arguments": {}}},
+                    {
+                        "id": "c3",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": {}},
+                    },
                 ],
             },
             [],
@@ -221,7 +241,10 @@ def test_offered_tools_follow_tool_choice(choice: ToolChoice, names: list[str]) 
                     "parameters": {
                         "type": "object",
                         "properties": {
-                            "input": {"type": "string", "description": "The tool's free-form input."}
+                            "input": {
+                                "type": "string",
+                                "description": "The tool's free-form input.",
+                            }
                         },
                         "required": ["input"],
                     },
@@ -297,7 +320,7 @@ def test_tools_history_and_results_render_with_the_models_template(tokenizer: An
     ]
     rendered = render_and_encode(tokenizer, conversation, tools=[WEATHER])
     assert rendered.text.startswith("<|im_start|>system\nBe brief.\n\n# Tools")
-    assert '"name": "get_weather"' in rendered.text.split("</tools>")[0]
+    assert '"name": "get_weather"' in rendered.text.split("\n</tools>")[0]
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in (
         rendered.text
     )

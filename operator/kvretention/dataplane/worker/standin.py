@@ -92,11 +92,12 @@ def markers_of(prompt: str) -> dict[str, str | None]:
 
 def tools_in_prompt(prompt: str) -> list[dict[str, Any]]:
     """The functions a Qwen-style template listed between ``<tools>`` and ``</tools>``."""
-    start, end = prompt.find("<tools>"), prompt.find("</tools>")
+    start = prompt.find("<tools>\n")
+    end = prompt.find("\n</tools>", start)
     if start < 0 or end < start:
         return []
     found = []
-    for line in prompt[start + len("<tools>") : end].splitlines():
+    for line in prompt[start + len("<tools>\n") : end].splitlines():
         try:
             item = json.loads(line)
         except ValueError:
@@ -161,7 +162,9 @@ def tool_array_schema_calls(json_schema: str | None) -> list[tuple[str, dict[str
     return None
 
 
-def plan_reply(prompt: str, *, sampling: dict[str, Any], tool_format: str) -> Reply:
+def plan_reply(
+    prompt: str, *, sampling: dict[str, Any], tool_format: str, thinks: bool = False
+) -> Reply:
     """The pieces one request is answered with (see the module docstring)."""
     array_calls = tool_array_schema_calls(sampling.get("json_schema"))
     if array_calls is not None:
@@ -170,9 +173,14 @@ def plan_reply(prompt: str, *, sampling: dict[str, Any], tool_format: str) -> Re
     markers = markers_of(prompt)
     pieces: list[str] = []
     reasoning = 0
-    if "reasoning" in markers:
-        opened = prompt.rstrip().endswith("<think>")
+    opened = prompt.rstrip().endswith("<think>")
+    closed = prompt.rstrip().endswith("</think>")
+    if "reasoning" in markers and not closed:
         pieces += ([] if opened else ["<think>"]) + list(REASONING_PIECES) + ["</think>", "\n\n"]
+        reasoning = len(pieces)
+    elif thinks and not closed:
+        # A thinking model opens its answer with a think block even when it has little to say.
+        pieces += ([] if opened else ["<think>"]) + ["\n\n", "</think>", "\n\n"]
         reasoning = len(pieces)
     tools = tools_in_prompt(prompt)
     wanted = markers.get("tool_call")
@@ -209,6 +217,10 @@ class StandinConfig:
     """A local Hugging Face tokenizer directory (``--tokenizer-path`` / ``--model-path``)."""
     tool_format: str = "qwen25"
     """The native tool-call format it answers in (``--tool-call-parser``)."""
+    thinks: bool = False
+    """A thinking model (``--reasoning-parser`` given): every answer opens with a think block,
+    empty unless ``[[standin:reasoning]]`` asks for reasoning, and none when the prompt closed
+    the block itself (thinking switched off)."""
     server_argv: tuple[str, ...] = field(default=())
 
     @classmethod
@@ -224,6 +236,7 @@ class StandinConfig:
             fail=base.fail,
             tokenizer_path=tokenizer,
             tool_format=tool_format,
+            thinks=bool(flags.get("--reasoning-parser")),
             server_argv=tuple(argv),
         )
 
@@ -352,7 +365,10 @@ class _StandinBase:
         rid = str(arguments.get("rid") or "")
         sampling = arguments.get("sampling_params") or {}
         reply = plan_reply(
-            self._prompt_text(arguments), sampling=sampling, tool_format=self.config.tool_format
+            self._prompt_text(arguments),
+            sampling=sampling,
+            tool_format=self.config.tool_format,
+            thinks=self.config.thinks,
         )
         pieces = reply.pieces
         limit = sampling.get("max_new_tokens")
