@@ -541,13 +541,16 @@ class StandinEngineFlat(_StandinBase):
 
 
 def _real_versioned_decoder() -> Callable[[Any], Any] | None:
-    """SGLang's own decoder: imported when SGLang imports here, else executed from its file."""
+    """SGLang's own decoder, executed from its file (importing the ``sglang`` package would pull
+    in torch and cost seconds at every stand-in start), else imported."""
     from kvretention.dataplane.worker.sglang_source import load_kv_hints_module
 
-    try:
-        module: Any = __import__(VERSIONED_MODULE, fromlist=[VERSIONED_DECODER])
-    except Exception:  # no SGLang, or no torch for sglang/__init__.py
-        module = load_kv_hints_module()
+    module: Any = load_kv_hints_module()
+    if module is None:
+        try:
+            module = __import__(VERSIONED_MODULE, fromlist=[VERSIONED_DECODER])
+        except Exception:  # no SGLang, or no torch for sglang/__init__.py
+            module = None
     decoder = getattr(module, VERSIONED_DECODER, None)
     return decoder if callable(decoder) else None
 
