@@ -158,10 +158,13 @@ class OutputPlan:
     force_reasoning: bool = False
     tools_offered: bool = False
     """The template was shown tools (SGLang then keeps special tokens in the output)."""
+    parses_without_tools: bool = False
+    """The tool-call format is parsed even with no tools declared (SGLang's rule per detector)."""
 
     @property
     def parses_tools(self) -> bool:
-        return (bool(self.tools) and self.names.tool_call_parser is not None) or self.json_array
+        with_tools = bool(self.tools) or self.parses_without_tools
+        return (with_tools and self.names.tool_call_parser is not None) or self.json_array
 
 
 def plan_output(
@@ -183,6 +186,11 @@ def plan_output(
             think_start and prompt_text.rstrip().endswith(think_start)
         )
     if not effective:
+        # Formats such as gpt-oss's channels are parsed even when no tool is declared.
+        if names.tool_call_parser is not None:
+            function_call_parser, _ = _sglang_parsers()
+            detector = function_call_parser.ToolCallParserEnum[names.tool_call_parser]
+            plan.parses_without_tools = bool(detector.parses_without_tools())
         return plan
     plan.tools_offered = True
     required = request.tool_choice.mode in ("required", "named")
@@ -296,8 +304,7 @@ class OutputParser:
 
             self._tools = JsonArrayParser()
         elif plan.parses_tools:
-            function_call_parser, _ = _sglang_parsers()
-            self._tools = function_call_parser(plan.tools, plan.names.tool_call_parser)
+            self._tools = self._function_call_parser()
 
     def feed(self, delta: str) -> ParsedDelta:
         out = ParsedDelta()
@@ -306,19 +313,19 @@ class OutputParser:
             reasoning, text = self._reasoning.parse_stream_chunk(delta)
             out.reasoning = reasoning or ""
             text = text or ""
-        if self._tools is None:
-            out.text = text
-            return out
-        if not text:
-            return out
+        out.text, out.tool_calls = self._feed_tools(text)
+        return out
+
+    def _feed_tools(self, text: str) -> tuple[str, list[ToolCallDelta]]:
+        """Answer text (reasoning already split off) through the tool-call parser."""
+        if self._tools is None or not text:
+            return text, []
         if self._plan.json_array:
             result = self._tools.parse_streaming_increment(text, self._plan.tools)
             normal, calls = result.normal_text, result.calls
         else:
             normal, calls = self._tools.parse_stream_chunk(text)
-        out.text = normal or ""
-        out.tool_calls = self._deltas(calls)
-        return out
+        return normal or "", self._deltas(calls)
 
     def finish(self) -> ParsedDelta:
         out = ParsedDelta()
@@ -330,10 +337,7 @@ class OutputParser:
         if self._tools is None:
             out.text = tail
             return out
-        calls: list[Any] = []
-        if tail:
-            step = self.feed(tail)
-            out.text, out.tool_calls = step.text, step.tool_calls
+        out.text, out.tool_calls = self._feed_tools(tail)
         if self._plan.json_array:
             end = self._tools.finish(self._plan.tools)
             out.text += end.normal_text
@@ -360,8 +364,7 @@ class OutputParser:
             out.text = ""
             calls = items
         else:
-            function_call_parser, _ = _sglang_parsers()
-            parser = function_call_parser(self._plan.tools, self._plan.names.tool_call_parser)
+            parser = self._function_call_parser()
             if not parser.has_tool_call(out.text):
                 return out
             out.text, found = parser.parse_non_stream(out.text)
@@ -377,6 +380,15 @@ class OutputParser:
             )
         return out
 
+    def _function_call_parser(self) -> Any:
+        """SGLang's parser as its server builds it: with the tool choice when one is forced."""
+        function_call_parser, _ = _sglang_parsers()
+        choice = self._plan.tool_choice
+        forced = choice if choice != "auto" else None
+        return function_call_parser(
+            self._plan.tools, self._plan.names.tool_call_parser, tool_choice=forced
+        )
+
     def _kind(self, name: str | None) -> Any:
         return self._plan.tool_kinds.get(name or "", "function")
 
@@ -384,35 +396,24 @@ class OutputParser:
         out: list[ToolCallDelta] = []
         for call in calls:
             index = int(call.tool_index)
-            if call.name:
-                if index in self._call_ids:
-                    continue
+            arguments = call.parameters or ""
+            if call.name and index not in self._call_ids:
                 self.called = True
-                out += self._release_custom()
+                out += self._release_custom()  # a new call began: earlier ones are complete
                 self._call_ids[index] = new_tool_call_id()
-                self._call_names[index] = call.name
                 kind = self._kind(call.name)
-                if kind == "custom":
-                    self._held_custom[index] = call.parameters or ""
-                    out.append(
-                        ToolCallDelta(
-                            index=index, id=self._call_ids[index], name=call.name, kind=kind
-                        )
-                    )
-                    continue
-                out.append(
-                    ToolCallDelta(
-                        index=index,
-                        id=self._call_ids[index],
-                        name=call.name,
-                        arguments=call.parameters or "",
-                    )
+                first = ToolCallDelta(
+                    index=index, id=self._call_ids[index], name=call.name, kind=kind
                 )
-            elif call.parameters:
-                if index in self._held_custom:
-                    self._held_custom[index] += call.parameters
+                if kind == "custom":
+                    self._held_custom[index] = arguments
+                    out.append(first)
                 else:
-                    out.append(ToolCallDelta(index=index, arguments=call.parameters))
+                    out.append(first.model_copy(update={"arguments": arguments}))
+            elif arguments and index in self._held_custom:
+                self._held_custom[index] += arguments
+            elif arguments:
+                out.append(ToolCallDelta(index=index, arguments=arguments))
         return out
 
     def _release_custom(self) -> list[ToolCallDelta]:
