@@ -417,3 +417,12 @@ def test_unknown_parser_names_fail_at_start_listing_the_valid_ones(
         load_engine("standin:flat", server_argv=argv, role="aggregated")
     assert str(info.value).startswith(message)
     assert "qwen25" in str(info.value) or "qwen3" in str(info.value)
+
+
+async def test_count_only_ignores_a_hint_the_engine_could_not_take(worker: Client) -> None:
+    client, engine = await worker(dialect=Dialect.NONE)
+    hint = {"retain_full_prompt": {"ttl_seconds": 600}}
+    status, (line,) = await generate(client, body("count", count_only=True, kv_hints=hint))
+    assert status == 200
+    assert line["usage"]["prompt_tokens"] > 0
+    assert engine.calls == []

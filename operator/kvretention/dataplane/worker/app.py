@@ -176,7 +176,7 @@ def plan_call(
         raise RequestRejected(
             ErrorCode.INVALID_REQUEST, "one of token_ids or messages is required", param="messages"
         )
-    if envelope is not None and engine.dialect is Dialect.NONE:
+    if envelope is not None and engine.dialect is Dialect.NONE and not request.count_only:
         raise RequestRejected(
             ErrorCode.KV_HINTS_UNSUPPORTED,
             f"this worker's engine ({engine.name}) has no kv_hints parameter on "
