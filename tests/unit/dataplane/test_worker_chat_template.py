@@ -362,3 +362,41 @@ def test_a_template_error_is_the_requests_fault() -> None:
 
     with pytest.raises(TemplateInputError, match="roles must alternate"):
         render_and_encode(Raising(), [_msg(role="user", content="a")])
+
+
+def test_frontend_tokenizer_gives_the_worker_the_same_tokens(tokenizer: Any) -> None:
+    from kvretention.dataplane.frontend.tokenizer import HfChatTokenizer
+    from kvretention.dataplane.protocol import PreprocessedRequest
+    from kvretention.dataplane.worker.call import build_engine_prompt
+
+    request = PreprocessedRequest.model_validate(
+        {
+            "request_id": "r",
+            "model": "m",
+            "messages": [
+                {"role": "developer", "content": "Be brief."},
+                {"role": "user", "content": "hi"},
+            ],
+            "tools": [WEATHER.model_dump()],
+            "tool_choice": {"mode": "required"},
+            "reasoning": {"enabled": False},
+        }
+    )
+    frontend = HfChatTokenizer(tokenizer)
+    ids = frontend.encode_request(request)
+    assert ids == build_engine_prompt(request, tokenizer=tokenizer).input_ids
+    assert ids is not None and '"get_weather"' in tokenizer.decode(ids)
+    assert frontend.encode_chat(request.messages or []) != ids  # no tools, no thinking switch
+    with_image = request.model_copy(
+        update={
+            "messages": [
+                ChatMessage.model_validate(
+                    {
+                        "role": "user",
+                        "content": [{"type": "image", "url": "https://example.test/i.png"}],
+                    }
+                )
+            ]
+        }
+    )
+    assert frontend.encode_request(with_image) is None
