@@ -255,6 +255,7 @@ def constrained_sampling(request: PreprocessedRequest, plan: OutputPlan | None) 
         params["json_schema"] = json.dumps(value)
     elif kind == "full_assistant_ebnf":
         params["ebnf"] = value
+        params["ebnf_full_assistant"] = True
     else:
         params[kind] = value
     return params
