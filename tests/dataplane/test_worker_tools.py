@@ -137,6 +137,7 @@ async def test_tool_call_streams_by_index_with_id_and_name_first(
     assert '"name": "get_weather"' in prompt and '"name": "get_time"' in prompt
     sampling = engine.calls[-1]["kwargs"]["sampling_params"]
     assert sampling == {"skip_special_tokens": False}  # auto: no constraint, as SGLang
+    assert engine.calls[-1]["kwargs"]["require_reasoning"] is True  # qwen3 thinks by default
 
 
 async def test_parallel_tool_calls_get_their_own_indices_and_ids(worker: Client) -> None:
@@ -178,6 +179,7 @@ async def test_thinking_off_reaches_the_template(worker: Client, tokenizer: Any)
     client, engine = await worker()
     _, lines = await generate(client, body("hi", reasoning={"enabled": False}))
     assert engine_prompt(engine, tokenizer).endswith("<think>\n\n</think>\n\n")
+    assert "require_reasoning" not in engine.calls[-1]["kwargs"]
     assert joined(lines, "text") == "Hello from the kvretention stand-in."
     assert joined(lines, "reasoning") == ""
 

@@ -19,7 +19,9 @@ The conversion follows what SGLang's OpenAI server (``serving_chat.py``, 0.5.23)
   content is a plain string, which every template accepts;
 - tools are ``[{"type": "function", "function": {name, description, parameters}}]``; a ``custom``
   tool (free-text input, e.g. Codex's ``apply_patch``) is shown as a function with one string
-  parameter ``input``, and its grammar, when it has one, is described in that parameter;
+  parameter ``input``; its grammar, when it has one, is described in that parameter, and a
+  ``regex`` grammar is also that parameter's JSON-schema ``pattern`` (enforced wherever SGLang
+  constrains the call's arguments: strict tools, required / named choice);
 - ``tool_choice: none`` offers no tools; a named tool choice offers only that tool (as SGLang);
 - :class:`ReasoningControl` becomes ``chat_template_kwargs``: ``enable_thinking`` and ``thinking``
   (the two switches templates use) and ``reasoning_effort`` when an effort is given. ``None``
@@ -112,15 +114,19 @@ def build_tool_schema(tool: ToolDefinition) -> dict[str, Any]:
 
 def custom_tool_parameters(tool: ToolDefinition) -> dict[str, Any]:
     """A free-text tool as a function with one string parameter ``input``."""
-    described = "The tool's free-form input."
+    field: dict[str, Any] = {"type": "string", "description": "The tool's free-form input."}
     if tool.grammar is not None:
-        described = (
+        field["description"] = (
             f"The tool's input, which must match this {tool.grammar.syntax} grammar:\n"
             f"{tool.grammar.definition}"
         )
+        if tool.grammar.syntax == "regex":
+            # A JSON-schema pattern, which SGLang's structure constraints enforce when the tool is
+            # constrained (strict, or a required / named choice); Lark grammars are described only.
+            field["pattern"] = tool.grammar.definition
     return {
         "type": "object",
-        "properties": {CUSTOM_INPUT: {"type": "string", "description": described}},
+        "properties": {CUSTOM_INPUT: field},
         "required": [CUSTOM_INPUT],
     }
 

@@ -189,3 +189,16 @@ def test_length_finish_is_not_turned_into_tool_calls() -> None:
         }
     )
     assert last.finish_reason == "length"
+
+
+def test_a_regex_custom_tool_is_enforced_through_sglangs_structural_tag() -> None:
+    patch = {
+        "kind": "custom",
+        "name": "apply_patch",
+        "strict": True,
+        "grammar": {"syntax": "regex", "definition": "\\*\\*\\* Begin Patch[\\s\\S]*"},
+    }
+    request = _request(tools=[patch], tool_choice={"mode": "required"})
+    params = constrained_sampling(request, plan_output(request, QWEN))
+    (structure,) = json.loads(params["structural_tag"])["structures"]
+    assert structure["schema"]["properties"]["input"]["pattern"] == patch["grammar"]["definition"]

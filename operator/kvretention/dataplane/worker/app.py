@@ -206,7 +206,12 @@ def plan_call(
     except ParserConfigError as exc:
         raise RequestRejected(ErrorCode.ENGINE_ERROR, str(exc)) from None
     kwargs = build_generate_kwargs(
-        request, prompt=prompt, sampling_params=sampling, kv_hints=kv_hints, bootstrap=bootstrap
+        request,
+        prompt=prompt,
+        sampling_params=sampling,
+        kv_hints=kv_hints,
+        bootstrap=bootstrap,
+        require_reasoning=output.thinking,
     )
     return PlannedCall(request=request, role=role, kwargs=kwargs, kv_hints=kv_hints, output=output)
 

@@ -102,8 +102,10 @@ def build_generate_kwargs(
     sampling_params: dict[str, Any] | None = None,
     kv_hints: dict[str, Any] | None,
     bootstrap: Bootstrap | None,
+    require_reasoning: bool = False,
 ) -> dict[str, Any]:
-    """Keyword arguments for ``Engine.async_generate``; ``kv_hints`` only when there is a hint."""
+    """Keyword arguments for ``Engine.async_generate``; ``kv_hints`` only when there is a hint,
+    ``require_reasoning`` only in thinking mode (as SGLang's OpenAI server passes it)."""
     kwargs: dict[str, Any] = {
         "sampling_params": (
             request.sampling.to_sglang() if sampling_params is None else sampling_params
@@ -117,6 +119,8 @@ def build_generate_kwargs(
         kwargs["prompt"] = prompt.text
     if prompt.image_urls:
         kwargs["image_data"] = list(prompt.image_urls)
+    if require_reasoning:
+        kwargs["require_reasoning"] = True
     if bootstrap is not None:
         kwargs["bootstrap_host"] = bootstrap.host
         kwargs["bootstrap_port"] = bootstrap.port

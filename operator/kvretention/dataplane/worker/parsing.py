@@ -155,7 +155,11 @@ class OutputPlan:
     constraint: tuple[str, Any] | None = None
     json_array: bool = False
     """Required / named choice constrained to SGLang's JSON array: parse it back as such."""
+    thinking: bool = False
+    """The request is in thinking mode (SGLang's ``require_reasoning``: its grammar backend then
+    leaves the think section unconstrained and counts reasoning tokens)."""
     force_reasoning: bool = False
+    """Parse from the start as reasoning (thinking mode, or the template opened the block)."""
     tools_offered: bool = False
     """The template was shown tools (SGLang then keeps special tokens in the output)."""
     parses_without_tools: bool = False
@@ -182,7 +186,8 @@ def plan_output(
         detector = _reasoning_detector(reasoning_parser, names.reasoning_parser)
         default = getattr(detector, "reasoning_default", None)
         think_start = getattr(detector, "think_start_token", None)
-        plan.force_reasoning = thinking_requested(default, request.reasoning) or bool(
+        plan.thinking = thinking_requested(default, request.reasoning)
+        plan.force_reasoning = plan.thinking or bool(
             think_start and prompt_text.rstrip().endswith(think_start)
         )
     if not effective:
