@@ -33,7 +33,9 @@ if [ ! -e "$stamp" ]; then
   log "creating $VENV and installing Python packages (first run takes a few minutes)"
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip
-  "$VENV/bin/pip" install -q -e '.[dev]'
+  # [test]: what SGLang's tool-call/reasoning parsers import, torch (PyPI wheel, CPU use) and
+  # transformers for the chat-template tests; about 2.9 GB of wheels, cached by pip after once.
+  "$VENV/bin/pip" install -q -e '.[dev,test]'
   "$VENV/bin/pip" install -q --no-deps "sglang==$SGLANG_VERSION"
   "$VENV/bin/pip" install -q --no-deps "mooncake-transfer-engine==$MOONCAKE_VERSION"
   rm -f "$VENV"/.kvr-stamp-*

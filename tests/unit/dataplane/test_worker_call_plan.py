@@ -12,11 +12,12 @@ from kvretention.dataplane.protocol import ChatMessage, ErrorCode, PreprocessedR
 from kvretention.dataplane.worker.app import RequestRejected, plan_call
 from kvretention.dataplane.worker.call import (
     Bootstrap,
+    EnginePrompt,
     StreamAdapter,
+    build_engine_prompt,
     build_generate_kwargs,
     finish_reason_of,
     render_chat_fallback,
-    render_prompt,
 )
 from kvretention.dataplane.worker.dialect import Dialect
 from kvretention.dataplane.worker.engine import LoadedEngine, build_sglang_argv
@@ -146,26 +147,21 @@ def test_messages_become_a_prompt() -> None:
     assert "input_ids" not in planned.kwargs
 
 
-class _Tokenizer:
-    chat_template = "{{ messages }}"
-
-    def apply_chat_template(self, messages: list[dict[str, str]], **kw: Any) -> str:
-        assert kw == {"tokenize": False, "add_generation_prompt": True}
-        return "|".join(m["content"] for m in messages) + "<gen>"
-
-
-def test_prompt_uses_the_engine_chat_template_when_there_is_one() -> None:
+def test_without_a_template_the_prompt_is_the_fallback_rendering() -> None:
     msgs = [ChatMessage(role="system", content="s"), ChatMessage(role="user", content="u")]
-    assert render_prompt(msgs, tokenizer=_Tokenizer()) == "s|u<gen>"
-    assert render_prompt(msgs, tokenizer=None) == render_chat_fallback(msgs)
+    req = PreprocessedRequest(request_id="r", model="m", messages=msgs)
+    prompt = build_engine_prompt(req, tokenizer=None)
+    assert prompt.text == render_chat_fallback(msgs)
+    assert prompt.input_ids is None
 
 
 def test_build_kwargs_sampling_and_bootstrap() -> None:
     req = PreprocessedRequest.model_validate(
         {"request_id": "a", "model": "m", "token_ids": [5], "sampling": {"max_new_tokens": 3}}
     )
+    prompt = EnginePrompt(input_ids=[5], text=None, image_urls=[], rendered="", prompt_tokens=1)
     kwargs = build_generate_kwargs(
-        req, prompt=None, kv_hints=None, bootstrap=Bootstrap(host="h", port=1, room=2)
+        req, prompt=prompt, kv_hints=None, bootstrap=Bootstrap(host="h", port=1, room=2)
     )
     assert kwargs["sampling_params"] == {"max_new_tokens": 3}
     assert (kwargs["bootstrap_host"], kwargs["bootstrap_port"], kwargs["bootstrap_room"]) == (

@@ -1,8 +1,11 @@
 """Optional frontend-side tokenization (``--tokenizer PATH``).
 
 ``transformers`` is imported only when a tokenizer is asked for and is not a dependency: without
-it (or without ``--tokenizer``) the frontend forwards messages and the worker's SGLang tokenizes.
-Both paths attach the same envelope.
+it (or without ``--tokenizer``) the frontend forwards messages and the worker tokenizes. Both
+render with :mod:`kvretention.dataplane.chat_template` (tools and thinking switches included), so
+both give the engine the same tokens, and both attach the same envelope. A request with images is
+left to the worker (``encode_request`` returns ``None``): the engine's multimodal processor
+tokenizes those from the rendered text.
 """
 
 from __future__ import annotations
@@ -11,12 +14,18 @@ import importlib
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from kvretention.dataplane.protocol import ChatMessage
+from kvretention.dataplane.chat_template import render_and_encode
+from kvretention.dataplane.protocol import ChatMessage, PreprocessedRequest
 
 
 class ChatTokenizer(Protocol):
     def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
         """Apply the model's chat template (with the generation prompt) and tokenize."""
+        ...
+
+    def encode_request(self, request: PreprocessedRequest) -> list[int] | None:
+        """The request's prompt tokens (tools, tool choice and thinking switches included), or
+        ``None`` when the worker must tokenize (images)."""
         ...
 
 
@@ -31,13 +40,20 @@ class HfChatTokenizer:
         self._tokenizer = tokenizer
 
     def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
-        conversation = [{"role": m.role, "content": m.content} for m in messages]
-        ids = self._tokenizer.apply_chat_template(
-            conversation, tokenize=True, add_generation_prompt=True
+        return render_and_encode(self._tokenizer, messages).token_ids
+
+    def encode_request(self, request: PreprocessedRequest) -> list[int] | None:
+        messages = request.messages or []
+        if any(m.images() for m in messages):
+            return None
+        rendered = render_and_encode(
+            self._tokenizer,
+            messages,
+            tools=request.tools,
+            tool_choice=request.tool_choice,
+            reasoning=request.reasoning,
         )
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # newer transformers: BatchEncoding
-            ids = ids["input_ids"]
-        return [int(i) for i in ids]
+        return rendered.token_ids
 
 
 def load_tokenizer(path: str) -> ChatTokenizer:

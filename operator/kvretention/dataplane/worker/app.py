@@ -4,6 +4,11 @@ Every check that can fail runs before the engine is called, so a rejected reques
 SGLang: malformed JSON or envelope -> 400 ``invalid_request``; a hint for an engine without
 ``kv_hints`` -> 501 ``kv_hints_unsupported`` naming ``kv_hints``. After the stream has started a
 failure becomes one final ``{"error": ...}`` line. A client that goes away aborts the engine request.
+
+The prompt is rendered with the model's chat template (tools included) and tokenized once; the
+answer is parsed into text, reasoning and tool-call deltas by SGLang's own parsers (see
+:mod:`kvretention.dataplane.worker.parsing`). A ``count_only`` request is rendered and counted and
+answered with one chunk; the engine is never called.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from prometheus_client import (
 )
 from pydantic import ValidationError
 
+from kvretention.dataplane.chat_template import TemplateInputError
 from kvretention.dataplane.protocol import (
     ERROR_STATUS,
     GENERATE_PATH,
@@ -41,16 +47,25 @@ from kvretention.dataplane.protocol import (
     GenerateChunk,
     PreprocessedRequest,
     Role,
+    Usage,
 )
 from kvretention.dataplane.trace import RequestTrace
 from kvretention.dataplane.worker.call import (
     Bootstrap,
     StreamAdapter,
+    build_engine_prompt,
     build_generate_kwargs,
-    render_prompt,
 )
 from kvretention.dataplane.worker.dialect import Dialect, build_kv_hints
 from kvretention.dataplane.worker.engine import LoadedEngine
+from kvretention.dataplane.worker.parsing import (
+    ConstraintConflict,
+    OutputParser,
+    OutputPlan,
+    ParserConfigError,
+    constrained_sampling,
+    plan_output,
+)
 from kvretention.hints.envelope import WIRE_KEY, InvalidKvHint, KvHintEnvelope, envelope_or_none
 
 log = logging.getLogger(__name__)
@@ -130,6 +145,9 @@ class PlannedCall:
     role: Role
     kwargs: dict[str, Any]
     kv_hints: dict[str, Any] | None
+    output: OutputPlan | None = None
+    count_only: int | None = None
+    """For ``count_only`` requests: the prompt's token count; the engine is not called."""
 
 
 def plan_call(
@@ -158,7 +176,7 @@ def plan_call(
         raise RequestRejected(
             ErrorCode.INVALID_REQUEST, "one of token_ids or messages is required", param="messages"
         )
-    if envelope is not None and engine.dialect is Dialect.NONE:
+    if envelope is not None and engine.dialect is Dialect.NONE and not request.count_only:
         raise RequestRejected(
             ErrorCode.KV_HINTS_UNSUPPORTED,
             f"this worker's engine ({engine.name}) has no kv_hints parameter on "
@@ -169,11 +187,33 @@ def plan_call(
     role = _role_of(headers, default=state_role)
     bootstrap = _bootstrap_of(headers) if role != "aggregated" else None
     kv_hints = _kv_hints_for(envelope, engine.dialect, request_id=request.request_id)
-    prompt = None
-    if request.token_ids is None:
-        prompt = render_prompt(request.messages or [], tokenizer=engine.tokenizer)
-    kwargs = build_generate_kwargs(request, prompt=prompt, kv_hints=kv_hints, bootstrap=bootstrap)
-    return PlannedCall(request=request, role=role, kwargs=kwargs, kv_hints=kv_hints)
+    try:
+        prompt = build_engine_prompt(request, tokenizer=engine.tokenizer)
+        if request.count_only:
+            return PlannedCall(
+                request=request,
+                role=role,
+                kwargs={},
+                kv_hints=None,
+                count_only=prompt.prompt_tokens,
+            )
+        output = plan_output(request, engine.parsers, prompt_text=prompt.rendered)
+        sampling = constrained_sampling(request, output)
+    except TemplateInputError as exc:
+        raise RequestRejected(ErrorCode.INVALID_REQUEST, str(exc), param=exc.param) from None
+    except ConstraintConflict as exc:
+        raise RequestRejected(ErrorCode.INVALID_REQUEST, str(exc), param="tool_choice") from None
+    except ParserConfigError as exc:
+        raise RequestRejected(ErrorCode.ENGINE_ERROR, str(exc)) from None
+    kwargs = build_generate_kwargs(
+        request,
+        prompt=prompt,
+        sampling_params=sampling,
+        kv_hints=kv_hints,
+        bootstrap=bootstrap,
+        require_reasoning=output.thinking,
+    )
+    return PlannedCall(request=request, role=role, kwargs=kwargs, kv_hints=kv_hints, output=output)
 
 
 def _kv_hints_for(
@@ -233,11 +273,33 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
         state.metrics.requests.labels("rejected").inc()
         _trace(state, request_id=_request_id_of(body), outcome="rejected", code=str(exc.code))
         return error_response(exc.code, str(exc), param=exc.param)
+    if planned.count_only is not None:
+        return await _count(request, state, planned, planned.count_only)
     state.enter()
     try:
         return await _stream(request, state, planned)
     finally:
         state.leave()
+
+
+async def _count(
+    request: web.Request, state: WorkerState, planned: PlannedCall, prompt_tokens: int
+) -> web.StreamResponse:
+    """A ``count_only`` answer: one chunk with the prompt's token count, no engine call."""
+    chunk = GenerateChunk(finish_reason="stop", usage=Usage(prompt_tokens=prompt_tokens))
+    response = web.StreamResponse(headers={"Content-Type": NDJSON})
+    await response.prepare(request)
+    await response.write(_line(chunk))
+    await response.write_eof()
+    state.metrics.requests.labels("counted").inc()
+    _trace(
+        state,
+        request_id=planned.request.request_id,
+        outcome="counted",
+        prompt_tokens=prompt_tokens,
+        kv_hints_passed=False,
+    )
+    return response
 
 
 async def _stream(
@@ -246,7 +308,11 @@ async def _stream(
     rid = planned.request.request_id
     started = time.monotonic()
     outcome = "ok"
-    adapter = StreamAdapter(incremental=state.engine.incremental_stream)
+    try:
+        parser = OutputParser(planned.output) if planned.output is not None else None
+    except ParserConfigError as exc:
+        return error_response(ErrorCode.ENGINE_ERROR, str(exc))
+    adapter = StreamAdapter(incremental=state.engine.incremental_stream, parser=parser)
     gen: AsyncIterator[dict[str, Any]] | None = None
     response: web.StreamResponse | None = None
     try:

@@ -1,7 +1,8 @@
 """Pure translation between the router's protocol and ``Engine.async_generate``.
 
-``build_generate_kwargs`` decides exactly what the engine is called with (an unhinted request gets
-no ``kv_hints`` key at all); ``StreamAdapter`` turns SGLang's stream outputs into
+``build_engine_prompt`` renders and tokenizes the conversation once (or takes the frontend's token
+ids); ``build_generate_kwargs`` decides exactly what the engine is called with (an unhinted request
+gets no ``kv_hints`` key at all); ``StreamAdapter`` turns SGLang's stream outputs into parsed
 :class:`GenerateChunk` deltas.
 """
 
@@ -11,7 +12,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from kvretention.dataplane.protocol import ChatMessage, GenerateChunk, PreprocessedRequest, Usage
+from kvretention.dataplane.chat_template import has_chat_template, render_and_encode
+from kvretention.dataplane.protocol import (
+    ChatMessage,
+    FinishReason,
+    GenerateChunk,
+    PreprocessedRequest,
+    Usage,
+)
+from kvretention.dataplane.worker.parsing import OutputParser, ParsedDelta
 
 
 @dataclass(frozen=True)
@@ -26,42 +35,92 @@ class Bootstrap:
 def render_chat_fallback(messages: Sequence[ChatMessage]) -> str:
     """The prompt for an engine without a chat template: one ``<|role|>`` block per message.
 
-    Only used when the engine has no tokenizer with a chat template (the stand-in); a real SGLang
-    engine renders with its model's template.
+    Only used when the engine has no tokenizer with a chat template (the stand-in without
+    ``--model-path``); a real SGLang engine renders with its model's template.
     """
-    blocks = [f"<|{m.role}|>\n{m.content}\n" for m in messages]
+    blocks = [f"<|{m.role}|>\n{m.text()}\n" for m in messages]
     return "".join(blocks) + "<|assistant|>\n"
 
 
-def render_prompt(messages: Sequence[ChatMessage], *, tokenizer: Any) -> str:
-    """Apply the engine tokenizer's chat template when it has one, else the fallback."""
-    apply = getattr(tokenizer, "apply_chat_template", None)
-    if apply is not None and getattr(tokenizer, "chat_template", None):
-        rendered = apply(
-            [m.model_dump() for m in messages], tokenize=False, add_generation_prompt=True
+@dataclass(frozen=True)
+class EnginePrompt:
+    """The prompt as the engine gets it: token ids, or text when the engine must tokenize."""
+
+    input_ids: list[int] | None
+    text: str | None
+    """Sent as ``prompt``: with images (SGLang's multimodal processor expands the image
+    placeholders from the text, as its OpenAI server sends text for them) or without a template."""
+    image_urls: list[str]
+    rendered: str
+    """The rendered prompt text ("" when the frontend sent token ids)."""
+    prompt_tokens: int
+
+
+def build_engine_prompt(request: PreprocessedRequest, *, tokenizer: Any) -> EnginePrompt:
+    """Render and tokenize once, or take the frontend's token ids (pure but for the tokenizer)."""
+    messages = request.messages or []
+    if request.token_ids is not None:
+        images = [part.url for m in messages for part in m.images()]
+        return EnginePrompt(
+            input_ids=list(request.token_ids),
+            text=None,
+            image_urls=images,
+            rendered="",
+            prompt_tokens=len(request.token_ids),
         )
-        if isinstance(rendered, str):
-            return rendered
-    return render_chat_fallback(messages)
+    if has_chat_template(tokenizer):
+        rendered = render_and_encode(
+            tokenizer,
+            messages,
+            tools=request.tools,
+            tool_choice=request.tool_choice,
+            reasoning=request.reasoning,
+        )
+        with_images = bool(rendered.image_urls)
+        return EnginePrompt(
+            input_ids=None if with_images else rendered.token_ids,
+            text=rendered.text if with_images else None,
+            image_urls=rendered.image_urls,
+            rendered=rendered.text,
+            prompt_tokens=len(rendered.token_ids),
+        )
+    text = render_chat_fallback(messages)
+    count = len(tokenizer.encode(text)) if hasattr(tokenizer, "encode") else len(text.split())
+    return EnginePrompt(
+        input_ids=None,
+        text=text,
+        image_urls=[part.url for m in messages for part in m.images()],
+        rendered=text,
+        prompt_tokens=count,
+    )
 
 
 def build_generate_kwargs(
     request: PreprocessedRequest,
     *,
-    prompt: str | None,
+    prompt: EnginePrompt,
+    sampling_params: dict[str, Any] | None = None,
     kv_hints: dict[str, Any] | None,
     bootstrap: Bootstrap | None,
+    require_reasoning: bool = False,
 ) -> dict[str, Any]:
-    """Keyword arguments for ``Engine.async_generate``; ``kv_hints`` only when there is a hint."""
+    """Keyword arguments for ``Engine.async_generate``; ``kv_hints`` only when there is a hint,
+    ``require_reasoning`` only in thinking mode (as SGLang's OpenAI server passes it)."""
     kwargs: dict[str, Any] = {
-        "sampling_params": request.sampling.to_sglang(),
+        "sampling_params": (
+            request.sampling.to_sglang() if sampling_params is None else sampling_params
+        ),
         "stream": True,
         "rid": request.request_id,
     }
-    if request.token_ids is not None:
-        kwargs["input_ids"] = list(request.token_ids)
+    if prompt.input_ids is not None:
+        kwargs["input_ids"] = list(prompt.input_ids)
     else:
-        kwargs["prompt"] = prompt
+        kwargs["prompt"] = prompt.text
+    if prompt.image_urls:
+        kwargs["image_data"] = list(prompt.image_urls)
+    if require_reasoning:
+        kwargs["require_reasoning"] = True
     if bootstrap is not None:
         kwargs["bootstrap_host"] = bootstrap.host
         kwargs["bootstrap_port"] = bootstrap.port
@@ -71,10 +130,10 @@ def build_generate_kwargs(
     return kwargs
 
 
-FinishReason = Literal["stop", "length", "abort"]
+EngineFinish = Literal["stop", "length", "abort"]
 
 
-def finish_reason_of(meta_info: dict[str, Any]) -> FinishReason | None:
+def finish_reason_of(meta_info: dict[str, Any]) -> EngineFinish | None:
     """SGLang's ``{"type": "stop"|"length"|"abort", ...}`` (or a bare string) as our literal."""
     reason = meta_info.get("finish_reason")
     if reason is None:
@@ -85,13 +144,27 @@ def finish_reason_of(meta_info: dict[str, Any]) -> FinishReason | None:
     return "stop"
 
 
-class StreamAdapter:
-    """Turns SGLang stream outputs (cumulative by default, deltas when incremental) into deltas."""
+def usage_of(meta: dict[str, Any]) -> Usage:
+    """Usage from SGLang's ``meta_info`` (prompt, completion, cached and reasoning tokens)."""
+    return Usage(
+        prompt_tokens=int(meta.get("prompt_tokens") or 0),
+        completion_tokens=int(meta.get("completion_tokens") or 0),
+        cached_tokens=int(meta.get("cached_tokens") or 0),
+        reasoning_tokens=int(meta.get("reasoning_tokens") or 0),
+    )
 
-    def __init__(self, *, incremental: bool = False) -> None:
+
+class StreamAdapter:
+    """Turns SGLang stream outputs (cumulative by default, deltas when incremental) into parsed
+    :class:`GenerateChunk` deltas: text, reasoning and tool calls, the finish reason
+    ``tool_calls`` when the answer called a tool (and the engine stopped by itself)."""
+
+    def __init__(self, *, incremental: bool = False, parser: OutputParser | None = None) -> None:
         self._incremental = incremental
+        self._parser = parser
         self._text = ""
         self._ids = 0
+        self._fed = False
 
     def chunk(self, output: dict[str, Any]) -> GenerateChunk:
         text = output.get("text") or ""
@@ -104,13 +177,32 @@ class StreamAdapter:
             self._text, self._ids = text, len(ids)
         meta = output.get("meta_info") or {}
         finish = finish_reason_of(meta)
-        usage = None
-        if finish is not None:
-            usage = Usage(
-                prompt_tokens=int(meta.get("prompt_tokens") or 0),
-                completion_tokens=int(meta.get("completion_tokens") or 0),
-                cached_tokens=int(meta.get("cached_tokens") or 0),
-            )
+        usage = usage_of(meta) if finish is not None else None
+        parsed = self._parse(delta_text, final=finish is not None and finish != "abort")
+        reason: FinishReason | None = finish
+        if finish == "stop" and self._parser is not None and self._parser.called:
+            reason = "tool_calls"
         return GenerateChunk(
-            text=delta_text, token_ids=delta_ids, finish_reason=finish, usage=usage
+            text=parsed.text,
+            reasoning=parsed.reasoning,
+            tool_calls=parsed.tool_calls,
+            token_ids=delta_ids,
+            finish_reason=reason,
+            usage=usage,
         )
+
+    def _parse(self, delta: str, *, final: bool) -> ParsedDelta:
+        if self._parser is None:
+            return ParsedDelta(text=delta)
+        if final and not self._fed:
+            # The whole answer arrived at once: SGLang's non-streaming parse.
+            self._fed = True
+            return self._parser.parse_whole(delta)
+        self._fed = True
+        step = self._parser.feed(delta)
+        if final:
+            tail = self._parser.finish()
+            step.text += tail.text
+            step.reasoning += tail.reasoning
+            step.tool_calls += tail.tool_calls
+        return step

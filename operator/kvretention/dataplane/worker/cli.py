@@ -3,7 +3,14 @@
 Everything after ``--`` is passed to SGLang as server arguments, for example::
 
     kvretention worker --engine sglang --port 8100 -- --model-path Qwen/Qwen3-0.6B --tp-size 1 \\
-        --enable-hierarchical-cache --hicache-storage-backend mooncake
+        --enable-hierarchical-cache --hicache-storage-backend mooncake \\
+        --tool-call-parser qwen25 --reasoning-parser qwen3
+
+The worker reads two of those SGLang flags itself: ``--tool-call-parser NAME`` and
+``--reasoning-parser NAME`` (``--flag NAME`` or ``--flag=NAME``) select SGLang's own output
+parsers, so engine and worker agree; a name SGLang does not know stops the worker at start with the
+list of valid names. Without them the answer's text is passed through unparsed. The stand-in
+engine takes the same argv (``--model-path`` naming a local tokenizer directory).
 """
 
 from __future__ import annotations

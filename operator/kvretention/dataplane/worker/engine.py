@@ -3,14 +3,16 @@
 ``--engine sglang`` builds ``sglang.Engine`` from the SGLang server arguments given after ``--``
 (``--model-path``, ``--tp-size``, HiCache flags, ...), adding the disaggregation flags the worker's
 role implies. ``--engine standin:<dialect>`` loads :mod:`kvretention.dataplane.worker.standin`.
-Either way the dialect is measured from the loaded engine, never assumed.
+Either way the dialect is measured from the loaded engine, never assumed, and SGLang's own
+``--tool-call-parser`` / ``--reasoning-parser`` flags in that argv select the output parsers (an
+unknown name fails here, at start, listing the names SGLang knows).
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from kvretention.dataplane.protocol import Role
@@ -20,6 +22,12 @@ from kvretention.dataplane.worker.dialect import (
     Dialect,
     detect_dialect,
     parameter_names,
+)
+from kvretention.dataplane.worker.parsing import (
+    ParserConfigError,
+    ParserNames,
+    check_parser_names,
+    parser_names_from_argv,
 )
 
 STANDIN_PREFIX: Final = "standin:"
@@ -38,6 +46,8 @@ class LoadedEngine:
     dialect: Dialect
     incremental_stream: bool = False
     """SGLang's ``--incremental-streaming-output``: stream chunks carry deltas, not cumulative text."""
+    parsers: ParserNames = field(default_factory=ParserNames)
+    """SGLang's tool-call and reasoning parser names from the engine argv."""
 
     def abort(self, rid: str) -> None:
         """Abort an in-flight request (``Engine`` has no abort of its own; its tokenizer manager does)."""
@@ -92,16 +102,23 @@ def has_versioned_decoder() -> bool:
 
 
 def load_engine(spec: str, *, server_argv: Sequence[str], role: Role) -> LoadedEngine:
-    """Build the engine named by ``--engine`` and measure its dialect."""
+    """Build the engine named by ``--engine``, measure its dialect, check its parser names."""
+    parsers = parser_names_from_argv(server_argv)
+    try:
+        check_parser_names(parsers)
+    except ParserConfigError as exc:
+        raise EngineLoadError(str(exc)) from None
     if spec.startswith(STANDIN_PREFIX):
-        return _load_standin(spec.removeprefix(STANDIN_PREFIX))
+        return replace(
+            _load_standin(spec.removeprefix(STANDIN_PREFIX), server_argv), parsers=parsers
+        )
     if spec == "sglang":
-        return _load_sglang(server_argv)
+        return replace(_load_sglang(server_argv), parsers=parsers)
     raise EngineLoadError(f"unknown --engine {spec!r}: use 'sglang' or 'standin:<dialect>'")
 
 
-def _load_standin(dialect_name: str) -> LoadedEngine:
-    from kvretention.dataplane.worker.standin import STANDINS
+def _load_standin(dialect_name: str, server_argv: Sequence[str] = ()) -> LoadedEngine:
+    from kvretention.dataplane.worker.standin import STANDINS, StandinConfig
 
     try:
         cls = STANDINS[Dialect(dialect_name)]
@@ -110,7 +127,10 @@ def _load_standin(dialect_name: str) -> LoadedEngine:
         raise EngineLoadError(
             f"unknown stand-in dialect {dialect_name!r}; one of {choices}"
         ) from None
-    engine: Any = cls()
+    try:
+        engine: Any = cls(StandinConfig.from_argv(server_argv))
+    except (OSError, ValueError, ImportError) as exc:
+        raise EngineLoadError(f"stand-in cannot load its tokenizer: {exc}") from exc
     dialect = detect_dialect(
         parameter_names(engine.async_generate),
         has_versioned_decoder=cls.has_versioned_decoder,

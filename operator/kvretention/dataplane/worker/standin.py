@@ -4,8 +4,34 @@ The data-plane tier runs the real worker against this class. Each dialect has it
 ``none`` lacks the ``kv_hints`` parameter (SGLang before hints), ``flat`` takes the design's flat
 envelope, ``versioned`` validates with SGLang's own ``decode_kv_hints_envelope`` when importable.
 Streams look like SGLang's non-incremental stream: cumulative ``text``/``output_ids`` plus
-``meta_info``. Environment knobs (read at construction) let tests in another process observe and
-break it:
+``meta_info`` (``prompt_tokens``, ``completion_tokens``, ``cached_tokens`` = the longest prefix
+shared with an earlier prompt, as a prefix cache would report, ``reasoning_tokens``).
+
+It reads SGLang's own server flags from the argv after ``--``: ``--tokenizer-path`` /
+``--model-path`` naming a local Hugging Face tokenizer directory (then
+``tokenizer_manager.tokenizer`` is that tokenizer, so the worker renders with its chat template)
+and ``--tool-call-parser`` (the model family whose native tool-call format it answers in:
+``qwen25`` / ``qwen`` — the default — or ``llama3``).
+
+What it answers is chosen per request by markers in the last user turn of the prompt (the text
+after the last ``<|im_start|>user`` / ``<|user|>``; input ids are decoded with the tokenizer):
+
+- no marker: ``Hello from the kvretention stand-in.``;
+- ``[[standin:reasoning]]``: a ``<think>...</think>`` block first (the opening tag is left out
+  when the prompt already ends with it, as a template that opens the think block would);
+- ``[[standin:tool_call]]``: one call, in the native format, to the first tool of the prompt's
+  ``<tools>`` block (``[[standin:tool_call:NAME]]`` picks the tool); arguments fill each required
+  property (strings ``"stand-in"``, numbers ``1``, booleans ``true``);
+- ``[[standin:parallel_tool_calls]]``: two calls (the first two tools, or the first one twice);
+- ``[[standin:json]]``: the JSON object ``{"answer": "stand-in"}``.
+
+Markers combine (reasoning then the answer). A request whose ``sampling_params.json_schema`` is
+SGLang's tool-call array (required / named ``tool_choice`` without a native format) is answered
+with that array, as a constrained engine would. Special tokens (``<think>``, ``<tool_call>``, ...)
+are streamed as whole pieces, other text in small pieces, so streaming parsers see real engine
+text.
+
+Environment knobs (read at construction) let tests in another process observe and break it:
 
 - ``KVR_STANDIN_RECORD``: append every call (and abort) as one JSON line to this file;
 - ``KVR_STANDIN_DELAY_S``: sleep this long before each chunk (in-flight requests for drain tests);
@@ -18,9 +44,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import threading
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
 
 from kvretention.dataplane.worker.dialect import VERSIONED_DECODER, VERSIONED_MODULE, Dialect
@@ -34,6 +61,151 @@ REPLY_PIECES: Final = ("Hello", " from", " the", " kvretention", " stand-in", ".
 """The deterministic answer, one piece per generated token."""
 FIRST_TOKEN_ID: Final = 1000
 DIE_EXIT_CODE: Final = 17
+MARKER: Final = re.compile(r"\[\[standin:([a-z_]+)(?::([^\]]+))?\]\]")
+USER_TURN_HEADERS: Final = ("<|im_start|>user", "<|user|>")
+REASONING_PIECES: Final = (
+    "\n", "The", " user", " wants", " the", " stand-in", " answer", ".", "\n",
+)  # fmt: skip
+JSON_ANSWER: Final = {"answer": "stand-in"}
+PIECE_CHARS: Final = 6
+CACHE_PROMPTS: Final = 64
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the stand-in generates for one request: engine text pieces, one per token."""
+
+    pieces: tuple[str, ...]
+    reasoning_pieces: int = 0
+
+
+def last_user_turn(prompt: str) -> str:
+    """The prompt after its last user-turn header (the whole prompt when there is none)."""
+    cut = max((prompt.rfind(h) for h in USER_TURN_HEADERS), default=-1)
+    return prompt if cut < 0 else prompt[cut:]
+
+
+def markers_of(prompt: str) -> dict[str, str | None]:
+    """``[[standin:KIND]]`` / ``[[standin:KIND:ARG]]`` markers of the last user turn."""
+    return {m.group(1): m.group(2) for m in MARKER.finditer(last_user_turn(prompt))}
+
+
+def tools_in_prompt(prompt: str) -> list[dict[str, Any]]:
+    """The functions a Qwen-style template listed between ``<tools>`` and ``</tools>``."""
+    start = prompt.find("<tools>\n")
+    end = prompt.find("\n</tools>", start)
+    if start < 0 or end < start:
+        return []
+    found = []
+    for line in prompt[start + len("<tools>\n") : end].splitlines():
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(item, dict):
+            fn = item.get("function", item)
+            if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+                found.append(fn)
+    return found
+
+
+def example_arguments(schema: Any) -> dict[str, Any]:
+    """Arguments that fill every required property of a JSON schema with a typed value."""
+    if not isinstance(schema, dict):
+        return {}
+    props = schema.get("properties") or {}
+    required = schema.get("required") or list(props)
+    values = {"integer": 1, "number": 1, "boolean": True, "array": [], "object": {}}
+    out: dict[str, Any] = {}
+    for name in required:
+        spec = props.get(name) or {}
+        kind = spec.get("type") if isinstance(spec, dict) else None
+        enum = spec.get("enum") if isinstance(spec, dict) else None
+        out[name] = enum[0] if enum else values.get(str(kind), "stand-in")
+    return out
+
+
+def _split(text: str) -> list[str]:
+    return [text[i : i + PIECE_CHARS] for i in range(0, len(text), PIECE_CHARS)]
+
+
+def tool_call_pieces(calls: Sequence[tuple[str, dict[str, Any]]], *, tool_format: str) -> list[str]:
+    """Calls in a model family's native format; tags as whole pieces, JSON in small pieces."""
+    pieces: list[str] = []
+    for i, (name, args) in enumerate(calls):
+        if tool_format == "llama3":
+            body = json.dumps({"name": name, "parameters": args})
+            pieces += [";"] if i else ["<|python_tag|>"]
+            pieces += _split(body)
+        else:
+            body = json.dumps({"name": name, "arguments": args})
+            pieces += (["\n"] if i else []) + ["<tool_call>", "\n", *_split(body), "\n"]
+            pieces.append("</tool_call>")
+    return pieces
+
+
+def tool_array_schema_calls(json_schema: str | None) -> list[tuple[str, dict[str, Any]]] | None:
+    """The call SGLang's required / named tool-array schema admits, or None for other schemas."""
+    try:
+        schema = json.loads(json_schema) if json_schema else None
+    except ValueError:
+        return None
+    if not isinstance(schema, dict) or schema.get("type") != "array":
+        return None
+    items = schema.get("items") or {}
+    options = items.get("anyOf") or [items]
+    for option in options:
+        props = option.get("properties") or {}
+        names = (props.get("name") or {}).get("enum") or []
+        if names:
+            return [(str(names[0]), example_arguments(props.get("parameters")))]
+    return None
+
+
+def plan_reply(
+    prompt: str, *, sampling: dict[str, Any], tool_format: str, thinks: bool = False
+) -> Reply:
+    """The pieces one request is answered with (see the module docstring)."""
+    array_calls = tool_array_schema_calls(sampling.get("json_schema"))
+    if array_calls is not None:
+        body = json.dumps([{"name": n, "parameters": a} for n, a in array_calls])
+        return Reply(pieces=tuple(_split(body)))
+    markers = markers_of(prompt)
+    pieces: list[str] = []
+    reasoning = 0
+    opened = prompt.rstrip().endswith("<think>")
+    closed = prompt.rstrip().endswith("</think>")
+    if "reasoning" in markers and not closed:
+        pieces += ([] if opened else ["<think>"]) + list(REASONING_PIECES) + ["</think>", "\n\n"]
+        reasoning = len(pieces)
+    elif thinks and not closed:
+        # A thinking model opens its answer with a think block even when it has little to say.
+        pieces += ([] if opened else ["<think>"]) + ["\n\n", "</think>", "\n\n"]
+        reasoning = len(pieces)
+    tools = tools_in_prompt(prompt)
+    wanted = markers.get("tool_call")
+    if "tool_call" in markers or "parallel_tool_calls" in markers:
+        chosen = [t for t in tools if t["name"] == wanted] if wanted else tools
+        if not chosen:
+            chosen = [{"name": wanted or "stand_in_tool", "parameters": {}}]
+        count = 2 if "parallel_tool_calls" in markers else 1
+        picks = (chosen * 2)[:count] if len(chosen) < count else chosen[:count]
+        calls = [(t["name"], example_arguments(t.get("parameters"))) for t in picks]
+        pieces += tool_call_pieces(calls, tool_format=tool_format)
+    elif "json" in markers:
+        pieces += _split(json.dumps(JSON_ANSWER))
+    else:
+        pieces += list(REPLY_PIECES)
+    return Reply(pieces=tuple(pieces), reasoning_pieces=reasoning)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 @dataclass(frozen=True)
@@ -41,6 +213,32 @@ class StandinConfig:
     record_path: str | None = None
     delay_s: float = 0.0
     fail: str | None = None
+    tokenizer_path: str | None = None
+    """A local Hugging Face tokenizer directory (``--tokenizer-path`` / ``--model-path``)."""
+    tool_format: str = "qwen25"
+    """The native tool-call format it answers in (``--tool-call-parser``)."""
+    thinks: bool = False
+    """A thinking model (``--reasoning-parser`` given): every answer opens with a think block,
+    empty unless ``[[standin:reasoning]]`` asks for reasoning, and none when the prompt closed
+    the block itself (thinking switched off)."""
+    server_argv: tuple[str, ...] = field(default=())
+
+    @classmethod
+    def from_argv(cls, argv: Sequence[str], env: dict[str, str] | None = None) -> StandinConfig:
+        """Environment knobs plus the SGLang server flags the stand-in honours."""
+        base = cls.from_env(env)
+        flags = _flags(argv)
+        tokenizer = flags.get("--tokenizer-path") or flags.get("--model-path")
+        tool_format = "llama3" if flags.get("--tool-call-parser") == "llama3" else "qwen25"
+        return cls(
+            record_path=base.record_path,
+            delay_s=base.delay_s,
+            fail=base.fail,
+            tokenizer_path=tokenizer,
+            tool_format=tool_format,
+            thinks=bool(flags.get("--reasoning-parser")),
+            server_argv=tuple(argv),
+        )
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> StandinConfig:
@@ -50,6 +248,18 @@ class StandinConfig:
             delay_s=float(source.get(DELAY_ENV) or 0.0),
             fail=source.get(FAIL_ENV) or None,
         )
+
+
+def _flags(argv: Sequence[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    args = list(argv)
+    for i, arg in enumerate(args):
+        if arg.startswith("--") and "=" in arg:
+            key, value = arg.split("=", 1)
+            out[key] = value
+        elif arg.startswith("--") and i + 1 < len(args) and not args[i + 1].startswith("--"):
+            out[arg] = args[i + 1]
+    return out
 
 
 class StandinEngineError(RuntimeError):
@@ -77,10 +287,12 @@ class StandinTokenizerManager:
     """The slice of SGLang's ``TokenizerManager`` the worker uses: ``tokenizer`` and aborts."""
 
     tokenizer: Any = None
-    """No tokenizer: the worker falls back to its documented plain chat rendering."""
+    """No tokenizer unless one is configured: the worker then falls back to its documented plain
+    chat rendering."""
 
-    def __init__(self, recorder: _Recorder) -> None:
+    def __init__(self, recorder: _Recorder, tokenizer: Any = None) -> None:
         self._recorder = recorder
+        self.tokenizer = tokenizer
         self.aborted: set[str] = set()
 
     def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
@@ -95,10 +307,31 @@ class _StandinBase:
     has_versioned_decoder: ClassVar[bool] = False
     """Whether this variant ships SGLang's versioned ``decode_kv_hints_envelope`` (dialect detection)."""
 
-    def __init__(self, config: StandinConfig | None = None) -> None:
+    def __init__(self, config: StandinConfig | None = None, *, tokenizer: Any = None) -> None:
         self.config = config or StandinConfig.from_env()
         self._recorder = _Recorder(self.config.record_path)
-        self.tokenizer_manager = StandinTokenizerManager(self._recorder)
+        if tokenizer is None and self.config.tokenizer_path:
+            tokenizer = _load_tokenizer(self.config.tokenizer_path)
+        self.tokenizer_manager = StandinTokenizerManager(self._recorder, tokenizer)
+        self._prompts: list[list[int]] = []
+
+    def _prompt_text(self, arguments: dict[str, Any]) -> str:
+        prompt = arguments.get("prompt")
+        if isinstance(prompt, str):
+            return prompt
+        ids = arguments.get("input_ids")
+        tokenizer = self.tokenizer_manager.tokenizer
+        if isinstance(ids, list) and tokenizer is not None:
+            return str(tokenizer.decode(ids, skip_special_tokens=False))
+        return ""
+
+    def _cached_tokens(self, ids: Any) -> int:
+        """The longest prefix shared with an earlier prompt, as SGLang's prefix cache reports."""
+        if not isinstance(ids, list):
+            return 0
+        cached = max((common_prefix(ids, p) for p in self._prompts), default=0)
+        self._prompts = [*self._prompts[-(CACHE_PROMPTS - 1) :], list(ids)]
+        return cached
 
     @property
     def calls(self) -> list[dict[str, Any]]:
@@ -131,9 +364,18 @@ class _StandinBase:
             raise StandinEngineError("stand-in told to fail before the first chunk")
         rid = str(arguments.get("rid") or "")
         sampling = arguments.get("sampling_params") or {}
+        reply = plan_reply(
+            self._prompt_text(arguments),
+            sampling=sampling,
+            tool_format=self.config.tool_format,
+            thinks=self.config.thinks,
+        )
+        pieces = reply.pieces
         limit = sampling.get("max_new_tokens")
-        count = len(REPLY_PIECES) if limit is None else min(int(limit), len(REPLY_PIECES))
-        prompt_tokens = _prompt_tokens(arguments.get("prompt"), arguments.get("input_ids"))
+        count = len(pieces) if limit is None else min(int(limit), len(pieces))
+        ids = arguments.get("input_ids")
+        prompt_tokens = _prompt_tokens(arguments.get("prompt"), ids)
+        cached = self._cached_tokens(ids)
         text = ""
         output_ids: list[int] = []
         for i in range(count):
@@ -145,39 +387,66 @@ class _StandinBase:
                 raise StandinEngineError("stand-in told to fail mid-stream")
             if i == 1 and self.config.fail == "die":
                 os._exit(DIE_EXIT_CODE)
-            text += REPLY_PIECES[i]
+            text += pieces[i]
             output_ids.append(FIRST_TOKEN_ID + i)
-            last = i == count - 1
             finish: dict[str, Any] | None = None
-            if last:
+            if i == count - 1:
                 finish = (
                     {"type": "length", "length": count}
-                    if count < len(REPLY_PIECES)
+                    if count < len(pieces)
                     else {"type": "stop", "matched": FIRST_TOKEN_ID + count}
                 )
-            yield {
-                "text": text,
-                "output_ids": list(output_ids),
-                "meta_info": {
-                    "id": rid,
-                    "finish_reason": finish,
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": len(output_ids),
-                    "cached_tokens": 0,
-                },
-            }
+            yield _output(
+                rid,
+                text=text,
+                output_ids=output_ids,
+                finish=finish,
+                prompt_tokens=prompt_tokens,
+                cached=cached,
+                reasoning=min(reply.reasoning_pieces, len(output_ids)),
+            )
         if count == 0:
-            yield {
-                "text": "",
-                "output_ids": [],
-                "meta_info": {
-                    "id": rid,
-                    "finish_reason": {"type": "length", "length": 0},
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": 0,
-                    "cached_tokens": 0,
-                },
-            }
+            yield _output(
+                rid,
+                text="",
+                output_ids=[],
+                finish={"type": "length", "length": 0},
+                prompt_tokens=prompt_tokens,
+                cached=cached,
+                reasoning=0,
+            )
+
+
+def _output(
+    rid: str,
+    *,
+    text: str,
+    output_ids: list[int],
+    finish: dict[str, Any] | None,
+    prompt_tokens: int,
+    cached: int,
+    reasoning: int,
+) -> dict[str, Any]:
+    """One cumulative stream output, shaped as SGLang's."""
+    return {
+        "text": text,
+        "output_ids": list(output_ids),
+        "meta_info": {
+            "id": rid,
+            "finish_reason": finish,
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": len(output_ids),
+            "cached_tokens": cached,
+            "reasoning_tokens": reasoning,
+        },
+    }
+
+
+def _load_tokenizer(path: str) -> Any:
+    """A local tokenizer directory through transformers (no hub is contacted)."""
+    import transformers
+
+    return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
 class StandinEngineNone(_StandinBase):
@@ -272,13 +541,16 @@ class StandinEngineFlat(_StandinBase):
 
 
 def _real_versioned_decoder() -> Callable[[Any], Any] | None:
-    """SGLang's own decoder: imported when SGLang imports here, else executed from its file."""
+    """SGLang's own decoder, executed from its file (importing the ``sglang`` package would pull
+    in torch and cost seconds at every stand-in start), else imported."""
     from kvretention.dataplane.worker.sglang_source import load_kv_hints_module
 
-    try:
-        module: Any = __import__(VERSIONED_MODULE, fromlist=[VERSIONED_DECODER])
-    except Exception:  # no SGLang, or no torch for sglang/__init__.py
-        module = load_kv_hints_module()
+    module: Any = load_kv_hints_module()
+    if module is None:
+        try:
+            module = __import__(VERSIONED_MODULE, fromlist=[VERSIONED_DECODER])
+        except Exception:  # no SGLang, or no torch for sglang/__init__.py
+            module = None
     decoder = getattr(module, VERSIONED_DECODER, None)
     return decoder if callable(decoder) else None
 

@@ -1,0 +1,295 @@
+"""The neutral conversation as a Hugging Face chat template takes it, rendered and tokenized once.
+
+Shared by the worker and the frontend's optional ``--tokenizer`` so both produce the same tokens.
+The conversion follows what SGLang's OpenAI server (``serving_chat.py``, 0.5.23) hands
+``apply_chat_template``:
+
+- assistant tool calls become ``{"id", "type": "function", "function": {"name", "arguments"}}``
+  with ``arguments`` parsed to a dict (templates iterate over it); arguments that are not a JSON
+  object are refused, as SGLang refuses them. A ``custom`` tool call's free text becomes
+  ``{"input": text}``;
+- a tool result is a ``tool`` message with ``tool_call_id`` and ``name``; text-only content is one
+  string (SGLang joins text parts with a space); a result the client flagged as an error is
+  prefixed with ``ERROR_PREFIX`` so the model can tell (templates have no error flag);
+- ``developer`` becomes ``system`` unless the template itself names the ``developer`` role;
+- replayed reasoning travels as ``reasoning_content`` (Qwen3-style templates read it; encrypted
+  blobs carry nothing the model can read and are dropped);
+- content with images becomes parts ``[{"type": "image"}, {"type": "text", ...}]`` (SGLang's
+  normalised part types) and the image URLs are returned in order for ``image_data``; text-only
+  content is a plain string, which every template accepts;
+- tools are ``[{"type": "function", "function": {name, description, parameters}}]``; a ``custom``
+  tool (free-text input, e.g. Codex's ``apply_patch``) is shown as a function with one string
+  parameter ``input``; its grammar, when it has one, is described in that parameter, and a
+  ``regex`` grammar is also that parameter's JSON-schema ``pattern`` (enforced wherever SGLang
+  constrains the call's arguments: strict tools, required / named choice);
+- ``tool_choice: none`` offers no tools; a named tool choice offers only that tool (as SGLang);
+- :class:`ReasoningControl` becomes ``chat_template_kwargs``: ``enable_thinking`` and ``thinking``
+  (the two switches templates use) and ``reasoning_effort`` when an effort is given. ``None``
+  leaves the template's default.
+
+Rendering is ``apply_chat_template(..., tokenize=False, add_generation_prompt=True)`` and the text
+is encoded once with ``add_special_tokens=False`` (the template already wrote the special tokens),
+as SGLang does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from kvretention.dataplane.protocol import (
+    ChatMessage,
+    ImagePart,
+    ReasoningControl,
+    TextPart,
+    ToolCall,
+    ToolChoice,
+    ToolDefinition,
+)
+
+ERROR_PREFIX: Final = "Error: "
+"""Put before a tool result the client flagged with ``is_error``."""
+CUSTOM_INPUT: Final = "input"
+"""The one string parameter a ``custom`` tool is shown with."""
+
+
+class TemplateInputError(ValueError):
+    """The conversation cannot be given to the template (the request is at fault)."""
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class TemplateInput:
+    """What ``apply_chat_template`` is called with, plus the images in prompt order."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    image_urls: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    """A rendered prompt and its token ids (tokenized once)."""
+
+    text: str
+    token_ids: list[int]
+    image_urls: list[str]
+
+
+def template_has_developer_role(chat_template: str | None) -> bool:
+    """Whether the template names the ``developer`` role itself (else it becomes ``system``)."""
+    return bool(chat_template) and (
+        "'developer'" in str(chat_template) or '"developer"' in str(chat_template)
+    )
+
+
+def offered_tools(tools: Sequence[ToolDefinition], choice: ToolChoice) -> list[ToolDefinition]:
+    """The tools the template shows: none for ``none``, the one named for ``named``."""
+    if choice.mode == "none":
+        return []
+    if choice.mode == "named":
+        return [t for t in tools if t.name == choice.name]
+    return list(tools)
+
+
+def build_tool_schema(tool: ToolDefinition) -> dict[str, Any]:
+    """One tool as templates (and SGLang's ``Tool``) take it."""
+    function: dict[str, Any] = {"name": tool.name}
+    if tool.description:
+        function["description"] = tool.description
+    if tool.kind == "custom":
+        function["parameters"] = custom_tool_parameters(tool)
+    else:
+        function["parameters"] = tool.parameters or {"type": "object", "properties": {}}
+    if tool.strict is not None:
+        function["strict"] = tool.strict
+    return {"type": "function", "function": function}
+
+
+def custom_tool_parameters(tool: ToolDefinition) -> dict[str, Any]:
+    """A free-text tool as a function with one string parameter ``input``."""
+    field: dict[str, Any] = {"type": "string", "description": "The tool's free-form input."}
+    if tool.grammar is not None:
+        field["description"] = (
+            f"The tool's input, which must match this {tool.grammar.syntax} grammar:\n"
+            f"{tool.grammar.definition}"
+        )
+        if tool.grammar.syntax == "regex":
+            # A JSON-schema pattern, which SGLang's structure constraints enforce when the tool is
+            # constrained (strict, or a required / named choice); Lark grammars are described only.
+            field["pattern"] = tool.grammar.definition
+    return {
+        "type": "object",
+        "properties": {CUSTOM_INPUT: field},
+        "required": [CUSTOM_INPUT],
+    }
+
+
+def build_template_kwargs(reasoning: ReasoningControl | None) -> dict[str, Any]:
+    """Thinking switches for the template; empty when the request leaves the default."""
+    if reasoning is None:
+        return {}
+    kwargs: dict[str, Any] = {"enable_thinking": reasoning.enabled, "thinking": reasoning.enabled}
+    if reasoning.effort is not None:
+        kwargs["reasoning_effort"] = reasoning.effort
+    return kwargs
+
+
+def tool_call_arguments(call: ToolCall, *, param: str) -> dict[str, Any]:
+    """A history call's arguments as the dict templates iterate over."""
+    if call.kind == "custom":
+        return {CUSTOM_INPUT: call.arguments}
+    if not call.arguments.strip():
+        return {}
+    try:
+        parsed = json.loads(call.arguments)
+    except ValueError:
+        raise TemplateInputError(
+            f"tool call {call.id!r} arguments must be valid JSON", param=param
+        ) from None
+    if not isinstance(parsed, dict):
+        raise TemplateInputError(
+            f"tool call {call.id!r} arguments must be a JSON object", param=param
+        )
+    return parsed
+
+
+def _content(message: ChatMessage, images: list[str], *, joiner: str) -> str | list[dict[str, Any]]:
+    if isinstance(message.content, str):
+        return message.content
+    if not any(isinstance(p, ImagePart) for p in message.content):
+        return joiner.join(p.text for p in message.content if isinstance(p, TextPart))
+    parts: list[dict[str, Any]] = []
+    for part in message.content:
+        if isinstance(part, ImagePart):
+            images.append(part.url)
+            parts.append({"type": "image"})
+        else:
+            parts.append({"type": "text", "text": part.text})
+    return parts
+
+
+def build_template_message(
+    message: ChatMessage, images: list[str], *, index: int, developer_role: bool
+) -> dict[str, Any]:
+    """One neutral message as a template message; image URLs are appended to ``images``."""
+    role = message.role
+    if role == "developer" and not developer_role:
+        role = "system"
+    out: dict[str, Any] = {"role": role}
+    if role == "tool":
+        content = _content(message, images, joiner=" ")
+        if message.is_error:
+            content = (
+                ERROR_PREFIX + content
+                if isinstance(content, str)
+                else [{"type": "text", "text": ERROR_PREFIX.strip()}, *content]
+            )
+        out["content"] = content
+        if message.tool_call_id is not None:
+            out["tool_call_id"] = message.tool_call_id
+        if message.name is not None:
+            out["name"] = message.name
+        return out
+    out["content"] = _content(message, images, joiner="\n")
+    if message.name is not None:
+        out["name"] = message.name
+    if message.reasoning is not None and message.reasoning.text:
+        out["reasoning_content"] = message.reasoning.text
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {
+                    "name": call.name,
+                    "arguments": tool_call_arguments(
+                        call, param=f"messages.{index}.tool_calls.{n}.arguments"
+                    ),
+                },
+            }
+            for n, call in enumerate(message.tool_calls)
+        ]
+    return out
+
+
+def build_template_input(
+    messages: Sequence[ChatMessage],
+    *,
+    tools: Sequence[ToolDefinition] = (),
+    tool_choice: ToolChoice | None = None,
+    reasoning: ReasoningControl | None = None,
+    developer_role: bool = False,
+) -> TemplateInput:
+    """The whole conversation as ``apply_chat_template`` arguments (pure)."""
+    images: list[str] = []
+    converted = [
+        build_template_message(m, images, index=i, developer_role=developer_role)
+        for i, m in enumerate(messages)
+    ]
+    shown = offered_tools(tools, tool_choice or ToolChoice())
+    return TemplateInput(
+        messages=converted,
+        tools=[build_tool_schema(t) for t in shown] or None,
+        template_kwargs=build_template_kwargs(reasoning),
+        image_urls=images,
+    )
+
+
+def render_template(tokenizer: Any, template_input: TemplateInput) -> str:
+    """Render with the tokenizer's own chat template (text, not tokens)."""
+    try:
+        rendered = tokenizer.apply_chat_template(
+            template_input.messages,
+            tools=template_input.tools,
+            tokenize=False,
+            add_generation_prompt=True,
+            **template_input.template_kwargs,
+        )
+    except TemplateInputError:
+        raise
+    except Exception as exc:  # jinja's raise_exception, TypeError on odd input: the request's
+        raise TemplateInputError(f"the model's chat template refused the request: {exc}") from exc
+    if not isinstance(rendered, str):
+        raise TemplateInputError("the model's chat template did not render text")
+    return rendered
+
+
+def encode_prompt(tokenizer: Any, text: str) -> list[int]:
+    """Tokenize a rendered prompt once; the template already wrote the special tokens."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return [int(i) for i in ids]
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None)) and hasattr(
+        tokenizer, "apply_chat_template"
+    )
+
+
+def render_and_encode(
+    tokenizer: Any,
+    messages: Sequence[ChatMessage],
+    *,
+    tools: Sequence[ToolDefinition] = (),
+    tool_choice: ToolChoice | None = None,
+    reasoning: ReasoningControl | None = None,
+) -> RenderedPrompt:
+    """Convert, render with the model's template, and tokenize once."""
+    template_input = build_template_input(
+        messages,
+        tools=tools,
+        tool_choice=tool_choice,
+        reasoning=reasoning,
+        developer_role=template_has_developer_role(getattr(tokenizer, "chat_template", None)),
+    )
+    text = render_template(tokenizer, template_input)
+    return RenderedPrompt(
+        text=text, token_ids=encode_prompt(tokenizer, text), image_urls=template_input.image_urls
+    )

@@ -1,0 +1,480 @@
+"""The engine's text as text, reasoning and tool calls, parsed by SGLang's own parsers.
+
+The worker runs the parsers SGLang's OpenAI server runs (``FunctionCallParser`` from
+``sglang.srt.function_call.function_call_parser``, ``ReasoningParser`` from
+``sglang.srt.parser.reasoning_parser``), selected by SGLang's own server flags
+``--tool-call-parser`` / ``--reasoning-parser`` in the engine argv, so engine and worker agree.
+The per-request decisions mirror ``serving_chat.py`` (0.5.23): ``tool_choice: none`` turns tool
+parsing off; ``required`` / named choices are constrained with
+``FunctionCallParser.get_structure_constraint`` (else SGLang's JSON-array schema, parsed back
+with its ``JsonArrayParser``); ``response_format`` becomes ``json_schema``; reasoning is split
+off first and only the answer text goes to the tool parser. SGLang is imported only when a parser
+is configured (its modules import torch).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from kvretention.dataplane.chat_template import CUSTOM_INPUT, build_tool_schema
+from kvretention.dataplane.protocol import (
+    PreprocessedRequest,
+    ReasoningControl,
+    ToolCallDelta,
+    ToolDefinition,
+)
+
+TOOL_CALL_PARSER_FLAG: Final = "--tool-call-parser"
+REASONING_PARSER_FLAG: Final = "--reasoning-parser"
+
+
+class ParserConfigError(ValueError):
+    """A parser name SGLang does not know, or SGLang's parser modules cannot be imported."""
+
+
+class ConstraintConflict(ValueError):
+    """The request asks for two output constraints that cannot both hold (SGLang refuses too)."""
+
+
+@dataclass(frozen=True)
+class ParserNames:
+    """The SGLang parser names the worker runs; ``None`` leaves the text unparsed."""
+
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+
+
+def parser_names_from_argv(argv: Sequence[str]) -> ParserNames:
+    """Read ``--tool-call-parser`` / ``--reasoning-parser`` (``--flag NAME`` or ``--flag=NAME``)."""
+    found: dict[str, str] = {}
+    args = list(argv)
+    for i, arg in enumerate(args):
+        for flag in (TOOL_CALL_PARSER_FLAG, REASONING_PARSER_FLAG):
+            if arg == flag and i + 1 < len(args):
+                found[flag] = args[i + 1]
+            elif arg.startswith(flag + "="):
+                found[flag] = arg.split("=", 1)[1]
+    return ParserNames(
+        tool_call_parser=found.get(TOOL_CALL_PARSER_FLAG) or None,
+        reasoning_parser=found.get(REASONING_PARSER_FLAG) or None,
+    )
+
+
+def _sglang_parsers() -> tuple[Any, Any]:
+    try:
+        from sglang.srt.function_call.function_call_parser import FunctionCallParser
+        from sglang.srt.parser.reasoning_parser import ReasoningParser
+    except Exception as exc:
+        raise ParserConfigError(
+            "--tool-call-parser / --reasoning-parser need SGLang's parser modules, which do not "
+            f"import here: {type(exc).__name__}: {exc}"
+        ) from exc
+    return FunctionCallParser, ReasoningParser
+
+
+def tool_call_parser_names() -> list[str]:
+    return sorted(_sglang_parsers()[0].ToolCallParserEnum)
+
+
+def reasoning_parser_names() -> list[str]:
+    return sorted(_sglang_parsers()[1].DetectorMap)
+
+
+def check_parser_names(names: ParserNames) -> None:
+    """Fail at start for a name SGLang does not know, listing the ones it does."""
+    if names.tool_call_parser is not None:
+        valid = tool_call_parser_names()
+        if names.tool_call_parser not in valid:
+            raise ParserConfigError(
+                f"unknown {TOOL_CALL_PARSER_FLAG} {names.tool_call_parser!r}; "
+                f"SGLang knows: {', '.join(valid)}"
+            )
+    if names.reasoning_parser is not None:
+        valid = reasoning_parser_names()
+        if names.reasoning_parser.lower() not in valid:
+            raise ParserConfigError(
+                f"unknown {REASONING_PARSER_FLAG} {names.reasoning_parser!r}; "
+                f"SGLang knows: {', '.join(valid)}"
+            )
+
+
+def sglang_tools(tools: Sequence[ToolDefinition]) -> list[Any]:
+    """The request's tools as SGLang's ``Tool`` models (the same schema the template saw)."""
+    from sglang.srt.entrypoints.openai.protocol import Tool
+
+    return [Tool.model_validate(build_tool_schema(t)) for t in tools]
+
+
+def _sglang_tool_choice(request: PreprocessedRequest) -> Any:
+    choice = request.tool_choice
+    if choice.mode == "named":
+        from sglang.srt.entrypoints.openai.protocol import ToolChoice, ToolChoiceFuncName
+
+        return ToolChoice(function=ToolChoiceFuncName(name=choice.name))
+    return choice.mode
+
+
+def thinking_requested(reasoning_default: str | None, reasoning: ReasoningControl | None) -> bool:
+    """SGLang's ``_get_reasoning_from_request`` for a template without a reasoning config."""
+    kwargs: dict[str, Any] = {}
+    if reasoning is not None:
+        kwargs = {"enable_thinking": reasoning.enabled, "thinking": reasoning.enabled}
+    if reasoning_default in (None, "mistral"):
+        return reasoning_default == "mistral" and reasoning is not None and reasoning.enabled
+    if reasoning_default == "always":
+        return True
+    if reasoning_default in ("thinking", "enable_thinking"):
+        return kwargs.get(reasoning_default) is not False
+    if reasoning_default in ("explicit_thinking", "explicit_enable_thinking"):
+        return kwargs.get(reasoning_default.removeprefix("explicit_")) is True
+    return False
+
+
+def _reasoning_detector(reasoning_parser: Any, name: str) -> Any:
+    """A default detector of the named family, to read its defaults (think token, mode)."""
+    try:
+        return reasoning_parser.DetectorMap[name.lower()]()
+    except Exception:  # a detector that needs arguments: no defaults to read
+        return None
+
+
+@dataclass
+class OutputPlan:
+    """What one request's output is constrained to and parsed with."""
+
+    names: ParserNames
+    tools: list[Any] = field(default_factory=list)
+    """SGLang ``Tool`` models the parser may match (empty: tool parsing off)."""
+    tool_kinds: dict[str, str] = field(default_factory=dict)
+    tool_choice: Any = "auto"
+    parallel_tool_calls: bool = True
+    constraint: tuple[str, Any] | None = None
+    json_array: bool = False
+    """Required / named choice constrained to SGLang's JSON array: parse it back as such."""
+    thinking: bool = False
+    """The request is in thinking mode (SGLang's ``require_reasoning``: its grammar backend then
+    leaves the think section unconstrained and counts reasoning tokens)."""
+    force_reasoning: bool = False
+    """Parse from the start as reasoning (thinking mode, or the template opened the block)."""
+    tools_offered: bool = False
+    """The template was shown tools (SGLang then keeps special tokens in the output)."""
+    parses_without_tools: bool = False
+    """The tool-call format is parsed even with no tools declared (SGLang's rule per detector)."""
+
+    @property
+    def parses_tools(self) -> bool:
+        with_tools = bool(self.tools) or self.parses_without_tools
+        return (with_tools and self.names.tool_call_parser is not None) or self.json_array
+
+
+def plan_output(
+    request: PreprocessedRequest, names: ParserNames, *, prompt_text: str = ""
+) -> OutputPlan:
+    """Decide the structure constraint and parsers of one request, as SGLang's server does."""
+    plan = OutputPlan(names=names, parallel_tool_calls=request.parallel_tool_calls)
+    effective = [] if request.tool_choice.mode == "none" else list(request.tools)
+    if request.tool_choice.mode == "named" and not any(
+        t.name == request.tool_choice.name for t in effective
+    ):
+        raise ConstraintConflict(f"tool_choice names {request.tool_choice.name!r}, not a tool")
+    if names.reasoning_parser is not None:
+        _, reasoning_parser = _sglang_parsers()
+        detector = _reasoning_detector(reasoning_parser, names.reasoning_parser)
+        default = getattr(detector, "reasoning_default", None)
+        think_start = getattr(detector, "think_start_token", None)
+        plan.thinking = thinking_requested(default, request.reasoning)
+        plan.force_reasoning = plan.thinking or bool(
+            think_start and prompt_text.rstrip().endswith(think_start)
+        )
+    if not effective:
+        # Formats such as gpt-oss's channels are parsed even when no tool is declared.
+        if names.tool_call_parser is not None:
+            function_call_parser, _ = _sglang_parsers()
+            detector = function_call_parser.ToolCallParserEnum[names.tool_call_parser]
+            plan.parses_without_tools = bool(detector.parses_without_tools())
+        return plan
+    plan.tools_offered = True
+    required = request.tool_choice.mode in ("required", "named")
+    if names.tool_call_parser is None and not required:
+        return plan  # as SGLang: without a tool-call parser, calls stay in the text
+    plan.tool_kinds = {t.name: t.kind for t in effective}
+    plan.tools = sglang_tools(effective)
+    plan.tool_choice = _sglang_tool_choice(request)
+    if names.tool_call_parser is not None:
+        function_call_parser, _ = _sglang_parsers()
+        parser = function_call_parser(plan.tools, names.tool_call_parser)
+        # The reasoning parser owns the think section when one is configured (SGLang's rule).
+        plan.constraint = parser.get_structure_constraint(
+            plan.tool_choice,
+            parallel_tool_calls=request.parallel_tool_calls,
+            thinking_mode=plan.force_reasoning and names.reasoning_parser is None,
+        )
+        if required:
+            probe = function_call_parser(
+                plan.tools, names.tool_call_parser, tool_choice=plan.tool_choice
+            )
+            plan.json_array = not probe.owns_tool_format()
+    elif required:
+        plan.json_array = True
+    if plan.constraint is None and required:
+        from sglang.srt.function_call.utils import get_json_schema_constraint
+
+        schema = get_json_schema_constraint(
+            plan.tools, plan.tool_choice, parallel_tool_calls=request.parallel_tool_calls
+        )
+        plan.constraint = ("json_schema", schema)
+        plan.json_array = True
+    return plan
+
+
+def constrained_sampling(request: PreprocessedRequest, plan: OutputPlan | None) -> dict[str, Any]:
+    """SGLang ``sampling_params``: the request's, plus ``response_format`` and the tool constraint
+    (``ChatCompletionRequest.to_sampling_params``'s rules, including its conflict error)."""
+    params = request.sampling.to_sglang()
+    fmt = request.response_format
+    if fmt is not None and fmt.type == "json_schema" and fmt.json_schema is not None:
+        params["json_schema"] = json.dumps(fmt.json_schema)
+    elif fmt is not None:
+        params["json_schema"] = '{"type": "object"}'
+    if plan is not None and plan.tools_offered:
+        params["skip_special_tokens"] = False
+    if plan is None or plan.constraint is None:
+        return params
+    existing = any(params.get(k) for k in ("regex", "ebnf", "structural_tag", "json_schema"))
+    if existing:
+        if request.tool_choice.mode in ("required", "named"):
+            raise ConstraintConflict(
+                "tool_choice 'required' or a named tool cannot be combined with "
+                "response_format, regex, or ebnf: the tool-call constraint and the "
+                "output constraint cannot both be honored"
+            )
+        return params
+    kind, value = plan.constraint
+    if kind == "structural_tag":
+        params["structural_tag"] = json.dumps(value.model_dump(by_alias=True))
+    elif kind == "json_schema":
+        params["json_schema"] = json.dumps(value)
+    elif kind == "full_assistant_ebnf":
+        params["ebnf"] = value
+        params["ebnf_full_assistant"] = True
+    else:
+        params[kind] = value
+    return params
+
+
+@dataclass
+class ParsedDelta:
+    """One step of parsed output."""
+
+    text: str = ""
+    reasoning: str = ""
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
+
+
+def new_tool_call_id() -> str:
+    """A unique call id in the OpenAI shape (SGLang generates the same)."""
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+class OutputParser:
+    """Splits one answer's text into reasoning, text and tool-call deltas, streaming or whole.
+
+    ``feed`` takes text deltas as the engine streams them; ``finish`` flushes what the parsers
+    held back. ``parse_whole`` parses a complete answer with SGLang's non-streaming entry points.
+    A custom tool's arguments (``{"input": ...}`` as the template showed it) are held until the
+    call is complete and then sent as the free-form input text.
+    """
+
+    def __init__(self, plan: OutputPlan) -> None:
+        self._plan = plan
+        self._reasoning: Any = None
+        self._tools: Any = None
+        self._call_ids: dict[int, str] = {}
+        self._call_names: dict[int, str] = {}
+        self._held_custom: dict[int, str] = {}
+        self.called = False
+        if plan.names.reasoning_parser is not None:
+            _, reasoning_parser = _sglang_parsers()
+            self._reasoning = reasoning_parser(
+                plan.names.reasoning_parser,
+                stream_reasoning=True,
+                force_reasoning=plan.force_reasoning,
+                tool_call_parser_active=plan.parses_tools,
+            )
+        if plan.json_array:
+            from sglang.srt.function_call.json_array_parser import JsonArrayParser
+
+            self._tools = JsonArrayParser()
+        elif plan.parses_tools:
+            self._tools = self._function_call_parser()
+
+    def feed(self, delta: str) -> ParsedDelta:
+        out = ParsedDelta()
+        text = delta
+        if self._reasoning is not None and delta:
+            reasoning, text = self._reasoning.parse_stream_chunk(delta)
+            out.reasoning = reasoning or ""
+            text = text or ""
+        out.text, out.tool_calls = self._feed_tools(text)
+        return out
+
+    def _feed_tools(self, text: str) -> tuple[str, list[ToolCallDelta]]:
+        """Answer text (reasoning already split off) through the tool-call parser."""
+        if self._tools is None or not text:
+            return text, []
+        if self._plan.json_array:
+            result = self._tools.parse_streaming_increment(text, self._plan.tools)
+            normal, calls = result.normal_text, result.calls
+        else:
+            normal, calls = self._tools.parse_stream_chunk(text)
+        return normal or "", self._deltas(calls)
+
+    def finish(self) -> ParsedDelta:
+        out = ParsedDelta()
+        tail = ""
+        if self._reasoning is not None:
+            reasoning, tail = self._reasoning.parse_stream_end()
+            out.reasoning = reasoning or ""
+            tail = tail or ""
+        if self._tools is None:
+            out.text = tail
+            return out
+        out.text, out.tool_calls = self._feed_tools(tail)
+        if self._plan.json_array:
+            end = self._tools.finish(self._plan.tools)
+            out.text += end.normal_text
+            calls = list(end.calls)
+        else:
+            end_text, calls = self._tools.parse_stream_end()
+            out.text += end_text or ""
+        out.tool_calls += self._deltas(calls) + self._unstreamed_arguments()
+        out.tool_calls += self._release_custom()
+        return out
+
+    def parse_whole(self, text: str) -> ParsedDelta:
+        """A complete answer through SGLang's non-streaming parsers."""
+        out = ParsedDelta(text=text)
+        if self._reasoning is not None:
+            reasoning, normal = self._reasoning.parse_non_stream(text)
+            out.reasoning, out.text = reasoning or "", normal or ""
+        if self._tools is None:
+            return out
+        if self._plan.json_array:
+            items = _json_array_calls(out.text)
+            if items is None:
+                return out
+            out.text = ""
+            calls = items
+        else:
+            parser = self._function_call_parser()
+            if not parser.has_tool_call(out.text):
+                return out
+            out.text, found = parser.parse_non_stream(out.text)
+            calls = [(c.name, c.parameters) for c in found]
+        for index, (name, arguments) in enumerate(calls):
+            self.called = True
+            kind = self._kind(name)
+            args = _custom_input(arguments) if kind == "custom" else arguments
+            out.tool_calls.append(
+                ToolCallDelta(
+                    index=index, id=new_tool_call_id(), name=name, arguments=args, kind=kind
+                )
+            )
+        return out
+
+    def _function_call_parser(self) -> Any:
+        """SGLang's parser as its server builds it: with the tool choice when one is forced."""
+        function_call_parser, _ = _sglang_parsers()
+        choice = self._plan.tool_choice
+        forced = choice if choice != "auto" else None
+        return function_call_parser(
+            self._plan.tools, self._plan.names.tool_call_parser, tool_choice=forced
+        )
+
+    def _kind(self, name: str | None) -> Any:
+        return self._plan.tool_kinds.get(name or "", "function")
+
+    def _deltas(self, calls: Sequence[Any]) -> list[ToolCallDelta]:
+        out: list[ToolCallDelta] = []
+        for call in calls:
+            index = int(call.tool_index)
+            arguments = call.parameters or ""
+            if call.name and index not in self._call_ids:
+                self.called = True
+                out += self._release_custom()  # a new call began: earlier ones are complete
+                self._call_ids[index] = new_tool_call_id()
+                kind = self._kind(call.name)
+                first = ToolCallDelta(
+                    index=index, id=self._call_ids[index], name=call.name, kind=kind
+                )
+                if kind == "custom":
+                    self._held_custom[index] = arguments
+                    out.append(first)
+                else:
+                    out.append(first.model_copy(update={"arguments": arguments}))
+            elif arguments and index in self._held_custom:
+                self._held_custom[index] += arguments
+            elif arguments:
+                out.append(ToolCallDelta(index=index, arguments=arguments))
+        return out
+
+    def _release_custom(self) -> list[ToolCallDelta]:
+        """Send held custom-tool inputs once their call is complete (a later call began, or the
+        stream ended)."""
+        out = []
+        for index in sorted(self._held_custom):
+            raw = self._held_custom.pop(index)
+            out.append(ToolCallDelta(index=index, arguments=_custom_input(raw), kind="custom"))
+        return out
+
+    def _unstreamed_arguments(self) -> list[ToolCallDelta]:
+        """Arguments the detector parsed but never streamed (SGLang's
+        ``_check_for_unstreamed_tool_args``)."""
+        detector = getattr(self._tools, "detector", self._tools)
+        prev = getattr(detector, "prev_tool_call_arr", None)
+        streamed = getattr(detector, "streamed_args_for_tool", None)
+        if not prev or not streamed:
+            return []
+        index = len(prev) - 1
+        if index < 0 or index >= len(streamed):
+            return []
+        expected = prev[index].get("arguments", {})
+        expected_text = (
+            expected if isinstance(expected, str) else json.dumps(expected, ensure_ascii=False)
+        )
+        actual = streamed[index]
+        remaining = expected_text[len(actual) :] if expected_text.startswith(actual) else ""
+        if not remaining:
+            return []
+        if index in self._held_custom:
+            self._held_custom[index] += remaining
+            return []
+        return [ToolCallDelta(index=index, arguments=remaining)]
+
+
+def _custom_input(arguments: str) -> str:
+    """The free-form input of a custom tool call from the ``{"input": ...}`` the model wrote."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    if isinstance(value, dict) and isinstance(value.get(CUSTOM_INPUT), str):
+        return str(value[CUSTOM_INPUT])
+    return arguments
+
+
+def _json_array_calls(text: str) -> list[tuple[str, str]] | None:
+    """SGLang's non-streaming reading of a constrained JSON array of ``{name, parameters}``."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(data, dict):
+        data = [data]
+    if not isinstance(data, list) or not all(isinstance(d, dict) and "name" in d for d in data):
+        return None
+    return [(str(d["name"]), json.dumps(d.get("parameters", {}), ensure_ascii=False)) for d in data]

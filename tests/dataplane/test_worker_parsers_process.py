@@ -1,0 +1,79 @@
+"""The worker process reads SGLang's own parser flags and tokenizer path from its engine argv."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_worker_process import calls, post
+
+from support.chat_tokenizer import save
+from support.processes import StartKvretention
+
+WEATHER = {
+    "name": "get_weather",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save(tmp_path_factory.mktemp("tokenizer"))
+
+
+def test_worker_parses_tool_calls_and_reasoning_with_the_configured_parsers(
+    kvretention_process: StartKvretention, tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    record = tmp_path / "calls.jsonl"
+    # SGLang's flags pass through to the engine (the helper appends --host/--port, so no "--").
+    proc = kvretention_process(
+        [
+            "worker",
+            "--engine",
+            "standin:versioned",
+            "--model-path",
+            str(tokenizer_dir),
+            "--tool-call-parser",
+            "qwen25",
+            "--reasoning-parser",
+            "qwen3",
+        ],
+        env={"KVR_STANDIN_RECORD": str(record)},
+        timeout=90.0,
+    )
+    payload = {
+        "request_id": "proc-tools",
+        "model": "m",
+        "tools": [WEATHER],
+        "messages": [{"role": "user", "content": "[[standin:reasoning]] [[standin:tool_call]]"}],
+        "kv_hints": {"retain_full_prompt": {"ttl_seconds": 60}},
+    }
+    status, lines = post(proc.base_url, json.dumps(payload).encode())
+    assert status == 200
+    assert "stand-in answer" in "".join(line.get("reasoning", "") for line in lines)
+    deltas = [d for line in lines for d in line.get("tool_calls", [])]
+    assert deltas[0]["name"] == "get_weather" and deltas[0]["id"].startswith("call_")
+    arguments = "".join(d.get("arguments", "") for d in deltas)
+    assert json.loads(arguments) == {"city": "stand-in"}
+    assert lines[-1]["finish_reason"] == "tool_calls"
+    (call,) = calls(record, "proc-tools")
+    assert call["kwargs"]["kv_hints"]["actions"][0]["payload"] == {"ttl_seconds": 60}
+    assert isinstance(call["kwargs"]["input_ids"], list)
+
+
+def test_an_unknown_parser_name_stops_the_worker_at_start(
+    kvretention_process: StartKvretention,
+) -> None:
+    with pytest.raises(RuntimeError) as info:
+        kvretention_process(
+            ["worker", "--engine", "standin:flat", "--tool-call-parser", "qwen2.5"], timeout=90.0
+        )
+    log = str(info.value)
+    assert "unknown --tool-call-parser 'qwen2.5'; SGLang knows:" in log
+    assert "qwen25" in log
+    assert "Traceback" not in log

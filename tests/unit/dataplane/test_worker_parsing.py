@@ -1,0 +1,204 @@
+"""Per-request output planning and parsing with SGLang's real parsers (pure, in-process)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from kvretention.dataplane.protocol import PreprocessedRequest, ToolCallDelta
+from kvretention.dataplane.worker.call import StreamAdapter
+from kvretention.dataplane.worker.parsing import (
+    ConstraintConflict,
+    OutputParser,
+    ParserNames,
+    constrained_sampling,
+    parser_names_from_argv,
+    plan_output,
+    thinking_requested,
+)
+from kvretention.dataplane.worker.standin import plan_reply
+
+WEATHER = {
+    "name": "get_weather",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
+QWEN = ParserNames(tool_call_parser="qwen25", reasoning_parser="qwen3")
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        ([], ParserNames()),
+        (["--model-path", "m", "--tool-call-parser", "qwen25"], ParserNames("qwen25", None)),
+        (["--reasoning-parser=qwen3", "--tool-call-parser=llama3"], ParserNames("llama3", "qwen3")),
+        (["--tool-call-parser"], ParserNames()),
+        (["--tool-call-parser", ""], ParserNames()),
+    ],
+)
+def test_parser_names_come_from_sglangs_own_flags(argv: list[str], expected: ParserNames) -> None:
+    assert parser_names_from_argv(argv) == expected
+
+
+@pytest.mark.parametrize(
+    ("default", "reasoning", "expected"),
+    [
+        (None, None, False),
+        ("always", None, True),
+        ("enable_thinking", None, True),
+        ("enable_thinking", {"enabled": False}, False),
+        ("thinking", {"enabled": True}, True),
+        ("explicit_thinking", None, False),
+        ("explicit_thinking", {"enabled": True}, True),
+        ("mistral", None, False),
+        ("mistral", {"enabled": True}, True),
+    ],
+)
+def test_thinking_requested_mirrors_sglang(
+    default: str | None, reasoning: dict[str, Any] | None, expected: bool
+) -> None:
+    from kvretention.dataplane.protocol import ReasoningControl
+
+    control = None if reasoning is None else ReasoningControl.model_validate(reasoning)
+    assert thinking_requested(default, control) is expected
+
+
+def _request(**fields: Any) -> PreprocessedRequest:
+    return PreprocessedRequest.model_validate(
+        {"request_id": "r", "model": "m", "messages": [{"role": "user", "content": "x"}], **fields}
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "names", "keys"),
+    [
+        ({}, ParserNames(), set()),
+        ({"tools": [WEATHER]}, ParserNames(), {"skip_special_tokens"}),
+        ({"tools": [WEATHER]}, QWEN, {"skip_special_tokens"}),
+        ({"tools": [WEATHER], "tool_choice": {"mode": "none"}}, QWEN, set()),
+        (
+            {"tools": [WEATHER], "tool_choice": {"mode": "required"}},
+            QWEN,
+            {"skip_special_tokens", "structural_tag"},
+        ),
+        (
+            {"tools": [WEATHER], "tool_choice": {"mode": "required"}},
+            ParserNames(),
+            {"skip_special_tokens", "json_schema"},
+        ),
+        ({"response_format": {"type": "json_object"}}, QWEN, {"json_schema"}),
+        (
+            {"tools": [WEATHER], "response_format": {"type": "json_object"}},
+            QWEN,
+            {"skip_special_tokens", "json_schema"},
+        ),
+        ({"sampling": {"max_new_tokens": 5}}, QWEN, {"max_new_tokens"}),
+    ],
+)
+def test_sampling_params_carry_sglangs_constraints(
+    fields: dict[str, Any], names: ParserNames, keys: set[str]
+) -> None:
+    request = _request(**fields)
+    params = constrained_sampling(request, plan_output(request, names))
+    assert set(params) == keys
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"tools": [WEATHER], "tool_choice": {"mode": "named", "name": "nope"}},
+        {
+            "tools": [WEATHER],
+            "tool_choice": {"mode": "required"},
+            "response_format": {"type": "json_object"},
+        },
+    ],
+)
+def test_impossible_constraints_are_refused(fields: dict[str, Any]) -> None:
+    request = _request(**fields)
+    with pytest.raises(ConstraintConflict):
+        constrained_sampling(request, plan_output(request, QWEN))
+
+
+def _merge(deltas: list[ToolCallDelta]) -> list[tuple[str | None, str]]:
+    merged: dict[int, list[Any]] = {}
+    for d in deltas:
+        entry = merged.setdefault(d.index, [d.name, ""])
+        entry[1] += d.arguments
+    return [(name, args) for name, args in (merged[i] for i in sorted(merged))]
+
+
+@pytest.mark.parametrize("marker", ["tool_call", "parallel_tool_calls"])
+@pytest.mark.parametrize("tool_format", ["qwen25", "llama3"])
+def test_streamed_and_whole_parses_agree(marker: str, tool_format: str) -> None:
+    names = ParserNames(tool_call_parser=tool_format, reasoning_parser="qwen3")
+    request = _request(tools=[WEATHER])
+    prompt = f"<tools>\n{json.dumps({'type': 'function', 'function': WEATHER})}\n</tools>"
+    prompt += f"<|im_start|>user\n[[standin:reasoning]] [[standin:{marker}]]"
+    pieces = plan_reply(prompt, sampling={}, tool_format=tool_format).pieces
+    plan = plan_output(request, names)
+
+    streamed = OutputParser(plan)
+    steps = [streamed.feed(p) for p in pieces] + [streamed.finish()]
+    whole = OutputParser(plan).parse_whole("".join(pieces))
+
+    count = 2 if marker == "parallel_tool_calls" else 1
+    expected = [("get_weather", '{"city": "stand-in"}')] * count
+    stream_calls = _merge([d for s in steps for d in s.tool_calls])
+    assert [(n, json.loads(a)) for n, a in stream_calls] == [
+        (n, json.loads(a)) for n, a in expected
+    ]
+    assert [(d.name, json.loads(d.arguments)) for d in whole.tool_calls] == [
+        (n, json.loads(a)) for n, a in expected
+    ]
+    assert "".join(s.reasoning for s in steps).strip() == whole.reasoning.strip() != ""
+    assert streamed.called and len({d.id for d in whole.tool_calls}) == count
+
+
+def test_a_single_final_output_is_parsed_whole() -> None:
+    request = _request(tools=[WEATHER])
+    adapter = StreamAdapter(parser=OutputParser(plan_output(request, QWEN)))
+    text = '<think>\nhm\n</think>\n\nOk.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+    meta = {"finish_reason": {"type": "stop"}, "prompt_tokens": 3, "completion_tokens": 9}
+    chunk = adapter.chunk({"text": text, "output_ids": [1], "meta_info": meta})
+    assert chunk.reasoning.strip() == "hm"
+    assert chunk.text.strip() == "Ok."
+    (call,) = chunk.tool_calls
+    assert (call.index, call.name, json.loads(call.arguments)) == (
+        0,
+        "get_weather",
+        {"city": "Rome"},
+    )
+    assert call.id is not None and call.id.startswith("call_")
+    assert chunk.finish_reason == "tool_calls"
+
+
+def test_length_finish_is_not_turned_into_tool_calls() -> None:
+    request = _request(tools=[WEATHER])
+    adapter = StreamAdapter(parser=OutputParser(plan_output(request, QWEN)))
+    adapter.chunk({"text": "<think>\n</think>\n\n<tool_call>\n", "meta_info": {}})
+    last = adapter.chunk(
+        {
+            "text": '<think>\n</think>\n\n<tool_call>\n{"name": "get_weather", "argu',
+            "meta_info": {"finish_reason": {"type": "length"}},
+        }
+    )
+    assert last.finish_reason == "length"
+
+
+def test_a_regex_custom_tool_is_enforced_through_sglangs_structural_tag() -> None:
+    patch = {
+        "kind": "custom",
+        "name": "apply_patch",
+        "strict": True,
+        "grammar": {"syntax": "regex", "definition": "\\*\\*\\* Begin Patch[\\s\\S]*"},
+    }
+    request = _request(tools=[patch], tool_choice={"mode": "required"})
+    params = constrained_sampling(request, plan_output(request, QWEN))
+    (structure,) = json.loads(params["structural_tag"])["structures"]
+    assert structure["schema"]["properties"]["input"]["pattern"] == patch["grammar"]["definition"]
