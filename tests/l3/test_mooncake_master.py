@@ -12,7 +12,8 @@ import re
 import socket
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from types import ModuleType
 
 import pytest
 from mooncake_harness import (
@@ -51,6 +52,12 @@ def master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Master]:
     cr = fleet_cr(master=MASTER_SPEC, segment_bytes=64 * 1024 * 1024)
     with running_master(cr, tmp_path_factory.mktemp("mooncake")) as running:
         yield running
+
+
+@pytest.fixture(scope="module")
+def store(master: Master, store_module: ModuleType) -> Store:
+    """One real store client for the module's master (it mounts the rendered segment)."""
+    return Store(store_module, master)
 
 
 def test_master_runs_with_the_rendered_args(master: Master) -> None:
@@ -102,14 +109,10 @@ def test_rendered_metadata_server_url_serves_metadata(master: Master) -> None:
     ],
 )
 def test_store_client_from_rendered_config_puts_and_gets_with_soft_pin(
-    master: Master,
-    connect: Callable[[Master], Store],
-    pin_ttl_ms: int | None,
-    expected_rc: int,
+    store: Store, pin_ttl_ms: int | None, expected_rc: int
 ) -> None:
     """The real store client, set up from the worker's rendered config, round-trips a pinned
     value; a pin longer than the rendered ``--max_kv_soft_pin_ttl`` is refused and not stored."""
-    store = connect(master)
     key = f"kvr-l3-pin-{pin_ttl_ms}"
     value = value_for(key, 1024 * 1024)
     assert store.put(key, value, pin=True, pin_ttl_ms=pin_ttl_ms) == expected_rc
@@ -119,11 +122,8 @@ def test_store_client_from_rendered_config_puts_and_gets_with_soft_pin(
         assert not store.exists(key)
 
 
-def test_store_client_counts_pins_in_the_masters_metrics(
-    master: Master, connect: Callable[[Master], Store]
-) -> None:
+def test_store_client_counts_pins_in_the_masters_metrics(master: Master, store: Store) -> None:
     """What the operator reads from /metrics moves with real writes."""
-    store = connect(master)
     before = parse_usage(master.metrics_text())
     assert store.put("kvr-l3-count-pinned", b"p" * 65536, pin=True) == OK
     assert store.put("kvr-l3-count-plain", b"u" * 65536) == OK
