@@ -20,7 +20,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -28,8 +28,17 @@ import kopf
 
 from kvretention.api.models import GROUP, KIND, PLURAL, VERSION, KvRetentionDeployment, SpecError
 from kvretention.controller import kube as k
+from kvretention.controller.kvstore_client import read_master_metrics
+from kvretention.controller.kvstore_metrics import (
+    KvStoreReading,
+    master_metrics_url,
+    plan_metrics_read,
+    reading_from_status,
+)
 from kvretention.controller.metrics import Metrics
 from kvretention.controller.resources import build_children, check_spec
+from kvretention.controller.resources.common import service_host
+from kvretention.controller.resources.mooncake import MASTER_SUFFIX, uses_mooncake
 from kvretention.controller.status import (
     WORKER_COMPONENTS,
     Fleet,
@@ -186,6 +195,8 @@ class Controller:
     resync_seconds: float = 60.0
     workers: int = 4
     clock: Callable[[], dt.datetime] = field(default=lambda: dt.datetime.now(dt.UTC))
+    read_kvstore: Callable[..., Awaitable[KvStoreReading]] = read_master_metrics
+    """Reads a managed master's /metrics (bounded, never raises); tests inject a fake."""
 
     def __post_init__(self) -> None:
         self.queue = WorkQueue()
@@ -201,6 +212,7 @@ class Controller:
         if deleted:
             self.known.discard(key)
             self.failures.pop(key, None)
+            self.metrics.forget_kvstore(*key)
             namespace, name = key
             for memo_key in [m for m in self._applied if m[1] == namespace]:
                 if memo_key[2].startswith(f"{name}-"):
@@ -323,9 +335,13 @@ class Controller:
                 if mooncake.mode == "external" and mooncake.external is not None
                 else None
             ),
+            retention_budget=mooncake.master.soft_pin.budget_ratio,
         )
         observed = Observed(
-            deployments=observed_deployments, worker_pods=pods, apply_errors=refused
+            deployments=observed_deployments,
+            worker_pods=pods,
+            apply_errors=refused,
+            kvstore=await self._kvstore_reading(cr, previous),
         )
         status = compute_status(fleet, observed, previous=previous, now=self.clock())
         await self._write_status(body, previous, status)
@@ -333,6 +349,26 @@ class Controller:
             # Said so in status; now fail so the queue retries with backoff.
             raise kopf.TemporaryError("the API server refused: " + "; ".join(refused))
         return "ok"
+
+    async def _kvstore_reading(
+        self, cr: KvRetentionDeployment, previous: Mapping[str, Any] | None
+    ) -> KvStoreReading | None:
+        """The managed master's usage: read at most every READ_INTERVAL_SECONDS, else reused."""
+        mooncake = cr.spec.kv_store.mooncake
+        if mooncake.mode != "managed" or not uses_mooncake(cr.spec):
+            return None
+        last = reading_from_status(previous)
+        now = self.clock()
+        if not plan_metrics_read(last, now=now):
+            return last
+        url = master_metrics_url(
+            host=service_host(cr, MASTER_SUFFIX), port=mooncake.master.metrics_port
+        )
+        reading = await self.read_kvstore(url, now=now)
+        self.metrics.observe_kvstore(
+            cr.namespace, cr.name, reading, budget=mooncake.master.soft_pin.budget_ratio
+        )
+        return reading
 
     async def _list_children(self, namespace: str, name: str) -> dict[tuple[str, str], Any]:
         out: dict[tuple[str, str], Any] = {}

@@ -8,9 +8,11 @@ have one size, as HiCache's KV pages do (one page of one model), approximate oth
 
 from __future__ import annotations
 
+import datetime as dt
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 CAPACITY: Final = "master_total_capacity_bytes"
 USED: Final = "master_allocated_bytes"
@@ -114,3 +116,75 @@ def read_usage(samples: dict[str, float]) -> KvStoreUsage:
 def parse_usage(text: str) -> KvStoreUsage:
     """``/metrics`` text straight to usage numbers."""
     return read_usage(parse_master_metrics(text))
+
+
+_STATUS_FIELDS: Final = {
+    "capacityBytes": "capacity_bytes",
+    "usedBytes": "used_bytes",
+    "objects": "keys",
+    "pinnedObjects": "pinned_keys",
+    "evictedObjects": "evicted_keys",
+    "evictedBytes": "evicted_bytes",
+    "evictions": "evictions",
+}
+
+
+@dataclass(frozen=True)
+class KvStoreReading:
+    """One attempt to read the master's metrics: the numbers, or why there are none."""
+
+    observed_at: str
+    """RFC 3339, UTC."""
+    usage: KvStoreUsage | None = None
+    error: str | None = None
+
+
+READ_INTERVAL_SECONDS: Final = 30.0
+"""Re-read a master's metrics at most this often. Each read can change status, and a status write
+triggers a reconcile: reading on every reconcile would loop as fast as the pool's numbers move."""
+
+
+def format_time(now: dt.datetime) -> str:
+    return now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def reading_from_status(status: Mapping[str, Any] | None) -> KvStoreReading | None:
+    """The reading a previous status recorded (None when it recorded none), to reuse between
+    reads; an unreadable master's reason comes back from the RetentionBudget condition."""
+    kv_store = (status or {}).get("kvStore") or {}
+    observed_at = kv_store.get("observedAt")
+    if not isinstance(observed_at, str):
+        return None
+    values = {attr: kv_store.get(key) for key, attr in _STATUS_FIELDS.items()}
+    counts = {attr: v for attr, v in values.items() if type(v) is int and v >= 0}
+    if len(counts) == len(values):
+        return KvStoreReading(observed_at, usage=KvStoreUsage(**counts))
+    condition: Mapping[str, Any] = next(
+        (c for c in (status or {}).get("conditions") or [] if c.get("type") == "RetentionBudget"),
+        {},
+    )
+    return KvStoreReading(observed_at, error=str(condition.get("message") or "not read"))
+
+
+def plan_metrics_read(
+    previous: KvStoreReading | None,
+    *,
+    now: dt.datetime,
+    interval_seconds: float = READ_INTERVAL_SECONDS,
+) -> bool:
+    """Whether this reconcile reads the master's metrics (else it reuses ``previous``)."""
+    if previous is None:
+        return True
+    try:
+        last = dt.datetime.strptime(previous.observed_at, "%Y-%m-%dT%H:%M:%SZ").replace(
+            tzinfo=dt.UTC
+        )
+    except ValueError:
+        return True
+    age = (now - last).total_seconds()
+    return age >= interval_seconds or age < 0
+
+
+def master_metrics_url(*, host: str, port: int) -> str:
+    """The managed master's metrics endpoint (its Service's ``metrics`` port)."""
+    return f"http://{host}:{port}/metrics"
