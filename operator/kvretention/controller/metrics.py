@@ -9,7 +9,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kvretention.controller.kvstore_metrics import KvStoreReading
 
-FLEET_LABELS = ("namespace", "name")
+FLEET_LABELS = ("fleet_namespace", "fleet")
+"""Not ``namespace``: Prometheus sets that target label to the operator's own namespace."""
 
 
 @dataclass

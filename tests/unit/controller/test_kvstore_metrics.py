@@ -201,7 +201,7 @@ def test_reading_round_trips_through_status(
 
 
 def _sample(m: Metrics, name: str) -> float | None:
-    value = m.registry.get_sample_value(name, {"namespace": "ns", "name": "f"})
+    value = m.registry.get_sample_value(name, {"fleet_namespace": "ns", "fleet": "f"})
     return None if value is None else float(value)
 
 
