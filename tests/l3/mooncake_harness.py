@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import os
 import socket
 import subprocess
@@ -62,6 +63,50 @@ def build_standin() -> Path:
     if proc.returncode != 0:
         raise StandinError(f"{STANDIN_SCRIPT.name} failed:\n{proc.stderr}")
     return Path(proc.stdout.strip().splitlines()[-1])
+
+
+SGLANG_IMPORT_DEPS = (
+    "torchvision==0.29.2",
+    "dill==0.4.1",
+    "sentencepiece==0.2.3",
+    "networkx==3.6.1",
+    "compressed-tensors==0.20.1",
+    "gguf==0.19.0",
+    "loguru==0.7.3",
+)
+"""What ``sglang.srt.mem_cache.storage.mooncake_store.mooncake_store`` imports at module level
+beyond torch (through ``sglang.srt.configs`` and the quantization layers), found by importing it
+until it loaded; none of them needs a GPU. torchvision 0.29 pairs with torch 2.14."""
+
+
+def sglang_import_deps() -> Path:
+    """SGLang's import-only dependencies in a cache dir (``--no-deps``, pinned), for a subprocess's
+    ``PYTHONPATH``; kept out of the shared venv so they change no other test's imports."""
+    key = hashlib.sha256("\n".join(SGLANG_IMPORT_DEPS).encode()).hexdigest()[:12]
+    cache = Path(os.environ.get("KVR_CACHE", Path.home() / ".cache" / "kvretention"))
+    target = cache / "sglang-import-deps" / key
+    if (target / ".complete").exists():
+        return target
+    work = target.with_name(f"{key}.partial")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--target",
+            str(work),
+            *SGLANG_IMPORT_DEPS,
+        ],
+        check=True,
+        timeout=600,
+    )
+    (work / ".complete").touch()
+    work.replace(target)
+    return target
 
 
 def load_store_module(standin: Path) -> ModuleType:
