@@ -780,7 +780,11 @@ class KvStoreStatus(ReplicaCount):
     """The Mooncake master's pods, and the pool as its ``/metrics`` last reported it."""
 
     observed_at: str | None = Field(
-        default=None, description="When the master's metrics were last read (RFC 3339)."
+        default=None,
+        description=(
+            "When the master first reported the numbers below (RFC 3339); a read that finds the "
+            "same numbers leaves status unchanged."
+        ),
     )
     capacity_bytes: int | None = Field(
         default=None, ge=0, description="Pool capacity: the segments workers mounted."

@@ -31,6 +31,7 @@ from kvretention.controller import kube as k
 from kvretention.controller.kvstore_client import read_master_metrics
 from kvretention.controller.kvstore_metrics import (
     KvStoreReading,
+    keep_unchanged,
     master_metrics_url,
     plan_metrics_read,
     reading_from_status,
@@ -204,6 +205,8 @@ class Controller:
         self.failures: dict[Key, int] = {}
         self._applied: dict[tuple[str, str, str], Stamp] = {}
         """(kind, ns, name) -> the ``stamp_of`` a live object known to match what we want."""
+        self._kvstore_reads: dict[Key, tuple[dt.datetime, KvStoreReading]] = {}
+        """Each fleet's last read of its master's /metrics, and when (rate-limits the reads)."""
 
     # triggers
 
@@ -213,6 +216,7 @@ class Controller:
             self.known.discard(key)
             self.failures.pop(key, None)
             self.metrics.forget_kvstore(*key)
+            self._kvstore_reads.pop(key, None)
             namespace, name = key
             for memo_key in [m for m in self._applied if m[1] == namespace]:
                 if memo_key[2].startswith(f"{name}-"):
@@ -353,22 +357,25 @@ class Controller:
     async def _kvstore_reading(
         self, cr: KvRetentionDeployment, previous: Mapping[str, Any] | None
     ) -> KvStoreReading | None:
-        """The managed master's usage: read at most every READ_INTERVAL_SECONDS, else reused."""
+        """The managed master's usage: read at most every READ_INTERVAL_SECONDS per fleet."""
         mooncake = cr.spec.kv_store.mooncake
         if mooncake.mode != "managed" or not uses_mooncake(cr.spec):
             return None
-        last = reading_from_status(previous)
+        key = (cr.namespace, cr.name)
         now = self.clock()
-        if not plan_metrics_read(last, now=now):
-            return last
-        url = master_metrics_url(
-            host=service_host(cr, MASTER_SUFFIX), port=mooncake.master.metrics_port
-        )
-        reading = await self.read_kvstore(url, now=now)
-        self.metrics.observe_kvstore(
-            cr.namespace, cr.name, reading, budget=mooncake.master.soft_pin.budget_ratio
-        )
-        return reading
+        last = self._kvstore_reads.get(key)
+        if last is not None and not plan_metrics_read(last[0], now=now):
+            reading = last[1]
+        else:
+            url = master_metrics_url(
+                host=service_host(cr, MASTER_SUFFIX), port=mooncake.master.metrics_port
+            )
+            reading = await self.read_kvstore(url, now=now)
+            self._kvstore_reads[key] = (now, reading)
+            self.metrics.observe_kvstore(
+                *key, reading, budget=mooncake.master.soft_pin.budget_ratio
+            )
+        return keep_unchanged(reading_from_status(previous), reading)
 
     async def _list_children(self, namespace: str, name: str) -> dict[tuple[str, str], Any]:
         out: dict[tuple[str, str], Any] = {}

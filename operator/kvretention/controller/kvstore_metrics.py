@@ -140,8 +140,9 @@ class KvStoreReading:
 
 
 READ_INTERVAL_SECONDS: Final = 30.0
-"""Re-read a master's metrics at most this often. Each read can change status, and a status write
-triggers a reconcile: reading on every reconcile would loop as fast as the pool's numbers move."""
+"""Read a master's metrics at most this often per fleet. A changed reading changes status, and a
+status write triggers a reconcile: reading on every reconcile would write as fast as the pool's
+numbers move."""
 
 
 def format_time(now: dt.datetime) -> str:
@@ -149,8 +150,8 @@ def format_time(now: dt.datetime) -> str:
 
 
 def reading_from_status(status: Mapping[str, Any] | None) -> KvStoreReading | None:
-    """The reading a previous status recorded (None when it recorded none), to reuse between
-    reads; an unreadable master's reason comes back from the RetentionBudget condition."""
+    """The reading a previous status recorded (None when it recorded none); an unreadable
+    master's reason comes back from the RetentionBudget condition."""
     kv_store = (status or {}).get("kvStore") or {}
     observed_at = kv_store.get("observedAt")
     if not isinstance(observed_at, str):
@@ -166,22 +167,25 @@ def reading_from_status(status: Mapping[str, Any] | None) -> KvStoreReading | No
     return KvStoreReading(observed_at, error=str(condition.get("message") or "not read"))
 
 
+def keep_unchanged(previous: KvStoreReading | None, current: KvStoreReading) -> KvStoreReading:
+    """``current``, stamped with ``previous``'s time when it says the same thing: ``observedAt`` is
+    when the master first reported these numbers, so a pool at rest leaves status a fixed point
+    (no status write per read)."""
+    if previous is not None and (previous.usage, previous.error) == (current.usage, current.error):
+        return previous
+    return current
+
+
 def plan_metrics_read(
-    previous: KvStoreReading | None,
+    last_read: dt.datetime | None,
     *,
     now: dt.datetime,
     interval_seconds: float = READ_INTERVAL_SECONDS,
 ) -> bool:
-    """Whether this reconcile reads the master's metrics (else it reuses ``previous``)."""
-    if previous is None:
+    """Whether this reconcile reads the master's metrics, or reuses the last reading."""
+    if last_read is None:
         return True
-    try:
-        last = dt.datetime.strptime(previous.observed_at, "%Y-%m-%dT%H:%M:%SZ").replace(
-            tzinfo=dt.UTC
-        )
-    except ValueError:
-        return True
-    age = (now - last).total_seconds()
+    age = (now - last_read).total_seconds()
     return age >= interval_seconds or age < 0
 
 

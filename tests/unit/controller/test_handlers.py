@@ -469,3 +469,41 @@ async def test_pool_usage_reaches_status_and_is_read_at_most_once_per_interval(
     await c.reconcile(("ns", body["metadata"]["name"]))
     assert len(master.urls) == 1
     assert len(fake.writes) == writes
+
+
+async def test_reads_are_rate_limited_and_an_unchanged_pool_writes_no_status(
+    fake: FakeKube,
+) -> None:
+    body = load_example("disaggregated")
+    name = body["metadata"]["name"]
+    fake.put(CR_KIND, body)
+    now = [NOW]
+    master = FakeMaster(KvStoreReading("x", usage=KvStoreUsage(100, 80, 8, 1, 3, 30, 1)))
+    c = Controller(fake, clock=lambda: now[0], read_kvstore=master)  # type: ignore[arg-type]
+    await c.reconcile(("ns", name))
+    first = copy.deepcopy(fake.cr(name)["status"]["kvStore"])
+    writes = len(fake.writes)
+    now[0] = NOW + dt.timedelta(seconds=31)  # due again: read, same numbers -> no write
+    await c.reconcile(("ns", name))
+    assert len(master.urls) == 2
+    assert len(fake.writes) == writes
+    assert fake.cr(name)["status"]["kvStore"] == first
+    master.reading = KvStoreReading("y", usage=KvStoreUsage(100, 90, 9, 6, 3, 30, 1))
+    now[0] = NOW + dt.timedelta(seconds=45)  # not due: the new numbers wait for the next read
+    await c.reconcile(("ns", name))
+    assert len(master.urls) == 2
+    now[0] = NOW + dt.timedelta(seconds=62)
+    await c.reconcile(("ns", name))
+    assert len(master.urls) == 3
+    status = fake.cr(name)["status"]
+    assert status["kvStore"]["pinnedObjects"] == 6
+    assert status["kvStore"]["observedAt"] == "y"
+    budget = next(x for x in status["conditions"] if x["type"] == "RetentionBudget")
+    assert (budget["status"], budget["reason"]) == ("False", "OverBudget")
+    c.observe(("ns", name), deleted=True)
+    assert (
+        c.metrics.registry.get_sample_value(
+            "kvretention_kvstore_metrics_up", {"fleet_namespace": "ns", "fleet": name}
+        )
+        is None
+    )

@@ -18,6 +18,7 @@ from kvretention.controller.kvstore_metrics import (
     KvStoreReading,
     KvStoreUsage,
     MetricsFormatError,
+    keep_unchanged,
     parse_master_metrics,
     parse_usage,
     plan_metrics_read,
@@ -157,18 +158,53 @@ def test_retention_budget_condition(
 
 
 @pytest.mark.parametrize(
-    ("previous", "due"),
+    ("last_read", "due"),
     [
         (None, True),
-        (KvStoreReading("2026-12-01T11:59:45Z"), False),
-        (KvStoreReading("2026-12-01T11:59:30Z"), True),
-        (KvStoreReading("2026-12-01T12:05:00Z"), True),  # from the future: clock skew, re-read
-        (KvStoreReading("yesterday"), True),
+        (NOW - dt.timedelta(seconds=15), False),
+        (NOW - dt.timedelta(seconds=30), True),
+        (NOW + dt.timedelta(minutes=5), True),  # from the future: the clock jumped back, re-read
     ],
-    ids=["never", "fresh", "stale", "future", "garbage"],
+    ids=["never", "fresh", "stale", "future"],
 )
-def test_plan_metrics_read(previous: KvStoreReading | None, due: bool) -> None:
-    assert plan_metrics_read(previous, now=NOW, interval_seconds=30) is due
+def test_plan_metrics_read(last_read: dt.datetime | None, due: bool) -> None:
+    assert plan_metrics_read(last_read, now=NOW, interval_seconds=30) is due
+
+
+EARLIER = "2026-12-01T11:00:00Z"
+
+
+@pytest.mark.parametrize(
+    ("previous", "current", "expected"),
+    [
+        (None, KvStoreReading(STAMP, usage=usage()), KvStoreReading(STAMP, usage=usage())),
+        (
+            KvStoreReading(EARLIER, usage=usage()),
+            KvStoreReading(STAMP, usage=usage()),
+            KvStoreReading(EARLIER, usage=usage()),
+        ),
+        (
+            KvStoreReading(EARLIER, usage=usage()),
+            KvStoreReading(STAMP, usage=usage(pinned_keys=21)),
+            KvStoreReading(STAMP, usage=usage(pinned_keys=21)),
+        ),
+        (
+            KvStoreReading(EARLIER, error="down"),
+            KvStoreReading(STAMP, error="down"),
+            KvStoreReading(EARLIER, error="down"),
+        ),
+        (
+            KvStoreReading(EARLIER, error="down"),
+            KvStoreReading(STAMP, usage=usage()),
+            KvStoreReading(STAMP, usage=usage()),
+        ),
+    ],
+    ids=["first", "same-numbers", "new-numbers", "same-error", "recovered"],
+)
+def test_an_unchanged_reading_keeps_its_time(
+    previous: KvStoreReading | None, current: KvStoreReading, expected: KvStoreReading
+) -> None:
+    assert keep_unchanged(previous, current) == expected
 
 
 @pytest.mark.parametrize(
