@@ -43,7 +43,12 @@ def http(method: str, url: str, data: bytes | None = None) -> tuple[int, bytes]:
 MASTER_SPEC = {
     "leaseTtlMilliseconds": 5000,
     "eviction": {"highWatermarkRatio": 0.8, "ratio": 0.1},
-    "softPin": {"defaultTtlSeconds": 600, "maxTtlSeconds": 43200, "allowEviction": False},
+    "softPin": {
+        "defaultTtlSeconds": 600,
+        "maxTtlSeconds": 43200,
+        "allowEviction": False,
+        "budgetRatio": 0.5,
+    },
 }
 
 

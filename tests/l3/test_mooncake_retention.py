@@ -40,14 +40,18 @@ def master_spec(
     ratio: float = 0.1,
     default_ttl_s: int = 600,
 ) -> dict[str, Any]:
+    soft_pin: dict[str, Any] = {
+        "defaultTtlSeconds": default_ttl_s,
+        "maxTtlSeconds": 43200,
+        "allowEviction": allow_eviction,
+    }
+    if not allow_eviction:
+        # Required by the CRD; renders nothing (Mooncake has no pin budget to enforce it with).
+        soft_pin["budgetRatio"] = watermark / 2
     return {
         "leaseTtlMilliseconds": lease_ms,
         "eviction": {"highWatermarkRatio": watermark, "ratio": ratio},
-        "softPin": {
-            "defaultTtlSeconds": default_ttl_s,
-            "maxTtlSeconds": 43200,
-            "allowEviction": allow_eviction,
-        },
+        "softPin": soft_pin,
     }
 
 
