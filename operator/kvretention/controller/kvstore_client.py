@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import http.client
 import urllib.request
 from typing import Final
 
@@ -46,5 +47,5 @@ async def read_master_metrics(
         return KvStoreReading(observed_at, error=f"{url}: no answer within {limit_seconds:g}s")
     except MetricsFormatError as err:
         return KvStoreReading(observed_at, error=f"{url}: {err}")
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, http.client.HTTPException) as err:
         return KvStoreReading(observed_at, error=f"{url}: {err}")

@@ -267,13 +267,15 @@ def test_metrics_export_the_reading_and_the_budget() -> None:
 class _Handler(http.server.BaseHTTPRequestHandler):
     body = b""
     delay = 0.0
+    promised = 0
+    """Content-Length to announce beyond the body (a master that dies mid-answer)."""
     stop = threading.Event()
 
     def do_GET(self) -> None:
         if self.delay:
             self.stop.wait(self.delay)
         self.send_response(200)
-        self.send_header("Content-Length", str(len(self.body)))
+        self.send_header("Content-Length", str(len(self.body) + self.promised))
         self.end_headers()
         self.wfile.write(self.body)
 
@@ -324,6 +326,15 @@ async def test_an_unusable_answer_is_a_reading_with_an_error(
     handler.body = body
     reading = await read_master_metrics(url, now=NOW)
     assert reading.usage is None and error in (reading.error or "")
+
+
+async def test_an_answer_cut_short_is_a_reading_with_an_error(
+    server: tuple[str, type[_Handler]],
+) -> None:
+    url, handler = server
+    handler.body, handler.promised = b"master_key_count 1\n", 1000
+    reading = await read_master_metrics(url, now=NOW)
+    assert reading.usage is None and url in (reading.error or "")
 
 
 async def test_nothing_listening_is_a_reading_with_an_error() -> None:
