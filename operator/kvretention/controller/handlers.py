@@ -299,6 +299,9 @@ class Controller:
             return "invalid"
 
         desired = build_children(cr)
+        # The master's /metrics is read alongside the applies (bounded, never raises), so a slow
+        # or absent master delays nothing else.
+        kvstore_read = asyncio.ensure_future(self._kvstore_reading(cr, previous))
         live = await self._list_children(namespace, name)
         observed_deployments: dict[str, Mapping[str, Any]] = {}
         refused: list[str] = []
@@ -345,7 +348,7 @@ class Controller:
             deployments=observed_deployments,
             worker_pods=pods,
             apply_errors=refused,
-            kvstore=await self._kvstore_reading(cr, previous),
+            kvstore=await kvstore_read,
         )
         status = compute_status(fleet, observed, previous=previous, now=self.clock())
         await self._write_status(body, previous, status)
