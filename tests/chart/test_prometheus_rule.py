@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 import pytest
-from chartlib import Helm, select
+from chartlib import CHART, Helm, select
 
 from kvretention.controller.metrics import FLEET_LABELS, Metrics
 
@@ -73,3 +73,8 @@ def test_alerts_use_only_series_the_operator_exports(helm: Helm) -> None:
 )
 def test_bad_rule_values_are_rejected(helm: Helm, values: dict[str, Any]) -> None:
     assert "prometheusRule" in helm.template_error(values)
+
+
+def test_helm_lint_strict_with_the_rule(helm: Helm) -> None:
+    done = helm.run("lint", str(CHART), "--strict", "--set", "metrics.prometheusRule.enabled=true")
+    assert "0 chart(s) failed" in done.stdout
