@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import importlib.metadata
 import os
 import socket
 import subprocess
@@ -66,7 +67,6 @@ def build_standin() -> Path:
 
 
 SGLANG_IMPORT_DEPS = (
-    "torchvision==0.29.2",
     "dill==0.4.1",
     "sentencepiece==0.2.3",
     "networkx==3.6.1",
@@ -76,13 +76,27 @@ SGLANG_IMPORT_DEPS = (
 )
 """What ``sglang.srt.mem_cache.storage.mooncake_store.mooncake_store`` imports at module level
 beyond torch (through ``sglang.srt.configs`` and the quantization layers), found by importing it
-until it loaded; none of them needs a GPU. torchvision 0.29 pairs with torch 2.14."""
+until it loaded; none of them needs a GPU. Plus torchvision, whose release must pair with the
+installed torch (``torchvision_requirement``)."""
+
+
+def torchvision_requirement(torch_version: str) -> str:
+    """The torchvision release line built against a torch release: 0.(minor + 15) for torch 2.x
+    (torch 2.14 -> torchvision 0.29), the pairing PyTorch has kept since torch 2.0 / 0.15."""
+    major, minor = (int(part) for part in torch_version.split("+")[0].split(".")[:2])
+    if major != 2:
+        raise ValueError(f"no known torchvision pairing for torch {torch_version}")
+    return f"torchvision==0.{minor + 15}.*"
 
 
 def sglang_import_deps() -> Path:
     """SGLang's import-only dependencies in a cache dir (``--no-deps``, pinned), for a subprocess's
     ``PYTHONPATH``; kept out of the shared venv so they change no other test's imports."""
-    key = hashlib.sha256("\n".join(SGLANG_IMPORT_DEPS).encode()).hexdigest()[:12]
+    requirements = (
+        torchvision_requirement(importlib.metadata.version("torch")),
+        *SGLANG_IMPORT_DEPS,
+    )
+    key = hashlib.sha256("\n".join(requirements).encode()).hexdigest()[:12]
     cache = Path(os.environ.get("KVR_CACHE", Path.home() / ".cache" / "kvretention"))
     target = cache / "sglang-import-deps" / key
     if (target / ".complete").exists():
@@ -99,7 +113,7 @@ def sglang_import_deps() -> Path:
             "--disable-pip-version-check",
             "--target",
             str(work),
-            *SGLANG_IMPORT_DEPS,
+            *requirements,
         ],
         check=True,
         timeout=600,
