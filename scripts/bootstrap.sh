@@ -11,10 +11,11 @@ MOONCAKE_VERSION=0.3.13.post1
 log() { printf '[bootstrap] %s\n' "$*" >&2; }
 
 # Debian packages: openssl for the control plane's keys, libibverbs1 for mooncake_master,
-# lua5.1 to test the Argo CD health check with a real Lua.
+# lua5.1 to test the Argo CD health check with a real Lua, gcc for the test-only libcuda stand-in.
 need_apt=()
 command -v openssl >/dev/null || need_apt+=(openssl)
 command -v lua5.1 >/dev/null || need_apt+=(lua5.1)
+command -v gcc >/dev/null && command -v nm >/dev/null || need_apt+=(gcc binutils)
 [ -e /usr/lib/x86_64-linux-gnu/libibverbs.so.1 ] || ldconfig -p | grep -q libibverbs.so.1 || need_apt+=(libibverbs1)
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "installing Debian packages: ${need_apt[*]}"
@@ -43,6 +44,10 @@ if [ ! -e "$stamp" ]; then
 else
   log "Python environment up to date ($VENV)"
 fi
+
+# TEST-ONLY libcuda stand-in + PyPI libcudart so Mooncake's store client loads on a CPU host
+# (cached in ~/.cache/kvretention; worker images keep the real driver).
+KVR_VENV="$VENV" scripts/build-cuda-standin.sh >/dev/null
 
 # Kubernetes binaries for the real local control plane (cached in ~/.cache/kvretention).
 if [ -x scripts/build-kube.sh ]; then

@@ -199,6 +199,25 @@ BAD_CRS: list[tuple[str, dict[str, Any], str]] = [
         },
         "softPin.defaultTtlSeconds must not exceed softPin.maxTtlSeconds",
     ),
+    (
+        "pins that hold without a budget",
+        {"kvStore": {"mooncake": {"master": {"softPin": {"allowEviction": False}}}}},
+        "softPin.allowEviction false needs softPin.budgetRatio",
+    ),
+    (
+        "pin budget at the high watermark",
+        {
+            "kvStore": {
+                "mooncake": {
+                    "master": {
+                        "eviction": {"highWatermarkRatio": 0.8},
+                        "softPin": {"allowEviction": False, "budgetRatio": 0.8},
+                    }
+                }
+            }
+        },
+        "softPin.budgetRatio must be below eviction.highWatermarkRatio",
+    ),
     ("unknown mode", {"workers": {"mode": "sideways"}}, "Unsupported value"),
     ("unknown tool-call parser", {"model": {"toolCallParser": "qwen9"}}, "Unsupported value"),
     ("unknown reasoning parser", {"model": {"reasoningParser": "r2"}}, "Unsupported value"),

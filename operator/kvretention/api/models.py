@@ -596,6 +596,19 @@ class WorkersSpec(_Model):
 # --- kvStore --------------------------------------------------------------------------------------
 
 
+_PINS_HOLD_NEED_BUDGET = "self.allowEviction || has(self.budgetRatio)"
+_PINS_HOLD_NEED_BUDGET_MESSAGE = (
+    "softPin.allowEviction false needs softPin.budgetRatio: pins that cannot be evicted must have "
+    "a budget, or they can fill the pool"
+)
+_BUDGET_BELOW_WATERMARK = (
+    "!has(self.softPin.budgetRatio) || self.softPin.budgetRatio < self.eviction.highWatermarkRatio"
+)
+_BUDGET_BELOW_WATERMARK_MESSAGE = (
+    "softPin.budgetRatio must be below eviction.highWatermarkRatio (unpinned writes need room)"
+)
+
+
 class SoftPinSpec(_Model):
     """Mooncake soft pins: how long hinted KV is protected from eviction."""
 
@@ -604,7 +617,8 @@ class SoftPinSpec(_Model):
             (
                 "self.defaultTtlSeconds <= self.maxTtlSeconds",
                 "softPin.defaultTtlSeconds must not exceed softPin.maxTtlSeconds",
-            )
+            ),
+            (_PINS_HOLD_NEED_BUDGET, _PINS_HOLD_NEED_BUDGET_MESSAGE),
         )
     )
 
@@ -627,7 +641,17 @@ class SoftPinSpec(_Model):
         default=True,
         description=(
             "Evict soft-pinned objects once pinned data passes the high watermark "
-            "(--allow_evict_soft_pinned_objects); false makes pins hold."
+            "(--allow_evict_soft_pinned_objects); false makes pins hold and needs budgetRatio."
+        ),
+    )
+    budget_ratio: float | None = Field(
+        default=None,
+        gt=0.0,
+        lt=1.0,
+        description=(
+            "Retention budget: the share of the pool's capacity pinned objects may hold. "
+            "Mooncake has no knob that enforces it; the operator reports pins against it "
+            "(status.kvStore, the RetentionBudget condition, metrics and an alert)."
         ),
     )
 
@@ -636,6 +660,9 @@ class SoftPinSpec(_Model):
         _require(
             self.default_ttl_seconds <= self.max_ttl_seconds,
             "softPin.defaultTtlSeconds must not exceed softPin.maxTtlSeconds",
+        )
+        _require(
+            self.allow_eviction or self.budget_ratio is not None, _PINS_HOLD_NEED_BUDGET_MESSAGE
         )
         return self
 
@@ -677,6 +704,10 @@ class EvictionSpec(_Model):
 class MooncakeMasterSpec(_Model):
     """The managed ``mooncake_master`` (mode managed)."""
 
+    model_config = ConfigDict(
+        json_schema_extra=_cel((_BUDGET_BELOW_WATERMARK, _BUDGET_BELOW_WATERMARK_MESSAGE))
+    )
+
     image: str = Field(
         default=DEFAULT_WORKER_IMAGE,
         min_length=1,
@@ -704,6 +735,15 @@ class MooncakeMasterSpec(_Model):
     )
     eviction: EvictionSpec = _sub(EvictionSpec, "Eviction thresholds.")
     soft_pin: SoftPinSpec = _sub(SoftPinSpec, "Soft-pin TTLs used for retention hints.")
+
+    @model_validator(mode="after")
+    def _check_cel_equivalents(self) -> MooncakeMasterSpec:
+        budget = self.soft_pin.budget_ratio
+        _require(
+            budget is None or budget < self.eviction.high_watermark_ratio,
+            _BUDGET_BELOW_WATERMARK_MESSAGE,
+        )
+        return self
 
 
 class TransferSpec(_Model):
@@ -851,6 +891,7 @@ ConditionType = Literal[
     "WorkersReady",
     "KvStoreReady",
     "KvHintsSupported",
+    "RetentionBudget",
     "Progressing",
 ]
 CONDITION_TYPES: Final[tuple[str, ...]] = (
@@ -860,6 +901,7 @@ CONDITION_TYPES: Final[tuple[str, ...]] = (
     "WorkersReady",
     "KvStoreReady",
     "KvHintsSupported",
+    "RetentionBudget",
     "Progressing",
 )
 
@@ -894,6 +936,44 @@ class ReplicaCount(_StatusModel):
     desired: int = Field(default=0, ge=0, description="Desired pods.")
 
 
+class KvStoreStatus(ReplicaCount):
+    """The Mooncake master's pods, and the pool as its ``/metrics`` last reported it."""
+
+    observed_at: str | None = Field(
+        default=None,
+        description=(
+            "When the master first reported the numbers below (RFC 3339); a read that finds the "
+            "same numbers leaves status unchanged."
+        ),
+    )
+    capacity_bytes: int | None = Field(
+        default=None, ge=0, description="Pool capacity: the segments workers mounted."
+    )
+    used_bytes: int | None = Field(default=None, ge=0, description="Bytes allocated to objects.")
+    objects: int | None = Field(default=None, ge=0, description="Objects (keys) stored.")
+    pinned_objects: int | None = Field(default=None, ge=0, description="Soft-pinned objects.")
+    pinned_bytes_estimate: int | None = Field(
+        default=None,
+        ge=0,
+        description="Pinned objects times the mean object size (the master counts no pinned bytes).",
+    )
+    pinned_ratio: float | None = Field(
+        default=None, ge=0, description="pinnedBytesEstimate / capacityBytes."
+    )
+    budget_ratio: float | None = Field(
+        default=None, description="softPin.budgetRatio the pins are checked against."
+    )
+    evicted_objects: int | None = Field(
+        default=None, ge=0, description="Objects evicted since the master started."
+    )
+    evicted_bytes: int | None = Field(
+        default=None, ge=0, description="Bytes evicted since the master started."
+    )
+    evictions: int | None = Field(
+        default=None, ge=0, description="Eviction rounds since the master started."
+    )
+
+
 class EngineStatus(_StatusModel):
     """What the capability probe found in the worker image."""
 
@@ -920,12 +1000,14 @@ class KvRetentionDeploymentStatus(_StatusModel):
     )
     conditions: list[Condition] = Field(
         default_factory=list,
-        description="Ready, FrontendReady, RouterReady, WorkersReady, KvStoreReady, KvHintsSupported, Progressing.",
+        description="Ready, FrontendReady, RouterReady, WorkersReady, KvStoreReady, KvHintsSupported, RetentionBudget, Progressing.",
     )
     frontend: ReplicaCount | None = Field(default=None, description="Frontend pods.")
     router: ReplicaCount | None = Field(default=None, description="Router pods.")
     workers: ReplicaCount | None = Field(default=None, description="Worker pods (all pools).")
-    kv_store: ReplicaCount | None = Field(default=None, description="Mooncake master pods.")
+    kv_store: KvStoreStatus | None = Field(
+        default=None, description="Mooncake master pods and the pool's usage."
+    )
     workers_ready: str | None = Field(
         default=None, description="Ready/desired workers as 'R/D' (printer column)."
     )

@@ -20,7 +20,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -28,8 +28,18 @@ import kopf
 
 from kvretention.api.models import GROUP, KIND, PLURAL, VERSION, KvRetentionDeployment, SpecError
 from kvretention.controller import kube as k
+from kvretention.controller.kvstore_client import read_master_metrics
+from kvretention.controller.kvstore_metrics import (
+    KvStoreReading,
+    keep_unchanged,
+    master_metrics_url,
+    plan_metrics_read,
+    reading_from_status,
+)
 from kvretention.controller.metrics import Metrics
 from kvretention.controller.resources import build_children, check_spec
+from kvretention.controller.resources.common import service_host
+from kvretention.controller.resources.mooncake import MASTER_SUFFIX, uses_mooncake
 from kvretention.controller.status import (
     WORKER_COMPONENTS,
     Fleet,
@@ -186,6 +196,8 @@ class Controller:
     resync_seconds: float = 60.0
     workers: int = 4
     clock: Callable[[], dt.datetime] = field(default=lambda: dt.datetime.now(dt.UTC))
+    read_kvstore: Callable[..., Awaitable[KvStoreReading]] = read_master_metrics
+    """Reads a managed master's /metrics (bounded, never raises); tests inject a fake."""
 
     def __post_init__(self) -> None:
         self.queue = WorkQueue()
@@ -193,6 +205,8 @@ class Controller:
         self.failures: dict[Key, int] = {}
         self._applied: dict[tuple[str, str, str], Stamp] = {}
         """(kind, ns, name) -> the ``stamp_of`` a live object known to match what we want."""
+        self._kvstore_reads: dict[Key, tuple[dt.datetime, KvStoreReading]] = {}
+        """Each fleet's last read of its master's /metrics, and when (rate-limits the reads)."""
 
     # triggers
 
@@ -201,6 +215,8 @@ class Controller:
         if deleted:
             self.known.discard(key)
             self.failures.pop(key, None)
+            self.metrics.forget_kvstore(*key)
+            self._kvstore_reads.pop(key, None)
             namespace, name = key
             for memo_key in [m for m in self._applied if m[1] == namespace]:
                 if memo_key[2].startswith(f"{name}-"):
@@ -283,6 +299,9 @@ class Controller:
             return "invalid"
 
         desired = build_children(cr)
+        # The master's /metrics is read alongside the applies (bounded, never raises), so a slow
+        # or absent master delays nothing else.
+        kvstore_read = asyncio.ensure_future(self._kvstore_reading(cr, previous))
         live = await self._list_children(namespace, name)
         observed_deployments: dict[str, Mapping[str, Any]] = {}
         refused: list[str] = []
@@ -323,9 +342,13 @@ class Controller:
                 if mooncake.mode == "external" and mooncake.external is not None
                 else None
             ),
+            retention_budget=mooncake.master.soft_pin.budget_ratio,
         )
         observed = Observed(
-            deployments=observed_deployments, worker_pods=pods, apply_errors=refused
+            deployments=observed_deployments,
+            worker_pods=pods,
+            apply_errors=refused,
+            kvstore=await kvstore_read,
         )
         status = compute_status(fleet, observed, previous=previous, now=self.clock())
         await self._write_status(body, previous, status)
@@ -333,6 +356,29 @@ class Controller:
             # Said so in status; now fail so the queue retries with backoff.
             raise kopf.TemporaryError("the API server refused: " + "; ".join(refused))
         return "ok"
+
+    async def _kvstore_reading(
+        self, cr: KvRetentionDeployment, previous: Mapping[str, Any] | None
+    ) -> KvStoreReading | None:
+        """The managed master's usage: read at most every READ_INTERVAL_SECONDS per fleet."""
+        mooncake = cr.spec.kv_store.mooncake
+        if mooncake.mode != "managed" or not uses_mooncake(cr.spec):
+            return None
+        key = (cr.namespace, cr.name)
+        now = self.clock()
+        last = self._kvstore_reads.get(key)
+        if last is not None and not plan_metrics_read(last[0], now=now):
+            reading = last[1]
+        else:
+            url = master_metrics_url(
+                host=service_host(cr, MASTER_SUFFIX), port=mooncake.master.metrics_port
+            )
+            reading = await self.read_kvstore(url, now=now)
+            self._kvstore_reads[key] = (now, reading)
+            self.metrics.observe_kvstore(
+                *key, reading, budget=mooncake.master.soft_pin.budget_ratio
+            )
+        return keep_unchanged(reading_from_status(previous), reading)
 
     async def _list_children(self, namespace: str, name: str) -> dict[tuple[str, str], Any]:
         out: dict[tuple[str, str], Any] = {}

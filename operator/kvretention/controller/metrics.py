@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from kvretention.controller.kvstore_metrics import KvStoreReading
+
+FLEET_LABELS = ("fleet_namespace", "fleet")
+"""Not ``namespace``: Prometheus sets that target label to the operator's own namespace."""
 
 
 @dataclass
@@ -69,6 +75,84 @@ class Metrics:
             "KvRetentionDeployments this process knows about.",
             registry=r,
         )
+
+        self.kvstore_up = Gauge(
+            "kvretention_kvstore_metrics_up",
+            "1 when the last read of the managed Mooncake master's /metrics succeeded, else 0.",
+            FLEET_LABELS,
+            registry=r,
+        )
+        self.kvstore_gauges = {
+            attr: Gauge(f"kvretention_kvstore_{metric}", help_, FLEET_LABELS, registry=r)
+            for attr, metric, help_ in (
+                ("capacity_bytes", "capacity_bytes", "Pool capacity (mounted segments)."),
+                ("used_bytes", "used_bytes", "Bytes allocated to objects."),
+                ("keys", "objects", "Objects stored."),
+                ("pinned_keys", "pinned_objects", "Soft-pinned objects."),
+                ("pinned_bytes", "pinned_bytes_estimate", "Pinned objects x mean object size."),
+                ("evicted_keys", "evicted_objects", "Objects evicted since the master started."),
+                ("evicted_bytes", "evicted_bytes", "Bytes evicted since the master started."),
+                ("evictions", "evictions", "Eviction rounds since the master started."),
+            )
+        }
+        self.kvstore_pinned_ratio = Gauge(
+            "kvretention_kvstore_pinned_ratio",
+            "Estimated share of the pool's capacity that soft pins hold.",
+            FLEET_LABELS,
+            registry=r,
+        )
+        self.kvstore_budget_ratio = Gauge(
+            "kvretention_kvstore_budget_ratio",
+            "softPin.budgetRatio: the share of the pool pins may hold (absent: no budget).",
+            FLEET_LABELS,
+            registry=r,
+        )
+        self.kvstore_over_budget = Gauge(
+            "kvretention_kvstore_over_budget",
+            "1 while pins hold more of the pool than softPin.budgetRatio allows, else 0.",
+            FLEET_LABELS,
+            registry=r,
+        )
+
+    def observe_kvstore(
+        self, namespace: str, name: str, reading: KvStoreReading, *, budget: float | None
+    ) -> None:
+        """Export one metrics read of a fleet's managed master."""
+        labels = (namespace, name)
+        usage = reading.usage
+        self.kvstore_up.labels(*labels).set(0 if usage is None else 1)
+        if usage is None:
+            return
+        for attr, gauge in self.kvstore_gauges.items():
+            gauge.labels(*labels).set(getattr(usage, attr))
+        ratio = usage.pinned_ratio
+        if ratio is not None:
+            self.kvstore_pinned_ratio.labels(*labels).set(ratio)
+        if budget is None:
+            self._remove(self.kvstore_budget_ratio, labels)
+            self._remove(self.kvstore_over_budget, labels)
+        else:
+            self.kvstore_budget_ratio.labels(*labels).set(budget)
+            over = ratio is not None and ratio > budget
+            self.kvstore_over_budget.labels(*labels).set(1 if over else 0)
+
+    def forget_kvstore(self, namespace: str, name: str) -> None:
+        """Drop a deleted fleet's series."""
+        labels = (namespace, name)
+        gauges = [
+            self.kvstore_up,
+            self.kvstore_pinned_ratio,
+            self.kvstore_budget_ratio,
+            self.kvstore_over_budget,
+            *self.kvstore_gauges.values(),
+        ]
+        for gauge in gauges:
+            self._remove(gauge, labels)
+
+    @staticmethod
+    def _remove(gauge: Gauge, labels: tuple[str, str]) -> None:
+        with contextlib.suppress(KeyError):
+            gauge.remove(*labels)
 
     def writes(self) -> float:
         """All writes to the API server so far (children applied or deleted, status, events)."""

@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from kvretention.controller.kvstore_metrics import KvStoreReading
+
 CondStatus = Literal["True", "False", "Unknown"]
 
 READY: Final = "Ready"
@@ -21,6 +23,7 @@ ROUTER_READY: Final = "RouterReady"
 WORKERS_READY: Final = "WorkersReady"
 KVSTORE_READY: Final = "KvStoreReady"
 KV_HINTS_SUPPORTED: Final = "KvHintsSupported"
+RETENTION_BUDGET: Final = "RetentionBudget"
 PROGRESSING: Final = "Progressing"
 CONDITION_TYPES: Final = (
     READY,
@@ -29,6 +32,7 @@ CONDITION_TYPES: Final = (
     WORKERS_READY,
     KVSTORE_READY,
     KV_HINTS_SUPPORTED,
+    RETENTION_BUDGET,
     PROGRESSING,
 )
 
@@ -200,6 +204,8 @@ class Fleet:
     desired: Sequence[Mapping[str, Any]]
     kvstore_external: str | None = None
     """The external Mooncake master address, or None when the operator manages the master."""
+    retention_budget: float | None = None
+    """``softPin.budgetRatio``: the share of the pool pins may hold (None: no budget)."""
 
 
 @dataclass(frozen=True)
@@ -210,6 +216,8 @@ class Observed:
     worker_pods: Sequence[Mapping[str, Any]] = ()
     apply_errors: Sequence[str] = ()
     """Children the API server refused (RBAC, admission); the reconcile retries them."""
+    kvstore: KvStoreReading | None = None
+    """The managed master's last metrics read (None: not read, e.g. an external master)."""
 
 
 # -- checks ------------------------------------------------------------------------------------
@@ -253,6 +261,34 @@ def check_kvstore(master: Sequence[Workload], *, external: str | None) -> Verdic
     if external is not None:
         return Verdict("True", "External", f"using the external Mooncake master at {external}")
     return check_workloads(master, what="Mooncake master")
+
+
+def check_retention_budget(
+    reading: KvStoreReading | None, *, budget: float | None, external: str | None
+) -> Verdict:
+    """Pins against the budget: True within it, False past it, Unknown when unmeasured."""
+    if external is not None:
+        return Verdict(
+            "Unknown", "ExternalMaster", "pins are measured only on a master the operator manages"
+        )
+    if reading is None:
+        return Verdict("Unknown", "NotMeasured", "the master's metrics have not been read yet")
+    if reading.usage is None:
+        return Verdict(
+            "Unknown", "MetricsUnavailable", reading.error or "the master's metrics are unreadable"
+        )
+    usage = reading.usage
+    ratio = usage.pinned_ratio
+    if ratio is None:
+        return Verdict("Unknown", "NoCapacity", "no worker has mounted a segment into the pool yet")
+    held = (
+        f"{usage.pinned_keys} pinned objects hold about {ratio:.1%} of {usage.capacity_bytes} bytes"
+    )
+    if budget is None:
+        return Verdict("True", "NoBudget", f"{held}; no softPin.budgetRatio is set")
+    if ratio > budget:
+        return Verdict("False", "OverBudget", f"{held}, past the {budget:.1%} budget")
+    return Verdict("True", "WithinBudget", f"{held}, within the {budget:.1%} budget")
 
 
 def check_kv_hints(reports: Sequence[ProbeReport | ProbeFailure]) -> Verdict:
@@ -374,6 +410,19 @@ def _count(workloads: Sequence[Workload]) -> dict[str, int]:
     return {"ready": sum(w.ready for w in workloads), "desired": sum(w.desired for w in workloads)}
 
 
+def _kvstore_usage(reading: KvStoreReading | None, *, budget: float | None) -> dict[str, Any]:
+    if reading is None:
+        return {}
+    out: dict[str, Any] = {"observedAt": reading.observed_at}
+    if reading.usage is not None:
+        out.update(reading.usage.to_status())
+        if reading.usage.pinned_ratio is not None:
+            out["pinnedRatio"] = round(reading.usage.pinned_ratio, 4)
+    if budget is not None:
+        out["budgetRatio"] = budget
+    return out
+
+
 def _endpoint(fleet: Fleet) -> str | None:
     for m in fleet.desired:
         labels = (m.get("metadata") or {}).get("labels") or {}
@@ -443,6 +492,9 @@ def compute_status(
         WORKERS_READY: check_workloads(workers, what="worker"),
         KVSTORE_READY: check_kvstore(master, external=fleet.kvstore_external),
         KV_HINTS_SUPPORTED: check_kv_hints(reports),
+        RETENTION_BUDGET: check_retention_budget(
+            observed.kvstore, budget=fleet.retention_budget, external=fleet.kvstore_external
+        ),
         PROGRESSING: check_applied(observed.apply_errors)
         or check_progressing([w for ws in groups.values() for w in ws]),
     }
@@ -459,7 +511,10 @@ def compute_status(
         "frontend": _count(groups.get("frontend", [])),
         "router": _count(groups.get("router", [])),
         "workers": workers_count,
-        "kvStore": _count(master),
+        "kvStore": {
+            **_count(master),
+            **_kvstore_usage(observed.kvstore, budget=fleet.retention_budget),
+        },
         "workersReady": f"{workers_count['ready']}/{workers_count['desired']}",
     }
     endpoint = _endpoint(fleet)

@@ -131,6 +131,8 @@ def test_cel_rules_are_present_with_messages() -> None:
         "kvStore.mooncake.mode external needs kvStore.mooncake.external.masterAddress",
         "kvStore.mooncake.mode managed must not set kvStore.mooncake.external",
         "softPin.defaultTtlSeconds must not exceed softPin.maxTtlSeconds",
+        "softPin.allowEviction false needs softPin.budgetRatio",
+        "softPin.budgetRatio must be below eviction.highWatermarkRatio",
         "metadata.name must be at most 54 characters",
     ):
         assert any(expected in m for m in messages), expected

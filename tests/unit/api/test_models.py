@@ -79,6 +79,18 @@ VALID = [
         id="soft-pin-max-12h",
     ),
     pytest.param(
+        {
+            "kvStore": {
+                "mooncake": {"master": {"softPin": {"allowEviction": False, "budgetRatio": 0.5}}}
+            }
+        },
+        id="pins-that-hold-with-a-budget",
+    ),
+    pytest.param(
+        {"kvStore": {"mooncake": {"master": {"softPin": {"budgetRatio": 0.3}}}}},
+        id="budget-with-evictable-pins",
+    ),
+    pytest.param(
         {"hints": {"policy": "Required", "providers": {"openai": False}}},
         id="required-anthropic-only",
     ),
@@ -217,6 +229,30 @@ INVALID = [
         },
         "eviction.ratio must be below eviction.highWatermarkRatio",
         id="eviction-ratio-above-watermark",
+    ),
+    pytest.param(
+        {"kvStore": {"mooncake": {"master": {"softPin": {"allowEviction": False}}}}},
+        "softPin.allowEviction false needs softPin.budgetRatio",
+        id="pins-that-hold-without-a-budget",
+    ),
+    pytest.param(
+        {
+            "kvStore": {
+                "mooncake": {
+                    "master": {
+                        "eviction": {"highWatermarkRatio": 0.8},
+                        "softPin": {"allowEviction": False, "budgetRatio": 0.8},
+                    }
+                }
+            }
+        },
+        "softPin.budgetRatio must be below eviction.highWatermarkRatio",
+        id="budget-at-the-watermark",
+    ),
+    pytest.param(
+        {"kvStore": {"mooncake": {"master": {"softPin": {"budgetRatio": 0}}}}},
+        "budgetRatio",
+        id="budget-zero",
     ),
     pytest.param(
         {"kvStore": {"mooncake": {"transfer": {"protocol": "ib"}}}},

@@ -432,6 +432,7 @@ def test_mooncake_master_args_follow_the_spec() -> None:
                             "defaultTtlSeconds": 60,
                             "maxTtlSeconds": 43200,
                             "allowEviction": False,
+                            "budgetRatio": 0.5,
                         },
                     }
                 }

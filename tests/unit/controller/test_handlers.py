@@ -30,6 +30,7 @@ from kvretention.controller.handlers import (
     comparable,
     owner_key,
 )
+from kvretention.controller.kvstore_metrics import KvStoreReading, KvStoreUsage, format_time
 
 EXAMPLES = Path(__file__).parents[3] / "examples"
 NOW = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
@@ -150,8 +151,20 @@ def fake() -> FakeKube:
     return FakeKube()
 
 
-def controller(fake: FakeKube) -> Controller:
-    return Controller(fake, clock=lambda: NOW)  # type: ignore[arg-type]
+class FakeMaster:
+    """Stands in for the managed master's /metrics (the real one is read in the L3 tier)."""
+
+    def __init__(self, reading: KvStoreReading | None = None) -> None:
+        self.urls: list[str] = []
+        self.reading = reading
+
+    async def __call__(self, url: str, *, now: dt.datetime) -> KvStoreReading:
+        self.urls.append(url)
+        return self.reading or KvStoreReading(format_time(now), error=f"{url}: unreachable")
+
+
+def controller(fake: FakeKube, master: FakeMaster | None = None) -> Controller:
+    return Controller(fake, clock=lambda: NOW, read_kvstore=master or FakeMaster())  # type: ignore[arg-type]
 
 
 def make_ready(fake: FakeKube) -> None:
@@ -416,3 +429,81 @@ def _dry_runs(c: Controller) -> dict[str, float]:
         for s in metric.samples
         if s.name.endswith("_total")
     }
+
+
+@pytest.mark.parametrize(
+    ("reading", "status", "reason"),
+    [
+        (None, "Unknown", "MetricsUnavailable"),
+        (
+            KvStoreReading("2025-01-01T00:00:00Z", usage=KvStoreUsage(100, 80, 8, 1, 3, 30, 1)),
+            "True",
+            "WithinBudget",
+        ),
+        (
+            KvStoreReading("2025-01-01T00:00:00Z", usage=KvStoreUsage(100, 80, 8, 7, 3, 30, 1)),
+            "False",
+            "OverBudget",
+        ),
+    ],
+    ids=["unreachable", "within", "over"],
+)
+async def test_pool_usage_reaches_status_and_is_read_at_most_once_per_interval(
+    fake: FakeKube, reading: KvStoreReading | None, status: str, reason: str
+) -> None:
+    body = load_example("disaggregated")  # softPin.budgetRatio 0.5
+    fake.put(CR_KIND, body)
+    master = FakeMaster(reading)
+    c = controller(fake, master)
+    await c.reconcile(("ns", body["metadata"]["name"]))
+    assert master.urls == [f"http://{body['metadata']['name']}-mooncake.ns.svc:9003/metrics"]
+    got = fake.cr(body["metadata"]["name"])["status"]
+    budget = next(x for x in got["conditions"] if x["type"] == "RetentionBudget")
+    assert (budget["status"], budget["reason"]) == (status, reason)
+    assert got["kvStore"]["observedAt"] == "2025-01-01T00:00:00Z"
+    assert got["kvStore"]["budgetRatio"] == 0.5
+    if reading is not None and reading.usage is not None:
+        assert got["kvStore"]["pinnedObjects"] == reading.usage.pinned_keys
+    # The next reconcile inside the interval reuses the recorded reading: no read, no new write.
+    writes = len(fake.writes)
+    await c.reconcile(("ns", body["metadata"]["name"]))
+    assert len(master.urls) == 1
+    assert len(fake.writes) == writes
+
+
+async def test_reads_are_rate_limited_and_an_unchanged_pool_writes_no_status(
+    fake: FakeKube,
+) -> None:
+    body = load_example("disaggregated")
+    name = body["metadata"]["name"]
+    fake.put(CR_KIND, body)
+    now = [NOW]
+    master = FakeMaster(KvStoreReading("x", usage=KvStoreUsage(100, 80, 8, 1, 3, 30, 1)))
+    c = Controller(fake, clock=lambda: now[0], read_kvstore=master)  # type: ignore[arg-type]
+    await c.reconcile(("ns", name))
+    first = copy.deepcopy(fake.cr(name)["status"]["kvStore"])
+    writes = len(fake.writes)
+    now[0] = NOW + dt.timedelta(seconds=31)  # due again: read, same numbers -> no write
+    await c.reconcile(("ns", name))
+    assert len(master.urls) == 2
+    assert len(fake.writes) == writes
+    assert fake.cr(name)["status"]["kvStore"] == first
+    master.reading = KvStoreReading("y", usage=KvStoreUsage(100, 90, 9, 6, 3, 30, 1))
+    now[0] = NOW + dt.timedelta(seconds=45)  # not due: the new numbers wait for the next read
+    await c.reconcile(("ns", name))
+    assert len(master.urls) == 2
+    now[0] = NOW + dt.timedelta(seconds=62)
+    await c.reconcile(("ns", name))
+    assert len(master.urls) == 3
+    status = fake.cr(name)["status"]
+    assert status["kvStore"]["pinnedObjects"] == 6
+    assert status["kvStore"]["observedAt"] == "y"
+    budget = next(x for x in status["conditions"] if x["type"] == "RetentionBudget")
+    assert (budget["status"], budget["reason"]) == ("False", "OverBudget")
+    c.observe(("ns", name), deleted=True)
+    assert (
+        c.metrics.registry.get_sample_value(
+            "kvretention_kvstore_metrics_up", {"fleet_namespace": "ns", "fleet": name}
+        )
+        is None
+    )

@@ -1,0 +1,343 @@
+"""The Mooncake master's /metrics text -> numbers -> the RetentionBudget condition and exports."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import http.server
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvretention.controller.kvstore_client import read_master_metrics
+from kvretention.controller.kvstore_metrics import (
+    REQUIRED,
+    KvStoreReading,
+    KvStoreUsage,
+    MetricsFormatError,
+    keep_unchanged,
+    parse_master_metrics,
+    parse_usage,
+    plan_metrics_read,
+    reading_from_status,
+)
+from kvretention.controller.metrics import Metrics
+from kvretention.controller.status import check_retention_budget
+
+REAL_DUMP = Path(__file__).parents[2] / "fixtures" / "mooncake_master_metrics.prom"
+"""A real mooncake_master 0.3.13.post1 /metrics after 8 pinned and 80 pressure writes of 256 KiB
+into a 16 MiB pool (captured with tests/l3/mooncake_harness.py)."""
+
+NOW = dt.datetime(2026, 12, 1, 12, 0, 0, tzinfo=dt.UTC)
+STAMP = "2026-12-01T12:00:00Z"
+MIB = 1024 * 1024
+
+
+def usage(**overrides: int) -> KvStoreUsage:
+    values = {
+        "capacity_bytes": 100 * MIB,
+        "used_bytes": 50 * MIB,
+        "keys": 50,
+        "pinned_keys": 20,
+        "evicted_keys": 7,
+        "evicted_bytes": 7 * MIB,
+        "evictions": 2,
+    }
+    values.update(overrides)
+    return KvStoreUsage(**values)
+
+
+def test_real_master_dump_parses_to_its_numbers() -> None:
+    got = parse_usage(REAL_DUMP.read_text())
+    assert got == KvStoreUsage(
+        capacity_bytes=16_777_216,
+        used_bytes=11_796_480,
+        keys=45,
+        pinned_keys=8,
+        evicted_keys=43,
+        evicted_bytes=11_272_192,
+        evictions=3,
+    )
+    assert got.pinned_bytes == round(11_796_480 * 8 / 45)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", {}),
+        ("# HELP x y\n# TYPE x gauge\nx 1\n", {"x": 1.0}),
+        ("a 1.5e3\nb   2\n", {"a": 1500.0, "b": 2.0}),
+        ('seg{segment="1.2.3.4:1"} 9\nplain 3\n', {"plain": 3.0}),
+        ("with_ts 4 1700000000000\n", {"with_ts": 4.0}),
+        ("nan_value NaN\n", {"nan_value": float("nan")}),
+        ("lonely\n", {}),
+    ],
+    ids=["empty", "comments", "floats", "labels-skipped", "timestamp", "nan", "no-value"],
+)
+def test_parse_master_metrics(text: str, expected: dict[str, float]) -> None:
+    got = parse_master_metrics(text)
+    assert got.keys() == expected.keys()
+    for name, value in expected.items():
+        assert got[name] == value or (value != value and got[name] != got[name])
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("master_key_count one\n", "has no number"),
+        ("some_other_exporter 1\n", "missing master_total_capacity_bytes"),
+        ("\n".join(f"{n} 1" for n in REQUIRED if n != "master_soft_pin_key_count"), "soft_pin"),
+        ("\n".join(f"{n} -1" for n in REQUIRED), "not a count"),
+        ("\n".join(f"{n} +Inf" for n in REQUIRED), "not a count"),
+    ],
+    ids=["bad-number", "not-mooncake", "one-missing", "negative", "infinite"],
+)
+def test_unusable_metrics_are_refused(text: str, error: str) -> None:
+    with pytest.raises(MetricsFormatError, match=error):
+        parse_usage(text)
+
+
+@pytest.mark.parametrize(
+    ("u", "pinned_bytes", "ratio"),
+    [
+        (usage(), 20 * MIB, 0.2),
+        (usage(keys=0, pinned_keys=0, used_bytes=0), 0, 0.0),
+        (usage(capacity_bytes=0, used_bytes=0, keys=0, pinned_keys=0), 0, None),
+        (usage(pinned_keys=80), 50 * MIB, 0.5),  # more pins than keys (expired pins) caps
+    ],
+    ids=["mean-size", "empty-pool", "no-segment", "capped"],
+)
+def test_pinned_share_estimate(u: KvStoreUsage, pinned_bytes: int, ratio: float | None) -> None:
+    assert u.pinned_bytes == pinned_bytes
+    assert u.pinned_ratio == (pytest.approx(ratio) if ratio is not None else None)
+
+
+@pytest.mark.parametrize(
+    ("reading", "budget", "external", "expected"),
+    [
+        (None, 0.5, "m:1", ("Unknown", "ExternalMaster")),
+        (None, 0.5, None, ("Unknown", "NotMeasured")),
+        (KvStoreReading(STAMP, error="boom"), 0.5, None, ("Unknown", "MetricsUnavailable")),
+        (
+            KvStoreReading(STAMP, usage=usage(capacity_bytes=0, keys=0, pinned_keys=0)),
+            0.5,
+            None,
+            ("Unknown", "NoCapacity"),
+        ),
+        (KvStoreReading(STAMP, usage=usage()), None, None, ("True", "NoBudget")),
+        (KvStoreReading(STAMP, usage=usage()), 0.3, None, ("True", "WithinBudget")),
+        (KvStoreReading(STAMP, usage=usage()), 0.2, None, ("True", "WithinBudget")),
+        (KvStoreReading(STAMP, usage=usage()), 0.19, None, ("False", "OverBudget")),
+    ],
+    ids=[
+        "external",
+        "not-read",
+        "unreadable",
+        "no-segment",
+        "no-budget",
+        "within",
+        "at-the-budget",
+        "over",
+    ],
+)
+def test_retention_budget_condition(
+    reading: KvStoreReading | None,
+    budget: float | None,
+    external: str | None,
+    expected: tuple[str, str],
+) -> None:
+    verdict = check_retention_budget(reading, budget=budget, external=external)
+    assert (verdict.status, verdict.reason) == expected
+    if expected[1] == "MetricsUnavailable":
+        assert verdict.message == "boom"
+    if expected[1] == "OverBudget":
+        assert "20.0%" in verdict.message and "19.0%" in verdict.message
+
+
+@pytest.mark.parametrize(
+    ("last_read", "due"),
+    [
+        (None, True),
+        (NOW - dt.timedelta(seconds=15), False),
+        (NOW - dt.timedelta(seconds=30), True),
+        (NOW + dt.timedelta(minutes=5), True),  # from the future: the clock jumped back, re-read
+    ],
+    ids=["never", "fresh", "stale", "future"],
+)
+def test_plan_metrics_read(last_read: dt.datetime | None, due: bool) -> None:
+    assert plan_metrics_read(last_read, now=NOW, interval_seconds=30) is due
+
+
+EARLIER = "2026-12-01T11:00:00Z"
+
+
+@pytest.mark.parametrize(
+    ("previous", "current", "expected"),
+    [
+        (None, KvStoreReading(STAMP, usage=usage()), KvStoreReading(STAMP, usage=usage())),
+        (
+            KvStoreReading(EARLIER, usage=usage()),
+            KvStoreReading(STAMP, usage=usage()),
+            KvStoreReading(EARLIER, usage=usage()),
+        ),
+        (
+            KvStoreReading(EARLIER, usage=usage()),
+            KvStoreReading(STAMP, usage=usage(pinned_keys=21)),
+            KvStoreReading(STAMP, usage=usage(pinned_keys=21)),
+        ),
+        (
+            KvStoreReading(EARLIER, error="down"),
+            KvStoreReading(STAMP, error="down"),
+            KvStoreReading(EARLIER, error="down"),
+        ),
+        (
+            KvStoreReading(EARLIER, error="down"),
+            KvStoreReading(STAMP, usage=usage()),
+            KvStoreReading(STAMP, usage=usage()),
+        ),
+    ],
+    ids=["first", "same-numbers", "new-numbers", "same-error", "recovered"],
+)
+def test_an_unchanged_reading_keeps_its_time(
+    previous: KvStoreReading | None, current: KvStoreReading, expected: KvStoreReading
+) -> None:
+    assert keep_unchanged(previous, current) == expected
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        (None, None),
+        ({"kvStore": {"ready": 1, "desired": 1}}, None),
+        (
+            {"kvStore": {"observedAt": STAMP, **usage().to_status(), "pinnedRatio": 0.2}},
+            KvStoreReading(STAMP, usage=usage()),
+        ),
+        (
+            {
+                "kvStore": {"observedAt": STAMP},
+                "conditions": [{"type": "RetentionBudget", "message": "refused"}],
+            },
+            KvStoreReading(STAMP, error="refused"),
+        ),
+        (
+            {"kvStore": {"observedAt": STAMP, **usage().to_status(), "objects": "many"}},
+            KvStoreReading(STAMP, error="not read"),
+        ),
+    ],
+    ids=["no-status", "never-read", "numbers", "error-from-condition", "tampered"],
+)
+def test_reading_round_trips_through_status(
+    status: dict[str, Any] | None, expected: KvStoreReading | None
+) -> None:
+    assert reading_from_status(status) == expected
+
+
+def _sample(m: Metrics, name: str) -> float | None:
+    value = m.registry.get_sample_value(name, {"fleet_namespace": "ns", "fleet": "f"})
+    return None if value is None else float(value)
+
+
+def test_metrics_export_the_reading_and_the_budget() -> None:
+    m = Metrics()
+    m.observe_kvstore("ns", "f", KvStoreReading(STAMP, usage=usage()), budget=0.1)
+    assert _sample(m, "kvretention_kvstore_metrics_up") == 1
+    assert _sample(m, "kvretention_kvstore_capacity_bytes") == 100 * MIB
+    assert _sample(m, "kvretention_kvstore_pinned_objects") == 20
+    assert _sample(m, "kvretention_kvstore_evicted_objects") == 7
+    assert _sample(m, "kvretention_kvstore_pinned_ratio") == pytest.approx(0.2)
+    assert _sample(m, "kvretention_kvstore_budget_ratio") == 0.1
+    assert _sample(m, "kvretention_kvstore_over_budget") == 1
+    m.observe_kvstore("ns", "f", KvStoreReading(STAMP, usage=usage()), budget=None)
+    assert _sample(m, "kvretention_kvstore_budget_ratio") is None
+    assert _sample(m, "kvretention_kvstore_over_budget") is None
+    m.observe_kvstore("ns", "f", KvStoreReading(STAMP, error="down"), budget=0.5)
+    assert _sample(m, "kvretention_kvstore_metrics_up") == 0
+    m.forget_kvstore("ns", "f")
+    assert _sample(m, "kvretention_kvstore_metrics_up") is None
+    assert _sample(m, "kvretention_kvstore_capacity_bytes") is None
+
+
+# -- the I/O half, against a real loopback HTTP server -------------------------------------------
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    body = b""
+    delay = 0.0
+    promised = 0
+    """Content-Length to announce beyond the body (a master that dies mid-answer)."""
+    stop = threading.Event()
+
+    def do_GET(self) -> None:
+        if self.delay:
+            self.stop.wait(self.delay)
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.body) + self.promised))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[str, type[_Handler]]]:
+    handler = type("Handler", (_Handler,), {"stop": threading.Event()})
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/metrics", handler
+    finally:
+        handler.stop.set()
+        httpd.shutdown()
+        httpd.server_close()
+
+
+async def test_reads_a_master(server: tuple[str, type[_Handler]]) -> None:
+    url, handler = server
+    handler.body = REAL_DUMP.read_bytes()
+    reading = await read_master_metrics(url, now=NOW)
+    assert reading == KvStoreReading(STAMP, usage=parse_usage(REAL_DUMP.read_text()))
+
+
+async def test_a_slow_master_is_cut_off(server: tuple[str, type[_Handler]]) -> None:
+    url, handler = server
+    handler.body, handler.delay = REAL_DUMP.read_bytes(), 5.0
+    started = asyncio.get_running_loop().time()
+    reading = await read_master_metrics(url, now=NOW, limit_seconds=0.3)
+    assert asyncio.get_running_loop().time() - started < 2.0
+    assert reading.usage is None and reading.error is not None
+    assert url in reading.error
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [(b"<html>\n</html>\n", "missing"), (b"master_key_count x\n", "no number")],
+    ids=["not-mooncake", "garbage"],
+)
+async def test_an_unusable_answer_is_a_reading_with_an_error(
+    server: tuple[str, type[_Handler]], body: bytes, error: str
+) -> None:
+    url, handler = server
+    handler.body = body
+    reading = await read_master_metrics(url, now=NOW)
+    assert reading.usage is None and error in (reading.error or "")
+
+
+async def test_an_answer_cut_short_is_a_reading_with_an_error(
+    server: tuple[str, type[_Handler]],
+) -> None:
+    url, handler = server
+    handler.body, handler.promised = b"master_key_count 1\n", 1000
+    reading = await read_master_metrics(url, now=NOW)
+    assert reading.usage is None and url in (reading.error or "")
+
+
+async def test_nothing_listening_is_a_reading_with_an_error() -> None:
+    reading = await read_master_metrics("http://127.0.0.1:1/metrics", now=NOW)
+    assert reading.observed_at == STAMP
+    assert reading.usage is None and "127.0.0.1:1" in (reading.error or "")
