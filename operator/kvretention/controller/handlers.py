@@ -186,6 +186,8 @@ class Controller:
     resync_seconds: float = 60.0
     workers: int = 4
     clock: Callable[[], dt.datetime] = field(default=lambda: dt.datetime.now(dt.UTC))
+    hold_after_applies: int | None = None
+    """Test hook: after this many applies, hold every later one forever (see ``_gate``)."""
 
     def __post_init__(self) -> None:
         self.queue = WorkQueue()
@@ -193,6 +195,7 @@ class Controller:
         self.failures: dict[Key, int] = {}
         self._applied: dict[tuple[str, str, str], Stamp] = {}
         """(kind, ns, name) -> the ``stamp_of`` a live object known to match what we want."""
+        self._applies_started = 0
 
     # triggers
 
@@ -361,11 +364,29 @@ class Controller:
             if live and comparable(dry) == comparable(live):
                 self._applied[memo_key] = stamp_of(live, manifest, digest=digest)
                 return live
+        await self._gate(kind.kind, meta)
         result = await self.kube.apply(manifest)
         self.metrics.apply_writes.labels(kind.kind).inc()
         log.info("applied %s %s/%s", kind.kind, meta.get("namespace"), meta["name"])
         self._applied[memo_key] = stamp_of(result, manifest, digest=digest)
         return result
+
+    async def _gate(self, kind: str, meta: Mapping[str, Any]) -> None:
+        """The test hook that makes "killed mid-reconcile" deterministic.
+
+        With ``hold_after_applies=N`` exactly N applies reach the API server; every later one
+        waits forever, so a test can see N children in the cluster, know the reconcile is stuck
+        half-way, and SIGKILL the process there instead of racing it.
+        """
+        if self.hold_after_applies is None:
+            return
+        if self._applies_started < self.hold_after_applies:
+            self._applies_started += 1
+            return
+        log.warning(
+            "test hook: holding the apply of %s %s/%s", kind, meta.get("namespace"), meta["name"]
+        )
+        await asyncio.Event().wait()
 
     async def _prune(
         self,
