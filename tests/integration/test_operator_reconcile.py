@@ -211,6 +211,18 @@ BAD_CRS: list[tuple[str, dict[str, Any], str]] = [
     ("unknown router policy", {"router": {"policy": "RoundRobin"}}, "Unsupported value"),
     ("malformed session key", {"router": {"sessionKeys": ["a b"]}}, "should match"),
     ("negative replicas", {"workers": {"replicas": -1}}, "should be greater than or equal to 0"),
+    # What render refuses for its types, the API server refuses too (and the other way round).
+    ("replicas as a string", {"workers": {"replicas": "2"}}, "must be of type integer"),
+    (
+        "tensorParallelSize as a string",
+        {"workers": {"aggregated": {"tensorParallelSize": "2"}}},
+        "must be of type integer",
+    ),
+    (
+        "a boolean as a string",
+        {"hints": {"providers": {"openai": "false"}}},
+        "must be of type boolean",
+    ),
 ]
 
 

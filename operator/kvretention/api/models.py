@@ -54,13 +54,18 @@ Quantity = Annotated[
 
 
 class _Model(BaseModel):
-    """camelCase on the wire, snake_case in Python; unknown fields are an error."""
+    """camelCase on the wire, snake_case in Python; unknown fields are an error.
+
+    Strict, as the API server is: ``replicas: "2"`` or ``openai: "false"`` is refused, not coerced
+    (an integer is still a valid ``number``, as in the OpenAPI schema).
+    """
 
     model_config = ConfigDict(
         alias_generator=to_camel,
         populate_by_name=True,
         extra="forbid",
         frozen=True,
+        strict=True,
     )
 
 
@@ -815,7 +820,7 @@ CONDITION_TYPES: Final[tuple[str, ...]] = (
 class _StatusModel(_Model):
     """Status is written by the operator; tolerate fields a newer operator adds."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=False)
 
 
 class Condition(_StatusModel):

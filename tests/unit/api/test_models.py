@@ -262,6 +262,22 @@ INVALID = [
     pytest.param({"router": {"sessionKeys": ["x session"]}}, "sessionKeys", id="session-key-space"),
     pytest.param({"router": {"sessionKeys": ["metadata."]}}, "sessionKeys", id="session-key-body"),
     pytest.param({"router": {"policy": "RoundRobin"}}, "policy", id="router-policy-enum"),
+    # Strict types, as the API server is: a string is never coerced to a number or a boolean.
+    pytest.param({"workers": {"replicas": "2"}}, "spec.workers.replicas", id="replicas-string"),
+    pytest.param(
+        {"workers": {"aggregated": {"tensorParallelSize": "2"}}},
+        "spec.workers.aggregated.tensorParallelSize",
+        id="tp-string",
+    ),
+    pytest.param(
+        {"hints": {"providers": {"openai": "false"}}},
+        "spec.hints.providers.openai",
+        id="bool-string",
+    ),
+    pytest.param({"frontend": {"replicas": 1.0}}, "spec.frontend.replicas", id="replicas-float"),
+    pytest.param(
+        {"workers": {"hicache": {"enabled": 1}}}, "spec.workers.hicache.enabled", id="bool-int"
+    ),
 ]
 
 

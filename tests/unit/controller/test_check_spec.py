@@ -51,7 +51,7 @@ PD = {"mode": "disaggregated", "prefill": {}, "decode": {}}
         (
             {"workers": {**PD, "decode": {"extraArgs": ["--enable-hicache"]}}},
             [
-                "spec.workers.decode.extraArgs[0]: --enable-hicache is set by the operator from the spec; change the matching spec field instead"
+                "spec.workers.decode.extraArgs[0]: --enable-hicache (SGLang reads it as --enable-hierarchical-cache) is set by the operator from the spec; change the matching spec field instead"
             ],
         ),
         (
@@ -147,3 +147,66 @@ def test_parse_quantity_rejects(value: str) -> None:
 @pytest.mark.parametrize(("value", "expected"), [("4gb", 4 * 2**30), ("1048576", 2**20)])
 def test_segment_bytes(value: str, expected: int) -> None:
     assert segment_bytes(value) == expected
+
+
+MANAGED = "is set by the operator from the spec; change the matching spec field instead"
+
+
+@pytest.mark.parametrize(
+    ("extra_args", "expected"),
+    [
+        (["--mem-fraction-static", "0.8"], []),
+        (["--mem-frac", "0.8"], []),  # an abbreviation of a flag the user may set
+        (["--disable-radix-cache", "--no-enable-tf32-matmul"], []),
+        (["--model-path=/x"], [f"[0]: --model-path {MANAGED}"]),
+        (["--model", "/x"], [f"[0]: --model (SGLang reads it as --model-path) {MANAGED}"]),
+        (["--tp-siz", "4"], [f"[0]: --tp-siz (SGLang reads it as --tp-size) {MANAGED}"]),
+        (
+            ["--tensor-parallel=4"],
+            [f"[0]: --tensor-parallel (SGLang reads it as --tp-size) {MANAGED}"],
+        ),
+        (
+            ["--mem-frac", "0.8", "--served", "x"],
+            [f"[2]: --served (SGLang reads it as --served-model-name) {MANAGED}"],
+        ),
+        (["--tool-call-parser", "qwen"], [f"[0]: --tool-call-parser {MANAGED}"]),
+        (
+            ["--config", "/etc/sglang.yaml"],
+            [
+                "[0]: --config reads SGLang flags from a file the operator cannot check (it could "
+                "override the flags rendered from the spec); list the flags in extraArgs"
+            ],
+        ),
+        (
+            ["--conf=/etc/sglang.yaml"],
+            [
+                "[0]: --conf reads SGLang flags from a file the operator cannot check (it could "
+                "override the flags rendered from the spec); list the flags in extraArgs"
+            ],
+        ),
+        (
+            ["--no-such-flag"],
+            [": SGLang 0.5.23 would refuse these: unrecognized arguments: --no-such-flag"],
+        ),
+        (["stray"], [": SGLang 0.5.23 would refuse these: unrecognized arguments: stray"]),
+        (
+            ["--mem-fraction-static"],
+            [
+                ": SGLang 0.5.23 would refuse these: argument --mem-fraction-static: expected one argument"
+            ],
+        ),
+        (
+            ["--enable-h"],
+            [
+                ": SGLang 0.5.23 would refuse these: ambiguous option: --enable-h could match "
+                "--enable-http2, --enable-hierarchical-cache, --enable-hicache, --enable-hisparse, "
+                "--enable-http-worker-reuseport"
+            ],
+        ),
+    ],
+)
+def test_extra_args_are_read_with_sglangs_parser(
+    extra_args: list[str], expected: list[str]
+) -> None:
+    spec = {"workers": {"aggregated": {"extraArgs": extra_args}}}
+    assert check_spec(cr(**spec)) == [f"spec.workers.aggregated.extraArgs{e}" for e in expected]

@@ -16,6 +16,12 @@ from kvretention.api.models import KvRetentionDeployment, ResourceRequirements
 from kvretention.controller.resources.common import WORKER_PORT
 from kvretention.controller.resources.mooncake import CONFIG_MOUNT_DIR
 from kvretention.controller.resources.sglang_args import MANAGED_FLAGS, Role, pool_for
+from kvretention.controller.resources.sglang_cli import (
+    SglangArgsError,
+    dest_of,
+    parse_sglang_args,
+    sglang_version,
+)
 from kvretention.controller.resources.workers import worker_roles
 
 _QUANTITY: Final = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$")
@@ -114,15 +120,32 @@ def check_quantities(cr: KvRetentionDeployment) -> list[str]:
 
 
 def check_extra_args(cr: KvRetentionDeployment) -> list[str]:
-    """``extraArgs`` must not override what the operator renders from the spec."""
+    """``extraArgs`` must parse as SGLang parses it and must not set what the operator renders.
+
+    Read with SGLang's own parser (:mod:`.sglang_cli`), so an alias (``--model``), an abbreviation
+    (``--tp-siz 4``) or ``--config FILE`` (a file that can set any flag) cannot slip past.
+    """
+    managed = {dest for flag in MANAGED_FLAGS if (dest := dest_of(flag)) is not None}
     problems = []
     for role in worker_roles(cr):
-        for index, arg in enumerate(pool_for(cr.spec, role).extra_args):
-            flag = arg.split("=", 1)[0]
-            if flag in MANAGED_FLAGS:
+        path = f"{_pool_path(role)}.extraArgs"
+        try:
+            options = parse_sglang_args(pool_for(cr.spec, role).extra_args)
+        except SglangArgsError as exc:
+            problems.append(f"{path}: SGLang {sglang_version()} would refuse these: {exc}")
+            continue
+        for opt in options:
+            where = f"{path}[{opt.index}]: {opt.written}"
+            if opt.dest == "config":
                 problems.append(
-                    f"{_pool_path(role)}.extraArgs[{index}]: {flag} is set by the operator "
-                    "from the spec; change the matching spec field instead"
+                    f"{where} reads SGLang flags from a file the operator cannot check (it could "
+                    "override the flags rendered from the spec); list the flags in extraArgs"
+                )
+            elif opt.dest in managed:
+                named = "" if opt.written == opt.option else f" (SGLang reads it as {opt.option})"
+                problems.append(
+                    f"{where}{named} is set by the operator from the spec; "
+                    "change the matching spec field instead"
                 )
     return problems
 
