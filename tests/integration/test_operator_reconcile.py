@@ -223,6 +223,26 @@ BAD_CRS: list[tuple[str, dict[str, Any], str]] = [
         {"hints": {"providers": {"openai": "false"}}},
         "must be of type boolean",
     ),
+    *(
+        (
+            f"gpuResource {name}",
+            {"workers": {"gpuResource": name}},
+            "workers.gpuResource must be a vendor resource name such as nvidia.com/gpu",
+        )
+        for name in ("cpu", "memory", "kubernetes.io/gpu")
+    ),
+    *(
+        (
+            f"external master port {port}",
+            {
+                "kvStore": {
+                    "mooncake": {"mode": "external", "external": {"masterAddress": f"mc:{port}"}}
+                }
+            },
+            "kvStore.mooncake.external.masterAddress port must be 1-65535",
+        )
+        for port in ("0", "99999")
+    ),
 ]
 
 

@@ -19,6 +19,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
@@ -492,6 +493,32 @@ class HiCacheSpec(_Model):
         return self
 
 
+EXTENDED_RESOURCE_PATTERN: Final = (
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+    r"/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+"""A vendor-qualified resource name (``nvidia.com/gpu``): Kubernetes' extended resources."""
+_EXTENDED_RESOURCE: Final = re.compile(EXTENDED_RESOURCE_PATTERN)
+GPU_RESOURCE_RULE: Final = (
+    "self == '' || (self.matches('"
+    + EXTENDED_RESOURCE_PATTERN.replace("\\", "\\\\")
+    + "') && !self.startsWith('kubernetes.io/') && !self.contains('.kubernetes.io/'))"
+)
+GPU_RESOURCE_MESSAGE: Final = (
+    "workers.gpuResource must be a vendor resource name such as nvidia.com/gpu "
+    "(domain/name, outside kubernetes.io), not cpu or memory"
+)
+
+
+def is_extended_resource(name: str) -> bool:
+    """Kubernetes' extended resources: vendor-qualified, outside the ``kubernetes.io`` domain."""
+    return (
+        _EXTENDED_RESOURCE.match(name) is not None
+        and not name.startswith("kubernetes.io/")
+        and ".kubernetes.io/" not in name
+    )
+
+
 class WorkersSpec(_Model):
     """The SGLang workers: one aggregated pool, or a prefill and a decode pool."""
 
@@ -530,7 +557,11 @@ class WorkersSpec(_Model):
     gpu_resource: str = Field(
         default="nvidia.com/gpu",
         max_length=253,
-        description="Extended resource requested per tensor-parallel rank; empty requests none.",
+        description=(
+            "Extended resource requested per tensor-parallel rank, a vendor name such as "
+            "nvidia.com/gpu or amd.com/gpu (not cpu or memory); empty requests none."
+        ),
+        json_schema_extra=_cel((GPU_RESOURCE_RULE, GPU_RESOURCE_MESSAGE)),
     )
     aggregated: WorkerPoolSpec | None = Field(
         default=None, description="The aggregated pool (mode aggregated; defaults apply)."
@@ -548,6 +579,12 @@ class WorkersSpec(_Model):
         description="Prefill workers' KV bootstrap port (SGLang --disaggregation-bootstrap-port).",
     )
     hicache: HiCacheSpec = _sub(HiCacheSpec, "Hierarchical cache settings of every worker.")
+
+    @field_validator("gpu_resource")
+    @classmethod
+    def _check_gpu_resource(cls, value: str) -> str:
+        _require(is_extended_resource(value) or value == "", GPU_RESOURCE_MESSAGE)
+        return value
 
     @model_validator(mode="after")
     def _check_cel_equivalents(self) -> WorkersSpec:
@@ -697,6 +734,14 @@ class TransferSpec(_Model):
     )
 
 
+_PORT_OF_ADDRESS: Final = "int(self.substring(self.lastIndexOf(':') + 1))"
+_MASTER_PORT_RULE: Final = (
+    f"!self.matches('^.*:[0-9]{{1,5}}$') || "
+    f"({_PORT_OF_ADDRESS} >= 1 && {_PORT_OF_ADDRESS} <= 65535)"
+)
+MASTER_PORT_MESSAGE: Final = "kvStore.mooncake.external.masterAddress port must be 1-65535"
+
+
 class ExternalMooncakeSpec(_Model):
     """An existing Mooncake master (mode external)."""
 
@@ -704,7 +749,8 @@ class ExternalMooncakeSpec(_Model):
         min_length=3,
         max_length=512,
         pattern=r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$",
-        description="host:port of the external mooncake_master RPC endpoint.",
+        description="host:port of the external mooncake_master RPC endpoint (port 1-65535).",
+        json_schema_extra=_cel((_MASTER_PORT_RULE, MASTER_PORT_MESSAGE)),
     )
     metadata_server: str = Field(
         default="P2PHANDSHAKE",
@@ -712,6 +758,13 @@ class ExternalMooncakeSpec(_Model):
         max_length=1024,
         description="Transfer-engine metadata server: P2PHANDSHAKE or an http://.../metadata URL.",
     )
+
+    @field_validator("master_address")
+    @classmethod
+    def _check_master_port(cls, value: str) -> str:
+        port = value.rpartition(":")[2]
+        _require(not port.isdigit() or 1 <= int(port) <= 65535, MASTER_PORT_MESSAGE)
+        return value
 
 
 class MooncakeSpec(_Model):

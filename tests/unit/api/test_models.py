@@ -100,6 +100,15 @@ VALID = [
         },
         id="agent-model",
     ),
+    pytest.param({"workers": {"gpuResource": "amd.com/gpu"}}, id="gpu-amd"),
+    pytest.param({"workers": {"gpuResource": ""}}, id="gpu-none"),
+    *(
+        pytest.param(
+            {"kvStore": {"mooncake": {"mode": "external", "external": {"masterAddress": a}}}},
+            id=f"master-{a}",
+        )
+        for a in ("mc:1", "mc.ns.svc:65535", "[::1]:50051", "10.0.0.1:50051")
+    ),
 ]
 
 
@@ -277,6 +286,29 @@ INVALID = [
     pytest.param({"frontend": {"replicas": 1.0}}, "spec.frontend.replicas", id="replicas-float"),
     pytest.param(
         {"workers": {"hicache": {"enabled": 1}}}, "spec.workers.hicache.enabled", id="bool-int"
+    ),
+    *(
+        pytest.param(
+            {"workers": {"gpuResource": name}},
+            "workers.gpuResource must be a vendor resource name such as nvidia.com/gpu",
+            id=f"gpu-resource-{name}",
+        )
+        for name in (
+            "cpu",
+            "memory",
+            "hugepages-2Mi",
+            "kubernetes.io/gpu",
+            "x.kubernetes.io/g",
+            "nvidia.com/",
+        )
+    ),
+    *(
+        pytest.param(
+            {"kvStore": {"mooncake": {"mode": "external", "external": {"masterAddress": a}}}},
+            "kvStore.mooncake.external.masterAddress port must be 1-65535",
+            id=f"master-port-{a}",
+        )
+        for a in ("mc:0", "mc:99999", "mc:65536", "[::1]:00000")
     ),
 ]
 

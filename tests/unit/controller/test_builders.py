@@ -455,3 +455,31 @@ def test_scale_selector_matches_the_scaled_pool(workers: Body, role: str, deploy
     assert scaled_role(cr) == role
     match_labels = children(base(workers=workers))[deployment]["spec"]["selector"]["matchLabels"]
     assert scale_selector(cr) == ",".join(f"{k}={v}" for k, v in match_labels.items())
+
+
+@pytest.mark.parametrize(
+    ("resources", "expected"),
+    [
+        (None, {"limits": {"nvidia.com/gpu": 2}}),
+        (
+            {"requests": {"nvidia.com/gpu": 2, "cpu": 4}},
+            {"requests": {"cpu": 4, "nvidia.com/gpu": 2}, "limits": {"nvidia.com/gpu": 2}},
+        ),
+        (
+            {"requests": {"example.com/fpga": 1}},
+            {
+                "requests": {"example.com/fpga": 1},
+                "limits": {"example.com/fpga": 1, "nvidia.com/gpu": 2},
+            },
+        ),
+        ({"limits": {"nvidia.com/gpu": 2}}, {"limits": {"nvidia.com/gpu": 2}}),
+    ],
+    ids=["tp-only", "gpu-request-only", "other-extended-request", "limit-given"],
+)
+def test_extended_resource_requests_get_an_equal_limit(resources: Body, expected: Body) -> None:
+    pool: Body = {"tensorParallelSize": 2}
+    if resources is not None:
+        pool["resources"] = resources
+    deployment = children(base(workers={"aggregated": pool}))["Deployment/f-worker"]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"] == expected

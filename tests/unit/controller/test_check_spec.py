@@ -85,6 +85,39 @@ PD = {"mode": "disaggregated", "prefill": {}, "decode": {}}
             },
             [],
         ),
+        (  # a GPU request without a limit is fine (the builder sets the limit), if it fits TP
+            {"workers": {"aggregated": {"resources": {"requests": {"nvidia.com/gpu": 1}}}}},
+            [],
+        ),
+        (
+            {"workers": {"aggregated": {"resources": {"requests": {"nvidia.com/gpu": 2}}}}},
+            [
+                "spec.workers.aggregated.resources.requests.nvidia.com/gpu is 2 but tensorParallelSize is 1: SGLang needs one GPU per rank"
+            ],
+        ),
+        (
+            {
+                "workers": {
+                    "aggregated": {
+                        "resources": {
+                            "requests": {"example.com/fpga": 1},
+                            "limits": {"example.com/fpga": 2},
+                        }
+                    }
+                }
+            },
+            [
+                "spec.workers.aggregated.resources: requests.example.com/fpga must equal limits.example.com/fpga (Kubernetes does not overcommit extended resources)"
+            ],
+        ),
+        (
+            {"kvStore": {"mooncake": {"transfer": {"globalSegmentSize": "1"}}}},
+            [
+                "spec.kvStore.mooncake.transfer.globalSegmentSize: 1 is below the minimum of 67108864 bytes (64 MiB)"
+            ],
+        ),
+        ({"kvStore": {"mooncake": {"transfer": {"globalSegmentSize": "67108864"}}}}, []),
+        ({"kvStore": {"mooncake": {"transfer": {"globalSegmentSize": "1gb"}}}}, []),
         (
             {"workers": {"aggregated": {"resources": {"limits": {"memory": "3Gi"}}}}},
             [

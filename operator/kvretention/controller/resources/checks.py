@@ -12,7 +12,11 @@ from collections.abc import Callable, Iterator
 from decimal import Decimal
 from typing import Final
 
-from kvretention.api.models import KvRetentionDeployment, ResourceRequirements
+from kvretention.api.models import (
+    KvRetentionDeployment,
+    ResourceRequirements,
+    is_extended_resource,
+)
 from kvretention.controller.resources.common import WORKER_PORT
 from kvretention.controller.resources.mooncake import CONFIG_MOUNT_DIR
 from kvretention.controller.resources.sglang_args import MANAGED_FLAGS, Role, pool_for
@@ -116,6 +120,11 @@ def check_quantities(cr: KvRetentionDeployment) -> list[str]:
             limit = parsed["limits"].get(key)
             if limit is not None and request > limit:
                 problems.append(f"{path}: requests.{key} exceeds limits.{key}")
+            elif limit is not None and request != limit and is_extended_resource(key):
+                problems.append(
+                    f"{path}: requests.{key} must equal limits.{key} "
+                    "(Kubernetes does not overcommit extended resources)"
+                )
     return problems
 
 
@@ -151,26 +160,45 @@ def check_extra_args(cr: KvRetentionDeployment) -> list[str]:
 
 
 def check_gpus(cr: KvRetentionDeployment) -> list[str]:
-    """A GPU limit given by hand must match tensorParallelSize (one GPU per rank)."""
+    """A GPU request or limit given by hand must match tensorParallelSize (one GPU per rank).
+
+    A request without a limit is fine: the builder sets the limit to the request, as Kubernetes
+    demands of extended resources (``resources_dict``).
+    """
     gpu = cr.spec.workers.gpu_resource
     problems = []
-    if gpu and not is_resource_name(gpu):
-        problems.append(f"spec.workers.gpuResource: {gpu!r} is not a valid resource name")
     for role in worker_roles(cr):
         pool = pool_for(cr.spec, role)
-        limits = (pool.resources.limits or {}) if pool.resources else {}
-        if not gpu or gpu not in limits:
-            continue
-        try:
-            given = parse_quantity(limits[gpu])
-        except ValueError:
-            continue  # reported by check_quantities
-        if given != pool.tensor_parallel_size:
-            problems.append(
-                f"{_pool_path(role)}.resources.limits.{gpu} is {limits[gpu]} but "
-                f"tensorParallelSize is {pool.tensor_parallel_size}: SGLang needs one GPU per rank"
-            )
+        for kind in ("requests", "limits"):
+            given = (getattr(pool.resources, kind) or {}) if pool.resources else {}
+            if not gpu or gpu not in given:
+                continue
+            try:
+                count = parse_quantity(given[gpu])
+            except ValueError:
+                continue  # reported by check_quantities
+            if count != pool.tensor_parallel_size:
+                problems.append(
+                    f"{_pool_path(role)}.resources.{kind}.{gpu} is {given[gpu]} but "
+                    f"tensorParallelSize is {pool.tensor_parallel_size}: SGLang needs one GPU "
+                    "per rank"
+                )
     return problems
+
+
+MIN_SEGMENT_BYTES: Final = Decimal(64 * 2**20)
+"""Smallest Mooncake segment a worker may contribute: a few KV pages of a small model."""
+
+
+def check_segment_size(cr: KvRetentionDeployment) -> list[str]:
+    """A Mooncake segment too small to hold a KV page is a pool that stores nothing."""
+    size = cr.spec.kv_store.mooncake.transfer.global_segment_size
+    if segment_bytes(size) < MIN_SEGMENT_BYTES:
+        return [
+            f"spec.kvStore.mooncake.transfer.globalSegmentSize: {size} is below the minimum of "
+            f"{int(MIN_SEGMENT_BYTES)} bytes (64 MiB)"
+        ]
+    return []
 
 
 def check_host_memory(cr: KvRetentionDeployment) -> list[str]:
@@ -254,6 +282,7 @@ CHECKS: Final[tuple[Callable[[KvRetentionDeployment], list[str]], ...]] = (
     check_quantities,
     check_extra_args,
     check_gpus,
+    check_segment_size,
     check_host_memory,
     check_master_ports,
     check_worker_pod,

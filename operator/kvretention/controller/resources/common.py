@@ -6,7 +6,12 @@ import hashlib
 import json
 from typing import Any, Final
 
-from kvretention.api.models import FIELD_MANAGER, KvRetentionDeployment, ResourceRequirements
+from kvretention.api.models import (
+    FIELD_MANAGER,
+    KvRetentionDeployment,
+    ResourceRequirements,
+    is_extended_resource,
+)
 
 Manifest = dict[str, Any]
 
@@ -88,10 +93,17 @@ def content_hash(data: Any) -> str:
 def resources_dict(
     resources: ResourceRequirements | None, *, extra_limits: dict[str, int] | None = None
 ) -> dict[str, Any]:
-    """A container ``resources`` block; ``extra_limits`` fill in limits the user did not set."""
+    """A container ``resources`` block; ``extra_limits`` fill in limits the user did not set.
+
+    An extended resource (``nvidia.com/gpu``) requested without a limit gets a limit equal to the
+    request: Kubernetes refuses such a pod otherwise, since extended resources never overcommit.
+    """
     out: dict[str, Any] = {}
     requests = dict(resources.requests or {}) if resources else {}
     limits = dict(resources.limits or {}) if resources else {}
+    for key, value in requests.items():
+        if is_extended_resource(key):
+            limits.setdefault(key, value)
     for key, value in (extra_limits or {}).items():
         limits.setdefault(key, value)
     if requests:
