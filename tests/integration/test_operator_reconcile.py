@@ -358,6 +358,37 @@ def test_deleting_the_cr_garbage_collects_everything_it_owned(
     wait_until("children collected", lambda: fleets.children("gone") == {}, timeout_s=90)
 
 
+def test_an_existing_object_with_a_childs_name_is_never_adopted(
+    operator: Operator, fleets: Fleets
+) -> None:
+    """A Service made by hand keeps its selector and owner, and survives the fleet's deletion."""
+    theirs = fleets.core.create_namespaced_service(
+        fleets.ns,
+        client.V1Service(
+            metadata=client.V1ObjectMeta(name="victim-frontend"),
+            spec=client.V1ServiceSpec(
+                selector={"app": "mine"}, ports=[client.V1ServicePort(port=80)]
+            ),
+        ),
+    )
+    fleets.create(load_example("aggregated", name="victim"))
+    ready = fleets.wait_condition("victim", "Ready", "False", reason="ChildConflict")
+    assert f"Service {fleets.ns}/victim-frontend already exists" in ready["message"]
+    fleets.wait_condition("victim", "Progressing", "False", reason="ChildConflict")
+    # Everything else is created; the user's Service is untouched, even after resyncs.
+    wait_until("the other children", lambda: len(fleets.children("victim")) >= 8)
+    time.sleep(2 * RESYNC_S)
+    after = fleets.core.read_namespaced_service("victim-frontend", fleets.ns)
+    assert after.metadata.resource_version == theirs.metadata.resource_version
+    assert not after.metadata.owner_references
+    assert after.spec.selector == {"app": "mine"}
+
+    fleets.delete("victim")
+    wait_until("the fleet's children collected", lambda: fleets.children("victim") == {})
+    survivor = fleets.core.read_namespaced_service("victim-frontend", fleets.ns)
+    assert survivor.metadata.uid == theirs.metadata.uid
+
+
 def test_disaggregated_and_external_mooncake_examples_reach_ready(
     operator: Operator, fleets: Fleets
 ) -> None:

@@ -135,6 +135,16 @@ def is_controlled_by(child: Mapping[str, Any], uid: str) -> bool:
     return any(r.get("uid") == uid and r.get("controller") for r in refs)
 
 
+def conflict_message(kind: str, obj: Mapping[str, Any], *, owner: str) -> str:
+    """Why a child was not created: its name is taken by an object we do not control."""
+    meta = _meta(obj)
+    return (
+        f"{kind} {meta.get('namespace')}/{meta.get('name')} already exists and is not "
+        f"controlled by {KIND} {owner}; the operator does not adopt objects it did not create: "
+        "delete or rename it"
+    )
+
+
 def event_type(condition: Mapping[str, Any]) -> str:
     """Warning when a health condition turns False; Normal otherwise."""
     bad = condition["status"] == "False" and condition["type"] != "Progressing"
@@ -287,14 +297,20 @@ class Controller:
 
         desired = build_children(cr)
         live = await self._list_children(namespace, name)
+        uid = str(body["metadata"]["uid"])
+        taken = await self._taken_names(namespace, desired, live, uid=uid)
+        conflicts = [
+            conflict_message(kind, obj, owner=name) for (kind, _), obj in sorted(taken.items())
+        ]
+        ours = [m for m in desired if child_key(m) not in taken]
         observed_deployments: dict[str, Mapping[str, Any]] = {}
         refused: list[str] = []
         # Children are independent objects: apply them concurrently (server-side apply needs no
         # order; a pod waits for its ConfigMap by itself).
         results = await asyncio.gather(
-            *(self._ensure(m, live.get(child_key(m))) for m in desired), return_exceptions=True
+            *(self._ensure(m, live.get(child_key(m))) for m in ours), return_exceptions=True
         )
-        for manifest, result in zip(desired, results, strict=True):
+        for manifest, result in zip(ours, results, strict=True):
             current: Mapping[str, Any] | None
             if isinstance(result, k.ApiError) and result.status in REFUSED_STATUSES:
                 refused.append(
@@ -328,7 +344,10 @@ class Controller:
             ),
         )
         observed = Observed(
-            deployments=observed_deployments, worker_pods=pods, apply_errors=refused
+            deployments=observed_deployments,
+            worker_pods=pods,
+            apply_errors=refused,
+            conflicts=conflicts,
         )
         status = compute_status(fleet, observed, previous=previous, now=self.clock())
         await self._write_status(body, previous, status)
@@ -336,6 +355,37 @@ class Controller:
             # Said so in status; now fail so the queue retries with backoff.
             raise kopf.TemporaryError("the API server refused: " + "; ".join(refused))
         return "ok"
+
+    async def _taken_names(
+        self,
+        namespace: str,
+        desired: list[dict[str, Any]],
+        live: dict[tuple[str, str], Any],
+        *,
+        uid: str,
+    ) -> dict[tuple[str, str], Mapping[str, Any]]:
+        """Desired children whose name an object this fleet does not control already has.
+
+        Such an object is never adopted (a server-side apply would take it over, and the garbage
+        collector would delete it with the fleet): it is reported and left alone. Children our
+        label selector did not list are looked up by name, so only a fleet's first reconcile (or
+        one after a child was deleted) pays a read per child; ``live`` gets what was found.
+        """
+        missing = [m for m in desired if child_key(m) not in live]
+        found = await asyncio.gather(
+            *(
+                self.kube.get_or_none(k.kind_of(m), namespace, str(m["metadata"]["name"]))
+                for m in missing
+            )
+        )
+        for manifest, obj in zip(missing, found, strict=True):
+            if obj is not None:
+                live[child_key(manifest)] = obj
+        return {
+            child_key(m): live[child_key(m)]
+            for m in desired
+            if child_key(m) in live and not is_controlled_by(live[child_key(m)], uid)
+        }
 
     async def _list_children(self, namespace: str, name: str) -> dict[tuple[str, str], Any]:
         out: dict[tuple[str, str], Any] = {}

@@ -210,6 +210,8 @@ class Observed:
     worker_pods: Sequence[Mapping[str, Any]] = ()
     apply_errors: Sequence[str] = ()
     """Children the API server refused (RBAC, admission); the reconcile retries them."""
+    conflicts: Sequence[str] = ()
+    """Children whose name is taken by an object this fleet does not control (never adopted)."""
 
 
 # -- checks ------------------------------------------------------------------------------------
@@ -302,12 +304,24 @@ def check_applied(apply_errors: Sequence[str]) -> Verdict | None:
     return Verdict("False", "ApplyFailed", "; ".join(apply_errors))
 
 
+def check_conflicts(conflicts: Sequence[str]) -> Verdict | None:
+    if not conflicts:
+        return None
+    return Verdict("False", "ChildConflict", "; ".join(conflicts))
+
+
 def check_ready(
-    verdicts: Mapping[str, Verdict], *, hints_required: bool, apply_errors: Sequence[str] = ()
+    verdicts: Mapping[str, Verdict],
+    *,
+    hints_required: bool,
+    apply_errors: Sequence[str] = (),
+    conflicts: Sequence[str] = (),
 ) -> Verdict:
-    """The chain: refused writes, a definite hints failure, each component, a pending probe."""
+    """The chain: name conflicts, refused writes, a definite hints failure, each component, a
+    pending probe."""
     hints = verdicts[KV_HINTS_SUPPORTED]
     chain: list[Callable[[], Verdict | None]] = [
+        lambda: check_conflicts(conflicts),
         lambda: check_applied(apply_errors),
         lambda: hints if hints_required and hints.status == "False" else None,
         *(
@@ -443,11 +457,15 @@ def compute_status(
         WORKERS_READY: check_workloads(workers, what="worker"),
         KVSTORE_READY: check_kvstore(master, external=fleet.kvstore_external),
         KV_HINTS_SUPPORTED: check_kv_hints(reports),
-        PROGRESSING: check_applied(observed.apply_errors)
+        PROGRESSING: check_conflicts(observed.conflicts)
+        or check_applied(observed.apply_errors)
         or check_progressing([w for ws in groups.values() for w in ws]),
     }
     verdicts[READY] = check_ready(
-        verdicts, hints_required=fleet.hints_required, apply_errors=observed.apply_errors
+        verdicts,
+        hints_required=fleet.hints_required,
+        apply_errors=observed.apply_errors,
+        conflicts=observed.conflicts,
     )
     previous_conditions = (previous or {}).get("conditions") or []
     workers_count = _count(workers)

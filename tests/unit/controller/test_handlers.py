@@ -20,6 +20,7 @@ import kopf
 import pytest
 import yaml
 
+from kvretention.api.models import KIND
 from kvretention.controller import kube as k
 from kvretention.controller.handlers import (
     CR_KIND,
@@ -416,3 +417,44 @@ def _dry_runs(c: Controller) -> dict[str, float]:
         for s in metric.samples
         if s.name.endswith("_total")
     }
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        {},  # made by hand, none of our labels
+        {"labels": {"app.kubernetes.io/instance": "qwen"}},  # our labels, but not our owner
+        {"ownerReferences": [{"kind": KIND, "name": "qwen", "uid": "old-uid", "controller": True}]},
+    ],
+    ids=["unlabelled", "labelled", "other-owner"],
+)
+async def test_a_taken_child_name_is_a_conflict_never_adopted(
+    fake: FakeKube, metadata: dict[str, Any]
+) -> None:
+    fake.put(CR_KIND, load_example("aggregated"))
+    theirs = copy.deepcopy(
+        fake.put(
+            k.SERVICE,
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": "qwen-frontend", "namespace": "ns", **metadata},
+                "spec": {"selector": {"app": "mine"}},
+            },
+        )
+    )
+    c = controller(fake)
+    await c.reconcile(("ns", "qwen"))
+    assert fake.objects[("services", "ns", "qwen-frontend")] == theirs  # untouched
+    assert ("Service", "qwen-frontend") not in fake.writes
+    assert ("deployments", "qwen-frontend") in fake.children()  # the rest is created
+    ready = next(c for c in fake.cr()["status"]["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "ChildConflict")
+    assert "Service ns/qwen-frontend already exists and is not controlled by" in ready["message"]
+    assert conditions(fake.cr())["Progressing"] == ("False", "ChildConflict")
+
+    # Once the user's object is gone, the next reconcile creates ours.
+    del fake.objects[("services", "ns", "qwen-frontend")]
+    await c.reconcile(("ns", "qwen"))
+    assert ("Service", "qwen-frontend") in fake.writes
+    assert conditions(fake.cr())["Ready"][1] != "ChildConflict"
