@@ -358,6 +358,19 @@ def test_deleting_the_cr_garbage_collects_everything_it_owned(
     wait_until("children collected", lambda: fleets.children("gone") == {}, timeout_s=90)
 
 
+@pytest.mark.parametrize("component", ["workers", "frontend"])
+def test_a_component_scaled_to_zero_is_not_ready(
+    operator: Operator, fleets: Fleets, component: str
+) -> None:
+    fleets.create(load_example("aggregated", name="zero"))
+    fleets.wait_condition("zero", "WorkersReady", "True")
+    fleets.patch_spec("zero", {component: {"replicas": 0}})
+    condition = "WorkersReady" if component == "workers" else "FrontendReady"
+    fleets.wait_condition("zero", condition, "False", reason="ScaledToZero")
+    ready = fleets.wait_condition("zero", "Ready", "False", reason="ScaledToZero")
+    assert "scaled to 0 replicas" in ready["message"]
+
+
 def test_an_existing_object_with_a_childs_name_is_never_adopted(
     operator: Operator, fleets: Fleets
 ) -> None:

@@ -31,6 +31,7 @@ from kvretention.controller import kube as k
 from kvretention.controller.metrics import Metrics
 from kvretention.controller.resources import build_children, check_spec
 from kvretention.controller.status import (
+    SCALED_TO_ZERO,
     WORKER_COMPONENTS,
     Fleet,
     Observed,
@@ -146,8 +147,13 @@ def conflict_message(kind: str, obj: Mapping[str, Any], *, owner: str) -> str:
 
 
 def event_type(condition: Mapping[str, Any]) -> str:
-    """Warning when a health condition turns False; Normal otherwise."""
-    bad = condition["status"] == "False" and condition["type"] != "Progressing"
+    """Warning when a health condition turns False for a problem; Normal otherwise (a component
+    scaled to zero on purpose is not a problem)."""
+    bad = (
+        condition["status"] == "False"
+        and condition["type"] != "Progressing"
+        and condition["reason"] != SCALED_TO_ZERO
+    )
     return "Warning" if bad else "Normal"
 
 

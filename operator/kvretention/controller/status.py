@@ -59,6 +59,10 @@ STATUS_KEYS: Final = frozenset(
 # -- observations ------------------------------------------------------------------------------
 
 
+SCALED_TO_ZERO: Final = "ScaledToZero"
+"""A component asked for 0 replicas: not ready, but on purpose (a Normal Event, not a Warning)."""
+
+
 @dataclass(frozen=True)
 class Workload:
     """One Deployment as desired and as observed."""
@@ -230,6 +234,13 @@ def check_workloads(workloads: Sequence[Workload], *, what: str) -> Verdict:
     """The first missing, rolling or not-ready Deployment wins; else all are ready."""
     if not workloads:
         return Verdict("False", "NotDeployed", f"no {what} Deployment is desired")
+    for w in workloads:
+        if w.desired == 0:  # "0/0 ready" is not serving
+            return Verdict(
+                "False",
+                SCALED_TO_ZERO,
+                f"Deployment {w.name} is scaled to 0 replicas: no {what} serves",
+            )
     for w in workloads:
         if not w.exists:
             return Verdict("False", "NotCreated", f"Deployment {w.name} does not exist yet")

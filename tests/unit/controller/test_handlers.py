@@ -29,6 +29,7 @@ from kvretention.controller.handlers import (
     backoff_delay,
     build_registry,
     comparable,
+    event_type,
     owner_key,
 )
 
@@ -458,3 +459,18 @@ async def test_a_taken_child_name_is_a_conflict_never_adopted(
     await c.reconcile(("ns", "qwen"))
     assert ("Service", "qwen-frontend") in fake.writes
     assert conditions(fake.cr())["Ready"][1] != "ChildConflict"
+
+
+@pytest.mark.parametrize(
+    ("condition", "expected"),
+    [
+        ({"type": "WorkersReady", "status": "False", "reason": "PodsNotReady"}, "Warning"),
+        ({"type": "WorkersReady", "status": "False", "reason": "ScaledToZero"}, "Normal"),
+        ({"type": "Ready", "status": "False", "reason": "ScaledToZero"}, "Normal"),
+        ({"type": "Ready", "status": "False", "reason": "ChildConflict"}, "Warning"),
+        ({"type": "Progressing", "status": "False", "reason": "Converged"}, "Normal"),
+        ({"type": "Ready", "status": "True", "reason": "Ready"}, "Normal"),
+    ],
+)
+def test_event_type(condition: dict[str, str], expected: str) -> None:
+    assert event_type(condition) == expected
