@@ -38,6 +38,10 @@ RECONCILE_RULES = (
         for resource in ("services", "configmaps")
         for verb in ("get", "list", "watch", "create", "patch", "update", "delete")
     }
+    | {
+        ("policy", "poddisruptionbudgets", "*", verb)
+        for verb in ("get", "list", "watch", "create", "patch", "update", "delete")
+    }
     | {("", "pods", "*", verb) for verb in ("get", "list", "watch")}
     | {
         (group, "events", "*", verb)

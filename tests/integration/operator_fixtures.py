@@ -155,6 +155,7 @@ class Fleets:
         self.custom = client.CustomObjectsApi(api)
         self.apps = client.AppsV1Api(api)
         self.core = client.CoreV1Api(api)
+        self.policy = client.PolicyV1Api(api)
 
     # the custom resource
 
@@ -225,13 +226,15 @@ class Fleets:
         return data
 
     def children(self, name: str) -> dict[tuple[str, str], dict[str, Any]]:
-        """Every Deployment, Service and ConfigMap labelled as this fleet's, by (kind, name)."""
+        """Every Deployment, Service, ConfigMap and PodDisruptionBudget labelled as this fleet's,
+        by (kind, name)."""
         selector = f"{INSTANCE}={name}"
         out: dict[tuple[str, str], dict[str, Any]] = {}
         for kind, lister in (
             ("Deployment", self.apps.list_namespaced_deployment),
             ("Service", self.core.list_namespaced_service),
             ("ConfigMap", self.core.list_namespaced_config_map),
+            ("PodDisruptionBudget", self.policy.list_namespaced_pod_disruption_budget),
         ):
             for item in self._raw(lister, self.ns, label_selector=selector)["items"]:
                 out[(kind, item["metadata"]["name"])] = item

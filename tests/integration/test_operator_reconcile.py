@@ -223,6 +223,11 @@ BAD_CRS: list[tuple[str, dict[str, Any], str]] = [
         {"hints": {"providers": {"openai": "false"}}},
         "must be of type boolean",
     ),
+    (
+        "a rollout that can never progress",
+        {"workers": {"rollout": {"maxSurge": 0, "maxUnavailable": 0}}},
+        "workers.rollout: maxSurge and maxUnavailable must not both be 0",
+    ),
     *(
         (
             f"gpuResource {name}",

@@ -519,6 +519,47 @@ def is_extended_resource(name: str) -> bool:
     )
 
 
+class WorkerRolloutSpec(_Model):
+    """How worker pods are replaced: one at a time, never with an extra GPU pod."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_cel(
+            (
+                "self.maxSurge + self.maxUnavailable >= 1",
+                "workers.rollout: maxSurge and maxUnavailable must not both be 0",
+            )
+        )
+    )
+
+    max_surge: int = Field(
+        default=0,
+        ge=0,
+        le=1000,
+        description=(
+            "Extra worker pods a rollout may start before old ones stop (the Deployment's "
+            "maxSurge). 0 by default: a surge pod needs spare GPUs that a full pool does not have."
+        ),
+    )
+    max_unavailable: int = Field(
+        default=1,
+        ge=0,
+        le=1000,
+        description=(
+            "Workers of a pool that may be down at once: in a rollout (the Deployment's "
+            "maxUnavailable) and in voluntary disruptions such as node drains (the pool's "
+            "PodDisruptionBudget). 0 blocks drains until the pool is scaled up."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _check_cel_equivalents(self) -> WorkerRolloutSpec:
+        _require(
+            self.max_surge + self.max_unavailable >= 1,
+            "workers.rollout: maxSurge and maxUnavailable must not both be 0",
+        )
+        return self
+
+
 class WorkersSpec(_Model):
     """The SGLang workers: one aggregated pool, or a prefill and a decode pool."""
 
@@ -579,6 +620,18 @@ class WorkersSpec(_Model):
         description="Prefill workers' KV bootstrap port (SGLang --disaggregation-bootstrap-port).",
     )
     hicache: HiCacheSpec = _sub(HiCacheSpec, "Hierarchical cache settings of every worker.")
+    rollout: WorkerRolloutSpec = _sub(
+        WorkerRolloutSpec, "How worker pods are replaced and how many may be down at once."
+    )
+    drain_seconds: int = Field(
+        default=30,
+        ge=0,
+        le=3600,
+        description=(
+            "How long a stopping worker lets its in-flight streams finish (after the router has "
+            "stopped sending to it). The pod's terminationGracePeriodSeconds covers it."
+        ),
+    )
 
     @field_validator("gpu_resource")
     @classmethod

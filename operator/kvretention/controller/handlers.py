@@ -548,6 +548,14 @@ def build_registry() -> kopf.OperatorRegistry:
     kopf.on.event("v1", "configmaps", id="child-configmaps", labels=managed, registry=registry)(
         on_child
     )
+    kopf.on.event(
+        "policy",
+        "v1",
+        "poddisruptionbudgets",
+        id="child-poddisruptionbudgets",
+        labels=managed,
+        registry=registry,
+    )(on_child)
     # Pods carry their pool's selector labels, not necessarily managed-by: match on component.
     worker_pod: dict[str, Any] = {
         COMPONENT: lambda value, **_: value in WORKER_COMPONENTS,

@@ -287,6 +287,14 @@ INVALID = [
     pytest.param(
         {"workers": {"hicache": {"enabled": 1}}}, "spec.workers.hicache.enabled", id="bool-int"
     ),
+    pytest.param(
+        {"workers": {"rollout": {"maxSurge": 0, "maxUnavailable": 0}}},
+        "workers.rollout: maxSurge and maxUnavailable must not both be 0",
+        id="rollout-stuck",
+    ),
+    pytest.param(
+        {"workers": {"drainSeconds": -1}}, "spec.workers.drainSeconds", id="drain-negative"
+    ),
     *(
         pytest.param(
             {"workers": {"gpuResource": name}},

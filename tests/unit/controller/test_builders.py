@@ -189,6 +189,7 @@ def test_no_owner_references_without_uid() -> None:
                 "Deployment/f-mooncake",
                 "Service/f-worker",
                 "Deployment/f-worker",
+                "PodDisruptionBudget/f-worker",
             ],
         ),
         (
@@ -200,14 +201,21 @@ def test_no_owner_references_without_uid() -> None:
                 "Deployment/f-mooncake",
                 "Service/f-prefill",
                 "Deployment/f-prefill",
+                "PodDisruptionBudget/f-prefill",
                 "Service/f-decode",
                 "Deployment/f-decode",
+                "PodDisruptionBudget/f-decode",
             ],
         ),
         (
             {},
             {"mooncake": {"mode": "external", "external": {"masterAddress": "mc:1"}}},
-            ["ConfigMap/f-mooncake-config", "Service/f-worker", "Deployment/f-worker"],
+            [
+                "ConfigMap/f-mooncake-config",
+                "Service/f-worker",
+                "Deployment/f-worker",
+                "PodDisruptionBudget/f-worker",
+            ],
         ),
     ],
 )
@@ -483,3 +491,46 @@ def test_extended_resource_requests_get_an_equal_limit(resources: Body, expected
     deployment = children(base(workers={"aggregated": pool}))["Deployment/f-worker"]
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["resources"] == expected
+
+
+@pytest.mark.parametrize(
+    ("workers", "surge", "unavailable", "drain", "grace"),
+    [
+        ({}, 0, 1, "30", 55),
+        ({"rollout": {"maxSurge": 1, "maxUnavailable": 0}, "drainSeconds": 120}, 1, 0, "120", 145),
+        ({"rollout": {"maxUnavailable": 2}, "drainSeconds": 0}, 0, 2, "0", 25),
+    ],
+    ids=["defaults", "surge-when-gpus-spare", "faster"],
+)
+def test_workers_roll_without_a_spare_gpu_and_drain_before_stopping(
+    workers: Body, surge: int, unavailable: int, drain: str, grace: int
+) -> None:
+    kids = children(base(workers=workers))
+    deployment = kids["Deployment/f-worker"]
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": surge, "maxUnavailable": unavailable},
+    }
+    pod = deployment["spec"]["template"]["spec"]
+    worker = _container(deployment, "worker")
+    # The router lets go first (preStop), then SIGTERM drains the streams, all within the grace.
+    assert worker["lifecycle"] == {"preStop": {"sleep": {"seconds": 10}}}
+    command = worker["command"]
+    assert command[command.index("--drain-seconds") + 1] == drain
+    assert command.index("--drain-seconds") < command.index("--")
+    assert pod["terminationGracePeriodSeconds"] == grace
+    pdb = kids["PodDisruptionBudget/f-worker"]
+    assert pdb["spec"] == {
+        "maxUnavailable": unavailable,
+        "selector": deployment["spec"]["selector"],
+    }
+    assert pdb["metadata"]["ownerReferences"] == deployment["metadata"]["ownerReferences"]
+    # Only workers: the frontend and router keep the default rolling update.
+    assert "strategy" not in kids["Deployment/f-frontend"]["spec"]
+
+
+def test_each_worker_pool_has_its_own_budget() -> None:
+    kids = children(base(workers=PD))
+    for pool in ("prefill", "decode"):
+        pdb = kids[f"PodDisruptionBudget/f-{pool}"]
+        assert pdb["spec"]["selector"] == kids[f"Deployment/f-{pool}"]["spec"]["selector"]
