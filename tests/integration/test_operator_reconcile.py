@@ -224,6 +224,16 @@ BAD_CRS: list[tuple[str, dict[str, Any], str]] = [
         "must be of type boolean",
     ),
     (
+        "a toleration operator Kubernetes does not have",
+        {"workers": {"pod": {"tolerations": [{"key": "a", "operator": "Maybe"}]}}},
+        "Unsupported value",
+    ),
+    (
+        "a node selector value that is not a string",
+        {"router": {"pod": {"nodeSelector": {"gpu": 1}}}},
+        "must be of type string",
+    ),
+    (
         "a rollout that can never progress",
         {"workers": {"rollout": {"maxSurge": 0, "maxUnavailable": 0}}},
         "workers.rollout: maxSurge and maxUnavailable must not both be 0",
@@ -374,6 +384,64 @@ def test_a_component_scaled_to_zero_is_not_ready(
     fleets.wait_condition("zero", condition, "False", reason="ScaledToZero")
     ready = fleets.wait_condition("zero", "Ready", "False", reason="ScaledToZero")
     assert "scaled to 0 replicas" in ready["message"]
+
+
+PLACEMENT: dict[str, Any] = {
+    "labels": {"team": "inference"},
+    "annotations": {"example.com/cost-center": "42"},
+    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    "affinity": {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 1,
+                    "podAffinityTerm": {
+                        "topologyKey": "kubernetes.io/hostname",
+                        "labelSelector": {"matchLabels": {"team": "inference"}},
+                    },
+                }
+            ]
+        }
+    },
+    "topologySpreadConstraints": [
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": {"team": "inference"}},
+        }
+    ],
+    "imagePullSecrets": [{"name": "registry"}],
+    "env": [{"name": "HF_HOME", "value": "/cache"}],
+    "volumes": [{"name": "cache", "emptyDir": {}}],
+    "volumeMounts": [{"name": "cache", "mountPath": "/cache"}],
+}
+
+
+def test_pod_options_reach_the_pods_and_the_fleet_still_converges(
+    operator: Operator, fleets: Fleets
+) -> None:
+    body = load_example("aggregated", name="placed")
+    body["spec"]["workers"]["pod"] = PLACEMENT
+    body["spec"]["frontend"] = {**body["spec"].get("frontend", {}), "pod": PLACEMENT}
+    fleets.create(body)
+    fleets.wait_condition("placed", "WorkersReady", "True")
+    fleets.wait_condition("placed", "FrontendReady", "True")
+    for deployment in ("placed-worker", "placed-frontend"):
+        template = fleets.deployment(deployment)["spec"]["template"]
+        pod = template["spec"]
+        for key in ("tolerations", "affinity", "topologySpreadConstraints", "imagePullSecrets"):
+            assert pod[key] == PLACEMENT[key], (deployment, key)
+        assert template["metadata"]["labels"]["team"] == "inference"
+        assert template["metadata"]["annotations"]["example.com/cost-center"] == "42"
+        assert {"name": "cache", "emptyDir": {}} in pod["volumes"]
+        main = pod["containers"][0]
+        assert {"name": "HF_HOME", "value": "/cache"} in main["env"]
+        assert {"name": "cache", "mountPath": "/cache"} in main["volumeMounts"]
+    worker_pods = fleets.core.list_namespaced_pod(
+        fleets.ns, label_selector="app.kubernetes.io/instance=placed,team=inference"
+    ).items
+    assert worker_pods and all(p.spec.tolerations for p in worker_pods)
 
 
 def test_an_existing_object_with_a_childs_name_is_never_adopted(

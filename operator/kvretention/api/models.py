@@ -110,6 +110,131 @@ class ResourceRequirements(_Model):
     )
 
 
+class Toleration(_Model):
+    """A Kubernetes toleration (the core/v1 shape): lets pods onto nodes with a matching taint."""
+
+    key: str | None = Field(
+        default=None, max_length=316, description="Taint key; empty with Exists matches every key."
+    )
+    operator: Literal["Exists", "Equal"] | None = Field(
+        default=None, description="Exists or Equal (Kubernetes' default: Equal)."
+    )
+    value: str | None = Field(
+        default=None, max_length=63, description="Taint value to match (operator Equal)."
+    )
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to match; empty matches every effect."
+    )
+    toleration_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        description="NoExecute only: how long the pod stays bound after the taint appears.",
+    )
+
+
+class LocalObjectReference(_Model):
+    """A reference to an object in the fleet's namespace, by name."""
+
+    name: str = Field(min_length=1, max_length=253, description="The object's name.")
+
+
+_K8S_OBJECTS = "Kubernetes {} objects, passed through as is (the API server validates them)."
+_MapValue = Annotated[str, Field(max_length=63 * 1024, description="The value for this key.")]
+
+
+# Pass-through items: free-form objects the API server validates as the named kind.
+_EnvVar = Annotated[dict[str, Any], Field(description="One Kubernetes EnvVar.")]
+_Volume = Annotated[dict[str, Any], Field(description="One Kubernetes Volume.")]
+_VolumeMount = Annotated[dict[str, Any], Field(description="One Kubernetes VolumeMount.")]
+_TopologySpreadConstraint = Annotated[
+    dict[str, Any], Field(description="One Kubernetes TopologySpreadConstraint.")
+]
+
+
+class PodOptions(_Model):
+    """Where this component's pods run and as whom: passed through to the pod template.
+
+    The operator's own settings win: labels it selects on, its env, volumes and mounts cannot be
+    overridden (``InvalidSpec``).
+    """
+
+    labels: dict[str, _MapValue] = Field(
+        default_factory=dict,
+        description="Extra pod labels (the operator's app.kubernetes.io/* labels are reserved).",
+        json_schema_extra={"maxProperties": 64},
+    )
+    annotations: dict[str, _MapValue] = Field(
+        default_factory=dict,
+        description="Extra pod annotations.",
+        json_schema_extra={"maxProperties": 64},
+    )
+    node_selector: dict[str, _MapValue] = Field(
+        default_factory=dict,
+        description="Node labels the pods must run on (pod spec nodeSelector).",
+        json_schema_extra={"maxProperties": 64},
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Tolerations, e.g. for tainted GPU nodes (pod spec tolerations).",
+    )
+    affinity: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            "A Kubernetes Affinity object (nodeAffinity, podAffinity, podAntiAffinity), passed "
+            "through as is (the API server validates it)."
+        ),
+    )
+    topology_spread_constraints: list[_TopologySpreadConstraint] = Field(
+        default_factory=list,
+        max_length=16,
+        description=_K8S_OBJECTS.format("TopologySpreadConstraint"),
+    )
+    priority_class_name: str | None = Field(
+        default=None, max_length=253, description="PriorityClass of the pods."
+    )
+    runtime_class_name: str | None = Field(
+        default=None, max_length=253, description="RuntimeClass of the pods (e.g. nvidia)."
+    )
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Secrets with registry credentials for the images.",
+    )
+    service_account_name: str | None = Field(
+        default=None,
+        max_length=253,
+        description="ServiceAccount the pods run as (default: the namespace's default).",
+    )
+    env: list[_EnvVar] = Field(
+        default_factory=list,
+        max_length=128,
+        description=_K8S_OBJECTS.format("EnvVar (name, value or valueFrom)")
+        + " Added to the main container; the operator's own variables cannot be overridden.",
+    )
+    volumes: list[_Volume] = Field(
+        default_factory=list,
+        max_length=64,
+        description=_K8S_OBJECTS.format("Volume") + " Added to the pod.",
+    )
+    volume_mounts: list[_VolumeMount] = Field(
+        default_factory=list,
+        max_length=64,
+        description=_K8S_OBJECTS.format("VolumeMount") + " Added to the main container.",
+    )
+
+
+def _pod_field(component: str) -> Any:
+    return Field(
+        default=None,
+        description=(
+            f"Placement and identity of the {component} pods: tolerations, nodeSelector, affinity, "
+            "topology spread, priority and runtime class, image pull secrets, service account, "
+            "labels, annotations, extra env and volumes."
+        ),
+    )
+
+
 # --- model ----------------------------------------------------------------------------------------
 
 
@@ -321,6 +446,7 @@ class FrontendSpec(_Model):
         default=None, description="Frontend container resources."
     )
     service: ServiceSpec = _sub(ServiceSpec, "The client-facing Service.")
+    pod: PodOptions | None = _pod_field("frontend")
 
 
 class SessionAffinity(_Model):
@@ -389,6 +515,7 @@ class RouterSpec(_Model):
         ),
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
+    pod: PodOptions | None = _pod_field("router")
 
 
 # --- workers --------------------------------------------------------------------------------------
@@ -623,6 +750,7 @@ class WorkersSpec(_Model):
     rollout: WorkerRolloutSpec = _sub(
         WorkerRolloutSpec, "How worker pods are replaced and how many may be down at once."
     )
+    pod: PodOptions | None = _pod_field("worker (every pool's)")
     drain_seconds: int = Field(
         default=30,
         ge=0,
@@ -766,6 +894,7 @@ class MooncakeMasterSpec(_Model):
     )
     eviction: EvictionSpec = _sub(EvictionSpec, "Eviction thresholds.")
     soft_pin: SoftPinSpec = _sub(SoftPinSpec, "Soft-pin TTLs used for retention hints.")
+    pod: PodOptions | None = _pod_field("Mooncake master")
 
 
 class TransferSpec(_Model):

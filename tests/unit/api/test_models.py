@@ -101,6 +101,19 @@ VALID = [
         id="agent-model",
     ),
     pytest.param({"workers": {"gpuResource": "amd.com/gpu"}}, id="gpu-amd"),
+    pytest.param(
+        {
+            "workers": {
+                "pod": {
+                    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+                    "nodeSelector": {"gpu": "h200"},
+                    "affinity": {"podAntiAffinity": {}},
+                    "imagePullSecrets": [{"name": "regcred"}],
+                }
+            }
+        },
+        id="pod-options",
+    ),
     pytest.param({"workers": {"gpuResource": ""}}, id="gpu-none"),
     *(
         pytest.param(

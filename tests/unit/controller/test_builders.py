@@ -534,3 +534,93 @@ def test_each_worker_pool_has_its_own_budget() -> None:
     for pool in ("prefill", "decode"):
         pdb = kids[f"PodDisruptionBudget/f-{pool}"]
         assert pdb["spec"]["selector"] == kids[f"Deployment/f-{pool}"]["spec"]["selector"]
+
+
+POD_OPTIONS: Body = {
+    "labels": {"team": "inference"},
+    "annotations": {"example.com/cost-center": "42"},
+    "nodeSelector": {"node.kubernetes.io/instance-type": "h200"},
+    "tolerations": [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "spot", "operator": "Equal", "value": "yes", "tolerationSeconds": 30},
+    ],
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h200"]}]}
+                ]
+            }
+        }
+    },
+    "topologySpreadConstraints": [
+        {
+            "maxSkew": 1,
+            "topologyKey": "topology.kubernetes.io/zone",
+            "whenUnsatisfiable": "DoNotSchedule",
+        }
+    ],
+    "priorityClassName": "inference-high",
+    "runtimeClassName": "nvidia",
+    "imagePullSecrets": [{"name": "registry"}],
+    "serviceAccountName": "fleet",
+    "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}],
+    "volumes": [{"name": "cache", "emptyDir": {}}],
+    "volumeMounts": [{"name": "cache", "mountPath": "/cache"}],
+}
+PASSED_THROUGH = (
+    "nodeSelector",
+    "tolerations",
+    "affinity",
+    "topologySpreadConstraints",
+    "priorityClassName",
+    "runtimeClassName",
+    "imagePullSecrets",
+    "serviceAccountName",
+)
+
+
+@pytest.mark.parametrize(
+    ("workers", "path", "deployments"),
+    [
+        ({}, "frontend.pod", ["f-frontend"]),
+        ({}, "router.pod", ["f-router"]),
+        ({}, "workers.pod", ["f-worker"]),
+        (PD, "workers.pod", ["f-prefill", "f-decode"]),
+        ({}, "kvStore.mooncake.master.pod", ["f-mooncake"]),
+    ],
+    ids=["frontend", "router", "workers", "both-pools", "mooncake-master"],
+)
+def test_pod_options_reach_exactly_their_components_pods(
+    workers: Body, path: str, deployments: list[str]
+) -> None:
+    body = base(workers=copy.deepcopy(workers))
+    plain = children(body)
+    _set(path, POD_OPTIONS)(body)
+    kids = children(body)
+    touched = {key for key, m in kids.items() if m["kind"] == "Deployment" and m != plain.get(key)}
+    assert touched == {f"Deployment/{d}" for d in deployments}
+    for name in deployments:
+        template = kids[f"Deployment/{name}"]["spec"]["template"]
+        pod = template["spec"]
+        for key in PASSED_THROUGH:
+            assert pod[key] == POD_OPTIONS[key], key
+        # Ours win and stay: selector labels, the config hash, our env, volumes and mounts.
+        assert template["metadata"]["labels"]["team"] == "inference"
+        selector = kids[f"Deployment/{name}"]["spec"]["selector"]["matchLabels"]
+        assert selector.items() <= template["metadata"]["labels"].items()
+        assert template["metadata"]["annotations"]["example.com/cost-center"] == "42"
+        old_pod = plain[f"Deployment/{name}"]["spec"]["template"]["spec"]
+        assert pod["volumes"] == [*old_pod.get("volumes", []), *POD_OPTIONS["volumes"]]
+        for container, old in zip(pod["containers"], old_pod["containers"], strict=True):
+            assert container["env"] == [*old.get("env", []), *POD_OPTIONS["env"]]
+            assert container["volumeMounts"] == [
+                *old.get("volumeMounts", []),
+                *POD_OPTIONS["volumeMounts"],
+            ]
+        for init in pod.get("initContainers", []):
+            assert "env" not in init and "volumeMounts" not in init
+
+
+def test_unset_pod_options_leave_the_pod_alone() -> None:
+    assert children(base(frontend={"pod": {}})) == children(base())

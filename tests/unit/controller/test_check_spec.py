@@ -243,3 +243,73 @@ def test_extra_args_are_read_with_sglangs_parser(
 ) -> None:
     spec = {"workers": {"aggregated": {"extraArgs": extra_args}}}
     assert check_spec(cr(**spec)) == [f"spec.workers.aggregated.extraArgs{e}" for e in expected]
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ({"workers": {"pod": {"labels": {"team": "a"}, "env": [{"name": "A", "value": "1"}]}}}, []),
+        (
+            {"frontend": {"pod": {"labels": {"app.kubernetes.io/instance": "x"}}}},
+            [
+                "spec.frontend.pod.labels: app.kubernetes.io/instance is set by the operator (it selects pods on it)"
+            ],
+        ),
+        (
+            {"workers": {"pod": {"annotations": {"kvretention.io/config-hash": "x"}}}},
+            ["spec.workers.pod.annotations: kvretention.io/config-hash is set by the operator"],
+        ),
+        (
+            {"workers": {"pod": {"env": [{"name": "POD_IP", "value": "1.2.3.4"}]}}},
+            ["spec.workers.pod.env[0]: POD_IP is set by the operator"],
+        ),
+        (
+            {"router": {"pod": {"env": [{"value": "x"}, {"name": "A"}, {"name": "A"}]}}},
+            [
+                "spec.router.pod.env[0].name: required (a non-empty string)",
+                "spec.router.pod.env[2].name: 'A' is repeated",
+            ],
+        ),
+        (
+            {"workers": {"pod": {"volumes": [{"name": "dshm", "emptyDir": {}}]}}},
+            ["spec.workers.pod.volumes[0]: the name dshm is used by the operator"],
+        ),
+        (
+            {
+                "kvStore": {
+                    "mooncake": {
+                        "master": {
+                            "pod": {"volumeMounts": [{"name": "v", "mountPath": "/dev/shm/"}]}
+                        }
+                    }
+                }
+            },
+            [
+                "spec.kvStore.mooncake.master.pod.volumeMounts[0]: /dev/shm/ is already mounted by the operator"
+            ],
+        ),
+        (
+            {
+                "workers": {
+                    "pod": {"volumeMounts": [{"name": "v"}, {"name": "v", "mountPath": "/a"}]}
+                }
+            },
+            ["spec.workers.pod.volumeMounts[0].mountPath: required (a non-empty string)"],
+        ),
+        (
+            {
+                "model": {
+                    "name": "m",
+                    "path": "/w",
+                    "volume": {"claimName": "c", "mountPath": "/w"},
+                },
+                "workers": {"pod": {"volumeMounts": [{"name": "v", "mountPath": "/w"}]}},
+            },
+            ["spec.workers.pod.volumeMounts[0]: /w is already mounted by the operator"],
+        ),
+    ],
+)
+def test_pod_options_cannot_take_over_the_operators_settings(
+    spec: dict[str, Any], expected: list[str]
+) -> None:
+    assert check_spec(cr(**spec)) == expected

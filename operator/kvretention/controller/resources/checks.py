@@ -10,15 +10,27 @@ import posixpath
 import re
 from collections.abc import Callable, Iterator
 from decimal import Decimal
-from typing import Final
+from typing import Any, Final
 
 from kvretention.api.models import (
     KvRetentionDeployment,
+    PodOptions,
     ResourceRequirements,
     is_extended_resource,
 )
-from kvretention.controller.resources.common import WORKER_PORT
-from kvretention.controller.resources.mooncake import CONFIG_MOUNT_DIR
+from kvretention.controller.resources.common import (
+    CONFIG_HASH_ANNOTATION,
+    LABEL_COMPONENT,
+    LABEL_INSTANCE,
+    LABEL_MANAGED_BY,
+    LABEL_NAME,
+    WORKER_PORT,
+)
+from kvretention.controller.resources.mooncake import (
+    CONFIG_MOUNT_DIR,
+    CONFIG_PATH_ENV,
+    LOCAL_HOSTNAME_ENV,
+)
 from kvretention.controller.resources.sglang_args import MANAGED_FLAGS, Role, pool_for
 from kvretention.controller.resources.sglang_cli import (
     SglangArgsError,
@@ -278,6 +290,81 @@ def check_worker_pod(cr: KvRetentionDeployment) -> list[str]:
     return problems
 
 
+RESERVED_LABELS: Final = frozenset({LABEL_NAME, LABEL_INSTANCE, LABEL_COMPONENT, LABEL_MANAGED_BY})
+RESERVED_ANNOTATIONS: Final = frozenset({CONFIG_HASH_ANNOTATION})
+RESERVED_ENV: Final = frozenset({"POD_IP", CONFIG_PATH_ENV, LOCAL_HOSTNAME_ENV})
+RESERVED_VOLUMES: Final = frozenset({"dshm", "mooncake-config", "model"})
+"""What the worker builder puts in pods; user options may not override any of it."""
+
+
+def _pod_options(cr: KvRetentionDeployment) -> Iterator[tuple[str, PodOptions]]:
+    spec = cr.spec
+    for path, options in (
+        ("spec.frontend.pod", spec.frontend.pod),
+        ("spec.router.pod", spec.router.pod),
+        ("spec.workers.pod", spec.workers.pod),
+        ("spec.kvStore.mooncake.master.pod", spec.kv_store.mooncake.master.pod),
+    ):
+        if options is not None:
+            yield path, options
+
+
+def _named(
+    items: list[dict[str, Any]], path: str, *, required: tuple[str, ...], unique: bool = True
+) -> list[str]:
+    """Each pass-through item has the string fields Kubernetes requires (and a unique name)."""
+    problems = []
+    names: set[str] = set()
+    for index, item in enumerate(items):
+        for key in required:
+            if not isinstance(item.get(key), str) or not item[key]:
+                problems.append(f"{path}[{index}].{key}: required (a non-empty string)")
+        name = item.get("name")
+        if unique and isinstance(name, str) and name in names:
+            problems.append(f"{path}[{index}].name: {name!r} is repeated")
+        if isinstance(name, str):
+            names.add(name)
+    return problems
+
+
+def check_pod_options(cr: KvRetentionDeployment) -> list[str]:
+    """Pod options pass through, but may not take over what the operator sets in the pod."""
+    problems = []
+    model_mount = cr.spec.model.volume.mount_path if cr.spec.model.volume else None
+    reserved_mounts = {
+        *_RESERVED_MOUNTS,
+        *([posixpath.normpath(model_mount)] if model_mount else []),
+    }
+    for path, options in _pod_options(cr):
+        for key in sorted(RESERVED_LABELS & options.labels.keys()):
+            problems.append(f"{path}.labels: {key} is set by the operator (it selects pods on it)")
+        for key in sorted(RESERVED_ANNOTATIONS & options.annotations.keys()):
+            problems.append(f"{path}.annotations: {key} is set by the operator")
+        problems += _named(options.env, f"{path}.env", required=("name",))
+        problems += _named(options.volumes, f"{path}.volumes", required=("name",))
+        problems += _named(
+            options.volume_mounts,
+            f"{path}.volumeMounts",
+            required=("name", "mountPath"),
+            unique=False,  # one volume may be mounted at several paths
+        )
+        for index, env in enumerate(options.env):
+            if env.get("name") in RESERVED_ENV:
+                problems.append(f"{path}.env[{index}]: {env['name']} is set by the operator")
+        for index, volume in enumerate(options.volumes):
+            if volume.get("name") in RESERVED_VOLUMES:
+                problems.append(
+                    f"{path}.volumes[{index}]: the name {volume['name']} is used by the operator"
+                )
+        for index, mount in enumerate(options.volume_mounts):
+            mount_path = mount.get("mountPath")
+            if isinstance(mount_path, str) and posixpath.normpath(mount_path) in reserved_mounts:
+                problems.append(
+                    f"{path}.volumeMounts[{index}]: {mount_path} is already mounted by the operator"
+                )
+    return problems
+
+
 CHECKS: Final[tuple[Callable[[KvRetentionDeployment], list[str]], ...]] = (
     check_quantities,
     check_extra_args,
@@ -286,6 +373,7 @@ CHECKS: Final[tuple[Callable[[KvRetentionDeployment], list[str]], ...]] = (
     check_host_memory,
     check_master_ports,
     check_worker_pod,
+    check_pod_options,
 )
 
 
