@@ -39,7 +39,11 @@ RECONCILE_RULES = (
         for verb in ("get", "list", "watch", "create", "patch", "update", "delete")
     }
     | {
-        ("policy", "poddisruptionbudgets", "*", verb)
+        (group, resource, "*", verb)
+        for group, resource in (
+            ("policy", "poddisruptionbudgets"),
+            ("networking.k8s.io", "networkpolicies"),
+        )
         for verb in ("get", "list", "watch", "create", "patch", "update", "delete")
     }
     | {("", "pods", "*", verb) for verb in ("get", "list", "watch")}

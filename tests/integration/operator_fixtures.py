@@ -156,6 +156,7 @@ class Fleets:
         self.apps = client.AppsV1Api(api)
         self.core = client.CoreV1Api(api)
         self.policy = client.PolicyV1Api(api)
+        self.networking = client.NetworkingV1Api(api)
 
     # the custom resource
 
@@ -226,8 +227,8 @@ class Fleets:
         return data
 
     def children(self, name: str) -> dict[tuple[str, str], dict[str, Any]]:
-        """Every Deployment, Service, ConfigMap and PodDisruptionBudget labelled as this fleet's,
-        by (kind, name)."""
+        """Every child kind the operator owns (Deployment, Service, ConfigMap, PodDisruptionBudget,
+        NetworkPolicy) labelled as this fleet's, by (kind, name)."""
         selector = f"{INSTANCE}={name}"
         out: dict[tuple[str, str], dict[str, Any]] = {}
         for kind, lister in (
@@ -235,6 +236,7 @@ class Fleets:
             ("Service", self.core.list_namespaced_service),
             ("ConfigMap", self.core.list_namespaced_config_map),
             ("PodDisruptionBudget", self.policy.list_namespaced_pod_disruption_budget),
+            ("NetworkPolicy", self.networking.list_namespaced_network_policy),
         ):
             for item in self._raw(lister, self.ns, label_selector=selector)["items"]:
                 out[(kind, item["metadata"]["name"])] = item

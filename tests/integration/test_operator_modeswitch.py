@@ -41,7 +41,7 @@ TO_DISAGGREGATED: dict[str, Any] = {
 TO_AGGREGATED: dict[str, Any] = {
     "workers": {"mode": "aggregated", "replicas": 2, "prefill": None, "decode": None}
 }
-POOL_KINDS = ("Deployment", "Service", "PodDisruptionBudget")
+POOL_KINDS = ("Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy")
 AGGREGATED_ONLY = {(kind, f"{NAME}-worker") for kind in POOL_KINDS}
 DISAGGREGATED_ONLY = {
     (kind, f"{NAME}-{pool}") for kind in POOL_KINDS for pool in ("prefill", "decode")

@@ -996,6 +996,42 @@ class KvStoreSpec(_Model):
     mooncake: MooncakeSpec = _sub(MooncakeSpec, "Mooncake store settings.")
 
 
+# --- network policies -----------------------------------------------------------------------------
+
+_NetworkPolicyPeer = Annotated[
+    dict[str, Any],
+    Field(
+        description="One Kubernetes NetworkPolicyPeer (podSelector, namespaceSelector, ipBlock)."
+    ),
+]
+
+
+class NetworkPolicySpec(_Model):
+    """Ingress NetworkPolicies: each component is reachable only by the components that call it."""
+
+    enabled: bool = Field(
+        default=True,
+        description=(
+            "Render a NetworkPolicy per component: clients -> frontend, frontend -> router, router "
+            "-> workers, workers <-> workers (PD and Mooncake transfers), workers -> Mooncake "
+            "master. Needs a CNI that enforces NetworkPolicy; false renders none."
+        ),
+    )
+    clients_from: list[_NetworkPolicyPeer] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Who may reach the frontend's port. Empty: anyone (it is the entry point).",
+    )
+    metrics_from: list[_NetworkPolicyPeer] = Field(
+        default_factory=list,
+        max_length=16,
+        description=(
+            "Who may scrape /metrics (e.g. the monitoring namespace): every component's HTTP port "
+            "and the Mooncake master's metrics port. Empty: no one besides the callers above."
+        ),
+    )
+
+
 # --- spec -----------------------------------------------------------------------------------------
 
 _HINTS_NEED_L3 = (
@@ -1021,6 +1057,9 @@ class KvRetentionDeploymentSpec(_Model):
     router: RouterSpec = _sub(RouterSpec, "The router.")
     workers: WorkersSpec = _sub(WorkersSpec, "The SGLang workers.")
     kv_store: KvStoreSpec = _sub(KvStoreSpec, "The L3 KV store.")
+    network_policy: NetworkPolicySpec = _sub(
+        NetworkPolicySpec, "Which pods may reach each component (NetworkPolicies)."
+    )
 
     @model_validator(mode="after")
     def _check_cel_equivalents(self) -> KvRetentionDeploymentSpec:

@@ -556,6 +556,14 @@ def build_registry() -> kopf.OperatorRegistry:
         labels=managed,
         registry=registry,
     )(on_child)
+    kopf.on.event(
+        "networking.k8s.io",
+        "v1",
+        "networkpolicies",
+        id="child-networkpolicies",
+        labels=managed,
+        registry=registry,
+    )(on_child)
     # Pods carry their pool's selector labels, not necessarily managed-by: match on component.
     worker_pod: dict[str, Any] = {
         COMPONENT: lambda value, **_: value in WORKER_COMPONENTS,

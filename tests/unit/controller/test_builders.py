@@ -97,6 +97,7 @@ def _set(path: str, value: Any) -> Callable[[Body], None]:
                 "ConfigMap/f-mooncake-config",
                 "Service/f-mooncake",
                 "Deployment/f-mooncake",
+                "NetworkPolicy/f-mooncake",
                 "Deployment/f-worker",
             },
         ),
@@ -221,12 +222,18 @@ def test_no_owner_references_without_uid() -> None:
 )
 def test_children_in_apply_order(workers: Body, kv_store: Body, expected: list[str]) -> None:
     keys = list(children(base(workers=workers, kvStore=kv_store)))
+    policies = [
+        f"NetworkPolicy/{key.split('/')[1]}" for key in expected if key.startswith("Deployment/")
+    ]
     assert keys == [
         *expected,
         "Service/f-router",
         "Deployment/f-router",
         "Service/f-frontend",
         "Deployment/f-frontend",
+        *policies,
+        "NetworkPolicy/f-router",
+        "NetworkPolicy/f-frontend",
     ]
 
 

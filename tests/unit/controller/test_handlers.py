@@ -354,7 +354,7 @@ def test_registry_has_only_event_handlers() -> None:
     # (they add a finalizer): only watch-event handlers and the startup settings.
     assert not registry._changing.get_all_handlers()
     assert not registry._spawning.get_all_handlers()
-    assert len(registry._watching.get_all_handlers()) == 6
+    assert len(registry._watching.get_all_handlers()) == 7
 
 
 async def test_a_refused_child_is_reported_in_status_and_retried(fake: FakeKube) -> None:
