@@ -38,6 +38,14 @@ RECONCILE_RULES = (
         for resource in ("services", "configmaps")
         for verb in ("get", "list", "watch", "create", "patch", "update", "delete")
     }
+    | {
+        (group, resource, "*", verb)
+        for group, resource in (
+            ("policy", "poddisruptionbudgets"),
+            ("networking.k8s.io", "networkpolicies"),
+        )
+        for verb in ("get", "list", "watch", "create", "patch", "update", "delete")
+    }
     | {("", "pods", "*", verb) for verb in ("get", "list", "watch")}
     | {
         (group, "events", "*", verb)

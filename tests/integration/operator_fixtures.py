@@ -62,7 +62,14 @@ def free_port() -> int:
 class Operator:
     """``python -m kvretention operator`` as a real process, with its ports."""
 
-    def __init__(self, cluster: Cluster, log_dir: Path, *args: str, name: str = "operator") -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        log_dir: Path,
+        *args: str,
+        name: str = "operator",
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.health_port = free_port()
         self.metrics_port = free_port()
         self.argv = [
@@ -75,9 +82,9 @@ class Operator:
             *args,
         ]
         self.log_path = log_dir / f"{name}-{self.health_port}.log"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **cluster.env}
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **cluster.env, **(env or {})}
         with self.log_path.open("wb") as out:
-            proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+            proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=full_env)
         self.process = RunningProcess(argv=self.argv, proc=proc, log_path=self.log_path)
 
     def get(self, port: int, path: str) -> tuple[int, str]:
@@ -148,6 +155,8 @@ class Fleets:
         self.custom = client.CustomObjectsApi(api)
         self.apps = client.AppsV1Api(api)
         self.core = client.CoreV1Api(api)
+        self.policy = client.PolicyV1Api(api)
+        self.networking = client.NetworkingV1Api(api)
 
     # the custom resource
 
@@ -218,13 +227,16 @@ class Fleets:
         return data
 
     def children(self, name: str) -> dict[tuple[str, str], dict[str, Any]]:
-        """Every Deployment, Service and ConfigMap labelled as this fleet's, by (kind, name)."""
+        """Every child kind the operator owns (Deployment, Service, ConfigMap, PodDisruptionBudget,
+        NetworkPolicy) labelled as this fleet's, by (kind, name)."""
         selector = f"{INSTANCE}={name}"
         out: dict[tuple[str, str], dict[str, Any]] = {}
         for kind, lister in (
             ("Deployment", self.apps.list_namespaced_deployment),
             ("Service", self.core.list_namespaced_service),
             ("ConfigMap", self.core.list_namespaced_config_map),
+            ("PodDisruptionBudget", self.policy.list_namespaced_pod_disruption_budget),
+            ("NetworkPolicy", self.networking.list_namespaced_network_policy),
         ):
             for item in self._raw(lister, self.ns, label_selector=selector)["items"]:
                 out[(kind, item["metadata"]["name"])] = item
@@ -253,8 +265,14 @@ def resource_versions(fleets: Fleets, name: str) -> dict[str, str]:
     return out
 
 
-def start_operator(cluster: Cluster, log_dir: Path, *args: str, name: str = "operator") -> Operator:
-    return Operator(cluster, log_dir, *args, name=name)
+def start_operator(
+    cluster: Cluster,
+    log_dir: Path,
+    *args: str,
+    name: str = "operator",
+    env: Mapping[str, str] | None = None,
+) -> Operator:
+    return Operator(cluster, log_dir, *args, name=name, env=env)
 
 
 def stopping(operators: list[Operator]) -> Iterator[None]:

@@ -21,10 +21,14 @@ from operator_fixtures import (
 )
 
 from kvretention.api.models import KvRetentionDeployment
+from kvretention.controller.operator import HOLD_AFTER_APPLIES_ENV
 from kvretention.controller.resources import build_children
 from support.controlplane import ApplyCrd, Cluster, wait_until
 
 pytestmark = pytest.mark.integration
+
+HELD = 4
+"""Applies the first operator gets through before its test hook holds the rest."""
 
 
 @pytest.fixture
@@ -52,18 +56,24 @@ def test_sigkill_mid_reconcile_then_restart_converges_without_duplicates(
     cluster: Cluster, fleets: Fleets, operators: list[Operator], tmp_path: Path
 ) -> None:
     args = (f"--namespace={fleets.ns}", "--no-leader-elect", "--resync-seconds=3")
-    first = start_operator(cluster, tmp_path, *args, name="first")
+    # The operator's test hook lets exactly HELD applies through and holds every later one, so the
+    # kill lands mid-reconcile by construction (seen in the API server), not by timing.
+    first = start_operator(
+        cluster, tmp_path, *args, name="first", env={HOLD_AFTER_APPLIES_ENV: str(HELD)}
+    )
     operators.append(first)
     first.wait_ready()
     names = ["kill-a", "kill-b", "kill-c"]
     for name in names:
         fleets.create(load_example("aggregated", name=name))
-    first.process.wait_for_log(r"applied (Deployment|Service|ConfigMap) ", timeout_s=30)
+    first.process.wait_for_log(r"test hook: holding the apply", timeout_s=30)
+    wait_until(
+        f"{HELD} children in the cluster",
+        lambda: sum(len(fleets.children(n)) for n in names) == HELD,
+    )
     first.kill()  # SIGKILL: no cleanup, whatever was in flight is cut off
     partial = sum(len(fleets.children(n)) for n in names)
-    assert partial < sum(len(expected_children(fleets.ns, n)) for n in names), (
-        "the kill came too late to interrupt anything; the test proves nothing"
-    )
+    assert partial == HELD < sum(len(expected_children(fleets.ns, n)) for n in names)
 
     second = start_operator(cluster, tmp_path, *args, name="second")
     operators.append(second)

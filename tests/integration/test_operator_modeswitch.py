@@ -41,12 +41,10 @@ TO_DISAGGREGATED: dict[str, Any] = {
 TO_AGGREGATED: dict[str, Any] = {
     "workers": {"mode": "aggregated", "replicas": 2, "prefill": None, "decode": None}
 }
-AGGREGATED_ONLY = {("Deployment", f"{NAME}-worker"), ("Service", f"{NAME}-worker")}
+POOL_KINDS = ("Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy")
+AGGREGATED_ONLY = {(kind, f"{NAME}-worker") for kind in POOL_KINDS}
 DISAGGREGATED_ONLY = {
-    ("Deployment", f"{NAME}-prefill"),
-    ("Service", f"{NAME}-prefill"),
-    ("Deployment", f"{NAME}-decode"),
-    ("Service", f"{NAME}-decode"),
+    (kind, f"{NAME}-{pool}") for kind in POOL_KINDS for pool in ("prefill", "decode")
 }
 
 
@@ -173,8 +171,9 @@ def test_switch_aggregated_to_disaggregated_and_back(operator: Operator, fleets:
     assert cr["status"]["workersReady"] == "2/2"
     assert cr["status"]["replicas"] == 1  # the scale subresource now follows the decode pool
     assert "app.kubernetes.io/component=worker-decode" in cr["status"]["selector"]
-    # The operator deleted exactly the two aggregated-only children.
-    assert operator.metric_sum("kvretention_operator_deletes_total") - deletes_before == 2
+    # The operator deleted exactly the aggregated-only children.
+    deleted = operator.metric_sum("kvretention_operator_deletes_total") - deletes_before
+    assert deleted == len(AGGREGATED_ONLY)
     # What both modes share was updated in place, not recreated.
     for key, uid in shared_before.items():
         assert fleets.children(NAME)[key]["metadata"]["uid"] == uid, key
@@ -189,6 +188,7 @@ def test_switch_aggregated_to_disaggregated_and_back(operator: Operator, fleets:
     assert cr["status"]["workersReady"] == "2/2"
     assert cr["status"]["replicas"] == 2
     assert "app.kubernetes.io/component=worker," in cr["status"]["selector"] + ","
-    assert operator.metric_sum("kvretention_operator_deletes_total") - deletes_before == 4
+    deleted = operator.metric_sum("kvretention_operator_deletes_total") - deletes_before
+    assert deleted == len(DISAGGREGATED_ONLY)
     for key, uid in shared_before.items():
         assert fleets.children(NAME)[key]["metadata"]["uid"] == uid, key

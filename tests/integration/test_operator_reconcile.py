@@ -238,6 +238,53 @@ BAD_CRS: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("malformed session key", {"router": {"sessionKeys": ["a b"]}}, "should match"),
     ("negative replicas", {"workers": {"replicas": -1}}, "should be greater than or equal to 0"),
+    # What render refuses for its types, the API server refuses too (and the other way round).
+    ("replicas as a string", {"workers": {"replicas": "2"}}, "must be of type integer"),
+    (
+        "tensorParallelSize as a string",
+        {"workers": {"aggregated": {"tensorParallelSize": "2"}}},
+        "must be of type integer",
+    ),
+    (
+        "a boolean as a string",
+        {"hints": {"providers": {"openai": "false"}}},
+        "must be of type boolean",
+    ),
+    (
+        "a toleration operator Kubernetes does not have",
+        {"workers": {"pod": {"tolerations": [{"key": "a", "operator": "Maybe"}]}}},
+        "Unsupported value",
+    ),
+    (
+        "a node selector value that is not a string",
+        {"router": {"pod": {"nodeSelector": {"gpu": 1}}}},
+        "must be of type string",
+    ),
+    (
+        "a rollout that can never progress",
+        {"workers": {"rollout": {"maxSurge": 0, "maxUnavailable": 0}}},
+        "workers.rollout: maxSurge and maxUnavailable must not both be 0",
+    ),
+    *(
+        (
+            f"gpuResource {name}",
+            {"workers": {"gpuResource": name}},
+            "workers.gpuResource must be a vendor resource name such as nvidia.com/gpu",
+        )
+        for name in ("cpu", "memory", "kubernetes.io/gpu")
+    ),
+    *(
+        (
+            f"external master port {port}",
+            {
+                "kvStore": {
+                    "mooncake": {"mode": "external", "external": {"masterAddress": f"mc:{port}"}}
+                }
+            },
+            "kvStore.mooncake.external.masterAddress port must be 1-65535",
+        )
+        for port in ("0", "99999")
+    ),
 ]
 
 
@@ -351,6 +398,108 @@ def test_deleting_the_cr_garbage_collects_everything_it_owned(
     wait_until("children created", lambda: len(fleets.children("gone")) >= 8)
     fleets.delete("gone")
     wait_until("children collected", lambda: fleets.children("gone") == {}, timeout_s=90)
+
+
+@pytest.mark.parametrize("component", ["workers", "frontend"])
+def test_a_component_scaled_to_zero_is_not_ready(
+    operator: Operator, fleets: Fleets, component: str
+) -> None:
+    fleets.create(load_example("aggregated", name="zero"))
+    fleets.wait_condition("zero", "WorkersReady", "True")
+    fleets.patch_spec("zero", {component: {"replicas": 0}})
+    condition = "WorkersReady" if component == "workers" else "FrontendReady"
+    fleets.wait_condition("zero", condition, "False", reason="ScaledToZero")
+    ready = fleets.wait_condition("zero", "Ready", "False", reason="ScaledToZero")
+    assert "scaled to 0 replicas" in ready["message"]
+
+
+PLACEMENT: dict[str, Any] = {
+    "labels": {"team": "inference"},
+    "annotations": {"example.com/cost-center": "42"},
+    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    "affinity": {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 1,
+                    "podAffinityTerm": {
+                        "topologyKey": "kubernetes.io/hostname",
+                        "labelSelector": {"matchLabels": {"team": "inference"}},
+                    },
+                }
+            ]
+        }
+    },
+    "topologySpreadConstraints": [
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": {"team": "inference"}},
+        }
+    ],
+    "imagePullSecrets": [{"name": "registry"}],
+    "env": [{"name": "HF_HOME", "value": "/cache"}],
+    "volumes": [{"name": "cache", "emptyDir": {}}],
+    "volumeMounts": [{"name": "cache", "mountPath": "/cache"}],
+}
+
+
+def test_pod_options_reach_the_pods_and_the_fleet_still_converges(
+    operator: Operator, fleets: Fleets
+) -> None:
+    body = load_example("aggregated", name="placed")
+    body["spec"]["workers"]["pod"] = PLACEMENT
+    body["spec"]["frontend"] = {**body["spec"].get("frontend", {}), "pod": PLACEMENT}
+    fleets.create(body)
+    fleets.wait_condition("placed", "WorkersReady", "True")
+    fleets.wait_condition("placed", "FrontendReady", "True")
+    for deployment in ("placed-worker", "placed-frontend"):
+        template = fleets.deployment(deployment)["spec"]["template"]
+        pod = template["spec"]
+        for key in ("tolerations", "affinity", "topologySpreadConstraints", "imagePullSecrets"):
+            assert pod[key] == PLACEMENT[key], (deployment, key)
+        assert template["metadata"]["labels"]["team"] == "inference"
+        assert template["metadata"]["annotations"]["example.com/cost-center"] == "42"
+        assert {"name": "cache", "emptyDir": {}} in pod["volumes"]
+        main = pod["containers"][0]
+        assert {"name": "HF_HOME", "value": "/cache"} in main["env"]
+        assert {"name": "cache", "mountPath": "/cache"} in main["volumeMounts"]
+    worker_pods = fleets.core.list_namespaced_pod(
+        fleets.ns, label_selector="app.kubernetes.io/instance=placed,team=inference"
+    ).items
+    assert worker_pods and all(p.spec.tolerations for p in worker_pods)
+
+
+def test_an_existing_object_with_a_childs_name_is_never_adopted(
+    operator: Operator, fleets: Fleets
+) -> None:
+    """A Service made by hand keeps its selector and owner, and survives the fleet's deletion."""
+    theirs = fleets.core.create_namespaced_service(
+        fleets.ns,
+        client.V1Service(
+            metadata=client.V1ObjectMeta(name="victim-frontend"),
+            spec=client.V1ServiceSpec(
+                selector={"app": "mine"}, ports=[client.V1ServicePort(port=80)]
+            ),
+        ),
+    )
+    fleets.create(load_example("aggregated", name="victim"))
+    ready = fleets.wait_condition("victim", "Ready", "False", reason="ChildConflict")
+    assert f"Service {fleets.ns}/victim-frontend already exists" in ready["message"]
+    fleets.wait_condition("victim", "Progressing", "False", reason="ChildConflict")
+    # Everything else is created; the user's Service is untouched, even after resyncs.
+    wait_until("the other children", lambda: len(fleets.children("victim")) >= 8)
+    time.sleep(2 * RESYNC_S)
+    after = fleets.core.read_namespaced_service("victim-frontend", fleets.ns)
+    assert after.metadata.resource_version == theirs.metadata.resource_version
+    assert not after.metadata.owner_references
+    assert after.spec.selector == {"app": "mine"}
+
+    fleets.delete("victim")
+    wait_until("the fleet's children collected", lambda: fleets.children("victim") == {})
+    survivor = fleets.core.read_namespaced_service("victim-frontend", fleets.ns)
+    assert survivor.metadata.uid == theirs.metadata.uid
 
 
 def test_disaggregated_and_external_mooncake_examples_reach_ready(

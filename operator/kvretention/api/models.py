@@ -19,6 +19,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
@@ -54,13 +55,18 @@ Quantity = Annotated[
 
 
 class _Model(BaseModel):
-    """camelCase on the wire, snake_case in Python; unknown fields are an error."""
+    """camelCase on the wire, snake_case in Python; unknown fields are an error.
+
+    Strict, as the API server is: ``replicas: "2"`` or ``openai: "false"`` is refused, not coerced
+    (an integer is still a valid ``number``, as in the OpenAPI schema).
+    """
 
     model_config = ConfigDict(
         alias_generator=to_camel,
         populate_by_name=True,
         extra="forbid",
         frozen=True,
+        strict=True,
     )
 
 
@@ -101,6 +107,131 @@ class ResourceRequirements(_Model):
         default=None,
         description="Maximum resources the container may use, e.g. {nvidia.com/gpu: 1}.",
         json_schema_extra={"maxProperties": 16},
+    )
+
+
+class Toleration(_Model):
+    """A Kubernetes toleration (the core/v1 shape): lets pods onto nodes with a matching taint."""
+
+    key: str | None = Field(
+        default=None, max_length=316, description="Taint key; empty with Exists matches every key."
+    )
+    operator: Literal["Exists", "Equal"] | None = Field(
+        default=None, description="Exists or Equal (Kubernetes' default: Equal)."
+    )
+    value: str | None = Field(
+        default=None, max_length=63, description="Taint value to match (operator Equal)."
+    )
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to match; empty matches every effect."
+    )
+    toleration_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        description="NoExecute only: how long the pod stays bound after the taint appears.",
+    )
+
+
+class LocalObjectReference(_Model):
+    """A reference to an object in the fleet's namespace, by name."""
+
+    name: str = Field(min_length=1, max_length=253, description="The object's name.")
+
+
+_K8S_OBJECTS = "Kubernetes {} objects, passed through as is (the API server validates them)."
+_MapValue = Annotated[str, Field(max_length=63 * 1024, description="The value for this key.")]
+
+
+# Pass-through items: free-form objects the API server validates as the named kind.
+_EnvVar = Annotated[dict[str, Any], Field(description="One Kubernetes EnvVar.")]
+_Volume = Annotated[dict[str, Any], Field(description="One Kubernetes Volume.")]
+_VolumeMount = Annotated[dict[str, Any], Field(description="One Kubernetes VolumeMount.")]
+_TopologySpreadConstraint = Annotated[
+    dict[str, Any], Field(description="One Kubernetes TopologySpreadConstraint.")
+]
+
+
+class PodOptions(_Model):
+    """Where this component's pods run and as whom: passed through to the pod template.
+
+    The operator's own settings win: labels it selects on, its env, volumes and mounts cannot be
+    overridden (``InvalidSpec``).
+    """
+
+    labels: dict[str, _MapValue] = Field(
+        default_factory=dict,
+        description="Extra pod labels (the operator's app.kubernetes.io/* labels are reserved).",
+        json_schema_extra={"maxProperties": 64},
+    )
+    annotations: dict[str, _MapValue] = Field(
+        default_factory=dict,
+        description="Extra pod annotations.",
+        json_schema_extra={"maxProperties": 64},
+    )
+    node_selector: dict[str, _MapValue] = Field(
+        default_factory=dict,
+        description="Node labels the pods must run on (pod spec nodeSelector).",
+        json_schema_extra={"maxProperties": 64},
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Tolerations, e.g. for tainted GPU nodes (pod spec tolerations).",
+    )
+    affinity: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            "A Kubernetes Affinity object (nodeAffinity, podAffinity, podAntiAffinity), passed "
+            "through as is (the API server validates it)."
+        ),
+    )
+    topology_spread_constraints: list[_TopologySpreadConstraint] = Field(
+        default_factory=list,
+        max_length=16,
+        description=_K8S_OBJECTS.format("TopologySpreadConstraint"),
+    )
+    priority_class_name: str | None = Field(
+        default=None, max_length=253, description="PriorityClass of the pods."
+    )
+    runtime_class_name: str | None = Field(
+        default=None, max_length=253, description="RuntimeClass of the pods (e.g. nvidia)."
+    )
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Secrets with registry credentials for the images.",
+    )
+    service_account_name: str | None = Field(
+        default=None,
+        max_length=253,
+        description="ServiceAccount the pods run as (default: the namespace's default).",
+    )
+    env: list[_EnvVar] = Field(
+        default_factory=list,
+        max_length=128,
+        description=_K8S_OBJECTS.format("EnvVar (name, value or valueFrom)")
+        + " Added to the main container; the operator's own variables cannot be overridden.",
+    )
+    volumes: list[_Volume] = Field(
+        default_factory=list,
+        max_length=64,
+        description=_K8S_OBJECTS.format("Volume") + " Added to the pod.",
+    )
+    volume_mounts: list[_VolumeMount] = Field(
+        default_factory=list,
+        max_length=64,
+        description=_K8S_OBJECTS.format("VolumeMount") + " Added to the main container.",
+    )
+
+
+def _pod_field(component: str) -> Any:
+    return Field(
+        default=None,
+        description=(
+            f"Placement and identity of the {component} pods: tolerations, nodeSelector, affinity, "
+            "topology spread, priority and runtime class, image pull secrets, service account, "
+            "labels, annotations, extra env and volumes."
+        ),
     )
 
 
@@ -348,6 +479,7 @@ class FrontendSpec(_Model):
         default=None, description="Frontend container resources."
     )
     service: ServiceSpec = _sub(ServiceSpec, "The client-facing Service.")
+    pod: PodOptions | None = _pod_field("frontend")
 
 
 class SessionAffinity(_Model):
@@ -416,6 +548,7 @@ class RouterSpec(_Model):
         ),
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
+    pod: PodOptions | None = _pod_field("router")
 
 
 # --- workers --------------------------------------------------------------------------------------
@@ -520,6 +653,73 @@ class HiCacheSpec(_Model):
         return self
 
 
+EXTENDED_RESOURCE_PATTERN: Final = (
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+    r"/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+"""A vendor-qualified resource name (``nvidia.com/gpu``): Kubernetes' extended resources."""
+_EXTENDED_RESOURCE: Final = re.compile(EXTENDED_RESOURCE_PATTERN)
+GPU_RESOURCE_RULE: Final = (
+    "self == '' || (self.matches('"
+    + EXTENDED_RESOURCE_PATTERN.replace("\\", "\\\\")
+    + "') && !self.startsWith('kubernetes.io/') && !self.contains('.kubernetes.io/'))"
+)
+GPU_RESOURCE_MESSAGE: Final = (
+    "workers.gpuResource must be a vendor resource name such as nvidia.com/gpu "
+    "(domain/name, outside kubernetes.io), not cpu or memory"
+)
+
+
+def is_extended_resource(name: str) -> bool:
+    """Kubernetes' extended resources: vendor-qualified, outside the ``kubernetes.io`` domain."""
+    return (
+        _EXTENDED_RESOURCE.match(name) is not None
+        and not name.startswith("kubernetes.io/")
+        and ".kubernetes.io/" not in name
+    )
+
+
+class WorkerRolloutSpec(_Model):
+    """How worker pods are replaced: one at a time, never with an extra GPU pod."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_cel(
+            (
+                "self.maxSurge + self.maxUnavailable >= 1",
+                "workers.rollout: maxSurge and maxUnavailable must not both be 0",
+            )
+        )
+    )
+
+    max_surge: int = Field(
+        default=0,
+        ge=0,
+        le=1000,
+        description=(
+            "Extra worker pods a rollout may start before old ones stop (the Deployment's "
+            "maxSurge). 0 by default: a surge pod needs spare GPUs that a full pool does not have."
+        ),
+    )
+    max_unavailable: int = Field(
+        default=1,
+        ge=0,
+        le=1000,
+        description=(
+            "Workers of a pool that may be down at once: in a rollout (the Deployment's "
+            "maxUnavailable) and in voluntary disruptions such as node drains (the pool's "
+            "PodDisruptionBudget). 0 blocks drains until the pool is scaled up."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _check_cel_equivalents(self) -> WorkerRolloutSpec:
+        _require(
+            self.max_surge + self.max_unavailable >= 1,
+            "workers.rollout: maxSurge and maxUnavailable must not both be 0",
+        )
+        return self
+
+
 class WorkersSpec(_Model):
     """The SGLang workers: one aggregated pool, or a prefill and a decode pool."""
 
@@ -558,7 +758,11 @@ class WorkersSpec(_Model):
     gpu_resource: str = Field(
         default="nvidia.com/gpu",
         max_length=253,
-        description="Extended resource requested per tensor-parallel rank; empty requests none.",
+        description=(
+            "Extended resource requested per tensor-parallel rank, a vendor name such as "
+            "nvidia.com/gpu or amd.com/gpu (not cpu or memory); empty requests none."
+        ),
+        json_schema_extra=_cel((GPU_RESOURCE_RULE, GPU_RESOURCE_MESSAGE)),
     )
     aggregated: WorkerPoolSpec | None = Field(
         default=None, description="The aggregated pool (mode aggregated; defaults apply)."
@@ -576,6 +780,25 @@ class WorkersSpec(_Model):
         description="Prefill workers' KV bootstrap port (SGLang --disaggregation-bootstrap-port).",
     )
     hicache: HiCacheSpec = _sub(HiCacheSpec, "Hierarchical cache settings of every worker.")
+    rollout: WorkerRolloutSpec = _sub(
+        WorkerRolloutSpec, "How worker pods are replaced and how many may be down at once."
+    )
+    pod: PodOptions | None = _pod_field("worker (every pool's)")
+    drain_seconds: int = Field(
+        default=30,
+        ge=0,
+        le=3600,
+        description=(
+            "How long a stopping worker lets its in-flight streams finish (after the router has "
+            "stopped sending to it). The pod's terminationGracePeriodSeconds covers it."
+        ),
+    )
+
+    @field_validator("gpu_resource")
+    @classmethod
+    def _check_gpu_resource(cls, value: str) -> str:
+        _require(is_extended_resource(value) or value == "", GPU_RESOURCE_MESSAGE)
+        return value
 
     @model_validator(mode="after")
     def _check_cel_equivalents(self) -> WorkersSpec:
@@ -735,6 +958,7 @@ class MooncakeMasterSpec(_Model):
     )
     eviction: EvictionSpec = _sub(EvictionSpec, "Eviction thresholds.")
     soft_pin: SoftPinSpec = _sub(SoftPinSpec, "Soft-pin TTLs used for retention hints.")
+    pod: PodOptions | None = _pod_field("Mooncake master")
 
     @model_validator(mode="after")
     def _check_cel_equivalents(self) -> MooncakeMasterSpec:
@@ -765,6 +989,14 @@ class TransferSpec(_Model):
     )
 
 
+_PORT_OF_ADDRESS: Final = "int(self.substring(self.lastIndexOf(':') + 1))"
+_MASTER_PORT_RULE: Final = (
+    f"!self.matches('^.*:[0-9]{{1,5}}$') || "
+    f"({_PORT_OF_ADDRESS} >= 1 && {_PORT_OF_ADDRESS} <= 65535)"
+)
+MASTER_PORT_MESSAGE: Final = "kvStore.mooncake.external.masterAddress port must be 1-65535"
+
+
 class ExternalMooncakeSpec(_Model):
     """An existing Mooncake master (mode external)."""
 
@@ -772,7 +1004,8 @@ class ExternalMooncakeSpec(_Model):
         min_length=3,
         max_length=512,
         pattern=r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$",
-        description="host:port of the external mooncake_master RPC endpoint.",
+        description="host:port of the external mooncake_master RPC endpoint (port 1-65535).",
+        json_schema_extra=_cel((_MASTER_PORT_RULE, MASTER_PORT_MESSAGE)),
     )
     metadata_server: str = Field(
         default="P2PHANDSHAKE",
@@ -780,6 +1013,13 @@ class ExternalMooncakeSpec(_Model):
         max_length=1024,
         description="Transfer-engine metadata server: P2PHANDSHAKE or an http://.../metadata URL.",
     )
+
+    @field_validator("master_address")
+    @classmethod
+    def _check_master_port(cls, value: str) -> str:
+        port = value.rpartition(":")[2]
+        _require(not port.isdigit() or 1 <= int(port) <= 65535, MASTER_PORT_MESSAGE)
+        return value
 
 
 class MooncakeSpec(_Model):
@@ -829,6 +1069,42 @@ class KvStoreSpec(_Model):
     mooncake: MooncakeSpec = _sub(MooncakeSpec, "Mooncake store settings.")
 
 
+# --- network policies -----------------------------------------------------------------------------
+
+_NetworkPolicyPeer = Annotated[
+    dict[str, Any],
+    Field(
+        description="One Kubernetes NetworkPolicyPeer (podSelector, namespaceSelector, ipBlock)."
+    ),
+]
+
+
+class NetworkPolicySpec(_Model):
+    """Ingress NetworkPolicies: each component is reachable only by the components that call it."""
+
+    enabled: bool = Field(
+        default=True,
+        description=(
+            "Render a NetworkPolicy per component: clients -> frontend, frontend -> router, router "
+            "-> workers, workers <-> workers (PD and Mooncake transfers), workers -> Mooncake "
+            "master. Needs a CNI that enforces NetworkPolicy; false renders none."
+        ),
+    )
+    clients_from: list[_NetworkPolicyPeer] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Who may reach the frontend's port. Empty: anyone (it is the entry point).",
+    )
+    metrics_from: list[_NetworkPolicyPeer] = Field(
+        default_factory=list,
+        max_length=16,
+        description=(
+            "Who may scrape /metrics (e.g. the monitoring namespace): every component's HTTP port "
+            "and the Mooncake master's metrics port. Empty: no one besides the callers above."
+        ),
+    )
+
+
 # --- spec -----------------------------------------------------------------------------------------
 
 _HINTS_NEED_L3 = (
@@ -868,6 +1144,9 @@ class KvRetentionDeploymentSpec(_Model):
     router: RouterSpec = _sub(RouterSpec, "The router.")
     workers: WorkersSpec = _sub(WorkersSpec, "The SGLang workers.")
     kv_store: KvStoreSpec = _sub(KvStoreSpec, "The L3 KV store.")
+    network_policy: NetworkPolicySpec = _sub(
+        NetworkPolicySpec, "Which pods may reach each component (NetworkPolicies)."
+    )
 
     @model_validator(mode="after")
     def _check_cel_equivalents(self) -> KvRetentionDeploymentSpec:
@@ -909,7 +1188,7 @@ CONDITION_TYPES: Final[tuple[str, ...]] = (
 class _StatusModel(_Model):
     """Status is written by the operator; tolerate fields a newer operator adds."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=False)
 
 
 class Condition(_StatusModel):

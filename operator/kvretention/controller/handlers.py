@@ -41,6 +41,7 @@ from kvretention.controller.resources import build_children, check_spec
 from kvretention.controller.resources.common import service_host
 from kvretention.controller.resources.mooncake import MASTER_SUFFIX, uses_mooncake
 from kvretention.controller.status import (
+    SCALED_TO_ZERO,
     WORKER_COMPONENTS,
     Fleet,
     Observed,
@@ -145,9 +146,24 @@ def is_controlled_by(child: Mapping[str, Any], uid: str) -> bool:
     return any(r.get("uid") == uid and r.get("controller") for r in refs)
 
 
+def conflict_message(kind: str, obj: Mapping[str, Any], *, owner: str) -> str:
+    """Why a child was not created: its name is taken by an object we do not control."""
+    meta = _meta(obj)
+    return (
+        f"{kind} {meta.get('namespace')}/{meta.get('name')} already exists and is not "
+        f"controlled by {KIND} {owner}; the operator does not adopt objects it did not create: "
+        "delete or rename it"
+    )
+
+
 def event_type(condition: Mapping[str, Any]) -> str:
-    """Warning when a health condition turns False; Normal otherwise."""
-    bad = condition["status"] == "False" and condition["type"] != "Progressing"
+    """Warning when a health condition turns False for a problem; Normal otherwise (a component
+    scaled to zero on purpose is not a problem)."""
+    bad = (
+        condition["status"] == "False"
+        and condition["type"] != "Progressing"
+        and condition["reason"] != SCALED_TO_ZERO
+    )
     return "Warning" if bad else "Normal"
 
 
@@ -198,6 +214,8 @@ class Controller:
     clock: Callable[[], dt.datetime] = field(default=lambda: dt.datetime.now(dt.UTC))
     read_kvstore: Callable[..., Awaitable[KvStoreReading]] = read_master_metrics
     """Reads a managed master's /metrics (bounded, never raises); tests inject a fake."""
+    hold_after_applies: int | None = None
+    """Test hook: after this many applies, hold every later one forever (see ``_gate``)."""
 
     def __post_init__(self) -> None:
         self.queue = WorkQueue()
@@ -207,6 +225,7 @@ class Controller:
         """(kind, ns, name) -> the ``stamp_of`` a live object known to match what we want."""
         self._kvstore_reads: dict[Key, tuple[dt.datetime, KvStoreReading]] = {}
         """Each fleet's last read of its master's /metrics, and when (rate-limits the reads)."""
+        self._applies_started = 0
 
     # triggers
 
@@ -303,14 +322,20 @@ class Controller:
         # or absent master delays nothing else.
         kvstore_read = asyncio.ensure_future(self._kvstore_reading(cr, previous))
         live = await self._list_children(namespace, name)
+        uid = str(body["metadata"]["uid"])
+        taken = await self._taken_names(namespace, desired, live, uid=uid)
+        conflicts = [
+            conflict_message(kind, obj, owner=name) for (kind, _), obj in sorted(taken.items())
+        ]
+        ours = [m for m in desired if child_key(m) not in taken]
         observed_deployments: dict[str, Mapping[str, Any]] = {}
         refused: list[str] = []
         # Children are independent objects: apply them concurrently (server-side apply needs no
         # order; a pod waits for its ConfigMap by itself).
         results = await asyncio.gather(
-            *(self._ensure(m, live.get(child_key(m))) for m in desired), return_exceptions=True
+            *(self._ensure(m, live.get(child_key(m))) for m in ours), return_exceptions=True
         )
-        for manifest, result in zip(desired, results, strict=True):
+        for manifest, result in zip(ours, results, strict=True):
             current: Mapping[str, Any] | None
             if isinstance(result, k.ApiError) and result.status in REFUSED_STATUSES:
                 refused.append(
@@ -349,6 +374,7 @@ class Controller:
             worker_pods=pods,
             apply_errors=refused,
             kvstore=await kvstore_read,
+            conflicts=conflicts,
         )
         status = compute_status(fleet, observed, previous=previous, now=self.clock())
         await self._write_status(body, previous, status)
@@ -380,6 +406,37 @@ class Controller:
             )
         return keep_unchanged(reading_from_status(previous), reading)
 
+    async def _taken_names(
+        self,
+        namespace: str,
+        desired: list[dict[str, Any]],
+        live: dict[tuple[str, str], Any],
+        *,
+        uid: str,
+    ) -> dict[tuple[str, str], Mapping[str, Any]]:
+        """Desired children whose name an object this fleet does not control already has.
+
+        Such an object is never adopted (a server-side apply would take it over, and the garbage
+        collector would delete it with the fleet): it is reported and left alone. Children our
+        label selector did not list are looked up by name, so only a fleet's first reconcile (or
+        one after a child was deleted) pays a read per child; ``live`` gets what was found.
+        """
+        missing = [m for m in desired if child_key(m) not in live]
+        found = await asyncio.gather(
+            *(
+                self.kube.get_or_none(k.kind_of(m), namespace, str(m["metadata"]["name"]))
+                for m in missing
+            )
+        )
+        for manifest, obj in zip(missing, found, strict=True):
+            if obj is not None:
+                live[child_key(manifest)] = obj
+        return {
+            child_key(m): live[child_key(m)]
+            for m in desired
+            if child_key(m) in live and not is_controlled_by(live[child_key(m)], uid)
+        }
+
     async def _list_children(self, namespace: str, name: str) -> dict[tuple[str, str], Any]:
         out: dict[tuple[str, str], Any] = {}
         for kind in k.CHILD_KINDS:
@@ -407,11 +464,29 @@ class Controller:
             if live and comparable(dry) == comparable(live):
                 self._applied[memo_key] = stamp_of(live, manifest, digest=digest)
                 return live
+        await self._gate(kind.kind, meta)
         result = await self.kube.apply(manifest)
         self.metrics.apply_writes.labels(kind.kind).inc()
         log.info("applied %s %s/%s", kind.kind, meta.get("namespace"), meta["name"])
         self._applied[memo_key] = stamp_of(result, manifest, digest=digest)
         return result
+
+    async def _gate(self, kind: str, meta: Mapping[str, Any]) -> None:
+        """The test hook that makes "killed mid-reconcile" deterministic.
+
+        With ``hold_after_applies=N`` exactly N applies reach the API server; every later one
+        waits forever, so a test can see N children in the cluster, know the reconcile is stuck
+        half-way, and SIGKILL the process there instead of racing it.
+        """
+        if self.hold_after_applies is None:
+            return
+        if self._applies_started < self.hold_after_applies:
+            self._applies_started += 1
+            return
+        log.warning(
+            "test hook: holding the apply of %s %s/%s", kind, meta.get("namespace"), meta["name"]
+        )
+        await asyncio.Event().wait()
 
     async def _prune(
         self,
@@ -517,6 +592,22 @@ def build_registry() -> kopf.OperatorRegistry:
     kopf.on.event("v1", "configmaps", id="child-configmaps", labels=managed, registry=registry)(
         on_child
     )
+    kopf.on.event(
+        "policy",
+        "v1",
+        "poddisruptionbudgets",
+        id="child-poddisruptionbudgets",
+        labels=managed,
+        registry=registry,
+    )(on_child)
+    kopf.on.event(
+        "networking.k8s.io",
+        "v1",
+        "networkpolicies",
+        id="child-networkpolicies",
+        labels=managed,
+        registry=registry,
+    )(on_child)
     # Pods carry their pool's selector labels, not necessarily managed-by: match on component.
     worker_pod: dict[str, Any] = {
         COMPONENT: lambda value, **_: value in WORKER_COMPONENTS,

@@ -65,8 +65,16 @@ CONFIGMAP: Final = ResourceKind("v1", "ConfigMap", "configmaps")
 POD: Final = ResourceKind("v1", "Pod", "pods")
 EVENT: Final = ResourceKind("v1", "Event", "events")
 LEASE: Final = ResourceKind("coordination.k8s.io/v1", "Lease", "leases")
+PDB: Final = ResourceKind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets")
+NETWORK_POLICY: Final = ResourceKind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies")
 
-CHILD_KINDS: Final[tuple[ResourceKind, ...]] = (DEPLOYMENT, SERVICE, CONFIGMAP)
+CHILD_KINDS: Final[tuple[ResourceKind, ...]] = (
+    DEPLOYMENT,
+    SERVICE,
+    CONFIGMAP,
+    PDB,
+    NETWORK_POLICY,
+)
 """The kinds the operator owns. A builder emitting another kind fails loudly in :func:`kind_of`."""
 
 _KINDS: Final = {(k.api_version, k.kind): k for k in (*CHILD_KINDS, POD, EVENT, LEASE)}

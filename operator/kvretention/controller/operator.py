@@ -40,6 +40,8 @@ log = logging.getLogger("kvretention.operator")
 CRD_POLL_SECONDS = 2.0
 KOPF_STOP_TIMEOUT_S = 10.0
 DEFAULT_WORKERS = 8
+HOLD_AFTER_APPLIES_ENV = "KVRETENTION_TEST_HOLD_AFTER_APPLIES"
+"""Test hook (integration tests only): hold every apply after the first N, forever."""
 KUBE_THREADS = 32
 """API calls run in threads (the kubernetes client is synchronous); reconciles apply their
 children concurrently, so the default pool (cores + 4 threads) would serialize them."""
@@ -58,6 +60,7 @@ class OperatorConfig:
     resync_seconds: float = 60.0
     workers: int = DEFAULT_WORKERS
     identity: str = field(default_factory=default_identity)
+    hold_after_applies: int | None = None
 
     @property
     def clusterwide(self) -> bool:
@@ -199,7 +202,11 @@ async def _lead(
         ThreadPoolExecutor(max_workers=KUBE_THREADS, thread_name_prefix="kube")
     )
     controller = Controller(
-        kube, metrics=metrics, resync_seconds=cfg.resync_seconds, workers=cfg.workers
+        kube,
+        metrics=metrics,
+        resync_seconds=cfg.resync_seconds,
+        workers=cfg.workers,
+        hold_after_applies=cfg.hold_after_applies,
     )
     kopf_stop = asyncio.Event()
     kopf_task = asyncio.create_task(
@@ -240,6 +247,21 @@ async def _lead(
         except BaseException:
             log.warning("kopf did not stop in %.0fs", KOPF_STOP_TIMEOUT_S)
     return code
+
+
+def _hold_after_applies(raw: str | None) -> int | None:
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise click.UsageError(
+            f"{HOLD_AFTER_APPLIES_ENV} must be an integer, not {raw!r}"
+        ) from None
+    if value < 0:
+        raise click.UsageError(f"{HOLD_AFTER_APPLIES_ENV} must be >= 0, not {value}")
+    log.warning("%s=%d: a test hook that holds applies is on", HOLD_AFTER_APPLIES_ENV, value)
+    return value
 
 
 @click.command("operator")
@@ -317,5 +339,6 @@ def operator_cmd(
         lease_duration_seconds=lease_duration_seconds,
         resync_seconds=resync_seconds,
         workers=workers,
+        hold_after_applies=_hold_after_applies(os.environ.get(HOLD_AFTER_APPLIES_ENV)),
     )
     sys.exit(asyncio.run(run_operator(cfg)))

@@ -63,6 +63,10 @@ STATUS_KEYS: Final = frozenset(
 # -- observations ------------------------------------------------------------------------------
 
 
+SCALED_TO_ZERO: Final = "ScaledToZero"
+"""A component asked for 0 replicas: not ready, but on purpose (a Normal Event, not a Warning)."""
+
+
 @dataclass(frozen=True)
 class Workload:
     """One Deployment as desired and as observed."""
@@ -218,6 +222,8 @@ class Observed:
     """Children the API server refused (RBAC, admission); the reconcile retries them."""
     kvstore: KvStoreReading | None = None
     """The managed master's last metrics read (None: not read, e.g. an external master)."""
+    conflicts: Sequence[str] = ()
+    """Children whose name is taken by an object this fleet does not control (never adopted)."""
 
 
 # -- checks ------------------------------------------------------------------------------------
@@ -236,6 +242,13 @@ def check_workloads(workloads: Sequence[Workload], *, what: str) -> Verdict:
     """The first missing, rolling or not-ready Deployment wins; else all are ready."""
     if not workloads:
         return Verdict("False", "NotDeployed", f"no {what} Deployment is desired")
+    for w in workloads:
+        if w.desired == 0:  # "0/0 ready" is not serving
+            return Verdict(
+                "False",
+                SCALED_TO_ZERO,
+                f"Deployment {w.name} is scaled to 0 replicas: no {what} serves",
+            )
     for w in workloads:
         if not w.exists:
             return Verdict("False", "NotCreated", f"Deployment {w.name} does not exist yet")
@@ -338,12 +351,24 @@ def check_applied(apply_errors: Sequence[str]) -> Verdict | None:
     return Verdict("False", "ApplyFailed", "; ".join(apply_errors))
 
 
+def check_conflicts(conflicts: Sequence[str]) -> Verdict | None:
+    if not conflicts:
+        return None
+    return Verdict("False", "ChildConflict", "; ".join(conflicts))
+
+
 def check_ready(
-    verdicts: Mapping[str, Verdict], *, hints_required: bool, apply_errors: Sequence[str] = ()
+    verdicts: Mapping[str, Verdict],
+    *,
+    hints_required: bool,
+    apply_errors: Sequence[str] = (),
+    conflicts: Sequence[str] = (),
 ) -> Verdict:
-    """The chain: refused writes, a definite hints failure, each component, a pending probe."""
+    """The chain: name conflicts, refused writes, a definite hints failure, each component, a
+    pending probe."""
     hints = verdicts[KV_HINTS_SUPPORTED]
     chain: list[Callable[[], Verdict | None]] = [
+        lambda: check_conflicts(conflicts),
         lambda: check_applied(apply_errors),
         lambda: hints if hints_required and hints.status == "False" else None,
         *(
@@ -495,11 +520,15 @@ def compute_status(
         RETENTION_BUDGET: check_retention_budget(
             observed.kvstore, budget=fleet.retention_budget, external=fleet.kvstore_external
         ),
-        PROGRESSING: check_applied(observed.apply_errors)
+        PROGRESSING: check_conflicts(observed.conflicts)
+        or check_applied(observed.apply_errors)
         or check_progressing([w for ws in groups.values() for w in ws]),
     }
     verdicts[READY] = check_ready(
-        verdicts, hints_required=fleet.hints_required, apply_errors=observed.apply_errors
+        verdicts,
+        hints_required=fleet.hints_required,
+        apply_errors=observed.apply_errors,
+        conflicts=observed.conflicts,
     )
     previous_conditions = (previous or {}).get("conditions") or []
     workers_count = _count(workers)

@@ -112,6 +112,28 @@ VALID = [
         },
         id="agent-model",
     ),
+    pytest.param({"workers": {"gpuResource": "amd.com/gpu"}}, id="gpu-amd"),
+    pytest.param(
+        {
+            "workers": {
+                "pod": {
+                    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+                    "nodeSelector": {"gpu": "h200"},
+                    "affinity": {"podAntiAffinity": {}},
+                    "imagePullSecrets": [{"name": "regcred"}],
+                }
+            }
+        },
+        id="pod-options",
+    ),
+    pytest.param({"workers": {"gpuResource": ""}}, id="gpu-none"),
+    *(
+        pytest.param(
+            {"kvStore": {"mooncake": {"mode": "external", "external": {"masterAddress": a}}}},
+            id=f"master-{a}",
+        )
+        for a in ("mc:1", "mc.ns.svc:65535", "[::1]:50051", "10.0.0.1:50051")
+    ),
 ]
 
 
@@ -308,6 +330,53 @@ INVALID = [
     ),
     pytest.param({"hints": {"breakpoints": "Widen"}}, "breakpoints", id="breakpoints-enum"),
     pytest.param({"hints": {"priority": 0}}, "priority", id="priority-range"),
+    # Strict types, as the API server is: a string is never coerced to a number or a boolean.
+    pytest.param({"workers": {"replicas": "2"}}, "spec.workers.replicas", id="replicas-string"),
+    pytest.param(
+        {"workers": {"aggregated": {"tensorParallelSize": "2"}}},
+        "spec.workers.aggregated.tensorParallelSize",
+        id="tp-string",
+    ),
+    pytest.param(
+        {"hints": {"providers": {"openai": "false"}}},
+        "spec.hints.providers.openai",
+        id="bool-string",
+    ),
+    pytest.param({"frontend": {"replicas": 1.0}}, "spec.frontend.replicas", id="replicas-float"),
+    pytest.param(
+        {"workers": {"hicache": {"enabled": 1}}}, "spec.workers.hicache.enabled", id="bool-int"
+    ),
+    pytest.param(
+        {"workers": {"rollout": {"maxSurge": 0, "maxUnavailable": 0}}},
+        "workers.rollout: maxSurge and maxUnavailable must not both be 0",
+        id="rollout-stuck",
+    ),
+    pytest.param(
+        {"workers": {"drainSeconds": -1}}, "spec.workers.drainSeconds", id="drain-negative"
+    ),
+    *(
+        pytest.param(
+            {"workers": {"gpuResource": name}},
+            "workers.gpuResource must be a vendor resource name such as nvidia.com/gpu",
+            id=f"gpu-resource-{name}",
+        )
+        for name in (
+            "cpu",
+            "memory",
+            "hugepages-2Mi",
+            "kubernetes.io/gpu",
+            "x.kubernetes.io/g",
+            "nvidia.com/",
+        )
+    ),
+    *(
+        pytest.param(
+            {"kvStore": {"mooncake": {"mode": "external", "external": {"masterAddress": a}}}},
+            "kvStore.mooncake.external.masterAddress port must be 1-65535",
+            id=f"master-port-{a}",
+        )
+        for a in ("mc:0", "mc:99999", "mc:65536", "[::1]:00000")
+    ),
 ]
 
 

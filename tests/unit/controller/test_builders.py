@@ -97,6 +97,7 @@ def _set(path: str, value: Any) -> Callable[[Body], None]:
                 "ConfigMap/f-mooncake-config",
                 "Service/f-mooncake",
                 "Deployment/f-mooncake",
+                "NetworkPolicy/f-mooncake",
                 "Deployment/f-worker",
             },
         ),
@@ -189,6 +190,7 @@ def test_no_owner_references_without_uid() -> None:
                 "Deployment/f-mooncake",
                 "Service/f-worker",
                 "Deployment/f-worker",
+                "PodDisruptionBudget/f-worker",
             ],
         ),
         (
@@ -200,25 +202,38 @@ def test_no_owner_references_without_uid() -> None:
                 "Deployment/f-mooncake",
                 "Service/f-prefill",
                 "Deployment/f-prefill",
+                "PodDisruptionBudget/f-prefill",
                 "Service/f-decode",
                 "Deployment/f-decode",
+                "PodDisruptionBudget/f-decode",
             ],
         ),
         (
             {},
             {"mooncake": {"mode": "external", "external": {"masterAddress": "mc:1"}}},
-            ["ConfigMap/f-mooncake-config", "Service/f-worker", "Deployment/f-worker"],
+            [
+                "ConfigMap/f-mooncake-config",
+                "Service/f-worker",
+                "Deployment/f-worker",
+                "PodDisruptionBudget/f-worker",
+            ],
         ),
     ],
 )
 def test_children_in_apply_order(workers: Body, kv_store: Body, expected: list[str]) -> None:
     keys = list(children(base(workers=workers, kvStore=kv_store)))
+    policies = [
+        f"NetworkPolicy/{key.split('/')[1]}" for key in expected if key.startswith("Deployment/")
+    ]
     assert keys == [
         *expected,
         "Service/f-router",
         "Deployment/f-router",
         "Service/f-frontend",
         "Deployment/f-frontend",
+        *policies,
+        "NetworkPolicy/f-router",
+        "NetworkPolicy/f-frontend",
     ]
 
 
@@ -499,3 +514,164 @@ def test_scale_selector_matches_the_scaled_pool(workers: Body, role: str, deploy
     assert scaled_role(cr) == role
     match_labels = children(base(workers=workers))[deployment]["spec"]["selector"]["matchLabels"]
     assert scale_selector(cr) == ",".join(f"{k}={v}" for k, v in match_labels.items())
+
+
+@pytest.mark.parametrize(
+    ("resources", "expected"),
+    [
+        (None, {"limits": {"nvidia.com/gpu": 2}}),
+        (
+            {"requests": {"nvidia.com/gpu": 2, "cpu": 4}},
+            {"requests": {"cpu": 4, "nvidia.com/gpu": 2}, "limits": {"nvidia.com/gpu": 2}},
+        ),
+        (
+            {"requests": {"example.com/fpga": 1}},
+            {
+                "requests": {"example.com/fpga": 1},
+                "limits": {"example.com/fpga": 1, "nvidia.com/gpu": 2},
+            },
+        ),
+        ({"limits": {"nvidia.com/gpu": 2}}, {"limits": {"nvidia.com/gpu": 2}}),
+    ],
+    ids=["tp-only", "gpu-request-only", "other-extended-request", "limit-given"],
+)
+def test_extended_resource_requests_get_an_equal_limit(resources: Body, expected: Body) -> None:
+    pool: Body = {"tensorParallelSize": 2}
+    if resources is not None:
+        pool["resources"] = resources
+    deployment = children(base(workers={"aggregated": pool}))["Deployment/f-worker"]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"] == expected
+
+
+@pytest.mark.parametrize(
+    ("workers", "surge", "unavailable", "drain", "grace"),
+    [
+        ({}, 0, 1, "30", 55),
+        ({"rollout": {"maxSurge": 1, "maxUnavailable": 0}, "drainSeconds": 120}, 1, 0, "120", 145),
+        ({"rollout": {"maxUnavailable": 2}, "drainSeconds": 0}, 0, 2, "0", 25),
+    ],
+    ids=["defaults", "surge-when-gpus-spare", "faster"],
+)
+def test_workers_roll_without_a_spare_gpu_and_drain_before_stopping(
+    workers: Body, surge: int, unavailable: int, drain: str, grace: int
+) -> None:
+    kids = children(base(workers=workers))
+    deployment = kids["Deployment/f-worker"]
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": surge, "maxUnavailable": unavailable},
+    }
+    pod = deployment["spec"]["template"]["spec"]
+    worker = _container(deployment, "worker")
+    # The router lets go first (preStop), then SIGTERM drains the streams, all within the grace.
+    assert worker["lifecycle"] == {"preStop": {"sleep": {"seconds": 10}}}
+    command = worker["command"]
+    assert command[command.index("--drain-seconds") + 1] == drain
+    assert command.index("--drain-seconds") < command.index("--")
+    assert pod["terminationGracePeriodSeconds"] == grace
+    pdb = kids["PodDisruptionBudget/f-worker"]
+    assert pdb["spec"] == {
+        "maxUnavailable": unavailable,
+        "selector": deployment["spec"]["selector"],
+    }
+    assert pdb["metadata"]["ownerReferences"] == deployment["metadata"]["ownerReferences"]
+    # Only workers: the frontend and router keep the default rolling update.
+    assert "strategy" not in kids["Deployment/f-frontend"]["spec"]
+
+
+def test_each_worker_pool_has_its_own_budget() -> None:
+    kids = children(base(workers=PD))
+    for pool in ("prefill", "decode"):
+        pdb = kids[f"PodDisruptionBudget/f-{pool}"]
+        assert pdb["spec"]["selector"] == kids[f"Deployment/f-{pool}"]["spec"]["selector"]
+
+
+POD_OPTIONS: Body = {
+    "labels": {"team": "inference"},
+    "annotations": {"example.com/cost-center": "42"},
+    "nodeSelector": {"node.kubernetes.io/instance-type": "h200"},
+    "tolerations": [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "spot", "operator": "Equal", "value": "yes", "tolerationSeconds": 30},
+    ],
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h200"]}]}
+                ]
+            }
+        }
+    },
+    "topologySpreadConstraints": [
+        {
+            "maxSkew": 1,
+            "topologyKey": "topology.kubernetes.io/zone",
+            "whenUnsatisfiable": "DoNotSchedule",
+        }
+    ],
+    "priorityClassName": "inference-high",
+    "runtimeClassName": "nvidia",
+    "imagePullSecrets": [{"name": "registry"}],
+    "serviceAccountName": "fleet",
+    "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}],
+    "volumes": [{"name": "cache", "emptyDir": {}}],
+    "volumeMounts": [{"name": "cache", "mountPath": "/cache"}],
+}
+PASSED_THROUGH = (
+    "nodeSelector",
+    "tolerations",
+    "affinity",
+    "topologySpreadConstraints",
+    "priorityClassName",
+    "runtimeClassName",
+    "imagePullSecrets",
+    "serviceAccountName",
+)
+
+
+@pytest.mark.parametrize(
+    ("workers", "path", "deployments"),
+    [
+        ({}, "frontend.pod", ["f-frontend"]),
+        ({}, "router.pod", ["f-router"]),
+        ({}, "workers.pod", ["f-worker"]),
+        (PD, "workers.pod", ["f-prefill", "f-decode"]),
+        ({}, "kvStore.mooncake.master.pod", ["f-mooncake"]),
+    ],
+    ids=["frontend", "router", "workers", "both-pools", "mooncake-master"],
+)
+def test_pod_options_reach_exactly_their_components_pods(
+    workers: Body, path: str, deployments: list[str]
+) -> None:
+    body = base(workers=copy.deepcopy(workers))
+    plain = children(body)
+    _set(path, POD_OPTIONS)(body)
+    kids = children(body)
+    touched = {key for key, m in kids.items() if m["kind"] == "Deployment" and m != plain.get(key)}
+    assert touched == {f"Deployment/{d}" for d in deployments}
+    for name in deployments:
+        template = kids[f"Deployment/{name}"]["spec"]["template"]
+        pod = template["spec"]
+        for key in PASSED_THROUGH:
+            assert pod[key] == POD_OPTIONS[key], key
+        # Ours win and stay: selector labels, the config hash, our env, volumes and mounts.
+        assert template["metadata"]["labels"]["team"] == "inference"
+        selector = kids[f"Deployment/{name}"]["spec"]["selector"]["matchLabels"]
+        assert selector.items() <= template["metadata"]["labels"].items()
+        assert template["metadata"]["annotations"]["example.com/cost-center"] == "42"
+        old_pod = plain[f"Deployment/{name}"]["spec"]["template"]["spec"]
+        assert pod["volumes"] == [*old_pod.get("volumes", []), *POD_OPTIONS["volumes"]]
+        for container, old in zip(pod["containers"], old_pod["containers"], strict=True):
+            assert container["env"] == [*old.get("env", []), *POD_OPTIONS["env"]]
+            assert container["volumeMounts"] == [
+                *old.get("volumeMounts", []),
+                *POD_OPTIONS["volumeMounts"],
+            ]
+        for init in pod.get("initContainers", []):
+            assert "env" not in init and "volumeMounts" not in init
+
+
+def test_unset_pod_options_leave_the_pod_alone() -> None:
+    assert children(base(frontend={"pod": {}})) == children(base())

@@ -51,7 +51,7 @@ PD = {"mode": "disaggregated", "prefill": {}, "decode": {}}
         (
             {"workers": {**PD, "decode": {"extraArgs": ["--enable-hicache"]}}},
             [
-                "spec.workers.decode.extraArgs[0]: --enable-hicache is set by the operator from the spec; change the matching spec field instead"
+                "spec.workers.decode.extraArgs[0]: --enable-hicache (SGLang reads it as --enable-hierarchical-cache) is set by the operator from the spec; change the matching spec field instead"
             ],
         ),
         (
@@ -85,6 +85,39 @@ PD = {"mode": "disaggregated", "prefill": {}, "decode": {}}
             },
             [],
         ),
+        (  # a GPU request without a limit is fine (the builder sets the limit), if it fits TP
+            {"workers": {"aggregated": {"resources": {"requests": {"nvidia.com/gpu": 1}}}}},
+            [],
+        ),
+        (
+            {"workers": {"aggregated": {"resources": {"requests": {"nvidia.com/gpu": 2}}}}},
+            [
+                "spec.workers.aggregated.resources.requests.nvidia.com/gpu is 2 but tensorParallelSize is 1: SGLang needs one GPU per rank"
+            ],
+        ),
+        (
+            {
+                "workers": {
+                    "aggregated": {
+                        "resources": {
+                            "requests": {"example.com/fpga": 1},
+                            "limits": {"example.com/fpga": 2},
+                        }
+                    }
+                }
+            },
+            [
+                "spec.workers.aggregated.resources: requests.example.com/fpga must equal limits.example.com/fpga (Kubernetes does not overcommit extended resources)"
+            ],
+        ),
+        (
+            {"kvStore": {"mooncake": {"transfer": {"globalSegmentSize": "1"}}}},
+            [
+                "spec.kvStore.mooncake.transfer.globalSegmentSize: 1 is below the minimum of 67108864 bytes (64 MiB)"
+            ],
+        ),
+        ({"kvStore": {"mooncake": {"transfer": {"globalSegmentSize": "67108864"}}}}, []),
+        ({"kvStore": {"mooncake": {"transfer": {"globalSegmentSize": "1gb"}}}}, []),
         (
             {"workers": {"aggregated": {"resources": {"limits": {"memory": "3Gi"}}}}},
             [
@@ -147,3 +180,136 @@ def test_parse_quantity_rejects(value: str) -> None:
 @pytest.mark.parametrize(("value", "expected"), [("4gb", 4 * 2**30), ("1048576", 2**20)])
 def test_segment_bytes(value: str, expected: int) -> None:
     assert segment_bytes(value) == expected
+
+
+MANAGED = "is set by the operator from the spec; change the matching spec field instead"
+
+
+@pytest.mark.parametrize(
+    ("extra_args", "expected"),
+    [
+        (["--mem-fraction-static", "0.8"], []),
+        (["--mem-frac", "0.8"], []),  # an abbreviation of a flag the user may set
+        (["--disable-radix-cache", "--no-enable-tf32-matmul"], []),
+        (["--model-path=/x"], [f"[0]: --model-path {MANAGED}"]),
+        (["--model", "/x"], [f"[0]: --model (SGLang reads it as --model-path) {MANAGED}"]),
+        (["--tp-siz", "4"], [f"[0]: --tp-siz (SGLang reads it as --tp-size) {MANAGED}"]),
+        (
+            ["--tensor-parallel=4"],
+            [f"[0]: --tensor-parallel (SGLang reads it as --tp-size) {MANAGED}"],
+        ),
+        (
+            ["--mem-frac", "0.8", "--served", "x"],
+            [f"[2]: --served (SGLang reads it as --served-model-name) {MANAGED}"],
+        ),
+        (["--tool-call-parser", "qwen"], [f"[0]: --tool-call-parser {MANAGED}"]),
+        (
+            ["--config", "/etc/sglang.yaml"],
+            [
+                "[0]: --config reads SGLang flags from a file the operator cannot check (it could "
+                "override the flags rendered from the spec); list the flags in extraArgs"
+            ],
+        ),
+        (
+            ["--conf=/etc/sglang.yaml"],
+            [
+                "[0]: --conf reads SGLang flags from a file the operator cannot check (it could "
+                "override the flags rendered from the spec); list the flags in extraArgs"
+            ],
+        ),
+        (
+            ["--no-such-flag"],
+            [": SGLang 0.5.23 would refuse these: unrecognized arguments: --no-such-flag"],
+        ),
+        (["stray"], [": SGLang 0.5.23 would refuse these: unrecognized arguments: stray"]),
+        (
+            ["--mem-fraction-static"],
+            [
+                ": SGLang 0.5.23 would refuse these: argument --mem-fraction-static: expected one argument"
+            ],
+        ),
+        (
+            ["--enable-h"],
+            [
+                ": SGLang 0.5.23 would refuse these: ambiguous option: --enable-h could match "
+                "--enable-http2, --enable-hierarchical-cache, --enable-hicache, --enable-hisparse, "
+                "--enable-http-worker-reuseport"
+            ],
+        ),
+    ],
+)
+def test_extra_args_are_read_with_sglangs_parser(
+    extra_args: list[str], expected: list[str]
+) -> None:
+    spec = {"workers": {"aggregated": {"extraArgs": extra_args}}}
+    assert check_spec(cr(**spec)) == [f"spec.workers.aggregated.extraArgs{e}" for e in expected]
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ({"workers": {"pod": {"labels": {"team": "a"}, "env": [{"name": "A", "value": "1"}]}}}, []),
+        (
+            {"frontend": {"pod": {"labels": {"app.kubernetes.io/instance": "x"}}}},
+            [
+                "spec.frontend.pod.labels: app.kubernetes.io/instance is set by the operator (it selects pods on it)"
+            ],
+        ),
+        (
+            {"workers": {"pod": {"annotations": {"kvretention.io/config-hash": "x"}}}},
+            ["spec.workers.pod.annotations: kvretention.io/config-hash is set by the operator"],
+        ),
+        (
+            {"workers": {"pod": {"env": [{"name": "POD_IP", "value": "1.2.3.4"}]}}},
+            ["spec.workers.pod.env[0]: POD_IP is set by the operator"],
+        ),
+        (
+            {"router": {"pod": {"env": [{"value": "x"}, {"name": "A"}, {"name": "A"}]}}},
+            [
+                "spec.router.pod.env[0].name: required (a non-empty string)",
+                "spec.router.pod.env[2].name: 'A' is repeated",
+            ],
+        ),
+        (
+            {"workers": {"pod": {"volumes": [{"name": "dshm", "emptyDir": {}}]}}},
+            ["spec.workers.pod.volumes[0]: the name dshm is used by the operator"],
+        ),
+        (
+            {
+                "kvStore": {
+                    "mooncake": {
+                        "master": {
+                            "pod": {"volumeMounts": [{"name": "v", "mountPath": "/dev/shm/"}]}
+                        }
+                    }
+                }
+            },
+            [
+                "spec.kvStore.mooncake.master.pod.volumeMounts[0]: /dev/shm/ is already mounted by the operator"
+            ],
+        ),
+        (
+            {
+                "workers": {
+                    "pod": {"volumeMounts": [{"name": "v"}, {"name": "v", "mountPath": "/a"}]}
+                }
+            },
+            ["spec.workers.pod.volumeMounts[0].mountPath: required (a non-empty string)"],
+        ),
+        (
+            {
+                "model": {
+                    "name": "m",
+                    "path": "/w",
+                    "volume": {"claimName": "c", "mountPath": "/w"},
+                },
+                "workers": {"pod": {"volumeMounts": [{"name": "v", "mountPath": "/w"}]}},
+            },
+            ["spec.workers.pod.volumeMounts[0]: /w is already mounted by the operator"],
+        ),
+    ],
+)
+def test_pod_options_cannot_take_over_the_operators_settings(
+    spec: dict[str, Any], expected: list[str]
+) -> None:
+    assert check_spec(cr(**spec)) == expected

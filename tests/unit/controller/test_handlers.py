@@ -20,6 +20,7 @@ import kopf
 import pytest
 import yaml
 
+from kvretention.api.models import KIND
 from kvretention.controller import kube as k
 from kvretention.controller.handlers import (
     CR_KIND,
@@ -28,6 +29,7 @@ from kvretention.controller.handlers import (
     backoff_delay,
     build_registry,
     comparable,
+    event_type,
     owner_key,
 )
 from kvretention.controller.kvstore_metrics import KvStoreReading, KvStoreUsage, format_time
@@ -365,7 +367,7 @@ def test_registry_has_only_event_handlers() -> None:
     # (they add a finalizer): only watch-event handlers and the startup settings.
     assert not registry._changing.get_all_handlers()
     assert not registry._spawning.get_all_handlers()
-    assert len(registry._watching.get_all_handlers()) == 5
+    assert len(registry._watching.get_all_handlers()) == 7
 
 
 async def test_a_refused_child_is_reported_in_status_and_retried(fake: FakeKube) -> None:
@@ -507,3 +509,59 @@ async def test_reads_are_rate_limited_and_an_unchanged_pool_writes_no_status(
         )
         is None
     )
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        {},  # made by hand, none of our labels
+        {"labels": {"app.kubernetes.io/instance": "qwen"}},  # our labels, but not our owner
+        {"ownerReferences": [{"kind": KIND, "name": "qwen", "uid": "old-uid", "controller": True}]},
+    ],
+    ids=["unlabelled", "labelled", "other-owner"],
+)
+async def test_a_taken_child_name_is_a_conflict_never_adopted(
+    fake: FakeKube, metadata: dict[str, Any]
+) -> None:
+    fake.put(CR_KIND, load_example("aggregated"))
+    theirs = copy.deepcopy(
+        fake.put(
+            k.SERVICE,
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": "qwen-frontend", "namespace": "ns", **metadata},
+                "spec": {"selector": {"app": "mine"}},
+            },
+        )
+    )
+    c = controller(fake)
+    await c.reconcile(("ns", "qwen"))
+    assert fake.objects[("services", "ns", "qwen-frontend")] == theirs  # untouched
+    assert ("Service", "qwen-frontend") not in fake.writes
+    assert ("deployments", "qwen-frontend") in fake.children()  # the rest is created
+    ready = next(c for c in fake.cr()["status"]["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "ChildConflict")
+    assert "Service ns/qwen-frontend already exists and is not controlled by" in ready["message"]
+    assert conditions(fake.cr())["Progressing"] == ("False", "ChildConflict")
+
+    # Once the user's object is gone, the next reconcile creates ours.
+    del fake.objects[("services", "ns", "qwen-frontend")]
+    await c.reconcile(("ns", "qwen"))
+    assert ("Service", "qwen-frontend") in fake.writes
+    assert conditions(fake.cr())["Ready"][1] != "ChildConflict"
+
+
+@pytest.mark.parametrize(
+    ("condition", "expected"),
+    [
+        ({"type": "WorkersReady", "status": "False", "reason": "PodsNotReady"}, "Warning"),
+        ({"type": "WorkersReady", "status": "False", "reason": "ScaledToZero"}, "Normal"),
+        ({"type": "Ready", "status": "False", "reason": "ScaledToZero"}, "Normal"),
+        ({"type": "Ready", "status": "False", "reason": "ChildConflict"}, "Warning"),
+        ({"type": "Progressing", "status": "False", "reason": "Converged"}, "Normal"),
+        ({"type": "Ready", "status": "True", "reason": "Ready"}, "Normal"),
+    ],
+)
+def test_event_type(condition: dict[str, str], expected: str) -> None:
+    assert event_type(condition) == expected

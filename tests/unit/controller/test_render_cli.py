@@ -60,6 +60,33 @@ def test_namespace_flag_fills_missing_namespace() -> None:
             "apiVersion: kvretention.io/v1alpha1\nkind: KvRetentionDeployment\nmetadata: [1]\n",
             "metadata must be a mapping",
         ),
+        # Types as strict as the API server's: quoted numbers and booleans are refused.
+        *(
+            (
+                "apiVersion: kvretention.io/v1alpha1\nkind: KvRetentionDeployment\n"
+                f"metadata: {{name: x}}\nspec: {{model: {{name: m, path: p}}, {field}}}\n",
+                expected,
+            )
+            for field, expected in (
+                (
+                    'workers: {replicas: "2"}',
+                    "spec.workers.replicas: Input should be a valid integer",
+                ),
+                (
+                    'workers: {aggregated: {tensorParallelSize: "2"}}',
+                    "spec.workers.aggregated.tensorParallelSize: Input should be a valid integer",
+                ),
+                (
+                    'hints: {providers: {openai: "false"}}',
+                    "spec.hints.providers.openai: Input should be a valid boolean",
+                ),
+            )
+        ),
+        (
+            "apiVersion: kvretention.io/v1alpha1\nkind: KvRetentionDeployment\nmetadata: {name: x}\n"
+            "spec: {model: {name: m, path: p}, workers: {aggregated: {extraArgs: [--tp-siz, '4']}}}\n",
+            "--tp-siz (SGLang reads it as --tp-size) is set by the operator",
+        ),
     ],
 )
 def test_bad_input_exits_2_without_traceback(tmp_path: Path, content: str, expected: str) -> None:

@@ -252,6 +252,43 @@ GOOD_PODS = [pod("f-worker-a", json.dumps(GOOD_REPORT)), pod("f-worker-b", json.
             {"KvStoreReady": ("False", "PodsNotReady"), "Ready": ("False", "PodsNotReady")},
         ),
         (
+            "workers scaled to zero",
+            fleet([*AGGREGATED[:2], deployment("f-worker", "worker", 0), *AGGREGATED[3:]]),
+            {**all_ready(AGGREGATED), "f-worker": live("f-worker", replicas=0, ready=0)},
+            [],
+            {
+                "WorkersReady": ("False", "ScaledToZero"),
+                "Ready": ("False", "ScaledToZero"),
+                "FrontendReady": ("True", "PodsReady"),
+                "Progressing": ("False", "Converged"),
+            },
+        ),
+        (
+            "frontend scaled to zero",
+            fleet([deployment("f-frontend", "frontend", 0), *AGGREGATED[1:]]),
+            {**all_ready(AGGREGATED), "f-frontend": live("f-frontend", replicas=0, ready=0)},
+            GOOD_PODS,
+            {
+                "FrontendReady": ("False", "ScaledToZero"),
+                "Ready": ("False", "ScaledToZero"),
+                "WorkersReady": ("True", "PodsReady"),
+            },
+        ),
+        (
+            "prefill pool scaled to zero",
+            fleet(
+                [
+                    *DISAGGREGATED[:2],
+                    deployment("f-prefill", "worker-prefill", 0),
+                    DISAGGREGATED[3],
+                ],
+                external="m:1",
+            ),
+            {**all_ready(DISAGGREGATED), "f-prefill": live("f-prefill", replicas=0, ready=0)},
+            GOOD_PODS,
+            {"WorkersReady": ("False", "ScaledToZero"), "Ready": ("False", "ScaledToZero")},
+        ),
+        (
             "disaggregated, decode pool short",
             fleet(DISAGGREGATED, external="m:1"),
             {**all_ready(DISAGGREGATED), "f-decode": live("f-decode", replicas=3, ready=2)},

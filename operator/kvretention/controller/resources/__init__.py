@@ -17,6 +17,7 @@ from kvretention.controller.resources.mooncake import (
     build_mooncake_master_args,
     uses_mooncake,
 )
+from kvretention.controller.resources.network import build_network_policies
 from kvretention.controller.resources.router import build_router
 from kvretention.controller.resources.sglang_args import build_sglang_args
 from kvretention.controller.resources.workers import build_workers, scale_selector, scaled_role
@@ -35,9 +36,11 @@ __all__ = [
 
 
 def build_children(cr: KvRetentionDeployment) -> list[Manifest]:
-    """Every child manifest, in apply order: KV store, workers, router, frontend."""
+    """Every child manifest, in apply order: KV store, workers, router, frontend, then the
+    NetworkPolicies that let each be reached only by its callers."""
     children: list[Manifest] = []
     if uses_mooncake(cr.spec):
         children.append(build_mooncake_configmap(cr))
         children += build_mooncake_master(cr)
-    return children + build_workers(cr) + build_router(cr) + build_frontend(cr)
+    children += build_workers(cr) + build_router(cr) + build_frontend(cr)
+    return children + build_network_policies(cr)

@@ -10,12 +10,34 @@ import posixpath
 import re
 from collections.abc import Callable, Iterator
 from decimal import Decimal
-from typing import Final
+from typing import Any, Final
 
-from kvretention.api.models import KvRetentionDeployment, ResourceRequirements
-from kvretention.controller.resources.common import WORKER_PORT
-from kvretention.controller.resources.mooncake import CONFIG_MOUNT_DIR
+from kvretention.api.models import (
+    KvRetentionDeployment,
+    PodOptions,
+    ResourceRequirements,
+    is_extended_resource,
+)
+from kvretention.controller.resources.common import (
+    CONFIG_HASH_ANNOTATION,
+    LABEL_COMPONENT,
+    LABEL_INSTANCE,
+    LABEL_MANAGED_BY,
+    LABEL_NAME,
+    WORKER_PORT,
+)
+from kvretention.controller.resources.mooncake import (
+    CONFIG_MOUNT_DIR,
+    CONFIG_PATH_ENV,
+    LOCAL_HOSTNAME_ENV,
+)
 from kvretention.controller.resources.sglang_args import MANAGED_FLAGS, Role, pool_for
+from kvretention.controller.resources.sglang_cli import (
+    SglangArgsError,
+    dest_of,
+    parse_sglang_args,
+    sglang_version,
+)
 from kvretention.controller.resources.workers import worker_roles
 
 _QUANTITY: Final = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$")
@@ -110,44 +132,85 @@ def check_quantities(cr: KvRetentionDeployment) -> list[str]:
             limit = parsed["limits"].get(key)
             if limit is not None and request > limit:
                 problems.append(f"{path}: requests.{key} exceeds limits.{key}")
+            elif limit is not None and request != limit and is_extended_resource(key):
+                problems.append(
+                    f"{path}: requests.{key} must equal limits.{key} "
+                    "(Kubernetes does not overcommit extended resources)"
+                )
     return problems
 
 
 def check_extra_args(cr: KvRetentionDeployment) -> list[str]:
-    """``extraArgs`` must not override what the operator renders from the spec."""
+    """``extraArgs`` must parse as SGLang parses it and must not set what the operator renders.
+
+    Read with SGLang's own parser (:mod:`.sglang_cli`), so an alias (``--model``), an abbreviation
+    (``--tp-siz 4``) or ``--config FILE`` (a file that can set any flag) cannot slip past.
+    """
+    managed = {dest for flag in MANAGED_FLAGS if (dest := dest_of(flag)) is not None}
     problems = []
     for role in worker_roles(cr):
-        for index, arg in enumerate(pool_for(cr.spec, role).extra_args):
-            flag = arg.split("=", 1)[0]
-            if flag in MANAGED_FLAGS:
+        path = f"{_pool_path(role)}.extraArgs"
+        try:
+            options = parse_sglang_args(pool_for(cr.spec, role).extra_args)
+        except SglangArgsError as exc:
+            problems.append(f"{path}: SGLang {sglang_version()} would refuse these: {exc}")
+            continue
+        for opt in options:
+            where = f"{path}[{opt.index}]: {opt.written}"
+            if opt.dest == "config":
                 problems.append(
-                    f"{_pool_path(role)}.extraArgs[{index}]: {flag} is set by the operator "
-                    "from the spec; change the matching spec field instead"
+                    f"{where} reads SGLang flags from a file the operator cannot check (it could "
+                    "override the flags rendered from the spec); list the flags in extraArgs"
+                )
+            elif opt.dest in managed:
+                named = "" if opt.written == opt.option else f" (SGLang reads it as {opt.option})"
+                problems.append(
+                    f"{where}{named} is set by the operator from the spec; "
+                    "change the matching spec field instead"
                 )
     return problems
 
 
 def check_gpus(cr: KvRetentionDeployment) -> list[str]:
-    """A GPU limit given by hand must match tensorParallelSize (one GPU per rank)."""
+    """A GPU request or limit given by hand must match tensorParallelSize (one GPU per rank).
+
+    A request without a limit is fine: the builder sets the limit to the request, as Kubernetes
+    demands of extended resources (``resources_dict``).
+    """
     gpu = cr.spec.workers.gpu_resource
     problems = []
-    if gpu and not is_resource_name(gpu):
-        problems.append(f"spec.workers.gpuResource: {gpu!r} is not a valid resource name")
     for role in worker_roles(cr):
         pool = pool_for(cr.spec, role)
-        limits = (pool.resources.limits or {}) if pool.resources else {}
-        if not gpu or gpu not in limits:
-            continue
-        try:
-            given = parse_quantity(limits[gpu])
-        except ValueError:
-            continue  # reported by check_quantities
-        if given != pool.tensor_parallel_size:
-            problems.append(
-                f"{_pool_path(role)}.resources.limits.{gpu} is {limits[gpu]} but "
-                f"tensorParallelSize is {pool.tensor_parallel_size}: SGLang needs one GPU per rank"
-            )
+        for kind in ("requests", "limits"):
+            given = (getattr(pool.resources, kind) or {}) if pool.resources else {}
+            if not gpu or gpu not in given:
+                continue
+            try:
+                count = parse_quantity(given[gpu])
+            except ValueError:
+                continue  # reported by check_quantities
+            if count != pool.tensor_parallel_size:
+                problems.append(
+                    f"{_pool_path(role)}.resources.{kind}.{gpu} is {given[gpu]} but "
+                    f"tensorParallelSize is {pool.tensor_parallel_size}: SGLang needs one GPU "
+                    "per rank"
+                )
     return problems
+
+
+MIN_SEGMENT_BYTES: Final = Decimal(64 * 2**20)
+"""Smallest Mooncake segment a worker may contribute: a few KV pages of a small model."""
+
+
+def check_segment_size(cr: KvRetentionDeployment) -> list[str]:
+    """A Mooncake segment too small to hold a KV page is a pool that stores nothing."""
+    size = cr.spec.kv_store.mooncake.transfer.global_segment_size
+    if segment_bytes(size) < MIN_SEGMENT_BYTES:
+        return [
+            f"spec.kvStore.mooncake.transfer.globalSegmentSize: {size} is below the minimum of "
+            f"{int(MIN_SEGMENT_BYTES)} bytes (64 MiB)"
+        ]
+    return []
 
 
 def check_host_memory(cr: KvRetentionDeployment) -> list[str]:
@@ -227,13 +290,90 @@ def check_worker_pod(cr: KvRetentionDeployment) -> list[str]:
     return problems
 
 
+RESERVED_LABELS: Final = frozenset({LABEL_NAME, LABEL_INSTANCE, LABEL_COMPONENT, LABEL_MANAGED_BY})
+RESERVED_ANNOTATIONS: Final = frozenset({CONFIG_HASH_ANNOTATION})
+RESERVED_ENV: Final = frozenset({"POD_IP", CONFIG_PATH_ENV, LOCAL_HOSTNAME_ENV})
+RESERVED_VOLUMES: Final = frozenset({"dshm", "mooncake-config", "model"})
+"""What the worker builder puts in pods; user options may not override any of it."""
+
+
+def _pod_options(cr: KvRetentionDeployment) -> Iterator[tuple[str, PodOptions]]:
+    spec = cr.spec
+    for path, options in (
+        ("spec.frontend.pod", spec.frontend.pod),
+        ("spec.router.pod", spec.router.pod),
+        ("spec.workers.pod", spec.workers.pod),
+        ("spec.kvStore.mooncake.master.pod", spec.kv_store.mooncake.master.pod),
+    ):
+        if options is not None:
+            yield path, options
+
+
+def _named(
+    items: list[dict[str, Any]], path: str, *, required: tuple[str, ...], unique: bool = True
+) -> list[str]:
+    """Each pass-through item has the string fields Kubernetes requires (and a unique name)."""
+    problems = []
+    names: set[str] = set()
+    for index, item in enumerate(items):
+        for key in required:
+            if not isinstance(item.get(key), str) or not item[key]:
+                problems.append(f"{path}[{index}].{key}: required (a non-empty string)")
+        name = item.get("name")
+        if unique and isinstance(name, str) and name in names:
+            problems.append(f"{path}[{index}].name: {name!r} is repeated")
+        if isinstance(name, str):
+            names.add(name)
+    return problems
+
+
+def check_pod_options(cr: KvRetentionDeployment) -> list[str]:
+    """Pod options pass through, but may not take over what the operator sets in the pod."""
+    problems = []
+    model_mount = cr.spec.model.volume.mount_path if cr.spec.model.volume else None
+    reserved_mounts = {
+        *_RESERVED_MOUNTS,
+        *([posixpath.normpath(model_mount)] if model_mount else []),
+    }
+    for path, options in _pod_options(cr):
+        for key in sorted(RESERVED_LABELS & options.labels.keys()):
+            problems.append(f"{path}.labels: {key} is set by the operator (it selects pods on it)")
+        for key in sorted(RESERVED_ANNOTATIONS & options.annotations.keys()):
+            problems.append(f"{path}.annotations: {key} is set by the operator")
+        problems += _named(options.env, f"{path}.env", required=("name",))
+        problems += _named(options.volumes, f"{path}.volumes", required=("name",))
+        problems += _named(
+            options.volume_mounts,
+            f"{path}.volumeMounts",
+            required=("name", "mountPath"),
+            unique=False,  # one volume may be mounted at several paths
+        )
+        for index, env in enumerate(options.env):
+            if env.get("name") in RESERVED_ENV:
+                problems.append(f"{path}.env[{index}]: {env['name']} is set by the operator")
+        for index, volume in enumerate(options.volumes):
+            if volume.get("name") in RESERVED_VOLUMES:
+                problems.append(
+                    f"{path}.volumes[{index}]: the name {volume['name']} is used by the operator"
+                )
+        for index, mount in enumerate(options.volume_mounts):
+            mount_path = mount.get("mountPath")
+            if isinstance(mount_path, str) and posixpath.normpath(mount_path) in reserved_mounts:
+                problems.append(
+                    f"{path}.volumeMounts[{index}]: {mount_path} is already mounted by the operator"
+                )
+    return problems
+
+
 CHECKS: Final[tuple[Callable[[KvRetentionDeployment], list[str]], ...]] = (
     check_quantities,
     check_extra_args,
     check_gpus,
+    check_segment_size,
     check_host_memory,
     check_master_ports,
     check_worker_pod,
+    check_pod_options,
 )
 
 

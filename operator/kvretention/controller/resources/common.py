@@ -6,7 +6,13 @@ import hashlib
 import json
 from typing import Any, Final
 
-from kvretention.api.models import FIELD_MANAGER, KvRetentionDeployment, ResourceRequirements
+from kvretention.api.models import (
+    FIELD_MANAGER,
+    KvRetentionDeployment,
+    PodOptions,
+    ResourceRequirements,
+    is_extended_resource,
+)
 
 Manifest = dict[str, Any]
 
@@ -88,10 +94,17 @@ def content_hash(data: Any) -> str:
 def resources_dict(
     resources: ResourceRequirements | None, *, extra_limits: dict[str, int] | None = None
 ) -> dict[str, Any]:
-    """A container ``resources`` block; ``extra_limits`` fill in limits the user did not set."""
+    """A container ``resources`` block; ``extra_limits`` fill in limits the user did not set.
+
+    An extended resource (``nvidia.com/gpu``) requested without a limit gets a limit equal to the
+    request: Kubernetes refuses such a pod otherwise, since extended resources never overcommit.
+    """
     out: dict[str, Any] = {}
     requests = dict(resources.requests or {}) if resources else {}
     limits = dict(resources.limits or {}) if resources else {}
+    for key, value in requests.items():
+        if is_extended_resource(key):
+            limits.setdefault(key, value)
     for key, value in (extra_limits or {}).items():
         limits.setdefault(key, value)
     if requests:
@@ -122,6 +135,55 @@ def container_security() -> dict[str, Any]:
     return {"allowPrivilegeEscalation": False}
 
 
+def pod_options(cr: KvRetentionDeployment, component: str) -> PodOptions | None:
+    """The user's placement and identity options for one component's pods."""
+    spec = cr.spec
+    by_component = {
+        COMPONENT_FRONTEND: spec.frontend.pod,
+        COMPONENT_ROUTER: spec.router.pod,
+        COMPONENT_WORKER: spec.workers.pod,
+        COMPONENT_PREFILL: spec.workers.pod,
+        COMPONENT_DECODE: spec.workers.pod,
+        COMPONENT_MOONCAKE: spec.kv_store.mooncake.master.pod,
+    }
+    return by_component.get(component)
+
+
+def apply_pod_options(pod_spec: dict[str, Any], options: PodOptions) -> dict[str, Any]:
+    """``pod_spec`` with the user's options: set fields only, extra env/mounts on the main
+    containers (not the init containers), extra volumes after the operator's."""
+    out = dict(pod_spec)
+    dumped = options.model_dump(mode="json", by_alias=True, exclude_none=True)
+    for key in (
+        "nodeSelector",
+        "tolerations",
+        "affinity",
+        "topologySpreadConstraints",
+        "priorityClassName",
+        "runtimeClassName",
+        "imagePullSecrets",
+        "serviceAccountName",
+    ):
+        if dumped.get(key):
+            out[key] = dumped[key]
+    if options.volumes:
+        out["volumes"] = [*out.get("volumes", []), *options.volumes]
+    if options.env or options.volume_mounts:
+        containers = []
+        for container in out["containers"]:
+            container = dict(container)
+            if options.env:
+                container["env"] = [*container.get("env", []), *options.env]
+            if options.volume_mounts:
+                container["volumeMounts"] = [
+                    *container.get("volumeMounts", []),
+                    *options.volume_mounts,
+                ]
+            containers.append(container)
+        out["containers"] = containers
+    return out
+
+
 def build_deployment(
     cr: KvRetentionDeployment,
     *,
@@ -132,10 +194,17 @@ def build_deployment(
     annotations: dict[str, str] | None = None,
     strategy: dict[str, Any] | None = None,
 ) -> Manifest:
-    """An apps/v1 Deployment whose pods carry the component's labels."""
+    """An apps/v1 Deployment whose pods carry the component's labels and the user's pod options."""
+    options = pod_options(cr, component)
     template_meta: dict[str, Any] = {"labels": labels(cr, component)}
-    if annotations:
-        template_meta["annotations"] = dict(sorted(annotations.items()))
+    pod_annotations = dict(annotations or {})
+    if options is not None:
+        # The operator's own labels and annotations win (check_spec refuses a clash anyway).
+        template_meta["labels"] = {**options.labels, **template_meta["labels"]}
+        pod_annotations = {**options.annotations, **pod_annotations}
+        pod_spec = apply_pod_options(pod_spec, options)
+    if pod_annotations:
+        template_meta["annotations"] = dict(sorted(pod_annotations.items()))
     spec: dict[str, Any] = {
         "replicas": replicas,
         "selector": {"matchLabels": selector_labels(cr, component)},

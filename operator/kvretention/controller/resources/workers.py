@@ -24,6 +24,7 @@ from kvretention.controller.resources.common import (
     child_name,
     container_security,
     http_probes,
+    object_meta,
     resources_dict,
     selector_labels,
 )
@@ -39,6 +40,11 @@ from kvretention.controller.resources.mooncake import (
 )
 from kvretention.controller.resources.sglang_args import Role, build_sglang_args, pool_for
 
+PRESTOP_SECONDS: Final = 10
+"""A stopping worker keeps serving this long before its SIGTERM: the router's DNS discovery (every
+5 s) and health poll (every 2 s) drop a terminating pod first, so no new request reaches it."""
+SHUTDOWN_MARGIN_SECONDS: Final = 15
+"""After the drain: time for the engine to exit before the kubelet's SIGKILL."""
 PROBE_CONTAINER: Final = "probe"
 TERMINATION_LOG: Final = "/dev/termination-log"
 WORKER_CONTAINER: Final = "worker"
@@ -100,7 +106,27 @@ def build_worker_command(cr: KvRetentionDeployment, role: Role) -> list[str]:
     ]
     if role == "prefill":
         command += ["--bootstrap-port", str(cr.spec.workers.bootstrap_port)]
+    command += ["--drain-seconds", str(cr.spec.workers.drain_seconds)]
     return [*command, "--", *build_sglang_args(cr.spec, role=role)]
+
+
+def termination_grace_seconds(cr: KvRetentionDeployment) -> int:
+    """preStop (the router lets go) + the drain (streams finish) + the engine's exit."""
+    return PRESTOP_SECONDS + cr.spec.workers.drain_seconds + SHUTDOWN_MARGIN_SECONDS
+
+
+def build_worker_pdb(cr: KvRetentionDeployment, role: Role) -> Manifest:
+    """A PodDisruptionBudget per pool: node drains evict at most ``rollout.maxUnavailable``."""
+    component = ROLE_COMPONENT[role]
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": object_meta(cr, name=child_name(cr, ROLE_SUFFIX[role]), component=component),
+        "spec": {
+            "maxUnavailable": cr.spec.workers.rollout.max_unavailable,
+            "selector": {"matchLabels": selector_labels(cr, component)},
+        },
+    }
 
 
 def _volumes(
@@ -175,6 +201,7 @@ def build_worker_pool(cr: KvRetentionDeployment, role: Role) -> list[Manifest]:
         },
         "volumeMounts": mounts,
         "securityContext": container_security(),
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
     }
     resources = resources_dict(pool.resources, extra_limits=gpu_limits)
     if resources:
@@ -195,11 +222,18 @@ def build_worker_pool(cr: KvRetentionDeployment, role: Role) -> list[Manifest]:
             "initContainers": [build_probe_container(cr)],
             "containers": [container],
             "volumes": volumes,
-            "terminationGracePeriodSeconds": 60,
+            "terminationGracePeriodSeconds": termination_grace_seconds(cr),
         },
         annotations=annotations,
+        strategy={
+            "type": "RollingUpdate",
+            "rollingUpdate": {
+                "maxSurge": workers.rollout.max_surge,
+                "maxUnavailable": workers.rollout.max_unavailable,
+            },
+        },
     )
-    return [service, deployment]
+    return [service, deployment, build_worker_pdb(cr, role)]
 
 
 def build_workers(cr: KvRetentionDeployment) -> list[Manifest]:
