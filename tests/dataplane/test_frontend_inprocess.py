@@ -14,10 +14,13 @@ from router_standin import RouterStandIn, parse_sse
 
 from kvretention.dataplane.frontend.app import FrontendConfig, create_app
 from kvretention.dataplane.frontend.errors import Provider
-from kvretention.dataplane.protocol import ChatMessage
+from kvretention.dataplane.protocol import ChatMessage, PreprocessedRequest
 
 
 class FakeTokenizer:
+    def encode_request(self, request: PreprocessedRequest) -> list[int] | None:
+        return self.encode_chat(request.messages or [])
+
     """Stands in for a HF chat template: one token per character of each message, role-tagged."""
 
     def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
@@ -233,8 +236,11 @@ async def test_the_router_connection_is_pooled_across_requests(
     assert len(peers) == 1, peers
 
 
-async def test_tool_conversations_travel_as_messages_only(router_standin: RouterStandIn) -> None:
-    """The frontend tokenizer renders role + text only: a tool loop needs the worker's template."""
+async def test_tool_conversations_get_token_ids_and_keep_their_tools(
+    router_standin: RouterStandIn,
+) -> None:
+    """The frontend tokenizer renders the whole request as the worker would (encode_request);
+    the tools still travel, since the worker parses the answer against them."""
     router_standin.clear()
     app = create_app(FrontendConfig(router_url=router_standin.base_url), tokenizer=FakeTokenizer())
     client = await _client(app)
@@ -252,7 +258,7 @@ async def test_tool_conversations_travel_as_messages_only(router_standin: Router
     finally:
         await client.close()
     [received] = [r.body for r in router_standin.received]
-    assert "token_ids" not in received
+    assert received["token_ids"][1:] == [ord(c) for c in "tool-msg"]
     assert received["tools"] == [
         {"kind": "function", "name": "Read", "parameters": {"type": "object"}}
     ]

@@ -23,6 +23,7 @@ from typing import Any, Final, Literal, Protocol
 
 from aiohttp import web
 
+from kvretention.dataplane.chat_template import TemplateInputError
 from kvretention.dataplane.frontend import errors
 from kvretention.dataplane.frontend.affinity import drop_billing_header, prefix_chain, session_key
 from kvretention.dataplane.frontend.anthropic_api import (
@@ -40,7 +41,6 @@ from kvretention.dataplane.protocol import (
     DEFAULT_SESSION_KEYS,
     HEADER_PREFIX,
     HEADER_SESSION,
-    ChatMessage,
     PreprocessedRequest,
     SamplingParams,
     Usage,
@@ -325,30 +325,13 @@ def build_preprocessed(
         count_only=count_only,
         kv_hints=wire,
     )
-    if tokenizer is not None and _plain_text(parsed):
+    if tokenizer is not None:
         # The conversation still travels: the worker needs the tools to parse the answer.
-        request.token_ids = tokenizer.encode_chat(parsed.messages)
+        # Same rendering as the worker (tools, tool choice, thinking switches); None for images.
+        # A conversation the template refuses travels as messages: the worker answers its 400.
+        with contextlib.suppress(TemplateInputError):
+            request.token_ids = tokenizer.encode_request(request)
     return request
-
-
-def _plain_text(parsed: ParsedRequest) -> bool:
-    """Whether the frontend tokenizer (role + text only) renders this prompt as the worker would.
-
-    Tools, tool calls and results, replayed reasoning, images and thinking switches need the
-    worker's full template rendering, so such requests travel as messages only.
-    """
-    if parsed.tools or parsed.reasoning is not None or parsed.response_format is not None:
-        return False
-    return all(_plain_message(m) for m in parsed.messages)
-
-
-def _plain_message(message: ChatMessage) -> bool:
-    return (
-        isinstance(message.content, str)
-        and message.role != "tool"
-        and not message.tool_calls
-        and message.reasoning is None
-    )
 
 
 async def _forward(
