@@ -408,13 +408,13 @@ class HintsSpec(_Model):
     )
     providers: HintProviders = _sub(HintProviders, "Per-provider switches for hint extraction.")
     breakpoints: Literal["Prefix", "Reject"] = Field(
-        default="Prefix",
+        default="Reject",
         description=(
             "Block-level cache breakpoints (Anthropic cache_control on tools, system and message "
-            "blocks; OpenAI explicit-mode prompt_cache_breakpoint parts). Prefix: each retains "
-            "the prompt up to the end of its block for its TTL (the worker resolves the exact "
-            "token offset; never widened to the whole prompt). Reject: refused with the "
-            "provider's 400, exactly as the v1 contract."
+            "blocks; OpenAI explicit-mode prompt_cache_breakpoint parts). Reject: refused with "
+            "the provider's 400, exactly as the v1 contract. Prefix (retain the prompt up to the "
+            "end of the block, never widened) is reserved: until the worker's token-offset "
+            "resolution ships it behaves as Reject."
         ),
     )
     priority: int = Field(

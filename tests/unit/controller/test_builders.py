@@ -300,7 +300,7 @@ def test_frontend_points_at_the_router() -> None:
         "m",
         "--openai-hints",
         "--anthropic-hints",
-        "--breakpoints=prefix",
+        "--breakpoints=reject",
         "--hint-priority=50",
         "--normalize-clients",
         "--prefix-routing",
@@ -315,7 +315,7 @@ def test_frontend_points_at_the_router() -> None:
         (
             {},
             [
-                "--breakpoints=prefix",
+                "--breakpoints=reject",
                 "--hint-priority=50",
                 "--normalize-clients",
                 "--prefix-routing",
@@ -323,13 +323,13 @@ def test_frontend_points_at_the_router() -> None:
         ),
         (
             {
-                "breakpoints": "Reject",
+                "breakpoints": "Prefix",
                 "priority": 90,
                 "defaultTtlSeconds": 600,
                 "normalizeClients": False,
             },
             [
-                "--breakpoints=reject",
+                "--breakpoints=prefix",
                 "--hint-priority=90",
                 "--default-ttl-seconds=600",
                 "--no-normalize-clients",

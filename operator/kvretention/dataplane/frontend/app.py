@@ -77,7 +77,7 @@ class FrontendConfig:
     """Send the router the prompt's prefix-hash chain (its cache-aware placement reads it)."""
     normalize_clients: bool = True
     """Drop Claude Code's per-request billing-header system block before templating."""
-    breakpoints: Literal["prefix", "reject"] = "prefix"
+    breakpoints: Literal["prefix", "reject"] = "reject"
     """Block-level breakpoints: prefix retention, or the v1 400."""
     hint_priority: int = 50
     default_ttl_seconds: int | None = None

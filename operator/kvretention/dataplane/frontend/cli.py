@@ -137,10 +137,10 @@ def parse_session_keys(value: str) -> tuple[str, ...]:
 @click.option(
     "--breakpoints",
     type=click.Choice(["prefix", "reject"]),
-    default="prefix",
+    default="reject",
     show_default=True,
-    help="Block-level cache breakpoints: retain the prompt up to the block (prefix), or refuse "
-    "them with the provider's 400 (reject, the v1 contract).",
+    help="Block-level cache breakpoints: refuse them with the provider's 400 (reject, the v1 "
+    "contract). 'prefix' is reserved and behaves as reject until offset resolution ships.",
 )
 @click.option(
     "--hint-priority",
