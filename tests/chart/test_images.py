@@ -165,6 +165,9 @@ def test_pip_install_dot_gives_a_working_cli(tmp_path: Path) -> None:
             str(venv / "bin" / "python"),
             "install",
             "--no-deps",
+            # the borrowed dev venv already shows an (editable) kvretention 0.1.0: install anyway,
+            # without touching it
+            "--ignore-installed",
             "-q",
             str(wheel),
         ],
