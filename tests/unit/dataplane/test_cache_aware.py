@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from kvretention.dataplane.frontend.affinity import (
@@ -128,6 +130,7 @@ KEYS = ("x-session-id", "session_id", "x-claude-code-session-id", "metadata.user
         # wrong types and empty values are skipped, not errors
         ({"x-session-id": ""}, {"metadata": {"user_id": 7}}, None),
         ({}, {"metadata": "not-an-object"}, None),
+        ({}, {"metadata": {"user_id": "a\r\nx-evil: 1"}}, "a\r\nx-evil: 1"),
     ],
 )
 def test_session_key_takes_the_first_source_present(
@@ -224,3 +227,17 @@ def test_frontend_session_keys_flag_refuses_malformed_keys(value: str) -> None:
 
     with pytest.raises(click.BadParameter):
         parse_session_keys(value)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("conv-1", "conv-1"),
+        ("a\r\nx-evil: 1", "sha256:" + hashlib.sha256(b"a\r\nx-evil: 1").hexdigest()),
+        ("sess-\u00e9", "sha256:" + hashlib.sha256("sess-\u00e9".encode()).hexdigest()),
+    ],
+)
+def test_session_header_to_the_router_is_header_safe(value: str, expected: str) -> None:
+    from kvretention.dataplane.frontend.affinity import header_safe
+
+    assert header_safe(value) == expected

@@ -28,7 +28,13 @@ from kvretention.dataplane.protocol import (
     ToolDefinition,
 )
 
-__all__ = ["DEFAULT_SESSION_KEYS", "drop_billing_header", "prefix_chain", "session_key"]
+__all__ = [
+    "DEFAULT_SESSION_KEYS",
+    "drop_billing_header",
+    "header_safe",
+    "prefix_chain",
+    "session_key",
+]
 
 BODY_PREFIX: Final = "metadata."
 MAX_SESSION_KEY: Final = 512
@@ -54,6 +60,14 @@ def session_key(
         if isinstance(value, str) and value:
             return value[:MAX_SESSION_KEY]
     return None
+
+
+def header_safe(value: str) -> str:
+    """The key as it can travel in a header: printable ASCII as is, anything else (control
+    characters, non-ASCII from a body field) replaced by a stable digest of it."""
+    if value.isascii() and value.isprintable():
+        return value
+    return "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _message_bytes(message: ChatMessage) -> bytes:

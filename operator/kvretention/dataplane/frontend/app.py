@@ -25,7 +25,12 @@ from aiohttp import web
 
 from kvretention.dataplane.chat_template import TemplateInputError
 from kvretention.dataplane.frontend import errors
-from kvretention.dataplane.frontend.affinity import drop_billing_header, prefix_chain, session_key
+from kvretention.dataplane.frontend.affinity import (
+    drop_billing_header,
+    header_safe,
+    prefix_chain,
+    session_key,
+)
 from kvretention.dataplane.frontend.anthropic_api import (
     CountTokensApi,
     MessagesApi,
@@ -481,7 +486,7 @@ def router_headers(
     and, for cache-aware placement, the prompt's prefix-hash chain."""
     headers: dict[str, str] = {}
     if session_id is not None:
-        headers[HEADER_SESSION] = session_id
+        headers[HEADER_SESSION] = header_safe(session_id)
     if config.prefix_routing:
         headers[HEADER_PREFIX] = ",".join(prefix_chain(parsed.messages, parsed.tools))
     return headers
