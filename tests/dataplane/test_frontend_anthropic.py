@@ -42,6 +42,22 @@ def client(frontend: Any) -> anthropic.Anthropic:
     )
 
 
+@pytest.fixture(scope="module")
+def reject_frontend(router_standin: RouterStandIn, kvretention_process: Any) -> Any:
+    """A fleet with ``spec.hints.breakpoints: Reject``: the v1 contract, exactly."""
+    args = ["frontend", "--router-url", router_standin.base_url, "--model", "claude-test"]
+    return kvretention_process([*args, "--breakpoints", "reject", "--upstream-timeout", "1"])
+
+
+@pytest.fixture(scope="module")
+def clients(client: anthropic.Anthropic, reject_frontend: Any) -> dict[str, anthropic.Anthropic]:
+    """One client per breakpoint mode."""
+    reject = anthropic.Anthropic(
+        base_url=reject_frontend.base_url, api_key="unused", max_retries=0, timeout=15
+    )
+    return {"prefix": client, "reject": reject}
+
+
 def _any(value: object) -> Any:
     """SDK params are TypedDicts; these tests send shapes the SDK does not model on purpose."""
     return value
@@ -139,6 +155,17 @@ def test_messages_map_sampling_and_session(frontend: Any, router_standin: Router
         ),
         pytest.param(
             {
+                "messages_block": {
+                    "type": "document",
+                    "source": {"type": "text", "media_type": "text/plain", "data": "d"},
+                    **MARK,
+                }
+            },
+            "messages.0.content.1.cache_control",
+            id="message_document_block",
+        ),
+        pytest.param(
+            {
                 "tools": [
                     {"name": "t", "input_schema": {"type": "object"}, **MARK},
                 ]
@@ -167,17 +194,27 @@ def test_messages_map_sampling_and_session(frontend: Any, router_standin: Router
             "cache_control.ttl",
             id="top_level_bad_ttl",
         ),
+        pytest.param(
+            {"system": [{"type": "text", "text": "sys", "cache_control": {"type": "persistent"}}]},
+            "system.0.cache_control.type",
+            id="block_bad_type",
+        ),
     ],
 )
 @pytest.mark.parametrize("top_level", [False, True], ids=["alone", "with_top_level"])
-def test_messages_rejections_never_reach_the_router(
-    client: anthropic.Anthropic,
+@pytest.mark.parametrize("mode", ["prefix", "reject"])
+def test_messages_block_breakpoints_per_mode(
+    clients: dict[str, anthropic.Anthropic],
     router_standin: RouterStandIn,
     fields: dict[str, Any],
     param: str,
     top_level: bool,
+    mode: str,
     stream: bool,
 ) -> None:
+    """``Reject`` refuses every block-level breakpoint naming the block (the v1 table);
+    ``Prefix`` forwards one breakpoint on the element made from that block. A malformed control
+    is refused in both modes, and nothing refused reaches the router."""
     word = tag()
     fields = dict(fields)
     content: list[dict[str, Any]] = [{"type": "text", "text": word}]
@@ -185,6 +222,25 @@ def test_messages_rejections_never_reach_the_router(
         content.append(fields.pop("messages_block"))
     if top_level and "cache_control" not in fields:
         fields["cache_control"] = EPHEMERAL
+    client = clients[mode]
+    malformed = param.endswith((".ttl", ".type"))
+    if mode == "prefix" and not malformed:
+        client.messages.create(
+            model="claude-test",
+            max_tokens=16,
+            messages=_any([{"role": "user", "content": content}]),
+            stream=stream,
+            **fields,
+        )
+        [body] = router_standin.bodies_for(word)
+        expected: dict[str, Any] = {"retain_prefixes": {"breakpoints": 1}}
+        if top_level:
+            expected["retain_full_prompt"] = {"ttl_seconds": 300}
+        assert body["kv_hints"] == expected
+        assert json.dumps(body).count('"retain_ttl": 300') == 1
+        return
+    if mode == "reject":  # v1 names the block before looking inside its control
+        param = param.removesuffix(".type")
     with pytest.raises(anthropic.BadRequestError) as info:
         client.messages.create(
             model="claude-test",
@@ -902,10 +958,11 @@ def test_claude_code_request_is_accepted_and_converted_exactly(
     assert received(router_standin, word) == claude_code_expected(body)
 
 
-def test_claude_code_request_with_block_cache_control_is_still_refused(
-    frontend: Any, router_standin: RouterStandIn
+def test_claude_code_request_with_block_cache_control_is_refused_in_reject_mode(
+    reject_frontend: Any, router_standin: RouterStandIn
 ) -> None:
-    """Block-level breakpoints are issue 11: refused by the hint normalizer, naming the block."""
+    """``breakpoints: Reject``: refused by the hint normalizer, naming the block (v1)."""
+    frontend = reject_frontend
     word = tag()
     body = claude_code_body(word)
     body["system"][2]["cache_control"] = EPHEMERAL
@@ -921,6 +978,39 @@ def test_claude_code_request_with_block_cache_control_is_still_refused(
     error = json.loads(info.value.read())
     assert error["error"]["message"].startswith("system.2.cache_control: ")
     assert router_standin.bodies_for(word) == []
+
+
+def test_claude_code_breakpoints_become_markers_on_their_blocks(
+    frontend: Any, router_standin: RouterStandIn
+) -> None:
+    """``breakpoints: Prefix``: Claude Code's system and newest-block breakpoints (a 1h one before
+    a 5m one) each mark the neutral element made from their block, and the billing header is
+    dropped without taking a marker with it."""
+    word = tag()
+    body = claude_code_body(word)
+    body["system"][2]["cache_control"] = {"type": "ephemeral", "ttl": "1h"}
+    body["tools"][-1]["cache_control"] = {"type": "ephemeral", "ttl": "1h"}
+    last = body["messages"][-1]["content"][-1]
+    last["cache_control"] = EPHEMERAL
+    request = urllib.request.Request(
+        frontend.base_url + "/v1/messages?beta=true",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json", "anthropic-beta": BETAS},
+    )
+    with urllib.request.urlopen(request, timeout=15) as resp:
+        assert resp.status == 200
+        resp.read()
+    [sent] = router_standin.bodies_for(word)
+    assert sent["kv_hints"] == {"retain_prefixes": {"breakpoints": 3}}
+    system = sent["messages"][0]
+    assert system["role"] == "system"
+    assert [p.get("retain_ttl") for p in system["content"]] == [None, 3600]
+    assert "billing" not in json.dumps(system)
+    assert sent["tools"][-1]["retain_ttl"] == 3600
+    assert all("retain_ttl" not in t for t in sent["tools"][:-1])
+    marked = [m for m in sent["messages"][1:] if "retain_ttl" in json.dumps(m)]
+    assert len(marked) == 1 and marked[0] is sent["messages"][-1]
+    assert "cache_control" not in json.dumps(sent)
 
 
 def test_message_start_comes_with_the_first_chunk(frontend: Any) -> None:

@@ -302,16 +302,15 @@ def test_probes_models_and_metrics(frontend: Any) -> None:
 
     hinted = body_for(Provider.ANTHROPIC, "hi", cache_control={"type": "ephemeral", "ttl": "1h"})
     request(frontend.base_url + "/v1/messages", body=json.dumps(hinted).encode())
-    explicit = body_for(Provider.OPENAI, "hi", prompt_cache_options={"mode": "explicit"})
-    request(frontend.base_url + "/v1/chat/completions", body=json.dumps(explicit).encode())
+    bad_ttl = body_for(Provider.OPENAI, "hi", prompt_cache_options={"ttl": "12h"})
+    request(frontend.base_url + "/v1/chat/completions", body=json.dumps(bad_ttl).encode())
 
     status, headers, raw = request(frontend.base_url + "/metrics", method="GET")
     assert status == 200 and headers["content-type"].startswith("text/plain")
     text = raw.decode()
     assert 'kvr_frontend_kv_hints_total{endpoint="messages",ttl_seconds="3600"}' in text
     assert (
-        'kvr_frontend_rejections_total{endpoint="chat.completions",reason="unsupported_value"}'
-        in text
+        'kvr_frontend_rejections_total{endpoint="chat.completions",reason="invalid_value"}' in text
     )
     assert 'kvr_frontend_requests_total{endpoint="messages",outcome="ok"}' in text
     assert 'kvr_frontend_upstream_latency_seconds_count{endpoint="messages",phase="total"}' in text

@@ -12,7 +12,7 @@ import json
 import urllib.request
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import openai
 import pytest
@@ -54,6 +54,33 @@ def client(frontend: Any) -> openai.OpenAI:
     return openai.OpenAI(
         base_url=f"{frontend.base_url}/v1", api_key="unused", max_retries=0, timeout=15
     )
+
+
+@pytest.fixture(scope="module")
+def clients(
+    client: openai.OpenAI, router_standin: RouterStandIn, kvretention_process: Any
+) -> dict[str, openai.OpenAI]:
+    """One client per breakpoint mode; ``reject`` is the v1 contract, exactly."""
+    args = ["frontend", "--router-url", router_standin.base_url, "--model", "m"]
+    reject = kvretention_process([*args, "--breakpoints", "reject", "--upstream-timeout", "1"])
+    return {
+        "prefix": client,
+        "reject": openai.OpenAI(
+            base_url=f"{reject.base_url}/v1", api_key="unused", max_retries=0, timeout=15
+        ),
+    }
+
+
+Refused = tuple[str, str]
+"""``(param, code)`` of the 400."""
+PREFIX_1 = {"retain_prefixes": {"breakpoints": 1}}
+NO_HINT: dict[str, Any] = {}
+
+
+def expect_per_mode(
+    mode: str, reject: Refused, prefix: Refused | dict[str, Any]
+) -> Refused | dict[str, Any]:
+    return reject if mode == "reject" else prefix
 
 
 def _any(value: object) -> Any:
@@ -169,70 +196,88 @@ def test_chat_stream_usage_chunk(client: openai.OpenAI) -> None:
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 3
 
 
+BREAKPOINT_400: Final = ("messages[0].content[1].prompt_cache_breakpoint", "unsupported_parameter")
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("mode", ["prefix", "reject"])
 @pytest.mark.parametrize(
-    ("extra", "messages_part", "param", "code"),
+    ("extra", "messages_part", "reject", "prefix"),
     [
         pytest.param(
             {"prompt_cache_options": {"mode": "explicit"}},
             None,
-            "prompt_cache_options.mode",
-            "unsupported_value",
+            ("prompt_cache_options.mode", "unsupported_value"),
+            NO_HINT,  # explicit mode without a breakpoint retains nothing, as OpenAI's
             id="explicit_mode",
         ),
         pytest.param(
             {"prompt_cache_options": {"ttl": "12h"}},
             None,
-            "prompt_cache_options.ttl",
-            "invalid_value",
+            ("prompt_cache_options.ttl", "invalid_value"),
+            ("prompt_cache_options.ttl", "invalid_value"),
             id="chat_has_no_12h",
         ),
         pytest.param(
             {"prompt_cache_options": {"mode": "implicit", "extra": 1}},
             None,
-            "prompt_cache_options.extra",
-            "unknown_parameter",
+            ("prompt_cache_options.extra", "unknown_parameter"),
+            ("prompt_cache_options.extra", "unknown_parameter"),
             id="unknown_subfield",
         ),
         pytest.param(
             {"prompt_cache_options": {}},
             {"type": "image_url", "image_url": {"url": "https://x/a.png"}},
-            "messages[0].content[1].prompt_cache_breakpoint",
-            "unsupported_parameter",
+            BREAKPOINT_400,
+            {**HINT_30M, **PREFIX_1},
             id="image_part_breakpoint",
         ),
         pytest.param(
             {},
             {"type": "text", "text": "x"},
-            "messages[0].content[1].prompt_cache_breakpoint",
-            "unsupported_parameter",
+            BREAKPOINT_400,
+            PREFIX_1,
             id="text_part_breakpoint_without_options",
         ),
     ],
 )
-def test_chat_rejected_cache_controls_never_reach_the_router(
-    client: openai.OpenAI,
+def test_chat_cache_controls_per_breakpoint_mode(
+    clients: dict[str, openai.OpenAI],
     router_standin: RouterStandIn,
     extra: dict[str, Any],
     messages_part: dict[str, Any] | None,
-    param: str,
-    code: str,
+    reject: Refused,
+    prefix: Refused | dict[str, Any],
+    mode: str,
     stream: bool,
 ) -> None:
+    """``reject`` is the v1 table; ``prefix`` forwards a breakpoint as a marker on its part. What
+    is refused never reaches the router."""
     word = tag()
     content: list[dict[str, Any]] = [{"type": "text", "text": word}]
     if messages_part is not None:
         content.append({**messages_part, "prompt_cache_breakpoint": {"mode": "explicit"}})
-    with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(
+    expected = expect_per_mode(mode, reject, prefix)
+
+    def send() -> None:
+        clients[mode].chat.completions.create(
             model="m",
             messages=_any([{"role": "user", "content": content}]),
             stream=stream,
             extra_body=extra,
         )
+
+    if isinstance(expected, dict):
+        send()
+        [body] = received(router_standin, word)
+        assert body.get("kv_hints", {}) == expected
+        marks = json.dumps(body).count('"retain_ttl": 1800')
+        assert marks == expected.get("retain_prefixes", {}).get("breakpoints", 0)
+        return
+    with pytest.raises(openai.BadRequestError) as info:
+        send()
     assert info.value.status_code == 400
-    assert info.value.param == param
-    assert info.value.code == code
+    assert (info.value.param, info.value.code) == expected
     assert info.value.type == "invalid_request_error"
     assert info.value.response.headers["content-type"].startswith("application/json")
     assert received(router_standin, word) == []
@@ -340,53 +385,74 @@ def test_responses_forwards_hint_exactly_when_asked(
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("mode", ["prefix", "reject"])
 @pytest.mark.parametrize(
-    ("part", "extra", "param", "code"),
+    ("part", "extra", "reject", "prefix"),
     [
         pytest.param(
             {"type": "input_file", "file_id": "file-1"},
             {"prompt_cache_options": {}},
-            "input[0].content[1].prompt_cache_breakpoint",
-            "unsupported_parameter",
+            ("input[0].content[1].prompt_cache_breakpoint", "unsupported_parameter"),
+            # a valid breakpoint, on a part this server cannot take (stored files)
+            ("input[0].content[1].type", "unsupported_parameter"),
             id="input_file_breakpoint",
+        ),
+        pytest.param(
+            {"type": "input_text", "text": "more"},
+            {"prompt_cache_options": {"ttl": "12h"}},
+            ("input[0].content[1].prompt_cache_breakpoint", "unsupported_parameter"),
+            {"retain_full_prompt": {"ttl_seconds": 43200}, **PREFIX_1},
+            id="input_text_breakpoint",
         ),
         pytest.param(
             None,
             {"prompt_cache_options": {"prewarm": True}},
-            "prompt_cache_options.prewarm",
-            "unsupported_value",
+            ("prompt_cache_options.prewarm", "unsupported_value"),
+            ("prompt_cache_options.prewarm", "unsupported_value"),
             id="prewarm",
         ),
         pytest.param(
             None,
             {"prompt_cache_options": {"mode": "Implicit"}},
-            "prompt_cache_options.mode",
-            "invalid_value",
+            ("prompt_cache_options.mode", "invalid_value"),
+            ("prompt_cache_options.mode", "invalid_value"),
             id="mode_case",
         ),
     ],
 )
-def test_responses_rejections_never_reach_the_router(
-    client: openai.OpenAI,
+def test_responses_cache_controls_per_breakpoint_mode(
+    clients: dict[str, openai.OpenAI],
     router_standin: RouterStandIn,
     part: dict[str, Any] | None,
     extra: dict[str, Any],
-    param: str,
-    code: str,
+    reject: Refused,
+    prefix: Refused | dict[str, Any],
+    mode: str,
     stream: bool,
 ) -> None:
     word = tag()
     content: list[dict[str, Any]] = [{"type": "input_text", "text": word}]
     if part is not None:
         content.append({**part, "prompt_cache_breakpoint": {"mode": "explicit"}})
-    with pytest.raises(openai.BadRequestError) as info:
-        client.responses.create(
+    expected = expect_per_mode(mode, reject, prefix)
+
+    def send() -> None:
+        clients[mode].responses.create(
             model="m",
             input=_any([{"role": "user", "content": content}]),
             stream=stream,
             extra_body=extra,
         )
-    assert (info.value.param, info.value.code) == (param, code)
+
+    if isinstance(expected, dict):
+        send()
+        [body] = received(router_standin, word)
+        assert body.get("kv_hints", {}) == expected
+        assert json.dumps(body).count('"retain_ttl": 43200') == 1
+        return
+    with pytest.raises(openai.BadRequestError) as info:
+        send()
+    assert (info.value.param, info.value.code) == expected
     assert received(router_standin, word) == []
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from test_worker_process import HINT, calls, post, request_body, wait_for
 
+from support.kv_retain_rules import retain_envelope
 from support.processes import StartKvretention
 
 PD_BOOTSTRAP_PORT = 8998
@@ -133,8 +134,7 @@ def test_hint_reaches_the_engine_through_the_router(pool: Pool) -> None:
     status, _ = post(pool.router, short("via-router", hint=HINT))
     assert status == 200
     (call,) = calls(pool.records[pool.owner("via-router")], "via-router")
-    (action,) = call["kwargs"]["kv_hints"]["actions"]
-    assert action["payload"] == {"ttl_seconds": 1800}
+    assert call["kwargs"]["kv_hints"] == retain_envelope("via-router", [(0, 3, 1800)])
 
 
 @pytest.fixture(scope="module")

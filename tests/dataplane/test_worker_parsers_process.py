@@ -62,7 +62,9 @@ def test_worker_parses_tool_calls_and_reasoning_with_the_configured_parsers(
     assert json.loads(arguments) == {"city": "stand-in"}
     assert lines[-1]["finish_reason"] == "tool_calls"
     (call,) = calls(record, "proc-tools")
-    assert call["kwargs"]["kv_hints"]["actions"][0]["payload"] == {"ttl_seconds": 60}
+    (directive,) = call["kwargs"]["kv_hints"]["actions"][0]["payload"]["directives"]
+    assert (directive["start"], directive["end"]) == (0, len(call["kwargs"]["input_ids"]))
+    assert directive["duration"] == 60
     assert isinstance(call["kwargs"]["input_ids"], list)
 
 

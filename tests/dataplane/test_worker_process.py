@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from support.kv_retain_rules import retain_envelope
 from support.processes import KvrProcess, StartKvretention
 
 HINT = {"retain_full_prompt": {"ttl_seconds": 1800}}
@@ -96,18 +97,7 @@ def workers(
         ("flat", HINT),
         (
             "versioned",
-            {
-                "protocol_version": "1",
-                "message_id": "hinted-versioned",
-                "actions": [
-                    {
-                        "action_id": "hinted-versioned/retain_full_prompt",
-                        "action_type": "retain_full_prompt",
-                        "action_version": "1",
-                        "payload": {"ttl_seconds": 1800},
-                    }
-                ],
-            },
+            retain_envelope("hinted-versioned", [(0, 3, 1800)]),
         ),
     ],
 )

@@ -106,9 +106,11 @@ def word() -> str:
 def versioned_ttl(call: dict[str, Any]) -> int:
     hints = call["kwargs"]["kv_hints"]
     (action,) = hints["actions"]
-    assert action["action_type"] == "retain_full_prompt"
+    assert (action["action_type"], action["action_version"]) == ("kv.retain", "1.0")
     assert hints["message_id"] == call["rid"]
-    ttl: int = action["payload"]["ttl_seconds"]
+    (directive,) = action["payload"]["directives"]  # the full prompt: [0, prompt_tokens)
+    assert directive["start"] == 0 and directive["end"] > 0
+    ttl: int = directive["duration"]
     return ttl
 
 

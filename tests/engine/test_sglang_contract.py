@@ -60,12 +60,17 @@ def test_versioned_envelope_passes_sglangs_own_decoder(entry: dict[str, Any], de
         assert env is None  # nothing would be passed at all
         return
     assert env is not None
-    hints = build_kv_hints(env, Dialect.VERSIONED, request_id=f"req-{entry['name']}")
+    hints = build_kv_hints(
+        env, Dialect.VERSIONED, request_id=f"req-{entry['name']}", prompt_tokens=42
+    )
     decoded = decoder(hints)
     assert decoded.message_id == f"req-{entry['name']}"
     (action,) = decoded.actions
-    assert action.action_type == "retain_full_prompt"
-    assert action.payload == entry["expected"]["retain_full_prompt"]
+    assert (action.action_type, action.action_version) == ("kv.retain", "1.0")
+    ttl = entry["expected"]["retain_full_prompt"]["ttl_seconds"]
+    assert action.payload["directives"] == [
+        {"start": 0, "end": 42, "priority": 50, "duration": ttl}
+    ]
 
 
 @needs_sglang

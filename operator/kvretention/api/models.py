@@ -408,13 +408,14 @@ class HintsSpec(_Model):
     )
     providers: HintProviders = _sub(HintProviders, "Per-provider switches for hint extraction.")
     breakpoints: Literal["Prefix", "Reject"] = Field(
-        default="Reject",
+        default="Prefix",
         description=(
             "Block-level cache breakpoints (Anthropic cache_control on tools, system and message "
-            "blocks; OpenAI explicit-mode prompt_cache_breakpoint parts). Reject: refused with "
-            "the provider's 400, exactly as the v1 contract. Prefix (retain the prompt up to the "
-            "end of the block, never widened) is reserved: until the worker's token-offset "
-            "resolution ships it behaves as Reject."
+            "blocks; OpenAI explicit-mode prompt_cache_breakpoint parts). Prefix: each retains "
+            "the rendered prompt up to the end of its block for its TTL, resolved by the worker "
+            "to the exact token offset in the model's template and sent as kv.retain token "
+            "ranges (never widened; an engine on the flat kv_hints dialect answers 501). "
+            "Reject: refused with the provider's 400, exactly as the v1 contract."
         ),
     )
     priority: int = Field(

@@ -9,7 +9,8 @@ The conversion follows what SGLang's OpenAI server (``serving_chat.py``, 0.5.23)
   object are refused, as SGLang refuses them. A ``custom`` tool call's free text becomes
   ``{"input": text}``;
 - a tool result is a ``tool`` message with ``tool_call_id`` and ``name``; text-only content is one
-  string (SGLang joins text parts with a space); a result the client flagged as an error is
+  string, parts joined by newlines as the frontend joins every provider's text blocks (so a part
+  kept separate for a breakpoint renders exactly as the joined string would); a result the client flagged as an error is
   prefixed with ``ERROR_PREFIX`` so the model can tell (templates have no error flag);
 - ``developer`` becomes ``system`` unless the template itself names the ``developer`` role;
 - replayed reasoning travels as ``reasoning_content`` (Qwen3-style templates read it; encrypted
@@ -29,13 +30,15 @@ The conversion follows what SGLang's OpenAI server (``serving_chat.py``, 0.5.23)
 
 Rendering is ``apply_chat_template(..., tokenize=False, add_generation_prompt=True)`` and the text
 is encoded once with ``add_special_tokens=False`` (the template already wrote the special tokens),
-as SGLang does.
+as SGLang does; with breakpoints to resolve, that one encoding also returns each token's
+character span (:func:`encode_with_offsets`), and :func:`breakpoint_renderer` renders cut
+conversations the same way without the generation prompt.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -80,6 +83,8 @@ class RenderedPrompt:
     text: str
     token_ids: list[int]
     image_urls: list[str]
+    offsets: list[tuple[int, int]] | None = None
+    """Each token's ``(start, end)`` character span in ``text``, when asked for."""
 
 
 def template_has_developer_role(chat_template: str | None) -> bool:
@@ -184,7 +189,7 @@ def build_template_message(
         role = "system"
     out: dict[str, Any] = {"role": role}
     if role == "tool":
-        content = _content(message, images, joiner=" ")
+        content = _content(message, images, joiner="\n")
         if message.is_error:
             content = (
                 ERROR_PREFIX + content
@@ -242,14 +247,16 @@ def build_template_input(
     )
 
 
-def render_template(tokenizer: Any, template_input: TemplateInput) -> str:
+def render_template(
+    tokenizer: Any, template_input: TemplateInput, *, add_generation_prompt: bool = True
+) -> str:
     """Render with the tokenizer's own chat template (text, not tokens)."""
     try:
         rendered = tokenizer.apply_chat_template(
             template_input.messages,
             tools=template_input.tools,
             tokenize=False,
-            add_generation_prompt=True,
+            add_generation_prompt=add_generation_prompt,
             **template_input.template_kwargs,
         )
     except TemplateInputError:
@@ -267,6 +274,44 @@ def encode_prompt(tokenizer: Any, text: str) -> list[int]:
     return [int(i) for i in ids]
 
 
+class OffsetsUnavailable(ValueError):
+    """The tokenizer cannot say where its tokens lie in the text (not a fast tokenizer)."""
+
+
+def encode_with_offsets(tokenizer: Any, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """The same ids as :func:`encode_prompt`, with each token's character span."""
+    try:
+        encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    except (NotImplementedError, TypeError, ValueError) as exc:
+        raise OffsetsUnavailable(f"the tokenizer gives no token offsets: {exc}") from exc
+    ids = [int(i) for i in encoded["input_ids"]]
+    offsets = [(int(start), int(end)) for start, end in encoded["offset_mapping"]]
+    return ids, offsets
+
+
+def breakpoint_renderer(
+    tokenizer: Any,
+    *,
+    tool_choice: ToolChoice | None = None,
+    reasoning: ReasoningControl | None = None,
+) -> Callable[[Sequence[ChatMessage], Sequence[ToolDefinition]], str]:
+    """Renders a cut conversation as the prompt was rendered, without the generation prompt
+    (what :func:`kvretention.dataplane.breakpoints.resolve_breakpoints` compares)."""
+    developer_role = template_has_developer_role(getattr(tokenizer, "chat_template", None))
+
+    def render(messages: Sequence[ChatMessage], tools: Sequence[ToolDefinition]) -> str:
+        template_input = build_template_input(
+            messages,
+            tools=tools,
+            tool_choice=tool_choice,
+            reasoning=reasoning,
+            developer_role=developer_role,
+        )
+        return render_template(tokenizer, template_input, add_generation_prompt=False)
+
+    return render
+
+
 def has_chat_template(tokenizer: Any) -> bool:
     return bool(getattr(tokenizer, "chat_template", None)) and hasattr(
         tokenizer, "apply_chat_template"
@@ -280,8 +325,10 @@ def render_and_encode(
     tools: Sequence[ToolDefinition] = (),
     tool_choice: ToolChoice | None = None,
     reasoning: ReasoningControl | None = None,
+    with_offsets: bool = False,
 ) -> RenderedPrompt:
-    """Convert, render with the model's template, and tokenize once."""
+    """Convert, render with the model's template, and tokenize once (with token offsets when
+    asked: raises :class:`OffsetsUnavailable` if the tokenizer has none)."""
     template_input = build_template_input(
         messages,
         tools=tools,
@@ -290,6 +337,11 @@ def render_and_encode(
         developer_role=template_has_developer_role(getattr(tokenizer, "chat_template", None)),
     )
     text = render_template(tokenizer, template_input)
+    if with_offsets:
+        ids, offsets = encode_with_offsets(tokenizer, text)
+        return RenderedPrompt(
+            text=text, token_ids=ids, image_urls=template_input.image_urls, offsets=offsets
+        )
     return RenderedPrompt(
         text=text, token_ids=encode_prompt(tokenizer, text), image_urls=template_input.image_urls
     )

@@ -128,6 +128,18 @@ class _Compact(BaseModel):
         return _compact(handler(self), keep=self._keep)
 
 
+class _Retainable(BaseModel):
+    """An element that may carry a breakpoint; ``retain_ttl`` is left out of the JSON when unset,
+    so a request without breakpoints keeps its v1 bytes."""
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("retain_ttl", 0) is None:
+            del data["retain_ttl"]
+        return data
+
+
 # -- the provider-neutral conversation ---------------------------------------------------------
 #
 # Both providers' requests reduce to these models at the frontend; the worker renders them with the
@@ -135,16 +147,19 @@ class _Compact(BaseModel):
 # Anthropic-shaped, and every field here is one the worker acts on.
 
 
-class TextPart(BaseModel):
+class TextPart(_Retainable):
     """A piece of text in a message."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     type: Literal["text"] = "text"
     text: str
+    retain_ttl: int | None = Field(default=None, ge=1)
+    """Retain the rendered prompt up to the end of this part for this many seconds (a breakpoint
+    the worker resolves to a token offset); ``None``: no breakpoint here."""
 
 
-class ImagePart(BaseModel):
+class ImagePart(_Retainable):
     """An image, as a ``data:`` URL (base64 sources become one) or an ``http(s)`` URL."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -152,12 +167,15 @@ class ImagePart(BaseModel):
     type: Literal["image"] = "image"
     url: str = Field(min_length=1)
     detail: Literal["auto", "low", "high"] | None = None
+    retain_ttl: int | None = Field(default=None, ge=1)
+    """Retain the rendered prompt up to the end of this image for this many seconds (a breakpoint
+    the worker resolves to a token offset); ``None``: no breakpoint here."""
 
 
 ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
 
 
-class ToolCall(BaseModel):
+class ToolCall(_Retainable):
     """A tool call the assistant made (history) or makes (output).
 
     ``arguments`` is the JSON text of a function's arguments, or the free-form input of a
@@ -170,6 +188,9 @@ class ToolCall(BaseModel):
     name: str = Field(min_length=1)
     arguments: str = ""
     kind: Literal["function", "custom"] = "function"
+    retain_ttl: int | None = Field(default=None, ge=1)
+    """Retain the rendered prompt up to the end of this call for this many seconds (a breakpoint
+    the worker resolves to a token offset); ``None``: no breakpoint here."""
 
 
 class Reasoning(BaseModel):
@@ -210,6 +231,9 @@ class ChatMessage(_Compact):
     tool_call_id: str | None = None
     name: str | None = None
     is_error: bool = False
+    retain_ttl: int | None = Field(default=None, ge=1)
+    """Retain the rendered prompt up to the end of this whole message for this many seconds (a breakpoint
+    the worker resolves to a token offset); ``None``: no breakpoint here."""
 
     def text(self) -> str:
         """The text of the content, parts joined by newlines (images are skipped)."""
@@ -232,7 +256,7 @@ class ToolGrammar(BaseModel):
     definition: str
 
 
-class ToolDefinition(BaseModel):
+class ToolDefinition(_Retainable):
     """A tool the model may call.
 
     ``function`` tools have a JSON-schema ``parameters`` object. ``custom`` tools take free text,
@@ -248,6 +272,9 @@ class ToolDefinition(BaseModel):
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
     grammar: ToolGrammar | None = None
+    retain_ttl: int | None = Field(default=None, ge=1)
+    """Retain the rendered prompt up to the end of this tool's definition for this many seconds (a breakpoint
+    the worker resolves to a token offset); ``None``: no breakpoint here."""
 
 
 class ToolChoice(BaseModel):

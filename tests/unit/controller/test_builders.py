@@ -300,7 +300,7 @@ def test_frontend_points_at_the_router() -> None:
         "m",
         "--openai-hints",
         "--anthropic-hints",
-        "--breakpoints=reject",
+        "--breakpoints=prefix",
         "--hint-priority=50",
         "--normalize-clients",
         "--prefix-routing",
@@ -315,7 +315,7 @@ def test_frontend_points_at_the_router() -> None:
         (
             {},
             [
-                "--breakpoints=reject",
+                "--breakpoints=prefix",
                 "--hint-priority=50",
                 "--normalize-clients",
                 "--prefix-routing",

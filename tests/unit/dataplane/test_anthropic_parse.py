@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from kvretention.dataplane.breakpoints import find_markers
 from kvretention.dataplane.frontend.anthropic_api import (
     NO_OPS,
     REFUSED,
@@ -417,12 +418,149 @@ def test_count_tokens_takes_the_prompt_fields_only() -> None:
     assert info.value.param == "messages.0.cache_control"
 
 
-def test_block_level_cache_control_is_still_refused_first() -> None:
-    """Issue 11 covers breakpoints; until then the hint normalizer refuses them before anything."""
-    err = _refused(
-        {"system": [{"type": "text", "text": "s", "cache_control": {"type": "ephemeral"}}]}
-    )
-    assert err.param == "system.0.cache_control"
+def test_block_level_cache_control_is_refused_first_in_reject_mode() -> None:
+    """``breakpoints: reject`` (v1): the hint normalizer refuses a block's control before anything."""
+    with pytest.raises(ClientError) as info:
+        parse_messages(
+            body(system=[{"type": "text", "text": "s", "cache_control": {"type": "ephemeral"}}]),
+            breakpoints="reject",
+        )
+    assert info.value.param == "system.0.cache_control"
+
+
+EPH = {"type": "ephemeral"}
+HOUR = {"type": "ephemeral", "ttl": "1h"}
+DOC = {"type": "text", "media_type": "text/plain", "data": "notes"}
+BP_IMAGE = {"type": "base64", "media_type": "image/png", "data": "AA=="}
+TOOL_USE = {"type": "tool_use", "id": "tu1", "name": "Read", "input": {"p": "a"}}
+READ_TOOL = {"name": "Read", "input_schema": {"type": "object"}}
+
+
+def _marked(parsed: Any) -> list[tuple[str, int]]:
+    """``(element, ttl)`` for every ``retain_ttl`` on the neutral conversation, in order."""
+    return [(m.element, m.ttl_seconds) for m in find_markers(parsed.messages, parsed.tools)]
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        pytest.param(
+            {
+                "system": [
+                    {"type": "text", "text": "a"},
+                    {"type": "text", "text": "b", "cache_control": HOUR},
+                ]
+            },
+            [("messages[0].content[1]", 3600)],
+            id="system_block",
+        ),
+        pytest.param(
+            {"tools": [{**READ_TOOL, "cache_control": EPH}]},
+            [("tools[0]", 300)],
+            id="tool_definition",
+        ),
+        pytest.param(
+            _msgs(
+                {"type": "text", "text": "a"}, {"type": "text", "text": "b", "cache_control": EPH}
+            ),
+            [("messages[0].content[1]", 300)],
+            id="text_block",
+        ),
+        pytest.param(
+            _msgs({"type": "image", "source": BP_IMAGE, "cache_control": EPH}),
+            [("messages[0].content[0]", 300)],
+            id="image_block",
+        ),
+        pytest.param(
+            _msgs({"type": "document", "source": DOC, "cache_control": EPH}),
+            [("messages[0].content[0]", 300)],
+            id="document_block",
+        ),
+        pytest.param(
+            {
+                "tools": [READ_TOOL],
+                "messages": [
+                    {"role": "user", "content": "go"},
+                    {"role": "assistant", "content": [{**TOOL_USE, "cache_control": EPH}]},
+                ],
+            },
+            [("messages[1].tool_calls[0]", 300)],
+            id="tool_use_block",
+        ),
+        pytest.param(
+            {
+                "tools": [READ_TOOL],
+                "messages": [
+                    {"role": "user", "content": "go"},
+                    {"role": "assistant", "content": [TOOL_USE]},
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "tool_result",
+                                "tool_use_id": "tu1",
+                                "content": "x",
+                                "cache_control": HOUR,
+                            },
+                            {"type": "text", "text": "next", "cache_control": EPH},
+                        ],
+                    },
+                ],
+            },
+            [("messages[2]", 3600), ("messages[3].content[0]", 300)],
+            id="tool_result_then_text",
+        ),
+        pytest.param(
+            {
+                "tools": [READ_TOOL],
+                "messages": [
+                    {"role": "user", "content": "go"},
+                    {"role": "assistant", "content": [TOOL_USE]},
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "tool_result",
+                                "tool_use_id": "tu1",
+                                "content": [
+                                    {"type": "text", "text": "a", "cache_control": EPH},
+                                    {"type": "text", "text": "b"},
+                                ],
+                            }
+                        ],
+                    },
+                ],
+            },
+            [("messages[2].content[0]", 300)],
+            id="nested_tool_result_block",
+        ),
+        pytest.param(
+            {"cache_control": EPH},
+            [],
+            id="top_level_only",
+        ),
+    ],
+)
+def test_prefix_mode_marks_the_element_made_from_each_block(
+    fields: dict[str, Any], expected: list[tuple[str, int]]
+) -> None:
+    """Each block-level breakpoint lands on exactly the neutral element made from its block, and
+    the envelope announces as many as the conversation carries."""
+    parsed = parse_messages(body(**fields))
+    assert _marked(parsed) == expected
+    assert parsed.envelope is not None
+    assert parsed.envelope.prefix_count == len(expected)
+
+
+def test_marked_text_blocks_render_as_the_joined_string_would() -> None:
+    """A block kept as a separate part for its breakpoint renders exactly as the joined text, so a
+    marker never changes the prompt (the next turn, marked elsewhere, shares the prefix)."""
+    blocks = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    plain = parse_messages(body(system=blocks))
+    marked = parse_messages(body(system=[blocks[0], {**blocks[1], "cache_control": EPH}]))
+    assert plain.messages[0].content == "a\nb"
+    assert marked.messages[0].text() == plain.messages[0].content
+    assert isinstance(marked.messages[0].content, list)
 
 
 def test_tool_use_arguments_keep_unicode() -> None:

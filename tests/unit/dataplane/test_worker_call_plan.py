@@ -21,6 +21,7 @@ from kvretention.dataplane.worker.call import (
 )
 from kvretention.dataplane.worker.dialect import Dialect
 from kvretention.dataplane.worker.engine import LoadedEngine, build_sglang_argv
+from support.kv_retain_rules import retain_envelope
 
 WIRE = Path(__file__).resolve().parents[2] / "fixtures" / "kv_hints_wire.json"
 INVALID = json.loads(WIRE.read_text())["invalid"]
@@ -62,18 +63,7 @@ def test_unhinted_call_has_no_kv_hints_argument_at_all() -> None:
         (Dialect.FLAT, {"retain_full_prompt": {"ttl_seconds": 1800}}),
         (
             Dialect.VERSIONED,
-            {
-                "protocol_version": "1",
-                "message_id": "r1",
-                "actions": [
-                    {
-                        "action_id": "r1/retain_full_prompt",
-                        "action_type": "retain_full_prompt",
-                        "action_version": "1",
-                        "payload": {"ttl_seconds": 1800},
-                    }
-                ],
-            },
+            retain_envelope("r1", [(0, 3, 1800)]),
         ),
     ],
 )

@@ -148,7 +148,7 @@ def _msg(**fields: Any) -> ChatMessage:
                 "content": [{"type": "text", "text": "sunny"}, {"type": "text", "text": "21C"}],
             },
             False,
-            {"role": "tool", "content": "sunny 21C", "tool_call_id": "c1", "name": "get_weather"},
+            {"role": "tool", "content": "sunny\n21C", "tool_call_id": "c1", "name": "get_weather"},
             [],
         ),
         (

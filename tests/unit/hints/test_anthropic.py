@@ -1,13 +1,33 @@
-"""The Anthropic rows of docs/contract.md for the Messages API, streaming and not."""
+"""The v1 Anthropic rows of docs/contract.md, streaming and not: ``Reject`` mode reproduces them.
+
+Every row runs through the v1 entry point (``normalize_messages``) and through
+``hints_from_messages(..., breakpoints="reject")``; both must give the same outcome.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from kvretention.hints import CacheControlError, ClientErrorCode, normalize_messages
+from kvretention.hints import (
+    CacheControlError,
+    ClientErrorCode,
+    KvHintEnvelope,
+    hints_from_messages,
+    normalize_messages,
+)
+
+Normalizer = Callable[[Mapping[str, Any]], KvHintEnvelope | None]
+
+
+def _reject_mode(body: Mapping[str, Any]) -> KvHintEnvelope | None:
+    return hints_from_messages(body, breakpoints="reject").envelope
+
+
+V1_ENTRY_POINTS: list[Normalizer] = [normalize_messages, _reject_mode]
 
 
 @dataclass(frozen=True)
@@ -36,18 +56,19 @@ def body(**fields: Any) -> dict[str, Any]:
 
 
 def assert_outcome(request: dict[str, Any], expected: Outcome) -> None:
-    if isinstance(expected, Err):
-        with pytest.raises(CacheControlError) as info:
-            normalize_messages(request)
-        assert (info.value.code, info.value.param) == (expected.code, expected.param)
-        assert info.value.message.startswith(f"{expected.param}: ")
-        assert info.value.status == 400
-    elif expected is None:
-        assert normalize_messages(request) is None
-    else:
-        envelope = normalize_messages(request)
-        assert envelope is not None
-        assert envelope.to_wire() == {"retain_full_prompt": {"ttl_seconds": expected}}
+    for normalize in V1_ENTRY_POINTS:
+        if isinstance(expected, Err):
+            with pytest.raises(CacheControlError) as info:
+                normalize(request)
+            assert (info.value.code, info.value.param) == (expected.code, expected.param)
+            assert info.value.message.startswith(f"{expected.param}: ")
+            assert info.value.status == 400
+        elif expected is None:
+            assert normalize(request) is None
+        else:
+            envelope = normalize(request)
+            assert envelope is not None
+            assert envelope.to_wire() == {"retain_full_prompt": {"ttl_seconds": expected}}
 
 
 TOP_LEVEL_ROWS: list[tuple[str, dict[str, Any], Outcome]] = [

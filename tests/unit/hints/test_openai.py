@@ -1,4 +1,8 @@
-"""The OpenAI rows of docs/contract.md, for Chat Completions and Responses, streaming and not."""
+"""The v1 OpenAI rows of docs/contract.md (Chat Completions and Responses), streaming and not.
+
+``Reject`` mode reproduces them: every row runs through the v1 entry point and through
+``hints_from_*(..., breakpoints="reject")``; both must give the same outcome.
+"""
 
 from __future__ import annotations
 
@@ -10,13 +14,26 @@ import pytest
 
 from kvretention.hints import (
     CacheControlError,
+    CacheHints,
     ClientErrorCode,
     KvHintEnvelope,
+    hints_from_chat_completions,
+    hints_from_responses,
     normalize_chat_completions,
     normalize_responses,
 )
 
 Normalizer = Callable[[Mapping[str, Any]], KvHintEnvelope | None]
+REJECT_MODE: dict[Normalizer, Callable[..., CacheHints]] = {
+    normalize_chat_completions: hints_from_chat_completions,
+    normalize_responses: hints_from_responses,
+}
+
+
+def _entry_points(normalize: Normalizer) -> list[Normalizer]:
+    """The v1 function and the same API's v2 function in ``reject`` mode."""
+    hints = REJECT_MODE[normalize]
+    return [normalize, lambda body: hints(body, breakpoints="reject").envelope]
 
 
 @dataclass(frozen=True)
@@ -211,19 +228,20 @@ NORMALIZE: dict[str, tuple[Normalizer, Callable[..., dict[str, Any]]]] = {
 }
 
 
-def assert_outcome(normalize: Normalizer, body: Mapping[str, Any], expected: Outcome) -> None:
-    if isinstance(expected, Err):
-        with pytest.raises(CacheControlError) as info:
-            normalize(body)
-        assert (info.value.code, info.value.param) == (expected.code, expected.param)
-        assert info.value.status == 400
-        assert expected.param in info.value.message
-    elif expected is None:
-        assert normalize(body) is None
-    else:
-        envelope = normalize(body)
-        assert envelope is not None
-        assert envelope.to_wire() == {"retain_full_prompt": {"ttl_seconds": expected}}
+def assert_outcome(v1: Normalizer, body: Mapping[str, Any], expected: Outcome) -> None:
+    for normalize in _entry_points(v1):
+        if isinstance(expected, Err):
+            with pytest.raises(CacheControlError) as info:
+                normalize(body)
+            assert (info.value.code, info.value.param) == (expected.code, expected.param)
+            assert info.value.status == 400
+            assert expected.param in info.value.message
+        elif expected is None:
+            assert normalize(body) is None
+        else:
+            envelope = normalize(body)
+            assert envelope is not None
+            assert envelope.to_wire() == {"retain_full_prompt": {"ttl_seconds": expected}}
 
 
 @pytest.mark.parametrize("stream", STREAM_VARIANTS, ids=["no_stream", "stream_false", "stream"])

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from kvretention.dataplane.frontend import sse
-from kvretention.dataplane.frontend.common import Completion, ParsedRequest
+from kvretention.dataplane.frontend.common import Completion, Marks, ParsedRequest, joined, marks_of
 from kvretention.dataplane.frontend.errors import FrontendError, Provider, anthropic_error_body
 from kvretention.dataplane.frontend.validate import Fields
 from kvretention.dataplane.protocol import (
@@ -37,8 +37,9 @@ from kvretention.dataplane.protocol import (
     ToolDefinition,
     Usage,
 )
-from kvretention.hints.anthropic import CACHE_CONTROL, normalize_messages
+from kvretention.hints.anthropic import CACHE_CONTROL, hints_from_messages
 from kvretention.hints.errors import ClientError, ClientErrorCode
+from kvretention.hints.intent import NO_HINTS, BreakpointMode
 
 log = logging.getLogger("kvretention.frontend")
 
@@ -185,19 +186,24 @@ class _Conversation:
     """``thinking.display: omitted``: answer thinking blocks with a signature and no text."""
 
 
-def parse_messages(body: dict[str, Any], *, hints: bool = True) -> ParsedRequest:
+def parse_messages(
+    body: dict[str, Any], *, hints: bool = True, breakpoints: BreakpointMode = "prefix"
+) -> ParsedRequest:
     """A ``/v1/messages`` body -> ``ParsedRequest``; raises ``ClientError``.
 
     With ``hints=False`` (Anthropic hints turned off for the fleet) ``cache_control`` is not
-    interpreted at all: accepted and ignored, as a server without prompt caching would.
+    interpreted at all: accepted and ignored, as a server without prompt caching would. In
+    ``prefix`` mode each block-level ``cache_control`` puts ``retain_ttl`` on the neutral element
+    made from its block; ``reject`` refuses them (v1).
     """
-    envelope = normalize_messages(body) if hints else None
+    cache = hints_from_messages(body, breakpoints=breakpoints) if hints else NO_HINTS
+    envelope = cache.envelope
     _check_fields(body, allowed=_HONOURED | NO_OPS.keys())
     model = F.required_str(body, "model")
     if "max_tokens" not in body:
         raise F.missing("max_tokens")
     max_tokens = F.opt_int(body, "max_tokens", minimum=1)
-    conversation = _conversation(body, max_tokens=max_tokens)
+    conversation = _conversation(body, max_tokens=max_tokens, marks=marks_of(cache, F.path))
     sampling = SamplingParams(
         max_new_tokens=max_tokens,
         temperature=F.opt_number(body, "temperature", minimum=0, maximum=1),
@@ -219,20 +225,23 @@ def parse_messages(body: dict[str, Any], *, hints: bool = True) -> ParsedRequest
         response_format=conversation.response_format,
         reasoning=conversation.reasoning,
         echo={OMIT_THINKING: True} if conversation.omit_thinking else {},
+        client_controls=cache.client_controls,
     )
 
 
-def parse_count_tokens(body: dict[str, Any], *, hints: bool = True) -> ParsedRequest:
+def parse_count_tokens(
+    body: dict[str, Any], *, hints: bool = True, breakpoints: BreakpointMode = "prefix"
+) -> ParsedRequest:
     """A ``/v1/messages/count_tokens`` body: the same checks, without ``max_tokens``.
 
     ``cache_control`` is validated as for ``/v1/messages`` but makes no hint: counting prefills
     nothing, so there is nothing to retain.
     """
     if hints:
-        normalize_messages(body)
+        hints_from_messages(body, breakpoints=breakpoints)
     _check_fields(body, allowed=_COUNT_FIELDS)
     model = F.required_str(body, "model")
-    conversation = _conversation(body, max_tokens=None)
+    conversation = _conversation(body, max_tokens=None, marks={})
     return ParsedRequest(
         model=model,
         messages=conversation.messages,
@@ -326,7 +335,7 @@ def _top_p(body: dict[str, Any]) -> float | None:
 # -- the conversation ---------------------------------------------------------------------------
 
 
-def _conversation(body: dict[str, Any], *, max_tokens: int | None) -> _Conversation:
+def _conversation(body: dict[str, Any], *, max_tokens: int | None, marks: Marks) -> _Conversation:
     if "messages" not in body:
         raise F.missing("messages")
     raw = body["messages"]
@@ -337,12 +346,13 @@ def _conversation(body: dict[str, Any], *, max_tokens: int | None) -> _Conversat
     messages: list[ChatMessage] = []
     system = body.get("system")
     if system is not None:
-        messages.append(ChatMessage(role="system", content=_system_text(system, where="system")))
+        content = _system_content(system, where="system", marks=marks)
+        messages.append(ChatMessage(role="system", content=content))
     names: dict[str, str] = {}
     """tool_use id -> tool name, so a tool result can name its tool."""
     for i, message in enumerate(raw):
-        messages.extend(_message(message, index=i, names=names))
-    tools = _tools(body.get("tools"))
+        messages.extend(_message(message, index=i, names=names, marks=marks))
+    tools = _tools(body.get("tools"), marks=marks)
     tool_choice, parallel = _tool_choice(body.get("tool_choice"), tools=tools)
     output_config = body.get("output_config")
     effort, response_format = _output_config(output_config)
@@ -360,7 +370,7 @@ def _conversation(body: dict[str, Any], *, max_tokens: int | None) -> _Conversat
     )
 
 
-def _message(raw: object, *, index: int, names: dict[str, str]) -> list[ChatMessage]:
+def _message(raw: object, *, index: int, names: dict[str, str], marks: Marks) -> list[ChatMessage]:
     """One Anthropic message -> one neutral message, or several when it holds tool results."""
     where = F.path("messages", index)
     if not isinstance(raw, dict):
@@ -374,14 +384,16 @@ def _message(raw: object, *, index: int, names: dict[str, str]) -> list[ChatMess
     content = raw["content"]
     param = f"{where}.content"
     if role == "system":
-        return [ChatMessage(role="system", content=_system_text(content, where=param))]
+        return [
+            ChatMessage(role="system", content=_system_content(content, where=param, marks=marks))
+        ]
     if isinstance(content, str):
         return [ChatMessage(role=role, content=content)]
     if not isinstance(content, list):
         raise F.invalid_type(param, content, expected="a valid string or list of content blocks")
     if role == "assistant":
-        return [_assistant(content, where=param, names=names)]
-    return _user(content, where=param, names=names)
+        return [_assistant(content, where=param, names=names, marks=marks)]
+    return _user(content, where=param, names=names, marks=marks)
 
 
 def _blocks(content: list[Any], *, where: str) -> list[tuple[str, str, dict[str, Any]]]:
@@ -402,24 +414,28 @@ def _bad_type(param: str) -> ClientError:
     return F.invalid_value(param, "Input should be a valid string")
 
 
-def _user(content: list[Any], *, where: str, names: dict[str, str]) -> list[ChatMessage]:
+def _user(
+    content: list[Any], *, where: str, names: dict[str, str], marks: Marks
+) -> list[ChatMessage]:
     """User blocks in order; each ``tool_result`` becomes its own ``tool`` message."""
     out: list[ChatMessage] = []
     parts: list[ContentPart] = []
     for param, kind, block in _blocks(content, where=where):
         if kind == "tool_result":
             if parts:
-                out.append(ChatMessage(role="user", content=_content(parts)))
+                out.append(ChatMessage(role="user", content=joined(parts)))
                 parts = []
-            out.append(_tool_result(block, where=param, names=names))
+            out.append(_tool_result(block, where=param, names=names, marks=marks))
         else:
-            parts.append(_part(block, kind=kind, where=param))
+            parts.append(_part(block, kind=kind, where=param, marks=marks))
     if parts or not out:
-        out.append(ChatMessage(role="user", content=_content(parts)))
+        out.append(ChatMessage(role="user", content=joined(parts)))
     return out
 
 
-def _assistant(content: list[Any], *, where: str, names: dict[str, str]) -> ChatMessage:
+def _assistant(
+    content: list[Any], *, where: str, names: dict[str, str], marks: Marks
+) -> ChatMessage:
     """Assistant blocks: thinking (replayed as reasoning), text, and tool_use (tool calls)."""
     parts: list[ContentPart] = []
     calls: list[ToolCall] = []
@@ -436,39 +452,34 @@ def _assistant(content: list[Any], *, where: str, names: dict[str, str]) -> Chat
             _str(block, "data", where=param)
             encrypted = True
         elif kind == "tool_use":
-            call = _tool_use(block, where=param)
+            call = _tool_use(block, where=param, ttl=marks.get(param))
             names[call.id] = call.name
             calls.append(call)
         elif kind == "text":
-            parts.append(_part(block, kind=kind, where=param))
+            parts.append(_part(block, kind=kind, where=param, marks=marks))
         else:
             raise _unsupported_block(param, kind, role="assistant")
     reasoning = None
     if thoughts or encrypted:
         reasoning = Reasoning(text="\n".join(thoughts), signature=signature, encrypted=encrypted)
     return ChatMessage(
-        role="assistant", content=_content(parts), tool_calls=calls, reasoning=reasoning
+        role="assistant", content=joined(parts), tool_calls=calls, reasoning=reasoning
     )
 
 
-def _content(parts: list[ContentPart]) -> str | list[ContentPart]:
-    """Text-only content stays a string (blocks joined by newlines); with images, a part list."""
-    if all(isinstance(p, TextPart) for p in parts):
-        return "\n".join(p.text for p in parts if isinstance(p, TextPart))
-    return parts
-
-
-def _part(block: dict[str, Any], *, kind: str, where: str) -> ContentPart:
+def _part(block: dict[str, Any], *, kind: str, where: str, marks: Marks) -> ContentPart:
     """A text, image or plain-text document block of a user message or a tool result."""
+    ttl = marks.get(where)
     if kind == "text":
         _keys(block, _TEXT_KEYS, where=where)
-        return TextPart(text=_str(block, "text", where=where))
+        return TextPart(text=_str(block, "text", where=where), retain_ttl=ttl)
     if kind == "image":
         _keys(block, _IMAGE_KEYS, where=where)
-        return ImagePart(url=_image_url(block.get("source"), where=f"{where}.source"))
+        url = _image_url(block.get("source"), where=f"{where}.source")
+        return ImagePart(url=url, retain_ttl=ttl)
     if kind == "document":
         _keys(block, _DOCUMENT_KEYS, where=where)
-        return TextPart(text=_document_text(block, where=where))
+        return TextPart(text=_document_text(block, where=where), retain_ttl=ttl)
     raise _unsupported_block(where, kind, role="user")
 
 
@@ -540,7 +551,7 @@ def _document_text(block: Mapping[str, Any], *, where: str) -> str:
     return "\n".join([*pieces, _str(source, "data", where=param)])
 
 
-def _tool_use(block: dict[str, Any], *, where: str) -> ToolCall:
+def _tool_use(block: dict[str, Any], *, where: str, ttl: int | None) -> ToolCall:
     _keys(block, _TOOL_USE_KEYS, where=where)
     caller = block.get("caller")
     if caller is not None and not (isinstance(caller, dict) and caller.get("type") == "direct"):
@@ -556,10 +567,14 @@ def _tool_use(block: dict[str, Any], *, where: str) -> ToolCall:
     arguments = block["input"]
     if not isinstance(arguments, dict):
         raise F.invalid_type(f"{where}.input", arguments, expected="a valid dictionary")
-    return ToolCall(id=call_id, name=name, arguments=json.dumps(arguments, ensure_ascii=False))
+    arguments_json = json.dumps(arguments, ensure_ascii=False)
+    return ToolCall(id=call_id, name=name, arguments=arguments_json, retain_ttl=ttl)
 
 
-def _tool_result(block: dict[str, Any], *, where: str, names: Mapping[str, str]) -> ChatMessage:
+def _tool_result(
+    block: dict[str, Any], *, where: str, names: Mapping[str, str], marks: Marks
+) -> ChatMessage:
+    """A ``tool_result`` block -> a ``tool`` message; a breakpoint on the block ends with it."""
     _keys(block, _TOOL_RESULT_KEYS, where=where)
     call_id = _str(block, "tool_use_id", where=where)
     is_error = block.get("is_error")
@@ -579,8 +594,8 @@ def _tool_result(block: dict[str, Any], *, where: str, names: Mapping[str, str])
                     f"tool_result content of type {kind!r} is not supported by this server "
                     "(text, image and plain-text document are)",
                 )
-            parts.append(_part(inner, kind=kind, where=nested))
-        content = _content(parts)
+            parts.append(_part(inner, kind=kind, where=nested, marks=marks))
+        content = joined(parts)
     else:
         raise F.invalid_type(param, raw, expected="a valid string or list of content blocks")
     return ChatMessage(
@@ -589,30 +604,30 @@ def _tool_result(block: dict[str, Any], *, where: str, names: Mapping[str, str])
         tool_call_id=call_id,
         name=names.get(call_id),
         is_error=bool(is_error),
+        retain_ttl=marks.get(where),
     )
 
 
-def _system_text(content: object, *, where: str) -> str:
-    """System content: a string or text blocks joined by newlines."""
+def _system_content(content: object, *, where: str, marks: Marks) -> str | list[ContentPart]:
+    """System content: a string, or text blocks (joined by newlines unless one is a breakpoint)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise F.invalid_type(where, content, expected="a valid string or list of text blocks")
-    texts: list[str] = []
+    parts: list[ContentPart] = []
     for param, kind, block in _blocks(content, where=where):
         if kind != "text":
             raise F.unsupported(
                 f"{param}.type", f"system blocks of type {kind!r} are not supported (text only)"
             )
-        _keys(block, _TEXT_KEYS, where=param)
-        texts.append(_str(block, "text", where=param))
-    return "\n".join(texts)
+        parts.append(_part(block, kind=kind, where=param, marks=marks))
+    return joined(parts)
 
 
 # -- tools, tool_choice, thinking, output_config ------------------------------------------------
 
 
-def _tools(raw: object) -> list[ToolDefinition]:
+def _tools(raw: object, *, marks: Marks) -> list[ToolDefinition]:
     if raw is None:
         return []
     if not isinstance(raw, list):
@@ -620,7 +635,7 @@ def _tools(raw: object) -> list[ToolDefinition]:
     tools: list[ToolDefinition] = []
     seen: set[str] = set()
     for i, tool in enumerate(raw):
-        definition = _tool(tool, where=f"tools.{i}")
+        definition = _tool(tool, where=f"tools.{i}", ttl=marks.get(f"tools.{i}"))
         if definition.name in seen:
             raise F.invalid_value(f"tools.{i}.name", "Tool names must be unique.")
         seen.add(definition.name)
@@ -628,7 +643,7 @@ def _tools(raw: object) -> list[ToolDefinition]:
     return tools
 
 
-def _tool(raw: object, *, where: str) -> ToolDefinition:
+def _tool(raw: object, *, where: str, ttl: int | None) -> ToolDefinition:
     if not isinstance(raw, dict):
         raise F.invalid_type(where, raw, expected="a valid dictionary")
     kind = raw.get("type")
@@ -664,7 +679,9 @@ def _tool(raw: object, *, where: str) -> ToolDefinition:
     for key in ("input_examples", "eager_input_streaming"):
         if key in raw and raw[key] is not None and not isinstance(raw[key], list | bool):
             raise F.invalid_type(f"{where}.{key}", raw[key], expected="a valid list or boolean")
-    return ToolDefinition(name=name, description=description, parameters=schema, strict=strict)
+    return ToolDefinition(
+        name=name, description=description, parameters=schema, strict=strict, retain_ttl=ttl
+    )
 
 
 def _tool_choice(raw: object, *, tools: list[ToolDefinition]) -> tuple[ToolChoice, bool]:
@@ -988,8 +1005,10 @@ class MessagesApi:
     endpoint = "messages"
     provider = Provider.ANTHROPIC
 
-    def parse(self, body: dict[str, Any], *, hints: bool) -> ParsedRequest:
-        return parse_messages(body, hints=hints)
+    def parse(
+        self, body: dict[str, Any], *, hints: bool, breakpoints: BreakpointMode
+    ) -> ParsedRequest:
+        return parse_messages(body, hints=hints, breakpoints=breakpoints)
 
     def response(
         self, parsed: ParsedRequest, result: Completion, *, request_id: str
@@ -1006,5 +1025,7 @@ class CountTokensApi:
     endpoint = "messages.count_tokens"
     provider = Provider.ANTHROPIC
 
-    def parse(self, body: dict[str, Any], *, hints: bool) -> ParsedRequest:
-        return parse_count_tokens(body, hints=hints)
+    def parse(
+        self, body: dict[str, Any], *, hints: bool, breakpoints: BreakpointMode
+    ) -> ParsedRequest:
+        return parse_count_tokens(body, hints=hints, breakpoints=breakpoints)

@@ -19,10 +19,11 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Protocol
 
 from aiohttp import web
 
+from kvretention.dataplane.breakpoints import find_markers
 from kvretention.dataplane.chat_template import TemplateInputError
 from kvretention.dataplane.frontend import errors
 from kvretention.dataplane.frontend.affinity import (
@@ -51,7 +52,9 @@ from kvretention.dataplane.protocol import (
     Usage,
 )
 from kvretention.dataplane.trace import RequestTrace
+from kvretention.hints.envelope import DEFAULT_PRIORITY, KvHintEnvelope, KvPrefixRetention
 from kvretention.hints.errors import ClientError
+from kvretention.hints.intent import BreakpointMode, CacheHints, build_envelope
 
 log = logging.getLogger("kvretention.frontend")
 
@@ -82,9 +85,9 @@ class FrontendConfig:
     """Send the router the prompt's prefix-hash chain (its cache-aware placement reads it)."""
     normalize_clients: bool = True
     """Drop Claude Code's per-request billing-header system block before templating."""
-    breakpoints: Literal["prefix", "reject"] = "reject"
+    breakpoints: BreakpointMode = "prefix"
     """Block-level breakpoints: prefix retention, or the v1 400."""
-    hint_priority: int = 50
+    hint_priority: int = DEFAULT_PRIORITY
     default_ttl_seconds: int | None = None
     """Fleet policy for requests with no cache control (off when ``None``)."""
 
@@ -249,10 +252,11 @@ async def _generate(
         return error_response(err, api.provider, request_id=request_id)
 
     parsed = normalize_clients(parsed, state=state, endpoint=api.endpoint, done=done)
+    parsed = apply_hint_policy(parsed, config=state.config)
     done.model, done.stream = parsed.model, parsed.stream
     wire = parsed.envelope.to_wire() if parsed.envelope is not None else None
-    if parsed.envelope is not None and parsed.envelope.retain_full_prompt is not None:
-        ttl = parsed.envelope.retain_full_prompt.ttl_seconds
+    ttl = longest_ttl(parsed)
+    if ttl is not None:
         state.metrics.hints.labels(api.endpoint, str(ttl)).inc()
     done.kv_hints = wire
     upstream_request = build_preprocessed(
@@ -284,7 +288,9 @@ class Parser(Protocol):
     endpoint: str
     provider: Provider
 
-    def parse(self, body: dict[str, Any], *, hints: bool) -> ParsedRequest: ...
+    def parse(
+        self, body: dict[str, Any], *, hints: bool, breakpoints: BreakpointMode
+    ) -> ParsedRequest: ...
 
 
 async def admit(
@@ -295,7 +301,11 @@ async def admit(
         body = await read_json_body(
             request, limit=state.config.max_body_bytes, stall_s=state.config.body_timeout
         )
-        parsed = api.parse(body, hints=api.provider in state.config.hint_providers)
+        parsed = api.parse(
+            body,
+            hints=api.provider in state.config.hint_providers,
+            breakpoints=state.config.breakpoints,
+        )
         check_model(parsed.model, config=state.config)
         return parsed, session_of(request, body, keys=state.config.session_keys)
     except ClientError as exc:
@@ -330,8 +340,9 @@ def build_preprocessed(
         count_only=count_only,
         kv_hints=wire,
     )
-    if tokenizer is not None:
-        # The conversation still travels: the worker needs the tools to parse the answer.
+    if tokenizer is not None and (parsed.envelope is None or not parsed.envelope.prefix_count):
+        # Breakpoints are resolved against the worker's own rendering, so those travel as
+        # messages only. The conversation still travels: the worker needs the tools to parse the answer.
         # Same rendering as the worker (tools, tool choice, thinking switches); None for images.
         # A conversation the template refuses travels as messages: the worker answers its 400.
         with contextlib.suppress(TemplateInputError):
@@ -505,6 +516,44 @@ def normalize_clients(
     if done is not None:
         done.normalized.append("billing_header")
     return dataclasses.replace(parsed, messages=messages)
+
+
+def apply_hint_policy(parsed: ParsedRequest, *, config: FrontendConfig) -> ParsedRequest:
+    """The envelope the router gets: the breakpoint count the conversation really carries (a
+    normalisation may have dropped a marked block), the fleet's priority, and its default TTL
+    for a request that sent no cache control."""
+    envelope = parsed.envelope
+    if envelope is not None and envelope.prefix_count:
+        envelope = with_prefix_count(envelope, len(find_markers(parsed.messages, parsed.tools)))
+    hints = CacheHints(envelope=envelope, client_controls=parsed.client_controls)
+    final = build_envelope(
+        hints, priority=config.hint_priority, default_ttl_seconds=config.default_ttl_seconds
+    )
+    if final is parsed.envelope:
+        return parsed
+    return dataclasses.replace(parsed, envelope=final)
+
+
+def with_prefix_count(envelope: KvHintEnvelope | None, count: int) -> KvHintEnvelope | None:
+    """``envelope`` announcing ``count`` breakpoints (``None`` when nothing is left to retain)."""
+    if envelope is None or envelope.prefix_count == count:
+        return envelope
+    prefixes = KvPrefixRetention(breakpoints=count) if count else None
+    updated = envelope.model_copy(update={"retain_prefixes": prefixes})
+    return None if updated.is_empty() else updated
+
+
+def longest_ttl(parsed: ParsedRequest) -> int | None:
+    """The longest TTL the request's envelope retains anything for (the hints metric's label)."""
+    envelope = parsed.envelope
+    if envelope is None:
+        return None
+    ttls = []
+    if envelope.prefix_count:
+        ttls = [m.ttl_seconds for m in find_markers(parsed.messages, parsed.tools)]
+    if envelope.retain_full_prompt is not None:
+        ttls.append(envelope.retain_full_prompt.ttl_seconds)
+    return max(ttls, default=None)
 
 
 def check_model(model: str, *, config: FrontendConfig) -> None:

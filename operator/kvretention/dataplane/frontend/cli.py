@@ -137,10 +137,11 @@ def parse_session_keys(value: str) -> tuple[str, ...]:
 @click.option(
     "--breakpoints",
     type=click.Choice(["prefix", "reject"]),
-    default="reject",
+    default="prefix",
     show_default=True,
-    help="Block-level cache breakpoints: refuse them with the provider's 400 (reject, the v1 "
-    "contract). 'prefix' is reserved and behaves as reject until offset resolution ships.",
+    help="Block-level cache breakpoints: retain the prompt up to the end of each marked block "
+    "(prefix, resolved to token offsets by the worker), or refuse them with the provider's 400 "
+    "(reject, the v1 contract).",
 )
 @click.option(
     "--hint-priority",

@@ -2,22 +2,44 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kvretention.dataplane.frontend.errors import FrontendError, Provider
 from kvretention.dataplane.protocol import (
     ChatMessage,
+    ContentPart,
     GenerateChunk,
     ReasoningControl,
     ResponseFormat,
     SamplingParams,
+    TextPart,
     ToolCall,
     ToolChoice,
     ToolDefinition,
     Usage,
 )
 from kvretention.hints.envelope import KvHintEnvelope
+from kvretention.hints.intent import BreakpointMode, CacheHints
+
+Marks = Mapping[str, int]
+"""A request's breakpoints as the provider parser meets them: a block's path in the provider's
+error style (``messages.3.content.0``, ``messages[3].content[0]``) -> its TTL in seconds. The
+neutral element made from that block gets ``retain_ttl``."""
+
+
+def marks_of(hints: CacheHints, path: Callable[..., str]) -> Marks:
+    """The breakpoints keyed by ``path(*position)`` (the parser's ``Fields.path``)."""
+    return {path(*b.path): b.ttl_seconds for b in hints.breakpoints}
+
+
+def joined(parts: list[ContentPart]) -> str | list[ContentPart]:
+    """Text-only content as one string joined by newlines (what the template renders anyway), but
+    parts stay parts when any has an image or a breakpoint: the worker must see where one ends."""
+    if all(isinstance(p, TextPart) and p.retain_ttl is None for p in parts):
+        return "\n".join(p.text for p in parts if isinstance(p, TextPart))
+    return parts
 
 
 @dataclass(frozen=True)
@@ -39,6 +61,9 @@ class ParsedRequest:
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
     reasoning: ReasoningControl | None = None
+    client_controls: bool = False
+    """The client sent a retention control (even one that retains nothing): the fleet's default
+    TTL policy never applies over it."""
 
 
 @dataclass
@@ -93,7 +118,9 @@ class Api(Protocol):
     endpoint: str
     provider: Provider
 
-    def parse(self, body: dict[str, Any], *, hints: bool) -> ParsedRequest: ...
+    def parse(
+        self, body: dict[str, Any], *, hints: bool, breakpoints: BreakpointMode
+    ) -> ParsedRequest: ...
 
     def response(
         self, parsed: ParsedRequest, result: Completion, *, request_id: str

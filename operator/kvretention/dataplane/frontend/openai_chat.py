@@ -15,7 +15,13 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from kvretention.dataplane.frontend import sse
-from kvretention.dataplane.frontend.common import Completion, ParsedRequest
+from kvretention.dataplane.frontend.common import (
+    Completion,
+    Marks,
+    ParsedRequest,
+    joined,
+    marks_of,
+)
 from kvretention.dataplane.frontend.errors import FrontendError, Provider, openai_error_body
 from kvretention.dataplane.frontend.openai_shared import (
     F,
@@ -51,7 +57,8 @@ from kvretention.dataplane.protocol import (
     ToolDefinition,
     Usage,
 )
-from kvretention.hints.openai import OPTIONS, normalize_chat_completions
+from kvretention.hints.intent import NO_HINTS, BreakpointMode
+from kvretention.hints.openai import OPTIONS, hints_from_chat_completions
 
 HONOURED: Final = frozenset(
     {
@@ -120,12 +127,17 @@ _TOOL_CHOICES: Final = ("none", "auto", "required")
 # -- parsing -----------------------------------------------------------------------------------
 
 
-def parse_chat(body: dict[str, Any], *, hints: bool = True) -> ParsedRequest:
+def parse_chat(
+    body: dict[str, Any], *, hints: bool = True, breakpoints: BreakpointMode = "prefix"
+) -> ParsedRequest:
     """A ``/v1/chat/completions`` body -> ``ParsedRequest``; raises ``ClientError``.
 
-    With ``hints=False`` the prompt-cache fields are not interpreted: accepted and ignored.
+    With ``hints=False`` the prompt-cache fields are not interpreted: accepted and ignored. In
+    ``prefix`` mode a part's ``prompt_cache_breakpoint`` puts ``retain_ttl`` on that part.
     """
-    envelope = normalize_chat_completions(body) if hints else None
+    cache = hints_from_chat_completions(body, breakpoints=breakpoints) if hints else NO_HINTS
+    envelope = cache.envelope
+    marks = marks_of(cache, F.path)
     model = F.required_str(body, "model")
     if "messages" not in body:
         raise F.missing("messages")
@@ -135,7 +147,7 @@ def parse_chat(body: dict[str, Any], *, hints: bool = True) -> ParsedRequest:
     if not raw:
         raise F.invalid_value("messages", "[] is too short - 'messages' must not be empty.")
     calls: dict[str, str] = {}
-    messages = [_message(m, index=i, calls=calls) for i, m in enumerate(raw)]
+    messages = [_message(m, index=i, calls=calls, marks=marks) for i, m in enumerate(raw)]
     only_keys(body, where="", allowed=FIELDS)
     refuse_set(body, REFUSED)
     _check_no_ops(body)
@@ -169,6 +181,7 @@ def parse_chat(body: dict[str, Any], *, hints: bool = True) -> ParsedRequest:
         parallel_tool_calls=F.opt_bool(body, "parallel_tool_calls", default=True),
         response_format=_response_format(body.get("response_format")),
         reasoning=reasoning_effort(body.get("reasoning_effort"), param="reasoning_effort"),
+        client_controls=cache.client_controls,
     )
 
 
@@ -183,7 +196,7 @@ def _check_no_ops(body: Mapping[str, Any]) -> None:
         raise F.unsupported("modalities", "only text output (['text']) is supported.")
 
 
-def _message(raw: object, *, index: int, calls: dict[str, str]) -> ChatMessage:
+def _message(raw: object, *, index: int, calls: dict[str, str], marks: Marks) -> ChatMessage:
     where = F.path("messages", index)
     msg = obj(raw, where=where)
     role = msg.get("role")
@@ -199,8 +212,8 @@ def _message(raw: object, *, index: int, calls: dict[str, str]) -> ChatMessage:
     only_keys(msg, where=where, allowed=_ROLE_KEYS[role])
     opt_str(msg, "name", where=where)  # a participant name: templates do not render it
     if role == "assistant":
-        return _assistant(msg, where=where, calls=calls)
-    content = _content(msg.get("content"), where=f"{where}.content", role=role)
+        return _assistant(msg, where=where, calls=calls, marks=marks)
+    content = _content(msg.get("content"), where=f"{where}.content", role=role, marks=marks)
     if role != "tool":
         return ChatMessage(role=role, content=content)
     call_id = req_str(msg, "tool_call_id", where=where)
@@ -212,7 +225,9 @@ def _message(raw: object, *, index: int, calls: dict[str, str]) -> ChatMessage:
     return ChatMessage(role="tool", content=content, tool_call_id=call_id, name=calls[call_id])
 
 
-def _assistant(msg: Mapping[str, Any], *, where: str, calls: dict[str, str]) -> ChatMessage:
+def _assistant(
+    msg: Mapping[str, Any], *, where: str, calls: dict[str, str], marks: Marks
+) -> ChatMessage:
     refuse_set(
         msg,
         {
@@ -223,7 +238,7 @@ def _assistant(msg: Mapping[str, Any], *, where: str, calls: dict[str, str]) -> 
     )
     content: str | list[ContentPart] = ""
     if msg.get("content") is not None:
-        content = _content(msg["content"], where=f"{where}.content", role="assistant")
+        content = _content(msg["content"], where=f"{where}.content", role="assistant", marks=marks)
     refusal = opt_str(msg, "refusal", where=where)
     if refusal and not content:
         content = refusal  # the model's own words: replayed as its text
@@ -269,8 +284,8 @@ def _history_calls(raw: object, *, where: str) -> list[ToolCall]:
     return out
 
 
-def _content(content: object, *, where: str, role: str) -> str | list[ContentPart]:
-    """A string, or parts: text only -> one string joined by newlines; with images -> the parts."""
+def _content(content: object, *, where: str, role: str, marks: Marks) -> str | list[ContentPart]:
+    """A string, or parts (see :func:`joined`); a marked part gets its ``retain_ttl``."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -292,19 +307,17 @@ def _content(content: object, *, where: str, role: str) -> str | list[ContentPar
         if kind == "image_url":
             spec = obj(part.get("image_url"), where=f"{param}.image_url")
             only_keys(spec, where=f"{param}.image_url", allowed=("url", "detail"))
-            parts.append(
-                image(
-                    spec.get("url"),
-                    detail=spec.get("detail"),
-                    where=f"{param}.image_url",
-                    url_param=f"{param}.image_url.url",
-                )
+            picture = image(
+                spec.get("url"),
+                detail=spec.get("detail"),
+                where=f"{param}.image_url",
+                url_param=f"{param}.image_url.url",
             )
+            parts.append(picture.model_copy(update={"retain_ttl": marks.get(param)}))
         else:
-            parts.append(TextPart(text=req_str(part, kind, where=param)))
-    if all(isinstance(p, TextPart) for p in parts):
-        return "\n".join(p.text for p in parts if isinstance(p, TextPart))
-    return parts
+            text = req_str(part, kind, where=param)
+            parts.append(TextPart(text=text, retain_ttl=marks.get(param)))
+    return joined(parts)
 
 
 def _tools(body: Mapping[str, Any]) -> list[ToolDefinition]:
@@ -548,8 +561,10 @@ class ChatApi:
     endpoint = "chat.completions"
     provider = Provider.OPENAI
 
-    def parse(self, body: dict[str, Any], *, hints: bool) -> ParsedRequest:
-        return parse_chat(body, hints=hints)
+    def parse(
+        self, body: dict[str, Any], *, hints: bool, breakpoints: BreakpointMode
+    ) -> ParsedRequest:
+        return parse_chat(body, hints=hints, breakpoints=breakpoints)
 
     def response(
         self, parsed: ParsedRequest, result: Completion, *, request_id: str

@@ -12,7 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from kvretention.dataplane.frontend.common import Completion, ParsedRequest
+from kvretention.dataplane.frontend.common import (
+    Completion,
+    Marks,
+    ParsedRequest,
+    joined,
+    marks_of,
+)
 from kvretention.dataplane.frontend.errors import Provider
 from kvretention.dataplane.frontend.openai_responses_output import (
     ResponsesStream,
@@ -49,7 +55,8 @@ from kvretention.dataplane.protocol import (
     ToolGrammar,
 )
 from kvretention.hints.errors import ClientError
-from kvretention.hints.openai import OPTIONS, normalize_responses
+from kvretention.hints.intent import NO_HINTS, BreakpointMode
+from kvretention.hints.openai import OPTIONS, hints_from_responses
 
 HONOURED: Final = frozenset(
     {
@@ -126,12 +133,16 @@ _TOOL_CHOICES: Final = ("none", "auto", "required")
 # -- parsing -----------------------------------------------------------------------------------
 
 
-def parse_responses(body: dict[str, Any], *, hints: bool = True) -> ParsedRequest:
+def parse_responses(
+    body: dict[str, Any], *, hints: bool = True, breakpoints: BreakpointMode = "prefix"
+) -> ParsedRequest:
     """A ``/v1/responses`` body -> ``ParsedRequest``; raises ``ClientError``.
 
-    With ``hints=False`` the prompt-cache fields are not interpreted: accepted and ignored.
+    With ``hints=False`` the prompt-cache fields are not interpreted: accepted and ignored. In
+    ``prefix`` mode a part's ``prompt_cache_breakpoint`` puts ``retain_ttl`` on that part.
     """
-    envelope = normalize_responses(body) if hints else None
+    cache = hints_from_responses(body, breakpoints=breakpoints) if hints else NO_HINTS
+    envelope = cache.envelope
     model = F.required_str(body, "model")
     only_keys(body, where="", allowed=FIELDS)
     refuse_set(body, REFUSED)
@@ -146,7 +157,7 @@ def parse_responses(body: dict[str, Any], *, hints: bool = True) -> ParsedReques
     if isinstance(items, str):
         messages.append(ChatMessage(role="user", content=items))
     elif isinstance(items, list):
-        _Conversation(messages).extend(items)
+        _Conversation(messages, marks=marks_of(cache, F.path)).extend(items)
     else:
         raise F.invalid_type("input", items, expected="a string or an array")
     if not any(m.role != "system" for m in messages):
@@ -187,6 +198,7 @@ def parse_responses(body: dict[str, Any], *, hints: bool = True) -> ParsedReques
         parallel_tool_calls=parallel,
         response_format=text_format,
         reasoning=control,
+        client_controls=cache.client_controls,
     )
 
 
@@ -234,8 +246,9 @@ def _string_map(body: Mapping[str, Any], key: str) -> None:
 class _Conversation:
     """Folds Responses input items into neutral chat messages (see the module docstring)."""
 
-    def __init__(self, messages: list[ChatMessage]) -> None:
+    def __init__(self, messages: list[ChatMessage], *, marks: Marks) -> None:
         self.messages = messages
+        self.marks = marks
         self.calls: dict[str, str] = {}
         """call_id -> tool name, of the calls seen so far (outputs must answer one)."""
 
@@ -278,7 +291,9 @@ class _Conversation:
             raise F.invalid_value(f"{where}.role", f"{role!r}. Supported values are: {supported}.")
         # ``phase`` (commentary / final_answer) labels an output message; templates do not show it
         enum(item, "phase", where=where, values=("commentary", "final_answer"))
-        content = _content(item.get("content"), where=f"{where}.content", images=role == "user")
+        content = _content(
+            item.get("content"), where=f"{where}.content", images=role == "user", marks=self.marks
+        )
         turn = self._turn()
         if role == "assistant" and turn is not None and not turn.content and not turn.tool_calls:
             self.messages[-1] = turn.model_copy(update={"content": content})
@@ -324,7 +339,7 @@ class _Conversation:
             )
         if "output" not in item:
             raise F.missing(f"{where}.output")
-        content = _content(item["output"], where=f"{where}.output", images=True)
+        content = _content(item["output"], where=f"{where}.output", images=True, marks=self.marks)
         self.messages.append(
             ChatMessage(
                 role="tool", content=content, tool_call_id=call_id, name=self.calls[call_id]
@@ -350,8 +365,8 @@ def _texts(raw: object, *, where: str, kinds: tuple[str, ...]) -> list[str]:
     return out
 
 
-def _content(content: object, *, where: str, images: bool) -> str | list[ContentPart]:
-    """String content, or parts: text only -> one string joined by newlines; with images -> parts."""
+def _content(content: object, *, where: str, images: bool, marks: Marks) -> str | list[ContentPart]:
+    """String content, or parts (see :func:`joined`); a marked part gets its ``retain_ttl``."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -372,19 +387,17 @@ def _content(content: object, *, where: str, images: bool) -> str | list[Content
         if kind == "input_image":
             if part.get("file_id") is not None:
                 raise F.unsupported(f"{param}.file_id", "file ids need stored files; send a URL.")
-            parts.append(
-                image(
-                    part.get("image_url"),
-                    detail=part.get("detail"),
-                    where=param,
-                    url_param=f"{param}.image_url",
-                )
+            picture = image(
+                part.get("image_url"),
+                detail=part.get("detail"),
+                where=param,
+                url_param=f"{param}.image_url",
             )
+            parts.append(picture.model_copy(update={"retain_ttl": marks.get(param)}))
         else:
-            parts.append(TextPart(text=req_str(part, _TEXT_PARTS[str(kind)], where=param)))
-    if all(isinstance(p, TextPart) for p in parts):
-        return "\n".join(p.text for p in parts if isinstance(p, TextPart))
-    return parts
+            text = req_str(part, _TEXT_PARTS[str(kind)], where=param)
+            parts.append(TextPart(text=text, retain_ttl=marks.get(param)))
+    return joined(parts)
 
 
 def _tools(raw: object) -> tuple[list[dict[str, Any]], list[ToolDefinition]]:
@@ -554,8 +567,10 @@ class ResponsesApi:
     endpoint = "responses"
     provider = Provider.OPENAI
 
-    def parse(self, body: dict[str, Any], *, hints: bool) -> ParsedRequest:
-        return parse_responses(body, hints=hints)
+    def parse(
+        self, body: dict[str, Any], *, hints: bool, breakpoints: BreakpointMode
+    ) -> ParsedRequest:
+        return parse_responses(body, hints=hints, breakpoints=breakpoints)
 
     def response(
         self, parsed: ParsedRequest, result: Completion, *, request_id: str

@@ -32,6 +32,7 @@ from prometheus_client import (
 )
 from pydantic import ValidationError
 
+from kvretention.dataplane.breakpoints import MarkerMismatch, Resolution
 from kvretention.dataplane.chat_template import TemplateInputError
 from kvretention.dataplane.protocol import (
     ERROR_STATUS,
@@ -55,8 +56,14 @@ from kvretention.dataplane.worker.call import (
     StreamAdapter,
     build_engine_prompt,
     build_generate_kwargs,
+    resolve_prompt_breakpoints,
 )
-from kvretention.dataplane.worker.dialect import Dialect, build_kv_hints
+from kvretention.dataplane.worker.dialect import (
+    Dialect,
+    PrefixHintUnsupported,
+    build_kv_hints,
+    require_support,
+)
 from kvretention.dataplane.worker.engine import LoadedEngine
 from kvretention.dataplane.worker.parsing import (
     ConstraintConflict,
@@ -66,7 +73,7 @@ from kvretention.dataplane.worker.parsing import (
     constrained_sampling,
     plan_output,
 )
-from kvretention.hints.envelope import WIRE_KEY, InvalidKvHint, KvHintEnvelope, envelope_or_none
+from kvretention.hints.envelope import WIRE_KEY, InvalidKvHint, envelope_or_none
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +155,8 @@ class PlannedCall:
     output: OutputPlan | None = None
     count_only: int | None = None
     """For ``count_only`` requests: the prompt's token count; the engine is not called."""
+    breakpoints: Resolution | None = None
+    """Where the request's breakpoints resolved (or why they were dropped), for the trace."""
 
 
 def plan_call(
@@ -186,9 +195,18 @@ def plan_call(
         )
     role = _role_of(headers, default=state_role)
     bootstrap = _bootstrap_of(headers) if role != "aggregated" else None
-    kv_hints = _kv_hints_for(envelope, engine.dialect, request_id=request.request_id)
+    hinted = envelope is not None and not request.count_only
+    if hinted:
+        assert envelope is not None
+        try:
+            require_support(envelope, engine.dialect)
+        except PrefixHintUnsupported as exc:
+            raise RequestRejected(
+                ErrorCode.KV_HINTS_UNSUPPORTED, str(exc), param=WIRE_KEY
+            ) from None
+    prefixes = envelope.prefix_count if hinted and envelope is not None else 0
     try:
-        prompt = build_engine_prompt(request, tokenizer=engine.tokenizer)
+        prompt = build_engine_prompt(request, tokenizer=engine.tokenizer, with_offsets=prefixes > 0)
         if request.count_only:
             return PlannedCall(
                 request=request,
@@ -199,12 +217,30 @@ def plan_call(
             )
         output = plan_output(request, engine.parsers, prompt_text=prompt.rendered)
         sampling = constrained_sampling(request, output)
+        resolution = (
+            resolve_prompt_breakpoints(
+                request, prompt, tokenizer=engine.tokenizer, expected=prefixes
+            )
+            if prefixes
+            else None
+        )
+    except MarkerMismatch as exc:
+        raise RequestRejected(ErrorCode.INVALID_REQUEST, str(exc), param=WIRE_KEY) from None
     except TemplateInputError as exc:
         raise RequestRejected(ErrorCode.INVALID_REQUEST, str(exc), param=exc.param) from None
     except ConstraintConflict as exc:
         raise RequestRejected(ErrorCode.INVALID_REQUEST, str(exc), param="tool_choice") from None
     except ParserConfigError as exc:
         raise RequestRejected(ErrorCode.ENGINE_ERROR, str(exc)) from None
+    kv_hints = None
+    if hinted and envelope is not None:
+        kv_hints = build_kv_hints(
+            envelope,
+            engine.dialect,
+            request_id=request.request_id,
+            prompt_tokens=prompt.prompt_tokens,
+            prefixes=() if resolution is None else resolution.resolved,
+        )
     kwargs = build_generate_kwargs(
         request,
         prompt=prompt,
@@ -213,13 +249,14 @@ def plan_call(
         bootstrap=bootstrap,
         require_reasoning=output.thinking,
     )
-    return PlannedCall(request=request, role=role, kwargs=kwargs, kv_hints=kv_hints, output=output)
-
-
-def _kv_hints_for(
-    envelope: KvHintEnvelope | None, dialect: Dialect, *, request_id: str
-) -> dict[str, Any] | None:
-    return None if envelope is None else build_kv_hints(envelope, dialect, request_id=request_id)
+    return PlannedCall(
+        request=request,
+        role=role,
+        kwargs=kwargs,
+        kv_hints=kv_hints,
+        output=output,
+        breakpoints=resolution,
+    )
 
 
 def _role_of(headers: dict[str, str], *, default: Role) -> Role:
@@ -359,12 +396,16 @@ async def _stream(
         state.metrics.requests.labels(outcome).inc()
         if planned.kv_hints is not None and outcome == "ok":
             state.metrics.kv_hints.labels(str(state.engine.dialect)).inc()
+        extra: dict[str, Any] = {}
+        if planned.breakpoints is not None:
+            extra.update(planned.breakpoints.to_trace())
         _trace(
             state,
             request_id=rid,
             outcome=outcome,
             kv_hints=planned.kv_hints,
             kv_hints_passed=planned.kv_hints is not None,
+            **extra,
             role=planned.role,
             dialect=str(state.engine.dialect),
             duration_s=round(time.monotonic() - started, 6),

@@ -1,7 +1,8 @@
 """Pure translation between the router's protocol and ``Engine.async_generate``.
 
 ``build_engine_prompt`` renders and tokenizes the conversation once (or takes the frontend's token
-ids); ``build_generate_kwargs`` decides exactly what the engine is called with (an unhinted request
+ids); ``resolve_prompt_breakpoints`` finds where each breakpoint's block ends in those tokens;
+``build_generate_kwargs`` decides exactly what the engine is called with (an unhinted request
 gets no ``kv_hints`` key at all); ``StreamAdapter`` turns SGLang's stream outputs into parsed
 :class:`GenerateChunk` deltas.
 """
@@ -10,9 +11,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
-from kvretention.dataplane.chat_template import has_chat_template, render_and_encode
+from kvretention.dataplane.breakpoints import (
+    DroppedBreakpoint,
+    MarkerMismatch,
+    Resolution,
+    find_markers,
+    resolve_breakpoints,
+)
+from kvretention.dataplane.chat_template import (
+    OffsetsUnavailable,
+    breakpoint_renderer,
+    has_chat_template,
+    render_and_encode,
+)
 from kvretention.dataplane.protocol import (
     ChatMessage,
     FinishReason,
@@ -54,9 +68,15 @@ class EnginePrompt:
     rendered: str
     """The rendered prompt text ("" when the frontend sent token ids)."""
     prompt_tokens: int
+    offsets: list[tuple[int, int]] | None = None
+    """Each token's character span in ``rendered`` (asked for when there are breakpoints)."""
+    no_offsets: str = "the prompt was not rendered with token offsets"
+    """Why ``offsets`` is ``None``: every breakpoint is then dropped with this reason."""
 
 
-def build_engine_prompt(request: PreprocessedRequest, *, tokenizer: Any) -> EnginePrompt:
+def build_engine_prompt(
+    request: PreprocessedRequest, *, tokenizer: Any, with_offsets: bool = False
+) -> EnginePrompt:
     """Render and tokenize once, or take the frontend's token ids (pure but for the tokenizer)."""
     messages = request.messages or []
     if request.token_ids is not None:
@@ -67,23 +87,10 @@ def build_engine_prompt(request: PreprocessedRequest, *, tokenizer: Any) -> Engi
             image_urls=images,
             rendered="",
             prompt_tokens=len(request.token_ids),
+            no_offsets="the prompt arrived as token ids, not as a conversation to render",
         )
     if has_chat_template(tokenizer):
-        rendered = render_and_encode(
-            tokenizer,
-            messages,
-            tools=request.tools,
-            tool_choice=request.tool_choice,
-            reasoning=request.reasoning,
-        )
-        with_images = bool(rendered.image_urls)
-        return EnginePrompt(
-            input_ids=None if with_images else rendered.token_ids,
-            text=rendered.text if with_images else None,
-            image_urls=rendered.image_urls,
-            rendered=rendered.text,
-            prompt_tokens=len(rendered.token_ids),
-        )
+        return _templated_prompt(request, tokenizer=tokenizer, with_offsets=with_offsets)
     text = render_chat_fallback(messages)
     count = len(tokenizer.encode(text)) if hasattr(tokenizer, "encode") else len(text.split())
     return EnginePrompt(
@@ -92,6 +99,67 @@ def build_engine_prompt(request: PreprocessedRequest, *, tokenizer: Any) -> Engi
         image_urls=[part.url for m in messages for part in m.images()],
         rendered=text,
         prompt_tokens=count,
+        no_offsets="the engine has no chat template to find the blocks' ends in",
+    )
+
+
+def _templated_prompt(
+    request: PreprocessedRequest, *, tokenizer: Any, with_offsets: bool
+) -> EnginePrompt:
+    messages = request.messages or []
+    no_offsets = EnginePrompt.no_offsets
+    render = partial(
+        render_and_encode,
+        tokenizer,
+        messages,
+        tools=request.tools,
+        tool_choice=request.tool_choice,
+        reasoning=request.reasoning,
+    )
+    try:
+        rendered = render(with_offsets=with_offsets)
+    except OffsetsUnavailable as exc:
+        rendered, no_offsets = render(), str(exc)
+    with_images = bool(rendered.image_urls)
+    if with_images:
+        # SGLang's multimodal processor expands each image into a count of tokens only it knows
+        no_offsets = "the prompt has images, whose token counts only the engine knows"
+    return EnginePrompt(
+        input_ids=None if with_images else rendered.token_ids,
+        text=rendered.text if with_images else None,
+        image_urls=rendered.image_urls,
+        rendered=rendered.text,
+        prompt_tokens=len(rendered.token_ids),
+        offsets=None if with_images else rendered.offsets,
+        no_offsets=no_offsets,
+    )
+
+
+def resolve_prompt_breakpoints(
+    request: PreprocessedRequest, prompt: EnginePrompt, *, tokenizer: Any, expected: int
+) -> Resolution:
+    """Each breakpoint's token offset in ``prompt``; dropped (with why) when the prompt has no
+    offsets. Raises :class:`MarkerMismatch` when the conversation carries a different count."""
+    messages = request.messages or []
+    if prompt.offsets is None:
+        markers = find_markers(messages, request.tools)
+        if len(markers) != expected:
+            raise MarkerMismatch(
+                f"kv_hints announces {expected} prefix breakpoint(s) but the conversation "
+                f"carries {len(markers)}"
+            )
+        dropped = (DroppedBreakpoint(m.element, m.ttl_seconds, prompt.no_offsets) for m in markers)
+        return Resolution(resolved=(), dropped=tuple(dropped))
+    render = breakpoint_renderer(
+        tokenizer, tool_choice=request.tool_choice, reasoning=request.reasoning
+    )
+    return resolve_breakpoints(
+        messages,
+        request.tools,
+        render=render,
+        prompt=prompt.rendered,
+        offsets=prompt.offsets,
+        expected=expected,
     )
 
 

@@ -2,27 +2,53 @@
 
 SGLang's surface moves: older releases have no ``kv_hints`` parameter (``none``), the design this
 project follows passes the flat envelope (``flat``), and 0.5.23 validates a versioned actions
-envelope with ``sglang.srt.managers.kv_hints.decode_kv_hints_envelope`` (``versioned``). Everything
-here is pure so the worker and ``kvretention probe`` decide the same way.
+envelope with ``sglang.srt.managers.kv_hints.decode_kv_hints_envelope`` (``versioned``). The
+versioned dialect speaks the ecosystem's ``kv.retain`` 1.0 action: token ranges with a priority
+and a duration, full-prompt retention being ``[0, prompt_tokens)``. The flat dialect can carry the
+full prompt only, so a prefix hint on such an engine is refused (:class:`PrefixHintUnsupported`,
+a 501), never widened. Everything here is pure so the worker and ``kvretention probe`` decide the
+same way.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from enum import StrEnum
 from typing import Any, Final
 
+from kvretention.dataplane.breakpoints import (
+    MAX_DIRECTIVES,
+    MAX_DURATION_SECONDS,
+    ResolvedBreakpoint,
+    plan_retain_directives,
+)
 from kvretention.hints.envelope import WIRE_KEY, KvHintEnvelope
 
 VERSIONED_MODULE: Final = "sglang.srt.managers.kv_hints"
 VERSIONED_DECODER: Final = "decode_kv_hints_envelope"
 
-# The versioned envelope's constants. SGLang 0.5.23 only requires these to be strings and ignores
-# action types it does not implement; the values are this project's v1 of the retention action.
-PROTOCOL_VERSION: Final = "1"
-ACTION_TYPE: Final = "retain_full_prompt"
-ACTION_VERSION: Final = "1"
+# The ecosystem's KV-hint envelope and its retention action (kv.retain 1.0).
+PROTOCOL_VERSION: Final = "0.1"
+ACTION_TYPE: Final = "kv.retain"
+ACTION_VERSION: Final = "1.0"
+MAX_RETAIN_ACTIONS: Final = 16
+"""kv.retain 1.0: at most 16 ``kv.retain`` actions per envelope (one is all this project sends)."""
+
+__all__ = [
+    "ACTION_TYPE",
+    "ACTION_VERSION",
+    "MAX_DIRECTIVES",
+    "MAX_DURATION_SECONDS",
+    "MAX_RETAIN_ACTIONS",
+    "PROTOCOL_VERSION",
+    "Dialect",
+    "PrefixHintUnsupported",
+    "build_kv_hints",
+    "detect_dialect",
+    "parameter_names",
+    "require_support",
+]
 
 
 class Dialect(StrEnum):
@@ -31,6 +57,22 @@ class Dialect(StrEnum):
     NONE = "none"
     FLAT = "flat"
     VERSIONED = "versioned"
+
+
+class PrefixHintUnsupported(ValueError):
+    """A prefix-retention hint for an engine whose dialect cannot carry token ranges.
+
+    The worker answers ``kv_hints_unsupported`` (501) with this message; widening the prefixes
+    to the whole prompt is never an option.
+    """
+
+    def __init__(self, dialect: Dialect) -> None:
+        super().__init__(
+            f"the serving engine takes the {dialect.value} kv_hints dialect, which can retain only "
+            "the full prompt; this request's prefix breakpoints (block-level 'cache_control' or "
+            "'prompt_cache_breakpoint') need kv.retain token ranges (SGLang >= 0.5.23)"
+        )
+        self.dialect = dialect
 
 
 def detect_dialect(parameters: Iterable[str], *, has_versioned_decoder: bool) -> Dialect:
@@ -45,19 +87,50 @@ def parameter_names(fn: Callable[..., Any]) -> list[str]:
     return [name for name in inspect.signature(fn).parameters if name != "self"]
 
 
-def build_kv_hints(
-    envelope: KvHintEnvelope, dialect: Dialect, *, request_id: str
-) -> dict[str, Any] | None:
-    """The ``kv_hints`` argument for ``Engine.async_generate``; ``None`` when nothing can be passed.
+def require_support(envelope: KvHintEnvelope, dialect: Dialect) -> None:
+    """Raise :class:`PrefixHintUnsupported` for prefix retention on the flat dialect.
 
-    ``None`` for an empty envelope or the ``none`` dialect: the caller must have rejected a hinted
-    request on such an engine already, so ``None`` here never means a silently dropped hint.
+    Cheap: call it before rendering. (The ``none`` dialect refuses every hint; the caller checks.)
     """
-    hint = envelope.retain_full_prompt
-    if hint is None or dialect is Dialect.NONE:
+    if envelope.retain_prefixes is not None and dialect is Dialect.FLAT:
+        raise PrefixHintUnsupported(dialect)
+
+
+def build_kv_hints(
+    envelope: KvHintEnvelope,
+    dialect: Dialect,
+    *,
+    request_id: str,
+    prompt_tokens: int,
+    prefixes: Sequence[ResolvedBreakpoint] = (),
+    scope: str | None = None,
+) -> dict[str, Any] | None:
+    """The ``kv_hints`` argument for ``Engine.async_generate``; ``None`` when nothing is retained.
+
+    ``prompt_tokens`` is the rendered prompt's token count (full-prompt retention is
+    ``[0, prompt_tokens)``); ``prefixes`` are the envelope's breakpoints resolved by
+    :func:`kvretention.dataplane.breakpoints.resolve_breakpoints`. ``None`` for an empty
+    envelope or the ``none`` dialect: the caller must have rejected a hinted request on such an
+    engine already, so ``None`` here never means a silently dropped hint. The one other ``None``
+    is a prefix-only hint whose every breakpoint was dropped as unresolvable (the resolution says
+    why, for the trace).
+    """
+    full = envelope.retain_full_prompt
+    if envelope.is_empty() or dialect is Dialect.NONE:
         return None
+    require_support(envelope, dialect)
     if dialect is Dialect.FLAT:
-        return envelope.to_wire()
+        assert full is not None  # prefix hints were refused above
+        return {"retain_full_prompt": {"ttl_seconds": full.ttl_seconds}}
+    ranges = [(p.token_end, p.ttl_seconds) for p in prefixes]
+    for end, _ in ranges:
+        if end > prompt_tokens:
+            raise ValueError(f"a breakpoint at token {end} lies past the prompt ({prompt_tokens})")
+    if full is not None and prompt_tokens > 0:
+        ranges.append((prompt_tokens, full.ttl_seconds))
+    if not ranges:
+        return None
+    directives = plan_retain_directives(ranges, priority=envelope.retention_priority)
     return {
         "protocol_version": PROTOCOL_VERSION,
         "message_id": request_id,
@@ -66,7 +139,7 @@ def build_kv_hints(
                 "action_id": f"{request_id}/{ACTION_TYPE}",
                 "action_type": ACTION_TYPE,
                 "action_version": ACTION_VERSION,
-                "payload": {"ttl_seconds": hint.ttl_seconds},
+                "payload": {"scope": scope, "directives": [d.to_wire() for d in directives]},
             }
         ],
     }
