@@ -79,3 +79,50 @@ def test_an_unknown_parser_name_stops_the_worker_at_start(
     assert "unknown --tool-call-parser 'qwen2.5'; SGLang knows:" in log
     assert "qwen25" in log
     assert "Traceback" not in log
+
+
+def test_worker_resolves_breakpoints_and_traces_them(
+    kvretention_process: StartKvretention, tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    """A marked system part and a marked tool reach the engine as kv.retain ranges ending where
+    those elements end in the rendered prompt; the trace says which element made which range."""
+    record, trace = tmp_path / "calls.jsonl", tmp_path / "trace.jsonl"
+    proc = kvretention_process(
+        ["worker", "--engine", "standin:versioned", "--trace-file", str(trace)]
+        + ["--model-path", str(tokenizer_dir)],
+        env={"KVR_STANDIN_RECORD": str(record)},
+        timeout=90.0,
+    )
+    system = [
+        {"type": "text", "text": "Rules."},
+        {"type": "text", "text": "Be terse.", "retain_ttl": 3600},
+    ]
+    payload = {
+        "request_id": "proc-prefix",
+        "model": "m",
+        "tools": [{**WEATHER, "retain_ttl": 300}],
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": "hello"},
+        ],
+        "kv_hints": {"retain_prefixes": {"breakpoints": 2}},
+    }
+    status, _ = post(proc.base_url, json.dumps(payload).encode())
+    assert status == 200
+    (call,) = calls(record, "proc-prefix")
+    directives = call["kwargs"]["kv_hints"]["actions"][0]["payload"]["directives"]
+    (entry,) = [json.loads(line) for line in trace.read_text().splitlines()]
+    ends = {b["element"]: b["token_end"] for b in entry["breakpoints"]}
+    assert set(ends) == {"tools[0]", "messages[0].content[1]"}
+    # the template lists tools after the system text: the system part ends first
+    assert ends["messages[0].content[1]"] < ends["tools[0]"] < len(call["kwargs"]["input_ids"])
+    assert directives == [
+        {"start": 0, "end": ends["messages[0].content[1]"], "priority": 50, "duration": 3600},
+        {
+            "start": ends["messages[0].content[1]"],
+            "end": ends["tools[0]"],
+            "priority": 50,
+            "duration": 300,
+        },
+    ]
+    assert entry["kv_hints"] == call["kwargs"]["kv_hints"]
