@@ -308,12 +308,16 @@ def test_probes_models_and_metrics(frontend: Any) -> None:
     status, headers, raw = request(frontend.base_url + "/metrics", method="GET")
     assert status == 200 and headers["content-type"].startswith("text/plain")
     text = raw.decode()
-    assert 'kvr_frontend_kv_hints_total{endpoint="messages",ttl_seconds="3600"}' in text
+    assert 'kvretention_frontend_kv_hints_total{endpoint="messages",ttl_seconds="3600"}' in text
     assert (
-        'kvr_frontend_rejections_total{endpoint="chat.completions",reason="invalid_value"}' in text
+        'kvretention_frontend_rejections_total{endpoint="chat.completions",reason="invalid_value"}'
+        in text
     )
-    assert 'kvr_frontend_requests_total{endpoint="messages",outcome="ok"}' in text
-    assert 'kvr_frontend_upstream_latency_seconds_count{endpoint="messages",phase="total"}' in text
+    assert 'kvretention_frontend_requests_total{endpoint="messages",outcome="ok"}' in text
+    assert (
+        'kvretention_frontend_upstream_latency_seconds_count{endpoint="messages",phase="total"}'
+        in text
+    )
 
 
 # -- retries, readiness, disconnects, stalled bodies, leaks (issue 10) -------------------------

@@ -459,11 +459,11 @@ async def test_billing_header_is_dropped_counted_and_traced(
         if normalize:
             assert system == {"role": "system", "content": "You are Claude Code."}
             assert (
-                'kvr_frontend_normalized_total{endpoint="messages",kind="billing_header"} 1.0'
+                'kvretention_frontend_normalized_total{endpoint="messages",kind="billing_header"} 1.0'
                 in metrics
             )
         else:
             assert system["content"].startswith("x-anthropic-billing-header:")
-            assert "kvr_frontend_normalized_total{" not in metrics
+            assert "kvretention_frontend_normalized_total{" not in metrics
     [record] = [json.loads(line) for line in trace_path.read_text().splitlines()]
     assert record["normalized"] == ["billing_header"]

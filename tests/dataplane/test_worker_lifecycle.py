@@ -64,6 +64,7 @@ def test_sigterm_drains_in_flight_streams_then_exits(
     wait_for(lambda: calls(record, "drain-1"))
     proc.proc.send_signal(signal.SIGTERM)
     wait_for(lambda: status_of(proc.base_url, "/readyz") == 503, timeout=3)
+    proc.proc.send_signal(signal.SIGINT)  # a second signal while draining changes nothing
     assert status_of(proc.base_url, "/v1/generate", "POST", request_body("late")) == 503
     client.join(timeout=10)
     status, lines = result["answer"]

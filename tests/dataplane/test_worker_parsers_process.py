@@ -88,8 +88,10 @@ def test_worker_resolves_breakpoints_and_traces_them(
     those elements end in the rendered prompt; the trace says which element made which range."""
     record, trace = tmp_path / "calls.jsonl", tmp_path / "trace.jsonl"
     proc = kvretention_process(
-        ["worker", "--engine", "standin:versioned", "--trace-file", str(trace)]
-        + ["--model-path", str(tokenizer_dir)],
+        [
+            *("worker", "--engine", "standin:versioned", "--trace-file", str(trace)),
+            *("--model-path", str(tokenizer_dir)),
+        ],
         env={"KVR_STANDIN_RECORD": str(record)},
         timeout=90.0,
     )

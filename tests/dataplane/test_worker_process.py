@@ -188,4 +188,4 @@ def test_metrics_count_passed_hints(workers: dict[str, Worker]) -> None:
     conn.request("GET", "/metrics")
     text = conn.getresponse().read().decode()
     conn.close()
-    assert 'kvr_worker_kv_hints_passed_total{dialect="flat"}' in text
+    assert 'kvretention_worker_kv_hints_passed_total{dialect="flat"}' in text

@@ -21,7 +21,6 @@ from typing import Any
 import click
 import kopf
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kvretention.api.models import GROUP, PLURAL, VERSION
 from kvretention.controller.handlers import Controller, build_registry
@@ -34,6 +33,8 @@ from kvretention.controller.leader import (
     election_timings,
 )
 from kvretention.controller.metrics import Metrics
+from kvretention.dataplane.http import Readiness, add_metrics, add_probes, start_site
+from kvretention.ports import OPERATOR_HEALTH_PORT, OPERATOR_METRICS_PORT
 
 log = logging.getLogger("kvretention.operator")
 
@@ -52,8 +53,8 @@ class OperatorConfig:
     """The command line, validated."""
 
     namespaces: tuple[str, ...] = ()
-    health_port: int = 8080
-    metrics_port: int = 9090
+    health_port: int = OPERATOR_HEALTH_PORT
+    metrics_port: int = OPERATOR_METRICS_PORT
     leader_elect: bool = True
     leader_election_namespace: str = "default"
     lease_duration_seconds: int = DEFAULT_LEASE_DURATION_S
@@ -82,35 +83,26 @@ class ProcessState:
 def build_health_app(state: ProcessState) -> web.Application:
     """``/healthz`` (the loop answers) and ``/readyz`` (standby waiting, or leader watching)."""
 
-    async def healthz(_: web.Request) -> web.Response:
-        return web.json_response({"ok": True, "role": state.role, "identity": state.identity})
+    def body(ok: bool) -> dict[str, Any]:
+        return {"ok": ok, "role": state.role, "identity": state.identity}
 
-    async def readyz(_: web.Request) -> web.Response:
+    async def ready() -> Readiness:
         ok = state.ready()
-        body = {"ok": ok, "role": state.role, "identity": state.identity}
-        return web.json_response(body, status=200 if ok else 503)
+        return Readiness(ready=ok, body=body(ok))
 
     app = web.Application()
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
+    add_probes(app, ready=ready, health=lambda: body(True))
     return app
 
 
 def build_metrics_app(metrics: Metrics) -> web.Application:
-    async def serve(_: web.Request) -> web.Response:
-        body = generate_latest(metrics.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
     app = web.Application()
-    app.router.add_get("/metrics", serve)
+    add_metrics(app, metrics.registry)
     return app
 
 
 async def _serve(app: web.Application, port: int) -> web.AppRunner:
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, host="0.0.0.0", port=port).start()
-    return runner
+    return await start_site(app, host="0.0.0.0", port=port)
 
 
 async def _wait_for_crd(kube: Kube, stop: asyncio.Event) -> bool:
@@ -272,8 +264,12 @@ def _hold_after_applies(raw: str | None) -> int | None:
     help="Watch this namespace (repeatable). Default: all namespaces.",
 )
 @click.option("--all-namespaces", is_flag=True, help="Watch every namespace (the default).")
-@click.option("--health-port", default=8080, show_default=True, help="/healthz and /readyz.")
-@click.option("--metrics-port", default=9090, show_default=True, help="Prometheus /metrics.")
+@click.option(
+    "--health-port", default=OPERATOR_HEALTH_PORT, show_default=True, help="/healthz and /readyz."
+)
+@click.option(
+    "--metrics-port", default=OPERATOR_METRICS_PORT, show_default=True, help="Prometheus /metrics."
+)
 @click.option(
     "--leader-elect/--no-leader-elect",
     default=True,

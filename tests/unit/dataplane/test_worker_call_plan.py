@@ -207,38 +207,70 @@ def test_incremental_stream_passes_deltas_through() -> None:
     assert adapter.chunk(_out("ab", [2])).text == "ab"
 
 
+MOONCAKE = ["--disaggregation-transfer-backend", "mooncake"]
+
+
 @pytest.mark.parametrize(
-    ("passthrough", "role", "port", "expected"),
+    ("passthrough", "role", "port", "device", "expected"),
     [
-        (["--model-path", "m"], "aggregated", None, ["--model-path", "m"]),
+        (["--model-path", "m"], "aggregated", None, None, ["--model-path", "m"]),
+        (["--model-path", "m"], "aggregated", 8998, "mlx5_0", ["--model-path", "m"]),
         (
             ["--model-path", "m"],
             "decode",
+            8998,
             None,
-            ["--model-path", "m", "--disaggregation-mode", "decode"],
+            ["--model-path", "m", "--disaggregation-mode", "decode", *MOONCAKE],
         ),
         (
             ["--model-path", "m"],
             "prefill",
             8998,
+            None,
             [
                 "--model-path",
                 "m",
                 "--disaggregation-mode",
                 "prefill",
+                *MOONCAKE,
                 "--disaggregation-bootstrap-port",
                 "8998",
             ],
         ),
         (
-            ["--disaggregation-mode=prefill", "--disaggregation-bootstrap-port", "1"],
+            [],
+            "decode",
+            None,
+            "mlx5_0,mlx5_1",
+            [
+                "--disaggregation-mode",
+                "decode",
+                *MOONCAKE,
+                "--disaggregation-ib-device",
+                "mlx5_0,mlx5_1",
+            ],
+        ),
+        (
+            [
+                "--disaggregation-mode=prefill",
+                "--disaggregation-bootstrap-port",
+                "1",
+                "--disaggregation-transfer-backend=nixl",
+            ],
             "prefill",
             8998,
-            ["--disaggregation-mode=prefill", "--disaggregation-bootstrap-port", "1"],
+            None,
+            [
+                "--disaggregation-mode=prefill",
+                "--disaggregation-bootstrap-port",
+                "1",
+                "--disaggregation-transfer-backend=nixl",
+            ],
         ),
     ],
 )
 def test_sglang_argv_adds_only_missing_role_flags(
-    passthrough: list[str], role: Any, port: int | None, expected: list[str]
+    passthrough: list[str], role: Any, port: int | None, device: str | None, expected: list[str]
 ) -> None:
-    assert build_sglang_argv(passthrough, role=role, bootstrap_port=port) == expected
+    argv = build_sglang_argv(passthrough, role=role, bootstrap_port=port, ib_device=device)
+    assert argv == expected

@@ -13,6 +13,9 @@ from kvretention.api.models import (
     ResourceRequirements,
     is_extended_resource,
 )
+from kvretention.ports import FRONTEND_PORT as FRONTEND_PORT
+from kvretention.ports import ROUTER_PORT as ROUTER_PORT
+from kvretention.ports import WORKER_PORT as WORKER_PORT
 
 Manifest = dict[str, Any]
 
@@ -24,9 +27,6 @@ LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 CONFIG_HASH_ANNOTATION: Final = "kvretention.io/config-hash"
 """Pod-template annotation: hash of the mounted config, so a config change rolls those pods."""
 
-FRONTEND_PORT: Final = 8000
-ROUTER_PORT: Final = 8001
-WORKER_PORT: Final = 8002
 CLI: Final = "kvretention"
 
 COMPONENT_FRONTEND: Final = "frontend"

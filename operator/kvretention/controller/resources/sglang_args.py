@@ -3,6 +3,8 @@
 Flag names are SGLang 0.5.23's (``sglang/srt/arg_groups/fields/*.py``; a field ``x_y`` is ``--x-y``).
 ``--host``/``--port`` are not passed: the worker process owns the pod's port and embeds the engine,
 and SGLang derives internal ZMQ ports from its own ``--port``, which must not collide with ours.
+The ``--disaggregation-*`` flags are not here: the worker adds them from its own ``--role``,
+``--bootstrap-port`` and ``--ib-device`` (``build_worker_command``), so they are decided once.
 Decode workers get no HiCache flags: in PD serving the prompt is prefilled (and retained) on the
 prefill side, and SGLang keeps decode's radix cache off by default.
 """
@@ -43,7 +45,8 @@ MANAGED_FLAGS: Final = frozenset(
         "--reasoning-parser",
     }
 )
-"""Flags the operator renders from the spec; ``extraArgs`` may not set them (``check_spec``)."""
+"""Flags the operator renders from the spec, or the worker adds for its role (``--disaggregation-*``);
+``extraArgs`` may not set them (``check_spec``)."""
 
 
 def pool_for(spec: KvRetentionDeploymentSpec, role: Role) -> WorkerPoolSpec:
@@ -83,18 +86,6 @@ def build_hicache_args(spec: KvRetentionDeploymentSpec) -> list[str]:
     return args
 
 
-def build_disaggregation_args(spec: KvRetentionDeploymentSpec, role: Role) -> list[str]:
-    if role == "aggregated":
-        return []
-    transfer = spec.kv_store.mooncake.transfer
-    args = ["--disaggregation-mode", role, "--disaggregation-transfer-backend", "mooncake"]
-    if role == "prefill":
-        args += ["--disaggregation-bootstrap-port", str(spec.workers.bootstrap_port)]
-    if transfer.protocol == "rdma" and transfer.device:
-        args += ["--disaggregation-ib-device", transfer.device]
-    return args
-
-
 def build_parser_args(spec: KvRetentionDeploymentSpec) -> list[str]:
     """The output parsers: SGLang's own flags, which the worker reads to parse tool calls and
     reasoning with SGLang's parsers (engine and worker agree on one source)."""
@@ -107,7 +98,7 @@ def build_parser_args(spec: KvRetentionDeploymentSpec) -> list[str]:
 
 
 def build_sglang_args(spec: KvRetentionDeploymentSpec, *, role: Role) -> list[str]:
-    """The whole SGLang argv of one role: model, parallelism, cache, PD, then the user's extras."""
+    """The SGLang argv of one role: model, parallelism, cache, then the user's extras."""
     pool = pool_for(spec, role)
     args = [
         "--model-path",
@@ -123,5 +114,4 @@ def build_sglang_args(spec: KvRetentionDeploymentSpec, *, role: Role) -> list[st
     args += build_parser_args(spec)
     if role != "decode":
         args += build_hicache_args(spec)
-    args += build_disaggregation_args(spec, role)
     return args + list(pool.extra_args)

@@ -106,6 +106,9 @@ def build_worker_command(cr: KvRetentionDeployment, role: Role) -> list[str]:
     ]
     if role == "prefill":
         command += ["--bootstrap-port", str(cr.spec.workers.bootstrap_port)]
+    transfer = cr.spec.kv_store.mooncake.transfer
+    if role != "aggregated" and transfer.protocol == "rdma" and transfer.device:
+        command += ["--ib-device", transfer.device]
     command += ["--drain-seconds", str(cr.spec.workers.drain_seconds)]
     return [*command, "--", *build_sglang_args(cr.spec, role=role)]
 

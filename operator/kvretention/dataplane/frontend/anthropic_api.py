@@ -20,7 +20,7 @@ from typing import Any, Final, Literal
 
 from kvretention.dataplane.frontend import sse
 from kvretention.dataplane.frontend.common import Completion, Marks, ParsedRequest, joined, marks_of
-from kvretention.dataplane.frontend.errors import FrontendError, Provider, anthropic_error_body
+from kvretention.dataplane.frontend.errors import FrontendError, anthropic_error_body
 from kvretention.dataplane.frontend.validate import Fields
 from kvretention.dataplane.protocol import (
     ChatMessage,
@@ -999,33 +999,3 @@ class MessagesStream:
             self._thinking = ""
         self._open = None
         return out + self._event("content_block_stop", index=self._index)
-
-
-class MessagesApi:
-    endpoint = "messages"
-    provider = Provider.ANTHROPIC
-
-    def parse(
-        self, body: dict[str, Any], *, hints: bool, breakpoints: BreakpointMode
-    ) -> ParsedRequest:
-        return parse_messages(body, hints=hints, breakpoints=breakpoints)
-
-    def response(
-        self, parsed: ParsedRequest, result: Completion, *, request_id: str
-    ) -> dict[str, Any]:
-        return messages_response(parsed, result, request_id=request_id)
-
-    def formatter(self, parsed: ParsedRequest, *, request_id: str) -> MessagesStream:
-        return MessagesStream(parsed, request_id=request_id)
-
-
-class CountTokensApi:
-    """``/v1/messages/count_tokens``: parsed like Messages, answered from the worker's count."""
-
-    endpoint = "messages.count_tokens"
-    provider = Provider.ANTHROPIC
-
-    def parse(
-        self, body: dict[str, Any], *, hints: bool, breakpoints: BreakpointMode
-    ) -> ParsedRequest:
-        return parse_count_tokens(body, hints=hints, breakpoints=breakpoints)

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from aiohttp import web
 
@@ -32,17 +32,21 @@ from kvretention.dataplane.frontend.affinity import (
     prefix_chain,
     session_key,
 )
-from kvretention.dataplane.frontend.anthropic_api import (
-    CountTokensApi,
-    MessagesApi,
-    count_tokens_response,
+from kvretention.dataplane.frontend.anthropic_api import count_tokens_response
+from kvretention.dataplane.frontend.common import Completion, ParsedRequest
+from kvretention.dataplane.frontend.endpoints import (
+    CHAT,
+    COUNT_TOKENS,
+    MESSAGES,
+    RESPONSES,
+    Endpoint,
+    GenerateEndpoint,
 )
-from kvretention.dataplane.frontend.common import Api, Completion, ParsedRequest
 from kvretention.dataplane.frontend.errors import FrontendError, Provider, error_body
-from kvretention.dataplane.frontend.metrics import CONTENT_TYPE, FrontendMetrics
-from kvretention.dataplane.frontend.openai_api import ChatApi, ResponsesApi
+from kvretention.dataplane.frontend.metrics import FrontendMetrics
 from kvretention.dataplane.frontend.tokenizer import ChatTokenizer
 from kvretention.dataplane.frontend.upstream import RouterClient
+from kvretention.dataplane.http import Readiness, add_metrics, add_probes
 from kvretention.dataplane.protocol import (
     DEFAULT_SESSION_KEYS,
     HEADER_PREFIX,
@@ -130,14 +134,13 @@ def create_app(
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[error_middleware])
     app[STATE] = state
     app.cleanup_ctx.append(_router_session)
-    app.router.add_post("/v1/chat/completions", _endpoint(ChatApi()))
-    app.router.add_post("/v1/responses", _endpoint(ResponsesApi()))
-    app.router.add_post("/v1/messages", _endpoint(MessagesApi()))
+    app.router.add_post("/v1/chat/completions", _endpoint(CHAT))
+    app.router.add_post("/v1/responses", _endpoint(RESPONSES))
+    app.router.add_post("/v1/messages", _endpoint(MESSAGES))
     app.router.add_post("/v1/messages/count_tokens", count_tokens)
     app.router.add_get("/v1/models", models)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics_view)
+    add_probes(app, ready=lambda: readiness(state))
+    add_metrics(app, state.metrics.registry)
     return app
 
 
@@ -195,7 +198,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return error_response(errors.internal_error(), provider)
 
 
-def _endpoint(api: Api) -> Handler:
+def _endpoint(api: GenerateEndpoint) -> Handler:
     async def handle(request: web.Request) -> web.StreamResponse:
         return await generate(request, api)
 
@@ -216,7 +219,7 @@ class _Outcome:
     """Client normalisations applied (``billing_header``), for the trace."""
 
 
-async def generate(request: web.Request, api: Api) -> web.StreamResponse:
+async def generate(request: web.Request, api: GenerateEndpoint) -> web.StreamResponse:
     state = request.app[STATE]
     request_id = uuid.uuid4().hex
     done = _Outcome()
@@ -242,7 +245,12 @@ async def generate(request: web.Request, api: Api) -> web.StreamResponse:
 
 
 async def _generate(
-    request: web.Request, api: Api, *, state: FrontendState, request_id: str, done: _Outcome
+    request: web.Request,
+    api: GenerateEndpoint,
+    *,
+    state: FrontendState,
+    request_id: str,
+    done: _Outcome,
 ) -> web.StreamResponse:
     try:
         parsed, session_id = await admit(request, api, state=state)
@@ -282,19 +290,8 @@ async def _generate(
         return error_response(err, api.provider, request_id=request_id)
 
 
-class Parser(Protocol):
-    """What admission needs of an endpoint: its name, its provider, and its body parser."""
-
-    endpoint: str
-    provider: Provider
-
-    def parse(
-        self, body: dict[str, Any], *, hints: bool, breakpoints: BreakpointMode
-    ) -> ParsedRequest: ...
-
-
 async def admit(
-    request: web.Request, api: Parser, *, state: FrontendState
+    request: web.Request, api: Endpoint, *, state: FrontendState
 ) -> tuple[ParsedRequest, str | None]:
     """Read, parse and check a request before anything is forwarded; raises ``FrontendError``."""
     try:
@@ -352,7 +349,7 @@ def build_preprocessed(
 
 async def _forward(
     request: web.Request,
-    api: Api,
+    api: GenerateEndpoint,
     parsed: ParsedRequest,
     upstream_request: PreprocessedRequest,
     *,
@@ -571,7 +568,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     """``POST /v1/messages/count_tokens``: the worker renders the prompt with the model's template
     and tokenizer and answers its length; nothing is generated."""
     state = request.app[STATE]
-    api = CountTokensApi()
+    api = COUNT_TOKENS
     request_id = uuid.uuid4().hex
     outcome = "ok"
     try:
@@ -642,18 +639,9 @@ async def models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": listed})
 
 
-async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
-
-
-async def readyz(request: web.Request) -> web.Response:
+async def readiness(state: FrontendState) -> Readiness:
     """Ready while the router reports a ready worker; the details (addresses) go to the log."""
-    reason = await request.app[STATE].router.ready()
+    reason = await state.router.ready()
     if reason is None:
-        return web.json_response({"status": "ready"})
-    return web.json_response({"status": "not_ready", "reason": reason}, status=503)
-
-
-async def metrics_view(request: web.Request) -> web.Response:
-    body = request.app[STATE].metrics.render()
-    return web.Response(body=body, headers={"content-type": CONTENT_TYPE})
+        return Readiness(ready=True, body={"status": "ready"})
+    return Readiness(ready=False, body={"status": "not_ready", "reason": reason})

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import Mapping
 
 import click
-from aiohttp import web
 
 from kvretention.dataplane.frontend.app import (
     DEFAULT_BODY_TIMEOUT,
@@ -22,9 +22,11 @@ from kvretention.dataplane.frontend.tokenizer import (
     TokenizerUnavailable,
     load_tokenizer,
 )
+from kvretention.dataplane.http import serve_until_signal
 from kvretention.dataplane.protocol import DEFAULT_SESSION_KEYS
 from kvretention.dataplane.trace import TRACE_ENV, trace_from_env
 from kvretention.hints.envelope import MAX_TTL_SECONDS
+from kvretention.ports import FRONTEND_PORT
 
 _SESSION_KEY = re.compile(r"^(metadata\.[A-Za-z0-9_]+|[A-Za-z0-9][A-Za-z0-9_-]*)$")
 
@@ -43,7 +45,7 @@ def parse_session_keys(value: str) -> tuple[str, ...]:
 
 @click.command("frontend")
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--port", default=FRONTEND_PORT, show_default=True, type=click.IntRange(0, 65535))
 @click.option(
     "--router-url",
     required=True,
@@ -220,17 +222,7 @@ def frontend_cmd(
         router_url,
         ", ".join(models) or "any",
     )
-    # handler_cancellation: a client that disconnects cancels its handler, which closes the
-    # router connection, so the generation is aborted instead of running to its end unread.
-    web.run_app(
-        app,
-        host=host,
-        port=port,
-        print=None,
-        access_log=None,
-        shutdown_timeout=5.0,
-        handler_cancellation=True,
-    )
+    asyncio.run(serve_until_signal(app, host=host, port=port, shutdown_timeout=5.0))
 
 
 def parse_aliases(values: tuple[str, ...], *, served: tuple[str, ...]) -> Mapping[str, str]:

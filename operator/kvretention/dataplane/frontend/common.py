@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kvretention.dataplane.frontend.errors import FrontendError, Provider
+from kvretention.dataplane.frontend.errors import FrontendError
 from kvretention.dataplane.protocol import (
     ChatMessage,
     ContentPart,
@@ -21,7 +21,7 @@ from kvretention.dataplane.protocol import (
     Usage,
 )
 from kvretention.hints.envelope import KvHintEnvelope
-from kvretention.hints.intent import BreakpointMode, CacheHints
+from kvretention.hints.intent import CacheHints
 
 Marks = Mapping[str, int]
 """A request's breakpoints as the provider parser meets them: a block's path in the provider's
@@ -110,20 +110,3 @@ class StreamFormatter(Protocol):
     def finish(self) -> bytes: ...
 
     def error(self, err: FrontendError) -> bytes: ...
-
-
-class Api(Protocol):
-    """One provider endpoint: parse a body, format a full answer, make a stream formatter."""
-
-    endpoint: str
-    provider: Provider
-
-    def parse(
-        self, body: dict[str, Any], *, hints: bool, breakpoints: BreakpointMode
-    ) -> ParsedRequest: ...
-
-    def response(
-        self, parsed: ParsedRequest, result: Completion, *, request_id: str
-    ) -> dict[str, Any]: ...
-
-    def formatter(self, parsed: ParsedRequest, *, request_id: str) -> StreamFormatter: ...

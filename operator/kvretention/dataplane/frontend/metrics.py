@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
-CONTENT_TYPE = CONTENT_TYPE_LATEST
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
@@ -15,36 +13,33 @@ class FrontendMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         self.requests = Counter(
-            "kvr_frontend_requests",
+            "kvretention_frontend_requests",
             "Finished requests by endpoint and outcome (ok, rejected, error, client_disconnected).",
             ["endpoint", "outcome"],
             registry=self.registry,
         )
         self.rejections = Counter(
-            "kvr_frontend_rejections",
+            "kvretention_frontend_rejections",
             "Requests refused before anything was forwarded, by reason (the error code).",
             ["endpoint", "reason"],
             registry=self.registry,
         )
         self.normalized = Counter(
-            "kvr_frontend_normalized",
+            "kvretention_frontend_normalized",
             "Client quirks removed before templating, by kind (billing_header).",
             ["endpoint", "kind"],
             registry=self.registry,
         )
         self.hints = Counter(
-            "kvr_frontend_kv_hints",
+            "kvretention_frontend_kv_hints",
             "KV-hint envelopes attached to forwarded requests, by TTL in seconds.",
             ["endpoint", "ttl_seconds"],
             registry=self.registry,
         )
         self.upstream_latency = Histogram(
-            "kvr_frontend_upstream_latency_seconds",
+            "kvretention_frontend_upstream_latency_seconds",
             "Router latency: to the first chunk (phase=first_chunk) and to the end (phase=total).",
             ["endpoint", "phase"],
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
-
-    def render(self) -> bytes:
-        return generate_latest(self.registry)

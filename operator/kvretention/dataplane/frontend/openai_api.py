@@ -8,21 +8,18 @@ the app and the tests import them by.
 from __future__ import annotations
 
 from kvretention.dataplane.frontend.openai_chat import (
-    ChatApi,
     ChatStream,
     chat_response,
     parse_chat,
 )
-from kvretention.dataplane.frontend.openai_responses import ResponsesApi, parse_responses
+from kvretention.dataplane.frontend.openai_responses import parse_responses
 from kvretention.dataplane.frontend.openai_responses_output import (
     ResponsesStream,
     responses_response,
 )
 
 __all__ = [
-    "ChatApi",
     "ChatStream",
-    "ResponsesApi",
     "ResponsesStream",
     "chat_response",
     "parse_chat",

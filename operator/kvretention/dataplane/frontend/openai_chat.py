@@ -22,7 +22,7 @@ from kvretention.dataplane.frontend.common import (
     joined,
     marks_of,
 )
-from kvretention.dataplane.frontend.errors import FrontendError, Provider, openai_error_body
+from kvretention.dataplane.frontend.errors import FrontendError, openai_error_body
 from kvretention.dataplane.frontend.openai_shared import (
     F,
     chat_usage,
@@ -555,21 +555,3 @@ class ChatStream:
     def error(self, err: FrontendError) -> bytes:
         """OpenAI streams a failure as a ``data: {"error": ...}`` frame (the SDK raises on it)."""
         return sse.event(openai_error_body(err))
-
-
-class ChatApi:
-    endpoint = "chat.completions"
-    provider = Provider.OPENAI
-
-    def parse(
-        self, body: dict[str, Any], *, hints: bool, breakpoints: BreakpointMode
-    ) -> ParsedRequest:
-        return parse_chat(body, hints=hints, breakpoints=breakpoints)
-
-    def response(
-        self, parsed: ParsedRequest, result: Completion, *, request_id: str
-    ) -> dict[str, Any]:
-        return chat_response(parsed, result, request_id=request_id)
-
-    def formatter(self, parsed: ParsedRequest, *, request_id: str) -> ChatStream:
-        return ChatStream(parsed, request_id=request_id)

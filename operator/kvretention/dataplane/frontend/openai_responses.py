@@ -13,16 +13,10 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from kvretention.dataplane.frontend.common import (
-    Completion,
     Marks,
     ParsedRequest,
     joined,
     marks_of,
-)
-from kvretention.dataplane.frontend.errors import Provider
-from kvretention.dataplane.frontend.openai_responses_output import (
-    ResponsesStream,
-    responses_response,
 )
 from kvretention.dataplane.frontend.openai_shared import (
     F,
@@ -561,21 +555,3 @@ def _reasoning_control(raw: object) -> tuple[ReasoningControl | None, dict[str, 
     summary = summary or enum(spec, "generate_summary", where="reasoning", values=summaries)
     control = reasoning_effort(spec.get("effort"), param="reasoning.effort")
     return control, {"effort": spec.get("effort"), "summary": summary}
-
-
-class ResponsesApi:
-    endpoint = "responses"
-    provider = Provider.OPENAI
-
-    def parse(
-        self, body: dict[str, Any], *, hints: bool, breakpoints: BreakpointMode
-    ) -> ParsedRequest:
-        return parse_responses(body, hints=hints, breakpoints=breakpoints)
-
-    def response(
-        self, parsed: ParsedRequest, result: Completion, *, request_id: str
-    ) -> dict[str, Any]:
-        return responses_response(parsed, result, request_id=request_id)
-
-    def formatter(self, parsed: ParsedRequest, *, request_id: str) -> ResponsesStream:
-        return ResponsesStream(parsed, request_id=request_id)

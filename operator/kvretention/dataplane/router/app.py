@@ -21,14 +21,9 @@ from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    generate_latest,
-)
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from kvretention.dataplane.http import Readiness, add_metrics, add_probes
 from kvretention.dataplane.protocol import (
     ERROR_STATUS,
     GENERATE_PATH,
@@ -105,36 +100,36 @@ class RouterMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
-            "kvr_router_requests",
+            "kvretention_router_requests",
             "Routed requests by mode and outcome.",
             ["mode", "outcome"],
             registry=self.registry,
         )
         self.healthy = Gauge(
-            "kvr_router_healthy_workers",
+            "kvretention_router_healthy_workers",
             "Healthy workers by role.",
             ["role"],
             registry=self.registry,
         )
         self.outstanding = Gauge(
-            "kvr_router_outstanding_requests",
+            "kvretention_router_outstanding_requests",
             "Requests in flight per worker.",
             ["role", "url"],
             registry=self.registry,
         )
         self.ejections = Counter(
-            "kvr_router_worker_ejections",
+            "kvretention_router_worker_ejections",
             "Workers taken out of rotation.",
             ["role", "reason"],
             registry=self.registry,
         )
         self.sticky = Counter(
-            "kvr_router_sticky_placements",
+            "kvretention_router_sticky_placements",
             "Placements decided by a session pin.",
             registry=self.registry,
         )
         self.prefix = Counter(
-            "kvr_router_prefix_placements",
+            "kvretention_router_prefix_placements",
             "Placements decided by a prefix match (cache-aware policy).",
             registry=self.registry,
         )
@@ -551,16 +546,10 @@ async def _relay(
 # ---------------------------------------------------------------- health, metrics, assembly
 
 
-async def handle_healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
-
-
-async def handle_readyz(request: web.Request) -> web.Response:
-    state = request.app[STATE]
+async def readiness(state: RouterState) -> Readiness:
+    """Ready while every pool this router needs has a healthy worker."""
     ready = state.ready()
-    return web.json_response(
-        {"status": "ready" if ready else "no_workers"}, status=200 if ready else 503
-    )
+    return Readiness(ready=ready, body={"status": "ready" if ready else "no_workers"})
 
 
 async def handle_workers(request: web.Request) -> web.Response:
@@ -580,20 +569,12 @@ async def handle_workers(request: web.Request) -> web.Response:
     )
 
 
-async def handle_metrics(request: web.Request) -> web.Response:
-    registry = request.app[STATE].metrics.registry
-    return web.Response(
-        body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-    )
-
-
 def build_app(state: RouterState) -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app[STATE] = state
     app.cleanup_ctx.append(_background)
     app.router.add_post(GENERATE_PATH, handle_generate)
-    app.router.add_get("/healthz", handle_healthz)
-    app.router.add_get("/readyz", handle_readyz)
+    add_probes(app, ready=lambda: readiness(state))
     app.router.add_get("/v1/workers", handle_workers)
-    app.router.add_get("/metrics", handle_metrics)
+    add_metrics(app, state.metrics.registry)
     return app

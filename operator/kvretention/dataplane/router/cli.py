@@ -2,34 +2,34 @@
 
 Aggregated::
 
-    kvretention router --worker http://w0:8100 --worker http://w1:8100
-    kvretention router --worker-dns workers.ns.svc.cluster.local:8100
+    kvretention router --worker http://w0:8002 --worker http://w1:8002
+    kvretention router --worker-dns workers.ns.svc.cluster.local:8002
 
 Disaggregated (one prefill and one decode worker per request, sharing a bootstrap room)::
 
-    kvretention router --prefill-dns prefill.ns.svc:8100 --decode-dns decode.ns.svc:8100
+    kvretention router --prefill-dns prefill.ns.svc:8002 --decode-dns decode.ns.svc:8002
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from typing import cast
 
 import click
-from aiohttp import web
 
+from kvretention.dataplane.http import serve_until_signal
 from kvretention.dataplane.router.app import RouterConfig, RouterState, build_app
 from kvretention.dataplane.router.discovery import DiscoveryError, build_sources
 from kvretention.dataplane.router.placement import DEFAULT_MAX_PREFIXES, POLICIES, Policy
+from kvretention.ports import ROUTER_PORT
 
 log = logging.getLogger("kvretention.router")
 
 
 @click.command("router")
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
-@click.option("--port", default=8200, show_default=True, type=int, help="Port to listen on.")
+@click.option("--port", default=ROUTER_PORT, show_default=True, type=int, help="Port to listen on.")
 @click.option("--worker", "workers", multiple=True, help="Aggregated worker URL (repeatable).")
 @click.option(
     "--worker-dns", multiple=True, help="Aggregated workers' headless Service as host:port."
@@ -120,21 +120,15 @@ def router_cmd(
 
 
 async def _serve(state: RouterState, *, host: str, port: int) -> None:
-    runner = web.AppRunner(
-        build_app(state), handler_cancellation=True, access_log=None, shutdown_timeout=5.0
+    def listening() -> None:
+        log.info(
+            "router listening on %s:%d (%s), %d worker(s) known",
+            host,
+            port,
+            "disaggregated" if state.disaggregated else "aggregated",
+            len(state.workers),
+        )
+
+    await serve_until_signal(
+        build_app(state), host=host, port=port, shutdown_timeout=5.0, on_listening=listening
     )
-    await runner.setup()
-    await web.TCPSite(runner, host, port).start()
-    log.info(
-        "router listening on %s:%d (%s), %d worker(s) known",
-        host,
-        port,
-        "disaggregated" if state.disaggregated else "aggregated",
-        len(state.workers),
-    )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await runner.cleanup()

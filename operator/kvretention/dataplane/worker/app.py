@@ -23,17 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any, Final, cast, get_args
 
 from aiohttp import web
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    generate_latest,
-)
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import ValidationError
 
 from kvretention.dataplane.breakpoints import MarkerMismatch, Resolution
 from kvretention.dataplane.chat_template import TemplateInputError
+from kvretention.dataplane.http import Readiness, add_metrics, add_probes
 from kvretention.dataplane.protocol import (
     ERROR_STATUS,
     GENERATE_PATH,
@@ -96,19 +91,19 @@ class WorkerMetrics:
 
     def __post_init__(self) -> None:
         self.requests = Counter(
-            "kvr_worker_requests",
+            "kvretention_worker_requests",
             "Finished generate requests by outcome.",
             ["outcome"],
             registry=self.registry,
         )
         self.kv_hints = Counter(
-            "kvr_worker_kv_hints_passed",
+            "kvretention_worker_kv_hints_passed",
             "Requests whose hint was passed to the engine, by dialect.",
             ["dialect"],
             registry=self.registry,
         )
         self.inflight = Gauge(
-            "kvr_worker_inflight", "Generate requests in flight.", registry=self.registry
+            "kvretention_worker_inflight", "Generate requests in flight.", registry=self.registry
         )
 
 
@@ -433,15 +428,11 @@ def _request_id_of(body: bytes) -> str:
     return rid if isinstance(rid, str) else ""
 
 
-async def handle_healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
-
-
-async def handle_readyz(request: web.Request) -> web.Response:
-    state = request.app[STATE]
+async def readiness(state: WorkerState) -> Readiness:
+    """Not ready once draining, so the router's health poll stops sending new requests."""
     if state.draining:
-        return web.json_response({"status": "draining"}, status=503)
-    return web.json_response({"status": "ready"})
+        return Readiness(ready=False, body={"status": "draining"})
+    return Readiness(ready=True, body={"status": "ready"})
 
 
 async def handle_info(request: web.Request) -> web.Response:
@@ -458,21 +449,13 @@ async def handle_info(request: web.Request) -> web.Response:
     )
 
 
-async def handle_metrics(request: web.Request) -> web.Response:
-    registry = request.app[STATE].metrics.registry
-    return web.Response(
-        body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-    )
-
-
 def build_app(state: WorkerState) -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app[STATE] = state
     app.router.add_post(GENERATE_PATH, handle_generate)
-    app.router.add_get("/healthz", handle_healthz)
-    app.router.add_get("/readyz", handle_readyz)
+    add_probes(app, ready=lambda: readiness(state))
     app.router.add_get(INFO_PATH, handle_info)
-    app.router.add_get("/metrics", handle_metrics)
+    add_metrics(app, state.metrics.registry)
     return app
 
 

@@ -2,7 +2,7 @@
 
 Everything after ``--`` is passed to SGLang as server arguments, for example::
 
-    kvretention worker --engine sglang --port 8100 -- --model-path Qwen/Qwen3-0.6B --tp-size 1 \\
+    kvretention worker --engine sglang --port 8002 -- --model-path Qwen/Qwen3-0.6B --tp-size 1 \\
         --enable-hierarchical-cache --hicache-storage-backend mooncake \\
         --tool-call-parser qwen25 --reasoning-parser qwen3
 
@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from typing import cast
 
 import click
-from aiohttp import web
 
+from kvretention.dataplane.http import serve_until_signal
 from kvretention.dataplane.protocol import Role
 from kvretention.dataplane.trace import trace_from_env
 from kvretention.dataplane.worker.app import WorkerState, build_app, drain
@@ -31,13 +30,14 @@ from kvretention.dataplane.worker.engine import (
     build_sglang_argv,
     load_engine,
 )
+from kvretention.ports import WORKER_PORT
 
 log = logging.getLogger("kvretention.worker")
 
 
 @click.command("worker", context_settings={"ignore_unknown_options": True})
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
-@click.option("--port", default=8100, show_default=True, type=int, help="Port to listen on.")
+@click.option("--port", default=WORKER_PORT, show_default=True, type=int, help="Port to listen on.")
 @click.option(
     "--engine",
     "engine_spec",
@@ -50,7 +50,8 @@ log = logging.getLogger("kvretention.worker")
     type=click.Choice(["aggregated", "prefill", "decode"]),
     default="aggregated",
     show_default=True,
-    help="This worker's place in the fleet; prefill/decode add SGLang's disaggregation flags.",
+    help="This worker's place in the fleet; prefill/decode add SGLang's disaggregation flags "
+    "(mode, Mooncake transfer backend, bootstrap port, RDMA device) unless given after --.",
 )
 @click.option(
     "--bootstrap-host",
@@ -63,6 +64,11 @@ log = logging.getLogger("kvretention.worker")
     type=int,
     default=None,
     help="This prefill worker's KV bootstrap port (SGLang --disaggregation-bootstrap-port).",
+)
+@click.option(
+    "--ib-device",
+    default=None,
+    help="RDMA device(s) for prefill/decode KV transfers (SGLang --disaggregation-ib-device).",
 )
 @click.option(
     "--drain-seconds",
@@ -85,6 +91,7 @@ def worker_cmd(
     role: str,
     bootstrap_host: str | None,
     bootstrap_port: int | None,
+    ib_device: str | None,
     drain_seconds: float,
     trace_file: str | None,
     log_level: str,
@@ -93,7 +100,9 @@ def worker_cmd(
     """Serve one SGLang engine (or the stand-in) behind the router."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     typed_role = cast(Role, role)
-    argv = build_sglang_argv(server_args, role=typed_role, bootstrap_port=bootstrap_port)
+    argv = build_sglang_argv(
+        server_args, role=typed_role, bootstrap_port=bootstrap_port, ib_device=ib_device
+    )
     asyncio.run(
         _serve(
             host=host,
@@ -133,22 +142,22 @@ async def _serve(
         bootstrap_port=bootstrap_port,
         trace=trace_from_env(trace_file, component="worker"),
     )
-    runner = web.AppRunner(
-        build_app(state), handler_cancellation=True, access_log=None, shutdown_timeout=1.0
-    )
-    await runner.setup()
-    await web.TCPSite(runner, host, port).start()
-    log.info("worker listening on %s:%d", host, port)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    log.info("draining %d in-flight request(s) for up to %.1fs", state.inflight, drain_seconds)
-    drained = await drain(state, deadline_s=drain_seconds)
-    if not drained:
-        log.warning("drain deadline passed with %d request(s) in flight", state.inflight)
-    await runner.cleanup()
-    engine.shutdown()
-    if state.trace is not None:
-        state.trace.close()
+
+    async def drain_in_flight() -> None:
+        log.info("draining %d in-flight request(s) for up to %.1fs", state.inflight, drain_seconds)
+        if not await drain(state, deadline_s=drain_seconds):
+            log.warning("drain deadline passed with %d request(s) in flight", state.inflight)
+
+    try:
+        await serve_until_signal(
+            build_app(state),
+            host=host,
+            port=port,
+            shutdown_timeout=1.0,
+            on_listening=lambda: log.info("worker listening on %s:%d", host, port),
+            before_close=drain_in_flight,
+        )
+    finally:
+        engine.shutdown()
+        if state.trace is not None:
+            state.trace.close()

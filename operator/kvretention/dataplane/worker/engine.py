@@ -2,7 +2,7 @@
 
 ``--engine sglang`` builds ``sglang.Engine`` from the SGLang server arguments given after ``--``
 (``--model-path``, ``--tp-size``, HiCache flags, ...), adding the disaggregation flags the worker's
-role implies. ``--engine standin:<dialect>`` loads :mod:`kvretention.dataplane.worker.standin`.
+role implies: the worker alone decides those (the operator renders ``--role``, not SGLang's flags). ``--engine standin:<dialect>`` loads :mod:`kvretention.dataplane.worker.standin`.
 Either way the dialect is measured from the loaded engine, never assumed, and SGLang's own
 ``--tool-call-parser`` / ``--reasoning-parser`` flags in that argv select the output parsers (an
 unknown name fails here, at start, listing the names SGLang knows).
@@ -31,6 +31,8 @@ from kvretention.dataplane.worker.parsing import (
 )
 
 STANDIN_PREFIX: Final = "standin:"
+TRANSFER_BACKEND: Final = "mooncake"
+"""SGLang's KV transfer engine between prefill and decode (the fleet's Mooncake)."""
 
 
 class EngineLoadError(RuntimeError):
@@ -67,22 +69,31 @@ class LoadedEngine:
 
 
 def build_sglang_argv(
-    passthrough: Sequence[str], *, role: Role, bootstrap_port: int | None
+    passthrough: Sequence[str],
+    *,
+    role: Role,
+    bootstrap_port: int | None,
+    ib_device: str | None = None,
 ) -> list[str]:
     """SGLang server argv: the user's flags plus the disaggregation flags the role implies.
 
-    Flags the user gave explicitly win; the worker only fills in what is missing.
+    Prefill and decode get ``--disaggregation-mode`` and the Mooncake transfer backend; prefill
+    also its bootstrap port; both the RDMA device when one is named. Flags the user gave
+    explicitly win; the worker only fills in what is missing.
     """
     argv = list(passthrough)
+    if role == "aggregated":
+        return argv
     given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
-    if role != "aggregated" and "--disaggregation-mode" not in given:
-        argv += ["--disaggregation-mode", role]
-    if (
-        role == "prefill"
-        and bootstrap_port is not None
-        and "--disaggregation-bootstrap-port" not in given
-    ):
-        argv += ["--disaggregation-bootstrap-port", str(bootstrap_port)]
+    wanted: list[tuple[str, str | int | None]] = [
+        ("--disaggregation-mode", role),
+        ("--disaggregation-transfer-backend", TRANSFER_BACKEND),
+        ("--disaggregation-bootstrap-port", bootstrap_port if role == "prefill" else None),
+        ("--disaggregation-ib-device", ib_device),
+    ]
+    for flag, value in wanted:
+        if value is not None and flag not in given:
+            argv += [flag, str(value)]
     return argv
 
 
