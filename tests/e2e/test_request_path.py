@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,27 +16,10 @@ import anthropic
 import openai
 import pytest
 
-from support.processes import start_kvretention
+from support.processes import StartKvretention as Start
 
 MODEL = "standin"
 REPLY = "Hello from the kvretention stand-in."
-Start = Callable[..., Any]
-
-
-@pytest.fixture(scope="module")
-def start(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Start]:
-    """Start ``kvretention`` subcommands; all are stopped when the module ends."""
-    started: list[Any] = []
-    logs = tmp_path_factory.mktemp("e2e-logs")
-
-    def run(args: list[str], **kwargs: Any) -> Any:
-        process = start_kvretention(args, log_dir=logs, **kwargs)
-        started.append(process)
-        return process
-
-    yield run
-    for process in reversed(started):
-        process.stop()
 
 
 class Fleet:

@@ -89,8 +89,12 @@ def _codex_tools() -> list[dict[str, Any]]:
     ]
 
 
-def codex_session(*, turns: int = 12, marker: str = "") -> list[Request]:
-    """A Codex CLI conversation on ``/v1/responses``: one request per model call."""
+def codex_session(*, turns: int = 12, marker: str = "", result_marker: str = "") -> list[Request]:
+    """A Codex CLI conversation on ``/v1/responses``: one request per model call.
+
+    ``marker`` ends the task message and ``result_marker`` every tool output (the engine
+    stand-in reads markers in the newest user turn, so a replay can ask for a tool call each turn).
+    """
     conversation = str(uuid.uuid4())
     headers = {
         "session_id": conversation,
@@ -155,7 +159,8 @@ def codex_session(*, turns: int = 12, marker: str = "") -> list[Request]:
                 {
                     "type": "custom_tool_call_output",
                     "call_id": call_id,
-                    "output": "Success. Updated the following files:\nM parser.py\n",
+                    "output": "Success. Updated the following files:\nM parser.py\n"
+                    + result_marker,
                 }
             )
         else:
@@ -176,7 +181,7 @@ def codex_session(*, turns: int = 12, marker: str = "") -> list[Request]:
                     "call_id": call_id,
                     "output": json.dumps(
                         {
-                            "output": f"src/parser.py:{turn}: def parse()\n" * 5,
+                            "output": f"src/parser.py:{turn}: def parse()\n" * 5 + result_marker,
                             "metadata": {"exit_code": 0},
                         }
                     ),
@@ -239,10 +244,17 @@ def _billing_header(n: int) -> dict[str, Any]:
 
 
 def claude_code_session(
-    *, turns: int = 14, marker: str = "", cache_control: bool = True, ttl: str | None = "1h"
+    *,
+    turns: int = 14,
+    marker: str = "",
+    result_marker: str = "",
+    cache_control: bool = True,
+    ttl: str | None = "1h",
 ) -> list[Request]:
     """A Claude Code conversation on ``/v1/messages?beta=true``: a title side call on the small
-    model, then one request per model call; block-level ``cache_control`` as Claude Code marks it."""
+    model, then one request per model call; block-level ``cache_control`` as Claude Code marks it.
+    ``marker`` / ``result_marker`` end the task message and every tool result (see
+    :func:`codex_session`)."""
     session = str(uuid.uuid4())
     user_id = f"user_{uuid.uuid4().hex}_account__session_{session}"
     headers = {
@@ -345,7 +357,8 @@ def claude_code_session(
                     {
                         "type": "tool_result",
                         "tool_use_id": tool_id,
-                        "content": f"FAILED tests/test_parser.py::test_{turn}\n" * 4,
+                        "content": f"FAILED tests/test_parser.py::test_{turn}\n" * 4
+                        + result_marker,
                         "is_error": turn % 4 == 3,
                     }
                 ],
