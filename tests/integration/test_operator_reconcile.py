@@ -92,7 +92,10 @@ def test_sample_reaches_ready_with_one_write_per_child_and_none_once_converged(
     status = cr["status"]
     assert status["observedGeneration"] == cr["metadata"]["generation"]
     assert status["workersReady"] == "2/2"
-    assert status["frontend"] == {"ready": 1, "desired": 1}
+    assert status["frontend"] == {"ready": 1, "desired": 1, "updated": 1, "available": 1}
+    assert [(p["name"], p["reason"], p["ready"]) for p in status["workers"]["pools"]] == [
+        (f"{name}-worker", "PodsReady", 2)
+    ]
     assert status["endpoint"].startswith(f"http://{name}-frontend.{fleets.ns}.svc:")
     assert status["engine"]["sglangVersion"] == "0.5.23"
     assert status["engine"]["dialect"] == "versioned"

@@ -135,6 +135,9 @@ def build_openapi_schema() -> Schema:
     conditions = status["properties"]["conditions"]
     conditions["x-kubernetes-list-type"] = "map"
     conditions["x-kubernetes-list-map-keys"] = ["type"]
+    pools = status["properties"]["workers"]["properties"]["pools"]
+    pools["x-kubernetes-list-type"] = "map"
+    pools["x-kubernetes-list-map-keys"] = ["name"]
     return {
         "type": "object",
         "description": (

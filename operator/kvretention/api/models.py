@@ -1210,10 +1210,53 @@ class Condition(_StatusModel):
 
 
 class ReplicaCount(_StatusModel):
-    """Ready and desired pods of one component."""
+    """One component's pods, and its rollout's progress (summed over its Deployments)."""
 
     ready: int = Field(default=0, ge=0, description="Ready pods.")
     desired: int = Field(default=0, ge=0, description="Desired pods.")
+    updated: int = Field(
+        default=0, ge=0, description="Pods running the current pod template (updatedReplicas)."
+    )
+    available: int = Field(
+        default=0,
+        ge=0,
+        description="Pods ready for at least the Deployment's minReadySeconds (availableReplicas).",
+    )
+
+
+class WorkerPoolStatus(ReplicaCount):
+    """One worker pool (one Deployment): its pods and why they are not ready, if they are not."""
+
+    name: str = Field(max_length=253, description="The pool's Deployment.")
+    role: str = Field(
+        default="",
+        max_length=63,
+        description="The pool's component: worker, worker-prefill or worker-decode.",
+    )
+    reason: str = Field(
+        default="",
+        max_length=1024,
+        description=(
+            "PodsReady, or why not: ScaledToZero, NotCreated, ReplicaFailure, "
+            "ProgressDeadlineExceeded, Unschedulable, ErrImagePull / ImagePullBackOff (and the "
+            "kubelet's other image reasons), CreateContainerConfigError (and the kubelet's other "
+            "container reasons), InitContainerFailed, CrashLoopBackOff, ContainerFailed, "
+            "PodFailed, RollingOut, PodsStarting, PodsNotReady."
+        ),
+    )
+    message: str = Field(
+        default="",
+        max_length=32768,
+        description="Details: the Deployment, the pod, the scheduler's or kubelet's message.",
+    )
+
+
+class WorkersStatus(ReplicaCount):
+    """All worker pools together, and each pool on its own."""
+
+    pools: list[WorkerPoolStatus] = Field(
+        default_factory=list, description="Each worker pool (Deployment), in the spec's order."
+    )
 
 
 class KvStoreStatus(ReplicaCount):
@@ -1284,7 +1327,9 @@ class KvRetentionDeploymentStatus(_StatusModel):
     )
     frontend: ReplicaCount | None = Field(default=None, description="Frontend pods.")
     router: ReplicaCount | None = Field(default=None, description="Router pods.")
-    workers: ReplicaCount | None = Field(default=None, description="Worker pods (all pools).")
+    workers: WorkersStatus | None = Field(
+        default=None, description="Worker pods (all pools), and each pool with its reason."
+    )
     kv_store: KvStoreStatus | None = Field(
         default=None, description="Mooncake master pods and the pool's usage."
     )

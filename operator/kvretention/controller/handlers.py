@@ -38,24 +38,32 @@ from kvretention.controller.kvstore_metrics import (
 )
 from kvretention.controller.metrics import Metrics
 from kvretention.controller.resources import build_children, check_spec
-from kvretention.controller.resources.common import service_host
+from kvretention.controller.resources.common import (
+    APP_NAME,
+    LABEL_COMPONENT,
+    LABEL_INSTANCE,
+    LABEL_MANAGED_BY,
+    LABEL_NAME,
+    service_host,
+)
 from kvretention.controller.resources.mooncake import MASTER_SUFFIX, uses_mooncake
 from kvretention.controller.status import (
-    SCALED_TO_ZERO,
     WORKER_COMPONENTS,
     Fleet,
     Observed,
     compute_invalid_status,
     compute_status,
+    is_problem,
     owned_part,
     transitions,
 )
 
 log = logging.getLogger(__name__)
 
-MANAGED_BY: Final = "app.kubernetes.io/managed-by"
-INSTANCE: Final = "app.kubernetes.io/instance"
-COMPONENT: Final = "app.kubernetes.io/component"
+MANAGED_BY: Final = LABEL_MANAGED_BY
+INSTANCE: Final = LABEL_INSTANCE
+COMPONENT: Final = LABEL_COMPONENT
+NAME: Final = LABEL_NAME
 CR_KIND: Final = k.custom_kind(group=GROUP, version=VERSION, kind=KIND, plural=PLURAL)
 
 Key = tuple[str, str]
@@ -132,6 +140,16 @@ def stamp_of(live: Mapping[str, Any], manifest: Mapping[str, Any], *, digest: st
     return (str(meta.get("uid")), version, digest, manifest_hash(ours))
 
 
+def fleet_pods_selector(name: str) -> str:
+    """The label selector of every pod of fleet ``name`` (the Deployments' immutable selector
+    labels, so pods made before a label change still match)."""
+    return f"{NAME}={APP_NAME},{INSTANCE}={name}"
+
+
+def _component(obj: Mapping[str, Any]) -> str | None:
+    return (_meta(obj).get("labels") or {}).get(COMPONENT)
+
+
 def backoff_delay(failures: int) -> float:
     """0.5 s, 1 s, 2 s, ... capped at a minute."""
     return float(min(MAX_BACKOFF_S, 0.5 * 2 ** max(0, failures - 1)))
@@ -157,14 +175,9 @@ def conflict_message(kind: str, obj: Mapping[str, Any], *, owner: str) -> str:
 
 
 def event_type(condition: Mapping[str, Any]) -> str:
-    """Warning when a health condition turns False for a problem; Normal otherwise (a component
-    scaled to zero on purpose is not a problem)."""
-    bad = (
-        condition["status"] == "False"
-        and condition["type"] != "Progressing"
-        and condition["reason"] != SCALED_TO_ZERO
-    )
-    return "Warning" if bad else "Normal"
+    """Warning when a health condition turns False for a problem someone must act on; Normal
+    otherwise (pods still starting, a rollout, a component scaled to zero on purpose)."""
+    return "Warning" if is_problem(condition) else "Normal"
 
 
 # -- the work queue ----------------------------------------------------------------------------
@@ -350,11 +363,9 @@ class Controller:
                 observed_deployments[manifest["metadata"]["name"]] = current
         if not refused:
             await self._prune(body, desired, live)
-        pods = await self.kube.list(
-            k.POD,
-            namespace,
-            selector=f"{INSTANCE}={name},{COMPONENT} in ({','.join(WORKER_COMPONENTS)})",
-        )
+        # Every pod of the fleet, once: worker pods carry the probe reports, and any pod that is
+        # not ready says why (the scheduler's message, the kubelet's waiting reason).
+        pods = await self.kube.list(k.POD, namespace, selector=fleet_pods_selector(name))
         mooncake = cr.spec.kv_store.mooncake
         fleet = Fleet(
             name=name,
@@ -371,7 +382,8 @@ class Controller:
         )
         observed = Observed(
             deployments=observed_deployments,
-            worker_pods=pods,
+            worker_pods=[p for p in pods if _component(p) in WORKER_COMPONENTS],
+            pods=pods,
             apply_errors=refused,
             kvstore=await kvstore_read,
             conflicts=conflicts,
@@ -526,8 +538,6 @@ class Controller:
         self.metrics.status_writes.inc()
         now = self.clock()
         for cond in transitions(previous, status):
-            if cond["status"] == "Unknown" and not (previous or {}).get("conditions"):
-                continue  # nothing to say yet
             await self.kube.post_event(
                 body,
                 type_=event_type(cond),
@@ -565,6 +575,8 @@ def build_registry() -> kopf.OperatorRegistry:
         settings.watching.client_timeout = 330
         settings.watching.connect_timeout = 10
         settings.networking.request_timeout = 60
+        for resource, selector in CHILD_WATCH_SELECTORS:
+            settings.watching.label_selectors[resource] = selector
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -608,10 +620,20 @@ def build_registry() -> kopf.OperatorRegistry:
         labels=managed,
         registry=registry,
     )(on_child)
-    # Pods carry their pool's selector labels, not necessarily managed-by: match on component.
-    worker_pod: dict[str, Any] = {
-        COMPONENT: lambda value, **_: value in WORKER_COMPONENTS,
-        INSTANCE: kopf.PRESENT,
-    }
-    kopf.on.event("v1", "pods", id="child-pods", labels=worker_pod, registry=registry)(on_child)
+    # Pods are matched on their Deployment's selector labels (immutable, on every fleet pod).
+    fleet_pod: dict[str, Any] = {NAME: APP_NAME, INSTANCE: kopf.PRESENT}
+    kopf.on.event("v1", "pods", id="child-pods", labels=fleet_pod, registry=registry)(on_child)
     return registry
+
+
+CHILD_WATCH_SELECTORS: Final[tuple[tuple[tuple[str, str] | tuple[str, str, str], str], ...]] = (
+    (("apps", "v1", "deployments"), f"{MANAGED_BY}={k.FIELD_MANAGER}"),
+    (("v1", "services"), f"{MANAGED_BY}={k.FIELD_MANAGER}"),
+    (("v1", "configmaps"), f"{MANAGED_BY}={k.FIELD_MANAGER}"),
+    (("policy", "v1", "poddisruptionbudgets"), f"{MANAGED_BY}={k.FIELD_MANAGER}"),
+    (("networking.k8s.io", "v1", "networkpolicies"), f"{MANAGED_BY}={k.FIELD_MANAGER}"),
+    (("v1", "pods"), f"{NAME}={APP_NAME},{INSTANCE}"),
+)
+"""Server-side label selectors of the child watches: the API server sends only our objects, so
+unrelated ConfigMaps or Pods cost the operator nothing (kopf's ``labels=`` filters client-side,
+after every object in the cluster has been streamed and parsed)."""

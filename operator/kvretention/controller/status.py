@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
 from kvretention.controller.kvstore_metrics import KvStoreReading
@@ -66,6 +66,69 @@ STATUS_KEYS: Final = frozenset(
 SCALED_TO_ZERO: Final = "ScaledToZero"
 """A component asked for 0 replicas: not ready, but on purpose (a Normal Event, not a Warning)."""
 
+UNSCHEDULABLE: Final = "Unschedulable"
+REPLICA_FAILURE: Final = "ReplicaFailure"
+PROGRESS_DEADLINE_EXCEEDED: Final = "ProgressDeadlineExceeded"
+INIT_CONTAINER_FAILED: Final = "InitContainerFailed"
+CRASH_LOOP_BACK_OFF: Final = "CrashLoopBackOff"
+CONTAINER_FAILED: Final = "ContainerFailed"
+POD_FAILED: Final = "PodFailed"
+PODS_STARTING: Final = "PodsStarting"
+
+IMAGE_PULL_REASONS: Final = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "RegistryUnavailable",
+        "SignatureValidationFailed",
+    }
+)
+"""The kubelet's waiting reasons for an image it cannot get (kept verbatim as the reason)."""
+CONTAINER_CONFIG_REASONS: Final = frozenset(
+    {
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+        "PreStartHookError",
+        "PostStartHookError",
+    }
+)
+"""The kubelet's waiting reasons for a container it cannot create or start (a missing Secret or
+ConfigMap key, an executable not in the image, a failing hook)."""
+
+POD_PROBLEMS: Final = frozenset(
+    {
+        UNSCHEDULABLE,
+        "SchedulingGated",
+        *IMAGE_PULL_REASONS,
+        *CONTAINER_CONFIG_REASONS,
+        INIT_CONTAINER_FAILED,
+        CRASH_LOOP_BACK_OFF,
+        CONTAINER_FAILED,
+        POD_FAILED,
+    }
+)
+PROBLEM_REASONS: Final = frozenset(
+    {
+        *POD_PROBLEMS,
+        REPLICA_FAILURE,
+        PROGRESS_DEADLINE_EXCEEDED,
+        "ApplyFailed",
+        "ChildConflict",
+        "InvalidSpec",
+        "EngineLacksKvHints",
+        "EngineUnusableForHints",
+        "ProbeReportInvalid",
+        "OverBudget",
+    }
+)
+"""Reasons that need someone to act (a Warning Event); every other False is waiting or on purpose."""
+
+_DETAIL_CHARS: Final = 300
+"""How much of a kubelet or scheduler message a status message quotes."""
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -74,16 +137,23 @@ class Workload:
     name: str
     component: str
     desired: int
+    selector: Mapping[str, str] = field(default_factory=dict)
+    """The Deployment's ``matchLabels``: which pods are its own."""
     exists: bool = False
     replicas: int = 0
     ready: int = 0
     updated: int = 0
+    available: int = 0
     current_generation: bool = False
     """The Deployment controller has seen the latest spec (observedGeneration >= generation)."""
+    replica_failure: str | None = None
+    """``ReplicaFailure=True``: the ReplicaSet controller cannot create pods (quota, admission)."""
+    deadline_exceeded: str | None = None
+    """``Progressing=False`` with ``ProgressDeadlineExceeded``: the rollout stopped progressing."""
 
     @property
-    def rolled_out(self) -> bool:
-        """kubectl's ``rollout status``: latest spec seen, every pod updated, no old pods left."""
+    def updated_all(self) -> bool:
+        """Latest spec seen, every pod runs it, no old pods left (some may still be starting)."""
         return (
             self.exists
             and self.current_generation
@@ -91,30 +161,270 @@ class Workload:
             and self.replicas <= self.desired
         )
 
+    @property
+    def rolled_out(self) -> bool:
+        """kubectl's ``rollout status`` (and kstatus, Argo CD): every pod updated and available."""
+        return self.updated_all and self.available >= self.desired
+
+    @property
+    def healthy(self) -> bool:
+        return self.rolled_out and self.ready >= self.desired
+
+    @property
+    def progress(self) -> str:
+        """Rollout progress, as Dynamo's rolling-update status counts it."""
+        return (
+            f"{self.updated}/{self.desired} updated, {self.ready}/{self.desired} ready, "
+            f"{self.available}/{self.desired} available"
+        )
+
+
+def _deployment_condition(live: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
+    for cond in (live.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == type_:
+            found: Mapping[str, Any] = cond
+            return found
+    return {}
+
 
 def observe_workload(desired: Mapping[str, Any], live: Mapping[str, Any] | None) -> Workload:
     """Pair a desired Deployment manifest with the live object of the same name (or none)."""
     meta = desired["metadata"]
-    replicas = (desired.get("spec") or {}).get("replicas")
+    spec = desired.get("spec") or {}
+    replicas = spec.get("replicas")
     base = Workload(
         name=meta["name"],
         component=(meta.get("labels") or {}).get(COMPONENT_LABEL, ""),
         desired=1 if replicas is None else int(replicas),
+        selector=dict((spec.get("selector") or {}).get("matchLabels") or {}),
     )
     if live is None:
         return base
     status = live.get("status") or {}
     generation = int((live.get("metadata") or {}).get("generation") or 0)
-    return Workload(
-        name=base.name,
-        component=base.component,
-        desired=base.desired,
+    failure = _deployment_condition(live, "ReplicaFailure")
+    progressing = _deployment_condition(live, "Progressing")
+    return replace(
+        base,
         exists=True,
         replicas=int(status.get("replicas") or 0),
         ready=int(status.get("readyReplicas") or 0),
         updated=int(status.get("updatedReplicas") or 0),
+        available=int(status.get("availableReplicas") or 0),
         current_generation=int(status.get("observedGeneration") or 0) >= generation,
+        replica_failure=(
+            _clip(str(failure.get("message") or failure.get("reason") or "pods cannot be created"))
+            if failure.get("status") == "True"
+            else None
+        ),
+        deadline_exceeded=(
+            _clip(str(progressing.get("message") or "the rollout stopped progressing"))
+            if progressing.get("status") == "False"
+            and progressing.get("reason") == PROGRESS_DEADLINE_EXCEEDED
+            else None
+        ),
     )
+
+
+# -- pods: why a component's pods are not ready --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PodIssue:
+    """Why one pod is not ready: a kubelet/scheduler reason and a message naming the pod."""
+
+    reason: str
+    message: str
+
+
+def _clip(text: str) -> str:
+    """One line of at most ``_DETAIL_CHARS`` characters (tracebacks and logs stay out of status)."""
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    return line if len(line) <= _DETAIL_CHARS else line[: _DETAIL_CHARS - 3] + "..."
+
+
+def _pod_name(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("name", "?"))
+
+
+def _pod_condition(pod: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == type_:
+            found: Mapping[str, Any] = cond
+            return found
+    return {}
+
+
+def _containers(pod: Mapping[str, Any], *, init: bool) -> list[Mapping[str, Any]]:
+    key = "initContainerStatuses" if init else "containerStatuses"
+    statuses: list[Mapping[str, Any]] = (pod.get("status") or {}).get(key) or []
+    return statuses
+
+
+def _all_containers(pod: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    return [("init container", c) for c in _containers(pod, init=True)] + [
+        ("container", c) for c in _containers(pod, init=False)
+    ]
+
+
+def _state(container: Mapping[str, Any], key: str, *, last: bool = False) -> Mapping[str, Any]:
+    state: Mapping[str, Any] = (container.get("lastState" if last else "state") or {}).get(
+        key
+    ) or {}
+    return state
+
+
+def _exit(terminated: Mapping[str, Any]) -> str:
+    """``exit code 1 (Error): first line of the message``."""
+    text = f"exit code {terminated.get('exitCode', '?')}"
+    if terminated.get("reason"):
+        text += f" ({terminated['reason']})"
+    message = _clip(str(terminated.get("message") or ""))
+    return f"{text}: {message}" if message else text
+
+
+def is_pod_ready(pod: Mapping[str, Any]) -> bool:
+    return _pod_condition(pod, "Ready").get("status") == "True"
+
+
+def check_pod_scheduled(pod: Mapping[str, Any]) -> PodIssue | None:
+    """The scheduler found no node (its message says why, e.g. Insufficient nvidia.com/gpu)."""
+    cond = _pod_condition(pod, "PodScheduled")
+    if cond.get("status") != "False":
+        return None
+    reason = str(cond.get("reason") or UNSCHEDULABLE)
+    return PodIssue(reason, _clip(str(cond.get("message") or "no node can run it")))
+
+
+def check_pod_image(pod: Mapping[str, Any]) -> PodIssue | None:
+    for what, c in _all_containers(pod):
+        waiting = _state(c, "waiting")
+        if waiting.get("reason") in IMAGE_PULL_REASONS:
+            detail = _clip(str(waiting.get("message") or f"cannot pull {c.get('image', '')}"))
+            return PodIssue(str(waiting["reason"]), f"{what} {c.get('name')}: {detail}")
+    return None
+
+
+def check_pod_container_config(pod: Mapping[str, Any]) -> PodIssue | None:
+    for what, c in _all_containers(pod):
+        waiting = _state(c, "waiting")
+        if waiting.get("reason") in CONTAINER_CONFIG_REASONS:
+            detail = _clip(str(waiting.get("message") or waiting["reason"]))
+            return PodIssue(str(waiting["reason"]), f"{what} {c.get('name')}: {detail}")
+    return None
+
+
+def check_pod_init_failed(pod: Mapping[str, Any]) -> PodIssue | None:
+    """An init container (the capability probe) exited non-zero: the main containers never start."""
+    for c in _containers(pod, init=True):
+        for last in (False, True):
+            terminated = _state(c, "terminated", last=last)
+            if terminated and terminated.get("exitCode") not in (0, None):
+                if last and not _state(c, "waiting"):
+                    continue  # an old failure, now running again
+                return PodIssue(
+                    INIT_CONTAINER_FAILED,
+                    f"init container {c.get('name')} failed, {_exit(terminated)}",
+                )
+    return None
+
+
+def check_pod_crash_loop(pod: Mapping[str, Any]) -> PodIssue | None:
+    for c in _containers(pod, init=False):
+        if _state(c, "waiting").get("reason") == CRASH_LOOP_BACK_OFF:
+            terminated = _state(c, "terminated", last=True)
+            detail = f", last {_exit(terminated)}" if terminated else ""
+            return PodIssue(CRASH_LOOP_BACK_OFF, f"container {c.get('name')} keeps exiting{detail}")
+    return None
+
+
+def check_pod_container_failed(pod: Mapping[str, Any]) -> PodIssue | None:
+    for c in _containers(pod, init=False):
+        terminated = _state(c, "terminated")
+        if terminated and terminated.get("exitCode") not in (0, None):
+            return PodIssue(CONTAINER_FAILED, f"container {c.get('name')} {_exit(terminated)}")
+    return None
+
+
+def check_pod_failed(pod: Mapping[str, Any]) -> PodIssue | None:
+    """The pod itself failed (evicted, node shut down): its ReplicaSet replaces it."""
+    status = pod.get("status") or {}
+    if status.get("phase") != "Failed":
+        return None
+    detail = _clip(str(status.get("message") or ""))
+    cause = str(status.get("reason") or "failed")
+    return PodIssue(POD_FAILED, f"{cause}: {detail}" if detail else cause)
+
+
+POD_CHECKS: Final[tuple[Callable[[Mapping[str, Any]], PodIssue | None], ...]] = (
+    check_pod_scheduled,
+    check_pod_image,
+    check_pod_container_config,
+    check_pod_init_failed,
+    check_pod_crash_loop,
+    check_pod_container_failed,
+    check_pod_failed,
+)
+"""Problems waiting cannot fix, most fundamental first: across a component's not-ready pods, the
+first check any pod fails names the reason."""
+
+
+def describe_starting(pod: Mapping[str, Any]) -> str:
+    """What a not-ready pod with no problem is doing (the kubelet is still at work)."""
+    for c in _containers(pod, init=True):
+        if "terminated" not in (c.get("state") or {}):
+            waiting = _state(c, "waiting").get("reason")
+            doing = f"({waiting})" if waiting else "running"
+            return f"init container {c.get('name')} {doing}"
+    for c in _containers(pod, init=False):
+        if c.get("ready"):
+            continue
+        waiting = _state(c, "waiting").get("reason")
+        if waiting:
+            return f"container {c.get('name')} ({waiting})"
+        if "running" in (c.get("state") or {}):
+            return f"container {c.get('name')} is running, not ready yet"
+    if _pod_condition(pod, "PodScheduled").get("status") == "True":
+        return "scheduled, containers starting"
+    return "waiting to be scheduled"
+
+
+def live_pods(pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Pods not being deleted, in name order (deterministic)."""
+    return sorted(
+        (p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")),
+        key=_pod_name,
+    )
+
+
+def diagnose_pods(pods: Sequence[Mapping[str, Any]]) -> PodIssue | None:
+    """The first problem among not-ready pods, else what the first of them is doing, else None."""
+    waiting = [p for p in live_pods(pods) if not is_pod_ready(p)]
+    for check in POD_CHECKS:
+        hits = [(p, issue) for p in waiting if (issue := check(p)) is not None]
+        if hits:
+            pod, issue = hits[0]
+            more = f" (and {len(hits) - 1} more pods)" if len(hits) > 1 else ""
+            return PodIssue(issue.reason, f"pod {_pod_name(pod)}: {issue.message}{more}")
+    if waiting:
+        return PodIssue(
+            PODS_STARTING, f"pod {_pod_name(waiting[0])}: {describe_starting(waiting[0])}"
+        )
+    return None
+
+
+def pods_of(workload: Workload, pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The pods a Deployment's selector matches (an empty selector matches none)."""
+    if not workload.selector:
+        return []
+    return [
+        p
+        for p in pods
+        if all(
+            ((p.get("metadata") or {}).get("labels") or {}).get(k) == v
+            for k, v in workload.selector.items()
+        )
+    ]
 
 
 @dataclass(frozen=True)
@@ -214,10 +524,13 @@ class Fleet:
 
 @dataclass(frozen=True)
 class Observed:
-    """What the cluster shows: live Deployments by name and the fleet's worker pods."""
+    """What the cluster shows: live Deployments by name and the fleet's pods."""
 
     deployments: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     worker_pods: Sequence[Mapping[str, Any]] = ()
+    """The fleet's worker pods: their probe reports."""
+    pods: Sequence[Mapping[str, Any]] = ()
+    """Every pod of the fleet (each Deployment finds its own by selector): why pods are not ready."""
     apply_errors: Sequence[str] = ()
     """Children the API server refused (RBAC, admission); the reconcile retries them."""
     kvstore: KvStoreReading | None = None
@@ -238,42 +551,107 @@ class Verdict:
     message: str
 
 
-def check_workloads(workloads: Sequence[Workload], *, what: str) -> Verdict:
-    """The first missing, rolling or not-ready Deployment wins; else all are ready."""
-    if not workloads:
-        return Verdict("False", "NotDeployed", f"no {what} Deployment is desired")
-    for w in workloads:
-        if w.desired == 0:  # "0/0 ready" is not serving
-            return Verdict(
+def diagnose_workload(
+    w: Workload, pods: Sequence[Mapping[str, Any]], *, what: str
+) -> tuple[int, Verdict]:
+    """One Deployment's chain: the rank of the first check with something to say, and its verdict.
+
+    Ranks order components too: of several worker pools, the one whose check came first speaks.
+    """
+    issue = diagnose_pods(pods_of(w, pods)) if w.exists and not w.healthy else None
+    problem = issue if issue is not None and issue.reason in POD_PROBLEMS else None
+    doing = f"; {issue.message}" if issue is not None else ""
+    chain: list[Callable[[], Verdict | None]] = [
+        lambda: (
+            Verdict(
                 "False",
                 SCALED_TO_ZERO,
                 f"Deployment {w.name} is scaled to 0 replicas: no {what} serves",
             )
-    for w in workloads:
-        if not w.exists:
-            return Verdict("False", "NotCreated", f"Deployment {w.name} does not exist yet")
-    for w in workloads:
-        if not w.current_generation:
-            return Verdict("False", "RollingOut", f"Deployment {w.name}: spec change not seen yet")
-        if not w.rolled_out:
-            return Verdict(
+            if w.desired == 0
+            else None
+        ),
+        lambda: (
+            None
+            if w.exists
+            else Verdict("False", "NotCreated", f"Deployment {w.name} does not exist yet")
+        ),
+        lambda: (
+            Verdict("True", "PodsReady", f"Deployment {w.name}: {w.ready}/{w.desired} ready")
+            if w.healthy
+            else None
+        ),
+        lambda: (
+            Verdict(
                 "False",
-                "RollingOut",
-                f"Deployment {w.name}: {w.updated}/{w.desired} pods updated, {w.replicas} total",
+                REPLICA_FAILURE,
+                f"Deployment {w.name} cannot create pods ({w.ready}/{w.desired} ready): "
+                f"{w.replica_failure}",
             )
-    for w in workloads:
-        if w.ready < w.desired:
-            return Verdict(
-                "False", "PodsNotReady", f"Deployment {w.name}: {w.ready}/{w.desired} pods ready"
+            if w.replica_failure
+            else None
+        ),
+        lambda: (
+            Verdict(
+                "False",
+                PROGRESS_DEADLINE_EXCEEDED,
+                f"Deployment {w.name} ({w.progress}): {w.deadline_exceeded}{doing}",
             )
+            if w.deadline_exceeded
+            else None
+        ),
+        lambda: (
+            Verdict(
+                "False",
+                problem.reason,
+                f"Deployment {w.name} ({w.ready}/{w.desired} ready): {problem.message}",
+            )
+            if problem is not None
+            else None
+        ),
+        lambda: (
+            None
+            if w.current_generation
+            else Verdict("False", "RollingOut", f"Deployment {w.name}: spec change not seen yet")
+        ),
+        lambda: (
+            None
+            if w.updated_all
+            else Verdict("False", "RollingOut", f"Deployment {w.name}: {w.progress}{doing}")
+        ),
+        lambda: Verdict(
+            "False",
+            PODS_STARTING if issue is not None else "PodsNotReady",
+            f"Deployment {w.name}: {w.progress}{doing}",
+        ),
+    ]
+    for rank, check in enumerate(chain):
+        verdict = check()
+        if verdict is not None:
+            return rank, verdict
+    raise AssertionError("the last check always speaks")  # pragma: no cover
+
+
+def check_workloads(
+    workloads: Sequence[Workload], pods: Sequence[Mapping[str, Any]] = (), *, what: str
+) -> Verdict:
+    """A component's condition: the not-ready Deployment whose check ranks first, else ready."""
+    if not workloads:
+        return Verdict("False", "NotDeployed", f"no {what} Deployment is desired")
+    diagnosed = [diagnose_workload(w, pods, what=what) for w in workloads]
+    failing = [(rank, i, v) for i, (rank, v) in enumerate(diagnosed) if v.status != "True"]
+    if failing:
+        return min(failing, key=lambda f: (f[0], f[1]))[2]
     summary = ", ".join(f"{w.name} {w.ready}/{w.desired}" for w in workloads)
     return Verdict("True", "PodsReady", f"all pods ready ({summary})")
 
 
-def check_kvstore(master: Sequence[Workload], *, external: str | None) -> Verdict:
+def check_kvstore(
+    master: Sequence[Workload], pods: Sequence[Mapping[str, Any]] = (), *, external: str | None
+) -> Verdict:
     if external is not None:
         return Verdict("True", "External", f"using the external Mooncake master at {external}")
-    return check_workloads(master, what="Mooncake master")
+    return check_workloads(master, pods, what="Mooncake master")
 
 
 def check_retention_budget(
@@ -338,11 +716,30 @@ def check_kv_hints(reports: Sequence[ProbeReport | ProbeFailure]) -> Verdict:
     return Verdict("True", "EngineAcceptsKvHints", message)
 
 
-def check_progressing(workloads: Sequence[Workload]) -> Verdict:
-    rolling = [w.name for w in workloads if not w.rolled_out]
+def check_progressing(
+    workloads: Sequence[Workload], pods: Sequence[Mapping[str, Any]] = ()
+) -> Verdict:
+    """The Deployment controller's verdict first (a rollout past its deadline), then rollouts still
+    under way with their progress and what holds them up, else converged."""
+    stuck = next((w for w in workloads if w.deadline_exceeded), None)
+    if stuck is not None:
+        return Verdict(
+            "False",
+            PROGRESS_DEADLINE_EXCEEDED,
+            f"Deployment {stuck.name}: {stuck.deadline_exceeded}",
+        )
+    rolling = []
+    for w in workloads:
+        if w.rolled_out:
+            continue
+        _, verdict = diagnose_workload(w, pods, what=w.component)
+        held = f", {verdict.reason}" if verdict.reason in PROBLEM_REASONS else ""
+        rolling.append(f"{w.name} ({w.progress}{held})")
     if rolling:
-        return Verdict("True", "RollingOut", "rolling out: " + ", ".join(rolling))
-    return Verdict("False", "Converged", "every Deployment runs the current spec")
+        return Verdict("True", "RollingOut", "rolling out: " + "; ".join(rolling))
+    return Verdict(
+        "False", "Converged", "every Deployment runs the current spec with all pods available"
+    )
 
 
 def check_applied(apply_errors: Sequence[str]) -> Verdict | None:
@@ -432,7 +829,32 @@ def _components(fleet: Fleet, observed: Observed) -> dict[str, list[Workload]]:
 
 
 def _count(workloads: Sequence[Workload]) -> dict[str, int]:
-    return {"ready": sum(w.ready for w in workloads), "desired": sum(w.desired for w in workloads)}
+    """A component's pods: ready and desired, and its rollout's updated and available."""
+    return {
+        "ready": sum(w.ready for w in workloads),
+        "desired": sum(w.desired for w in workloads),
+        "updated": sum(w.updated for w in workloads),
+        "available": sum(w.available for w in workloads),
+    }
+
+
+def _pools(
+    workloads: Sequence[Workload], pods: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """Each worker pool (Deployment) with its counts and the reason of its own chain."""
+    out = []
+    for w in workloads:
+        _, verdict = diagnose_workload(w, pods, what="worker")
+        out.append(
+            {
+                "name": w.name,
+                "role": w.component,
+                **_count([w]),
+                "reason": verdict.reason,
+                "message": verdict.message,
+            }
+        )
+    return out
 
 
 def _kvstore_usage(reading: KvStoreReading | None, *, budget: float | None) -> dict[str, Any]:
@@ -511,18 +933,19 @@ def compute_status(
     workers = [w for c in WORKER_COMPONENTS for w in groups.get(c, [])]
     master = groups.get("mooncake-master", [])
     reports = worker_reports(observed.worker_pods)
+    pods = observed.pods
     verdicts = {
-        FRONTEND_READY: check_workloads(groups.get("frontend", []), what="frontend"),
-        ROUTER_READY: check_workloads(groups.get("router", []), what="router"),
-        WORKERS_READY: check_workloads(workers, what="worker"),
-        KVSTORE_READY: check_kvstore(master, external=fleet.kvstore_external),
+        FRONTEND_READY: check_workloads(groups.get("frontend", []), pods, what="frontend"),
+        ROUTER_READY: check_workloads(groups.get("router", []), pods, what="router"),
+        WORKERS_READY: check_workloads(workers, pods, what="worker"),
+        KVSTORE_READY: check_kvstore(master, pods, external=fleet.kvstore_external),
         KV_HINTS_SUPPORTED: check_kv_hints(reports),
         RETENTION_BUDGET: check_retention_budget(
             observed.kvstore, budget=fleet.retention_budget, external=fleet.kvstore_external
         ),
         PROGRESSING: check_conflicts(observed.conflicts)
         or check_applied(observed.apply_errors)
-        or check_progressing([w for ws in groups.values() for w in ws]),
+        or check_progressing([w for ws in groups.values() for w in ws], pods),
     }
     verdicts[READY] = check_ready(
         verdicts,
@@ -539,7 +962,7 @@ def compute_status(
         ),
         "frontend": _count(groups.get("frontend", [])),
         "router": _count(groups.get("router", [])),
-        "workers": workers_count,
+        "workers": {**workers_count, "pools": _pools(workers, pods)},
         "kvStore": {
             **_count(master),
             **_kvstore_usage(observed.kvstore, budget=fleet.retention_budget),
@@ -585,9 +1008,35 @@ def owned_part(status: Mapping[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in (status or {}).items() if k in STATUS_KEYS}
 
 
+def is_problem(condition: Mapping[str, Any]) -> bool:
+    """A health condition False for a reason someone must act on (a Warning Event).
+
+    ``Progressing`` never is: the component condition that holds a rollout up says it already.
+    Starting up, rolling out and scaling to zero are not problems: waiting fixes them, or they are
+    on purpose.
+    """
+    return (
+        condition.get("status") == "False"
+        and condition.get("type") != PROGRESSING
+        and condition.get("reason") in PROBLEM_REASONS
+    )
+
+
 def transitions(
     previous: Mapping[str, Any] | None, current: Mapping[str, Any]
 ) -> list[dict[str, Any]]:
-    """Conditions whose status flipped (or appeared) between two statuses: the Events to post."""
-    before = {c.get("type"): c.get("status") for c in (previous or {}).get("conditions") or []}
-    return [c for c in current.get("conditions") or [] if before.get(c["type"]) != c["status"]]
+    """The Events to post: conditions whose status flipped between two statuses, and conditions
+    that turn into a problem (a Warning once, however often the kubelet's reason then changes).
+
+    A condition that first appears is no flip: a new fleet coming up posts nothing until
+    something turns ready, or turns out to be a problem.
+    """
+    before = {c.get("type"): c for c in (previous or {}).get("conditions") or []}
+
+    def posted(c: Mapping[str, Any]) -> bool:
+        old = before.get(c["type"])
+        if old is not None and old.get("status") != c["status"]:
+            return True
+        return is_problem(c) and (old is None or not is_problem(old))
+
+    return [c for c in current.get("conditions") or [] if posted(c)]

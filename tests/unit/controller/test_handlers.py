@@ -19,6 +19,7 @@ from typing import Any
 import kopf
 import pytest
 import yaml
+from kopf._cogs.structs import references
 
 from kvretention.api.models import KIND
 from kvretention.controller import kube as k
@@ -178,6 +179,7 @@ def make_ready(fake: FakeKube) -> None:
                 "replicas": n,
                 "readyReplicas": n,
                 "updatedReplicas": n,
+                "availableReplicas": n,
                 "observedGeneration": obj["metadata"]["generation"],
             }
             obj["metadata"]["resourceVersion"] = str(next(fake._rv))
@@ -370,6 +372,110 @@ def test_registry_has_only_event_handlers() -> None:
     assert len(registry._watching.get_all_handlers()) == 7
 
 
+def _resource(group: str, version: str, plural: str, kind: str) -> Any:
+    return references.Resource(
+        group, version, plural, kind=kind, namespaced=True, verbs=["list", "watch"]
+    )
+
+
+def test_child_watches_are_filtered_by_the_api_server() -> None:
+    registry = build_registry()
+    configure = next(
+        h for h in registry._activities.get_all_handlers() if h.id.endswith("configure")
+    )
+    settings = kopf.OperatorSettings()
+    configure.fn(settings=settings)
+    selectors = settings.watching.label_selectors
+    managed = ["app.kubernetes.io/managed-by=kvretention-operator"]
+    for group, version, plural, kind in [
+        ("apps", "v1", "deployments", "Deployment"),
+        ("", "v1", "services", "Service"),
+        ("", "v1", "configmaps", "ConfigMap"),
+        ("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget"),
+        ("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy"),
+    ]:
+        assert selectors.collect(_resource(group, version, plural, kind)) == managed, plural
+    assert selectors.collect(_resource("", "v1", "pods", "Pod")) == [
+        "app.kubernetes.io/name=kvretention,app.kubernetes.io/instance"
+    ]
+    # The custom resource itself is watched whole: users do not label their fleets.
+    cr = _resource("kvretention.io", "v1alpha1", "kvretentiondeployments", KIND)
+    assert selectors.collect(cr) == []
+
+
+def _fleet_pod(fake: FakeKube, name: str, component: str, status: dict[str, Any]) -> None:
+    labels = {
+        "app.kubernetes.io/name": "kvretention",
+        "app.kubernetes.io/instance": "qwen",
+        "app.kubernetes.io/component": component,
+    }
+    fake.put(
+        k.POD, {"metadata": {"name": name, "namespace": "ns", "labels": labels}, "status": status}
+    )
+
+
+async def test_a_pod_the_scheduler_cannot_place_names_the_reason_and_warns(
+    fake: FakeKube,
+) -> None:
+    fake.put(CR_KIND, load_example("aggregated"))
+    c = controller(fake)
+    await c.reconcile(("ns", "qwen"))
+    assert fake.events == []  # a fleet coming up is not news
+    make_ready(fake)
+    worker = fake.objects[("deployments", "ns", "qwen-worker")]
+    worker["status"].update(readyReplicas=1, availableReplicas=1)
+    message = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+    _fleet_pod(
+        fake,
+        "qwen-worker-abc",
+        "worker",
+        {
+            "phase": "Pending",
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": message,
+                }
+            ],
+        },
+    )
+    # Another fleet's pod in the same namespace is not looked at.
+    fake.put(
+        k.POD,
+        {
+            "metadata": {
+                "name": "other-worker-x",
+                "namespace": "ns",
+                "labels": {
+                    "app.kubernetes.io/name": "kvretention",
+                    "app.kubernetes.io/instance": "other",
+                    "app.kubernetes.io/component": "worker",
+                },
+            },
+            "status": {"phase": "Failed", "reason": "Evicted"},
+        },
+    )
+    await c.reconcile(("ns", "qwen"))
+    cond = {x["type"]: x for x in fake.cr()["status"]["conditions"]}
+    assert cond["WorkersReady"]["reason"] == "Unschedulable"
+    assert cond["WorkersReady"]["message"] == (
+        f"Deployment qwen-worker (1/2 ready): pod qwen-worker-abc: {message}"
+    )
+    assert (cond["Ready"]["status"], cond["Ready"]["reason"]) == ("False", "Unschedulable")
+    assert cond["Progressing"]["status"] == "True"
+    pools = fake.cr()["status"]["workers"]["pools"]
+    assert [(p["name"], p["reason"]) for p in pools] == [("qwen-worker", "Unschedulable")]
+    # The components that came up flipped to True (Normal); the stuck workers warn once each.
+    warnings = [reason for type_, reason in fake.events if type_ == "Warning"]
+    assert warnings == ["Unschedulable", "Unschedulable"]  # Ready and WorkersReady
+    assert ("Normal", "PodsReady") in fake.events
+    fake.events.clear()
+    await c.reconcile(("ns", "qwen"))
+    assert fake.events == []  # still stuck: nothing new to say
+
+
 async def test_a_refused_child_is_reported_in_status_and_retried(fake: FakeKube) -> None:
     fake.put(CR_KIND, load_example("aggregated"))
     real_apply = fake.apply
@@ -555,7 +661,17 @@ async def test_a_taken_child_name_is_a_conflict_never_adopted(
 @pytest.mark.parametrize(
     ("condition", "expected"),
     [
-        ({"type": "WorkersReady", "status": "False", "reason": "PodsNotReady"}, "Warning"),
+        ({"type": "WorkersReady", "status": "False", "reason": "PodsNotReady"}, "Normal"),
+        ({"type": "WorkersReady", "status": "False", "reason": "PodsStarting"}, "Normal"),
+        ({"type": "WorkersReady", "status": "False", "reason": "RollingOut"}, "Normal"),
+        ({"type": "WorkersReady", "status": "False", "reason": "Unschedulable"}, "Warning"),
+        ({"type": "Ready", "status": "False", "reason": "ImagePullBackOff"}, "Warning"),
+        ({"type": "FrontendReady", "status": "False", "reason": "ReplicaFailure"}, "Warning"),
+        ({"type": "Ready", "status": "False", "reason": "InvalidSpec"}, "Warning"),
+        (
+            {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"},
+            "Normal",
+        ),
         ({"type": "WorkersReady", "status": "False", "reason": "ScaledToZero"}, "Normal"),
         ({"type": "Ready", "status": "False", "reason": "ScaledToZero"}, "Normal"),
         ({"type": "Ready", "status": "False", "reason": "ChildConflict"}, "Warning"),

@@ -64,8 +64,10 @@ def live(
     replicas: int = 1,
     ready: int = 1,
     updated: int | None = None,
+    available: int | None = None,
     generation: int = 1,
     observed: int = 1,
+    conditions: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     return {
         "metadata": {"name": name, "generation": generation},
@@ -73,7 +75,9 @@ def live(
             "replicas": replicas,
             "readyReplicas": ready,
             "updatedReplicas": replicas if updated is None else updated,
+            "availableReplicas": ready if available is None else available,
             "observedGeneration": observed,
+            "conditions": conditions or [],
         },
     }
 
@@ -171,7 +175,8 @@ GOOD_PODS = [pod("f-worker-a", json.dumps(GOOD_REPORT)), pod("f-worker-b", json.
                 "Ready": ("False", "PodsNotReady"),
                 "WorkersReady": ("False", "PodsNotReady"),
                 "FrontendReady": ("True", "PodsReady"),
-                "Progressing": ("False", "Converged"),
+                # As kubectl rollout status, kstatus and Argo CD count it: not all available yet.
+                "Progressing": ("True", "RollingOut"),
             },
         ),
         (
@@ -322,9 +327,26 @@ def test_counts_endpoint_engine_and_scale() -> None:
         fleet(), Observed(deployments=deployments, worker_pods=GOOD_PODS), previous=None, now=T0
     )
     assert status["observedGeneration"] == 1
-    assert status["frontend"] == {"ready": 1, "desired": 1}
-    assert status["workers"] == {"ready": 1, "desired": 2}
-    assert status["kvStore"] == {"ready": 1, "desired": 1}
+    assert status["frontend"] == {"ready": 1, "desired": 1, "updated": 1, "available": 1}
+    assert status["workers"] == {
+        "ready": 1,
+        "desired": 2,
+        "updated": 2,
+        "available": 1,
+        "pools": [
+            {
+                "name": "f-worker",
+                "role": "worker",
+                "ready": 1,
+                "desired": 2,
+                "updated": 2,
+                "available": 1,
+                "reason": "PodsNotReady",
+                "message": "Deployment f-worker: 2/2 updated, 1/2 ready, 1/2 available",
+            }
+        ],
+    }
+    assert status["kvStore"] == {"ready": 1, "desired": 1, "updated": 1, "available": 1}
     assert status["workersReady"] == "1/2"
     assert status["endpoint"] == "http://f-frontend.ns.svc:8000"
     assert status["engine"] == {
@@ -347,8 +369,18 @@ def test_scale_targets_the_decode_pool_when_disaggregated() -> None:
     )
     assert status["replicas"] == 3
     assert "worker-decode" in status["selector"]
-    assert status["workers"] == {"ready": 4, "desired": 4}
-    assert status["kvStore"] == {"ready": 0, "desired": 0}
+    workers = status["workers"]
+    assert {k: workers[k] for k in ("ready", "desired", "updated", "available")} == {
+        "ready": 4,
+        "desired": 4,
+        "updated": 4,
+        "available": 4,
+    }
+    assert [(p["name"], p["role"], p["desired"], p["reason"]) for p in workers["pools"]] == [
+        ("f-prefill", "worker-prefill", 1, "PodsReady"),
+        ("f-decode", "worker-decode", 3, "PodsReady"),
+    ]
+    assert status["kvStore"] == {"ready": 0, "desired": 0, "updated": 0, "available": 0}
 
 
 def test_transition_time_moves_only_on_a_flip() -> None:
