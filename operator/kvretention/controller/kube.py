@@ -14,6 +14,7 @@ import datetime as dt
 import json
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
@@ -163,10 +164,26 @@ def load_config(*, pool_size: int = 32) -> client.ApiClient:
 class Kube:
     """Async facade over one ``ApiClient``: dict in, dict out, retries built in."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(
+        self, api: client.ApiClient, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._api = api
+        self._clock = clock
         self.requests = 0
         """Requests sent (for tests and metrics)."""
+        self._last_answer: float | None = None
+
+    def seconds_since_answer(self) -> float | None:
+        """How long ago the API server last answered (any status below 500), or None if never.
+
+        The operator's ``/readyz`` reads this instead of asking the API server on every probe.
+        """
+        return None if self._last_answer is None else self._clock() - self._last_answer
+
+    def _answered(self, status: int) -> None:
+        # A 4xx is still an answer; a 5xx means the server is there but cannot serve (etcd down).
+        if status < 500:
+            self._last_answer = self._clock()
 
     def close(self) -> None:
         self._api.close()  # type: ignore[no-untyped-call]
@@ -194,6 +211,7 @@ class Kube:
         self.requests += 1
         response = self._api.call_api(*request, _request_timeout=REQUEST_TIMEOUT_S)
         response.read()  # type: ignore[no-untyped-call]
+        self._answered(int(response.status))
         if not 200 <= response.status <= 299:
             raise ApiException.from_response(http_resp=response, body=None, data=None)
         data: dict[str, Any] = json.loads(response.data or b"{}")
@@ -330,6 +348,16 @@ class Kube:
             await self.create(EVENT, meta["namespace"], body)
         except (ApiError, kopf.TemporaryError) as exc:
             log.warning("could not post event %s on %s: %s", reason, meta["name"], exc)
+
+    async def ping(self) -> bool:
+        """One cheap request (``GET /version``, readable by any client), no retries: whether the
+        API server answered. Never raises."""
+        try:
+            await self.request("GET", "/version", retry=False)
+        except Exception as exc:  # connection refused, timeouts, 5xx: all mean "not now"
+            log.debug("API server ping failed: %s", exc)
+            return False
+        return True
 
     async def served(self, group: str, version: str, plural: str) -> bool:
         """Whether the API server serves ``plural`` in ``group/version`` (the CRD is installed)."""

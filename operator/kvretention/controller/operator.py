@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,11 @@ KOPF_STOP_TIMEOUT_S = 10.0
 DEFAULT_WORKERS = 8
 HOLD_AFTER_APPLIES_ENV = "KVRETENTION_TEST_HOLD_AFTER_APPLIES"
 """Test hook (integration tests only): hold every apply after the first N, forever."""
+API_PING_AFTER_S = 5.0
+"""Ask the API server for ``/version`` when nothing else has reached it for this long (the Lease
+renewal every 2 s and the reconciles usually have, so an idle operator costs one request in 5 s)."""
+API_STALE_AFTER_S = 15.0
+"""``/readyz`` is 503 once the API server's last answer is older than this."""
 KUBE_THREADS = 32
 """API calls run in threads (the kubernetes client is synchronous); reconciles apply their
 children concurrently, so the default pool (cores + 4 threads) would serialize them."""
@@ -68,6 +74,16 @@ class OperatorConfig:
         return not self.namespaces
 
 
+def api_reachable(seconds_since_answer: float | None, *, stale_after: float) -> bool:
+    """Whether the API server answered recently enough to call the operator ready."""
+    return seconds_since_answer is not None and seconds_since_answer <= stale_after
+
+
+def plan_api_ping(seconds_since_answer: float | None, *, after: float) -> bool:
+    """Whether the heartbeat should ask the API server itself (nothing else did for a while)."""
+    return seconds_since_answer is None or seconds_since_answer >= after
+
+
 @dataclass
 class ProcessState:
     """What the health endpoints report."""
@@ -75,16 +91,31 @@ class ProcessState:
     identity: str = ""
     role: str = "starting"  # starting | standby | leader | stopping
     kopf_ready: asyncio.Event = field(default_factory=asyncio.Event)
+    api_age: Callable[[], float | None] = field(default=lambda: None)
+    """Seconds since the API server last answered (:meth:`Kube.seconds_since_answer`)."""
+    stale_after: float = API_STALE_AFTER_S
+
+    def api_reachable(self) -> bool:
+        return api_reachable(self.api_age(), stale_after=self.stale_after)
 
     def ready(self) -> bool:
-        return self.role == "standby" or (self.role == "leader" and self.kopf_ready.is_set())
+        role_ready = self.role == "standby" or (self.role == "leader" and self.kopf_ready.is_set())
+        return role_ready and self.api_reachable()
 
 
 def build_health_app(state: ProcessState) -> web.Application:
-    """``/healthz`` (the loop answers) and ``/readyz`` (standby waiting, or leader watching)."""
+    """``/healthz`` (the loop answers; never the API server, so an outage restarts nothing) and
+    ``/readyz`` (standby waiting, or leader watching, and the API server answered lately)."""
 
     def body(ok: bool) -> dict[str, Any]:
-        return {"ok": ok, "role": state.role, "identity": state.identity}
+        age = state.api_age()
+        return {
+            "ok": ok,
+            "role": state.role,
+            "identity": state.identity,
+            "apiServer": "reachable" if state.api_reachable() else "unreachable",
+            "apiServerAnsweredSecondsAgo": None if age is None else round(age, 1),
+        }
 
     async def ready() -> Readiness:
         ok = state.ready()
@@ -103,6 +134,15 @@ def build_metrics_app(metrics: Metrics) -> web.Application:
 
 async def _serve(app: web.Application, port: int) -> web.AppRunner:
     return await start_site(app, host="0.0.0.0", port=port)
+
+
+async def _keep_in_touch(kube: Kube, *, after: float = API_PING_AFTER_S) -> None:
+    """Ping the API server whenever nothing else has reached it for ``after`` seconds, so
+    ``/readyz`` can tell an idle operator from one that lost the API server."""
+    while True:
+        if plan_api_ping(kube.seconds_since_answer(), after=after):
+            await kube.ping()
+        await asyncio.sleep(after / 2)
 
 
 async def _wait_for_crd(kube: Kube, stop: asyncio.Event) -> bool:
@@ -137,7 +177,7 @@ async def run_operator(cfg: OperatorConfig, *, kube: Kube | None = None) -> int:
     """Run until SIGTERM (0), a lost Lease (1) or kopf failing (1)."""
     kube = kube or Kube(load_config(pool_size=KUBE_THREADS))
     metrics = Metrics()
-    state = ProcessState(identity=cfg.identity)
+    state = ProcessState(identity=cfg.identity, api_age=kube.seconds_since_answer)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -146,6 +186,7 @@ async def run_operator(cfg: OperatorConfig, *, kube: Kube | None = None) -> int:
         await _serve(build_health_app(state), cfg.health_port),
         await _serve(build_metrics_app(metrics), cfg.metrics_port),
     ]
+    heartbeat = asyncio.create_task(_keep_in_touch(kube), name="api-heartbeat")
     elector: LeaderElector | None = None
     code = 0
     try:
@@ -173,6 +214,7 @@ async def run_operator(cfg: OperatorConfig, *, kube: Kube | None = None) -> int:
     finally:
         state.role = "stopping"
         metrics.leader.set(0)
+        await _cancel([heartbeat])
         if elector is not None and code == 0:
             await elector.release()
         for runner in runners:
