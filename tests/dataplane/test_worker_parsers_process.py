@@ -9,7 +9,7 @@ import pytest
 from test_worker_process import calls, post
 
 from support.chat_tokenizer import save
-from support.processes import StartKvretention
+from support.processes import StartKvretention, read_lines
 
 WEATHER = {
     "name": "get_weather",
@@ -113,7 +113,7 @@ def test_worker_resolves_breakpoints_and_traces_them(
     assert status == 200
     (call,) = calls(record, "proc-prefix")
     directives = call["kwargs"]["kv_hints"]["actions"][0]["payload"]["directives"]
-    (entry,) = [json.loads(line) for line in trace.read_text().splitlines()]
+    (entry,) = [json.loads(line) for line in read_lines(trace)]
     ends = {b["element"]: b["token_end"] for b in entry["breakpoints"]}
     assert set(ends) == {"tools[0]", "messages[0].content[1]"}
     # the template lists tools after the system text: the system part ends first

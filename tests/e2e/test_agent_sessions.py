@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -56,12 +57,15 @@ class AgentFleet:
 
     def breakpoints(self, rid: str) -> list[dict[str, Any]]:
         """Where the worker resolved each breakpoint of a request (its trace record)."""
-        for trace in self.traces.values():
-            for line in trace.read_text().splitlines() if trace.exists() else []:
-                entry = json.loads(line)
-                if entry["request_id"] == rid:
-                    found: list[dict[str, Any]] = entry["breakpoints"]
-                    return found
+        deadline = time.monotonic() + 5.0  # the worker writes its trace after answering
+        while time.monotonic() < deadline:
+            for trace in self.traces.values():
+                for line in trace.read_text().splitlines() if trace.exists() else []:
+                    entry = json.loads(line)
+                    if entry["request_id"] == rid:
+                        found: list[dict[str, Any]] = entry["breakpoints"]
+                        return found
+            time.sleep(0.02)
         raise AssertionError(f"no worker trace for {rid}")
 
     def calls(self) -> dict[str, tuple[str, dict[str, Any]]]:
@@ -234,7 +238,7 @@ def test_claude_code_breakpoints_reach_the_engine_as_one_hour_prefix_retention(
     where each block ends; both are 1 h, so the engine gets one range [0, newest block)."""
     system_text = SYSTEM_TEXT * 20
     _, *turns = claude
-    for n, (_, _, call) in enumerate(turns):
+    for n, (message, _, call) in enumerate(turns):
         ids = call["kwargs"]["input_ids"]
         system_end, newest_end = _ends(fleet, call)
         assert 0 < system_end < newest_end <= len(ids)
@@ -245,6 +249,10 @@ def test_claude_code_breakpoints_reach_the_engine_as_one_hour_prefix_retention(
         newest = "FAILED tests/test_parser.py" if n else "Fix the failing test"  # a tool result
         assert newest in tokenizer.decode(ids[system_end:newest_end]).rsplit("<|im_start|>", 1)[1]
         assert _ranges(call) == [(0, newest_end, 50, 3600)]
+        # Anthropic's accounting: read from cache, written up to the last breakpoint, the rest
+        usage = message.usage
+        assert usage.cache_read_input_tokens + usage.cache_creation_input_tokens == newest_end
+        assert usage.input_tokens == len(ids) - newest_end
 
 
 def test_claude_code_billing_header_never_reaches_the_engine_so_the_system_prefix_is_stable(

@@ -342,6 +342,10 @@ class Usage(_Compact):
     completion_tokens: int = 0
     cached_tokens: int = 0
     reasoning_tokens: int = 0
+    retained_tokens: int | None = None
+    """How many leading prompt tokens the engine was asked to retain (the end of the last
+    ``kv.retain`` range; the whole prompt for the flat dialect); ``None`` when not hinted. Anthropic
+    usage counts the retained part the cache did not already hold as the cache write."""
 
 
 class ToolCallDelta(_Compact):

@@ -144,14 +144,22 @@ def test_non_streaming_message_orders_thinking_text_tool_use() -> None:
 
 
 @pytest.mark.parametrize(
-    ("hinted", "expected"),
+    ("hinted", "retained", "expected"),
     [
-        pytest.param(False, (6, 4, 0), id="unhinted"),
-        pytest.param(True, (0, 4, 6), id="hinted"),
+        pytest.param(False, None, (6, 4, 0), id="unhinted"),
+        pytest.param(True, None, (0, 4, 6), id="hinted-whole-prompt-by-default"),
+        pytest.param(True, 10, (0, 4, 6), id="hinted-whole-prompt"),
+        pytest.param(True, 8, (2, 4, 4), id="prefix-past-the-cache: written up to it"),
+        pytest.param(True, 3, (6, 4, 0), id="prefix-inside-the-cache: nothing written"),
+        pytest.param(True, 0, (6, 4, 0), id="every-breakpoint-dropped"),
+        pytest.param(True, 12, (0, 4, 6), id="past-the-prompt-is-clamped"),
     ],
 )
-def test_usage_splits_the_prompt(hinted: bool, expected: tuple[int, int, int]) -> None:
-    got = usage_object(USAGE, hinted=hinted)
+def test_usage_splits_the_prompt(
+    hinted: bool, retained: int | None, expected: tuple[int, int, int]
+) -> None:
+    usage = USAGE.model_copy(update={"retained_tokens": retained})
+    got = usage_object(usage, hinted=hinted)
     assert (
         got["input_tokens"],
         got["cache_read_input_tokens"],

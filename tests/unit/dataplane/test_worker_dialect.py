@@ -24,6 +24,7 @@ from kvretention.dataplane.worker.dialect import (
     detect_dialect,
     parameter_names,
     require_support,
+    retained_tokens,
 )
 from kvretention.dataplane.worker.standin import STANDINS
 from kvretention.hints import (
@@ -282,3 +283,24 @@ def test_the_rule_checker_catches_each_broken_rule(
 ) -> None:
     with pytest.raises(RuleViolation):
         check_envelope(breaks(valid_envelope()))
+
+
+def _directives(*ends: int) -> dict[str, Any]:
+    directives = [{"start": 0, "end": e, "priority": 50, "duration": 60} for e in ends]
+    return {"actions": [{"payload": {"directives": directives}}]}
+
+
+@pytest.mark.parametrize(
+    ("kv_hints", "expected"),
+    [
+        pytest.param(None, None, id="not-hinted"),
+        pytest.param({"retain_full_prompt": {"ttl_seconds": 60}}, 120, id="flat-whole-prompt"),
+        pytest.param(_directives(120), 120, id="versioned-whole-prompt"),
+        pytest.param(_directives(40, 90), 90, id="versioned-prefixes-last-end"),
+        pytest.param({"actions": []}, 0, id="versioned-nothing"),
+    ],
+)
+def test_retained_tokens_is_where_the_retained_prefix_ends(
+    kv_hints: dict[str, Any] | None, expected: int | None
+) -> None:
+    assert retained_tokens(kv_hints, prompt_tokens=120) == expected

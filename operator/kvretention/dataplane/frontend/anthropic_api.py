@@ -781,17 +781,21 @@ def _output_config(
 def usage_object(usage: Usage, *, hinted: bool) -> dict[str, Any]:
     """Anthropic usage: ``input_tokens + cache_creation + cache_read`` is the whole prompt.
 
-    ``cache_read`` is the prefix the engine found cached. With a retention hint (top-level
-    ``cache_control``) the rest of the prompt is written to the retained cache, so it counts as
-    ``cache_creation`` and ``input_tokens`` is 0; without one it is ``input_tokens``.
+    ``cache_read`` is the prefix the engine found cached. With a retention hint, what the worker
+    says it retained (``retained_tokens``: up to the last breakpoint, or the whole prompt for a
+    top-level ``cache_control``) beyond the cached part is ``cache_creation``, and only the tokens
+    after it are ``input_tokens``, as Anthropic counts them; a worker that does not say retains
+    the whole prompt. Without a hint everything uncached is ``input_tokens``.
     """
     cached = min(usage.cached_tokens, usage.prompt_tokens)
     fresh = usage.prompt_tokens - cached
+    retained = usage.prompt_tokens if usage.retained_tokens is None else usage.retained_tokens
+    written = max(0, min(retained, usage.prompt_tokens) - cached) if hinted else 0
     return {
-        "input_tokens": 0 if hinted else fresh,
+        "input_tokens": fresh - written,
         "output_tokens": usage.completion_tokens,
         "cache_read_input_tokens": cached,
-        "cache_creation_input_tokens": fresh if hinted else 0,
+        "cache_creation_input_tokens": written,
     }
 
 

@@ -58,6 +58,7 @@ from kvretention.dataplane.worker.dialect import (
     PrefixHintUnsupported,
     build_kv_hints,
     require_support,
+    retained_tokens,
 )
 from kvretention.dataplane.worker.engine import LoadedEngine
 from kvretention.dataplane.worker.parsing import (
@@ -148,6 +149,8 @@ class PlannedCall:
     kwargs: dict[str, Any]
     kv_hints: dict[str, Any] | None
     output: OutputPlan | None = None
+    retained_tokens: int | None = None
+    """Where the retained prefix ends (reported in the final usage); ``None`` when not hinted."""
     count_only: int | None = None
     """For ``count_only`` requests: the prompt's token count; the engine is not called."""
     breakpoints: Resolution | None = None
@@ -251,6 +254,7 @@ def plan_call(
         kv_hints=kv_hints,
         output=output,
         breakpoints=resolution,
+        retained_tokens=retained_tokens(kv_hints, prompt_tokens=prompt.prompt_tokens),
     )
 
 
@@ -334,6 +338,14 @@ async def _count(
     return response
 
 
+def _with_retained(chunk: GenerateChunk, planned: PlannedCall) -> GenerateChunk:
+    """The final chunk's usage says how much of the prompt the engine was asked to retain."""
+    if chunk.usage is None or planned.retained_tokens is None:
+        return chunk
+    usage = chunk.usage.model_copy(update={"retained_tokens": planned.retained_tokens})
+    return chunk.model_copy(update={"usage": usage})
+
+
 async def _stream(
     request: web.Request, state: WorkerState, planned: PlannedCall
 ) -> web.StreamResponse:
@@ -365,10 +377,10 @@ async def _stream(
             return error_response(ErrorCode.ENGINE_ERROR, f"engine error: {exc}")
         response = web.StreamResponse(headers={"Content-Type": NDJSON})
         await response.prepare(request)
-        await response.write(_line(adapter.chunk(first)))
+        await response.write(_line(_with_retained(adapter.chunk(first), planned)))
         try:
             async for output in gen:
-                await response.write(_line(adapter.chunk(output)))
+                await response.write(_line(_with_retained(adapter.chunk(output), planned)))
         except (asyncio.CancelledError, ConnectionResetError):
             raise
         except Exception as exc:

@@ -13,7 +13,7 @@ same way.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import StrEnum
 from typing import Any, Final
 
@@ -94,6 +94,21 @@ def require_support(envelope: KvHintEnvelope, dialect: Dialect) -> None:
     """
     if envelope.retain_prefixes is not None and dialect is Dialect.FLAT:
         raise PrefixHintUnsupported(dialect)
+
+
+def retained_tokens(kv_hints: Mapping[str, Any] | None, *, prompt_tokens: int) -> int | None:
+    """The end of what ``kv_hints`` retains (from token 0): the last range's end, or the whole
+    prompt for the flat dialect; ``None`` without a hint."""
+    if kv_hints is None:
+        return None
+    if "retain_full_prompt" in kv_hints:
+        return prompt_tokens
+    ends = [
+        int(d["end"])
+        for action in kv_hints.get("actions", ())
+        for d in action.get("payload", {}).get("directives", ())
+    ]
+    return max(ends, default=0)
 
 
 def build_kv_hints(
