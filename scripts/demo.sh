@@ -255,6 +255,15 @@ while i < len(args):  # one "--flag value" per line
         i += 1
 print("  " + " \\\n    ".join(lines))'
 
+  step "An agent request through the fleet's data plane (the engine is a STAND-IN: no GPU here)"
+  note "kwok pods run no process, so the frontend, router and worker commands rendered above run"
+  note "here on loopback; the worker's --engine sglang becomes the stand-in, which has"
+  note "sglang.Engine.async_generate's signature and records what it is called with"
+  k -n "$demo_ns" get deploy -l "app.kubernetes.io/instance=$name" -o json >"$demo_dir/deployments.json"
+  "$PY" "$root/scripts/demo_agent_request.py" --deployments "$demo_dir/deployments.json" \
+    --out-dir "$demo_dir/dataplane" ||
+    die "the agent request did not go through; logs in $demo_dir/dataplane/"
+
   step "Done"
   cat >&2 <<MSG
     export KUBECONFIG=$kc
