@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from support.agent_sessions import (
     CLAUDE_MODEL,
     CLAUDE_SMALL_MODEL,
     CODEX_MODEL,
+    Request,
     claude_code_session,
     codex_session,
 )
@@ -112,33 +114,35 @@ def tokenizer() -> Any:
     return build_tokenizer()
 
 
-def _sdk_kwargs(body: dict[str, Any]) -> dict[str, Any]:
-    """The body as SDK keyword arguments: the streaming helper sets ``stream`` itself."""
-    return {k: v for k, v in body.items() if k != "stream"}
+Turn = tuple[Any, str, dict[str, Any]]
+"""A turn's final answer as the SDK parsed it, the worker that served it, and its engine call."""
+
+
+def _replay(
+    fleet: AgentFleet, session: list[Request], stream: Callable[..., Any], final: str
+) -> list[Turn]:
+    """Send each request with an SDK streaming helper (which sets ``stream`` itself)."""
+    turns = []
+    for headers, body in session:
+        kwargs = {k: v for k, v in body.items() if k != "stream"}
+        with stream(**kwargs, extra_headers=headers) as events:
+            answer = getattr(events, final)()
+        turns.append((answer, *fleet.call_for(answer.id)))
+    return turns
 
 
 # ------------------------------------------------------------------ Codex on /v1/responses
 
 
 @pytest.fixture(scope="module")
-def codex(fleet: AgentFleet) -> list[tuple[Any, str, dict[str, Any]]]:
-    """Each turn's final response as the SDK parsed it, the worker, and the engine call."""
-    turns = []
-    session = codex_session(
-        turns=CODEX_TURNS,
-        marker="[[standin:tool_call:shell]]",
-        result_marker="[[standin:tool_call:shell]]",
-    )
-    for headers, body in session:
-        with fleet.openai.responses.stream(**_sdk_kwargs(body), extra_headers=headers) as stream:
-            response = stream.get_final_response()
-        worker, call = fleet.call_for(response.id)
-        turns.append((response, worker, call))
-    return turns
+def codex(fleet: AgentFleet) -> list[Turn]:
+    marker = "[[standin:tool_call:shell]]"
+    session = codex_session(turns=CODEX_TURNS, marker=marker, result_marker=marker)
+    return _replay(fleet, session, fleet.openai.responses.stream, "get_final_response")
 
 
 def test_every_codex_turn_is_served_with_a_parsed_tool_call(
-    codex: list[tuple[Any, str, dict[str, Any]]],
+    codex: list[Turn],
 ) -> None:
     assert len(codex) == CODEX_TURNS
     for response, _, _ in codex:
@@ -149,13 +153,13 @@ def test_every_codex_turn_is_served_with_a_parsed_tool_call(
 
 
 def test_codex_session_header_keeps_the_conversation_on_one_worker(
-    codex: list[tuple[Any, str, dict[str, Any]]],
+    codex: list[Turn],
 ) -> None:
     assert len({worker for _, worker, _ in codex}) == 1
 
 
 def test_codex_sends_no_cache_control_so_the_engine_gets_no_hint(
-    codex: list[tuple[Any, str, dict[str, Any]]],
+    codex: list[Turn],
 ) -> None:
     for _, _, call in codex:
         assert "kv_hints" not in call["kwargs"]
@@ -163,7 +167,7 @@ def test_codex_sends_no_cache_control_so_the_engine_gets_no_hint(
 
 
 def test_each_codex_turn_reuses_the_previous_prompt_as_its_cached_prefix(
-    codex: list[tuple[Any, str, dict[str, Any]]],
+    codex: list[Turn],
 ) -> None:
     """The history renders the same way every turn, so the prompt the engine saw last turn is a
     prefix of this turn's, and the cached tokens the client is told are the engine's."""
@@ -179,25 +183,14 @@ def test_each_codex_turn_reuses_the_previous_prompt_as_its_cached_prefix(
 
 
 @pytest.fixture(scope="module")
-def claude(fleet: AgentFleet) -> list[tuple[Any, str, dict[str, Any]]]:
-    turns = []
-    session = claude_code_session(
-        turns=CLAUDE_TURNS,
-        marker="[[standin:reasoning]] [[standin:tool_call:Bash]]",
-        result_marker="[[standin:reasoning]] [[standin:tool_call:Bash]]",
-    )
-    for headers, body in session:
-        with fleet.anthropic.beta.messages.stream(
-            **_sdk_kwargs(body), extra_headers=headers
-        ) as stream:
-            message = stream.get_final_message()
-        worker, call = fleet.call_for(message.id)
-        turns.append((message, worker, call))
-    return turns
+def claude(fleet: AgentFleet) -> list[Turn]:
+    marker = "[[standin:reasoning]] [[standin:tool_call:Bash]]"
+    session = claude_code_session(turns=CLAUDE_TURNS, marker=marker, result_marker=marker)
+    return _replay(fleet, session, fleet.anthropic.beta.messages.stream, "get_final_message")
 
 
 def test_every_claude_code_request_is_served_and_parsed_by_the_sdk(
-    claude: list[tuple[Any, str, dict[str, Any]]],
+    claude: list[Turn],
 ) -> None:
     title, *turns = claude
     assert len(turns) == CLAUDE_TURNS
@@ -212,7 +205,7 @@ def test_every_claude_code_request_is_served_and_parsed_by_the_sdk(
 
 
 def test_claude_code_session_stays_on_one_worker(
-    claude: list[tuple[Any, str, dict[str, Any]]],
+    claude: list[Turn],
 ) -> None:
     assert len({worker for _, worker, _ in claude}) == 1
 
@@ -232,7 +225,7 @@ def _ends(fleet: AgentFleet, call: dict[str, Any]) -> list[int]:
 
 
 def test_claude_code_breakpoints_reach_the_engine_as_one_hour_prefix_retention(
-    fleet: AgentFleet, claude: list[tuple[Any, str, dict[str, Any]]], tokenizer: Any
+    fleet: AgentFleet, claude: list[Turn], tokenizer: Any
 ) -> None:
     """Two breakpoints (the last system block, the newest message block) resolve to the token
     where each block ends; both are 1 h, so the engine gets one range [0, newest block)."""
@@ -256,7 +249,7 @@ def test_claude_code_breakpoints_reach_the_engine_as_one_hour_prefix_retention(
 
 
 def test_claude_code_billing_header_never_reaches_the_engine_so_the_system_prefix_is_stable(
-    fleet: AgentFleet, claude: list[tuple[Any, str, dict[str, Any]]], tokenizer: Any
+    fleet: AgentFleet, claude: list[Turn], tokenizer: Any
 ) -> None:
     _, *turns = claude
     system_prefixes = set()
@@ -268,7 +261,7 @@ def test_claude_code_billing_header_never_reaches_the_engine_so_the_system_prefi
 
 
 def test_what_a_claude_code_turn_retains_is_the_next_turns_prefix(
-    claude: list[tuple[Any, str, dict[str, Any]]],
+    claude: list[Turn],
 ) -> None:
     """The range retained up to the newest block is exactly the start of the next turn's prompt,
     and the next turn reads at least that much from the cache (as the SDK reports it)."""
