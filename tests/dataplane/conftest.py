@@ -13,7 +13,7 @@ from support.processes import KvrProcess, StartKvretention, start_kvretention
 @pytest.fixture(scope="module")
 def router_standin() -> Iterator[Any]:
     """A running ``RouterStandIn`` (see ``router_standin.py``), one per test module."""
-    from router_standin import RouterStandIn
+    from support.router_standin import RouterStandIn
 
     standin = RouterStandIn()
     standin.start()

@@ -10,7 +10,6 @@ from typing import Any, cast
 
 import anthropic
 import pytest
-from router_standin import CANNED, REASONING, USAGE, RouterStandIn, parse_sse
 
 from kvretention.dataplane.protocol import (
     ChatMessage,
@@ -22,6 +21,7 @@ from kvretention.dataplane.protocol import (
     ToolCall,
     ToolDefinition,
 )
+from support.router_standin import CANNED, REASONING, USAGE, RouterStandIn, parse_sse
 
 EPHEMERAL = {"type": "ephemeral"}
 ALIAS = "claude-haiku-fast"

@@ -21,9 +21,9 @@ from urllib.parse import urlsplit
 
 import pytest
 from aiohttp import web
-from router_standin import RouterStandIn, parse_sse
 
 from kvretention.dataplane.frontend.errors import Provider
+from support.router_standin import RouterStandIn, parse_sse
 
 MAX_BODY = 4096
 BODY_TIMEOUT_S = 1.0

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from router_standin import RouterStandIn, parse_sse
 
 from kvretention.dataplane.frontend.app import FrontendConfig, create_app
 from kvretention.dataplane.frontend.errors import Provider
 from kvretention.dataplane.protocol import ChatMessage, PreprocessedRequest
+from support.router_standin import RouterStandIn, parse_sse
 
 
 class FakeTokenizer:

@@ -16,14 +16,6 @@ from typing import Any, Final
 
 import openai
 import pytest
-from router_standin import (
-    CANNED,
-    CUSTOM_INPUT,
-    REASONING,
-    TOOL_ARGS,
-    RouterStandIn,
-    parse_sse,
-)
 
 from kvretention.dataplane.protocol import (
     ChatMessage,
@@ -32,6 +24,14 @@ from kvretention.dataplane.protocol import (
     ToolChoice,
 )
 from support.openai_shapes import APPLY_PATCH, CODEX_MESSAGES, CODEX_TOOLS, codex_body
+from support.router_standin import (
+    CANNED,
+    CUSTOM_INPUT,
+    REASONING,
+    TOOL_ARGS,
+    RouterStandIn,
+    parse_sse,
+)
 
 HINT_30M = {"retain_full_prompt": {"ttl_seconds": 1800}}
 HINT_12H = {"retain_full_prompt": {"ttl_seconds": 43200}}

@@ -11,9 +11,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from test_worker_process import calls, post, request_body, wait_for
-
 from support.processes import KvrProcess, StartKvretention, free_port, http_ok
+from support.worker_client import calls, post, request_body, wait_for
 
 FAST_HEALTH = ["--health-interval", "0.2", "--health-timeout", "0.5"]
 

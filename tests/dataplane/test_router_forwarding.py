@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import pytest
 from aiohttp import web
-from test_worker_process import post
 
 from support.processes import StartKvretention, free_port
+from support.worker_client import post
 
 # Deliberately odd formatting: spacing, key order, escapes, an exponent, an unknown future action.
 # Any parse-and-reserialize step on the way would change these bytes.

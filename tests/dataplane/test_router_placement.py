@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_worker_process import HINT, calls, post, request_body, wait_for
 
 from support.kv_retain_rules import retain_envelope
 from support.processes import StartKvretention
+from support.worker_client import HINT, calls, post, request_body, wait_for
 
 PD_BOOTSTRAP_PORT = 8998
 

@@ -14,9 +14,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from test_worker_process import calls, post, request_body, wait_for
 
 from support.processes import KvrProcess, StartKvretention, http_ok
+from support.worker_client import calls, post, request_body, wait_for
 
 
 def start_worker(

@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-from test_worker_process import calls, post
 
 from support.chat_tokenizer import save
-from support.processes import StartKvretention, read_lines
+from support.processes import StartKvretention
+from support.worker_client import calls, post, wait_for
 
 WEATHER = {
     "name": "get_weather",
@@ -24,6 +24,10 @@ WEATHER = {
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save(tmp_path_factory.mktemp("tokenizer"))
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
 
 
 def test_worker_parses_tool_calls_and_reasoning_with_the_configured_parsers(
@@ -113,7 +117,7 @@ def test_worker_resolves_breakpoints_and_traces_them(
     assert status == 200
     (call,) = calls(record, "proc-prefix")
     directives = call["kwargs"]["kv_hints"]["actions"][0]["payload"]["directives"]
-    (entry,) = [json.loads(line) for line in read_lines(trace)]
+    (entry,) = wait_for(lambda: [json.loads(line) for line in _lines(trace)])
     ends = {b["element"]: b["token_end"] for b in entry["breakpoints"]}
     assert set(ends) == {"tools[0]", "messages[0].content[1]"}
     # the template lists tools after the system text: the system part ends first

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from support.agent_sessions import (
 )
 from support.chat_tokenizer import build_tokenizer, save
 from support.processes import StartKvretention
+from support.worker_client import wait_for
 
 SERVED = "standin"
 PARSERS = ["--tool-call-parser", "qwen25", "--reasoning-parser", "qwen3"]
@@ -59,16 +59,16 @@ class AgentFleet:
 
     def breakpoints(self, rid: str) -> list[dict[str, Any]]:
         """Where the worker resolved each breakpoint of a request (its trace record)."""
-        deadline = time.monotonic() + 5.0  # the worker writes its trace after answering
-        while time.monotonic() < deadline:
+
+        def entry() -> dict[str, Any] | None:  # the worker writes its trace after answering
             for trace in self.traces.values():
                 for line in trace.read_text().splitlines() if trace.exists() else []:
-                    entry = json.loads(line)
-                    if entry["request_id"] == rid:
-                        found: list[dict[str, Any]] = entry["breakpoints"]
-                        return found
-            time.sleep(0.02)
-        raise AssertionError(f"no worker trace for {rid}")
+                    if (found := json.loads(line))["request_id"] == rid:
+                        return dict(found)
+            return None
+
+        breakpoints: list[dict[str, Any]] = wait_for(entry, timeout=5.0)["breakpoints"]
+        return breakpoints
 
     def calls(self) -> dict[str, tuple[str, dict[str, Any]]]:
         """Every engine ``generate`` call so far: request id -> (worker, call)."""

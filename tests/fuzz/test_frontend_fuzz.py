@@ -35,7 +35,6 @@ from hypothesis import strategies as st
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 
-from dataplane.router_standin import RouterStandIn, parse_sse
 from kvretention.dataplane.frontend.app import FrontendConfig, create_app
 from kvretention.dataplane.frontend.errors import Provider
 from kvretention.hints import (
@@ -44,6 +43,7 @@ from kvretention.hints import (
     normalize_messages,
     normalize_responses,
 )
+from support.router_standin import RouterStandIn, parse_sse
 
 CHAT = "/v1/chat/completions"
 RESPONSES = "/v1/responses"

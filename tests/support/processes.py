@@ -106,14 +106,3 @@ def start_kvretention(
 
 
 StartKvretention = Callable[..., KvrProcess]
-
-
-def read_lines(path: Path, *, at_least: int = 1, timeout: float = 5.0) -> list[str]:
-    """The file's lines once it has ``at_least`` of them (bounded wait): a process writes its trace
-    after the response has gone out, so a client can read the answer first."""
-    deadline = time.monotonic() + timeout
-    while True:
-        lines = path.read_text().splitlines() if path.exists() else []
-        if len(lines) >= at_least or time.monotonic() > deadline:
-            return lines
-        time.sleep(0.02)

@@ -10,10 +10,11 @@ import asyncio
 import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal
 
-PoolRole = Literal["aggregated", "prefill", "decode"]
-ROLES: Final[tuple[PoolRole, ...]] = ("aggregated", "prefill", "decode")
+from kvretention.dataplane.protocol import Role
+
+PoolRole = Role
+"""The pool a worker serves: the worker's own role (one definition, in the protocol)."""
 
 
 class DiscoveryError(ValueError):
