@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/report.py            # both sections' tables, as Markdown
     .venv/bin/python benchmarks/report.py request    # only the request path
+    .venv/bin/python benchmarks/report.py agents     # the agent-shaped request-path run
 
 The prose around the tables (what dominates, what was tried) is written by hand in README.md.
 """
@@ -115,6 +116,11 @@ def main() -> None:
     which = sys.argv[1] if len(sys.argv) > 1 else "all"
     if which in ("all", "request"):
         data = json.loads((RESULTS / "request_path.json").read_text())
+        print(request_goals(data), "\n", request_tables(data), sep="\n")
+    agents = RESULTS / "request_path_agents.json"
+    if which == "agents" or (which == "all" and agents.exists()):
+        data = json.loads(agents.read_text())
+        print(f"\n`{data['command']}`\n")
         print(request_goals(data), "\n", request_tables(data), sep="\n")
     if which in ("all", "operator"):
         print()

@@ -14,13 +14,20 @@ Every target answers the same OpenAI chat request from the same bare upstream
 ===================  ===========================================================================
 
 Scenarios: concurrency 1 and 64, streaming and not, a small and a ~200 KB prompt, plus one long
-stream (256 chunks) that measures the per-chunk cost. Targets run interleaved inside each repeat,
+stream (256 chunks) that measures the per-chunk cost, plus agent-shaped ~200 KB streams
+(``agent_bodies.py``): a Claude Code Messages body with tools, thinking / tool_use / tool_result
+history and two block-level breakpoints on ``/v1/messages``, a Codex body on ``/v1/responses``, and
+the Claude Code conversation as a Chat Completions body with tools. LiteLLM bridges Messages and
+Responses to the stub's Chat Completions (``use_chat_completions_api``), as our frontend turns them
+into its neutral conversation; ``direct`` posts the same bytes to the stub, which reads only
+``stream`` and the token limit; ``sglang-router`` takes Chat Completions only. Targets run interleaved inside each repeat,
 so every ratio compares runs minutes apart at most; medians over repeats. CPU time per request is
 read from ``/proc/<pid>/stat`` of the proxy's own processes (the stub and the load generator are
 excluded). By default the servers share CPU 0 and the load generator runs pinned on the last CPU.
 
     .venv/bin/python benchmarks/request_path_bench.py            # ~5 min on 2 cores
     .venv/bin/python benchmarks/request_path_bench.py --quick    # ~1 min smoke run
+    .venv/bin/python benchmarks/request_path_bench.py --agents   # agent scenarios + c64-json-small
 
 Needs ``benchmarks/setup.sh`` for the peers (they are skipped, and say so, when it has not run).
 """
@@ -48,6 +55,13 @@ HERE: Final = Path(__file__).resolve().parent
 REPO: Final = HERE.parent
 sys.path.insert(0, str(HERE))
 
+from agent_bodies import (  # noqa: E402
+    chat_agent_body,
+    claude_code_body,
+    claude_code_headers,
+    codex_body,
+    codex_headers,
+)
 from loadgen import pin_tree, rss_bytes, tree_cpu_seconds  # noqa: E402
 from profiling import start_sampler  # noqa: E402
 
@@ -58,6 +72,17 @@ API_KEY: Final = "sk-kvr-bench-0123456789abcdef"
 """LiteLLM's master key; sent to every target (the others ignore it) so the requests are equal."""
 LONG_STREAM_TOKENS: Final = 256
 UVLOOP_TARGET: Final = "frontend+router/uvloop"
+CHAT_PATH: Final = "/v1/chat/completions"
+MESSAGES_PATH: Final = "/v1/messages"
+RESPONSES_PATH: Final = "/v1/responses"
+ALL_PATHS: Final = frozenset({CHAT_PATH, MESSAGES_PATH, RESPONSES_PATH})
+AGENT_SHAPES: Final[dict[str, str]] = {
+    "claude-code": MESSAGES_PATH,
+    "codex": RESPONSES_PATH,
+    "chat-agent": CHAT_PATH,
+}
+"""Agent-shaped bodies (``agent_bodies.py``) and the endpoint each is sent to."""
+BASELINE_SCENARIO: Final = "c64-json-small"
 READY_TIMEOUT_S: Final = 90.0
 
 
@@ -92,18 +117,36 @@ class Scenario:
     max_tokens: int
     requests: int
     """Request budget per run (the run also stops at ``max_seconds``)."""
+    shape: str = "chat"
+    """``chat`` (a system turn and a padded user turn), or one of :data:`AGENT_SHAPES`."""
+
+    @property
+    def path(self) -> str:
+        return AGENT_SHAPES.get(self.shape, CHAT_PATH)
+
+    @property
+    def agent(self) -> bool:
+        return self.shape in AGENT_SHAPES
 
 
 @dataclass(frozen=True)
 class Target:
     name: str
-    url: str
+    base_url: str
     proxy_pids: tuple[int, ...]
     """The processes whose CPU is this target's cost (empty for ``direct``)."""
     worker_pids: tuple[int, ...] = ()
     """Processes that stand for the engine host (our worker); reported apart from the proxy."""
     max_tokens_cap: int | None = None
     """Answers longer than this are not possible (the engine stand-in's fixed reply)."""
+    paths: frozenset[str] = ALL_PATHS
+    """The endpoints it serves; ``direct`` answers every body on the stub's one path."""
+    fixed_path: str | None = None
+
+    def url_for(self, scenario: Scenario) -> str | None:
+        if self.fixed_path is not None:
+            return self.base_url + self.fixed_path
+        return self.base_url + scenario.path if scenario.path in self.paths else None
 
 
 def build_scenarios(*, quick: bool) -> list[Scenario]:
@@ -139,11 +182,59 @@ def build_scenarios(*, quick: bool) -> list[Scenario]:
             requests=n(400),
         )
     )
+    out += agent_scenarios(n(400))
     return out
 
 
+def agent_scenarios(requests: int) -> list[Scenario]:
+    """Agents stream: one c=64 stream per agent shape, each body ~200 KB."""
+    return [
+        Scenario(
+            name=f"c64-stream-{shape}-200KB",
+            concurrency=64,
+            stream=True,
+            prompt_bytes=200_000,
+            max_tokens=6,
+            requests=requests,
+            shape=shape,
+        )
+        for shape in AGENT_SHAPES
+    ]
+
+
+def agent_body(scenario: Scenario) -> dict[str, Any]:
+    """The agent's own body, with the served model's name and a 6-token answer: Claude Code's
+    ``max_tokens`` becomes 6 and its ``thinking`` control is dropped (a budget must stay below
+    ``max_tokens``; the thinking blocks in the history stay); Codex sends no token limit."""
+    if scenario.shape == "codex":
+        body = codex_body(scenario.prompt_bytes)
+    else:
+        body = claude_code_body(scenario.prompt_bytes)
+        body["max_tokens"] = scenario.max_tokens
+        body.pop("thinking", None)
+        if scenario.shape == "chat-agent":
+            body = chat_agent_body(body)
+    body["model"] = MODEL
+    body["stream"] = scenario.stream
+    return body
+
+
+def agent_headers(scenario: Scenario) -> list[str]:
+    """The client's own headers (its session key among them), as ``NAME: VALUE``."""
+    if scenario.shape == "codex":
+        headers = codex_headers()
+    elif scenario.shape == "claude-code":
+        headers = claude_code_headers()
+    else:
+        return []
+    return [f"{k}: {v}" for k, v in headers.items() if k.lower() != "accept"]
+
+
 def build_body(scenario: Scenario) -> bytes:
-    """One OpenAI chat request: a system turn plus a user turn padded to ``prompt_bytes``."""
+    """One request: an agent's body, or an OpenAI chat request (a system turn plus a user turn
+    padded to ``prompt_bytes``)."""
+    if scenario.agent:
+        return json.dumps(agent_body(scenario)).encode()
     words = "the quick brown fox jumps over a lazy dog "
     filler = (words * (scenario.prompt_bytes // len(words) + 1))[: scenario.prompt_bytes]
     return json.dumps(
@@ -221,13 +312,12 @@ def start_stack(
         )  # fmt: skip
         stack.callback(stub.stop)
         out.processes["stub"] = stub
-        out.targets.append(Target("direct", f"{stub.base_url}/v1/chat/completions", ()))
-        chat = "/v1/chat/completions"
+        out.targets.append(Target("direct", stub.base_url, (), fixed_path=CHAT_PATH))
         fe_args = ["frontend", "--model", MODEL, "--log-level", "warning"]
         if want("frontend"):
             fe = _kvr(stack, [*fe_args, "--router-url", stub.base_url], log_dir=log_dir)
             out.processes["frontend"] = fe
-            out.targets.append(Target("frontend", fe.base_url + chat, (fe.proc.pid,)))
+            out.targets.append(Target("frontend", fe.base_url, (fe.proc.pid,)))
         if want("frontend+router"):
             rt = _kvr(
                 stack,
@@ -237,9 +327,7 @@ def start_stack(
             )
             fe = _kvr(stack, [*fe_args, "--router-url", rt.base_url], log_dir=log_dir)
             out.processes |= {"fr.router": rt, "fr.frontend": fe}
-            out.targets.append(
-                Target("frontend+router", fe.base_url + chat, (fe.proc.pid, rt.proc.pid))
-            )
+            out.targets.append(Target("frontend+router", fe.base_url, (fe.proc.pid, rt.proc.pid)))
         if want("full"):
             wk = _kvr(
                 stack,
@@ -257,7 +345,7 @@ def start_stack(
             out.targets.append(
                 Target(
                     "full",
-                    fe.base_url + chat,
+                    fe.base_url,
                     (fe.proc.pid, rt.proc.pid),
                     worker_pids=(wk.proc.pid,),
                     max_tokens_cap=6,
@@ -310,7 +398,7 @@ def _start_uvloop_pair(stack: ExitStack, out: Stack, *, stub: Any, log_dir: Path
     )  # fmt: skip
     stack.callback(fe.stop)
     out.processes |= {"uv.router": rt, "uv.frontend": fe}
-    return Target(UVLOOP_TARGET, fe.base_url + "/v1/chat/completions", (fe.proc.pid, rt.proc.pid))
+    return Target(UVLOOP_TARGET, fe.base_url, (fe.proc.pid, rt.proc.pid))
 
 
 def _start_litellm(stack: ExitStack, out: Stack, *, stub: Any, log_dir: Path) -> Target:
@@ -326,6 +414,8 @@ def _start_litellm(stack: ExitStack, out: Stack, *, stub: Any, log_dir: Path) ->
                             "model": f"openai/{MODEL}",
                             "api_base": f"{stub.base_url}/v1",
                             "api_key": "sk-stub",
+                            # /v1/responses bridged to the stub's Chat Completions
+                            "use_chat_completions_api": True,
                         },
                     }
                 ],
@@ -339,11 +429,13 @@ def _start_litellm(stack: ExitStack, out: Stack, *, stub: Any, log_dir: Path) ->
          "--port", str(port), "--num_workers", "1"],
         name="litellm", ready_url=f"http://127.0.0.1:{port}/health/liveliness", log_dir=log_dir,
         env={"LITELLM_LOG": "ERROR", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+             # /v1/messages bridged to the stub's Chat Completions (not its Responses API)
+             "LITELLM_USE_CHAT_COMPLETIONS_URL_FOR_ANTHROPIC_MESSAGES": "True",
              "LITELLM_DONT_SHOW_FEEDBACK_BOX": "true", "NO_DOCS": "True"},
     )  # fmt: skip
     stack.callback(proc.stop)
     out.processes["litellm"] = proc
-    return Target("litellm", proc.base_url + "/v1/chat/completions", (proc.proc.pid,))
+    return Target("litellm", proc.base_url, (proc.proc.pid,))
 
 
 def _start_sglang_router(stack: ExitStack, out: Stack, *, stub: Any, log_dir: Path) -> Target:
@@ -358,7 +450,7 @@ def _start_sglang_router(stack: ExitStack, out: Stack, *, stub: Any, log_dir: Pa
     )  # fmt: skip
     stack.callback(proc.stop)
     out.processes["sglang-router"] = proc
-    return Target("sglang-router", proc.base_url + "/v1/chat/completions", (proc.proc.pid,))
+    return Target("sglang-router", proc.base_url, (proc.proc.pid,), paths=frozenset({CHAT_PATH}))
 
 
 # --- one measurement ------------------------------------------------------------------------------
@@ -398,14 +490,19 @@ def measure(
 ) -> Run:
     """Run the load generator once against ``target`` and account every process's CPU."""
     warmup = min(5, scenario.requests)
+    url = target.url_for(scenario)
+    if url is None:
+        raise ValueError(f"{target.name} does not serve {scenario.path}")
     argv = [
-        sys.executable, str(HERE / "loadgen.py"), "--url", target.url,
+        sys.executable, str(HERE / "loadgen.py"), "--url", url,
         "--body-file", str(body_file), "--concurrency", str(scenario.concurrency),
         "--requests", str(scenario.requests), "--max-seconds", str(max_seconds),
         "--warmup", str(warmup), "--header", f"Authorization: Bearer {API_KEY}",
     ]  # fmt: skip
     if scenario.stream:
         argv.append("--stream")
+    for header in agent_headers(scenario):
+        argv += ["--header", header]
     if loadgen_cpu is not None:
         argv += ["--cpu", str(loadgen_cpu)]
 
@@ -531,9 +628,10 @@ class Goal:
     bound: float
 
 
-def build_goals(scenarios: list[Scenario]) -> list[Goal]:
-    """The issue's four goals, each checked on the scenarios it names."""
-    long_stream = next(s.name for s in scenarios if s.max_tokens == LONG_STREAM_TOKENS)
+def build_goals() -> list[Goal]:
+    """The issue's four goals, each checked on the scenarios it names; the CPU goal also on every
+    agent-shaped body."""
+    long_stream = f"c64-stream-small-{LONG_STREAM_TOKENS}tok"
     goals = []
     for ours in ("frontend+router", "full"):
         for kind in ("json", "stream"):
@@ -541,15 +639,24 @@ def build_goals(scenarios: list[Scenario]) -> list[Goal]:
             goals.append(Goal(">= 80% of direct throughput at c=64", ours, f"c64-{kind}-small", "throughput_ratio", ">=", 0.8))  # fmt: skip
             goals.append(Goal("<= 1/3 of LiteLLM CPU/request", ours, f"c64-{kind}-small", "cpu_ratio_to_litellm", "<=", 1 / 3))  # fmt: skip
     goals.append(Goal(">= 5000 streamed chunks/s per core", "frontend+router", long_stream, "chunks_per_proxy_cpu_s", ">=", 5000.0))  # fmt: skip
+    for scenario in agent_scenarios(0):
+        for ours in ("frontend+router", "full"):
+            goals.append(Goal("<= 1/3 of LiteLLM CPU/request", ours, scenario.name, "cpu_ratio_to_litellm", "<=", 1 / 3))  # fmt: skip
     return goals
 
 
 def check_goals(
     goals: list[Goal], summary: dict[str, dict[str, dict[str, float]]]
 ) -> list[dict[str, Any]]:
+    """Every goal whose scenario and target (and LiteLLM, for a ratio to it) were measured."""
     out = []
     for goal in goals:
-        value = summary.get(goal.scenario, {}).get(goal.target, {}).get(goal.metric, float("nan"))
+        measured = summary.get(goal.scenario, {})
+        if goal.target not in measured or (
+            goal.metric == "cpu_ratio_to_litellm" and "litellm" not in measured
+        ):
+            continue
+        value = measured[goal.target].get(goal.metric, float("nan"))
         ok = value == value and (
             value < goal.bound if goal.op == "<" else
             value <= goal.bound if goal.op == "<=" else value >= goal.bound
@@ -609,6 +716,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="small budgets, 1 repeat: a smoke run")
+    parser.add_argument(
+        "--agents",
+        action="store_true",
+        help=f"only the agent-shaped scenarios and {BASELINE_SCENARIO} (a baseline)",
+    )
     parser.add_argument("--max-seconds", type=float, default=5.0, help="time bound of each run")
     parser.add_argument(
         "--targets", default=None, help="comma-separated subset (direct is always in)"
@@ -628,8 +740,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)  # fmt: skip
     repeats = 1 if args.quick else args.repeats
     scenarios = build_scenarios(quick=args.quick)
-    if args.scenarios:
-        chosen = set(args.scenarios.split(","))
+    if args.scenarios or args.agents:
+        chosen = set(args.scenarios.split(",")) if args.scenarios else set()
+        if args.agents:
+            chosen |= {BASELINE_SCENARIO} | {s.name for s in scenarios if s.agent}
         scenarios = [s for s in scenarios if s.name in chosen]
     only = set(args.targets.split(",")) if args.targets else None
     cpus = sorted(os.sched_getaffinity(0))
@@ -670,6 +784,8 @@ def main(argv: list[str] | None = None) -> None:
                     for target in stack.targets:
                         if target.max_tokens_cap and scenario.max_tokens > target.max_tokens_cap:
                             continue
+                        if target.url_for(scenario) is None:
+                            continue  # e.g. sglang-router serves Chat Completions only
                         run = measure(
                             scenario, target, body_file=bodies[scenario.name], repeat=repeat,
                             stub_pid=stub_pid, loadgen_cpu=loadgen_cpu,
@@ -685,7 +801,7 @@ def main(argv: list[str] | None = None) -> None:
             rss = {name: rss_bytes(p.proc.pid) for name, p in stack.processes.items()}
             skipped = dict(stack.skipped)
     summary = summarize(runs)
-    goals = check_goals(build_goals(scenarios), summary) if not args.scenarios else []
+    goals = check_goals(build_goals(), summary)
     report = {
         "benchmark": "request_path",
         "command": " ".join([Path(sys.executable).name, *sys.argv]),

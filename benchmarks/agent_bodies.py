@@ -1,0 +1,148 @@
+"""Agent-shaped request bodies for the benchmarks, about 200 KB each, from the tests' agent sessions.
+
+``tests/support/agent_sessions.py`` writes Codex- and Claude Code-shaped sessions from those
+clients' public request shapes, scaled down. Here the history is scaled back up by turns until the
+last request of the session is about ``target_bytes``: the same tools, reasoning / thinking history,
+tool calls and results, and (Claude Code) the block-level ``cache_control`` breakpoints on the last
+system block and on the newest message block, just more turns of them. Every turn's tool output is
+short, so a 200 KB body holds many small items and blocks: the worst case for a per-block scan.
+
+- :func:`codex_body`: the last ``POST /v1/responses`` body of a Codex CLI session (``tools`` with
+  the ``apply_patch`` custom tool, ``reasoning`` items with ``encrypted_content``,
+  ``function_call`` / ``custom_tool_call`` history and their outputs, ``prompt_cache_key``).
+- :func:`claude_code_body`: the last ``POST /v1/messages`` body of a Claude Code session (17 tools,
+  the billing-header system block, ``thinking`` / ``tool_use`` / ``tool_result`` history, two
+  ``1h`` breakpoints).
+- :func:`chat_agent_body`: the Claude Code conversation as an OpenAI Chat Completions body (tools,
+  assistant ``tool_calls``, ``role: tool`` results), for peers that only proxy Chat Completions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final
+
+REPO: Final = Path(__file__).resolve().parent.parent
+if str(REPO / "tests") not in sys.path:
+    sys.path.insert(0, str(REPO / "tests"))
+
+from support.agent_sessions import claude_code_session, codex_session  # noqa: E402
+
+TARGET_BYTES: Final = 200_000
+
+Body = dict[str, Any]
+
+
+def _size(body: Body) -> int:
+    return len(json.dumps(body).encode())
+
+
+def _scaled(last_body: Callable[[int], Body], target_bytes: int) -> Body:
+    """The session's last body with enough turns to reach ``target_bytes`` (sizes grow linearly
+    with turns, so two small sessions give the slope; one more turn until it is reached)."""
+    small, large = 8, 24
+    s_small, s_large = _size(last_body(small)), _size(last_body(large))
+    per_turn = (s_large - s_small) / (large - small)
+    turns = max(1, large + math.ceil((target_bytes - s_large) / per_turn))
+    body = last_body(turns)
+    while _size(body) < target_bytes:
+        turns += 1
+        body = last_body(turns)
+    return body
+
+
+def codex_body(target_bytes: int = TARGET_BYTES) -> Body:
+    """The last Codex request of a session scaled to ``target_bytes``, exactly as Codex sends it
+    (``prompt_cache_key`` only: no retention control, so only the fleet's default TTL applies)."""
+    return _scaled(lambda turns: codex_session(turns=turns)[-1][1], target_bytes)
+
+
+def claude_code_body(target_bytes: int = TARGET_BYTES) -> Body:
+    """The last Claude Code request of a session scaled to ``target_bytes``, as Claude Code sends it."""
+    return _scaled(lambda turns: claude_code_session(turns=turns)[-1][1], target_bytes)
+
+
+def codex_headers() -> dict[str, str]:
+    """The headers Codex sends with each request (``session_id`` is the sticky-session key)."""
+    return codex_session(turns=1)[-1][0]
+
+
+def claude_code_headers() -> dict[str, str]:
+    return claude_code_session(turns=1)[-1][0]
+
+
+def with_responses_hints(body: Body) -> Body:
+    """``body`` plus the retention controls a Responses client may add: ``prompt_cache_options``
+    (implicit, 30m: the full prompt) and a ``prompt_cache_breakpoint`` on the first user part (the
+    stable head of the session), so the whole hint path runs."""
+    out: Body = json.loads(json.dumps(body))
+    out["prompt_cache_options"] = {"ttl": "30m"}
+    for item in out["input"]:
+        if item.get("type") == "message" and item.get("role") == "user":
+            item["content"][0]["prompt_cache_breakpoint"] = {"mode": "explicit"}
+            break
+    return out
+
+
+def chat_agent_body(messages_body: Body) -> Body:
+    """A Claude Code Messages body as the same conversation in Chat Completions shape: system text,
+    tools as functions, thinking as ``reasoning_content``, ``tool_use`` as ``tool_calls`` and
+    ``tool_result`` as ``role: tool`` messages. No cache controls (Chat Completions has no
+    block-level ones in the peers' dialect)."""
+    system = "\n".join(b["text"] for b in messages_body["system"])
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
+    for message in messages_body["messages"]:
+        content = message["content"]
+        if isinstance(content, str):
+            messages.append({"role": message["role"], "content": content})
+            continue
+        if message["role"] == "assistant":
+            text = "\n".join(b["text"] for b in content if b["type"] == "text")
+            calls = [
+                {
+                    "id": b["id"],
+                    "type": "function",
+                    "function": {"name": b["name"], "arguments": json.dumps(b["input"])},
+                }
+                for b in content
+                if b["type"] == "tool_use"
+            ]
+            out: dict[str, Any] = {"role": "assistant", "content": text or None}
+            if calls:
+                out["tool_calls"] = calls
+            messages.append(out)
+            continue
+        texts = [b["text"] for b in content if b["type"] == "text"]
+        for block in content:
+            if block["type"] == "tool_result":
+                result = block["content"]
+                if not isinstance(result, str):
+                    result = "\n".join(p["text"] for p in result if p.get("type") == "text")
+                messages.append(
+                    {"role": "tool", "tool_call_id": block["tool_use_id"], "content": result}
+                )
+        if texts:
+            messages.append({"role": "user", "content": "\n".join(texts)})
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": t["name"],
+                "description": t["description"],
+                "parameters": t["input_schema"],
+            },
+        }
+        for t in messages_body["tools"]
+    ]
+    return {
+        "model": messages_body["model"],
+        "messages": messages,
+        "tools": tools,
+        "tool_choice": "auto",
+        "max_tokens": messages_body["max_tokens"],
+        "stream": messages_body.get("stream", False),
+    }
