@@ -1,0 +1,136 @@
+"""The router app in-process, in front of two in-process fake workers: placement, forwarding and
+ejection decided by the same code the router process runs, without starting processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from kvretention.dataplane.protocol import GENERATE_PATH, HEADER_SESSION
+from kvretention.dataplane.router.app import RouterConfig, RouterState, build_app
+from kvretention.dataplane.router.discovery import build_sources
+
+
+@dataclass
+class FakeWorker:
+    """Answers ``/readyz`` (``ready`` decides) and ``/v1/generate`` (one NDJSON line), and keeps
+    every body it got, byte for byte."""
+
+    name: str
+    ready: bool = True
+    bodies: list[bytes] = field(default_factory=list)
+
+    def app(self) -> web.Application:
+        async def readyz(_: web.Request) -> web.Response:
+            return web.json_response({}, status=200 if self.ready else 503)
+
+        async def info(_: web.Request) -> web.Response:
+            return web.json_response({"role": "aggregated"})
+
+        async def generate(request: web.Request) -> web.Response:
+            self.bodies.append(await request.read())
+            line = {"text": self.name, "finish_reason": "stop"}
+            return web.Response(body=json.dumps(line) + "\n", content_type="application/x-ndjson")
+
+        app = web.Application()
+        app.router.add_get("/readyz", readyz)
+        app.router.add_get("/v1/info", info)
+        app.router.add_post(GENERATE_PATH, generate)
+        return app
+
+
+@dataclass
+class Fleet:
+    router: TestClient[Any, Any]
+    workers: list[FakeWorker]
+
+    async def generate(self, body: bytes, **headers: str) -> tuple[int, str]:
+        resp = await self.router.post(GENERATE_PATH, data=body, headers=headers)
+        return resp.status, await resp.text()
+
+    async def settle(self, ready: int) -> None:
+        """Wait (bounded) until the router's health checks see ``ready`` healthy workers."""
+        for _ in range(200):
+            workers = await (await self.router.get("/v1/workers")).json()
+            if sum(1 for w in workers if w["healthy"]) == ready:
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"the router never saw {ready} healthy workers")
+
+
+@pytest.fixture
+async def fleet() -> AsyncIterator[Fleet]:
+    workers = [FakeWorker("w0"), FakeWorker("w1")]
+    servers = [TestServer(w.app()) for w in workers]
+    for server in servers:
+        await server.start_server()
+    sources = build_sources(
+        workers=[str(s.make_url("")).rstrip("/") for s in servers],
+        worker_dns=(),
+        prefill=(),
+        prefill_dns=(),
+        decode=(),
+        decode_dns=(),
+    )
+    config = RouterConfig(health_interval_s=0.02, policy="least-outstanding")
+    router: TestClient[Any, Any] = TestClient(TestServer(build_app(RouterState(sources, config))))
+    await router.start_server()
+    fleet = Fleet(router, workers)
+    await fleet.settle(2)
+    yield fleet
+    await router.close()
+    for server in servers:
+        await server.close()
+
+
+def _body(rid: str, **fields: Any) -> bytes:
+    return json.dumps({"request_id": rid, "model": "m", "token_ids": [1, 2], **fields}).encode()
+
+
+async def test_the_request_reaches_a_worker_byte_for_byte(fleet: Fleet) -> None:
+    body = _body("bytes", kv_hints={"retain_full_prompt": {"ttl_seconds": 60}}, z=" spaced ")
+    status, text = await fleet.generate(body)
+    assert status == 200
+    (worker,) = [w for w in fleet.workers if w.bodies]
+    assert worker.bodies == [body]
+    assert json.loads(text)["text"] == worker.name
+
+
+async def test_a_session_stays_on_one_worker_and_another_may_move(fleet: Fleet) -> None:
+    for n in range(6):
+        await fleet.generate(_body(f"s{n}"), **{HEADER_SESSION: "conversation-a"})
+    served = [len(w.bodies) for w in fleet.workers]
+    assert sorted(served) == [0, 6]
+
+
+async def test_without_a_session_load_spreads_over_both_workers(fleet: Fleet) -> None:
+    await asyncio.gather(*(fleet.generate(_body(f"spread{n}")) for n in range(8)))
+    assert all(w.bodies for w in fleet.workers)
+
+
+async def test_a_worker_that_stops_being_ready_gets_nothing_more(fleet: Fleet) -> None:
+    fleet.workers[0].ready = False
+    await fleet.settle(1)
+    for n in range(4):
+        status, _ = await fleet.generate(_body(f"eject{n}"), **{HEADER_SESSION: f"s{n}"})
+        assert status == 200
+    assert fleet.workers[0].bodies == [] and len(fleet.workers[1].bodies) == 4
+
+
+async def test_no_ready_worker_is_a_503_no_workers_and_the_router_is_not_ready(
+    fleet: Fleet,
+) -> None:
+    for worker in fleet.workers:
+        worker.ready = False
+    await fleet.settle(0)
+    status, text = await fleet.generate(_body("none"))
+    assert status == 503
+    assert json.loads(text)["error"]["code"] == "no_workers"
+    assert (await fleet.router.get("/readyz")).status == 503
