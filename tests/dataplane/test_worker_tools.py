@@ -8,13 +8,16 @@ by markers in the last user message, and records what the engine was called with
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from kvretention.dataplane.worker import app as worker_app
 from kvretention.dataplane.worker.app import WorkerState, build_app
 from kvretention.dataplane.worker.dialect import Dialect
 from kvretention.dataplane.worker.engine import EngineLoadError, LoadedEngine, load_engine
@@ -428,3 +431,27 @@ async def test_count_only_ignores_a_hint_the_engine_could_not_take(worker: Clien
     assert status == 200
     assert line["usage"]["prompt_tokens"] > 0
     assert engine.calls == []
+
+
+async def test_a_slow_prompt_is_prepared_off_the_event_loop(
+    worker: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While one request's prompt takes long to render and tokenize, ``/readyz`` and the router's
+    health checks still answer at once (a blocked loop would get the worker ejected)."""
+    real = worker_app.plan_call
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.6)  # what a ~200 KB agent prompt costs, many times over
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(worker_app, "plan_call", slow)
+    client, _ = await worker()
+    pending = asyncio.create_task(generate(client, body("hello", request_id="slow")))
+    await asyncio.sleep(0.1)
+    started = time.monotonic()
+    ready = await client.get("/readyz")
+    answered_in = time.monotonic() - started
+    assert ready.status == 200 and not pending.done()
+    assert answered_in < 0.3, answered_in
+    status, lines = await pending
+    assert status == 200 and lines[-1]["finish_reason"] == "stop"

@@ -9,6 +9,11 @@ The prompt is rendered with the model's chat template (tools included) and token
 answer is parsed into text, reasoning and tool-call deltas by SGLang's own parsers (see
 :mod:`kvretention.dataplane.worker.parsing`). A ``count_only`` request is rendered and counted and
 answered with one chunk; the engine is never called.
+
+Rendering and tokenizing a coding agent's ~200 KB prompt takes tens of milliseconds, so it runs on
+one thread of its own (one: a Hugging Face fast tokenizer must not be called from two threads at
+once), never on the event loop: streams in flight and ``/readyz`` keep answering while a burst of
+long prompts is prepared, and the router does not eject a busy worker as dead.
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Final, cast, get_args
 
 from aiohttp import web
@@ -121,6 +128,10 @@ class WorkerState:
     inflight: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     metrics: WorkerMetrics = field(default_factory=WorkerMetrics)
+    planner: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvr-plan")
+    )
+    """Where requests are rendered and tokenized: off the event loop, one at a time."""
 
     def __post_init__(self) -> None:
         self.idle.set()
@@ -298,13 +309,15 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
     if state.draining:
         return error_response(ErrorCode.DRAINING, "worker is shutting down")
     body = await request.read()
+    plan = partial(
+        plan_call,
+        body,
+        headers={k.lower(): v for k, v in request.headers.items()},
+        state_role=state.role,
+        engine=state.engine,
+    )
     try:
-        planned = plan_call(
-            body,
-            headers={k.lower(): v for k, v in request.headers.items()},
-            state_role=state.role,
-            engine=state.engine,
-        )
+        planned = await asyncio.get_running_loop().run_in_executor(state.planner, plan)
     except RequestRejected as exc:
         state.metrics.requests.labels("rejected").inc()
         _trace(state, request_id=_request_id_of(body), outcome="rejected", code=str(exc.code))
@@ -461,9 +474,16 @@ async def handle_info(request: web.Request) -> web.Response:
     )
 
 
+async def _planner(app: web.Application) -> AsyncIterator[None]:
+    """The planning thread ends with the app; no handler is left waiting on it by then."""
+    yield
+    app[STATE].planner.shutdown(wait=False, cancel_futures=True)
+
+
 def build_app(state: WorkerState) -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app[STATE] = state
+    app.cleanup_ctx.append(_planner)
     app.router.add_post(GENERATE_PATH, handle_generate)
     add_probes(app, ready=lambda: readiness(state))
     app.router.add_get(INFO_PATH, handle_info)
