@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,6 +14,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from kvretention.dataplane.frontend import app as frontend_app
 from kvretention.dataplane.frontend.app import FrontendConfig, create_app
 from kvretention.dataplane.frontend.errors import Provider
 from kvretention.dataplane.protocol import ChatMessage, PreprocessedRequest
@@ -467,3 +471,42 @@ async def test_billing_header_is_dropped_counted_and_traced(
             assert "kvretention_frontend_normalized_total{" not in metrics
     [record] = [json.loads(line) for line in trace_path.read_text().splitlines()]
     assert record["normalized"] == ["billing_header"]
+
+
+@pytest.mark.parametrize(
+    ("padding", "thread"),
+    [
+        pytest.param(100, "MainThread", id="small-on-the-loop"),
+        pytest.param(200_000, "kvr-parse", id="agent-sized-off-it"),
+    ],
+)
+async def test_large_bodies_are_parsed_off_the_event_loop(
+    router_standin: RouterStandIn, monkeypatch: pytest.MonkeyPatch, padding: int, thread: str
+) -> None:
+    """A 200 KB agent body takes 10-20 ms to parse; while it does, the probes still answer."""
+    real, threads = frontend_app.decode_json_body, []
+
+    def slow(raw: bytes) -> dict[str, Any]:
+        threads.append(threading.current_thread().name)
+        time.sleep(0.6 if padding > frontend_app.OFF_LOOP_BYTES else 0)
+        return real(raw)
+
+    monkeypatch.setattr(frontend_app, "decode_json_body", slow)
+    client = await _client(create_app(FrontendConfig(router_url=router_standin.base_url)))
+    try:
+        body = {
+            "model": "m",
+            "max_tokens": 4,
+            "messages": [{"role": "user", "content": "x" * padding}],
+        }
+        pending = asyncio.create_task(client.post("/v1/messages", json=body))
+        await asyncio.sleep(0.1)
+        started = time.monotonic()
+        health = await client.get("/healthz")
+        answered_in = time.monotonic() - started
+        assert (await pending).status == 200
+    finally:
+        await client.close()
+    (ran_on,) = threads
+    assert ran_on.startswith(thread)
+    assert health.status == 200 and answered_in < 0.3, answered_in

@@ -17,9 +17,11 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from aiohttp import web
 
@@ -111,9 +113,27 @@ class FrontendState:
     metrics: FrontendMetrics = field(default_factory=FrontendMetrics)
     trace: RequestTrace | None = None
     tokenizer: ChatTokenizer | None = None
+    cpu: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvr-parse")
+    )
+    """Where large bodies are parsed (and tokenized, with ``--tokenizer``): one thread, so the
+    tokenizer is never called from two threads at once."""
 
 
 STATE: Final = web.AppKey("kvretention_frontend", FrontendState)
+
+_T = TypeVar("_T")
+OFF_LOOP_BYTES: Final = 64 * 1024
+"""Bodies from this size on (a coding agent's history is ~200 KB and takes 10-20 ms of CPU to
+parse) are parsed off the event loop, so streams in flight and the kubelet's probes keep being
+answered during a burst of them; smaller ones cost less than the hand-off."""
+
+
+async def off_loop(state: FrontendState, size: int, work: Callable[[], _T]) -> _T:
+    """``work()`` on the parse thread when ``size`` is large, else right here."""
+    if size < OFF_LOOP_BYTES:
+        return work()
+    return await asyncio.get_running_loop().run_in_executor(state.cpu, work)
 
 
 def create_app(
@@ -149,6 +169,7 @@ async def _router_session(app: web.Application) -> AsyncIterator[None]:
     await state.router.start()
     yield
     await state.router.close()
+    state.cpu.shutdown(wait=False, cancel_futures=True)
     if state.trace is not None:
         state.trace.close()
 
@@ -253,11 +274,12 @@ async def _generate(
     done: _Outcome,
 ) -> web.StreamResponse:
     try:
-        parsed, session_id = await admit(request, api, state=state)
+        admitted = await admit(request, api, state=state)
     except FrontendError as err:
         state.metrics.rejections.labels(api.endpoint, err.reason).inc()
         done.outcome, done.status, done.error_code = "rejected", err.status, err.code
         return error_response(err, api.provider, request_id=request_id)
+    parsed, session_id = admitted.parsed, admitted.session_id
 
     parsed = normalize_clients(parsed, state=state, endpoint=api.endpoint, done=done)
     parsed = apply_hint_policy(parsed, config=state.config)
@@ -267,13 +289,16 @@ async def _generate(
     if ttl is not None:
         state.metrics.hints.labels(api.endpoint, str(ttl)).inc()
     done.kv_hints = wire
-    upstream_request = build_preprocessed(
+    prepare = partial(
+        build_preprocessed,
         parsed,
         request_id=request_id,
         session_id=session_id,
         tokenizer=state.tokenizer,
         model=state.config.served_name(parsed.model),
     )
+    # with --tokenizer this renders and tokenizes the whole conversation
+    upstream_request = await off_loop(state, admitted.size if state.tokenizer else 0, prepare)
     upstream_request_headers = router_headers(parsed, session_id, config=state.config)
     try:
         return await _forward(
@@ -290,23 +315,36 @@ async def _generate(
         return error_response(err, api.provider, request_id=request_id)
 
 
-async def admit(
-    request: web.Request, api: Endpoint, *, state: FrontendState
-) -> tuple[ParsedRequest, str | None]:
+@dataclass(frozen=True)
+class Admitted:
+    """A request that passed every check: parsed, its session key, and its size on the wire."""
+
+    parsed: ParsedRequest
+    session_id: str | None
+    size: int
+
+
+async def admit(request: web.Request, api: Endpoint, *, state: FrontendState) -> Admitted:
     """Read, parse and check a request before anything is forwarded; raises ``FrontendError``."""
-    try:
-        body = await read_json_body(
-            request, limit=state.config.max_body_bytes, stall_s=state.config.body_timeout
-        )
-        parsed = api.parse(
-            body,
-            hints=api.provider in state.config.hint_providers,
-            breakpoints=state.config.breakpoints,
-        )
+    raw = await read_body(
+        request, limit=state.config.max_body_bytes, stall_s=state.config.body_timeout
+    )
+
+    def check() -> tuple[ParsedRequest, dict[str, Any]]:
+        try:
+            body = decode_json_body(raw)
+            parsed = api.parse(
+                body,
+                hints=api.provider in state.config.hint_providers,
+                breakpoints=state.config.breakpoints,
+            )
+        except ClientError as exc:
+            raise errors.from_client_error(exc) from None
         check_model(parsed.model, config=state.config)
-        return parsed, session_of(request, body, keys=state.config.session_keys)
-    except ClientError as exc:
-        raise errors.from_client_error(exc) from None
+        return parsed, body
+
+    parsed, body = await off_loop(state, len(raw), check)
+    return Admitted(parsed, session_of(request, body, keys=state.config.session_keys), len(raw))
 
 
 def build_preprocessed(
@@ -416,11 +454,11 @@ async def _write_eof_quietly(response: web.StreamResponse) -> None:
         await response.write_eof()
 
 
-async def read_json_body(
+async def read_body(
     request: web.Request, *, limit: int, stall_s: float = DEFAULT_BODY_TIMEOUT
-) -> dict[str, Any]:
-    """The request body as a JSON object, or a ``FrontendError`` (413 before reading when possible,
-    408 when the body stalls past ``stall_s`` seconds)."""
+) -> bytes:
+    """The body's bytes, or a ``FrontendError`` (413 before reading when possible, 408 when the
+    body stalls past ``stall_s`` seconds)."""
     if request.content_length is not None and request.content_length > limit:
         raise errors.body_too_large(limit)
     try:
@@ -431,6 +469,11 @@ async def read_json_body(
     except TimeoutError:
         log.info("request body on %s stalled past %gs", request.path, stall_s)
         raise errors.body_timeout(stall_s) from None
+    return raw
+
+
+def decode_json_body(raw: bytes) -> dict[str, Any]:
+    """The bytes as a JSON object (strict UTF-8, no lone surrogates), or a 400 ``FrontendError``."""
     try:
         text = raw.decode("utf-8-sig")  # strict: invalid UTF-8 and encoded surrogates are refused
     except UnicodeDecodeError:
@@ -572,11 +615,12 @@ async def count_tokens(request: web.Request) -> web.Response:
     request_id = uuid.uuid4().hex
     outcome = "ok"
     try:
-        parsed, session_id = await admit(request, api, state=state)
+        admitted = await admit(request, api, state=state)
     except FrontendError as err:
         state.metrics.rejections.labels(api.endpoint, err.reason).inc()
         state.metrics.requests.labels(api.endpoint, "rejected").inc()
         return error_response(err, api.provider, request_id=request_id)
+    parsed, session_id = admitted.parsed, admitted.session_id
     parsed = normalize_clients(parsed, state=state, endpoint=api.endpoint)
     upstream_request = build_preprocessed(
         parsed,
