@@ -1255,7 +1255,8 @@ class WorkersStatus(ReplicaCount):
     """All worker pools together, and each pool on its own."""
 
     pools: list[WorkerPoolStatus] = Field(
-        default_factory=list, description="Each worker pool (Deployment), in the spec's order."
+        default_factory=list,
+        description="Each worker pool (Deployment): the aggregated pool, or prefill then decode.",
     )
 
 

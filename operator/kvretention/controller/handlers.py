@@ -69,6 +69,18 @@ CR_KIND: Final = k.custom_kind(group=GROUP, version=VERSION, kind=KIND, plural=P
 Key = tuple[str, str]
 """(namespace, name) of a KvRetentionDeployment."""
 
+CHILD_WATCH_SELECTORS: Final[tuple[tuple[tuple[str, str] | tuple[str, str, str], str], ...]] = (
+    (("apps", "v1", "deployments"), f"{MANAGED_BY}={k.FIELD_MANAGER}"),
+    (("v1", "services"), f"{MANAGED_BY}={k.FIELD_MANAGER}"),
+    (("v1", "configmaps"), f"{MANAGED_BY}={k.FIELD_MANAGER}"),
+    (("policy", "v1", "poddisruptionbudgets"), f"{MANAGED_BY}={k.FIELD_MANAGER}"),
+    (("networking.k8s.io", "v1", "networkpolicies"), f"{MANAGED_BY}={k.FIELD_MANAGER}"),
+    (("v1", "pods"), f"{NAME}={APP_NAME},{INSTANCE}"),
+)
+"""Server-side label selectors of the child watches: the API server sends only our objects, so
+unrelated ConfigMaps or Pods cost the operator nothing (kopf's ``labels=`` filters client-side,
+after every object in the cluster has been streamed and parsed)."""
+
 MAX_BACKOFF_S: Final = 60.0
 REFUSED_STATUSES: Final = frozenset({400, 403, 422})
 """Apply failures worth telling the user in status (RBAC, admission, a bad manifest)."""
@@ -624,16 +636,3 @@ def build_registry() -> kopf.OperatorRegistry:
     fleet_pod: dict[str, Any] = {NAME: APP_NAME, INSTANCE: kopf.PRESENT}
     kopf.on.event("v1", "pods", id="child-pods", labels=fleet_pod, registry=registry)(on_child)
     return registry
-
-
-CHILD_WATCH_SELECTORS: Final[tuple[tuple[tuple[str, str] | tuple[str, str, str], str], ...]] = (
-    (("apps", "v1", "deployments"), f"{MANAGED_BY}={k.FIELD_MANAGER}"),
-    (("v1", "services"), f"{MANAGED_BY}={k.FIELD_MANAGER}"),
-    (("v1", "configmaps"), f"{MANAGED_BY}={k.FIELD_MANAGER}"),
-    (("policy", "v1", "poddisruptionbudgets"), f"{MANAGED_BY}={k.FIELD_MANAGER}"),
-    (("networking.k8s.io", "v1", "networkpolicies"), f"{MANAGED_BY}={k.FIELD_MANAGER}"),
-    (("v1", "pods"), f"{NAME}={APP_NAME},{INSTANCE}"),
-)
-"""Server-side label selectors of the child watches: the API server sends only our objects, so
-unrelated ConfigMaps or Pods cost the operator nothing (kopf's ``labels=`` filters client-side,
-after every object in the cluster has been streamed and parsed)."""

@@ -1,8 +1,11 @@
 """Pure status: what the fleet should be plus what the cluster shows in, the CR's status out.
 
-Observed state is gathered once (the Deployments, the probe reports of worker pods), then a chain
-of small checks runs, cert-manager style: the first failing check names the reason and message of
-``Ready``. ``lastTransitionTime`` only moves when a condition's status flips.
+Observed state is gathered once (the Deployments, the fleet's pods and the probe reports of its
+worker pods), then chains of small checks run, cert-manager style: per Deployment, the first check
+with something to say (the scheduler cannot place a pod, an image cannot be pulled, the
+ReplicaSet controller cannot create pods, ...) names its component's reason; across components,
+the first failing one names ``Ready``'s. ``lastTransitionTime`` only moves when a condition's
+status flips.
 """
 
 from __future__ import annotations
