@@ -514,7 +514,12 @@ def test_disaggregated_and_external_mooncake_examples_reach_ready(
         fleets.wait_condition(name, "WorkersReady", "True")
     # Disaggregated: two pools; the scale subresource follows the decode pool.
     pd = fleets.get("qwen-pd")["status"]
-    assert pd["workers"] == {"ready": 3, "desired": 3}
+    workers = pd["workers"]
+    assert (workers["ready"], workers["desired"], workers["available"]) == (3, 3, 3)
+    assert [(p["name"], p["role"], p["ready"], p["reason"]) for p in workers["pools"]] == [
+        ("qwen-pd-prefill", "worker-prefill", 1, "PodsReady"),
+        ("qwen-pd-decode", "worker-decode", 2, "PodsReady"),
+    ]
     assert pd["replicas"] == 2
     assert "worker-decode" in pd["selector"]
     names = {n for (k, n) in fleets.children("qwen-pd") if k == "Deployment"}
