@@ -20,8 +20,8 @@ test: bootstrap lint typecheck
 	$(BIN)/pytest -q
 
 lint:
-	$(BIN)/ruff check operator tests benchmarks
-	$(BIN)/ruff format --check operator tests benchmarks
+	$(BIN)/ruff check operator devtools tests benchmarks scripts
+	$(BIN)/ruff format --check operator devtools tests benchmarks scripts
 
 typecheck:
 	$(BIN)/mypy

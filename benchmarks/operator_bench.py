@@ -55,8 +55,8 @@ from operator_fixtures import CRD_PATH, Operator, load_example  # noqa: E402
 
 from kvretention.api.models import GROUP, PLURAL, VERSION  # noqa: E402
 from kvretention.controller.operator import KUBE_THREADS  # noqa: E402
-from kvretention.localcluster import down, up  # noqa: E402
-from kvretention.localcluster.binaries import resolve_bin_dir  # noqa: E402
+from kvretention_devtools.localcluster import down, up  # noqa: E402
+from kvretention_devtools.localcluster.binaries import resolve_bin_dir  # noqa: E402
 from loadgen import proc_cpu_seconds  # noqa: E402
 from profiling import start_sampler  # noqa: E402
 from support.controlplane import Cluster  # noqa: E402
@@ -76,6 +76,8 @@ OWNED: Final = {
     ("apps", "deployments", ""),
     ("", "services", ""),
     ("", "configmaps", ""),
+    ("policy", "poddisruptionbudgets", ""),
+    ("networking.k8s.io", "networkpolicies", ""),
     (GROUP, PLURAL, "status"),
 }
 """(group, resource, subresource) the operator writes; only it (and the baseline) use APPLY."""
@@ -142,7 +144,17 @@ def owned_writes(
     return out
 
 
-READ_RESOURCES: Final = frozenset({PLURAL, "deployments", "services", "configmaps", "pods"})
+READ_RESOURCES: Final = frozenset(
+    {
+        PLURAL,
+        "deployments",
+        "services",
+        "configmaps",
+        "poddisruptionbudgets",
+        "networkpolicies",
+        "pods",
+    }
+)
 
 
 def reads(before: Mapping[tuple[str, ...], float], after: Mapping[tuple[str, ...], float]) -> float:
@@ -394,13 +406,64 @@ def run_operator(
     )
     try:
         op.wait_ready(timeout_s=120)
-        return _measure_operator(
+        result = _measure_operator(
             api, op, n, ns=ns, resync_s=resync_s, timeout_s=timeout_s, profile_dir=profile_dir
         )
     finally:
         code = op.stop()
         if code != 0:
             print(f"operator exited {code}:\n{op.process.log()[-3000:]}", file=sys.stderr)
+    result["restart"] = measure_restart(
+        cluster, api, n, ns=ns, log_dir=log_dir, timeout_s=timeout_s
+    )
+    return result
+
+
+def measure_restart(
+    cluster: Cluster, api: client.ApiClient, n: int, *, ns: str, log_dir: Path, timeout_s: float
+) -> dict[str, Any]:
+    """A fresh operator over N converged fleets (a restart or a failover): the API requests its
+    first pass costs until it has reconciled every fleet once. Its resync is an hour, so the
+    window holds that first pass only."""
+    before = apiserver_requests(api)
+    started = time.monotonic()
+    op = Operator(
+        cluster,
+        log_dir,
+        f"--namespace={ns}",
+        "--no-leader-elect",
+        "--resync-seconds=3600",
+        "--log-level=WARNING",
+        name="operator-restarted",
+    )
+    try:
+        op.wait_ready(timeout_s=120)
+        wait_for(
+            f"{n} fleets reconciled after a restart",
+            lambda: op.metric_sum("kvretention_operator_reconciles_total") >= n,
+            timeout_s=timeout_s,
+        )
+        window = time.monotonic() - started
+        time.sleep(2.0)  # let the last reconciles (re-queued by their own watch events) finish
+        after = apiserver_requests(api)
+        own_writes = op.writes()
+        reconciles = op.metric_sum("kvretention_operator_reconciles_total")
+        events = op.metric_sum("kvretention_operator_events_total")
+    finally:
+        code = op.stop()
+        if code != 0:
+            print(f"operator exited {code}:\n{op.process.log()[-3000:]}", file=sys.stderr)
+    writes = owned_writes(before, after)
+    return {
+        "fleets": n,
+        "window_s": round(window, 2),
+        "reconciles": reconciles,
+        "dry_runs": dry_runs(before, after),
+        "reads": reads(before, after),
+        "api_writes": writes,
+        "operator_counted_writes": own_writes,
+        "events": events,
+    }
 
 
 def _measure_operator(
@@ -451,8 +514,11 @@ def _measure_operator(
     ready = time.monotonic() - started
     cpu_converge = proc_cpu_seconds(pid) - cpu_before
     profile = sampler.stop() if sampler is not None else None
-    first = owned_writes(before, apiserver_requests(api))
-    first_dry = dry_runs(before, apiserver_requests(api))
+    after_first = apiserver_requests(api)
+    first = owned_writes(before, after_first)
+    first_dry = dry_runs(before, after_first)
+    first_reads = reads(before, after_first)
+    first_events = op.metric_sum("kvretention_operator_events_total")
     own_first = op.writes() - own_before
     rss_converged = rss_kib(pid)
 
@@ -483,6 +549,12 @@ def _measure_operator(
         "child_writes_per_fleet_first": sum(v for k, v in first.items() if STATUS not in k) / n,
         "status_writes_per_fleet_first": first.get(f"APPLY {PLURAL}/{STATUS}", 0.0) / n,
         "dry_run_applies_per_fleet_first": first_dry / n,
+        "api_reads_per_fleet_first": first_reads / n,
+        "events_per_fleet_first": first_events / n,
+        "api_requests_per_fleet_first": (
+            sum(first.values()) + first_dry + first_reads + first_events
+        )
+        / n,
         "operator_counted_writes_per_fleet_first": own_first / n,
         "steady_window_s": window,
         "api_writes_steady": steady,

@@ -28,7 +28,7 @@ fi
 
 # Python: one venv, the package editable with dev extras, and the real sglang source (--no-deps:
 # its engine needs torch and a GPU; the tests use its kv_hints decoder and its signatures).
-stamp_src=$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -c1-16)
+stamp_src=$(cat pyproject.toml devtools/pyproject.toml scripts/bootstrap.sh | sha256sum | cut -c1-16)
 stamp="$VENV/.kvr-stamp-$stamp_src"
 if [ ! -e "$stamp" ]; then
   log "creating $VENV and installing Python packages (first run takes a few minutes)"
@@ -37,6 +37,8 @@ if [ ! -e "$stamp" ]; then
   # [test]: what SGLang's tool-call/reasoning parsers import, torch (PyPI wheel, CPU use) and
   # transformers for the chat-template tests; about 2.9 GB of wheels, cached by pip after once.
   "$VENV/bin/pip" install -q -e '.[dev,test]'
+  # devtools/: the local control plane (`kvretention cluster`), never shipped in the package
+  "$VENV/bin/pip" install -q --no-deps -e devtools
   "$VENV/bin/pip" install -q --no-deps "sglang==$SGLANG_VERSION"
   "$VENV/bin/pip" install -q --no-deps "mooncake-transfer-engine==$MOONCAKE_VERSION"
   rm -f "$VENV"/.kvr-stamp-*

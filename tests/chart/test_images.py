@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -131,6 +132,16 @@ def test_pip_install_dot_gives_a_working_cli(tmp_path: Path) -> None:
     run from outside the repository.
     """
     wheels = tmp_path / "wheels"
+    # from a copy, as an image's build context is: an in-tree build/ left by an earlier build
+    # would leak files that no longer exist into the wheel
+    source = tmp_path / "source"
+    shutil.copytree(
+        ROOT,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv*", "build", "dist", ".kvr-cluster", "*.egg-info", "__pycache__"
+        ),
+    )
     build = subprocess.run(
         [
             sys.executable,
@@ -141,7 +152,7 @@ def test_pip_install_dot_gives_a_working_cli(tmp_path: Path) -> None:
             "-q",
             "--wheel-dir",
             str(wheels),
-            str(ROOT),
+            str(source),
         ],
         capture_output=True,
         text=True,
@@ -150,6 +161,11 @@ def test_pip_install_dot_gives_a_working_cli(tmp_path: Path) -> None:
     )
     assert build.returncode == 0, build.stderr
     (wheel,) = wheels.glob("kvretention-*.whl")
+    # the local control plane is a development tool (devtools/): it never ships in an image
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = archive.namelist()
+    assert not [n for n in shipped if "localcluster" in n or "devtools" in n], shipped
+    assert "kvretention/controller/operator.py" in shipped
     venv = tmp_path / "venv"
     subprocess.run(
         [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120

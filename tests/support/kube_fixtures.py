@@ -1,7 +1,7 @@
 """Fixtures for the integration and chart tiers: a real control plane on loopback, namespaces, CRDs, processes.
 
 ``cluster`` (session) starts a fresh plane in a temporary state dir with
-``kvretention.localcluster.up`` and stops it by pid at the end, or, when ``$KVR_KUBECONFIG`` names a
+``kvretention_devtools.localcluster.up`` and stops it by pid at the end, or, when ``$KVR_KUBECONFIG`` names a
 kubeconfig, uses that plane as is (e.g. one started with ``kvretention cluster up``, for fast reruns).
 """
 
@@ -20,8 +20,8 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from kvretention.localcluster import ClusterError, down, up
-from kvretention.localcluster.binaries import resolve_bin_dir
+from kvretention_devtools.localcluster import ClusterError, down, up
+from kvretention_devtools.localcluster.binaries import resolve_bin_dir
 from support.controlplane import ApplyCrd, Cluster, RunningProcess, StartProcess, wait_until
 
 KUBECONFIG_ENV = "KVR_KUBECONFIG"

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from kubernetes import config
 
-from kvretention.localcluster import components as c
-from kvretention.localcluster.components import ORDER, Layout, Ports
+from kvretention_devtools.localcluster import components as c
+from kvretention_devtools.localcluster.components import ORDER, Layout, Ports
 
 BIN = Path("/opt/kvr/bin")
 LAYOUT = Layout(Path("/state/plane"))

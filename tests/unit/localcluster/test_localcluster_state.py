@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kvretention.localcluster import (
+from kvretention_devtools.localcluster import (
     ClusterError,
     ClusterState,
     cluster_status,
@@ -25,17 +25,17 @@ from kvretention.localcluster import (
     pki,
     process,
 )
-from kvretention.localcluster import cluster as plane
-from kvretention.localcluster.binaries import (
+from kvretention_devtools.localcluster import cluster as plane
+from kvretention_devtools.localcluster.binaries import (
     BIN_ENV,
     KWOK_STAGES,
     REQUIRED,
     check_bin_dir,
     resolve_bin_dir,
 )
-from kvretention.localcluster.cli import STATE_ENV, default_state_dir
-from kvretention.localcluster.components import ORDER, Layout, Ports
-from kvretention.localcluster.httpjson import _decode, request
+from kvretention_devtools.localcluster.cli import STATE_ENV, default_state_dir
+from kvretention_devtools.localcluster.components import ORDER, Layout, Ports
+from kvretention_devtools.localcluster.httpjson import _decode, request
 
 PORTS = Ports(etcd_client=1, etcd_peer=2, apiserver=3, controller_manager=4, scheduler=5, kwok=6)
 

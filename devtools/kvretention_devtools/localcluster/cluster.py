@@ -17,11 +17,11 @@ from typing import Any
 
 import yaml
 
-from kvretention.localcluster import components, pki, process
-from kvretention.localcluster.binaries import resolve_bin_dir
-from kvretention.localcluster.components import ORDER, Layout, Ports
-from kvretention.localcluster.errors import ClusterError
-from kvretention.localcluster.httpjson import request
+from kvretention_devtools.localcluster import components, pki, process
+from kvretention_devtools.localcluster.binaries import resolve_bin_dir
+from kvretention_devtools.localcluster.components import ORDER, Layout, Ports
+from kvretention_devtools.localcluster.errors import ClusterError
+from kvretention_devtools.localcluster.httpjson import request
 
 Echo = Callable[[str], None]
 

@@ -5,7 +5,13 @@ Ready without a kubelet) run as local processes built by ``scripts/build-kube.sh
 them and writes a kubeconfig, ``down`` stops them by process id.
 """
 
-from kvretention.localcluster.cluster import ClusterState, cluster_status, down, load_state, up
-from kvretention.localcluster.errors import ClusterError
+from kvretention_devtools.localcluster.cluster import (
+    ClusterState,
+    cluster_status,
+    down,
+    load_state,
+    up,
+)
+from kvretention_devtools.localcluster.errors import ClusterError
 
 __all__ = ["ClusterError", "ClusterState", "cluster_status", "down", "load_state", "up"]

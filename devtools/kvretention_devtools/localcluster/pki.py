@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 from typing import Final
 
-from kvretention.localcluster.errors import ClusterError
+from kvretention_devtools.localcluster.errors import ClusterError
 
 ADMIN_USER: Final = "kvr-admin"
 ADMIN_GROUP: Final = "system:masters"

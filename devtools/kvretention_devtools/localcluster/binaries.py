@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 from typing import Final
 
-from kvretention.localcluster.errors import ClusterError
+from kvretention_devtools.localcluster.errors import ClusterError
 
 # kubectl is not part of the plane, but the tests and the demo drive it with ours, never PATH's.
 REQUIRED: Final = (

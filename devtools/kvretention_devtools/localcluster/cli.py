@@ -11,10 +11,16 @@ from typing import Final
 
 import click
 
-from kvretention.localcluster.binaries import repo_root
-from kvretention.localcluster.cluster import ClusterState, cluster_status, down, is_ready, up
-from kvretention.localcluster.cluster import load_state as _load_state
-from kvretention.localcluster.errors import ClusterError
+from kvretention_devtools.localcluster.binaries import repo_root
+from kvretention_devtools.localcluster.cluster import (
+    ClusterState,
+    cluster_status,
+    down,
+    is_ready,
+    up,
+)
+from kvretention_devtools.localcluster.cluster import load_state as _load_state
+from kvretention_devtools.localcluster.errors import ClusterError
 
 STATE_ENV: Final = "KVR_CLUSTER_DIR"
 
