@@ -1,20 +1,41 @@
 -- Argo CD health check for kvretention.io/KvRetentionDeployment (Lua 5.1, as Argo CD runs it).
 -- Healthy:     Ready=True, observed at the object's current generation.
--- Degraded:    Ready=False for a reason that waiting cannot fix (bad spec, an engine that cannot
---              take kv_hints under hints.policy=Required).
--- Progressing: everything else (no status yet, an older generation observed, pods still starting;
+-- Degraded:    Ready=False for a reason that waiting cannot fix: a bad spec, a name conflict or
+--              refused write, an image that cannot be pulled, a crash loop, a failed probe, a
+--              Deployment past its progress deadline or refused by a quota, an engine that cannot
+--              take kv_hints under hints.policy=Required (the operator's Warning reasons).
+-- Progressing: everything else (no status yet, an older generation observed, pods still starting
+--              or waiting for a node: Unschedulable may end when the cluster autoscaler adds one;
 --              Progressing=False does not mean stuck: it only says every Deployment has the
 --              current spec, while a large model may still be loading).
 local hs = {}
 
--- Ready=False reasons that need a human: the spec or the worker image must change
--- (the image reasons reach Ready only with hints.policy=Required).
+-- Ready=False reasons that need a human (the hints reasons reach Ready only with
+-- hints.policy=Required). tests/chart/test_argocd_health.py keeps this equal to the operator's.
 local permanent = {
   InvalidSpec = true,
+  ChildConflict = true,
+  ApplyFailed = true,
   EngineLacksKvHints = true,
-  MooncakeUnavailable = true,
   EngineUnusableForHints = true,
   ProbeReportInvalid = true,
+  ReplicaFailure = true,
+  ProgressDeadlineExceeded = true,
+  ErrImagePull = true,
+  ImagePullBackOff = true,
+  InvalidImageName = true,
+  ErrImageNeverPull = true,
+  RegistryUnavailable = true,
+  SignatureValidationFailed = true,
+  CreateContainerConfigError = true,
+  CreateContainerError = true,
+  RunContainerError = true,
+  PreStartHookError = true,
+  PostStartHookError = true,
+  InitContainerFailed = true,
+  CrashLoopBackOff = true,
+  ContainerFailed = true,
+  PodFailed = true,
 }
 
 local function find(conditions, ctype)

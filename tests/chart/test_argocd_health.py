@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from typing import Any
 
 import pytest
 from chartlib import ROOT
+
+from kvretention.controller.status import PROBLEM_REASONS, UNSCHEDULABLE
 
 SCRIPT = ROOT / "deploy" / "argocd" / "health-kvretention.lua"
 
@@ -193,6 +196,48 @@ CASES = [
         "1/3 workers ready",
     ),
     (
+        "crash-loop",
+        kvrd(
+            {
+                "observedGeneration": 2,
+                "conditions": [
+                    cond("Ready", "False", "CrashLoopBackOff", "fleet-worker-0: back-off 5m0s"),
+                    cond("Progressing", "True", "RollingOut"),
+                ],
+            }
+        ),
+        "Degraded",
+        "back-off",
+    ),
+    (
+        "past-the-progress-deadline",
+        kvrd(
+            {
+                "observedGeneration": 2,
+                "conditions": [
+                    cond("Ready", "False", "ProgressDeadlineExceeded", "fleet-router timed out"),
+                    cond("Progressing", "False", "ProgressDeadlineExceeded"),
+                ],
+            }
+        ),
+        "Degraded",
+        "timed out",
+    ),
+    (
+        "waiting-for-a-gpu-node",
+        kvrd(
+            {
+                "observedGeneration": 2,
+                "conditions": [
+                    cond("Ready", "False", "Unschedulable", "Insufficient nvidia.com/gpu"),
+                    cond("Progressing", "True", "RollingOut"),
+                ],
+            }
+        ),
+        "Progressing",
+        "Insufficient nvidia.com/gpu",
+    ),
+    (
         "unknown",
         kvrd({"observedGeneration": 2, "conditions": [cond("Ready", "Unknown", "Probing")]}),
         "Progressing",
@@ -221,3 +266,14 @@ def test_docs_embed_the_shipped_script() -> None:
     body = "\n".join("    " + ln if ln else "" for ln in SCRIPT.read_text().splitlines())
     assert "resource.customizations.health.kvretention.io_KvRetentionDeployment: |" in doc
     assert body in doc
+
+
+def test_degraded_means_what_the_operator_warns_about() -> None:
+    """The script's Degraded reasons are the operator's problem reasons (its Warning Events) that
+    can reach Ready, less those a new node can end (Argo CD calls a Pending pod Progressing)."""
+    table = SCRIPT.read_text().split("local permanent = {", 1)[1].split("}", 1)[0]
+    degraded = set(re.findall(r"^\s*(\w+) = true,$", table, flags=re.M))
+    waiting_for_a_node = {UNSCHEDULABLE, "SchedulingGated"}
+    not_on_ready = {"OverBudget"}  # the retention budget has its own condition
+    expected = PROBLEM_REASONS - waiting_for_a_node - not_on_ready
+    assert degraded == expected
