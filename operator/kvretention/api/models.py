@@ -24,6 +24,8 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from kvretention.api.names import CONDITION_TYPES as CONDITION_TYPES
+from kvretention.api.names import FIELD_MANAGER as FIELD_MANAGER
 from kvretention.dataplane.protocol import DEFAULT_SESSION_KEYS
 from kvretention.hints import LONGEST_EMITTED_TTL_SECONDS
 
@@ -35,7 +37,6 @@ PLURAL: Final = "kvretentiondeployments"
 SINGULAR: Final = "kvretentiondeployment"
 SHORT_NAMES: Final = ("kvrd",)
 CATEGORIES: Final = ("kvretention",)
-FIELD_MANAGER: Final = "kvretention-operator"
 
 DEFAULT_IMAGE: Final = "ghcr.io/kvretention/kvretention:0.1.0"
 """The operator's own image: runs ``kvretention frontend`` and ``kvretention router``."""
@@ -1163,27 +1164,6 @@ class KvRetentionDeploymentSpec(_Model):
 
 
 # --- status ---------------------------------------------------------------------------------------
-
-ConditionType = Literal[
-    "Ready",
-    "FrontendReady",
-    "RouterReady",
-    "WorkersReady",
-    "KvStoreReady",
-    "KvHintsSupported",
-    "RetentionBudget",
-    "Progressing",
-]
-CONDITION_TYPES: Final[tuple[str, ...]] = (
-    "Ready",
-    "FrontendReady",
-    "RouterReady",
-    "WorkersReady",
-    "KvStoreReady",
-    "KvHintsSupported",
-    "RetentionBudget",
-    "Progressing",
-)
 
 
 class _StatusModel(_Model):

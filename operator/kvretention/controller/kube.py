@@ -24,13 +24,11 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from kvretention.api.names import FIELD_MANAGER
+
 log = logging.getLogger(__name__)
 
-FIELD_MANAGER: Final = "kvretention-operator"
-"""The one server-side-apply field manager the operator writes with."""
-
 APPLY_CONTENT_TYPE: Final = "application/apply-patch+yaml"
-MERGE_CONTENT_TYPE: Final = "application/merge-patch+json"
 
 RETRY_STATUSES: Final = frozenset({409, 429, 500, 502, 503, 504})
 """HTTP statuses worth retrying: conflicts, throttling and server-side trouble."""
@@ -303,12 +301,6 @@ class Kube:
 
     async def create(self, kind: ResourceKind, namespace: str, body: Mapping[str, Any]) -> Any:
         return await self.request("POST", kind.collection_path(namespace), body=body)
-
-    async def replace(
-        self, kind: ResourceKind, namespace: str, name: str, body: Mapping[str, Any]
-    ) -> dict[str, Any]:
-        """PUT with the body's resourceVersion: optimistic concurrency, no retry on 409."""
-        return await self.request("PUT", kind.object_path(namespace, name), body=body, retry=False)
 
     async def post_event(
         self,

@@ -24,7 +24,8 @@ import kopf
 from aiohttp import web
 
 from kvretention.api.models import GROUP, PLURAL, VERSION
-from kvretention.controller.handlers import Controller, build_registry
+from kvretention.controller.executor import Controller
+from kvretention.controller.handlers import build_registry
 from kvretention.controller.kube import Kube, load_config
 from kvretention.controller.leader import (
     DEFAULT_LEASE_DURATION_S,

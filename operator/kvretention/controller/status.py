@@ -16,32 +16,24 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
+from kvretention.api.names import (
+    CONDITION_TYPES,
+    FRONTEND_READY,
+    KV_HINTS_SUPPORTED,
+    KVSTORE_READY,
+    PROBE_CONTAINER,
+    PROGRESSING,
+    READY,
+    RETENTION_BUDGET,
+    ROUTER_READY,
+    WORKERS_READY,
+)
+from kvretention.api.names import LABEL_COMPONENT as COMPONENT_LABEL
 from kvretention.controller.kvstore_metrics import KvStoreReading
 
 CondStatus = Literal["True", "False", "Unknown"]
 
-READY: Final = "Ready"
-FRONTEND_READY: Final = "FrontendReady"
-ROUTER_READY: Final = "RouterReady"
-WORKERS_READY: Final = "WorkersReady"
-KVSTORE_READY: Final = "KvStoreReady"
-KV_HINTS_SUPPORTED: Final = "KvHintsSupported"
-RETENTION_BUDGET: Final = "RetentionBudget"
-PROGRESSING: Final = "Progressing"
-CONDITION_TYPES: Final = (
-    READY,
-    FRONTEND_READY,
-    ROUTER_READY,
-    WORKERS_READY,
-    KVSTORE_READY,
-    KV_HINTS_SUPPORTED,
-    RETENTION_BUDGET,
-    PROGRESSING,
-)
-
-COMPONENT_LABEL: Final = "app.kubernetes.io/component"
 WORKER_COMPONENTS: Final = ("worker", "worker-prefill", "worker-decode")
-PROBE_CONTAINER: Final = "probe"
 PROBE_SCHEMA: Final = 1
 DIALECTS: Final = frozenset({"none", "flat", "versioned"})
 

@@ -7,23 +7,23 @@ import json
 from typing import Any, Final
 
 from kvretention.api.models import (
-    FIELD_MANAGER,
     KvRetentionDeployment,
     PodOptions,
     ResourceRequirements,
     is_extended_resource,
 )
+from kvretention.api.names import APP_NAME as APP_NAME
+from kvretention.api.names import FIELD_MANAGER
+from kvretention.api.names import LABEL_COMPONENT as LABEL_COMPONENT
+from kvretention.api.names import LABEL_INSTANCE as LABEL_INSTANCE
+from kvretention.api.names import LABEL_MANAGED_BY as LABEL_MANAGED_BY
+from kvretention.api.names import LABEL_NAME as LABEL_NAME
 from kvretention.ports import FRONTEND_PORT as FRONTEND_PORT
 from kvretention.ports import ROUTER_PORT as ROUTER_PORT
 from kvretention.ports import WORKER_PORT as WORKER_PORT
 
 Manifest = dict[str, Any]
 
-APP_NAME: Final = "kvretention"
-LABEL_NAME: Final = "app.kubernetes.io/name"
-LABEL_INSTANCE: Final = "app.kubernetes.io/instance"
-LABEL_COMPONENT: Final = "app.kubernetes.io/component"
-LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 CONFIG_HASH_ANNOTATION: Final = "kvretention.io/config-hash"
 """Pod-template annotation: hash of the mounted config, so a config change rolls those pods."""
 

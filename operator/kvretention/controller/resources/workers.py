@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from kvretention.api.models import KvRetentionDeployment
+from kvretention.api.names import PROBE_CONTAINER
 from kvretention.controller.resources.common import (
     CLI,
     COMPONENT_DECODE,
@@ -45,7 +46,6 @@ PRESTOP_SECONDS: Final = 10
 5 s) and health poll (every 2 s) drop a terminating pod first, so no new request reaches it."""
 SHUTDOWN_MARGIN_SECONDS: Final = 15
 """After the drain: time for the engine to exit before the kubelet's SIGKILL."""
-PROBE_CONTAINER: Final = "probe"
 TERMINATION_LOG: Final = "/dev/termination-log"
 WORKER_CONTAINER: Final = "worker"
 SHM_SIZE: Final = "16Gi"

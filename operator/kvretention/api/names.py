@@ -1,0 +1,44 @@
+"""The names the operator, the objects it writes and its tests agree on: label keys, the field
+manager, the condition types, the probe container and the operator's annotations. Defined here
+once; every other module imports them."""
+
+from __future__ import annotations
+
+from typing import Final
+
+APP_NAME: Final = "kvretention"
+LABEL_NAME: Final = "app.kubernetes.io/name"
+LABEL_INSTANCE: Final = "app.kubernetes.io/instance"
+LABEL_COMPONENT: Final = "app.kubernetes.io/component"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+
+FIELD_MANAGER: Final = "kvretention-operator"
+"""The one server-side-apply field manager the operator writes with (also its Events' source and
+the value of ``app.kubernetes.io/managed-by`` on every child)."""
+
+MANIFEST_HASH_ANNOTATION: Final = "kvretention.io/manifest-hash"
+"""On every child the operator applies: the hash of the manifest it applied, so a restarted
+operator can tell a child it already wrote from one it must check with a dry run."""
+
+PROBE_CONTAINER: Final = "probe"
+"""The worker pods' init container that writes the capability report."""
+
+READY: Final = "Ready"
+FRONTEND_READY: Final = "FrontendReady"
+ROUTER_READY: Final = "RouterReady"
+WORKERS_READY: Final = "WorkersReady"
+KVSTORE_READY: Final = "KvStoreReady"
+KV_HINTS_SUPPORTED: Final = "KvHintsSupported"
+RETENTION_BUDGET: Final = "RetentionBudget"
+PROGRESSING: Final = "Progressing"
+CONDITION_TYPES: Final[tuple[str, ...]] = (
+    READY,
+    FRONTEND_READY,
+    ROUTER_READY,
+    WORKERS_READY,
+    KVSTORE_READY,
+    KV_HINTS_SUPPORTED,
+    RETENTION_BUDGET,
+    PROGRESSING,
+)
+"""Every condition type in ``status.conditions``, in the order they are written."""

@@ -1,0 +1,415 @@
+"""The executor: runs the work queue and carries out the planner's decisions.
+
+A reconcile reads one fleet from kopf's indexes (:mod:`kvretention.controller.cache`; no request
+at all when nothing changed), asks :mod:`kvretention.controller.planner` what to do, and does only
+that through :mod:`kvretention.controller.kube`: the applies and dry runs the plan calls for, the
+prunes, the status write and its Events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from kvretention.api.models import KvRetentionDeployment
+from kvretention.api.names import APP_NAME, LABEL_INSTANCE, LABEL_NAME
+from kvretention.controller import kube as k
+from kvretention.controller.cache import (
+    CR_KIND,
+    AppliedState,
+    IndexedView,
+    ListedView,
+    OwnWrites,
+    Relists,
+    Snapshot,
+    Tombstones,
+)
+from kvretention.controller.kvstore_client import read_master_metrics
+from kvretention.controller.kvstore_metrics import (
+    KvStoreReading,
+    keep_unchanged,
+    master_metrics_url,
+    plan_metrics_read,
+    reading_from_status,
+)
+from kvretention.controller.metrics import Metrics
+from kvretention.controller.planner import (
+    REFUSED_STATUSES,
+    FleetPlan,
+    InvalidPlan,
+    Key,
+    Prune,
+    child_key,
+    conflict_message,
+    dry_run_saw_stale_copy,
+    event_message,
+    event_type,
+    manifest_hash,
+    plan_after_dry_run,
+    plan_child,
+    plan_conflicts,
+    plan_fleet,
+    plan_lookups,
+    plan_prune,
+    plan_status,
+    refused_message,
+    stamp_of,
+    status_patch,
+    uid_of,
+    worker_pods,
+)
+from kvretention.controller.resources.common import service_host
+from kvretention.controller.resources.mooncake import MASTER_SUFFIX, uses_mooncake
+from kvretention.controller.status import (
+    Observed,
+    compute_invalid_status,
+    compute_status,
+)
+from kvretention.controller.workqueue import WorkQueue, backoff_delay
+
+log = logging.getLogger("kvretention.controller.handlers")
+
+
+def fleet_pods_selector(name: str) -> str:
+    """The label selector of every pod of fleet ``name`` (the Deployments' immutable selector
+    labels, so pods made before a label change still match)."""
+    return f"{LABEL_NAME}={APP_NAME},{LABEL_INSTANCE}={name}"
+
+
+def _uids(snapshot: Snapshot) -> set[str]:
+    objs = [*snapshot.children.values(), *snapshot.pods]
+    if snapshot.fleet is not None:
+        objs.append(snapshot.fleet)
+    return {uid_of(o) for o in objs}
+
+
+@dataclass
+class Controller:
+    """Owns the queue and the one reconcile; kopf handlers reach it through ``memo.controller``."""
+
+    kube: k.Kube
+    metrics: Metrics = field(default_factory=Metrics)
+    resync_seconds: float = 60.0
+    workers: int = 4
+    clock: Callable[[], dt.datetime] = field(default=lambda: dt.datetime.now(dt.UTC))
+    read_kvstore: Callable[..., Awaitable[KvStoreReading]] = read_master_metrics
+    """Reads a managed master's /metrics (bounded, never raises); tests inject a fake."""
+    hold_after_applies: int | None = None
+    """Test hook: after this many applies, hold every later one forever (see ``_gate``)."""
+    indices: Mapping[str, Any] | None = None
+    """kopf's indexes (bound by the first handler call); None: read from the API server."""
+
+    def __post_init__(self) -> None:
+        self.queue: WorkQueue[Key] = WorkQueue()
+        self.known: set[Key] = set()
+        self.failures: dict[Key, int] = {}
+        self.applied = AppliedState()
+        self.own_writes = OwnWrites()
+        self.relists = Relists()
+        self.tombstones = Tombstones()
+        self._verified: dict[Key, int] = {}
+        """Per fleet, the re-list count it was last checked against the API server at."""
+        self._uids: dict[Key, str] = {}
+        self._kvstore_reads: dict[Key, tuple[dt.datetime, KvStoreReading]] = {}
+        """Each fleet's last read of its master's /metrics, and when (rate-limits the reads)."""
+        self._applies_started = 0
+
+    # triggers
+
+    def bind(self, indices: Mapping[str, Any]) -> None:
+        """Read from kopf's indexes from now on (kopf passes them to every handler)."""
+        if self.indices is None:
+            self.indices = indices
+
+    def observe(self, key: Key, *, deleted: bool = False, uid: str | None = None) -> None:
+        """A watch event about a KvRetentionDeployment."""
+        if deleted:
+            self.known.discard(key)
+            self.failures.pop(key, None)
+            self.metrics.forget_kvstore(*key)
+            self._kvstore_reads.pop(key, None)
+            self._verified.pop(key, None)
+            owner = uid or self._uids.get(key)
+            if owner is not None:
+                self.applied.forget_owner(owner)
+                self.own_writes.forget(owner)
+            if owner is None or self._uids.get(key) == owner:
+                self._uids.pop(key, None)
+        else:
+            self.known.add(key)
+            self.queue.add(key)
+        self.metrics.watched_objects.set(len(self.known))
+
+    def touch(self, key: Key | None) -> None:
+        """A watch event about a child: reconcile its owner (if we know it)."""
+        if key is not None and key in self.known:
+            self.queue.add(key)
+
+    def saw(self, plural: str, body: Mapping[str, Any], *, event_type: str | None) -> None:
+        """Any watch event: notices re-lists, and forgets own writes of deleted objects."""
+        uid = uid_of(body)
+        self.relists.saw(plural, uid, event_type=event_type)
+        if event_type == "DELETED":
+            self.own_writes.forget(uid)
+
+    # loops
+
+    async def run(self) -> None:
+        """Workers plus the resync ticker; runs until cancelled."""
+        async with asyncio.TaskGroup() as tg:
+            for _ in range(self.workers):
+                tg.create_task(self._worker())
+            tg.create_task(self._resync())
+
+    async def _resync(self) -> None:
+        while True:
+            await asyncio.sleep(self.resync_seconds)
+            for key in sorted(self.known):
+                self.queue.add(key)
+
+    async def _worker(self) -> None:
+        while True:
+            key = await self.queue.get()
+            try:
+                await self._process(key)
+            finally:
+                self.queue.done(key)
+
+    async def _process(self, key: Key) -> None:
+        started = time.monotonic()
+        try:
+            result = await self.reconcile(key)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            failures = self.failures.get(key, 0) + 1
+            self.failures[key] = failures
+            delay = backoff_delay(failures)
+            if isinstance(exc, kopf.TemporaryError) and exc.delay:
+                delay = max(delay, float(exc.delay))
+            self.metrics.errors.inc()
+            self.metrics.reconciles.labels("error").inc()
+            log.warning("reconcile %s/%s failed (retry in %.1fs): %s", *key, delay, exc)
+            if key in self.known:
+                self.queue.add_after(key, delay)
+        else:
+            self.failures.pop(key, None)
+            self.metrics.reconciles.labels(result).inc()
+        finally:
+            self.metrics.reconcile_seconds.observe(time.monotonic() - started)
+
+    # the reconcile
+
+    async def _snapshot(self, key: Key) -> Snapshot:
+        """The fleet as the indexes show it; from the API server when there are none, and once
+        per fleet after kopf re-listed a kind (forgetting index entries the server no longer has)."""
+        selector = fleet_pods_selector(key[1])
+        if self.indices is None:
+            return await ListedView(self.kube).snapshot(key, selector=selector)
+        indexed = await IndexedView(self.indices, self.tombstones).snapshot(key, selector=selector)
+        epoch = self.relists.epoch
+        if self._verified.get(key, 0) >= epoch:
+            return indexed
+        listed = await ListedView(self.kube).snapshot(key, selector=selector)
+        self.tombstones.uids |= _uids(indexed) - _uids(listed)
+        self._verified[key] = epoch
+        return listed
+
+    async def reconcile(self, key: Key) -> str:
+        """One level-based pass over one object. Returns ``ok``, ``invalid`` or ``gone``."""
+        namespace, name = key
+        snapshot = await self._snapshot(key)
+        body = self.own_writes.resolve(CR_KIND.kind, key, snapshot.fleet)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return "gone"  # owner references let the garbage collector take the children
+        self._uids[key] = uid_of(body)
+        previous = body.get("status")
+        plan = plan_fleet(body)
+        if isinstance(plan, InvalidPlan):
+            status = compute_invalid_status(
+                generation=plan.generation,
+                problems=plan.problems,
+                previous=previous,
+                now=self.clock(),
+            )
+            await self._write_status(body, previous, status)
+            return "invalid"
+        # The master's /metrics is read alongside the applies (bounded, never raises), so a slow
+        # or absent master delays nothing else.
+        kvstore_read = asyncio.ensure_future(self._kvstore_reading(plan.cr, previous))
+        live = await self._live_children(namespace, plan, snapshot)
+        taken = plan_conflicts(plan.desired, live, uid=plan.uid)
+        conflicts = [
+            conflict_message(kind, obj, owner=name) for (kind, _), obj in sorted(taken.items())
+        ]
+        ours = [m for m in plan.desired if child_key(m) not in taken]
+        observed_deployments: dict[str, Mapping[str, Any]] = {}
+        refused: list[str] = []
+        # Children are independent objects: apply them concurrently (server-side apply needs no
+        # order; a pod waits for its ConfigMap by itself).
+        results = await asyncio.gather(
+            *(self._ensure(plan.uid, m, live.get(child_key(m))) for m in ours),
+            return_exceptions=True,
+        )
+        for manifest, result in zip(ours, results, strict=True):
+            current: Mapping[str, Any] | None
+            if isinstance(result, k.ApiError) and result.status in REFUSED_STATUSES:
+                refused.append(refused_message(manifest, result.message))
+                current = live.get(child_key(manifest))
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                current = result
+            if manifest["kind"] == "Deployment" and current is not None:
+                observed_deployments[manifest["metadata"]["name"]] = current
+        if not refused:
+            await self._prune(namespace, plan_prune(plan.desired, live, uid=plan.uid))
+        # Every pod of the fleet: worker pods carry the probe reports, and any pod that is not
+        # ready says why (the scheduler's message, the kubelet's waiting reason).
+        observed = Observed(
+            deployments=observed_deployments,
+            worker_pods=worker_pods(snapshot.pods),
+            pods=snapshot.pods,
+            apply_errors=refused,
+            kvstore=await kvstore_read,
+            conflicts=conflicts,
+        )
+        status = compute_status(plan.fleet, observed, previous=previous, now=self.clock())
+        await self._write_status(body, previous, status)
+        if refused:
+            # Said so in status; now fail so the queue retries with backoff.
+            raise kopf.TemporaryError("the API server refused: " + "; ".join(refused))
+        return "ok"
+
+    async def _live_children(
+        self, namespace: str, plan: FleetPlan, snapshot: Snapshot
+    ) -> dict[tuple[str, str], Mapping[str, Any]]:
+        """The fleet's children: the snapshot's, the operator's own fresher writes, and desired
+        children the watches do not show read by name (only a fleet's first reconcile, or one
+        after a child was deleted, pays a read per child)."""
+        live: dict[tuple[str, str], Mapping[str, Any]] = {}
+        for ck in {*snapshot.children, *(child_key(m) for m in plan.desired)}:
+            obj = self.own_writes.resolve(ck[0], (namespace, ck[1]), snapshot.children.get(ck))
+            if obj is not None:
+                live[ck] = obj
+        missing = plan_lookups(plan.desired, live)
+        found = await asyncio.gather(
+            *(
+                self.kube.get_or_none(k.kind_of(m), namespace, str(m["metadata"]["name"]))
+                for m in missing
+            )
+        )
+        for manifest, obj in zip(missing, found, strict=True):
+            if obj is not None:
+                live[child_key(manifest)] = obj
+        return live
+
+    async def _kvstore_reading(
+        self, cr: KvRetentionDeployment, previous: Mapping[str, Any] | None
+    ) -> KvStoreReading | None:
+        """The managed master's usage: read at most every READ_INTERVAL_SECONDS per fleet."""
+        mooncake = cr.spec.kv_store.mooncake
+        if mooncake.mode != "managed" or not uses_mooncake(cr.spec):
+            return None
+        key = (cr.namespace, cr.name)
+        now = self.clock()
+        last = self._kvstore_reads.get(key)
+        if last is not None and not plan_metrics_read(last[0], now=now):
+            reading = last[1]
+        else:
+            url = master_metrics_url(
+                host=service_host(cr, MASTER_SUFFIX), port=mooncake.master.metrics_port
+            )
+            reading = await self.read_kvstore(url, now=now)
+            self._kvstore_reads[key] = (now, reading)
+            self.metrics.observe_kvstore(
+                *key, reading, budget=mooncake.master.soft_pin.budget_ratio
+            )
+        return keep_unchanged(reading_from_status(previous), reading)
+
+    async def _ensure(
+        self, owner_uid: str, manifest: Mapping[str, Any], live: Mapping[str, Any] | None
+    ) -> Mapping[str, Any]:
+        """Apply ``manifest`` unless the live object already is what an apply would make it."""
+        kind = k.kind_of(manifest)
+        meta = manifest["metadata"]
+        ck = child_key(manifest)
+        digest = manifest_hash(manifest)
+        action = plan_child(manifest, live, remembered=self.applied.get(owner_uid, ck))
+        if live is not None and action == "keep":
+            self.applied.remember(owner_uid, ck, stamp_of(live, manifest, digest=digest))
+            return live
+        if live is not None and action == "verify":
+            self.metrics.dry_runs.labels(kind.kind).inc()
+            dry = await self.kube.apply(manifest, dry_run=True)
+            if dry_run_saw_stale_copy(dry, live):
+                fresh = await self.kube.get_or_none(kind, str(meta.get("namespace")), meta["name"])
+                live = fresh if fresh is not None else {}
+            if live and plan_after_dry_run(dry, live) == "keep":
+                self.applied.remember(owner_uid, ck, stamp_of(live, manifest, digest=digest))
+                return live
+        await self._gate(kind.kind, meta)
+        result = await self.kube.apply(manifest)
+        self.metrics.apply_writes.labels(kind.kind).inc()
+        log.info("applied %s %s/%s", kind.kind, meta.get("namespace"), meta["name"])
+        self.own_writes.record(kind.kind, live or None, result)
+        self.applied.remember(owner_uid, ck, stamp_of(result, manifest, digest=digest))
+        return result
+
+    async def _gate(self, kind: str, meta: Mapping[str, Any]) -> None:
+        """The test hook that makes "killed mid-reconcile" deterministic.
+
+        With ``hold_after_applies=N`` exactly N applies reach the API server; every later one
+        waits forever, so a test can see N children in the cluster, know the reconcile is stuck
+        half-way, and SIGKILL the process there instead of racing it.
+        """
+        if self.hold_after_applies is None:
+            return
+        if self._applies_started < self.hold_after_applies:
+            self._applies_started += 1
+            return
+        log.warning(
+            "test hook: holding the apply of %s %s/%s", kind, meta.get("namespace"), meta["name"]
+        )
+        await asyncio.Event().wait()
+
+    async def _prune(self, namespace: str, prunes: list[Prune]) -> None:
+        """Delete children this object controls that the spec no longer wants (mode changes)."""
+        for prune in prunes:
+            kind = k.kind_of({"apiVersion": prune.api_version, "kind": prune.kind})
+            await self.kube.delete(kind, namespace, prune.name, uid=prune.uid)
+            self.metrics.deletes.labels(prune.kind).inc()
+            log.info("deleted %s %s/%s (no longer in the spec)", prune.kind, namespace, prune.name)
+
+    async def _write_status(
+        self,
+        body: Mapping[str, Any],
+        previous: Mapping[str, Any] | None,
+        status: dict[str, Any],
+    ) -> None:
+        """Apply the status subresource only when it changed; post an Event per flip."""
+        plan = plan_status(previous, status)
+        if not plan.write:
+            return
+        result = await self.kube.apply(
+            status_patch(body, status), kind=CR_KIND, subresource="status"
+        )
+        self.own_writes.record(CR_KIND.kind, body, result)
+        self.metrics.status_writes.inc()
+        now = self.clock()
+        for cond in plan.events:
+            await self.kube.post_event(
+                body,
+                type_=event_type(cond),
+                reason=cond["reason"],
+                message=event_message(cond),
+                now=now,
+            )
+            self.metrics.events.inc()

@@ -1,0 +1,348 @@
+"""Pure decisions of the reconcile: from the custom resource and what the cluster shows, what to
+apply, what to prune, which names are taken, and what status and Events to write.
+
+Nothing here does I/O; :mod:`kvretention.controller.executor` gathers the observed state, calls
+these ``plan_*`` functions and carries their plans out through :mod:`kvretention.controller.kube`
+(kubernetes-sigs/lws keeps its ``planner.go`` apart from the executor the same way).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from kvretention.api.models import GROUP, KIND, KvRetentionDeployment, SpecError
+from kvretention.api.names import FIELD_MANAGER, LABEL_COMPONENT, LABEL_INSTANCE
+from kvretention.api.names import MANIFEST_HASH_ANNOTATION as HASH_ANNOTATION
+from kvretention.controller.resources import build_children, check_spec
+from kvretention.controller.status import (
+    WORKER_COMPONENTS,
+    Fleet,
+    is_problem,
+    owned_part,
+    transitions,
+)
+
+Key = tuple[str, str]
+"""(namespace, name) of a KvRetentionDeployment."""
+ChildKey = tuple[str, str]
+"""(kind, name) of a child."""
+Stamp = tuple[str, str, str, str]
+"""What must stay the same for a live child to still match what was applied (:func:`stamp_of`)."""
+
+REFUSED_STATUSES: Final = frozenset({400, 403, 422})
+"""Apply failures worth telling the user in status (RBAC, admission, a bad manifest)."""
+
+
+# -- small pure helpers ------------------------------------------------------------------------
+
+
+def manifest_hash(manifest: Mapping[str, Any]) -> str:
+    """A stable digest of a desired manifest (key order does not matter)."""
+    canonical = json.dumps(manifest, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def comparable(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """An object minus status and the fields every write bumps: what an apply could change."""
+    out = copy.deepcopy(dict(obj))
+    out.pop("status", None)
+    meta = out.get("metadata") or {}
+    for key in ("managedFields", "resourceVersion"):
+        meta.pop(key, None)
+    return out
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta: Mapping[str, Any] = obj.get("metadata") or {}
+    return meta
+
+
+def resource_version(obj: Mapping[str, Any]) -> str:
+    return str(_meta(obj).get("resourceVersion"))
+
+
+def uid_of(obj: Mapping[str, Any]) -> str:
+    return str(_meta(obj).get("uid"))
+
+
+def owner_key(body: Mapping[str, Any]) -> Key | None:
+    """The KvRetentionDeployment that owns a child: its controller reference, else its labels."""
+    meta = _meta(body)
+    namespace = meta.get("namespace")
+    if not namespace:
+        return None
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == KIND and str(ref.get("apiVersion", "")).startswith(f"{GROUP}/"):
+            return (namespace, ref["name"])
+    instance = (meta.get("labels") or {}).get(LABEL_INSTANCE)
+    return (namespace, instance) if instance else None
+
+
+def child_key(manifest: Mapping[str, Any]) -> ChildKey:
+    return (str(manifest["kind"]), str(manifest["metadata"]["name"]))
+
+
+def is_controlled_by(child: Mapping[str, Any], uid: str) -> bool:
+    refs = _meta(child).get("ownerReferences") or []
+    return any(r.get("uid") == uid and r.get("controller") for r in refs)
+
+
+def component_of(obj: Mapping[str, Any]) -> str | None:
+    return (_meta(obj).get("labels") or {}).get(LABEL_COMPONENT)
+
+
+def conflict_message(kind: str, obj: Mapping[str, Any], *, owner: str) -> str:
+    """Why a child was not created: its name is taken by an object we do not control."""
+    meta = _meta(obj)
+    return (
+        f"{kind} {meta.get('namespace')}/{meta.get('name')} already exists and is not "
+        f"controlled by {KIND} {owner}; the operator does not adopt objects it did not create: "
+        "delete or rename it"
+    )
+
+
+def event_type(condition: Mapping[str, Any]) -> str:
+    """Warning when a health condition turns False for a problem someone must act on; Normal
+    otherwise (pods still starting, a rollout, a component scaled to zero on purpose)."""
+    return "Warning" if is_problem(condition) else "Normal"
+
+
+def stamp_of(live: Mapping[str, Any], manifest: Mapping[str, Any], *, digest: str) -> Stamp:
+    """What must stay the same for ``live`` to still match ``manifest`` without asking the server.
+
+    Objects with a ``generation`` (Deployments) are compared by it, so status updates and the
+    controller's own annotations (which bump only ``resourceVersion``) cost no dry run; a hand
+    edit of the spec bumps the generation, and one of our labels, annotations or owner
+    references changes the metadata part. Objects without one fall back to ``resourceVersion``.
+    """
+    meta = _meta(live)
+    generation = meta.get("generation")
+    version = f"g{generation}" if generation is not None else f"rv{meta.get('resourceVersion')}"
+    want = manifest.get("metadata") or {}
+    ours = {
+        "labels": {key: (meta.get("labels") or {}).get(key) for key in want.get("labels") or {}},
+        "annotations": {
+            key: (meta.get("annotations") or {}).get(key) for key in want.get("annotations") or {}
+        },
+        "ownerReferences": meta.get("ownerReferences") or [],
+    }
+    return (str(meta.get("uid")), version, digest, manifest_hash(ours))
+
+
+# -- the manifest-hash annotation ----------------------------------------------------------------
+
+
+def with_manifest_hash(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """The manifest as applied: the built one plus the annotation with its own hash."""
+    out = copy.deepcopy(dict(manifest))
+    meta = out.setdefault("metadata", {})
+    meta["annotations"] = {
+        **(meta.get("annotations") or {}),
+        HASH_ANNOTATION: manifest_hash(manifest),
+    }
+    return out
+
+
+def _foreign_fields(entry: Mapping[str, Any], ours: Mapping[str, Any]) -> bool:
+    """Whether a managedFields entry of another manager touches anything an apply of ``ours``
+    could have set: any field outside ``metadata.annotations``, or one of our own annotations.
+    (The Deployment controller's ``deployment.kubernetes.io/revision`` is not ours.)"""
+    fields = entry.get("fieldsV1") or {}
+    if set(fields) - {"f:metadata"}:
+        return True
+    metadata = fields.get("f:metadata") or {}
+    if set(metadata) - {"f:annotations"}:
+        return True
+    annotations = set(metadata.get("f:annotations") or {})
+    return bool(annotations & {f"f:{key}" for key in ours})
+
+
+def trusted_by_annotation(live: Mapping[str, Any], manifest: Mapping[str, Any]) -> bool:
+    """Whether ``live`` is what applying ``manifest`` (as :func:`with_manifest_hash` made it)
+    would leave, without asking the API server: what a restarted operator relies on.
+
+    True when the object carries the annotation with this manifest's hash and no other field
+    manager has written anything an apply would set (a ``kubectl scale``, an edited image or one
+    of our labels each leave a managedFields entry of their own). Status and other subresources
+    the operator never writes are not looked at.
+    """
+    meta = _meta(live)
+    want = manifest.get("metadata") or {}
+    wanted_hash = (want.get("annotations") or {}).get(HASH_ANNOTATION)
+    if wanted_hash is None or (meta.get("annotations") or {}).get(HASH_ANNOTATION) != wanted_hash:
+        return False
+    entries = meta.get("managedFields") or []
+    if not any(
+        e.get("manager") == FIELD_MANAGER and e.get("operation") == "Apply" for e in entries
+    ):
+        return False
+    ours = (want.get("annotations") or {}).keys()
+    return not any(
+        _foreign_fields(e, dict.fromkeys(ours))
+        for e in entries
+        if e.get("manager") != FIELD_MANAGER and e.get("subresource", "") != "status"
+    )
+
+
+# -- plans -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InvalidPlan:
+    """The spec can never work: write ``Ready=False/InvalidSpec``, touch no child."""
+
+    generation: int
+    problems: Sequence[str]
+
+
+@dataclass(frozen=True)
+class FleetPlan:
+    """A valid spec: the parsed resource, its children as they are applied, and the status inputs."""
+
+    cr: KvRetentionDeployment
+    uid: str
+    desired: Sequence[dict[str, Any]]
+    fleet: Fleet
+
+
+def plan_fleet(body: Mapping[str, Any]) -> InvalidPlan | FleetPlan:
+    """Parse and check the custom resource, and build every child it wants (pure builders)."""
+    generation = int(_meta(body).get("generation") or 0)
+    spec_only = {key: v for key, v in body.items() if key != "status"}
+    try:
+        cr = KvRetentionDeployment.from_k8s(spec_only)
+        problems = check_spec(cr)
+    except SpecError as exc:
+        problems = exc.problems
+    if problems:
+        return InvalidPlan(generation=generation, problems=problems)
+    desired = [with_manifest_hash(m) for m in build_children(cr)]
+    mooncake = cr.spec.kv_store.mooncake
+    fleet = Fleet(
+        name=cr.name,
+        namespace=cr.namespace,
+        generation=generation,
+        hints_required=cr.spec.hints.policy == "Required",
+        desired=desired,
+        kvstore_external=(
+            mooncake.external.master_address
+            if mooncake.mode == "external" and mooncake.external is not None
+            else None
+        ),
+        retention_budget=mooncake.master.soft_pin.budget_ratio,
+    )
+    return FleetPlan(cr=cr, uid=uid_of(body), desired=desired, fleet=fleet)
+
+
+def plan_lookups(
+    desired: Sequence[Mapping[str, Any]], live: Mapping[ChildKey, Any]
+) -> list[Mapping[str, Any]]:
+    """Desired children the operator's watches do not show: they must be read by name before
+    anything is applied, in case an object it did not create has the name."""
+    return [m for m in desired if child_key(m) not in live]
+
+
+def plan_conflicts(
+    desired: Sequence[Mapping[str, Any]], live: Mapping[ChildKey, Mapping[str, Any]], *, uid: str
+) -> dict[ChildKey, Mapping[str, Any]]:
+    """Desired children whose name an object this fleet does not control already has.
+
+    Such an object is never adopted (a server-side apply would take it over, and the garbage
+    collector would delete it with the fleet): it is reported and left alone.
+    """
+    return {
+        child_key(m): live[child_key(m)]
+        for m in desired
+        if child_key(m) in live and not is_controlled_by(live[child_key(m)], uid)
+    }
+
+
+ChildAction = Literal["keep", "verify", "apply"]
+
+
+def plan_child(
+    manifest: Mapping[str, Any], live: Mapping[str, Any] | None, *, remembered: Stamp | None
+) -> ChildAction:
+    """What one child needs: ``keep`` (the live object is known to match), ``verify`` (a dry-run
+    apply decides), or ``apply`` (it does not exist)."""
+    if live is None:
+        return "apply"
+    if remembered is not None:
+        digest = manifest_hash(manifest)
+        return "keep" if remembered == stamp_of(live, manifest, digest=digest) else "verify"
+    return "keep" if trusted_by_annotation(live, manifest) else "verify"
+
+
+def plan_after_dry_run(dry: Mapping[str, Any], live: Mapping[str, Any]) -> Literal["keep", "apply"]:
+    """A dry-run apply that leaves the object as it is means nothing to write."""
+    return "keep" if comparable(dry) == comparable(live) else "apply"
+
+
+def dry_run_saw_stale_copy(dry: Mapping[str, Any], live: Mapping[str, Any]) -> bool:
+    """The dry run came back from a newer object than the copy the reconcile holds (e.g. the
+    Deployment controller just annotated it): re-read before deciding."""
+    return comparable(dry) != comparable(live) and resource_version(dry) != resource_version(live)
+
+
+@dataclass(frozen=True)
+class Prune:
+    kind: str
+    name: str
+    uid: str
+    api_version: str
+
+
+def plan_prune(
+    desired: Sequence[Mapping[str, Any]], live: Mapping[ChildKey, Mapping[str, Any]], *, uid: str
+) -> list[Prune]:
+    """Children this fleet controls that the spec no longer wants (mode changes), in name order."""
+    wanted = {child_key(m) for m in desired}
+    return [
+        Prune(kind=kind, name=name, uid=uid_of(obj), api_version=str(obj.get("apiVersion")))
+        for (kind, name), obj in sorted(live.items())
+        if (kind, name) not in wanted and is_controlled_by(obj, uid)
+    ]
+
+
+def refused_message(manifest: Mapping[str, Any], message: str) -> str:
+    return f"{manifest['kind']} {manifest['metadata']['name']}: {message}"
+
+
+def worker_pods(pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The fleet's worker pods: those that carry probe reports."""
+    return [p for p in pods if component_of(p) in WORKER_COMPONENTS]
+
+
+@dataclass(frozen=True)
+class StatusPlan:
+    """Whether to write the status subresource, and the Events its condition flips post."""
+
+    write: bool
+    events: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
+
+
+def plan_status(previous: Mapping[str, Any] | None, status: Mapping[str, Any]) -> StatusPlan:
+    """Write only a status that differs from the stored one; one Event per real transition."""
+    if owned_part(previous) == status:
+        return StatusPlan(write=False)
+    return StatusPlan(write=True, events=tuple(transitions(previous, status)))
+
+
+def status_patch(body: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str, Any]:
+    """The server-side apply body of the status subresource."""
+    meta = body["metadata"]
+    return {
+        "apiVersion": body["apiVersion"],
+        "kind": body["kind"],
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+        "status": dict(status),
+    }
+
+
+def event_message(condition: Mapping[str, Any]) -> str:
+    return f"{condition['type']} is {condition['status']}: {condition['message']}"

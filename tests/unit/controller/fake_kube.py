@@ -1,0 +1,219 @@
+"""An in-memory API for the controller's unit tests, and kopf's indexes over it.
+
+The fake keeps the properties of the API server the reconcile relies on: applying what is already
+there changes nothing (no new resourceVersion), a spec change bumps the generation, and every
+server-side apply leaves a managedFields entry of its field manager. It counts reads, so tests can
+pin what a reconcile asks the API server.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import itertools
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kvretention.api.names import FIELD_MANAGER, LABEL_INSTANCE
+from kvretention.controller import kube as k
+from kvretention.controller.cache import CHILD_INDEXES, CR_KIND, FLEETS_INDEX, PODS_INDEX
+from kvretention.controller.executor import Controller
+from kvretention.controller.kvstore_metrics import KvStoreReading, format_time
+from kvretention.controller.planner import comparable
+
+EXAMPLES = Path(__file__).parents[3] / "examples"
+NOW = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
+Key = tuple[str, str, str]
+
+
+def _matches(labels: Mapping[str, str], selector: str) -> bool:
+    for term in re.split(r",(?![^()]*\))", selector) if selector else []:
+        if " in " in term:
+            name, values = term.split(" in ")
+            if labels.get(name.strip()) not in values.strip("() ").split(","):
+                return False
+        else:
+            name, value = term.split("=")
+            if labels.get(name) != value:
+                return False
+    return True
+
+
+class FakeKube:
+    """Objects by (plural, namespace, name); counts every write that changed something."""
+
+    def __init__(self) -> None:
+        self.objects: dict[Key, dict[str, Any]] = {}
+        self.writes: list[tuple[str, str]] = []
+        self.events: list[tuple[str, str]] = []
+        self.reads: list[tuple[str, str]] = []
+        """Every GET and LIST: (verb, plural)."""
+        self._rv = itertools.count(1)
+        self._uid = itertools.count(1)
+
+    def put(self, kind: k.ResourceKind, body: dict[str, Any]) -> dict[str, Any]:
+        body = copy.deepcopy(body)
+        meta = body.setdefault("metadata", {})
+        meta.setdefault("uid", f"uid-{next(self._uid)}")
+        meta["resourceVersion"] = str(next(self._rv))
+        meta.setdefault("generation", 1)
+        self.objects[(kind.plural, meta["namespace"], meta["name"])] = body
+        return body
+
+    async def get_or_none(self, kind: k.ResourceKind, ns: str, name: str) -> Any:
+        self.reads.append(("GET", kind.plural))
+        obj = self.objects.get((kind.plural, ns, name))
+        return copy.deepcopy(obj) if obj else None
+
+    async def list(self, kind: k.ResourceKind, ns: str, *, selector: str = "") -> Any:
+        self.reads.append(("LIST", kind.plural))
+        return [
+            copy.deepcopy(o)
+            for (plural, o_ns, _), o in sorted(self.objects.items())
+            if plural == kind.plural
+            and o_ns == ns
+            and _matches(o["metadata"].get("labels") or {}, selector)
+        ]
+
+    async def apply(
+        self,
+        manifest: Mapping[str, Any],
+        *,
+        kind: k.ResourceKind | None = None,
+        dry_run: bool = False,
+        subresource: str = "",
+    ) -> dict[str, Any]:
+        kind = kind or k.kind_of(manifest)
+        meta = manifest["metadata"]
+        key = (kind.plural, meta["namespace"], meta["name"])
+        old = self.objects.get(key)
+        if subresource == "status":
+            assert old is not None
+            new = {**copy.deepcopy(old), "status": copy.deepcopy(manifest["status"])}
+        else:
+            new = copy.deepcopy(dict(manifest))
+            if old is not None:
+                for field in ("uid", "resourceVersion", "generation"):
+                    new["metadata"][field] = old["metadata"][field]
+                if "status" in old:
+                    new["status"] = old["status"]
+                if old.get("spec") != new.get("spec"):
+                    new["metadata"]["generation"] += 1
+        unchanged = (
+            old is not None
+            and comparable(old) == comparable(new)
+            and old.get("status") == new.get("status")
+        )
+        if unchanged:
+            return copy.deepcopy(old)
+        if not subresource:
+            new["metadata"]["managedFields"] = [
+                *[
+                    e
+                    for e in (old or {}).get("metadata", {}).get("managedFields", [])
+                    if e.get("manager") != FIELD_MANAGER
+                ],
+                {"manager": FIELD_MANAGER, "operation": "Apply", "fieldsV1": {"f:spec": {}}},
+            ]
+        if dry_run:
+            return new
+        self.writes.append((kind.kind + ("/status" if subresource else ""), meta["name"]))
+        if old is None:
+            return self.put(kind, new)
+        new["metadata"]["resourceVersion"] = str(next(self._rv))
+        self.objects[key] = new
+        return copy.deepcopy(new)
+
+    async def delete(self, kind: k.ResourceKind, ns: str, name: str, *, uid: str) -> None:
+        obj = self.objects.get((kind.plural, ns, name))
+        if obj is not None and obj["metadata"]["uid"] == uid:
+            del self.objects[(kind.plural, ns, name)]
+            self.writes.append(("delete " + kind.kind, name))
+
+    async def post_event(self, involved: Any, *, type_: str, reason: str, **_: Any) -> None:
+        self.events.append((type_, reason))
+
+    # helpers for tests
+
+    def children(self) -> set[tuple[str, str]]:
+        return {(p, n) for (p, _, n) in self.objects if p != CR_KIND.plural}
+
+    def cr(self, name: str = "qwen") -> dict[str, Any]:
+        return self.objects[(CR_KIND.plural, "ns", name)]
+
+
+def load_example(name: str) -> dict[str, Any]:
+    body: dict[str, Any] = yaml.safe_load((EXAMPLES / f"{name}.yaml").read_text())
+    body["metadata"]["namespace"] = "ns"
+    return body
+
+
+@pytest.fixture
+def fake() -> FakeKube:
+    return FakeKube()
+
+
+class FakeMaster:
+    """Stands in for the managed master's /metrics (the real one is read in the L3 tier)."""
+
+    def __init__(self, reading: KvStoreReading | None = None) -> None:
+        self.urls: list[str] = []
+        self.reading = reading
+
+    async def __call__(self, url: str, *, now: dt.datetime) -> KvStoreReading:
+        self.urls.append(url)
+        return self.reading or KvStoreReading(format_time(now), error=f"{url}: unreachable")
+
+
+def controller(fake: FakeKube, master: FakeMaster | None = None) -> Controller:
+    return Controller(fake, clock=lambda: NOW, read_kvstore=master or FakeMaster())  # type: ignore[arg-type]
+
+
+def make_ready(fake: FakeKube) -> None:
+    """What kube-controller-manager and kwok would do: every Deployment fully rolled out."""
+    for (plural, _, _), obj in fake.objects.items():
+        if plural == "deployments":
+            n = obj["spec"].get("replicas", 1)
+            obj["status"] = {
+                "replicas": n,
+                "readyReplicas": n,
+                "updatedReplicas": n,
+                "availableReplicas": n,
+                "observedGeneration": obj["metadata"]["generation"],
+            }
+            obj["metadata"]["resourceVersion"] = str(next(fake._rv))
+
+
+def conditions(body: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in body["status"]["conditions"]}
+
+
+class FakeIndices(Mapping[str, Any]):
+    """kopf's indexes as the reconcile reads them, computed from the fake's objects."""
+
+    def __init__(self, fake: FakeKube) -> None:
+        self.fake = fake
+        self.ids = [FLEETS_INDEX, *CHILD_INDEXES, PODS_INDEX]
+
+    def __getitem__(self, index: str) -> dict[tuple[str, str], list[dict[str, Any]]]:
+        plural = CR_KIND.plural if index == FLEETS_INDEX else index
+        out: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for (p, ns, name), obj in sorted(self.fake.objects.items()):
+            if p != plural:
+                continue
+            labels = obj["metadata"].get("labels") or {}
+            owner = name if index == FLEETS_INDEX else labels.get(LABEL_INSTANCE)
+            if owner:
+                out.setdefault((ns, owner), []).append(copy.deepcopy(obj))
+        return out
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.ids)
+
+    def __len__(self) -> int:
+        return len(self.ids)

@@ -1,0 +1,193 @@
+"""The executor over kopf's indexes: what a reconcile asks the API server, at rest, after a
+restart, after a re-list, and right after its own writes; the applied-state cache by owner UID."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from fake_kube import NOW, FakeIndices, FakeKube, FakeMaster, fake, load_example, make_ready
+
+from kvretention.api.names import FIELD_MANAGER
+from kvretention.controller.cache import CR_KIND
+from kvretention.controller.executor import Controller
+
+__all__ = ["fake"]
+
+
+def _dry_runs(c: Controller) -> float:
+    return sum(
+        s.value
+        for metric in c.metrics.dry_runs.collect()
+        for s in metric.samples
+        if s.name.endswith("_total")
+    )
+
+
+def _indexed(fake: FakeKube) -> Controller:
+    c = Controller(fake, clock=lambda: NOW, read_kvstore=FakeMaster())  # type: ignore[arg-type]
+    c.bind(FakeIndices(fake))
+    return c
+
+
+def _fleet(fake: FakeKube, name: str) -> None:
+    body = load_example("aggregated")
+    body["metadata"]["name"] = name
+    fake.put(CR_KIND, body)
+
+
+async def _converge(c: Controller, fake: FakeKube, *names: str) -> None:
+    for name in names:
+        await c.reconcile(("ns", name))
+    make_ready(fake)
+    for name in names:
+        await c.reconcile(("ns", name))
+
+
+async def test_deleting_a_fleet_keeps_what_is_known_of_a_fleet_its_name_prefixes(
+    fake: FakeKube,
+) -> None:
+    _fleet(fake, "mm")
+    _fleet(fake, "mm-b")
+    c = Controller(fake, clock=lambda: NOW, read_kvstore=FakeMaster())  # type: ignore[arg-type]
+    await _converge(c, fake, "mm", "mm-b")
+    before = _dry_runs(c)
+    c.observe(("ns", "mm"), deleted=True)
+    fake.writes.clear()
+    await c.reconcile(("ns", "mm-b"))
+    assert _dry_runs(c) == before  # mm-b's children are still known to match: no dry run
+    assert fake.writes == []
+
+
+async def test_a_resync_at_rest_reads_nothing_from_the_api_server(fake: FakeKube) -> None:
+    fake.put(CR_KIND, load_example("aggregated"))
+    c = _indexed(fake)
+    await _converge(c, fake, "qwen")
+    fake.reads.clear()
+    fake.writes.clear()
+    fake.events.clear()
+    for _ in range(3):
+        assert await c.reconcile(("ns", "qwen")) == "ok"
+    assert fake.reads == []
+    assert fake.writes == []
+    assert fake.events == []
+
+
+async def test_a_first_reconcile_reads_each_child_name_once_and_then_trusts_the_indexes(
+    fake: FakeKube,
+) -> None:
+    fake.put(CR_KIND, load_example("aggregated"))
+    c = _indexed(fake)
+    await c.reconcile(("ns", "qwen"))
+    children = len(fake.children())
+    # No LIST at all; one GET per child name, to see that no object of ours has it yet.
+    assert sorted({verb for verb, _ in fake.reads}) == ["GET"]
+    assert len(fake.reads) == children
+    fake.reads.clear()
+    await c.reconcile(("ns", "qwen"))
+    assert fake.reads == []
+
+
+async def test_a_restarted_operator_trusts_the_manifest_hash_instead_of_a_dry_run(
+    fake: FakeKube,
+) -> None:
+    fake.put(CR_KIND, load_example("aggregated"))
+    await _converge(_indexed(fake), fake, "qwen")
+    fake.writes.clear()
+    fake.reads.clear()
+    restarted = _indexed(fake)  # empty applied-state cache, as after a restart or failover
+    assert await restarted.reconcile(("ns", "qwen")) == "ok"
+    assert _dry_runs(restarted) == 0
+    assert fake.writes == []
+    assert fake.reads == []
+
+
+async def test_a_restarted_operator_checks_a_child_another_manager_wrote(fake: FakeKube) -> None:
+    fake.put(CR_KIND, load_example("aggregated"))
+    await _converge(_indexed(fake), fake, "qwen")
+    edited = fake.objects[("deployments", "ns", "qwen-router")]
+    edited["spec"]["replicas"] = 5  # kubectl scale while the operator was down
+    edited["metadata"]["generation"] += 1
+    edited["metadata"]["managedFields"].append(
+        {
+            "manager": "kubectl",
+            "operation": "Update",
+            "subresource": "scale",
+            "fieldsV1": {"f:spec": {"f:replicas": {}}},
+        }
+    )
+    fake.writes.clear()
+    restarted = _indexed(fake)
+    await restarted.reconcile(("ns", "qwen"))
+    assert _dry_runs(restarted) == 1  # only the edited child
+    assert ("Deployment", "qwen-router") in fake.writes
+    assert fake.objects[("deployments", "ns", "qwen-router")]["spec"]["replicas"] == 1
+
+
+async def test_after_a_relist_each_fleet_reads_the_api_server_once_and_forgets_stale_entries(
+    fake: FakeKube,
+) -> None:
+    fake.put(CR_KIND, load_example("aggregated"))
+    c = _indexed(fake)
+    await _converge(c, fake, "qwen")
+    stale = copy.deepcopy(fake.objects[("deployments", "ns", "qwen-router")])
+    indices = FakeIndices(fake)
+
+    class WithStaleEntry(FakeIndices):
+        def __getitem__(self, index: str) -> dict[tuple[str, str], list[dict[str, Any]]]:
+            out = indices[index]
+            if index == "deployments":  # deleted while the watch was down; kopf kept it
+                out.setdefault(("ns", "qwen"), []).append(stale)
+            return out
+
+    del fake.objects[("deployments", "ns", "qwen-router")]
+    fake.writes.clear()
+    c.indices = WithStaleEntry(fake)
+    await c.reconcile(("ns", "qwen"))
+    assert ("Deployment", "qwen-router") not in fake.writes  # the index still shows it
+    # kopf re-lists the kind: a listing event for an object it had already listed.
+    uid = fake.objects[("deployments", "ns", "qwen-frontend")]["metadata"]["uid"]
+    body = {"metadata": {"uid": uid}}
+    c.saw("deployments", body, event_type=None)
+    c.saw("deployments", body, event_type=None)
+    fake.reads.clear()
+    await c.reconcile(("ns", "qwen"))
+    assert ("Deployment", "qwen-router") in fake.writes  # re-created
+    assert ("LIST", "deployments") in fake.reads
+    fake.reads.clear()
+    fake.writes.clear()
+    c.indices = WithStaleEntry(fake)  # the new router is indexed; the stale copy lingers
+    await c.reconcile(("ns", "qwen"))
+    assert fake.reads == []  # checked once per re-list; the stale uid is tombstoned
+    assert fake.writes == []
+
+
+async def test_a_reconcile_before_the_watch_delivers_its_own_status_posts_nothing_twice(
+    fake: FakeKube,
+) -> None:
+    fake.put(CR_KIND, load_example("aggregated"))
+    c = _indexed(fake)
+    await c.reconcile(("ns", "qwen"))
+    make_ready(fake)
+    snapshot = FakeIndices(fake)
+    frozen = {i: snapshot[i] for i in snapshot}  # the indexes before the status write lands
+    await c.reconcile(("ns", "qwen"))
+    events = list(fake.events)
+    assert events  # components turned ready
+    frozen_cr = frozen["fleets"]
+    c.indices = {**{i: FakeIndices(fake)[i] for i in snapshot}, "fleets": frozen_cr}
+    fake.writes.clear()
+    await c.reconcile(("ns", "qwen"))
+    assert fake.events == events
+    assert [w for w in fake.writes if w[0].endswith("/status")] == []
+
+
+def test_every_apply_carries_the_manifest_hash(fake: FakeKube) -> None:
+    import asyncio
+
+    fake.put(CR_KIND, load_example("aggregated"))
+    asyncio.run(_indexed(fake).reconcile(("ns", "qwen")))
+    for (plural, _, _), obj in fake.objects.items():
+        if plural != CR_KIND.plural:
+            assert "kvretention.io/manifest-hash" in obj["metadata"]["annotations"]
+            assert obj["metadata"]["managedFields"][-1]["manager"] == FIELD_MANAGER

@@ -1,0 +1,278 @@
+"""The pure planner and the cache's pure parts, table-driven: which children are kept, verified or
+applied; when the manifest hash is trusted; what is pruned; when status is written; read-your-
+writes; re-list detection; the applied state by owner UID; the slim index entries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvretention.api.names import FIELD_MANAGER, MANIFEST_HASH_ANNOTATION
+from kvretention.controller.cache import AppliedState, OwnWrites, Relists, index_by_instance
+from kvretention.controller.planner import (
+    manifest_hash,
+    plan_child,
+    plan_prune,
+    plan_status,
+    stamp_of,
+    trusted_by_annotation,
+    with_manifest_hash,
+)
+
+BUILT: dict[str, Any] = {
+    "apiVersion": "v1",
+    "kind": "ConfigMap",
+    "metadata": {"name": "x-config", "namespace": "ns", "labels": {"a": "b"}},
+    "data": {"k": "v"},
+}
+MANIFEST = with_manifest_hash(BUILT)
+OURS = {"manager": FIELD_MANAGER, "operation": "Apply", "fieldsV1": {"f:data": {}}}
+
+
+def _live(*managed: dict[str, Any], digest: str | None = None) -> dict[str, Any]:
+    annotations = {MANIFEST_HASH_ANNOTATION: digest or manifest_hash(BUILT), "other": "x"}
+    return {
+        **BUILT,
+        "metadata": {
+            **BUILT["metadata"],
+            "uid": "u1",
+            "resourceVersion": "7",
+            "annotations": annotations,
+            "managedFields": list(managed),
+        },
+    }
+
+
+def test_the_hash_annotation_is_the_hash_of_the_built_manifest() -> None:
+    assert MANIFEST["metadata"]["annotations"] == {MANIFEST_HASH_ANNOTATION: manifest_hash(BUILT)}
+    assert "annotations" not in BUILT["metadata"]  # the builder's manifest is left alone
+
+
+@pytest.mark.parametrize(
+    ("live", "trusted"),
+    [
+        (_live(OURS), True),
+        (_live(OURS, digest="other"), False),  # built from another spec
+        (_live(), False),  # nobody applied it as the operator
+        (
+            _live(
+                OURS,
+                {
+                    "manager": "kube-controller-manager",
+                    "operation": "Update",
+                    "fieldsV1": {
+                        "f:metadata": {
+                            "f:annotations": {".": {}, "f:deployment.kubernetes.io/revision": {}}
+                        }
+                    },
+                },
+            ),
+            True,
+        ),
+        (
+            _live(
+                OURS,
+                {
+                    "manager": "kube-controller-manager",
+                    "operation": "Update",
+                    "subresource": "status",
+                    "fieldsV1": {"f:status": {}},
+                },
+            ),
+            True,
+        ),
+        (
+            _live(
+                OURS,
+                {
+                    "manager": "kubectl",
+                    "operation": "Update",
+                    "subresource": "scale",
+                    "fieldsV1": {"f:spec": {"f:replicas": {}}},
+                },
+            ),
+            False,
+        ),
+        (
+            _live(
+                OURS,
+                {
+                    "manager": "kubectl-edit",
+                    "operation": "Update",
+                    "fieldsV1": {"f:metadata": {"f:labels": {"f:a": {}}}},
+                },
+            ),
+            False,
+        ),
+        (
+            _live(
+                OURS,
+                {
+                    "manager": "kubectl-edit",
+                    "operation": "Update",
+                    "fieldsV1": {
+                        "f:metadata": {"f:annotations": {f"f:{MANIFEST_HASH_ANNOTATION}": {}}}
+                    },
+                },
+            ),
+            False,
+        ),
+    ],
+    ids=[
+        "ours",
+        "other-hash",
+        "no-apply",
+        "revision",
+        "status",
+        "scaled",
+        "relabelled",
+        "hash-edited",
+    ],
+)
+def test_trusted_by_annotation(live: dict[str, Any], trusted: bool) -> None:
+    assert trusted_by_annotation(live, MANIFEST) is trusted
+
+
+def test_plan_child() -> None:
+    live = _live(OURS)
+    stamp = stamp_of(live, MANIFEST, digest=manifest_hash(MANIFEST))
+    assert plan_child(MANIFEST, None, remembered=stamp) == "apply"
+    assert plan_child(MANIFEST, live, remembered=stamp) == "keep"
+    moved = {**live, "metadata": {**live["metadata"], "resourceVersion": "8"}}
+    assert plan_child(MANIFEST, moved, remembered=stamp) == "verify"  # no generation: by rv
+    assert plan_child(MANIFEST, live, remembered=None) == "keep"  # restarted: the hash
+    assert plan_child(MANIFEST, _live(), remembered=None) == "verify"
+
+
+def _child(kind: str, name: str, owner: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1" if kind == "Deployment" else "v1",
+        "kind": kind,
+        "metadata": {
+            "name": name,
+            "uid": f"uid-{name}",
+            "ownerReferences": [{"uid": owner, "controller": True}],
+        },
+    }
+
+
+def test_plan_prune_deletes_only_unwanted_children_it_controls() -> None:
+    live = {
+        ("Deployment", "f-worker"): _child("Deployment", "f-worker", "me"),
+        ("Deployment", "f-prefill"): _child("Deployment", "f-prefill", "me"),
+        ("Service", "f-other"): _child("Service", "f-other", "someone-else"),
+    }
+    desired = [{"kind": "Deployment", "metadata": {"name": "f-prefill"}}]
+    prunes = plan_prune(desired, live, uid="me")
+    assert [(p.kind, p.name, p.uid) for p in prunes] == [("Deployment", "f-worker", "uid-f-worker")]
+
+
+@pytest.mark.parametrize(
+    ("previous", "status", "write", "events"),
+    [
+        ({"conditions": [], "foreign": 1}, {"conditions": []}, False, 0),
+        (
+            None,
+            {"conditions": [{"type": "Ready", "status": "False", "reason": "PodsStarting"}]},
+            True,
+            0,
+        ),
+        (
+            {"conditions": [{"type": "Ready", "status": "False", "reason": "PodsStarting"}]},
+            {"conditions": [{"type": "Ready", "status": "True", "reason": "Ready"}]},
+            True,
+            1,
+        ),
+    ],
+    ids=["unchanged", "first", "flip"],
+)
+def test_plan_status(
+    previous: dict[str, Any] | None, status: dict[str, Any], write: bool, events: int
+) -> None:
+    plan = plan_status(previous, status)
+    assert (plan.write, len(plan.events)) == (write, events)
+
+
+def _obj(rv: str, uid: str = "u") -> dict[str, Any]:
+    return {"metadata": {"namespace": "ns", "name": "n", "uid": uid, "resourceVersion": rv}}
+
+
+def test_own_writes_stand_in_until_the_index_catches_up() -> None:
+    writes = OwnWrites()
+    writes.record("ConfigMap", _obj("1"), _obj("2"))
+    assert writes.resolve("ConfigMap", ("ns", "n"), _obj("1")) == _obj("2")  # index is stale
+    writes.record("ConfigMap", _obj("2"), _obj("3"))  # the index still holds rv 1
+    assert writes.resolve("ConfigMap", ("ns", "n"), _obj("1")) == _obj("3")
+    assert writes.resolve("ConfigMap", ("ns", "n"), _obj("3")) == _obj("3")  # caught up
+    assert writes.resolve("ConfigMap", ("ns", "n"), _obj("1")) == _obj("1")  # entry dropped
+    writes.record("ConfigMap", None, _obj("5", uid="new"))  # created, not indexed yet
+    assert writes.resolve("ConfigMap", ("ns", "n"), None) == _obj("5", uid="new")
+    writes.forget("new")  # deleted before the index ever saw it
+    assert writes.resolve("ConfigMap", ("ns", "n"), None) is None
+
+
+def test_relists_count_once_per_relisted_kind() -> None:
+    now = [0.0]
+    relists = Relists(clock=lambda: now[0])
+    for uid in ("a", "b"):
+        relists.saw("pods", uid, event_type=None)  # the initial list
+    relists.saw("pods", "c", event_type="ADDED")
+    assert relists.epoch == 0
+    for uid in ("a", "b", "c"):
+        relists.saw("pods", uid, event_type=None)  # a re-list
+    assert relists.epoch == 1
+    now[0] = 60.0
+    relists.saw("pods", "b", event_type="DELETED")
+    relists.saw("pods", "b", event_type=None)  # forgotten when deleted: not a re-list sign
+    assert relists.epoch == 1
+    relists.saw("pods", "a", event_type=None)
+    assert relists.epoch == 2
+
+
+def test_applied_state_is_per_owner_uid() -> None:
+    state = AppliedState()
+    stamp = ("u", "g1", "d", "m")
+    state.remember("uid-mm", ("Deployment", "mm-b-router"), stamp)  # fleet mm's own child
+    state.remember("uid-mm-b", ("Deployment", "mm-b-router"), stamp)
+    state.forget_owner("uid-mm")
+    assert state.get("uid-mm-b", ("Deployment", "mm-b-router")) == stamp
+    assert state.owners() == {"uid-mm-b"}
+
+
+def test_index_entries_are_plain_and_slim() -> None:
+    body = {
+        "metadata": {
+            "namespace": "ns",
+            "name": "f-router",
+            "labels": {"app.kubernetes.io/instance": "f"},
+            "managedFields": [
+                {
+                    "manager": FIELD_MANAGER,
+                    "operation": "Apply",
+                    "time": "t",
+                    "fieldsV1": {
+                        "f:spec": {"f:replicas": {}},
+                        "f:metadata": {"f:annotations": {"f:x": {}}, "f:labels": {"f:y": {}}},
+                    },
+                }
+            ],
+        },
+        "spec": {"replicas": 1},
+    }
+    ((key, value),) = index_by_instance(body).items()  # type: ignore[union-attr]
+    assert key == ("ns", "f")
+    assert value["metadata"]["managedFields"] == [
+        {
+            "manager": FIELD_MANAGER,
+            "operation": "Apply",
+            "fieldsV1": {
+                "f:spec": {},
+                "f:metadata": {"f:annotations": {"f:x": {}}, "f:labels": {}},
+            },
+        }
+    ]
+    ((_, pod),) = index_by_instance(body, pod=True).items()  # type: ignore[union-attr]
+    assert "managedFields" not in pod["metadata"]
+    assert index_by_instance(body, fleet=True) == {("ns", "f-router"): value}
+    assert index_by_instance({"metadata": {"namespace": "ns", "name": "x"}}) is None
