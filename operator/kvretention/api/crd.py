@@ -28,6 +28,7 @@ from kvretention.api.models import (
     KvRetentionDeploymentSpec,
     KvRetentionDeploymentStatus,
 )
+from kvretention.api.names import APP_NAME, LABEL_NAME
 
 CRD_NAME: Final = f"{PLURAL}.{GROUP}"
 CRD_FILENAME: Final = f"{GROUP}_{PLURAL}.yaml"
@@ -178,7 +179,7 @@ def build_crd() -> dict[str, Any]:
         "kind": "CustomResourceDefinition",
         "metadata": {
             "name": CRD_NAME,
-            "labels": {"app.kubernetes.io/name": "kvretention"},
+            "labels": {LABEL_NAME: APP_NAME},
         },
         "spec": {
             "group": GROUP,

@@ -74,7 +74,7 @@ from kvretention.controller.status import (
 )
 from kvretention.controller.workqueue import WorkQueue, backoff_delay
 
-log = logging.getLogger("kvretention.controller.handlers")
+log = logging.getLogger(__name__)
 
 
 def fleet_pods_selector(name: str) -> str:

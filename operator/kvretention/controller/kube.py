@@ -93,6 +93,17 @@ def custom_kind(*, group: str, version: str, kind: str, plural: str) -> Resource
     return ResourceKind(f"{group}/{version}", kind, plural)
 
 
+@dataclass(frozen=True)
+class _Call:
+    """One request as the transport sends it."""
+
+    method: str
+    path: str
+    query: tuple[tuple[str, str], ...]
+    body: Any
+    content_type: str
+
+
 class NotFound(Exception):
     """The object does not exist (HTTP 404)."""
 
@@ -188,22 +199,14 @@ class Kube:
 
     # -- raw transport -------------------------------------------------------------------------
 
-    def _request_sync(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Iterable[tuple[str, str]] = (),
-        body: Any = None,
-        content_type: str = "application/json",
-    ) -> dict[str, Any]:
-        headers = {"Accept": "application/json", "Content-Type": content_type}
+    def _request_sync(self, call: _Call) -> dict[str, Any]:
+        headers = {"Accept": "application/json", "Content-Type": call.content_type}
         request = self._api.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=list(query),
+            method=call.method,
+            resource_path=call.path,
+            query_params=list(call.query),
             header_params=headers,
-            body=body,
+            body=call.body,
             auth_settings=["BearerToken"],
         )
         self.requests += 1
@@ -226,12 +229,10 @@ class Kube:
         retry: bool = True,
     ) -> dict[str, Any]:
         """One API call in a thread; 404 -> NotFound, other hard errors -> ApiError."""
-        query = list(query)
+        call = _Call(method, path, tuple(query), body, content_type)
 
         async def once() -> dict[str, Any]:
-            return await asyncio.to_thread(
-                self._request_sync, method, path, query=query, body=body, content_type=content_type
-            )
+            return await asyncio.to_thread(self._request_sync, call)
 
         try:
             if retry:

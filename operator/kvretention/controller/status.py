@@ -16,6 +16,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
+from kvretention.api.models import (
+    Condition,
+    EngineStatus,
+    KvRetentionDeploymentStatus,
+    KvStoreStatus,
+    ReplicaCount,
+    WorkerPoolStatus,
+    WorkersStatus,
+)
 from kvretention.api.names import (
     CONDITION_TYPES,
     FRONTEND_READY,
@@ -789,7 +798,7 @@ def build_conditions(
     generation: int,
     previous: Sequence[Mapping[str, Any]],
     now: dt.datetime,
-) -> list[dict[str, Any]]:
+) -> list[Condition]:
     """Conditions in a fixed order; a transition time moves only when the status flips."""
     before = {c.get("type"): c for c in previous}
     stamp = now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -799,16 +808,16 @@ def build_conditions(
         old = before.get(type_)
         same = old is not None and old.get("status") == v.status
         out.append(
-            {
-                "type": type_,
-                "status": v.status,
-                "reason": v.reason,
-                "message": v.message,
-                "observedGeneration": generation,
-                "lastTransitionTime": old.get("lastTransitionTime", stamp)
+            Condition(
+                type=type_,
+                status=v.status,
+                reason=v.reason,
+                message=v.message,
+                observed_generation=generation,
+                last_transition_time=old.get("lastTransitionTime", stamp)
                 if same and old is not None
                 else stamp,
-            }
+            )
         )
     return out
 
@@ -835,19 +844,19 @@ def _count(workloads: Sequence[Workload]) -> dict[str, int]:
 
 def _pools(
     workloads: Sequence[Workload], pods: Sequence[Mapping[str, Any]]
-) -> list[dict[str, Any]]:
+) -> list[WorkerPoolStatus]:
     """Each worker pool (Deployment) with its counts and the reason of its own chain."""
     out = []
     for w in workloads:
         _, verdict = diagnose_workload(w, pods, what="worker")
         out.append(
-            {
-                "name": w.name,
-                "role": w.component,
+            WorkerPoolStatus(
+                name=w.name,
+                role=w.component,
                 **_count([w]),
-                "reason": verdict.reason,
-                "message": verdict.message,
-            }
+                reason=verdict.reason,
+                message=verdict.message,
+            )
         )
     return out
 
@@ -891,16 +900,16 @@ def _scale(fleet: Fleet, observed: Observed) -> tuple[int, str] | None:
     return int((live.get("status") or {}).get("replicas") or 0), selector
 
 
-def _engine(reports: Sequence[ProbeReport | ProbeFailure]) -> dict[str, Any] | None:
+def _engine(reports: Sequence[ProbeReport | ProbeFailure]) -> EngineStatus | None:
     for r in reports:
         if isinstance(r, ProbeReport):
-            return {
-                "sglangVersion": r.sglang_version or "",
-                "dialect": r.dialect if r.dialect in DIALECTS else "none",
-                "kvHintsParameter": r.kv_hints_parameter,
-                "storageBackends": list(r.storage_backends),
-                "mooncakeImportable": r.mooncake_importable,
-            }
+            return EngineStatus(
+                sglang_version=r.sglang_version or "",
+                dialect=r.dialect if r.dialect in DIALECTS else "none",
+                kv_hints_parameter=r.kv_hints_parameter,
+                storage_backends=list(r.storage_backends),
+                mooncake_importable=r.mooncake_importable,
+            )
     return None
 
 
@@ -950,30 +959,36 @@ def compute_status(
     )
     previous_conditions = (previous or {}).get("conditions") or []
     workers_count = _count(workers)
-    status: dict[str, Any] = {
-        "observedGeneration": fleet.generation,
-        "conditions": build_conditions(
-            verdicts, generation=fleet.generation, previous=previous_conditions, now=now
-        ),
-        "frontend": _count(groups.get("frontend", [])),
-        "router": _count(groups.get("router", [])),
-        "workers": {**workers_count, "pools": _pools(workers, pods)},
-        "kvStore": {
-            **_count(master),
-            **_kvstore_usage(observed.kvstore, budget=fleet.retention_budget),
-        },
-        "workersReady": f"{workers_count['ready']}/{workers_count['desired']}",
-    }
+    optional: dict[str, Any] = {}
     endpoint = _endpoint(fleet)
     if endpoint is not None:
-        status["endpoint"] = endpoint
+        optional["endpoint"] = endpoint
     engine = _engine(reports)
     if engine is not None:
-        status["engine"] = engine
+        optional["engine"] = engine
     scale = _scale(fleet, observed)
     if scale is not None:
-        status["replicas"], status["selector"] = scale
-    return status
+        optional["replicas"], optional["selector"] = scale
+    status = KvRetentionDeploymentStatus(
+        observed_generation=fleet.generation,
+        conditions=build_conditions(
+            verdicts, generation=fleet.generation, previous=previous_conditions, now=now
+        ),
+        frontend=ReplicaCount(**_count(groups.get("frontend", []))),
+        router=ReplicaCount(**_count(groups.get("router", []))),
+        workers=WorkersStatus(**workers_count, pools=_pools(workers, pods)),
+        kv_store=KvStoreStatus.model_validate(
+            {**_count(master), **_kvstore_usage(observed.kvstore, budget=fleet.retention_budget)}
+        ),
+        workers_ready=f"{workers_count['ready']}/{workers_count['desired']}",
+        **optional,
+    )
+    return _written(status)
+
+
+def _written(status: KvRetentionDeploymentStatus) -> dict[str, Any]:
+    """The status as the operator writes it: camelCase, and only the fields it set."""
+    return status.model_dump(by_alias=True, exclude_unset=True)
 
 
 def compute_invalid_status(
@@ -990,12 +1005,14 @@ def compute_invalid_status(
     verdicts[READY] = Verdict("False", "InvalidSpec", message)
     verdicts[PROGRESSING] = Verdict("False", "InvalidSpec", message)
     previous_conditions = (previous or {}).get("conditions") or []
-    return {
-        "observedGeneration": generation,
-        "conditions": build_conditions(
-            verdicts, generation=generation, previous=previous_conditions, now=now
-        ),
-    }
+    return _written(
+        KvRetentionDeploymentStatus(
+            observed_generation=generation,
+            conditions=build_conditions(
+                verdicts, generation=generation, previous=previous_conditions, now=now
+            ),
+        )
+    )
 
 
 def owned_part(status: Mapping[str, Any] | None) -> dict[str, Any]:
