@@ -24,13 +24,19 @@ PROBE_CONTAINER: Final = "probe"
 """The worker pods' init container that writes the capability report."""
 
 READY: Final = "Ready"
+"""The fleet serves (with hints, or without them under ``hints.policy: Optional``)."""
 FRONTEND_READY: Final = "FrontendReady"
 ROUTER_READY: Final = "RouterReady"
 WORKERS_READY: Final = "WorkersReady"
+"""Each component's pods are ready (the first not-ready pod's reason otherwise)."""
 KVSTORE_READY: Final = "KvStoreReady"
+"""The managed Mooncake master is ready (True/External for an external one)."""
 KV_HINTS_SUPPORTED: Final = "KvHintsSupported"
+"""The worker image's capability probe says its SGLang takes ``kv_hints``."""
 RETENTION_BUDGET: Final = "RetentionBudget"
+"""Soft pins hold at most ``softPin.budgetRatio`` of the pool (not part of Ready)."""
 PROGRESSING: Final = "Progressing"
+"""A rollout is under way (or stopped, and why)."""
 CONDITION_TYPES: Final[tuple[str, ...]] = (
     READY,
     FRONTEND_READY,

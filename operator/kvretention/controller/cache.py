@@ -94,10 +94,14 @@ class IndexedView:
         return Snapshot(fleet=fleets[0] if fleets else None, children=children, pods=pods)
 
 
+ABSENT: Final = ""
+"""Stands for "not in the index" among the superseded versions of an object."""
+
+
 @dataclass(frozen=True)
 class _Write:
-    before: str | None
-    """resourceVersion of the copy the write was based on (None: it created the object)."""
+    superseded: frozenset[str]
+    """resourceVersions (or ABSENT) older than ``result``: an index copy at one of them is stale."""
     result: Mapping[str, Any]
 
 
@@ -116,11 +120,12 @@ class OwnWrites:
         meta = result.get("metadata") or {}
         key = (kind, str(meta.get("namespace")), str(meta.get("name")))
         earlier = self._writes.get(key)
-        if earlier is not None:  # the index still holds the copy from before the first write
-            self._writes[key] = _Write(before=earlier.before, result=result)
-            return
+        if earlier is not None:  # every version up to the previous write is older than this one
+            superseded = earlier.superseded | {resource_version(earlier.result)}
+        else:
+            superseded = frozenset({ABSENT if before is None else resource_version(before)})
         self._writes[key] = _Write(
-            before=None if before is None else resource_version(before), result=result
+            superseded=superseded - {resource_version(result)}, result=result
         )
 
     def resolve(self, kind: str, key: tuple[str, str], seen: Mapping[str, Any] | None) -> Any:
@@ -129,11 +134,9 @@ class OwnWrites:
         write = self._writes.get(full)
         if write is None:
             return seen
-        if (seen is None and write.before is None) or (
-            seen is not None and resource_version(seen) == write.before
-        ):
+        if (ABSENT if seen is None else resource_version(seen)) in write.superseded:
             return write.result
-        del self._writes[full]  # the index caught up (or moved past it)
+        del self._writes[full]  # the index caught up (or someone wrote after us)
         return seen
 
     def forget(self, uid: str) -> None:

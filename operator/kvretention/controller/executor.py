@@ -16,8 +16,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import kopf
-
 from kvretention.api.models import KvRetentionDeployment
 from kvretention.api.names import APP_NAME, LABEL_INSTANCE, LABEL_NAME
 from kvretention.controller import kube as k
@@ -192,7 +190,7 @@ class Controller:
             failures = self.failures.get(key, 0) + 1
             self.failures[key] = failures
             delay = backoff_delay(failures)
-            if isinstance(exc, kopf.TemporaryError) and exc.delay:
+            if isinstance(exc, k.RetryLater) and exc.delay:
                 delay = max(delay, float(exc.delay))
             self.metrics.errors.inc()
             self.metrics.reconciles.labels("error").inc()
@@ -285,7 +283,7 @@ class Controller:
         await self._write_status(body, previous, status)
         if refused:
             # Said so in status; now fail so the queue retries with backoff.
-            raise kopf.TemporaryError("the API server refused: " + "; ".join(refused))
+            raise k.RetryLater("the API server refused: " + "; ".join(refused))
         return "ok"
 
     async def _live_children(

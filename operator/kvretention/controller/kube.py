@@ -4,7 +4,7 @@ Everything here is thin I/O over the synchronous ``kubernetes`` client, run in a
 ``asyncio.to_thread`` so kopf's event loop never blocks. Bodies go in and come out as plain dicts
 (the JSON the API server speaks), so the pure builders and status code never see client models.
 Transient failures (409 conflicts, 429, 5xx, dropped connections) are retried with bounded
-exponential backoff, then surfaced as :class:`kopf.TemporaryError` so the caller retries later.
+exponential backoff, then surfaced as :class:`RetryLater` so the work queue retries later.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
-import kopf
 import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -104,6 +103,15 @@ class _Call:
     content_type: str
 
 
+class RetryLater(Exception):
+    """Not now: the reconcile failed for a reason that may pass (a transient API failure after
+    its retries, a child the API server refused); the work queue retries after ``delay``."""
+
+    def __init__(self, message: str, *, delay: float | None = None) -> None:
+        super().__init__(message)
+        self.delay = delay
+
+
 class NotFound(Exception):
     """The object does not exist (HTTP 404)."""
 
@@ -140,7 +148,7 @@ async def with_retries(
     base_delay: float = 0.2,
     max_delay: float = 3.0,
 ) -> T:
-    """Run ``call``; retry transient failures with jittered backoff, then raise TemporaryError."""
+    """Run ``call``; retry transient failures with jittered backoff, then raise RetryLater."""
     for attempt in range(attempts):
         try:
             return await call()
@@ -148,7 +156,7 @@ async def with_retries(
             if not is_retryable(exc):
                 raise
             if attempt == attempts - 1:
-                raise kopf.TemporaryError(f"{what}: {exc}", delay=max_delay) from exc
+                raise RetryLater(f"{what}: {exc}", delay=max_delay) from exc
             delay = min(max_delay, base_delay * 2**attempt) * (0.5 + random.random() / 2)
             log.debug("retrying %s in %.2fs after %s", what, delay, exc)
             await asyncio.sleep(delay)
@@ -339,7 +347,7 @@ class Kube:
         }
         try:
             await self.create(EVENT, meta["namespace"], body)
-        except (ApiError, kopf.TemporaryError) as exc:
+        except (ApiError, RetryLater) as exc:
             log.warning("could not post event %s on %s: %s", reason, meta["name"], exc)
 
     async def ping(self) -> bool:

@@ -20,9 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-import kopf
-
-from kvretention.controller.kube import LEASE, ApiError, Kube, NotFound
+from kvretention.controller.kube import LEASE, ApiError, Kube, NotFound, RetryLater
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +133,7 @@ class LeaderElector:
             )
             await self.kube.request("PUT", path, body=lease, retry=False)
             return True
-        except (ApiError, NotFound, kopf.TemporaryError, OSError) as exc:
+        except (ApiError, NotFound, RetryLater, OSError) as exc:
             log.debug("lease attempt failed: %s", exc)
             return False
         except Exception as exc:  # urllib3 connection errors and the like

@@ -338,7 +338,7 @@ async def test_a_refused_child_is_reported_in_status_and_retried(fake: FakeKube)
     fake.apply = refuse_router  # type: ignore[method-assign]
     c = controller(fake)
     c.known.add(("ns", "qwen"))
-    with pytest.raises(kopf.TemporaryError, match="forbidden"):
+    with pytest.raises(k.RetryLater, match="forbidden"):
         await c.reconcile(("ns", "qwen"))
     ready = next(x for x in fake.cr()["status"]["conditions"] if x["type"] == "Ready")
     assert (ready["status"], ready["reason"]) == ("False", "ApplyFailed")

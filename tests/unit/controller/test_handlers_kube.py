@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import kopf
 import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
@@ -71,7 +70,7 @@ async def test_gives_up_with_a_temporary_error() -> None:
     async def down() -> None:
         raise ApiException(status=500)
 
-    with pytest.raises(kopf.TemporaryError, match="x:"):
+    with pytest.raises(k.RetryLater, match="x:"):
         await k.with_retries(down, what="x", attempts=2, base_delay=0.001)
 
 

@@ -204,12 +204,15 @@ def test_own_writes_stand_in_until_the_index_catches_up() -> None:
     assert writes.resolve("ConfigMap", ("ns", "n"), _obj("1")) == _obj("2")  # index is stale
     writes.record("ConfigMap", _obj("2"), _obj("3"))  # the index still holds rv 1
     assert writes.resolve("ConfigMap", ("ns", "n"), _obj("1")) == _obj("3")
+    assert writes.resolve("ConfigMap", ("ns", "n"), _obj("2")) == _obj("3")  # first write's event
     assert writes.resolve("ConfigMap", ("ns", "n"), _obj("3")) == _obj("3")  # caught up
     assert writes.resolve("ConfigMap", ("ns", "n"), _obj("1")) == _obj("1")  # entry dropped
     writes.record("ConfigMap", None, _obj("5", uid="new"))  # created, not indexed yet
     assert writes.resolve("ConfigMap", ("ns", "n"), None) == _obj("5", uid="new")
     writes.forget("new")  # deleted before the index ever saw it
     assert writes.resolve("ConfigMap", ("ns", "n"), None) is None
+    writes.record("ConfigMap", _obj("6"), _obj("6"))  # an apply that changed nothing
+    assert writes.resolve("ConfigMap", ("ns", "n"), _obj("6")) == _obj("6")
 
 
 def test_relists_count_once_per_relisted_kind() -> None:
