@@ -157,6 +157,22 @@ READ_RESOURCES: Final = frozenset(
 )
 
 
+_ETCD = re.compile(r"^etcd_requests_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
+
+
+def cr_updates(api: client.ApiClient) -> float:
+    """Updates of the custom resource that reached etcd. A server-side apply that changes nothing
+    never does, so between two snapshots this counts the status writes that changed something."""
+    total = 0.0
+    for line in call(api, "GET", "/metrics").decode().splitlines():
+        m = _ETCD.match(line)
+        if m:
+            labels = dict(_LABEL.findall(m["labels"]))
+            if labels.get("operation") == "update" and labels.get("resource") == PLURAL:
+                total += float(m["value"])
+    return total
+
+
 def reads(before: Mapping[tuple[str, ...], float], after: Mapping[tuple[str, ...], float]) -> float:
     """GET and LIST requests on the fleet's kinds (the rest of the plane watches instead), less
     LISTs of the custom resource: this script polls those itself (the operator only GETs one)."""
@@ -427,6 +443,7 @@ def run_operator(
         result = _measure_operator(
             api, op, n, ns=ns, resync_s=resync_s, timeout_s=timeout_s, profile_dir=profile_dir
         )
+        wait_quiet(op, timeout_s=timeout_s)
     finally:
         code = op.stop()
         if code != 0:
@@ -437,6 +454,18 @@ def run_operator(
     return result
 
 
+def wait_quiet(op: Operator, *, timeout_s: float, quiet_s: float = 3.0) -> None:
+    """Until the operator has written nothing for ``quiet_s`` (the spec change fully settled), so
+    a restart measured next starts from converged fleets."""
+    last, since = op.writes(), time.monotonic()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() - since < quiet_s and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+        now = op.writes()
+        if now != last:
+            last, since = now, time.monotonic()
+
+
 def measure_restart(
     cluster: Cluster, api: client.ApiClient, n: int, *, ns: str, log_dir: Path, timeout_s: float
 ) -> dict[str, Any]:
@@ -444,6 +473,7 @@ def measure_restart(
     first pass costs until it has reconciled every fleet once. Its resync is an hour, so the
     window holds that first pass only."""
     before = apiserver_requests(api)
+    updates_before = cr_updates(api)
     started = time.monotonic()
     op = Operator(
         cluster,
@@ -464,6 +494,7 @@ def measure_restart(
         window = time.monotonic() - started
         time.sleep(2.0)  # let the last reconciles (re-queued by their own watch events) finish
         after = apiserver_requests(api)
+        updates = cr_updates(api) - updates_before
         own_writes = op.writes()
         reconciles = op.metric_sum("kvretention_operator_reconciles_total")
         events = op.metric_sum("kvretention_operator_events_total")
@@ -480,6 +511,7 @@ def measure_restart(
         "reads": reads(before, after),
         "reads_by": reads_by(before, after),
         "api_writes": writes,
+        "status_writes_that_changed_it": updates,
         "operator_counted_writes": own_writes,
         "events": events,
     }
@@ -500,6 +532,7 @@ def _measure_operator(
     bodies = fleet_bodies(n, ns)
     children_per_fleet = len(render(bodies[:1], namespace=ns, tmp=Path(tempfile.mkdtemp())))
     before = apiserver_requests(api)
+    updates_before = cr_updates(api)
     own_before = op.writes()
     cpu_before = proc_cpu_seconds(pid)
     sampler = None
@@ -534,6 +567,7 @@ def _measure_operator(
     cpu_converge = proc_cpu_seconds(pid) - cpu_before
     profile = sampler.stop() if sampler is not None else None
     after_first = apiserver_requests(api)
+    effective_status_writes = cr_updates(api) - updates_before
     first = owned_writes(before, after_first)
     first_dry = dry_runs(before, after_first)
     first_reads = reads(before, after_first)
@@ -569,6 +603,7 @@ def _measure_operator(
         "api_writes_per_fleet_first": sum(first.values()) / n,
         "child_writes_per_fleet_first": sum(v for k, v in first.items() if STATUS not in k) / n,
         "status_writes_per_fleet_first": first.get(f"APPLY {PLURAL}/{STATUS}", 0.0) / n,
+        "status_writes_that_changed_it_per_fleet_first": effective_status_writes / n,
         "dry_run_applies_per_fleet_first": first_dry / n,
         "api_reads_per_fleet_first": first_reads / n,
         "api_reads_first": first_reads_by,

@@ -89,7 +89,8 @@ def build_registry() -> kopf.OperatorRegistry:
 
     def bind(memo: Any, kwargs: Mapping[str, Any]) -> Controller:
         controller = _controller(memo)
-        controller.bind({i: kwargs[i] for i in INDEX_IDS if i in kwargs})
+        if all(i in kwargs for i in INDEX_IDS):  # kopf passes every index to every handler
+            controller.bind({i: kwargs[i] for i in INDEX_IDS})
         return controller
 
     def index_fleet(body: Mapping[str, Any], **_: Any) -> dict[Key, Any] | None:

@@ -531,3 +531,12 @@ async def test_a_taken_child_name_is_a_conflict_never_adopted(
 )
 def test_event_type(condition: dict[str, str], expected: str) -> None:
     assert event_type(condition) == expected
+
+
+def test_every_watched_kind_fills_an_index_the_reconcile_reads() -> None:
+    from kvretention.controller.handlers import INDEX_IDS
+
+    registry = build_registry()
+    ids = sorted(str(h.id) for h in registry._indexing.get_all_handlers())
+    assert ids == sorted(INDEX_IDS)
+    assert len(INDEX_IDS) == 7  # the CR, five child kinds, pods
