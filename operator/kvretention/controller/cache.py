@@ -11,10 +11,11 @@ each fleet then reads from the API server once and forgets such entries (:class:
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from kvretention.api.models import GROUP, KIND, PLURAL, VERSION
 from kvretention.api.names import LABEL_INSTANCE as _INSTANCE
@@ -36,12 +37,6 @@ class Snapshot:
     fleet: Mapping[str, Any] | None
     children: dict[ChildKey, Mapping[str, Any]]
     pods: list[Mapping[str, Any]]
-
-
-class View(Protocol):
-    """Where a reconcile reads one fleet's observed state from."""
-
-    async def snapshot(self, key: Key, *, selector: str) -> Snapshot: ...
 
 
 @dataclass
@@ -82,7 +77,7 @@ class IndexedView:
 
     def _get(self, index: str, key: Key) -> list[Mapping[str, Any]]:
         store = self.indices[index].get(key)
-        return self.tombstones.live(store) if store is not None else []
+        return self.tombstones.live(decode_entry(e) for e in store) if store is not None else []
 
     async def snapshot(self, key: Key, *, selector: str) -> Snapshot:
         fleets = self._get(FLEETS_INDEX, key)
@@ -193,7 +188,8 @@ class Relists:
 def index_by_instance(
     body: Mapping[str, Any], *, fleet: bool = False, pod: bool = False
 ) -> dict[Key, Any] | None:
-    """The value of every index: the object's body under (namespace, fleet name). A fleet is
+    """The value of every index: the object's body (as :func:`encode_entry` stores it) under
+    (namespace, fleet name). A fleet is
     indexed under its own name; a child or pod under its ``app.kubernetes.io/instance`` label
     (what the Deployments select their pods by, and what the operator's LISTs used). Field
     managers are kept only in the slim form the restart check needs, and not at all for pods."""
@@ -206,7 +202,18 @@ def index_by_instance(
     managed = plain["metadata"].pop("managedFields", None)
     if managed and not pod:
         plain["metadata"]["managedFields"] = [_slim(entry) for entry in managed]
-    return {(str(namespace), str(name)): plain}
+    return {(str(namespace), str(name)): encode_entry(plain)}
+
+
+def encode_entry(body: Mapping[str, Any]) -> bytes:
+    """An index entry as compact JSON: a few KiB per Deployment, where the same body as Python
+    dicts takes several times that (the indexes hold every watched child and pod)."""
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def decode_entry(entry: bytes) -> dict[str, Any]:
+    body: dict[str, Any] = json.loads(entry)
+    return body
 
 
 def _slim(entry: Mapping[str, Any]) -> dict[str, Any]:

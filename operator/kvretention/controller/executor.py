@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from kvretention.api.models import KvRetentionDeployment
 from kvretention.api.names import APP_NAME, LABEL_INSTANCE, LABEL_NAME
@@ -73,12 +73,26 @@ from kvretention.controller.status import (
 from kvretention.controller.workqueue import WorkQueue, backoff_delay
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def fleet_pods_selector(name: str) -> str:
     """The label selector of every pod of fleet ``name`` (the Deployments' immutable selector
     labels, so pods made before a label change still match)."""
     return f"{LABEL_NAME}={APP_NAME},{LABEL_INSTANCE}={name}"
+
+
+async def _outcome(call: Awaitable[T]) -> T | Exception:
+    """The result of ``call``, or the exception it raised, as a value.
+
+    Concurrent calls go through this so no task of the executor ever ends with an exception:
+    when kopf stops, it re-raises the exception of every task in the loop that ended with one
+    (not only its own), which would turn a refused apply in flight at SIGTERM into exit status 1.
+    """
+    try:
+        return await call
+    except Exception as exc:
+        return exc
 
 
 def _uids(snapshot: Snapshot) -> set[str]:
@@ -253,8 +267,7 @@ class Controller:
         # Children are independent objects: apply them concurrently (server-side apply needs no
         # order; a pod waits for its ConfigMap by itself).
         results = await asyncio.gather(
-            *(self._ensure(plan.uid, m, live.get(child_key(m))) for m in ours),
-            return_exceptions=True,
+            *(_outcome(self._ensure(plan.uid, m, live.get(child_key(m)))) for m in ours)
         )
         for manifest, result in zip(ours, results, strict=True):
             current: Mapping[str, Any] | None
@@ -300,11 +313,13 @@ class Controller:
         missing = plan_lookups(plan.desired, live)
         found = await asyncio.gather(
             *(
-                self.kube.get_or_none(k.kind_of(m), namespace, str(m["metadata"]["name"]))
+                _outcome(self.kube.get_or_none(k.kind_of(m), namespace, str(m["metadata"]["name"])))
                 for m in missing
             )
         )
         for manifest, obj in zip(missing, found, strict=True):
+            if isinstance(obj, Exception):
+                raise obj
             if obj is not None:
                 live[child_key(manifest)] = obj
         return live

@@ -21,7 +21,13 @@ import yaml
 
 from kvretention.api.names import FIELD_MANAGER, LABEL_INSTANCE
 from kvretention.controller import kube as k
-from kvretention.controller.cache import CHILD_INDEXES, CR_KIND, FLEETS_INDEX, PODS_INDEX
+from kvretention.controller.cache import (
+    CHILD_INDEXES,
+    CR_KIND,
+    FLEETS_INDEX,
+    PODS_INDEX,
+    encode_entry,
+)
 from kvretention.controller.executor import Controller
 from kvretention.controller.kvstore_metrics import KvStoreReading, format_time
 from kvretention.controller.planner import comparable
@@ -200,7 +206,7 @@ class FakeIndices(Mapping[str, Any]):
         self.fake = fake
         self.ids = [FLEETS_INDEX, *CHILD_INDEXES, PODS_INDEX]
 
-    def __getitem__(self, index: str) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    def __getitem__(self, index: str) -> dict[tuple[str, str], list[bytes]]:
         plural = CR_KIND.plural if index == FLEETS_INDEX else index
         out: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for (p, ns, name), obj in sorted(self.fake.objects.items()):
@@ -209,7 +215,7 @@ class FakeIndices(Mapping[str, Any]):
             labels = obj["metadata"].get("labels") or {}
             owner = name if index == FLEETS_INDEX else labels.get(LABEL_INSTANCE)
             if owner:
-                out.setdefault((ns, owner), []).append(copy.deepcopy(obj))
+                out.setdefault((ns, owner), []).append(encode_entry(obj))
         return out
 
     def __iter__(self) -> Iterator[str]:

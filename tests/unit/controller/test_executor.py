@@ -3,13 +3,16 @@ restart, after a re-list, and right after its own writes; the applied-state cach
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from typing import Any
 
+import pytest
 from fake_kube import NOW, FakeIndices, FakeKube, FakeMaster, fake, load_example, make_ready
 
 from kvretention.api.names import FIELD_MANAGER
-from kvretention.controller.cache import CR_KIND
+from kvretention.controller import kube as k
+from kvretention.controller.cache import CR_KIND, encode_entry
 from kvretention.controller.executor import Controller
 
 __all__ = ["fake"]
@@ -134,10 +137,10 @@ async def test_after_a_relist_each_fleet_reads_the_api_server_once_and_forgets_s
     indices = FakeIndices(fake)
 
     class WithStaleEntry(FakeIndices):
-        def __getitem__(self, index: str) -> dict[tuple[str, str], list[dict[str, Any]]]:
+        def __getitem__(self, index: str) -> dict[tuple[str, str], list[bytes]]:
             out = indices[index]
             if index == "deployments":  # deleted while the watch was down; kopf kept it
-                out.setdefault(("ns", "qwen"), []).append(stale)
+                out.setdefault(("ns", "qwen"), []).append(encode_entry(stale))
             return out
 
     del fake.objects[("deployments", "ns", "qwen-router")]
@@ -183,11 +186,47 @@ async def test_a_reconcile_before_the_watch_delivers_its_own_status_posts_nothin
 
 
 def test_every_apply_carries_the_manifest_hash(fake: FakeKube) -> None:
-    import asyncio
-
     fake.put(CR_KIND, load_example("aggregated"))
     asyncio.run(_indexed(fake).reconcile(("ns", "qwen")))
     for (plural, _, _), obj in fake.objects.items():
         if plural != CR_KIND.plural:
             assert "kvretention.io/manifest-hash" in obj["metadata"]["annotations"]
             assert obj["metadata"]["managedFields"][-1]["manager"] == FIELD_MANAGER
+
+
+async def test_no_task_of_a_refused_reconcile_ends_with_an_exception(fake: FakeKube) -> None:
+    """kopf re-raises, when it stops, the exception of any task in the loop that ended with one."""
+    fake.put(CR_KIND, load_example("aggregated"))
+    real_apply = fake.apply
+
+    async def refuse(manifest: Any, **kwargs: Any) -> dict[str, Any]:
+        if manifest["kind"] == "Deployment":
+            raise k.ApiError(403, "namespace is being terminated")
+        return await real_apply(manifest, **kwargs)
+
+    async def fail_get(*_: Any) -> Any:
+        raise k.ApiError(500, "etcd is sad")
+
+    fake.apply = refuse  # type: ignore[method-assign]
+    loop = asyncio.get_running_loop()
+    created: list[asyncio.Task[Any]] = []
+
+    def record(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        task = asyncio.Task(coro, loop=loop, **kwargs)
+        created.append(task)
+        return task
+
+    previous = loop.get_task_factory()
+    loop.set_task_factory(record)
+    try:
+        c = _indexed(fake)
+        with pytest.raises(k.RetryLater, match="terminated"):
+            await c.reconcile(("ns", "qwen"))
+        fake.get_or_none = fail_get  # type: ignore[method-assign]
+        with pytest.raises(k.ApiError, match="sad"):
+            await _indexed(fake).reconcile(("ns", "qwen"))
+        await asyncio.sleep(0)
+    finally:
+        loop.set_task_factory(previous)
+    assert created
+    assert [t for t in created if t.done() and not t.cancelled() and t.exception()] == []

@@ -9,7 +9,13 @@ from typing import Any
 import pytest
 
 from kvretention.api.names import FIELD_MANAGER, MANIFEST_HASH_ANNOTATION
-from kvretention.controller.cache import AppliedState, OwnWrites, Relists, index_by_instance
+from kvretention.controller.cache import (
+    AppliedState,
+    OwnWrites,
+    Relists,
+    decode_entry,
+    index_by_instance,
+)
 from kvretention.controller.planner import (
     manifest_hash,
     plan_child,
@@ -263,7 +269,8 @@ def test_index_entries_are_plain_and_slim() -> None:
         },
         "spec": {"replicas": 1},
     }
-    ((key, value),) = index_by_instance(body).items()  # type: ignore[union-attr]
+    ((key, entry),) = index_by_instance(body).items()  # type: ignore[union-attr]
+    value = decode_entry(entry)
     assert key == ("ns", "f")
     assert value["metadata"]["managedFields"] == [
         {
@@ -276,6 +283,6 @@ def test_index_entries_are_plain_and_slim() -> None:
         }
     ]
     ((_, pod),) = index_by_instance(body, pod=True).items()  # type: ignore[union-attr]
-    assert "managedFields" not in pod["metadata"]
-    assert index_by_instance(body, fleet=True) == {("ns", "f-router"): value}
+    assert "managedFields" not in decode_entry(pod)["metadata"]
+    assert index_by_instance(body, fleet=True) == {("ns", "f-router"): entry}
     assert index_by_instance({"metadata": {"namespace": "ns", "name": "x"}}) is None
