@@ -87,25 +87,30 @@ def build_registry() -> kopf.OperatorRegistry:
         ) or kopf.login_with_kubeconfig(**kwargs)
         return info
 
+    # Every handler is a coroutine: kopf runs sync handlers in the default thread pool, where
+    # thousands of watch events after a (re)start would queue ahead of the reconciles' own
+    # threads, and the work queue is not thread-safe.
     def bind(memo: Any, kwargs: Mapping[str, Any]) -> Controller:
         controller = _controller(memo)
         if all(i in kwargs for i in INDEX_IDS):  # kopf passes every index to every handler
             controller.bind({i: kwargs[i] for i in INDEX_IDS})
         return controller
 
-    def index_fleet(body: Mapping[str, Any], **_: Any) -> dict[Key, Any] | None:
+    async def index_fleet(body: Mapping[str, Any], **_: Any) -> dict[Key, Any] | None:
         return index_by_instance(body, fleet=True)
 
-    def index_child(body: Mapping[str, Any], **_: Any) -> dict[Key, Any] | None:
+    async def index_child(body: Mapping[str, Any], **_: Any) -> dict[Key, Any] | None:
         return index_by_instance(body)
 
-    def index_pod(body: Mapping[str, Any], **_: Any) -> dict[Key, Any] | None:
+    async def index_pod(body: Mapping[str, Any], **_: Any) -> dict[Key, Any] | None:
         return index_by_instance(body, pod=True)
 
     kopf.index(GROUP, VERSION, PLURAL, id=FLEETS_INDEX, registry=registry)(index_fleet)
 
     @kopf.on.event(GROUP, VERSION, PLURAL, id="kvretentiondeployment", registry=registry)
-    def on_cr(event: Mapping[str, Any], body: Mapping[str, Any], memo: Any, **kwargs: Any) -> None:
+    async def on_cr(
+        event: Mapping[str, Any], body: Mapping[str, Any], memo: Any, **kwargs: Any
+    ) -> None:
         controller = bind(memo, kwargs)
         meta = body.get("metadata") or {}
         key = (str(meta.get("namespace")), str(meta.get("name")))
@@ -113,7 +118,7 @@ def build_registry() -> kopf.OperatorRegistry:
         deleted = event.get("type") == "DELETED"
         controller.observe(key, deleted=deleted, uid=str(meta.get("uid")) if deleted else None)
 
-    def on_child(
+    async def on_child(
         event: Mapping[str, Any], body: Mapping[str, Any], memo: Any, resource: Any, **kwargs: Any
     ) -> None:
         controller = bind(memo, kwargs)
