@@ -6,7 +6,6 @@ import asyncio
 import json
 import logging
 import threading
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -483,15 +482,21 @@ async def test_billing_header_is_dropped_counted_and_traced(
 async def test_large_bodies_are_parsed_off_the_event_loop(
     router_standin: RouterStandIn, monkeypatch: pytest.MonkeyPatch, padding: int, thread: str
 ) -> None:
-    """A 200 KB agent body takes 10-20 ms to parse; while it does, the probes still answer."""
+    """A 200 KB agent body takes 10-20 ms to parse; while it does, the probes still answer. The
+    large body's parse is held until the probe has answered: on the event loop it could not be."""
     real, threads = frontend_app.decode_json_body, []
+    parsing, release = threading.Event(), threading.Event()
+    large = padding > frontend_app.OFF_LOOP_BYTES
+    waited: list[bool] = []
 
-    def slow(raw: bytes) -> dict[str, Any]:
+    def held(raw: bytes) -> dict[str, Any]:
         threads.append(threading.current_thread().name)
-        time.sleep(0.6 if padding > frontend_app.OFF_LOOP_BYTES else 0)
+        if large:
+            parsing.set()
+            waited.append(release.wait(timeout=10))  # False: nothing could answer meanwhile
         return real(raw)
 
-    monkeypatch.setattr(frontend_app, "decode_json_body", slow)
+    monkeypatch.setattr(frontend_app, "decode_json_body", held)
     client = await _client(create_app(FrontendConfig(router_url=router_standin.base_url)))
     try:
         body = {
@@ -500,13 +505,15 @@ async def test_large_bodies_are_parsed_off_the_event_loop(
             "messages": [{"role": "user", "content": "x" * padding}],
         }
         pending = asyncio.create_task(client.post("/v1/messages", json=body))
-        await asyncio.sleep(0.1)
-        started = time.monotonic()
-        health = await client.get("/healthz")
-        answered_in = time.monotonic() - started
+        if large:
+            assert await asyncio.to_thread(parsing.wait, 10)
+            health = await asyncio.wait_for(client.get("/healthz"), timeout=5)
+            assert health.status == 200 and not pending.done()
+            release.set()
         assert (await pending).status == 200
     finally:
+        release.set()
         await client.close()
     (ran_on,) = threads
     assert ran_on.startswith(thread)
-    assert health.status == 200 and answered_in < 0.3, answered_in
+    assert waited == ([True] if large else [])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
+import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -436,22 +436,24 @@ async def test_count_only_ignores_a_hint_the_engine_could_not_take(worker: Clien
 async def test_a_slow_prompt_is_prepared_off_the_event_loop(
     worker: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """While one request's prompt takes long to render and tokenize, ``/readyz`` and the router's
-    health checks still answer at once (a blocked loop would get the worker ejected)."""
-    real = worker_app.plan_call
+    """While one request's prompt is still being rendered and tokenized, ``/readyz`` and the
+    router's health checks answer (a blocked loop would get the worker ejected). The planning step
+    is held until the probe has answered: on the event loop that could never happen."""
+    real, planning, release = worker_app.plan_call, threading.Event(), threading.Event()
+    waited: list[bool] = []
 
-    def slow(*args: Any, **kwargs: Any) -> Any:
-        time.sleep(0.6)  # what a ~200 KB agent prompt costs, many times over
+    def held(*args: Any, **kwargs: Any) -> Any:
+        planning.set()
+        waited.append(release.wait(timeout=10))  # False: nothing could answer meanwhile
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(worker_app, "plan_call", slow)
+    monkeypatch.setattr(worker_app, "plan_call", held)
     client, _ = await worker()
     pending = asyncio.create_task(generate(client, body("hello", request_id="slow")))
-    await asyncio.sleep(0.1)
-    started = time.monotonic()
-    ready = await client.get("/readyz")
-    answered_in = time.monotonic() - started
+    assert await asyncio.to_thread(planning.wait, 10)
+    ready = await asyncio.wait_for(client.get("/readyz"), timeout=5)
     assert ready.status == 200 and not pending.done()
-    assert answered_in < 0.3, answered_in
+    release.set()
     status, lines = await pending
+    assert waited == [True]
     assert status == 200 and lines[-1]["finish_reason"] == "stop"
