@@ -12,14 +12,14 @@ Exit status: 0 usable for a hinted fleet; 3 SGLang present but it cannot take ``
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import click
 
+from kvretention.api.probe_report import ProbeReport, render_report
 from kvretention.dataplane.worker.dialect import Dialect, detect_dialect
 from kvretention.dataplane.worker.sglang_source import (
     async_generate_params,
@@ -29,12 +29,9 @@ from kvretention.dataplane.worker.sglang_source import (
     read_version,
 )
 
-SCHEMA: Final = 1
 EXIT_USABLE: Final = 0
 EXIT_NO_HINTS: Final = 3
 EXIT_NO_SGLANG: Final = 4
-TERMINATION_LOG_LIMIT: Final = 4096
-"""Kubernetes keeps at most 4 KiB of a termination message."""
 MOONCAKE_IMPORT: Final = "from mooncake.store import MooncakeDistributedStore"
 MOONCAKE_TIMEOUT_S: Final = 60.0
 ERROR_CHARS: Final = 400
@@ -44,7 +41,7 @@ def build_report(
     *,
     sglang_root: Path | None,
     mooncake_error: str | None,
-) -> dict[str, Any]:
+) -> ProbeReport:
     """The report for an SGLang install (or its absence) and the Mooncake import outcome."""
     params = async_generate_params(sglang_root) if sglang_root is not None else None
     names = [p.name for p in params] if params is not None else []
@@ -53,26 +50,25 @@ def build_report(
         dialect = detect_dialect(
             names, has_versioned_decoder=has_versioned_decoder_source(sglang_root)
         )
-    return {
-        "schema": SCHEMA,
-        "sglang_installed": sglang_root is not None,
-        "sglang_version": read_version(sglang_root) if sglang_root is not None else None,
-        "kv_hints_parameter": "kv_hints" in names,
-        "dialect": str(dialect),
-        "async_generate_parameters": names,
-        "hicache_storage_backends": (
-            hicache_storage_backends(sglang_root) if sglang_root is not None else []
+    return ProbeReport(
+        sglang_installed=sglang_root is not None,
+        sglang_version=read_version(sglang_root) if sglang_root is not None else None,
+        kv_hints_parameter="kv_hints" in names,
+        dialect=str(dialect),
+        async_generate_parameters=tuple(names),
+        hicache_storage_backends=(
+            tuple(hicache_storage_backends(sglang_root)) if sglang_root is not None else ()
         ),
-        "mooncake_store_importable": mooncake_error is None,
-        "mooncake_error": mooncake_error,
-        "usable_for_hints": sglang_root is not None and dialect is not Dialect.NONE,
-    }
+        mooncake_store_importable=mooncake_error is None,
+        mooncake_error=mooncake_error,
+        usable_for_hints=sglang_root is not None and dialect is not Dialect.NONE,
+    )
 
 
-def exit_code_of(report: dict[str, Any]) -> int:
-    if not report["sglang_installed"]:
+def exit_code_of(report: ProbeReport) -> int:
+    if not report.sglang_installed:
         return EXIT_NO_SGLANG
-    return EXIT_USABLE if report["usable_for_hints"] else EXIT_NO_HINTS
+    return EXIT_USABLE if report.usable_for_hints else EXIT_NO_HINTS
 
 
 def check_mooncake(
@@ -94,15 +90,6 @@ def check_mooncake(
     lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
     reason = lines[-1] if lines else f"exit status {done.returncode}"
     return reason[:ERROR_CHARS]
-
-
-def render_report(report: dict[str, Any]) -> str:
-    """Compact JSON that fits a termination message (long parameter lists are dropped first)."""
-    text = json.dumps(report, separators=(",", ":"), sort_keys=True)
-    if len(text.encode()) > TERMINATION_LOG_LIMIT:
-        report = {**report, "async_generate_parameters": None}
-        text = json.dumps(report, separators=(",", ":"), sort_keys=True)
-    return text
 
 
 @click.command("probe")

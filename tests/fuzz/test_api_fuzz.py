@@ -41,8 +41,8 @@ from kvretention.controller.resources.common import LABEL_MANAGED_BY
 from kvretention.controller.status import (
     Fleet,
     Observed,
+    PodReport,
     ProbeFailure,
-    ProbeReport,
     compute_status,
     parse_probe_report,
 )
@@ -352,7 +352,7 @@ def test_probe_reports_never_crash_status(messages: list[Any]) -> None:
     pods = [_pod(f"w-{i}", m) for i, m in enumerate(messages)]
     for pod in pods:
         report = parse_probe_report(pod)
-        assert report is None or isinstance(report, ProbeReport | ProbeFailure)
+        assert report is None or isinstance(report, PodReport | ProbeFailure)
     status = compute_status(FLEET, Observed(worker_pods=pods), previous=None, now=T0)
     KvRetentionDeploymentStatus.model_validate(status, strict=False)
     engine = status.get("engine")
@@ -551,5 +551,6 @@ def test_regression_bad_probe_reports_are_probe_failures(message: str, error: st
 
 def test_a_good_report_still_parses() -> None:
     report = parse_probe_report(_pod("w-0", json.dumps(GOOD_REPORT)))
-    assert isinstance(report, ProbeReport)
-    assert report.storage_backends == ("file", "mooncake") and report.kv_hints_parameter
+    assert isinstance(report, PodReport)
+    assert report.report.hicache_storage_backends == ("file", "mooncake")
+    assert report.report.kv_hints_parameter

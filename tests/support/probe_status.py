@@ -17,6 +17,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kvretention.api.probe_report import ProbeReport, render_report
 from kvretention.controller.status import COMPONENT_LABEL, PROBE_CONTAINER, WORKER_COMPONENTS
 
 INSTANCE = "app.kubernetes.io/instance"
@@ -27,9 +28,12 @@ def worker_selector(name: str) -> str:
     return f"{INSTANCE}={name},{COMPONENT_LABEL} in ({','.join(WORKER_COMPONENTS)})"
 
 
-def report_message(report: Mapping[str, Any]) -> str:
-    """The termination message the probe writes: its report as one JSON document."""
-    return json.dumps(dict(report), sort_keys=True, separators=(",", ":"))
+def report_message(report: ProbeReport | Mapping[str, Any]) -> str:
+    """The termination message the probe writes: its report rendered as the probe renders it (a
+    mapping is read as the report's JSON, so it must be a valid report)."""
+    if not isinstance(report, ProbeReport):
+        report = ProbeReport.model_validate(report)
+    return render_report(report)
 
 
 def pod_is_ready(pod: Mapping[str, Any]) -> bool:

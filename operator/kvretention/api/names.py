@@ -1,10 +1,10 @@
 """The names the operator, the objects it writes and its tests agree on: label keys, the field
-manager, the condition types, the probe container and the operator's annotations. Defined here
-once; every other module imports them."""
+manager, the condition types, the probe container, the operator's annotations and the worker roles.
+Defined here once; every other module, the data plane's included, imports them."""
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, Literal
 
 APP_NAME: Final = "kvretention"
 LABEL_NAME: Final = "app.kubernetes.io/name"
@@ -19,6 +19,10 @@ the value of ``app.kubernetes.io/managed-by`` on every child)."""
 MANIFEST_HASH_ANNOTATION: Final = "kvretention.io/manifest-hash"
 """On every child the operator applies: the hash of the manifest it applied, so a restarted
 operator can tell a child it already wrote from one it must check with a dry run."""
+
+Role = Literal["aggregated", "prefill", "decode"]
+"""A worker's part in serving: the operator builds one pool per role, the worker runs as one and
+the router places requests by it."""
 
 PROBE_CONTAINER: Final = "probe"
 """The worker pods' init container that writes the capability report."""

@@ -11,7 +11,6 @@ status flips.
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
@@ -38,13 +37,12 @@ from kvretention.api.names import (
     WORKERS_READY,
 )
 from kvretention.api.names import LABEL_COMPONENT as COMPONENT_LABEL
+from kvretention.api.probe_report import DIALECTS, ProbeReport, ProbeReportError, parse_report
 from kvretention.controller.kvstore_metrics import KvStoreReading
 
 CondStatus = Literal["True", "False", "Unknown"]
 
 WORKER_COMPONENTS: Final = ("worker", "worker-prefill", "worker-decode")
-PROBE_SCHEMA: Final = 1
-DIALECTS: Final = frozenset({"none", "flat", "versioned"})
 
 STATUS_KEYS: Final = frozenset(
     {
@@ -432,17 +430,11 @@ def pods_of(workload: Workload, pods: Sequence[Mapping[str, Any]]) -> list[Mappi
 
 
 @dataclass(frozen=True)
-class ProbeReport:
-    """What ``kvretention probe`` found in one worker pod's image."""
+class PodReport:
+    """One worker pod's probe report (the pod is named in the conditions' messages)."""
 
     pod: str
-    sglang_version: str | None
-    kv_hints_parameter: bool
-    dialect: str
-    storage_backends: tuple[str, ...]
-    mooncake_importable: bool
-    mooncake_error: str | None
-    usable_for_hints: bool
+    report: ProbeReport
 
 
 @dataclass(frozen=True)
@@ -466,49 +458,16 @@ def _probe_message(pod: Mapping[str, Any]) -> str | None:
     return None
 
 
-def parse_probe_report(pod: Mapping[str, Any]) -> ProbeReport | ProbeFailure | None:
+def parse_probe_report(pod: Mapping[str, Any]) -> PodReport | ProbeFailure | None:
     """The probe report from a pod's ``probe`` init container termination message, if any."""
     name = str((pod.get("metadata") or {}).get("name", "?"))
     message = _probe_message(pod)
     if message is None:
         return None
     try:
-        data = json.loads(message)
-    except (ValueError, RecursionError):  # also numbers past Python's digit limit, deep nesting
-        return ProbeFailure(pod=name, error=f"not JSON: {message[:120]!r}")
-    if not isinstance(data, dict) or data.get("schema") != PROBE_SCHEMA:
-        return ProbeFailure(pod=name, error=f"unknown probe report schema in {message[:120]!r}")
-    wrong = next((key for key, ok in _REPORT_TYPES.items() if not ok(data.get(key))), None)
-    if wrong is not None:  # a wrong type would reach status and make the API server refuse it
-        return ProbeFailure(pod=name, error=f"probe report field {wrong} has the wrong type")
-    return ProbeReport(
-        pod=name,
-        sglang_version=data.get("sglang_version"),
-        kv_hints_parameter=bool(data.get("kv_hints_parameter")),
-        dialect=data.get("dialect") or "none",
-        storage_backends=tuple(data.get("hicache_storage_backends") or ()),
-        mooncake_importable=bool(data.get("mooncake_store_importable")),
-        mooncake_error=data.get("mooncake_error"),
-        usable_for_hints=bool(data.get("usable_for_hints")),
-    )
-
-
-def _optional(kind: type) -> Callable[[object], bool]:
-    return lambda value: value is None or type(value) is kind
-
-
-_REPORT_TYPES: Final[dict[str, Callable[[object], bool]]] = {
-    "sglang_version": _optional(str),
-    "kv_hints_parameter": _optional(bool),
-    "dialect": _optional(str),
-    "hicache_storage_backends": lambda v: (
-        v is None or (type(v) is list and all(type(b) is str for b in v))
-    ),
-    "mooncake_store_importable": _optional(bool),
-    "mooncake_error": _optional(str),
-    "usable_for_hints": _optional(bool),
-}
-"""Each report field's JSON type (absent or null is allowed: the field then reads as false/none)."""
+        return PodReport(pod=name, report=parse_report(message))
+    except ProbeReportError as err:
+        return ProbeFailure(pod=name, error=str(err))
 
 
 @dataclass(frozen=True)
@@ -686,36 +645,36 @@ def check_retention_budget(
     return Verdict("True", "WithinBudget", f"{held}, within the {budget:.1%} budget")
 
 
-def check_kv_hints(reports: Sequence[ProbeReport | ProbeFailure]) -> Verdict:
+def check_kv_hints(reports: Sequence[PodReport | ProbeFailure]) -> Verdict:
     """Every worker pod's engine must take kv_hints; the first pod that cannot names the reason."""
     if not reports:
         return Verdict("Unknown", "ProbePending", "no worker pod has reported its engine yet")
     for r in reports:
         if isinstance(r, ProbeFailure):
             return Verdict("False", "ProbeReportInvalid", f"pod {r.pod}: {r.error}")
-    good = [r for r in reports if isinstance(r, ProbeReport)]
+    good = [r for r in reports if isinstance(r, PodReport)]
     for r in good:
-        if not r.kv_hints_parameter or r.dialect == "none":
+        if not r.report.kv_hints_parameter or r.report.dialect == "none":
             return Verdict(
                 "False",
                 "EngineLacksKvHints",
-                f"pod {r.pod}: sglang {r.sglang_version or '(not installed)'} has no kv_hints "
-                "parameter on Engine.async_generate",
+                f"pod {r.pod}: sglang {r.report.sglang_version or '(not installed)'} has no "
+                "kv_hints parameter on Engine.async_generate",
             )
     for r in good:
-        if not r.usable_for_hints:
+        if not r.report.usable_for_hints:
             return Verdict(
                 "False", "EngineUnusableForHints", f"pod {r.pod}: the probe reports it unusable"
             )
-    first = good[0]
+    first = good[0].report
     message = f"sglang {first.sglang_version} accepts kv_hints ({first.dialect} dialect)"
     # The probe reports Mooncake but does not require it (docs/probe.md): a worker whose HiCache
     # backend cannot load fails its own readiness. Say it here so the cause is one look away.
-    no_mooncake = next((r for r in good if not r.mooncake_importable), None)
+    no_mooncake = next((r for r in good if not r.report.mooncake_store_importable), None)
     if no_mooncake is not None:
         message += (
             f"; note: mooncake.store does not import in pod {no_mooncake.pod}: "
-            f"{no_mooncake.mooncake_error or 'unknown error'}"
+            f"{no_mooncake.report.mooncake_error or 'unknown error'}"
         )
     return Verdict("True", "EngineAcceptsKvHints", message)
 
@@ -900,20 +859,21 @@ def _scale(fleet: Fleet, observed: Observed) -> tuple[int, str] | None:
     return int((live.get("status") or {}).get("replicas") or 0), selector
 
 
-def _engine(reports: Sequence[ProbeReport | ProbeFailure]) -> EngineStatus | None:
+def _engine(reports: Sequence[PodReport | ProbeFailure]) -> EngineStatus | None:
     for r in reports:
-        if isinstance(r, ProbeReport):
+        if isinstance(r, PodReport):
+            report = r.report
             return EngineStatus(
-                sglang_version=r.sglang_version or "",
-                dialect=r.dialect if r.dialect in DIALECTS else "none",
-                kv_hints_parameter=r.kv_hints_parameter,
-                storage_backends=list(r.storage_backends),
-                mooncake_importable=r.mooncake_importable,
+                sglang_version=report.sglang_version or "",
+                dialect=report.dialect if report.dialect in DIALECTS else "none",
+                kv_hints_parameter=report.kv_hints_parameter,
+                storage_backends=list(report.hicache_storage_backends),
+                mooncake_importable=report.mooncake_store_importable,
             )
     return None
 
 
-def worker_reports(pods: Sequence[Mapping[str, Any]]) -> list[ProbeReport | ProbeFailure]:
+def worker_reports(pods: Sequence[Mapping[str, Any]]) -> list[PodReport | ProbeFailure]:
     """Probe reports of live worker pods, in pod-name order (deterministic)."""
     out = []
     for pod in sorted(pods, key=lambda p: str((p.get("metadata") or {}).get("name", ""))):

@@ -41,8 +41,6 @@ body (Codex sends ``session_id``; Claude Code ``metadata.user_id``, some setups
 HEADER_PREFIX: Final = "x-kvr-prefix"
 """Frontend -> router: the prompt's prefix-hash chain for cache-aware placement (no body parse)."""
 
-Role = Literal["aggregated", "prefill", "decode"]
-
 
 class ErrorCode(StrEnum):
     """Typed failures that cross process boundaries; the frontend maps each to a provider error."""

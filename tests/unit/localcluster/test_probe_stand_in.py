@@ -7,12 +7,13 @@ container's exit-0 termination message holding the report ``kvretention probe`` 
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
 
-from kvretention.controller.status import ProbeReport, parse_probe_report
-from kvretention.probe import render_report
+from kvretention.api.probe_report import ProbeReport, render_report
+from kvretention.controller.status import PodReport, parse_probe_report
 from support.probe_status import probe_message, probe_status_patch, report_message
 
 NOW = "2026-01-01T00:00:00Z"
@@ -22,6 +23,7 @@ REPORT: dict[str, Any] = {
     "sglang_version": "0.5.23",
     "kv_hints_parameter": True,
     "dialect": "versioned",
+    "async_generate_parameters": ["prompt", "kv_hints"],
     "hicache_storage_backends": ["file", "mooncake"],
     "mooncake_store_importable": False,
     "mooncake_error": "ImportError: libcuda.so.1",
@@ -55,7 +57,9 @@ def merged(p: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_the_message_is_what_the_probe_prints() -> None:
-    assert report_message(REPORT) == render_report(REPORT)
+    printed = render_report(ProbeReport.model_validate(REPORT))
+    assert report_message(REPORT) == printed
+    assert printed == json.dumps(REPORT, sort_keys=True, separators=(",", ":"))
 
 
 def test_the_patched_pod_reads_back_as_the_report() -> None:
@@ -66,14 +70,16 @@ def test_the_patched_pod_reads_back_as_the_report() -> None:
     assert status["name"] == "probe"
     assert status["image"] == "kvr/worker:1"
     assert status["state"]["terminated"]["exitCode"] == 0
-    report = parse_probe_report(merged(POD, patch))
-    assert isinstance(report, ProbeReport)
+    parsed = parse_probe_report(merged(POD, patch))
+    assert isinstance(parsed, PodReport)
+    assert parsed.pod == "qwen-worker-0"
+    report = parsed.report
     assert (report.sglang_version, report.dialect, report.usable_for_hints) == (
         "0.5.23",
         "versioned",
         True,
     )
-    assert report.mooncake_importable is False
+    assert report.mooncake_store_importable is False
     assert report.mooncake_error == "ImportError: libcuda.so.1"
 
 

@@ -18,6 +18,7 @@ from kvretention.api.models import (
     ResourceRequirements,
     is_extended_resource,
 )
+from kvretention.api.names import Role
 from kvretention.controller.resources.common import (
     CONFIG_HASH_ANNOTATION,
     LABEL_COMPONENT,
@@ -31,7 +32,7 @@ from kvretention.controller.resources.mooncake import (
     CONFIG_PATH_ENV,
     LOCAL_HOSTNAME_ENV,
 )
-from kvretention.controller.resources.sglang_args import MANAGED_FLAGS, Role, pool_for
+from kvretention.controller.resources.sglang_args import MANAGED_FLAGS, pool_for
 from kvretention.controller.resources.sglang_cli import (
     SglangArgsError,
     dest_of,

@@ -11,11 +11,10 @@ prefill side, and SGLang keeps decode's radix cache off by default.
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import Final
 
 from kvretention.api.models import KvRetentionDeploymentSpec, WorkerPoolSpec
-
-Role = Literal["aggregated", "prefill", "decode"]
+from kvretention.api.names import Role
 
 MANAGED_FLAGS: Final = frozenset(
     {

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from kvretention.api.models import KvRetentionDeployment
-from kvretention.api.names import PROBE_CONTAINER
+from kvretention.api.names import PROBE_CONTAINER, Role
 from kvretention.controller.resources.common import (
     CLI,
     COMPONENT_DECODE,
@@ -39,7 +39,7 @@ from kvretention.controller.resources.mooncake import (
     config_hash,
     uses_mooncake,
 )
-from kvretention.controller.resources.sglang_args import Role, build_sglang_args, pool_for
+from kvretention.controller.resources.sglang_args import build_sglang_args, pool_for
 
 PRESTOP_SECONDS: Final = 10
 """A stopping worker keeps serving this long before its SIGTERM: the router's DNS discovery (every

@@ -11,10 +11,10 @@ import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from kvretention.dataplane.protocol import Role
+from kvretention.api.names import Role
 
 PoolRole = Role
-"""The pool a worker serves: the worker's own role (one definition, in the protocol)."""
+"""The pool a worker serves: the worker's own role (one definition, in ``kvretention.api.names``)."""
 
 
 class DiscoveryError(ValueError):

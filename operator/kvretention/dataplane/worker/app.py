@@ -33,6 +33,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import ValidationError
 
+from kvretention.api.names import Role
 from kvretention.dataplane.breakpoints import MarkerMismatch, Resolution
 from kvretention.dataplane.chat_template import TemplateInputError
 from kvretention.dataplane.http import Readiness, add_metrics, add_probes
@@ -49,7 +50,6 @@ from kvretention.dataplane.protocol import (
     ErrorLine,
     GenerateChunk,
     PreprocessedRequest,
-    Role,
     Usage,
 )
 from kvretention.dataplane.trace import RequestTrace

@@ -21,8 +21,8 @@ from typing import cast
 
 import click
 
+from kvretention.api.names import Role
 from kvretention.dataplane.http import serve_until_signal
-from kvretention.dataplane.protocol import Role
 from kvretention.dataplane.trace import trace_from_env
 from kvretention.dataplane.worker.app import WorkerState, build_app, drain
 from kvretention.dataplane.worker.engine import (

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from kvretention.dataplane.protocol import Role
+from kvretention.api.names import Role
 from kvretention.dataplane.worker.dialect import (
     VERSIONED_DECODER,
     VERSIONED_MODULE,

@@ -1,0 +1,108 @@
+"""The probe report (``docs/probe.md``, schema 1): what ``kvretention probe`` writes and the operator
+reads back from the worker pods' ``probe`` init container termination message.
+
+It lives in ``api/`` beside the CRD's models because it is a contract between two programs, not a
+part of either: the probe (which reads SGLang's source through the data plane's worker code) and
+the operator (which must not import that code) both import it from here, and it imports nothing
+but pydantic.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+
+SCHEMA: Final = 1
+TERMINATION_LOG_LIMIT: Final = 4096
+"""Kubernetes keeps at most 4 KiB of a termination message."""
+DIALECTS: Final = frozenset({"none", "flat", "versioned"})
+"""The dialects a probe names (``kvretention.dataplane.worker.dialect.Dialect``)."""
+_QUOTED_CHARS: Final = 120
+"""How much of an unreadable message an error quotes."""
+
+
+class ProbeReportError(ValueError):
+    """A termination message that is not a schema-1 report (the text says why)."""
+
+
+class ProbeReport(BaseModel):
+    """One image's SGLang and Mooncake as the probe found them.
+
+    Types are checked as JSON types, with no coercion (``"false"`` is no bool, ``1`` no string): a
+    wrong type would otherwise reach the CR's status and make the API server refuse the write.
+    A field that is absent or null reads as false, none or empty.
+    """
+
+    model_config = ConfigDict(frozen=True, strict=True, extra="ignore")
+
+    schema_version: int = Field(default=SCHEMA, alias="schema", strict=False)
+    """:func:`parse_report` checks it before the model sees the rest, so another schema is named as
+    such and not as a field of the wrong type."""
+    sglang_installed: bool = False
+    sglang_version: str | None = None
+    kv_hints_parameter: bool = False
+    dialect: str = "none"
+    """One of :data:`DIALECTS` from a probe; any other string reads as an unknown dialect."""
+    async_generate_parameters: tuple[StrictStr, ...] | None = Field(default=None, strict=False)
+    """None only when dropped to fit the termination message."""
+    hicache_storage_backends: tuple[StrictStr, ...] = Field(default=(), strict=False)
+    mooncake_store_importable: bool = False
+    mooncake_error: str | None = None
+    usable_for_hints: bool = False
+
+    @field_validator(
+        "sglang_installed",
+        "kv_hints_parameter",
+        "dialect",
+        "hicache_storage_backends",
+        "mooncake_store_importable",
+        "usable_for_hints",
+        mode="before",
+    )
+    @classmethod
+    def _null_reads_as_default(cls, value: object, info: ValidationInfo) -> object:
+        if value is None or (info.field_name == "dialect" and value == ""):
+            return cls.model_fields[str(info.field_name)].default
+        return value
+
+
+def _compact(report: ProbeReport, **changes: Any) -> str:
+    wire = {**report.model_dump(mode="json", by_alias=True), **changes}
+    return json.dumps(wire, separators=(",", ":"), sort_keys=True)
+
+
+def render_report(report: ProbeReport) -> str:
+    """One line of compact JSON, keys sorted, that fits a termination message (the parameter list,
+    the one long field, is dropped first)."""
+    text = _compact(report)
+    if len(text.encode()) > TERMINATION_LOG_LIMIT:
+        text = _compact(report, async_generate_parameters=None)
+    return text
+
+
+def parse_report(message: str) -> ProbeReport:
+    """The report in a termination message; :class:`ProbeReportError` says why there is none.
+
+    Raises nothing else, whatever the text (the fuzz tier checks it).
+    """
+    try:
+        data = json.loads(message)
+    except (ValueError, RecursionError) as err:  # also numbers past Python's digit limit
+        raise ProbeReportError(f"not JSON: {message[:_QUOTED_CHARS]!r}") from err
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise ProbeReportError(f"unknown probe report schema in {message[:_QUOTED_CHARS]!r}")
+    try:
+        return ProbeReport.model_validate(data)
+    except ValidationError as err:
+        field = next((str(e["loc"][0]) for e in err.errors() if e["loc"]), "?")
+        raise ProbeReportError(f"probe report field {field} has the wrong type") from err

@@ -1,0 +1,95 @@
+"""The probe report as the operator reads it: JSON types without coercion, one error per message,
+absent or null fields as false or none (``kvretention.api.probe_report``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from kvretention.api.probe_report import ProbeReport, ProbeReportError, parse_report, render_report
+
+GOOD: dict[str, Any] = {
+    "schema": 1,
+    "sglang_installed": True,
+    "sglang_version": "0.5.23",
+    "kv_hints_parameter": True,
+    "dialect": "versioned",
+    "async_generate_parameters": ["prompt", "kv_hints"],
+    "hicache_storage_backends": ["file", "mooncake"],
+    "mooncake_store_importable": True,
+    "mooncake_error": None,
+    "usable_for_hints": True,
+}
+EMPTY = ProbeReport()
+
+
+@pytest.mark.parametrize(
+    ("message", "error"),
+    [
+        ("{not json", "not JSON: '{not json'"),
+        ("[" * 100_000 + "]" * 100_000, "not JSON: "),
+        ('{"schema": 1, "sglang_version": ' + "9" * 5000 + "}", "not JSON: "),
+        ("[1, 2]", "unknown probe report schema in '[1, 2]'"),
+        ('"text"', "unknown probe report schema in "),
+        (json.dumps({**GOOD, "schema": 2}), "unknown probe report schema in "),
+        (json.dumps({**GOOD, "schema": "1"}), "unknown probe report schema in "),
+        (json.dumps({k: v for k, v in GOOD.items() if k != "schema"}), "unknown probe report"),
+        (json.dumps({**GOOD, "sglang_installed": "yes"}), "field sglang_installed has"),
+        (json.dumps({**GOOD, "sglang_version": 9}), "field sglang_version has"),
+        (json.dumps({**GOOD, "kv_hints_parameter": "false"}), "field kv_hints_parameter has"),
+        (json.dumps({**GOOD, "kv_hints_parameter": 1}), "field kv_hints_parameter has"),
+        (json.dumps({**GOOD, "dialect": 0}), "field dialect has"),
+        (json.dumps({**GOOD, "async_generate_parameters": "prompt"}), "async_generate_parameters"),
+        (json.dumps({**GOOD, "hicache_storage_backends": 5}), "field hicache_storage_backends"),
+        (json.dumps({**GOOD, "hicache_storage_backends": "mooncake"}), "hicache_storage_backends"),
+        (json.dumps({**GOOD, "hicache_storage_backends": [1]}), "hicache_storage_backends has"),
+        (json.dumps({**GOOD, "hicache_storage_backends": {}}), "hicache_storage_backends has"),
+        (json.dumps({**GOOD, "mooncake_store_importable": 0}), "mooncake_store_importable has"),
+        (json.dumps({**GOOD, "mooncake_error": ["x"]}), "field mooncake_error has"),
+        (json.dumps({**GOOD, "usable_for_hints": "true"}), "field usable_for_hints has"),
+        (  # the first wrong field in the schema's order is named
+            json.dumps({**GOOD, "usable_for_hints": 1, "sglang_version": 1}),
+            "probe report field sglang_version has the wrong type",
+        ),
+    ],
+)
+def test_what_is_not_a_report_says_why(message: str, error: str) -> None:
+    with pytest.raises(ProbeReportError) as caught:
+        parse_report(message)
+    assert error in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("wire", "expected"),
+    [
+        ({"schema": 1}, EMPTY),
+        ({key: None for key in GOOD} | {"schema": 1}, EMPTY),
+        ({"schema": 1, "dialect": ""}, EMPTY),
+        ({**GOOD, "extra": [1, {"x": None}]}, ProbeReport.model_validate(GOOD)),
+        (
+            {"schema": 1, "hicache_storage_backends": ["file"], "mooncake_error": "no libcuda"},
+            ProbeReport(hicache_storage_backends=("file",), mooncake_error="no libcuda"),
+        ),
+    ],
+    ids=["absent", "null", "empty-dialect", "extra-keys", "some"],
+)
+def test_absent_or_null_fields_read_as_false_or_none(
+    wire: dict[str, Any], expected: ProbeReport
+) -> None:
+    assert parse_report(json.dumps(wire)) == expected
+
+
+def test_an_empty_report_reads_as_nothing_installed() -> None:
+    assert (EMPTY.sglang_installed, EMPTY.sglang_version, EMPTY.dialect) == (False, None, "none")
+    assert (EMPTY.hicache_storage_backends, EMPTY.async_generate_parameters) == ((), None)
+    assert not (EMPTY.kv_hints_parameter or EMPTY.mooncake_store_importable)
+    assert not EMPTY.usable_for_hints
+
+
+def test_a_rendered_report_reads_back_as_itself() -> None:
+    report = ProbeReport.model_validate(GOOD)
+    text = render_report(report)
+    assert text == json.dumps(GOOD, sort_keys=True, separators=(",", ":"))
+    assert parse_report(text) == report
