@@ -168,10 +168,15 @@ def reading_from_status(status: Mapping[str, Any] | None) -> KvStoreReading | No
 
 
 def keep_unchanged(previous: KvStoreReading | None, current: KvStoreReading) -> KvStoreReading:
-    """``current``, stamped with ``previous``'s time when it says the same thing: ``observedAt`` is
-    when the master first reported these numbers, so a pool at rest leaves status a fixed point
-    (no status write per read)."""
-    if previous is not None and (previous.usage, previous.error) == (current.usage, current.error):
+    """``previous`` when ``current`` says the same thing, else ``current``: ``observedAt`` is when
+    the master first reported these numbers, so a pool at rest leaves status a fixed point (no
+    status write per read).
+
+    An unreadable master is one state whatever the error: one that does not answer flips between
+    "Name or service not known" and "no answer within 2s", and each flip would be a status write.
+    The condition keeps naming the error that made the master unreadable first.
+    """
+    if previous is not None and previous.usage == current.usage:  # both None: unreadable twice
         return previous
     return current
 

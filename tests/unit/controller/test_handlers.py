@@ -467,6 +467,38 @@ async def test_reads_are_rate_limited_and_an_unchanged_pool_writes_no_status(
     )
 
 
+async def test_a_master_that_stays_unreadable_writes_status_once_whatever_the_error(
+    fake: FakeKube,
+) -> None:
+    body = load_example("disaggregated")
+    name = body["metadata"]["name"]
+    fake.put(CR_KIND, body)
+    now = [NOW]
+    url = f"http://{name}-mooncake.ns.svc:9003/metrics"
+    master = FakeMaster(KvStoreReading("t0", error=f"{url}: [Errno -2] Name or service not known"))
+    c = Controller(fake, clock=lambda: now[0], read_kvstore=master)  # type: ignore[arg-type]
+    await c.reconcile(("ns", name))
+    first = copy.deepcopy(fake.cr(name)["status"])
+    writes = len(fake.writes)
+    for i, error in enumerate(["no answer within 2s", "Connection refused", "no answer within 2s"]):
+        master.reading = KvStoreReading(f"t{i + 1}", error=f"{url}: {error}")
+        now[0] += dt.timedelta(seconds=31)  # due: read again, the error text differs
+        await c.reconcile(("ns", name))
+    assert len(master.urls) == 4
+    assert len(fake.writes) == writes
+    assert fake.cr(name)["status"] == first
+    budget = next(x for x in first["conditions"] if x["type"] == "RetentionBudget")
+    assert (budget["status"], budget["reason"]) == ("Unknown", "MetricsUnavailable")
+    assert budget["message"] == f"{url}: [Errno -2] Name or service not known"
+    master.reading = KvStoreReading("t9", usage=KvStoreUsage(100, 80, 8, 1, 3, 30, 1))
+    now[0] += dt.timedelta(seconds=31)  # readable again: a new state, written
+    await c.reconcile(("ns", name))
+    status = fake.cr(name)["status"]
+    assert status["kvStore"]["observedAt"] == "t9"
+    budget = next(x for x in status["conditions"] if x["type"] == "RetentionBudget")
+    assert (budget["status"], budget["reason"]) == ("True", "WithinBudget")
+
+
 @pytest.mark.parametrize(
     "metadata",
     [

@@ -194,12 +194,22 @@ EARLIER = "2026-12-01T11:00:00Z"
             KvStoreReading(EARLIER, error="down"),
         ),
         (
+            KvStoreReading(EARLIER, error="down: Name or service not known"),
+            KvStoreReading(STAMP, error="down: no answer within 2s"),
+            KvStoreReading(EARLIER, error="down: Name or service not known"),
+        ),
+        (
             KvStoreReading(EARLIER, error="down"),
             KvStoreReading(STAMP, usage=usage()),
             KvStoreReading(STAMP, usage=usage()),
         ),
+        (
+            KvStoreReading(EARLIER, usage=usage()),
+            KvStoreReading(STAMP, error="down"),
+            KvStoreReading(STAMP, error="down"),
+        ),
     ],
-    ids=["first", "same-numbers", "new-numbers", "same-error", "recovered"],
+    ids=["first", "same-numbers", "new-numbers", "same-error", "other-error", "recovered", "lost"],
 )
 def test_an_unchanged_reading_keeps_its_time(
     previous: KvStoreReading | None, current: KvStoreReading, expected: KvStoreReading
