@@ -918,7 +918,11 @@ RESPONSES_REFUSALS = [
         "input[0].type",
         "unsupported_parameter",
     ),
-    ({"tools": [{"type": "web_search"}]}, "tools[0].type", "unsupported_parameter"),
+    (
+        {"tools": [{"type": "file_search", "vector_store_ids": ["vs_1"]}]},
+        "tools[0].type",
+        "unsupported_parameter",
+    ),
     ({"tool_choice": "required"}, "tool_choice", "invalid_value"),
     ({"previous_response_id": "resp_1"}, "previous_response_id", "unsupported_parameter"),
     (

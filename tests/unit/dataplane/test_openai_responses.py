@@ -192,9 +192,28 @@ REFUSALS = [
     ({"bogus": 1}, "bogus", "unknown_parameter"),
     ({"include": "reasoning.encrypted_content"}, "include", "invalid_type"),
     ({"store": "no"}, "store", "invalid_type"),
-    ({"tools": [{"type": "web_search"}]}, "tools[0].type", "unsupported_parameter"),
+    (
+        {"tools": [{"type": "file_search", "vector_store_ids": ["vs_1"]}]},
+        "tools[0].type",
+        "unsupported_parameter",
+    ),
     ({"tools": [{"type": "local_shell"}]}, "tools[0].type", "unsupported_parameter"),
-    ({"tools": [{**SHELL, "defer_loading": True}]}, "tools[0].defer_loading", "unknown_parameter"),
+    (
+        {"tools": [{**SHELL, "defer_loading": True}]},
+        "tools[0].defer_loading",
+        "unsupported_parameter",
+    ),
+    (
+        {"tools": [{**SHELL, "allowed_callers": ["programmatic"]}]},
+        "tools[0].allowed_callers",
+        "unsupported_parameter",
+    ),
+    ({"tools": [{"type": "web_search", "bogus": 1}]}, "tools[0].bogus", "unknown_parameter"),
+    (
+        {"tools": [{"type": "web_search"}], "tool_choice": {"type": "web_search"}},
+        "tool_choice.type",
+        "unsupported_parameter",
+    ),
     ({"tools": [SHELL, SHELL]}, "tools[1].name", "invalid_value"),
     ({"tools": [{"type": "function"}]}, "tools[0].name", "missing_required_parameter"),
     (
@@ -272,6 +291,12 @@ REFUSALS = [
     ),
     ({"input": [_call(arguments=None)]}, "input[0].arguments", "invalid_type"),
     ({"input": [_call(namespace="ns")]}, "input[0].namespace", "unknown_parameter"),
+    (
+        {"input": [_call(caller={"type": "program", "caller_id": "p1"})]},
+        "input[0].caller.type",
+        "unsupported_parameter",
+    ),
+    ({"input": [_call(end_turn=True)]}, "input[0].end_turn", "unknown_parameter"),
     (
         {"input": [{"type": "reasoning", "summary": [{"type": "text", "text": "x"}]}]},
         "input[0].summary[0].type",

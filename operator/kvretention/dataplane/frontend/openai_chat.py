@@ -107,7 +107,7 @@ _ROLE_KEYS: Final[Mapping[str, frozenset[str]]] = {
     "developer": frozenset({"role", "content", "name"}),
     "user": frozenset({"role", "content", "name"}),
     "assistant": frozenset(
-        {"role", "content", "name", "tool_calls", "refusal", "reasoning_content"}
+        {"role", "content", "name", "tool_calls", "refusal", "reasoning_content", "reasoning"}
         | {"audio", "function_call"}
     ),
     "tool": frozenset({"role", "content", "tool_call_id", "name"}),
@@ -120,7 +120,9 @@ _PART_KEYS: Final[Mapping[str, frozenset[str]]] = {
 _PARTS_BY_ROLE: Final[Mapping[str, tuple[str, ...]]] = {
     "user": ("text", "image_url"),
     "assistant": ("text", "refusal"),
+    "tool": ("text", "image_url"),
 }
+"""Tool results may hold images: Codex's chat wire sends a screenshot tool's output that way."""
 _TOOL_CHOICES: Final = ("none", "auto", "required")
 
 
@@ -242,7 +244,10 @@ def _assistant(
     refusal = opt_str(msg, "refusal", where=where)
     if refusal and not content:
         content = refusal  # the model's own words: replayed as its text
+    # ``reasoning`` is the same replay under the name Codex's chat wire (and vLLM) use
     reasoning = opt_str(msg, "reasoning_content", where=where)
+    alias = opt_str(msg, "reasoning", where=where)
+    reasoning = reasoning or alias
     tool_calls = _history_calls(msg.get("tool_calls"), where=f"{where}.tool_calls")
     calls.update((c.id, c.name) for c in tool_calls)
     return ChatMessage(

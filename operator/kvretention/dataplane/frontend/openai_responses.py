@@ -19,6 +19,7 @@ from kvretention.dataplane.frontend.common import (
     marks_of,
 )
 from kvretention.dataplane.frontend.openai_shared import (
+    RESPONSES_IMAGE_DETAILS,
     F,
     enum,
     image,
@@ -114,13 +115,34 @@ _PART_KEYS: Final[Mapping[str, tuple[str, ...]]] = {
     "input_image": ("type", "image_url", "file_id", "detail", "prompt_cache_breakpoint"),
 }
 _ITEM_KEYS: Final[Mapping[str, tuple[str, ...]]] = {
-    "message": ("type", "role", "content", "id", "status", "phase"),
+    "message": ("type", "role", "content", "id", "status", "phase", "end_turn"),
     "reasoning": ("type", "id", "summary", "content", "encrypted_content", "status"),
-    "function_call": ("type", "id", "call_id", "name", "arguments", "status"),
-    "custom_tool_call": ("type", "id", "call_id", "name", "input", "status"),
-    "function_call_output": ("type", "id", "call_id", "output", "status"),
-    "custom_tool_call_output": ("type", "id", "call_id", "output", "status", "name"),
+    "function_call": ("type", "id", "call_id", "name", "arguments", "status", "caller"),
+    "custom_tool_call": ("type", "id", "call_id", "name", "input", "status", "caller"),
+    "function_call_output": ("type", "id", "call_id", "output", "status", "name", "caller"),
+    "custom_tool_call_output": ("type", "id", "call_id", "output", "status", "name", "caller"),
 }
+HOSTED_SEARCH: Final = frozenset(
+    {"web_search", "web_search_2025_08_26", "web_search_preview", "web_search_preview_2025_03_11"}
+)
+"""OpenAI's hosted web search. Codex adds it to every turn by default (``web_search = "cached"``),
+also for custom providers; it is accepted and not offered to the model (nothing here can search),
+so the model answers from what it has, as with ``web_search = "disabled"``."""
+_SEARCH_KEYS: Final = (
+    "type",
+    "external_web_access",
+    "indexed_web_access",
+    "filters",
+    "search_context_size",
+    "search_content_types",
+    "user_location",
+)
+_TOOL_KEYS: Final[Mapping[str, tuple[str, ...]]] = {
+    "function": ("type", "name", "description", "parameters", "strict"),
+    "custom": ("type", "name", "description", "format"),
+}
+_TOOL_NO_OPS: Final = ("allowed_callers", "defer_loading", "output_schema")
+"""SDK tool fields that change nothing here when set to what happens anyway (see ``_tool_no_ops``)."""
 _TOOL_CHOICES: Final = ("none", "auto", "required")
 
 
@@ -264,6 +286,7 @@ class _Conversation:
                 f"input items of type {kind!r} are not supported (supported: {supported}).",
             )
         only_keys(item, where=where, allowed=_ITEM_KEYS[kind])
+        _caller(item, where=where)
         if kind == "message":
             self._message(item, where=where)
         elif kind == "reasoning":
@@ -283,8 +306,10 @@ class _Conversation:
         if not isinstance(role, str) or role not in _ROLES:
             supported = ", ".join(f"'{r}'" for r in _ROLES)
             raise F.invalid_value(f"{where}.role", f"{role!r}. Supported values are: {supported}.")
-        # ``phase`` (commentary / final_answer) labels an output message; templates do not show it
+        # ``phase`` (commentary / final_answer) labels an output message and ``end_turn`` says the
+        # turn ended there (Codex replays both); templates show neither
         enum(item, "phase", where=where, values=("commentary", "final_answer"))
+        F.opt_bool(item, "end_turn", param=f"{where}.end_turn")
         content = _content(
             item.get("content"), where=f"{where}.content", images=role == "user", marks=self.marks
         )
@@ -386,6 +411,7 @@ def _content(content: object, *, where: str, images: bool, marks: Marks) -> str 
                 detail=part.get("detail"),
                 where=param,
                 url_param=f"{param}.image_url",
+                details=RESPONSES_IMAGE_DETAILS,
             )
             parts.append(picture.model_copy(update={"retain_ttl": marks.get(param)}))
         else:
@@ -406,10 +432,14 @@ def _tools(raw: object) -> tuple[list[dict[str, Any]], list[ToolDefinition]]:
         where = f"tools[{i}]"
         tool = obj(item, where=where)
         kind = tool.get("type")
+        if isinstance(kind, str) and kind in HOSTED_SEARCH:
+            only_keys(tool, where=where, allowed=_SEARCH_KEYS)
+            echo.append(tool)  # echoed as sent; the model is not offered it
+            continue
+        if isinstance(kind, str) and kind in _TOOL_KEYS:
+            only_keys(tool, where=where, allowed=(*_TOOL_KEYS[kind], *_TOOL_NO_OPS))
+            _tool_no_ops(tool, where=where)
         if kind == "function":
-            only_keys(
-                tool, where=where, allowed=("type", "name", "description", "parameters", "strict")
-            )
             definition = ToolDefinition(
                 name=tool_name(tool, where=where),
                 description=opt_str(tool, "description", where=where),
@@ -417,7 +447,6 @@ def _tools(raw: object) -> tuple[list[dict[str, Any]], list[ToolDefinition]]:
                 strict=opt_strict(tool, where=where),
             )
         elif kind == "custom":
-            only_keys(tool, where=where, allowed=("type", "name", "description", "format"))
             definition = ToolDefinition(
                 kind="custom",
                 name=tool_name(tool, where=where),
@@ -427,7 +456,8 @@ def _tools(raw: object) -> tuple[list[dict[str, Any]], list[ToolDefinition]]:
         else:
             raise F.unsupported(
                 f"{where}.type",
-                f"tools of type {kind!r} are not supported; use 'function' or 'custom'.",
+                f"tools of type {kind!r} are not supported; use 'function' or 'custom' "
+                "('web_search' is accepted and not offered to the model).",
             )
         if any(t.name == definition.name for t in tools):
             raise F.invalid_value(
@@ -436,6 +466,36 @@ def _tools(raw: object) -> tuple[list[dict[str, Any]], list[ToolDefinition]]:
         tools.append(definition)
         echo.append(tool)
     return echo, tools
+
+
+def _tool_no_ops(tool: Mapping[str, Any], *, where: str) -> None:
+    """``allowed_callers: ["direct"]``, ``defer_loading: false`` and an ``output_schema`` change
+    nothing here; programmatic callers and deferred tools (tool search) are not available."""
+    callers = tool.get("allowed_callers")
+    if callers is not None and callers != ["direct"]:
+        raise F.unsupported(
+            f"{where}.allowed_callers", "only direct tool calls are supported (['direct'])."
+        )
+    if F.opt_bool(tool, "defer_loading", param=f"{where}.defer_loading"):
+        raise F.unsupported(
+            f"{where}.defer_loading", "deferred tools need tool search, which is not supported."
+        )
+    schema = tool.get("output_schema")
+    if schema is not None:
+        obj(schema, where=f"{where}.output_schema")
+
+
+def _caller(item: Mapping[str, Any], *, where: str) -> None:
+    """A replayed call's ``caller``: ``direct`` is how every call here is made; programs are not."""
+    caller = item.get("caller")
+    if caller is None:
+        return
+    spec = obj(caller, where=f"{where}.caller")
+    if spec.get("type") != "direct":
+        raise F.unsupported(
+            f"{where}.caller.type", "only direct tool calls are supported ('direct')."
+        )
+    only_keys(spec, where=f"{where}.caller", allowed=("type",))
 
 
 def _grammar(raw: object, *, where: str) -> ToolGrammar | None:

@@ -24,7 +24,10 @@ from kvretention.hints.errors import ClientError, ClientErrorCode
 F: Final = Fields(anthropic=False)
 MAX_STOP: Final = 4
 TOOL_NAME: Final = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
-_IMAGE_DETAILS: Final = ("auto", "low", "high")
+CHAT_IMAGE_DETAILS: Final = ("auto", "low", "high")
+RESPONSES_IMAGE_DETAILS: Final = (*CHAT_IMAGE_DETAILS, "original")
+"""Responses images also take ``original`` (no downscaling), which Codex sends for screenshots; the
+neutral part records it as ``high``, the most detail it names."""
 _EFFORTS: Final = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 
 Effort = Literal["minimal", "low", "medium", "high"]
@@ -167,7 +170,14 @@ def reasoning_effort(value: object, *, param: str) -> ReasoningControl | None:
     return ReasoningControl(enabled=True, effort=_EFFORT_MAP[value])
 
 
-def image(url: object, *, detail: object, where: str, url_param: str) -> ImagePart:
+def image(
+    url: object,
+    *,
+    detail: object,
+    where: str,
+    url_param: str,
+    details: tuple[str, ...] = CHAT_IMAGE_DETAILS,
+) -> ImagePart:
     """A ``data:image/...;base64,`` URL or an ``http(s)`` URL; the worker fetches or decodes it."""
     if not isinstance(url, str):
         raise F.invalid_type(url_param, url, expected="a string")
@@ -182,10 +192,10 @@ def image(url: object, *, detail: object, where: str, url_param: str) -> ImagePa
             raise F.invalid_value(url_param, "the data URL holds no image data.")
     elif not lowered.startswith(("http://", "https://")):
         raise F.invalid_value(url_param, "expected an http(s) URL or a base64 data URL.")
-    if detail is not None and detail not in _IMAGE_DETAILS:
-        supported = ", ".join(f"'{d}'" for d in _IMAGE_DETAILS)
+    if detail is not None and detail not in details:
+        supported = ", ".join(f"'{d}'" for d in details)
         raise F.invalid_value(f"{where}.detail", f"{detail!r}. Supported values are: {supported}.")
-    return ImagePart(url=url, detail=detail)
+    return ImagePart(url=url, detail="high" if detail == "original" else detail)
 
 
 def json_schema_format(raw: Mapping[str, Any], *, where: str) -> ResponseFormat:

@@ -73,12 +73,19 @@ class Fields:
             raise self.invalid_type(param or key, value, expected="a string")
         return value
 
-    def opt_bool(self, body: Mapping[str, Any], key: str, *, default: bool = False) -> bool:
+    def opt_bool(
+        self,
+        body: Mapping[str, Any],
+        key: str,
+        *,
+        default: bool = False,
+        param: str | None = None,
+    ) -> bool:
         value = body.get(key)
         if value is None:
             return default
         if not isinstance(value, bool):
-            raise self.invalid_type(key, value, expected="a boolean")
+            raise self.invalid_type(param or key, value, expected="a boolean")
         return value
 
     def opt_int(
