@@ -196,6 +196,25 @@ CASES = [
         "1/3 workers ready",
     ),
     (
+        "master-restarting",
+        kvrd(
+            {
+                "observedGeneration": 2,
+                "conditions": [
+                    cond(
+                        "Ready",
+                        "False",
+                        "MasterRestarting",
+                        "the Mooncake master is restarting with a new pod template",
+                    ),
+                    cond("Progressing", "True", "RollingOut"),
+                ],
+            }
+        ),
+        "Progressing",
+        "restarting with a new pod template",
+    ),
+    (
         "crash-loop",
         kvrd(
             {

@@ -75,7 +75,12 @@ INIT_CONTAINER_FAILED: Final = "InitContainerFailed"
 CRASH_LOOP_BACK_OFF: Final = "CrashLoopBackOff"
 CONTAINER_FAILED: Final = "ContainerFailed"
 POD_FAILED: Final = "PodFailed"
+ROLLING_OUT: Final = "RollingOut"
 PODS_STARTING: Final = "PodsStarting"
+PODS_NOT_READY: Final = "PodsNotReady"
+MASTER_RESTARTING: Final = "MasterRestarting"
+"""The managed Mooncake master rolls out a new pod template: the master process restarts and
+drops what it held. Asked for by a spec change, so not a problem (a Normal Event)."""
 
 IMAGE_PULL_REASONS: Final = frozenset(
     {
@@ -148,6 +153,9 @@ class Workload:
     available: int = 0
     current_generation: bool = False
     """The Deployment controller has seen the latest spec (observedGeneration >= generation)."""
+    synced: bool = False
+    """The Deployment controller has seen some spec of it (observedGeneration > 0): a newer spec
+    replaces pods, it does not create the first ones."""
     replica_failure: str | None = None
     """``ReplicaFailure=True``: the ReplicaSet controller cannot create pods (quota, admission)."""
     deadline_exceeded: str | None = None
@@ -204,6 +212,7 @@ def observe_workload(desired: Mapping[str, Any], live: Mapping[str, Any] | None)
         return base
     status = live.get("status") or {}
     generation = int((live.get("metadata") or {}).get("generation") or 0)
+    observed_generation = int(status.get("observedGeneration") or 0)
     failure = _deployment_condition(live, "ReplicaFailure")
     progressing = _deployment_condition(live, "Progressing")
     return replace(
@@ -213,7 +222,8 @@ def observe_workload(desired: Mapping[str, Any], live: Mapping[str, Any] | None)
         ready=int(status.get("readyReplicas") or 0),
         updated=int(status.get("updatedReplicas") or 0),
         available=int(status.get("availableReplicas") or 0),
-        current_generation=int(status.get("observedGeneration") or 0) >= generation,
+        current_generation=observed_generation >= generation,
+        synced=observed_generation > 0,
         replica_failure=(
             _clip(str(failure.get("message") or failure.get("reason") or "pods cannot be created"))
             if failure.get("status") == "True"
@@ -575,16 +585,16 @@ def diagnose_workload(
         lambda: (
             None
             if w.current_generation
-            else Verdict("False", "RollingOut", f"Deployment {w.name}: spec change not seen yet")
+            else Verdict("False", ROLLING_OUT, f"Deployment {w.name}: spec change not seen yet")
         ),
         lambda: (
             None
             if w.updated_all
-            else Verdict("False", "RollingOut", f"Deployment {w.name}: {w.progress}{doing}")
+            else Verdict("False", ROLLING_OUT, f"Deployment {w.name}: {w.progress}{doing}")
         ),
         lambda: Verdict(
             "False",
-            PODS_STARTING if issue is not None else "PodsNotReady",
+            PODS_STARTING if issue is not None else PODS_NOT_READY,
             f"Deployment {w.name}: {w.progress}{doing}",
         ),
     ]
@@ -609,12 +619,49 @@ def check_workloads(
     return Verdict("True", "PodsReady", f"all pods ready ({summary})")
 
 
+WAITING_REASONS: Final = frozenset({ROLLING_OUT, PODS_STARTING, PODS_NOT_READY})
+"""A Deployment's reasons that waiting fixes (no problem, not on purpose, the Deployment exists)."""
+
+
+def is_rolling_new_template(w: Workload, pods: Sequence[Mapping[str, Any]] = ()) -> bool:
+    """The Deployment replaces pods that ran an earlier spec: the controller has not seen a
+    changed spec yet, pods of an older template still count, or (``Recreate``) the old pod is
+    terminating and no new one exists yet. A first rollout (nothing synced before) is not one."""
+    if not w.exists or w.healthy:
+        return False
+    if w.synced and not w.current_generation:
+        return True
+    if w.replicas > w.updated:
+        return True
+    own = pods_of(w, pods)
+    return w.updated < w.desired and bool(own) and not live_pods(own)
+
+
 def check_kvstore(
-    master: Sequence[Workload], pods: Sequence[Mapping[str, Any]] = (), *, external: str | None
+    master: Sequence[Workload],
+    pods: Sequence[Mapping[str, Any]] = (),
+    *,
+    external: str | None,
+    was_restarting: bool = False,
 ) -> Verdict:
+    """The managed master's chain, where one more thing is said: the master's Deployment rolling
+    out a new template (a soft-pin or eviction setting, an image) restarts the one process that
+    holds the L3 tier's index. From the first sign of it until the new pod is ready
+    (``was_restarting``: the previous status said so), a waiting reason becomes
+    ``MasterRestarting``; problems (an image that cannot be pulled) still speak for themselves."""
     if external is not None:
         return Verdict("True", "External", f"using the external Mooncake master at {external}")
-    return check_workloads(master, pods, what="Mooncake master")
+    verdict = check_workloads(master, pods, what="Mooncake master")
+    if verdict.reason not in WAITING_REASONS:
+        return verdict
+    if not was_restarting and not any(is_rolling_new_template(w, pods) for w in master):
+        return verdict
+    return Verdict(
+        "False",
+        MASTER_RESTARTING,
+        "the Mooncake master is restarting with a new pod template: the objects and soft pins "
+        "it held are dropped (workers stay up and serve without them); " + verdict.message,
+    )
 
 
 def check_retention_budget(
@@ -699,7 +746,7 @@ def check_progressing(
         held = f", {verdict.reason}" if verdict.reason in PROBLEM_REASONS else ""
         rolling.append(f"{w.name} ({w.progress}{held})")
     if rolling:
-        return Verdict("True", "RollingOut", "rolling out: " + "; ".join(rolling))
+        return Verdict("True", ROLLING_OUT, "rolling out: " + "; ".join(rolling))
     return Verdict(
         "False", "Converged", "every Deployment runs the current spec with all pods available"
     )
@@ -898,11 +945,18 @@ def compute_status(
     master = groups.get("mooncake-master", [])
     reports = worker_reports(observed.worker_pods)
     pods = observed.pods
+    previous_conditions = (previous or {}).get("conditions") or []
+    was_restarting = any(
+        c.get("type") == KVSTORE_READY and c.get("reason") == MASTER_RESTARTING
+        for c in previous_conditions
+    )
     verdicts = {
         FRONTEND_READY: check_workloads(groups.get("frontend", []), pods, what="frontend"),
         ROUTER_READY: check_workloads(groups.get("router", []), pods, what="router"),
         WORKERS_READY: check_workloads(workers, pods, what="worker"),
-        KVSTORE_READY: check_kvstore(master, pods, external=fleet.kvstore_external),
+        KVSTORE_READY: check_kvstore(
+            master, pods, external=fleet.kvstore_external, was_restarting=was_restarting
+        ),
         KV_HINTS_SUPPORTED: check_kv_hints(reports),
         RETENTION_BUDGET: check_retention_budget(
             observed.kvstore, budget=fleet.retention_budget, external=fleet.kvstore_external
@@ -917,7 +971,6 @@ def compute_status(
         apply_errors=observed.apply_errors,
         conflicts=observed.conflicts,
     )
-    previous_conditions = (previous or {}).get("conditions") or []
     workers_count = _count(workers)
     optional: dict[str, Any] = {}
     endpoint = _endpoint(fleet)
