@@ -681,6 +681,21 @@ def is_extended_resource(name: str) -> bool:
     )
 
 
+MIN_STARTUP_TIMEOUT_SECONDS: Final = 60
+MAX_STARTUP_TIMEOUT_SECONDS: Final = 86_400
+STARTUP_ALLOWANCE_SECONDS: Final = 600
+"""Added to ``workers.startupTimeoutSeconds`` for a worker Deployment's progress deadline: time to
+schedule the pod and pull an SGLang image (tens of GB) before the startup probe's clock starts."""
+_DEADLINE_AFTER_STARTUP = (
+    "!has(self.rollout) || !has(self.rollout.progressDeadlineSeconds) "
+    "|| self.rollout.progressDeadlineSeconds > self.startupTimeoutSeconds"
+)
+_DEADLINE_AFTER_STARTUP_MESSAGE = (
+    "workers.rollout.progressDeadlineSeconds must exceed workers.startupTimeoutSeconds "
+    "(a worker still loading its model would read as ProgressDeadlineExceeded)"
+)
+
+
 class WorkerRolloutSpec(_Model):
     """How worker pods are replaced: one at a time, never with an extra GPU pod."""
 
@@ -713,6 +728,19 @@ class WorkerRolloutSpec(_Model):
         ),
     )
 
+    progress_deadline_seconds: int | None = Field(
+        default=None,
+        ge=MIN_STARTUP_TIMEOUT_SECONDS + 1,
+        le=MAX_STARTUP_TIMEOUT_SECONDS + STARTUP_ALLOWANCE_SECONDS,
+        description=(
+            "Seconds a worker Deployment's rollout may make no progress before Kubernetes marks "
+            "it ProgressDeadlineExceeded, which the fleet's status reports (the Deployment's "
+            "progressDeadlineSeconds). Unset: workers.startupTimeoutSeconds + "
+            f"{STARTUP_ALLOWANCE_SECONDS}, for scheduling and image pulls. Must exceed "
+            "workers.startupTimeoutSeconds."
+        ),
+    )
+
     @model_validator(mode="after")
     def _check_cel_equivalents(self) -> WorkerRolloutSpec:
         _require(
@@ -739,6 +767,7 @@ class WorkersSpec(_Model):
                 "self.mode != 'disaggregated' || !has(self.aggregated)",
                 "workers.mode disaggregated takes workers.prefill/decode, not aggregated",
             ),
+            (_DEADLINE_AFTER_STARTUP, _DEADLINE_AFTER_STARTUP_MESSAGE),
         )
     )
 
@@ -796,6 +825,18 @@ class WorkersSpec(_Model):
         ),
     )
 
+    startup_timeout_seconds: int = Field(
+        default=1800,
+        ge=MIN_STARTUP_TIMEOUT_SECONDS,
+        le=MAX_STARTUP_TIMEOUT_SECONDS,
+        description=(
+            "How long a started worker may take to load its model before the kubelet restarts it "
+            "(the startup probe's window, rounded up to its 10 s period). The worker Deployments' "
+            f"progress deadline follows: this + {STARTUP_ALLOWANCE_SECONDS} s unless "
+            "workers.rollout.progressDeadlineSeconds is set."
+        ),
+    )
+
     @field_validator("gpu_resource")
     @classmethod
     def _check_gpu_resource(cls, value: str) -> str:
@@ -815,6 +856,11 @@ class WorkersSpec(_Model):
             _require(
                 not any(pd), "workers.mode aggregated takes workers.aggregated, not prefill/decode"
             )
+        deadline = self.rollout.progress_deadline_seconds
+        _require(
+            deadline is None or deadline > self.startup_timeout_seconds,
+            _DEADLINE_AFTER_STARTUP_MESSAGE,
+        )
         return self
 
 

@@ -134,6 +134,7 @@ def test_cel_rules_are_present_with_messages() -> None:
         "softPin.allowEviction false needs softPin.budgetRatio",
         "softPin.budgetRatio must be below eviction.highWatermarkRatio",
         "metadata.name must be at most 54 characters",
+        "workers.rollout.progressDeadlineSeconds must exceed workers.startupTimeoutSeconds",
     ):
         assert any(expected in m for m in messages), expected
 
@@ -147,6 +148,17 @@ def test_soft_pin_max_ttl_bounds() -> None:
         43200,
         86400,
     )
+
+
+def test_worker_startup_window_bounds() -> None:
+    workers = _schema()["properties"]["spec"]["properties"]["workers"]
+    startup = workers["properties"]["startupTimeoutSeconds"]
+    deadline = workers["properties"]["rollout"]["properties"]["progressDeadlineSeconds"]
+    assert (startup["default"], startup["minimum"], startup["maximum"]) == (1800, 60, 86400)
+    # No default: unset, the operator derives it from the startup window (+600 s).
+    assert "default" not in deadline
+    assert (deadline["minimum"], deadline["maximum"]) == (61, 87000)
+    assert workers["default"]["startupTimeoutSeconds"] == 1800
 
 
 @pytest.mark.parametrize(

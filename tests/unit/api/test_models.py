@@ -127,6 +127,21 @@ VALID = [
         id="pod-options",
     ),
     pytest.param({"workers": {"gpuResource": ""}}, id="gpu-none"),
+    pytest.param({"workers": {"startupTimeoutSeconds": 60}}, id="startup-min"),
+    pytest.param({"workers": {"startupTimeoutSeconds": 86400}}, id="startup-max"),
+    pytest.param(
+        {"workers": {"startupTimeoutSeconds": 60, "rollout": {"progressDeadlineSeconds": 61}}},
+        id="deadline-just-past-startup",
+    ),
+    pytest.param(
+        {
+            "workers": {
+                "startupTimeoutSeconds": 86400,
+                "rollout": {"progressDeadlineSeconds": 87000},
+            }
+        },
+        id="deadline-max",
+    ),
     *(
         pytest.param(
             {"kvStore": {"mooncake": {"mode": "external", "external": {"masterAddress": a}}}},
@@ -353,6 +368,31 @@ INVALID = [
     ),
     pytest.param(
         {"workers": {"drainSeconds": -1}}, "spec.workers.drainSeconds", id="drain-negative"
+    ),
+    *(
+        pytest.param(
+            {"workers": {"startupTimeoutSeconds": value}},
+            "spec.workers.startupTimeoutSeconds",
+            id=f"startup-{value!r}",
+        )
+        for value in (59, 0, 86401, "1800", 1800.5)
+    ),
+    *(
+        pytest.param(
+            {"workers": {"rollout": {"progressDeadlineSeconds": value}}},
+            "spec.workers.rollout.progressDeadlineSeconds",
+            id=f"deadline-{value!r}",
+        )
+        for value in (60, 87001, "2400")
+    ),
+    *(
+        pytest.param(
+            {"workers": {**workers, "rollout": {"progressDeadlineSeconds": deadline}}},
+            "workers.rollout.progressDeadlineSeconds must exceed workers.startupTimeoutSeconds",
+            id=f"deadline-{deadline}-within-startup",
+        )
+        # The default startup window (1800) counts when the spec leaves it out.
+        for workers, deadline in (({}, 1800), ({}, 600), ({"startupTimeoutSeconds": 120}, 120))
     ),
     *(
         pytest.param(

@@ -73,6 +73,8 @@ def _set(path: str, value: Any) -> Callable[[Body], None]:
         ({}, "router.replicas", 2, {"Deployment/f-router"}),
         ({}, "router.sessionAffinity", {"type": "ClientIP"}, {"Service/f-router"}),
         ({}, "workers.replicas", 4, {"Deployment/f-worker"}),
+        ({}, "workers.startupTimeoutSeconds", 3600, {"Deployment/f-worker"}),
+        ({}, "workers.rollout", {"progressDeadlineSeconds": 7200}, {"Deployment/f-worker"}),
         ({}, "hints", {"providers": {"anthropic": False}}, {"Deployment/f-frontend"}),
         # The policy only decides readiness (status): no child changes.
         ({}, "hints", {"policy": "Required"}, set()),
@@ -578,6 +580,56 @@ def test_workers_roll_without_a_spare_gpu_and_drain_before_stopping(
     assert pdb["metadata"]["ownerReferences"] == deployment["metadata"]["ownerReferences"]
     # Only workers: the frontend and router keep the default rolling update.
     assert "strategy" not in kids["Deployment/f-frontend"]["spec"]
+
+
+@pytest.mark.parametrize(
+    ("workers", "threshold", "deadline"),
+    [
+        # 30 minutes to load weights; the Deployment waits 10 more for scheduling and the pull.
+        ({}, 180, 2400),
+        ({"startupTimeoutSeconds": 3600}, 360, 4200),
+        ({"startupTimeoutSeconds": 65}, 7, 665),  # rounded up to whole probe periods
+        ({"startupTimeoutSeconds": 60}, 6, 660),
+        ({"startupTimeoutSeconds": 60, "rollout": {"progressDeadlineSeconds": 61}}, 6, 61),
+        ({"rollout": {"progressDeadlineSeconds": 7200}}, 180, 7200),
+        ({**PD, "startupTimeoutSeconds": 5400}, 540, 6000),
+    ],
+    ids=["defaults", "an-hour", "rounded-up", "shortest", "shortest-deadline", "slow-pulls", "pd"],
+)
+def test_worker_startup_window_sets_the_probe_and_the_progress_deadline(
+    workers: Body, threshold: int, deadline: int
+) -> None:
+    kids = children(base(workers=workers))
+    pools = [
+        k
+        for k in ("Deployment/f-worker", "Deployment/f-prefill", "Deployment/f-decode")
+        if k in kids
+    ]
+    assert pools
+    for key in pools:
+        deployment = kids[key]
+        assert deployment["spec"]["progressDeadlineSeconds"] == deadline, key
+        worker = _container(deployment, "worker")
+        assert worker["startupProbe"] == {
+            "httpGet": {"path": "/healthz", "port": 8002},
+            "periodSeconds": 10,
+            "failureThreshold": threshold,
+        }
+        # Liveness waits for the startup probe, so it never restarts a worker that is loading.
+        assert worker["livenessProbe"]["failureThreshold"] == 3
+    # Only workers load a model: the other Deployments keep Kubernetes' default (600 s).
+    for key in ("Deployment/f-frontend", "Deployment/f-router", "Deployment/f-mooncake"):
+        assert "progressDeadlineSeconds" not in kids[key]["spec"], key
+
+
+def test_progress_deadline_lives_outside_the_pod_template() -> None:
+    """A longer deadline changes no pod: the workers keep running (no rollout)."""
+    before = children(base())["Deployment/f-worker"]
+    after = children(base(workers={"rollout": {"progressDeadlineSeconds": 7200}}))[
+        "Deployment/f-worker"
+    ]
+    assert after["spec"]["template"] == before["spec"]["template"]
+    assert after["spec"]["progressDeadlineSeconds"] != before["spec"]["progressDeadlineSeconds"]
 
 
 def test_each_worker_pool_has_its_own_budget() -> None:

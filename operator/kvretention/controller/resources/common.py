@@ -193,6 +193,7 @@ def build_deployment(
     pod_spec: dict[str, Any],
     annotations: dict[str, str] | None = None,
     strategy: dict[str, Any] | None = None,
+    progress_deadline_seconds: int | None = None,
 ) -> Manifest:
     """An apps/v1 Deployment whose pods carry the component's labels and the user's pod options."""
     options = pod_options(cr, component)
@@ -212,6 +213,8 @@ def build_deployment(
     }
     if strategy is not None:
         spec["strategy"] = strategy
+    if progress_deadline_seconds is not None:
+        spec["progressDeadlineSeconds"] = progress_deadline_seconds
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

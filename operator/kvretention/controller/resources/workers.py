@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from kvretention.api.models import KvRetentionDeployment
+from kvretention.api.models import STARTUP_ALLOWANCE_SECONDS, KvRetentionDeployment
 from kvretention.api.names import PROBE_CONTAINER, Role
 from kvretention.controller.resources.common import (
     CLI,
@@ -49,6 +49,8 @@ SHUTDOWN_MARGIN_SECONDS: Final = 15
 TERMINATION_LOG: Final = "/dev/termination-log"
 WORKER_CONTAINER: Final = "worker"
 SHM_SIZE: Final = "16Gi"
+STARTUP_PERIOD_SECONDS: Final = 10
+"""The startup probe's period; ``workers.startupTimeoutSeconds`` sets how many periods it waits."""
 
 ROLE_SUFFIX: Final[dict[Role, str]] = {
     "aggregated": "worker",
@@ -116,6 +118,21 @@ def build_worker_command(cr: KvRetentionDeployment, role: Role) -> list[str]:
 def termination_grace_seconds(cr: KvRetentionDeployment) -> int:
     """preStop (the router lets go) + the drain (streams finish) + the engine's exit."""
     return PRESTOP_SECONDS + cr.spec.workers.drain_seconds + SHUTDOWN_MARGIN_SECONDS
+
+
+def startup_failure_threshold(cr: KvRetentionDeployment) -> int:
+    """Startup probe periods in ``workers.startupTimeoutSeconds``, rounded up."""
+    return -(-cr.spec.workers.startup_timeout_seconds // STARTUP_PERIOD_SECONDS)
+
+
+def progress_deadline_seconds(cr: KvRetentionDeployment) -> int:
+    """The worker Deployments' ``progressDeadlineSeconds``: ``rollout.progressDeadlineSeconds``,
+    else the startup window plus time to schedule the pod and pull the image. Kubernetes' default
+    (600 s) is shorter than loading a large model: the rollout would read as stuck while it loads."""
+    workers = cr.spec.workers
+    if workers.rollout.progress_deadline_seconds is not None:
+        return workers.rollout.progress_deadline_seconds
+    return workers.startup_timeout_seconds + STARTUP_ALLOWANCE_SECONDS
 
 
 def build_worker_pdb(cr: KvRetentionDeployment, role: Role) -> Manifest:
@@ -199,8 +216,8 @@ def build_worker_pool(cr: KvRetentionDeployment, role: Role) -> list[Manifest]:
         # Loading weights takes minutes: liveness starts only once the engine is up.
         "startupProbe": {
             "httpGet": {"path": "/healthz", "port": WORKER_PORT},
-            "periodSeconds": 10,
-            "failureThreshold": 180,
+            "periodSeconds": STARTUP_PERIOD_SECONDS,
+            "failureThreshold": startup_failure_threshold(cr),
         },
         "volumeMounts": mounts,
         "securityContext": container_security(),
@@ -235,6 +252,7 @@ def build_worker_pool(cr: KvRetentionDeployment, role: Role) -> list[Manifest]:
                 "maxUnavailable": workers.rollout.max_unavailable,
             },
         },
+        progress_deadline_seconds=progress_deadline_seconds(cr),
     )
     return [service, deployment, build_worker_pdb(cr, role)]
 
