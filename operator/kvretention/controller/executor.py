@@ -116,7 +116,12 @@ class Controller:
     hold_after_applies: int | None = None
     """Test hook: after this many applies, hold every later one forever (see ``_gate``)."""
     indices: Mapping[str, Any] | None = None
-    """kopf's indexes (bound by the first handler call); None: read from the API server."""
+    """kopf's index of the fleets plus ``children`` (bound by the first handler call); None:
+    read from the API server."""
+    children: Mapping[str, Any] | None = None
+    """The informers' indexes of the children and pods (:mod:`~kvretention.controller.informer`)."""
+    synced: Callable[[], Awaitable[None]] | None = None
+    """Returns once every informer has listed: no reconcile reads a half-filled index."""
 
     def __post_init__(self) -> None:
         self.queue: WorkQueue[Key] = WorkQueue()
@@ -136,9 +141,10 @@ class Controller:
     # triggers
 
     def bind(self, indices: Mapping[str, Any]) -> None:
-        """Read from kopf's indexes from now on (kopf passes them to every handler)."""
+        """Read from kopf's indexes (kopf passes them to every handler) and the informers' from
+        now on."""
         if self.indices is None:
-            self.indices = indices
+            self.indices = {**(self.children or {}), **indices}
 
     def observe(self, key: Key, *, deleted: bool = False, uid: str | None = None) -> None:
         """A watch event about a KvRetentionDeployment."""
@@ -164,6 +170,12 @@ class Controller:
         if key is not None and key in self.known:
             self.queue.add(key)
 
+    def informed(self, owner: Key | None, uid: str, event_type: str | None) -> None:
+        """An informer's event about a child or pod (``event_type`` None: after a re-list)."""
+        if event_type == "DELETED":
+            self.own_writes.forget(uid)
+        self.touch(owner)
+
     def saw(self, plural: str, body: Mapping[str, Any], *, event_type: str | None) -> None:
         """Any watch event: notices re-lists, and forgets own writes of deleted objects."""
         uid = uid_of(body)
@@ -187,6 +199,8 @@ class Controller:
                 self.queue.add(key)
 
     async def _worker(self) -> None:
+        if self.synced is not None:
+            await self.synced()
         while True:
             key = await self.queue.get()
             try:

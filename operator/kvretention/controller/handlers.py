@@ -1,9 +1,10 @@
 """Thin kopf glue: watch events in, the reconcile queue of :mod:`~kvretention.controller.executor`
 fed.
 
-kopf watches the custom resource, the children and the fleets' pods; each watch fills an
-in-memory index (``@kopf.index``) that the reconcile reads instead of the API server, and each
-event only *enqueues* the owning ``KvRetentionDeployment``.
+kopf watches the custom resources: the watch fills an in-memory index (``@kopf.index``) that the
+reconcile reads instead of the API server, and each event only *enqueues* the fleet. The children
+and the fleets' pods are watched by :mod:`~kvretention.controller.informer`, which keeps each
+object slimmed from the moment it arrives (kopf keeps every raw body it is processing).
 
 Only index and ``@kopf.on.event`` handlers are registered, on purpose: kopf's change-detection
 handlers (``on.create``/``on.update``/``on.resume``) keep their bookkeeping in the user's object
@@ -19,34 +20,11 @@ from typing import Any, Final
 import kopf
 
 from kvretention.api.models import GROUP, PLURAL, VERSION
-from kvretention.api.names import (
-    APP_NAME,
-    FIELD_MANAGER,
-    LABEL_INSTANCE,
-    LABEL_MANAGED_BY,
-    LABEL_NAME,
-)
-from kvretention.controller.cache import FLEETS_INDEX, PODS_INDEX, index_by_instance
+from kvretention.controller.cache import FLEETS_INDEX, index_by_instance
 from kvretention.controller.executor import Controller
-from kvretention.controller.planner import Key, owner_key
+from kvretention.controller.planner import Key
 
-Resource = tuple[str, str] | tuple[str, str, str]
-MANAGED: Final = f"{LABEL_MANAGED_BY}={FIELD_MANAGER}"
-CHILD_RESOURCES: Final[tuple[tuple[str, str, str], ...]] = (
-    ("apps", "v1", "deployments"),
-    ("", "v1", "services"),
-    ("", "v1", "configmaps"),
-    ("policy", "v1", "poddisruptionbudgets"),
-    ("networking.k8s.io", "v1", "networkpolicies"),
-)
-CHILD_WATCH_SELECTORS: Final[tuple[tuple[Resource, str], ...]] = (
-    *(((g, v, p) if g else (v, p), MANAGED) for g, v, p in CHILD_RESOURCES),
-    (("v1", "pods"), f"{LABEL_NAME}={APP_NAME},{LABEL_INSTANCE}"),
-)
-"""Server-side label selectors of the child watches: the API server sends only our objects, so
-unrelated ConfigMaps or Pods cost the operator nothing (kopf's ``labels=`` filters client-side,
-after every object in the cluster has been streamed and parsed)."""
-INDEX_IDS: Final = (FLEETS_INDEX, *(p for _, _, p in CHILD_RESOURCES), PODS_INDEX)
+INDEX_IDS: Final = (FLEETS_INDEX,)
 
 
 # -- kopf registration -------------------------------------------------------------------------
@@ -61,7 +39,6 @@ def _controller(memo: Any) -> Controller:
 def build_registry() -> kopf.OperatorRegistry:
     """A fresh registry with this operator's handlers (no module-level side effects)."""
     registry = kopf.OperatorRegistry()
-    managed = {LABEL_MANAGED_BY: FIELD_MANAGER}
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -76,8 +53,6 @@ def build_registry() -> kopf.OperatorRegistry:
         settings.watching.client_timeout = 330
         settings.watching.connect_timeout = 10
         settings.networking.request_timeout = 60
-        for resource, selector in CHILD_WATCH_SELECTORS:
-            settings.watching.label_selectors[resource] = selector
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -99,12 +74,6 @@ def build_registry() -> kopf.OperatorRegistry:
     async def index_fleet(body: Mapping[str, Any], **_: Any) -> dict[Key, Any] | None:
         return index_by_instance(body, fleet=True)
 
-    async def index_child(body: Mapping[str, Any], **_: Any) -> dict[Key, Any] | None:
-        return index_by_instance(body)
-
-    async def index_pod(body: Mapping[str, Any], **_: Any) -> dict[Key, Any] | None:
-        return index_by_instance(body, pod=True)
-
     kopf.index(GROUP, VERSION, PLURAL, id=FLEETS_INDEX, registry=registry)(index_fleet)
 
     @kopf.on.event(GROUP, VERSION, PLURAL, id="kvretentiondeployment", registry=registry)
@@ -118,19 +87,4 @@ def build_registry() -> kopf.OperatorRegistry:
         deleted = event.get("type") == "DELETED"
         controller.observe(key, deleted=deleted, uid=str(meta.get("uid")) if deleted else None)
 
-    async def on_child(
-        event: Mapping[str, Any], body: Mapping[str, Any], memo: Any, resource: Any, **kwargs: Any
-    ) -> None:
-        controller = bind(memo, kwargs)
-        controller.saw(str(resource.plural), body, event_type=event.get("type"))
-        controller.touch(owner_key(body))
-
-    for group, version, plural in CHILD_RESOURCES:
-        where = (group, version, plural) if group else (version, plural)
-        kopf.index(*where, id=plural, labels=managed, registry=registry)(index_child)
-        kopf.on.event(*where, id=f"child-{plural}", labels=managed, registry=registry)(on_child)
-    # Pods are matched on their Deployment's selector labels (immutable, on every fleet pod).
-    fleet_pod: dict[str, Any] = {LABEL_NAME: APP_NAME, LABEL_INSTANCE: kopf.PRESENT}
-    kopf.index("v1", "pods", id=PODS_INDEX, labels=fleet_pod, registry=registry)(index_pod)
-    kopf.on.event("v1", "pods", id="child-pods", labels=fleet_pod, registry=registry)(on_child)
     return registry

@@ -15,7 +15,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
@@ -275,6 +275,57 @@ class Kube:
             item.setdefault("apiVersion", kind.api_version)
             item.setdefault("kind", kind.kind)
         return items
+
+    async def list_page(
+        self, kind: ResourceKind, namespace: str | None, *, selector: str, limit: int, token: str
+    ) -> dict[str, Any]:
+        """One page of a paginated LIST (``token``: the previous page's ``metadata.continue``)."""
+        query = [("labelSelector", selector), ("limit", str(limit))]
+        if token:
+            query.append(("continue", token))
+        return await self.request("GET", kind.collection_path(namespace), query=query)
+
+    def watch_lines(
+        self,
+        kind: ResourceKind,
+        namespace: str | None,
+        *,
+        selector: str,
+        version: str,
+        timeout_s: int,
+    ) -> Iterator[bytes]:
+        """A watch from ``version``, one JSON event per line, until the server ends it.
+
+        Blocking: run it in a thread of its own (it holds the thread for up to ``timeout_s``).
+        Bookmarks are asked for, so a quiet kind still moves its resume version along.
+        """
+        query = [
+            ("watch", "1"),
+            ("labelSelector", selector),
+            ("resourceVersion", version),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", str(timeout_s)),
+        ]
+        request = self._api.param_serialize(
+            method="GET",
+            resource_path=kind.collection_path(namespace),
+            query_params=query,
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        self.requests += 1
+        response = self._api.call_api(*request, _request_timeout=(10, timeout_s + 30))
+        self._answered(int(response.status))
+        if not 200 <= response.status <= 299:
+            response.read()  # type: ignore[no-untyped-call]
+            raise ApiException.from_response(http_resp=response, body=None, data=None)
+        stream = response.response
+        try:
+            for line in stream:
+                if line.strip():
+                    yield line
+        finally:
+            stream.release_conn()
 
     async def apply(
         self,

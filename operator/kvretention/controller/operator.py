@@ -26,6 +26,7 @@ from aiohttp import web
 from kvretention.api.models import GROUP, PLURAL, VERSION
 from kvretention.controller.executor import Controller
 from kvretention.controller.handlers import build_registry
+from kvretention.controller.informer import Informers
 from kvretention.controller.kube import Kube, load_config
 from kvretention.controller.leader import (
     DEFAULT_LEASE_DURATION_S,
@@ -243,6 +244,9 @@ async def _lead(
         workers=cfg.workers,
         hold_after_applies=cfg.hold_after_applies,
     )
+    informers = Informers.build(kube, namespaces=cfg.namespaces, notify=controller.informed)
+    controller.children = informers.indices()
+    controller.synced = informers.wait_synced
     kopf_stop = asyncio.Event()
     kopf_task = asyncio.create_task(
         kopf.operator(
@@ -257,6 +261,7 @@ async def _lead(
         name="kopf",
     )
     others = [
+        *informers.run(),
         asyncio.create_task(controller.run(), name="controller"),
         asyncio.create_task(stop.wait(), name="stop"),
     ]

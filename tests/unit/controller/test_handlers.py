@@ -13,7 +13,6 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-import kopf
 import pytest
 from fake_kube import (
     NOW,
@@ -25,13 +24,13 @@ from fake_kube import (
     load_example,
     make_ready,
 )
-from kopf._cogs.structs import references
 
 from kvretention.api.models import KIND
 from kvretention.controller import kube as k
-from kvretention.controller.cache import CR_KIND
+from kvretention.controller.cache import CHILD_INDEXES, CR_KIND, FLEETS_INDEX, PODS_INDEX
 from kvretention.controller.executor import Controller
 from kvretention.controller.handlers import build_registry
+from kvretention.controller.informer import WATCHED, Informers
 from kvretention.controller.kvstore_metrics import KvStoreReading, KvStoreUsage
 from kvretention.controller.planner import event_type, owner_key
 from kvretention.controller.workqueue import WorkQueue, backoff_delay
@@ -219,38 +218,24 @@ def test_registry_has_only_event_handlers() -> None:
     # (they add a finalizer): only watch-event handlers and the startup settings.
     assert not registry._changing.get_all_handlers()
     assert not registry._spawning.get_all_handlers()
-    assert len(registry._watching.get_all_handlers()) == 7
-
-
-def _resource(group: str, version: str, plural: str, kind: str) -> Any:
-    return references.Resource(
-        group, version, plural, kind=kind, namespaced=True, verbs=["list", "watch"]
-    )
+    # kopf watches the custom resources only; the children and pods are the informers'.
+    assert [str(h.id) for h in registry._watching.get_all_handlers()] == ["kvretentiondeployment"]
 
 
 def test_child_watches_are_filtered_by_the_api_server() -> None:
+    managed = "app.kubernetes.io/managed-by=kvretention-operator"
+    assert {(kind.kind, selector) for _, kind, selector in WATCHED} == {
+        ("Deployment", managed),
+        ("Service", managed),
+        ("ConfigMap", managed),
+        ("PodDisruptionBudget", managed),
+        ("NetworkPolicy", managed),
+        ("Pod", "app.kubernetes.io/name=kvretention,app.kubernetes.io/instance"),
+    }
+    # The custom resource itself is watched whole (by kopf): users do not label their fleets.
     registry = build_registry()
-    configure = next(
-        h for h in registry._activities.get_all_handlers() if h.id.endswith("configure")
-    )
-    settings = kopf.OperatorSettings()
-    configure.fn(settings=settings)
-    selectors = settings.watching.label_selectors
-    managed = ["app.kubernetes.io/managed-by=kvretention-operator"]
-    for group, version, plural, kind in [
-        ("apps", "v1", "deployments", "Deployment"),
-        ("", "v1", "services", "Service"),
-        ("", "v1", "configmaps", "ConfigMap"),
-        ("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget"),
-        ("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy"),
-    ]:
-        assert selectors.collect(_resource(group, version, plural, kind)) == managed, plural
-    assert selectors.collect(_resource("", "v1", "pods", "Pod")) == [
-        "app.kubernetes.io/name=kvretention,app.kubernetes.io/instance"
-    ]
-    # The custom resource itself is watched whole: users do not label their fleets.
-    cr = _resource("kvretention.io", "v1alpha1", "kvretentiondeployments", KIND)
-    assert selectors.collect(cr) == []
+    (cr_handler,) = registry._watching.get_all_handlers()
+    assert cr_handler.selector is not None and cr_handler.labels is None
 
 
 def _fleet_pod(fake: FakeKube, name: str, component: str, status: dict[str, Any]) -> None:
@@ -570,5 +555,8 @@ def test_every_watched_kind_fills_an_index_the_reconcile_reads() -> None:
 
     registry = build_registry()
     ids = sorted(str(h.id) for h in registry._indexing.get_all_handlers())
-    assert ids == sorted(INDEX_IDS)
-    assert len(INDEX_IDS) == 7  # the CR, five child kinds, pods
+    assert ids == sorted(INDEX_IDS) == [FLEETS_INDEX]
+    informed = Informers.build(FakeKube(), namespaces=("a", "b"), notify=lambda *_: None)
+    # the index ids IndexedView reads: every child kind and the pods, across both namespaces
+    assert set(informed.indices()) == {*CHILD_INDEXES, PODS_INDEX}
+    assert len(informed.members) == 2 * len(WATCHED)
