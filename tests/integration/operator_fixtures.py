@@ -1,7 +1,9 @@
 """Helpers for the operator's integration tests: run the operator, read its metrics, fake kwok's gaps.
 
 Import from test modules as ``from operator_fixtures import ...`` (pytest puts this folder on
-sys.path). The control-plane fixtures themselves live in ``conftest.py``.
+sys.path). The control-plane fixtures themselves live in ``conftest.py``. The ``operator`` and
+``fleets`` fixtures that several modules share come from factories, bound by name in each module:
+``operator = operator_fixture(resync_s=RESYNC_S)`` and ``fleets = fleets_fixture()``.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from kubernetes import client
 
 from kvretention.api.models import GROUP, PLURAL, VERSION
-from support.controlplane import Cluster, RunningProcess, wait_until
+from support.controlplane import ApplyCrd, Cluster, RunningProcess, wait_until
 from support.probe_status import (
     INSTANCE,
     inject_probe_reports,
@@ -32,6 +35,7 @@ from support.probe_status import (
 REPO = Path(__file__).resolve().parents[2]
 CRD_PATH = REPO / "crds" / f"{GROUP}_{PLURAL}.yaml"
 EXAMPLES = REPO / "examples"
+GPU = "nvidia.com/gpu"
 
 GOOD_REPORT: dict[str, Any] = {
     "schema": 1,
@@ -283,3 +287,55 @@ def stopping(operators: list[Operator]) -> Iterator[None]:
         for op in reversed(operators):
             code = op.stop()
             print(f"--- operator (exit {code}) {op.log_path}:\n{op.process.log()[-3000:]}")
+
+
+def operator_fixture(*, resync_s: float) -> Any:
+    """A module-scoped ``operator`` fixture: the CRD applied, one operator for all namespaces without
+    leader election, resyncing every ``resync_s``; at the end it must exit 0 on SIGTERM.
+
+    Bind it in the module: ``operator = operator_fixture(resync_s=RESYNC_S)``.
+    """
+
+    @pytest.fixture(scope="module", name="operator")
+    def operator(
+        cluster: Cluster, apply_crd: ApplyCrd, tmp_path_factory: pytest.TempPathFactory
+    ) -> Iterator[Operator]:
+        apply_crd(CRD_PATH)
+        op = start_operator(
+            cluster,
+            tmp_path_factory.mktemp("operator"),
+            "--all-namespaces",
+            "--no-leader-elect",
+            f"--resync-seconds={resync_s}",
+        )
+        try:
+            op.wait_ready()
+            yield op
+        finally:
+            code = op.stop()
+            print(f"--- operator (exit {code}):\n{op.process.log()[-4000:]}")
+            assert code == 0, "the operator must exit 0 on SIGTERM"
+
+    return operator
+
+
+def fleets_fixture() -> Any:
+    """A ``fleets`` fixture: :class:`Fleets` for the test's own namespace.
+
+    Bind it in the module: ``fleets = fleets_fixture()``.
+    """
+
+    @pytest.fixture(name="fleets")
+    def fleets(k8s: client.ApiClient, namespace: str) -> Fleets:
+        return Fleets(k8s, namespace)
+
+    return fleets
+
+
+def most_gpus_on_a_node(core: client.CoreV1Api) -> int:
+    """The most ``nvidia.com/gpu`` any node advertises (kwok's fake node has a fixed number)."""
+    allocatable = [
+        int((node.status.allocatable or {}).get(GPU, "0")) for node in core.list_node().items
+    ]
+    assert allocatable and max(allocatable) > 0, f"no node advertises {GPU}: {allocatable}"
+    return max(allocatable)

@@ -10,59 +10,36 @@ operator (all namespaces, a 3 s resync) serves the module; each test has its own
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from operator_fixtures import CRD_PATH, Fleets, Operator, load_example, start_operator
+from operator_fixtures import (
+    CRD_PATH,
+    GPU,
+    Fleets,
+    Operator,
+    fleets_fixture,
+    load_example,
+    most_gpus_on_a_node,
+    operator_fixture,
+)
 
 from kvretention.api.names import FIELD_MANAGER
-from support.controlplane import ApplyCrd, Cluster, wait_until
+from support.controlplane import ApplyCrd, wait_until
 
 pytestmark = pytest.mark.integration
 
 RESYNC_S = 3.0
-GPU = "nvidia.com/gpu"
 SHORTEST_STARTUP_S = 60
 SHORTEST_DEADLINE_S = SHORTEST_STARTUP_S + 1
 DEADLINE_WAIT_S = SHORTEST_DEADLINE_S + 240.0
 """The deadline itself, then generous room for a loaded machine's controller and operator."""
 
 
-@pytest.fixture(scope="module")
-def operator(
-    cluster: Cluster, apply_crd: ApplyCrd, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Operator]:
-    apply_crd(CRD_PATH)
-    op = start_operator(
-        cluster,
-        tmp_path_factory.mktemp("operator"),
-        "--all-namespaces",
-        "--no-leader-elect",
-        f"--resync-seconds={RESYNC_S}",
-    )
-    try:
-        op.wait_ready()
-        yield op
-    finally:
-        code = op.stop()
-        print(f"--- operator (exit {code}):\n{op.process.log()[-4000:]}")
-        assert code == 0, "the operator must exit 0 on SIGTERM"
-
-
-@pytest.fixture
-def fleets(k8s: client.ApiClient, namespace: str) -> Fleets:
-    return Fleets(k8s, namespace)
-
-
-def most_gpus_on_a_node(core: client.CoreV1Api) -> int:
-    allocatable = [
-        int((node.status.allocatable or {}).get(GPU, "0")) for node in core.list_node().items
-    ]
-    assert allocatable and max(allocatable) > 0, f"no node advertises {GPU}: {allocatable}"
-    return max(allocatable)
+operator = operator_fixture(resync_s=RESYNC_S)
+fleets = fleets_fixture()
 
 
 def owns(deployment: dict[str, Any], manager: str, field: str) -> bool:

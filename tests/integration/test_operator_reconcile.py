@@ -8,7 +8,6 @@ has its own namespace. kwok makes pods Ready; the probe report is injected into 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,44 +19,23 @@ from operator_fixtures import (
     OLD_ENGINE_REPORT,
     Fleets,
     Operator,
+    fleets_fixture,
     load_example,
+    operator_fixture,
     resource_versions,
-    start_operator,
 )
 
 from kvretention.api.models import KvRetentionDeployment
 from kvretention.controller.resources import build_children
-from support.controlplane import ApplyCrd, Cluster, wait_until
+from support.controlplane import ApplyCrd, wait_until
 
 pytestmark = pytest.mark.integration
 
 RESYNC_S = 3.0
 
 
-@pytest.fixture(scope="module")
-def operator(
-    cluster: Cluster, apply_crd: ApplyCrd, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Operator]:
-    apply_crd(CRD_PATH)
-    op = start_operator(
-        cluster,
-        tmp_path_factory.mktemp("operator"),
-        "--all-namespaces",
-        "--no-leader-elect",
-        f"--resync-seconds={RESYNC_S}",
-    )
-    try:
-        op.wait_ready()
-        yield op
-    finally:
-        code = op.stop()
-        print(f"--- operator (exit {code}):\n{op.process.log()[-4000:]}")
-        assert code == 0, "the operator must exit 0 on SIGTERM"
-
-
-@pytest.fixture
-def fleets(k8s: client.ApiClient, namespace: str) -> Fleets:
-    return Fleets(k8s, namespace)
+operator = operator_fixture(resync_s=RESYNC_S)
+fleets = fleets_fixture()
 
 
 def expected_children(fleets: Fleets, name: str) -> set[tuple[str, str]]:

@@ -10,53 +10,28 @@ resync) serves the module; each test has its own namespace.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubernetes import client
-from operator_fixtures import CRD_PATH, Fleets, Operator, load_example, start_operator
+from operator_fixtures import (
+    GPU,
+    Fleets,
+    Operator,
+    fleets_fixture,
+    load_example,
+    most_gpus_on_a_node,
+    operator_fixture,
+)
 
-from support.controlplane import ApplyCrd, Cluster, wait_until
+from support.controlplane import wait_until
 
 pytestmark = pytest.mark.integration
 
 RESYNC_S = 3.0
-GPU = "nvidia.com/gpu"
 
 
-@pytest.fixture(scope="module")
-def operator(
-    cluster: Cluster, apply_crd: ApplyCrd, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Operator]:
-    apply_crd(CRD_PATH)
-    op = start_operator(
-        cluster,
-        tmp_path_factory.mktemp("operator"),
-        "--all-namespaces",
-        "--no-leader-elect",
-        f"--resync-seconds={RESYNC_S}",
-    )
-    try:
-        op.wait_ready()
-        yield op
-    finally:
-        code = op.stop()
-        print(f"--- operator (exit {code}):\n{op.process.log()[-4000:]}")
-        assert code == 0, "the operator must exit 0 on SIGTERM"
-
-
-@pytest.fixture
-def fleets(k8s: client.ApiClient, namespace: str) -> Fleets:
-    return Fleets(k8s, namespace)
-
-
-def most_gpus_on_a_node(core: client.CoreV1Api) -> int:
-    allocatable = [
-        int((node.status.allocatable or {}).get(GPU, "0")) for node in core.list_node().items
-    ]
-    assert allocatable and max(allocatable) > 0, f"no node advertises {GPU}: {allocatable}"
-    return max(allocatable)
+operator = operator_fixture(resync_s=RESYNC_S)
+fleets = fleets_fixture()
 
 
 def our_events(fleets: Fleets, name: str) -> list[Any]:
