@@ -103,7 +103,11 @@ ABSENT: Final = ""
 class _Write:
     superseded: frozenset[str]
     """resourceVersions (or ABSENT) older than ``result``: an index copy at one of them is stale."""
-    result: Mapping[str, Any]
+    version: str
+    uid: str
+    entry: bytes
+    """The API server's answer, kept as an index entry is (:func:`slim_entry`): when hundreds of
+    fleets are created at once, thousands of answers wait here for the watch to catch up."""
 
 
 @dataclass
@@ -122,11 +126,15 @@ class OwnWrites:
         key = (kind, str(meta.get("namespace")), str(meta.get("name")))
         earlier = self._writes.get(key)
         if earlier is not None:  # every version up to the previous write is older than this one
-            superseded = earlier.superseded | {resource_version(earlier.result)}
+            superseded = earlier.superseded | {earlier.version}
         else:
             superseded = frozenset({ABSENT if before is None else resource_version(before)})
+        version = resource_version(result)
         self._writes[key] = _Write(
-            superseded=superseded - {resource_version(result)}, result=result
+            superseded=superseded - {version},
+            version=version,
+            uid=uid_of(result),
+            entry=slim_entry(result),
         )
 
     def resolve(self, kind: str, key: tuple[str, str], seen: Mapping[str, Any] | None) -> Any:
@@ -136,13 +144,13 @@ class OwnWrites:
         if write is None:
             return seen
         if (ABSENT if seen is None else resource_version(seen)) in write.superseded:
-            return write.result
+            return decode_entry(write.entry)
         del self._writes[full]  # the index caught up (or someone wrote after us)
         return seen
 
     def forget(self, uid: str) -> None:
         """The object is gone (a DELETED event): its last write no longer stands."""
-        for full in [f for f, w in self._writes.items() if uid_of(w.result) == uid]:
+        for full in [f for f, w in self._writes.items() if w.uid == uid]:
             del self._writes[full]
 
 
@@ -204,11 +212,17 @@ def index_by_instance(
     name = meta.get("name") if fleet else (meta.get("labels") or {}).get(_INSTANCE)
     if not namespace or not name:
         return None
+    return {(str(namespace), str(name)): slim_entry(body, pod=pod)}
+
+
+def slim_entry(body: Mapping[str, Any], *, pod: bool = False) -> bytes:
+    """``body`` as the caches keep it: managed fields reduced to who wrote what (none for pods),
+    then :func:`encode_entry`."""
     plain = _plain(body)
-    managed = plain["metadata"].pop("managedFields", None)
+    managed = plain.setdefault("metadata", {}).pop("managedFields", None)
     if managed and not pod:
         plain["metadata"]["managedFields"] = [_slim(entry) for entry in managed]
-    return {(str(namespace), str(name)): encode_entry(plain)}
+    return encode_entry(plain)
 
 
 def encode_entry(body: Mapping[str, Any]) -> bytes:

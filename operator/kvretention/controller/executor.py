@@ -12,9 +12,10 @@ import asyncio
 import datetime as dt
 import logging
 import time
+from collections import ChainMap
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from kvretention.api.models import KvRetentionDeployment
 from kvretention.api.names import APP_NAME, LABEL_INSTANCE, LABEL_NAME
@@ -144,7 +145,8 @@ class Controller:
         """Read from kopf's indexes (kopf passes them to every handler) and the informers' from
         now on."""
         if self.indices is None:
-            self.indices = {**(self.children or {}), **indices}
+            # A view, not a copy: an index read at bind time would be frozen there.
+            self.indices = ChainMap(cast(Any, indices), cast(Any, self.children or {}))
 
     def observe(self, key: Key, *, deleted: bool = False, uid: str | None = None) -> None:
         """A watch event about a KvRetentionDeployment."""
