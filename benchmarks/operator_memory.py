@@ -41,12 +41,12 @@ from operator_bench import (  # noqa: E402
     is_ready,
     list_fleets,
     make_namespace,
+    nodes_for,
     rss_kib,
     wait_for,
 )
 
 RESULTS: Final = HERE / "results" / "operator_memory.json"
-GPUS_PER_NODE: Final = 64
 
 
 def start(cluster: Cluster, log_dir: Path, ns: str, *, code: Path | None, name: str) -> Operator:
@@ -156,8 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     codes: dict[str, Path | None] = {"this": None}
     if args.baseline is not None:
         codes["baseline"] = args.baseline.resolve()
-    gpus = 2 * sum(sizes) * (2 if args.baseline else 1) * 3
-    nodes = max(1, -(-gpus // GPUS_PER_NODE), -(-max(sizes) * 6 // 200))
+    nodes = nodes_for(sizes * len(codes))  # each operator's first run has its own fleets
     with (
         tempfile.TemporaryDirectory(prefix="kvr-opmem-") as tmp,
         control_plane(

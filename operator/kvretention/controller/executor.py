@@ -179,11 +179,9 @@ class Controller:
         self.touch(owner)
 
     def saw(self, plural: str, body: Mapping[str, Any], *, event_type: str | None) -> None:
-        """Any watch event: notices re-lists, and forgets own writes of deleted objects."""
-        uid = uid_of(body)
-        self.relists.saw(plural, uid, event_type=event_type)
-        if event_type == "DELETED":
-            self.own_writes.forget(uid)
+        """A kopf watch event (the fleets): notices kopf re-listing a kind. A deleted fleet's own
+        writes are forgotten by :meth:`observe`."""
+        self.relists.saw(plural, uid_of(body), event_type=event_type)
 
     # loops
 
