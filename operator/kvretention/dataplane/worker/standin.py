@@ -22,6 +22,8 @@ after the last ``<|im_start|>user`` / ``<|user|>``; input ids are decoded with t
 - ``[[standin:tool_call]]``: one call, in the native format, to the first tool of the prompt's
   ``<tools>`` block (``[[standin:tool_call:NAME]]`` picks the tool); arguments fill each required
   property (strings ``"stand-in"``, numbers ``1``, booleans ``true``);
+- ``[[standin:tool_args:JSON]]`` (with a tool-call marker): the calls' arguments, as written (a
+  real CLI then runs something real, e.g. ``{"command": "echo hi"}``);
 - ``[[standin:parallel_tool_calls]]``: two calls (the first two tools, or the first one twice);
 - ``[[standin:json]]``: the JSON object ``{"answer": "stand-in"}``.
 
@@ -61,7 +63,7 @@ REPLY_PIECES: Final = ("Hello", " from", " the", " kvretention", " stand-in", ".
 """The deterministic answer, one piece per generated token."""
 FIRST_TOKEN_ID: Final = 1000
 DIE_EXIT_CODE: Final = 17
-MARKER: Final = re.compile(r"\[\[standin:([a-z_]+)(?::([^\]]+))?\]\]")
+MARKER: Final = re.compile(r"\[\[standin:([a-z_]+)(?::(.+?))?\]\]")
 USER_TURN_HEADERS: Final = ("<|im_start|>user", "<|user|>")
 REASONING_PIECES: Final = (
     "\n", "The", " user", " wants", " the", " stand-in", " answer", ".", "\n",
@@ -123,6 +125,15 @@ def example_arguments(schema: Any) -> dict[str, Any]:
         enum = spec.get("enum") if isinstance(spec, dict) else None
         out[name] = enum[0] if enum else values.get(str(kind), "stand-in")
     return out
+
+
+def _given_arguments(raw: str | None) -> dict[str, Any] | None:
+    """The ``tool_args`` marker's JSON object, or None when absent or not an object."""
+    try:
+        value = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _split(text: str) -> list[str]:
@@ -190,7 +201,11 @@ def plan_reply(
             chosen = [{"name": wanted or "stand_in_tool", "parameters": {}}]
         count = 2 if "parallel_tool_calls" in markers else 1
         picks = (chosen * 2)[:count] if len(chosen) < count else chosen[:count]
-        calls = [(t["name"], example_arguments(t.get("parameters"))) for t in picks]
+        given = _given_arguments(markers.get("tool_args"))
+        calls = [
+            (t["name"], example_arguments(t.get("parameters")) if given is None else given)
+            for t in picks
+        ]
         pieces += tool_call_pieces(calls, tool_format=tool_format)
     elif "json" in markers:
         pieces += _split(json.dumps(JSON_ANSWER))
