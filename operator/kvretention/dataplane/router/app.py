@@ -2,8 +2,11 @@
 
 The body is forwarded as the bytes received (a parsed copy is read for ``session_id`` only), so
 ``kv_hints`` leaves the router byte-identical on every path. Placement data travels in
-``x-kvr-*`` headers. Workers are health-checked: a failed poll or a connection failure ejects
-one at once, a passing poll re-admits it. A worker that dies mid-stream gives the client a final
+``x-kvr-*`` headers. Workers are health-checked on a connection pool of their own, and ejection
+weighs the evidence (:mod:`kvretention.dataplane.router.health`): a refused connection or a worker
+that says it is not ready leaves at once; timeouts and other failures only after several in a row
+with no real request answered in between, and never the last healthy worker for slowness alone. A
+passing poll re-admits a worker. A worker that dies mid-stream gives the client a final
 ``worker_unavailable`` line; a client that disconnects closes the upstream request, which makes
 the worker abort it in the engine.
 """
@@ -43,6 +46,12 @@ from kvretention.dataplane.router.discovery import (
     discover,
     plan_membership,
 )
+from kvretention.dataplane.router.health import (
+    DEFAULT_EJECT_AFTER,
+    Evidence,
+    HealthRecord,
+    plan_health,
+)
 from kvretention.dataplane.router.placement import (
     DEFAULT_MAX_PREFIXES,
     Balance,
@@ -68,6 +77,8 @@ HEALTH_PATH: Final = "/readyz"
 class RouterConfig:
     health_interval_s: float = 2.0
     health_timeout_s: float = 1.0
+    eject_after: int = DEFAULT_EJECT_AFTER
+    """Failed polls (or broken requests) in a row, with no answer in between, that eject a worker."""
     dns_interval_s: float = 5.0
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 600.0
@@ -85,10 +96,18 @@ class RouterConfig:
 class Worker:
     url: str
     role: PoolRole
-    healthy: bool = False
+    health: HealthRecord = field(default_factory=HealthRecord)
     outstanding: int = 0
     served: int = 0
+    answered: int = 0
+    """Real requests the worker answered (a 2xx status): passive evidence that it is alive."""
+    answered_seen: int = 0
+    """``answered`` when its health was last weighed."""
     info: dict[str, Any] | None = None
+
+    @property
+    def healthy(self) -> bool:
+        return self.health.healthy
 
     def view(self) -> WorkerView:
         return WorkerView(
@@ -123,6 +142,18 @@ class RouterMetrics:
             ["role", "reason"],
             registry=self.registry,
         )
+        self.health_failures = Counter(
+            "kvretention_router_worker_health_failures",
+            "Failed health polls and broken requests, by what they showed.",
+            ["role", "evidence"],
+            registry=self.registry,
+        )
+        self.kept = Counter(
+            "kvretention_router_worker_kept",
+            "Failing workers kept in rotation: answering real requests, or the pool's last one.",
+            ["role", "why"],
+            registry=self.registry,
+        )
         self.sticky = Counter(
             "kvretention_router_sticky_placements",
             "Placements decided by a session pin.",
@@ -142,6 +173,8 @@ class RouterState:
     workers: dict[str, Worker] = field(default_factory=dict)
     metrics: RouterMetrics = field(default_factory=RouterMetrics)
     session: aiohttp.ClientSession | None = None
+    health_session: aiohttp.ClientSession | None = None
+    """Polls travel on their own connections, never queued behind long streams."""
     pins: SessionPins = field(init=False)
     prefixes: PrefixIndex = field(init=False)
 
@@ -162,14 +195,37 @@ class RouterState:
         )
         return all(any(w.healthy for w in self.pool(r)) for r in roles)
 
-    def set_healthy(self, worker: Worker, healthy: bool, *, reason: str = "health") -> None:
-        if worker.healthy and not healthy:
-            log.warning("ejecting %s worker %s (%s)", worker.role, worker.url, reason)
-            self.metrics.ejections.labels(worker.role, reason).inc()
-        elif healthy and not worker.healthy:
+    def observe(self, worker: Worker, evidence: Evidence) -> None:
+        """Weigh one poll's or one request's evidence about ``worker`` (see ``router.health``)."""
+        served_since = worker.answered != worker.answered_seen
+        worker.answered_seen = worker.answered
+        others = any(w.healthy for w in self.pool(worker.role) if w is not worker)
+        step = plan_health(
+            worker.health,
+            evidence,
+            served_since=served_since,
+            last_healthy=not others,
+            eject_after=self.config.eject_after,
+        )
+        if evidence != "ok":
+            self.metrics.health_failures.labels(worker.role, evidence).inc()
+        if step.ejected is not None:
+            log.warning("ejecting %s worker %s (%s)", worker.role, worker.url, step.ejected)
+            self.metrics.ejections.labels(worker.role, step.ejected).inc()
+        elif step.admitted:
             log.info("admitting %s worker %s", worker.role, worker.url)
-        worker.healthy = healthy
+        elif step.held is not None:
+            if step.held == "last_worker" and worker.health.failures < self.config.eject_after:
+                log.warning(
+                    "keeping slow %s worker %s: it is the last healthy one", worker.role, worker.url
+                )
+            self.metrics.kept.labels(worker.role, step.held).inc()
+        worker.health = step.record
         self._publish()
+
+    def answered(self, worker: Worker) -> None:
+        """A real request got a status line from ``worker``: it is alive, however slow its polls."""
+        worker.answered += 1
 
     def _publish(self) -> None:
         for role in ("aggregated", "prefill", "decode"):
@@ -212,18 +268,31 @@ async def refresh_membership(state: RouterState) -> None:
 
 async def check_worker(state: RouterState, worker: Worker) -> None:
     """One readiness poll; prefill workers also report their bootstrap address once."""
-    assert state.session is not None
+    assert state.health_session is not None
+    session = state.health_session
     timeout = aiohttp.ClientTimeout(total=state.config.health_timeout_s)
+    evidence: Evidence
     try:
-        async with state.session.get(worker.url + HEALTH_PATH, timeout=timeout) as resp:
-            ok = resp.status == 200
-        if ok and worker.role == "prefill" and worker.info is None:
-            async with state.session.get(worker.url + INFO_PATH, timeout=timeout) as resp:
+        async with session.get(worker.url + HEALTH_PATH, timeout=timeout) as resp:
+            evidence = (
+                "ok" if resp.status == 200 else "not_ready" if resp.status == 503 else "error"
+            )
+        if evidence == "ok" and worker.role == "prefill" and worker.info is None:
+            async with session.get(worker.url + INFO_PATH, timeout=timeout) as resp:
                 if resp.status == 200:
                     worker.info = await resp.json()
-    except (aiohttp.ClientError, TimeoutError):
-        ok = False
-    state.set_healthy(worker, ok, reason="health")
+    except TimeoutError:
+        evidence = "timeout"
+    except aiohttp.ClientConnectorError as exc:
+        evidence = connect_evidence(exc)
+    except aiohttp.ClientError:
+        evidence = "error"
+    state.observe(worker, evidence)
+
+
+def connect_evidence(exc: aiohttp.ClientConnectorError) -> Evidence:
+    """A refused connection is decisive (no process listens); anything else is not."""
+    return "refused" if isinstance(exc.os_error, ConnectionRefusedError) else "error"
 
 
 async def check_all(state: RouterState) -> None:
@@ -245,6 +314,7 @@ async def _background(app: web.Application) -> Any:
         total=None, connect=state.config.connect_timeout_s, sock_read=state.config.read_timeout_s
     )
     state.session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False)
+    state.health_session = aiohttp.ClientSession()
     await refresh_membership(state)
     await check_all(state)
     tasks = [
@@ -258,6 +328,7 @@ async def _background(app: web.Application) -> Any:
         with contextlib.suppress(asyncio.CancelledError):
             await task
     await state.session.close()
+    await state.health_session.close()
 
 
 # ---------------------------------------------------------------- request path
@@ -384,16 +455,16 @@ async def _aggregated(
                     upstream
                 ):
                     # The worker refused before doing anything: another one may take it.
-                    state.set_healthy(worker, False, reason="draining")
+                    state.observe(worker, "not_ready")
                     tried.add(worker.url)
                     continue
                 return await _relay(request, state, worker, upstream)
-        except aiohttp.ClientConnectorError:
+        except aiohttp.ClientConnectorError as exc:
             # Nothing reached the worker, so another one may take the request.
-            state.set_healthy(worker, False, reason="connect")
+            state.observe(worker, connect_evidence(exc))
             tried.add(worker.url)
         except (aiohttp.ClientError, TimeoutError) as exc:
-            state.set_healthy(worker, False, reason="connect")
+            state.observe(worker, "error")
             return error_response(
                 ErrorCode.WORKER_UNAVAILABLE, f"worker {worker.url} failed: {exc}"
             ), "worker_unavailable"
@@ -455,7 +526,7 @@ async def _disaggregated(
         )
         for worker, result in zip((prefill, decode), results, strict=True):
             if isinstance(result, aiohttp.ClientConnectorError):
-                state.set_healthy(worker, False, reason="connect")
+                state.observe(worker, connect_evidence(result))
             if isinstance(result, BaseException):
                 return error_response(
                     ErrorCode.WORKER_UNAVAILABLE,
@@ -467,6 +538,7 @@ async def _disaggregated(
         for resp in (resp_p, resp_d):
             if resp.status != 200:
                 return await _passthrough_error(resp), "upstream_error"
+        state.answered(prefill)
         # The prefill half's answer is not the client's; read it to the end so SGLang's
         # prefill request completes, then drop it.
         drain_task = asyncio.create_task(_discard(resp_p))
@@ -508,6 +580,7 @@ async def _relay(
     """Stream a worker's NDJSON answer to the client, ending with an error line if it breaks off."""
     if upstream.status != 200:
         return await _passthrough_error(upstream), "upstream_error"
+    state.answered(worker)
     out = web.StreamResponse(headers={"Content-Type": NDJSON})
     await out.prepare(request)
     pending, last = b"", b""
@@ -520,6 +593,7 @@ async def _relay(
             break
         if not data:
             break
+        state.answered(worker)  # every chunk: a long stream keeps proving the worker alive
         await _write(out, data)
         pending += data
         *lines, pending = pending.split(b"\n")
@@ -536,7 +610,7 @@ async def _relay(
         else:
             code, outcome = ErrorCode.WORKER_UNAVAILABLE, "worker_unavailable"
             message = f"worker {worker.url} stopped mid-stream"
-            state.set_healthy(worker, False, reason="midstream")
+            state.observe(worker, "error")
         await _write(out, error_line(code, message))
     with contextlib.suppress(ConnectionResetError):
         await out.write_eof()
@@ -561,6 +635,7 @@ async def handle_workers(request: web.Request) -> web.Response:
                 "url": w.url,
                 "role": w.role,
                 "healthy": w.healthy,
+                "failures": w.health.failures,
                 "outstanding": w.outstanding,
                 "served": w.served,
             }

@@ -21,6 +21,7 @@ import click
 from kvretention.dataplane.http import serve_until_signal
 from kvretention.dataplane.router.app import RouterConfig, RouterState, build_app
 from kvretention.dataplane.router.discovery import DiscoveryError, build_sources
+from kvretention.dataplane.router.health import DEFAULT_EJECT_AFTER
 from kvretention.dataplane.router.placement import DEFAULT_MAX_PREFIXES, POLICIES, Policy
 from kvretention.ports import ROUTER_PORT
 
@@ -46,6 +47,15 @@ log = logging.getLogger("kvretention.router")
 )
 @click.option("--health-interval", type=float, default=2.0, show_default=True)
 @click.option("--health-timeout", type=float, default=1.0, show_default=True)
+@click.option(
+    "--eject-after",
+    type=click.IntRange(1),
+    default=DEFAULT_EJECT_AFTER,
+    show_default=True,
+    help="Failed polls in a row, with no request answered in between, that take a worker out of "
+    "rotation (a refused connection or a not-ready answer does at once; a pool's last worker is "
+    "never taken out for slowness alone).",
+)
 @click.option("--dns-interval", type=float, default=5.0, show_default=True)
 @click.option("--connect-timeout", type=float, default=5.0, show_default=True)
 @click.option(
@@ -84,6 +94,7 @@ def router_cmd(
     bootstrap_port: int | None,
     health_interval: float,
     health_timeout: float,
+    eject_after: int,
     dns_interval: float,
     connect_timeout: float,
     read_timeout: float,
@@ -108,6 +119,7 @@ def router_cmd(
     config = RouterConfig(
         health_interval_s=health_interval,
         health_timeout_s=health_timeout,
+        eject_after=eject_after,
         dns_interval_s=dns_interval,
         connect_timeout_s=connect_timeout,
         read_timeout_s=read_timeout,
