@@ -507,8 +507,8 @@ SessionKey = Annotated[
     Field(
         min_length=1,
         max_length=128,
-        pattern=r"^(metadata\.[A-Za-z0-9_]+|[A-Za-z0-9][A-Za-z0-9_-]*)$",
-        description="A header name, or metadata.<field> of the request body.",
+        pattern=r"^((client_)?metadata\.[A-Za-z0-9_]+|[A-Za-z0-9][A-Za-z0-9_-]*)$",
+        description="A header name, or metadata.<field> / client_metadata.<field> of the body.",
     ),
 ]
 
@@ -540,13 +540,15 @@ class RouterSpec(_Model):
     session_keys: list[SessionKey] = Field(
         default_factory=lambda: list(DEFAULT_SESSION_KEYS),
         min_length=0,
-        max_length=8,
+        max_length=16,
         description=(
             "Where the frontend finds a request's session, in order; the first one present pins "
-            "the conversation to one worker. A header name (x-session-id; Codex's session_id; "
-            "x-claude-code-session-id) or metadata.<field> of the request body (Anthropic "
-            "metadata.user_id, where Claude Code puts its session). prompt_cache_key is never "
-            "an affinity key. Empty: no session affinity."
+            "the conversation to one worker. A header name (x-session-id; x-dynamo-session-id, "
+            "set by Dynamo-style gateways; Codex's thread-id, session-id and older session_id; "
+            "x-claude-code-session-id) or metadata.<field> / client_metadata.<field> of the "
+            "request body (Codex's client_metadata.session_id; Anthropic metadata.user_id, where "
+            "Claude Code puts its session). prompt_cache_key is never an affinity key. Empty: no "
+            "session affinity."
         ),
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )

@@ -31,13 +31,23 @@ HEADER_SESSION: Final = "x-session-id"
 """Client-facing sticky-session header (the frontend copies it into ``session_id``)."""
 DEFAULT_SESSION_KEYS: Final[tuple[str, ...]] = (
     HEADER_SESSION,
+    "x-dynamo-session-id",
+    "thread-id",
+    "session-id",
     "session_id",
     "x-claude-code-session-id",
+    "client_metadata.session_id",
     "metadata.user_id",
 )
-"""Where the frontend looks for a session, in order: header names, or ``metadata.<field>`` of the
-body (Codex sends ``session_id``; Claude Code ``metadata.user_id``, some setups
-``x-claude-code-session-id``). ``spec.router.sessionKeys`` overrides it per fleet."""
+"""Where the frontend looks for a session, in order: header names, or ``metadata.<field>`` /
+``client_metadata.<field>`` of the body. Explicit keys first (``x-session-id``, and
+``X-Dynamo-Session-ID`` that Dynamo-style gateways set); then Codex 0.169's ``thread-id`` (one
+conversation: a sub-agent has its own) and ``session-id`` headers, older Codex's ``session_id``;
+Claude Code's ``X-Claude-Code-Session-Id``; Codex's body ``client_metadata.session_id``; Claude
+Code's ``metadata.user_id`` (a JSON string that holds its session id). ``spec.router.sessionKeys``
+overrides it per fleet."""
+BODY_SESSION_OBJECTS: Final = ("metadata", "client_metadata")
+"""The body objects a session key may name a field of (``metadata.<field>``)."""
 HEADER_PREFIX: Final = "x-kvr-prefix"
 """Frontend -> router: the prompt's prefix-hash chain for cache-aware placement (no body parse)."""
 
@@ -315,6 +325,10 @@ class PreprocessedRequest(BaseModel):
     token_ids: list[int] | None = None
     messages: list[ChatMessage] | None = None
     tools: list[ToolDefinition] = Field(default_factory=list)
+    deferred_tools: list[ToolDefinition] = Field(default_factory=list)
+    """Tools the client marked ``defer_loading``: the template does not show them (a tool search
+    result in the conversation carries their definitions), but the answer's tool calls are parsed
+    against them too. A worker that predates the field ignores it."""
     tool_choice: ToolChoice = Field(default_factory=ToolChoice)
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None

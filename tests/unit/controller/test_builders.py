@@ -20,6 +20,7 @@ from kvretention.controller.resources import (
     scaled_role,
 )
 from kvretention.controller.resources.common import CONFIG_HASH_ANNOTATION
+from kvretention.dataplane.protocol import DEFAULT_SESSION_KEYS
 
 Body = dict[str, Any]
 
@@ -306,7 +307,7 @@ def test_frontend_points_at_the_router() -> None:
         "--hint-priority=50",
         "--normalize-clients",
         "--prefix-routing",
-        "--session-keys=x-session-id,session_id,x-claude-code-session-id,metadata.user_id",
+        "--session-keys=" + ",".join(DEFAULT_SESSION_KEYS),
     ]
     assert frontend_endpoint(cr) == "http://f-frontend.ns.svc:80"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -244,7 +245,71 @@ def test_documented_no_ops_change_nothing(fields: dict[str, Any]) -> None:
     assert set(fields) <= set(NO_OPS)
     plain = parse_messages(body())
     parsed = parse_messages(body(**fields))
-    assert parsed == plain
+    assert dataclasses.replace(parsed, ignored=()) == plain
+    # counted as ignored, except metadata, which the frontend reads for the session
+    assert parsed.ignored == tuple(k for k in fields if k != "metadata")
+
+
+_TEXT = {"type": "text", "text": "hi"}
+IGNORED = [
+    # (fields, the ignored field's label): accepted, counted, and the request is otherwise the same
+    ({"frobnicate": 1}, "frobnicate"),
+    ({"safeguards": [{"type": "dangerous_tool_use", "classifier_context": "x"}]}, "safeguards"),
+    ({"diagnostics": {"cache_miss": True}}, "diagnostics"),
+    ({"fallbacks": [{"model": "other"}]}, "fallbacks"),
+    ({"tools": [{**WEATHER, "nope": 1}]}, "tools.*.nope"),
+    ({"tools": [{**WEATHER, "input_examples": [{"city": "Paris"}]}]}, "tools.*.input_examples"),
+    ({"metadata": {"user_id": "u", "email": "x"}}, "metadata.email"),
+    (
+        {"messages": [{"role": "user", "content": [{**_TEXT, "extra": 1}]}]},
+        "messages.*.content.*.extra",
+    ),
+    ({"messages": [{"role": "user", "content": "hi", "name": "n"}]}, "messages.*.name"),
+    (
+        {
+            "messages": [
+                {"role": "user", "content": "hi", "output_config": {"effort": "low"}},
+                {"role": "assistant", "content": "hello"},
+                {"role": "user", "content": "hi"},
+            ]
+        },
+        "messages.*.output_config",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("fields", "label"), [pytest.param(f, label, id=label) for f, label in IGNORED]
+)
+def test_unknown_keys_are_ignored_and_counted(fields: dict[str, Any], label: str) -> None:
+    """Keys are open (compat's rule): an unknown key changes nothing and is named once."""
+    parsed = parse_messages(body(**fields))
+    assert parsed.ignored == (label,)
+    without = {
+        k: v
+        for k, v in fields.items()
+        if k not in ("frobnicate", "safeguards", "diagnostics", "fallbacks")
+    }
+    plain = parse_messages(body(**without)) if without != fields else None
+    if plain is not None and "output_config" not in label:
+        assert dataclasses.replace(parsed, ignored=()).messages == plain.messages
+
+
+def test_null_unknown_keys_carry_nothing() -> None:
+    assert parse_messages(body(frobnicate=None)).ignored == ()
+
+
+def test_the_last_messages_output_config_sets_the_turns_effort() -> None:
+    """Claude Code puts the turn's effort on a trailing system message."""
+    turn = {"role": "system", "content": "s", "output_config": {"effort": "low"}}
+    parsed = parse_messages(
+        body(output_config={"effort": "high"}, messages=[{"role": "user", "content": "hi"}, turn])
+    )
+    assert parsed.reasoning == ReasoningControl(effort="low")
+    assert parsed.ignored == ()
+    with pytest.raises(ClientError) as info:
+        parse_messages(body(messages=[{**turn, "output_config": {"effort": "extreme"}}]))
+    assert info.value.param == "messages.0.output_config.effort"
 
 
 def _refused(fields: dict[str, Any], *, count: bool = False) -> ClientError:
@@ -262,7 +327,6 @@ REFUSALS = [
     ({"output_format": {"type": "json_schema"}}, "output_format", "unsupported_parameter"),
     ({"container": "c"}, "container", "unsupported_parameter"),
     ({"mcp_servers": []}, "mcp_servers", "unsupported_parameter"),
-    ({"frobnicate": 1}, "frobnicate", "unknown_parameter"),
     (
         {"tools": [{"type": "bash_20250124", "name": "bash"}]},
         "tools.0.type",
@@ -280,7 +344,6 @@ REFUSALS = [
         "invalid_value",
     ),
     ({"tools": [WEATHER, WEATHER]}, "tools.1.name", "invalid_value"),
-    ({"tools": [{**WEATHER, "nope": 1}]}, "tools.0.nope", "unknown_parameter"),
     ({"tool_choice": {"type": "any"}}, "tool_choice", "invalid_value"),
     (
         {"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "other"}},
@@ -307,7 +370,6 @@ REFUSALS = [
         "invalid_value",
     ),
     ({"output_config": {"effort": "extreme"}}, "output_config.effort", "invalid_value"),
-    ({"metadata": {"user_id": "u", "email": "x"}}, "metadata.email", "unknown_parameter"),
     ({"service_tier": "priority"}, "service_tier", "invalid_value"),
     (
         {"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}},
@@ -363,16 +425,6 @@ REFUSALS = [
         "messages.0.content.0.signature",
         "missing_required_parameter",
     ),
-    (
-        _msgs({"type": "text", "text": "x", "extra": 1}),
-        "messages.0.content.0.extra",
-        "unknown_parameter",
-    ),
-    (
-        {"messages": [{"role": "user", "content": "x", "name": "n"}]},
-        "messages.0.name",
-        "unknown_parameter",
-    ),
     ({"system": [{"type": "image", "source": PNG}]}, "system.0.type", "unsupported_parameter"),
 ]
 
@@ -407,10 +459,12 @@ def test_count_tokens_takes_the_prompt_fields_only() -> None:
     assert parsed.tools[0].name == "get_weather"
     assert parsed.envelope is None  # counting prefills nothing, so nothing is retained
     assert parsed.reasoning == ReasoningControl(enabled=True, budget_tokens=100_000)
-    for field in ("max_tokens", "stream", "metadata"):
-        with pytest.raises(ClientError) as info:
-            parse_count_tokens({"model": "m", "messages": [], field: 1})
-        assert info.value.param == field
+    not_counted: dict[str, Any] = {"max_tokens": 1, "stream": True, "metadata": {"user_id": "u"}}
+    for field, value in not_counted.items():  # not count parameters: ignored
+        counted = parse_count_tokens(
+            {"model": "m", "messages": [{"role": "user", "content": "x"}], field: value}
+        )
+        assert counted.ignored == (field,)
     with pytest.raises(ClientError) as info:
         parse_count_tokens(
             {"model": "m", "messages": [{"role": "user", "content": "x", "cache_control": {}}]}
@@ -576,3 +630,57 @@ def test_tool_use_arguments_keep_unicode() -> None:
     )
     assert json.loads(parsed.messages[0].tool_calls[0].arguments) == {"q": "é"}
     assert "é" in parsed.messages[0].tool_calls[0].arguments
+
+
+def test_deferred_tools_stay_out_of_the_prompt_until_a_tool_reference_loads_them() -> None:
+    """Claude Code's tool search: ToolSearch is its own tool; a ``tool_reference`` in its result
+    brings the deferred tool's definition into the conversation, where the model reads it."""
+    cron = {"name": "CronCreate", "description": "Schedule", "input_schema": SCHEMA}
+    placeholder = {"name": "DeferredToolPlaceholder", "input_schema": {"type": "object"}}
+    search = {"name": "ToolSearch", "input_schema": {"type": "object"}}
+    ref = {"type": "tool_reference", "tool_name": "CronCreate"}
+    parsed = parse_messages(
+        body(
+            tools=[search, {**placeholder, "defer_loading": True}, {**cron, "defer_loading": True}],
+            messages=[
+                {"role": "user", "content": "schedule it"},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "tool_use", "id": "t1", "name": "ToolSearch", "input": {}}
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [ref]}],
+                },
+            ],
+        )
+    )
+    assert [t.name for t in parsed.tools] == ["ToolSearch"]
+    assert [t.name for t in parsed.deferred_tools] == ["DeferredToolPlaceholder", "CronCreate"]
+    loaded = parsed.messages[-1]
+    assert loaded.role == "tool" and loaded.content == (
+        "<functions>\n<function>"
+        + json.dumps({"description": "Schedule", "name": "CronCreate", "parameters": SCHEMA})
+        + "</function>\n</functions>"
+    )
+    with pytest.raises(ClientError) as info:
+        parse_messages(
+            body(
+                tools=[search],
+                messages=[
+                    {
+                        "role": "user",
+                        "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [ref]}],
+                    }
+                ],
+            )
+        )
+    assert info.value.param == "messages.0.content.0.content.0.tool_name"
+
+
+def test_thinking_display_updates_returns_the_thinking() -> None:
+    parsed = parse_messages(body(thinking={"type": "adaptive", "display": "updates"}))
+    assert parsed.reasoning == ReasoningControl(enabled=True)
+    assert "omit_thinking" not in parsed.echo

@@ -13,7 +13,12 @@ from kvretention.dataplane.frontend.affinity import (
     prefix_chain,
     session_key,
 )
-from kvretention.dataplane.protocol import ChatMessage, TextPart, ToolDefinition
+from kvretention.dataplane.protocol import (
+    DEFAULT_SESSION_KEYS,
+    ChatMessage,
+    TextPart,
+    ToolDefinition,
+)
 from kvretention.dataplane.router.placement import (
     Balance,
     PrefixIndex,
@@ -139,6 +144,51 @@ def test_session_key_takes_the_first_source_present(
     assert session_key(KEYS, headers=headers, body=body) == expected
 
 
+CODEX_ID = "01a2357a-1dde-7173-be1f-c2f6c05635b2"
+CC_USER_ID = '{"device_id":"f649","account_uuid":"","session_id":"8548781f"}'
+
+
+@pytest.mark.parametrize(
+    ("headers", "body", "expected"),
+    [
+        # each default source on its own, as the client sends it
+        pytest.param({"X-Session-ID": "s"}, {}, "s", id="x-session-id"),
+        pytest.param({"X-Dynamo-Session-ID": "dyn"}, {}, "dyn", id="dynamo-gateway"),
+        pytest.param({"thread-id": "thr"}, {}, "thr", id="codex-thread-id"),
+        pytest.param({"session-id": CODEX_ID}, {}, CODEX_ID, id="codex-session-id"),
+        pytest.param({"session_id": "old"}, {}, "old", id="older-codex-session_id"),
+        pytest.param({"X-Claude-Code-Session-Id": "cc"}, {}, "cc", id="claude-code-header"),
+        pytest.param(
+            {}, {"client_metadata": {"session_id": CODEX_ID}}, CODEX_ID, id="codex-client-metadata"
+        ),
+        pytest.param({}, {"metadata": {"user_id": CC_USER_ID}}, CC_USER_ID, id="claude-code-user"),
+        # Codex 0.169 sends all three; a sub-agent's thread differs from the root session
+        pytest.param(
+            {"session-id": "root", "thread-id": "sub"},
+            {"client_metadata": {"session_id": "root"}},
+            "sub",
+            id="codex-thread-wins",
+        ),
+        # an explicit key, or a gateway's, wins over what the client says
+        pytest.param(
+            {"x-dynamo-session-id": "dyn", "x-claude-code-session-id": "cc"},
+            {"metadata": {"user_id": CC_USER_ID}},
+            "dyn",
+            id="gateway-first",
+        ),
+        pytest.param({"x-session-id": "s", "x-dynamo-session-id": "d"}, {}, "s", id="explicit"),
+        pytest.param({}, {"client_metadata": "no"}, None, id="client-metadata-not-an-object"),
+    ],
+)
+def test_default_session_keys_take_what_the_clients_send(
+    headers: dict[str, str], body: dict[str, object], expected: str | None
+) -> None:
+    from multidict import CIMultiDict
+
+    found = session_key(DEFAULT_SESSION_KEYS, headers=CIMultiDict(headers), body=body)
+    assert found == expected
+
+
 def test_session_key_order_is_configurable() -> None:
     headers = {"x-session-id": "h"}
     body = {"metadata": {"user_id": "m"}}
@@ -210,6 +260,7 @@ def test_drop_billing_header_keeps_the_rest_of_the_system_prompt() -> None:
             ("x-session-id", "session_id", "metadata.user_id"),
         ),
         (" a , b ", ("a", "b")),
+        ("client_metadata.session_id,thread-id", ("client_metadata.session_id", "thread-id")),
         ("", ()),
     ],
 )
@@ -219,7 +270,9 @@ def test_frontend_session_keys_flag(value: str, keys: tuple[str, ...]) -> None:
     assert parse_session_keys(value) == keys
 
 
-@pytest.mark.parametrize("value", ["a b", "metadata.", "metadata.user id", "-x"])
+@pytest.mark.parametrize(
+    "value", ["a b", "metadata.", "metadata.user id", "-x", "other_metadata.x", "client_metadata."]
+)
 def test_frontend_session_keys_flag_refuses_malformed_keys(value: str) -> None:
     import click
 

@@ -228,7 +228,6 @@ REFUSALS = [
     ({"logprobs": True}, "logprobs", "unsupported_parameter"),
     ({"n": 2}, "n", "unsupported_parameter"),
     ({"modalities": ["text", "audio"]}, "modalities", "unsupported_parameter"),
-    ({"bogus": 1}, "bogus", "unknown_parameter"),
     ({"tool_choice": "auto"}, "tool_choice", "invalid_value"),
     ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice", "invalid_value"),
     (
@@ -283,7 +282,6 @@ REFUSALS = [
     ({"logit_bias": {"abc": 1}}, "logit_bias", "invalid_value"),
     ({"logit_bias": {"1": 101}}, "logit_bias.1", "invalid_value"),
     ({"logit_bias": [1]}, "logit_bias", "invalid_type"),
-    ({"stream_options": {"include_usage": True, "x": 1}}, "stream_options.x", "unknown_parameter"),
     ({"verbosity": "loud"}, "verbosity", "invalid_value"),
     ({"metadata": {"k": 1}}, "metadata.k", "invalid_type"),
     (
@@ -324,11 +322,6 @@ REFUSALS = [
         },
         "messages[0].tool_calls[0].function.arguments",
         "missing_required_parameter",
-    ),
-    (
-        {"messages": [{"role": "user", "content": "x", "extra": 1}]},
-        "messages[0].extra",
-        "unknown_parameter",
     ),
     (
         {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]},
@@ -503,3 +496,25 @@ def test_reasoning_history_round_trips_as_reasoning() -> None:
         )
     )
     assert parsed.messages[0].reasoning == Reasoning(text="r")
+
+
+CHAT_IGNORED = [
+    # (extra body, the ignored field's label): accepted, counted, and otherwise the same request
+    ({"bogus": 1}, ("bogus",)),
+    ({"stream_options": {"include_usage": True, "x": 1}}, ("stream_options.x",)),
+    ({"messages": [{"role": "user", "content": "x", "extra": 1}]}, ("messages[*].extra",)),
+    ({"messages": [{"role": "user", "content": "x", "name": "ann"}]}, ("messages[*].name",)),
+    ({"store": False, "user": "u"}, ("store", "user")),
+    ({"metadata": {"session": "s"}}, ()),  # may hold the session key: read, not ignored
+    ({"bogus": None}, ()),  # null carries nothing
+]
+
+
+@pytest.mark.parametrize(
+    ("extra", "labels"), [pytest.param(e, lb, id=str(lb)) for e, lb in CHAT_IGNORED]
+)
+def test_unknown_keys_and_no_ops_are_ignored_and_counted(
+    extra: dict[str, Any], labels: tuple[str, ...]
+) -> None:
+    parsed = parse_chat(body(**extra))
+    assert parsed.ignored == labels

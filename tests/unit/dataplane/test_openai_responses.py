@@ -189,7 +189,6 @@ REFUSALS = [
         "unsupported_parameter",
     ),
     ({"truncation": "auto"}, "truncation", "unsupported_parameter"),
-    ({"bogus": 1}, "bogus", "unknown_parameter"),
     ({"include": "reasoning.encrypted_content"}, "include", "invalid_type"),
     ({"store": "no"}, "store", "invalid_type"),
     (
@@ -199,16 +198,10 @@ REFUSALS = [
     ),
     ({"tools": [{"type": "local_shell"}]}, "tools[0].type", "unsupported_parameter"),
     (
-        {"tools": [{**SHELL, "defer_loading": True}]},
-        "tools[0].defer_loading",
-        "unsupported_parameter",
-    ),
-    (
         {"tools": [{**SHELL, "allowed_callers": ["programmatic"]}]},
         "tools[0].allowed_callers",
         "unsupported_parameter",
     ),
-    ({"tools": [{"type": "web_search", "bogus": 1}]}, "tools[0].bogus", "unknown_parameter"),
     (
         {"tools": [{"type": "web_search"}], "tool_choice": {"type": "web_search"}},
         "tool_choice.type",
@@ -264,11 +257,30 @@ REFUSALS = [
         "missing_required_parameter",
     ),
     ({"text": {"verbosity": "chatty"}}, "text.verbosity", "invalid_value"),
-    ({"text": {"other": 1}}, "text.other", "unknown_parameter"),
     ({"reasoning": {"effort": "huge"}}, "reasoning.effort", "invalid_value"),
     ({"reasoning": {"summary": "always"}}, "reasoning.summary", "invalid_value"),
     ({"reasoning": {"mode": "pro"}}, "reasoning.mode", "unsupported_parameter"),
-    ({"reasoning": {"context": "all_turns"}}, "reasoning.context", "unknown_parameter"),
+    ({"reasoning": {"context": "some_turns"}}, "reasoning.context", "invalid_value"),
+    (
+        {"tools": [{"type": "namespace", "name": "ns", "tools": [{"type": "web_search"}]}]},
+        "tools[0].tools[0].type",
+        "unsupported_parameter",
+    ),
+    (
+        {"tools": [{"type": "namespace", "name": "ns", "tools": []}]},
+        "tools[0].tools",
+        "invalid_type",
+    ),
+    (
+        {"tools": [SHELL, {"type": "namespace", "name": "ns", "tools": [SHELL, SHELL]}]},
+        "tools[1].tools[1].name",
+        "invalid_value",
+    ),
+    (
+        {"input": [{"type": "additional_tools", "tools": "x"}, "x"]},
+        "input[0].tools",
+        "invalid_type",
+    ),
     (
         {"input": [{"type": "item_reference", "id": "msg_1"}]},
         "input[0].type",
@@ -290,13 +302,11 @@ REFUSALS = [
         "missing_required_parameter",
     ),
     ({"input": [_call(arguments=None)]}, "input[0].arguments", "invalid_type"),
-    ({"input": [_call(namespace="ns")]}, "input[0].namespace", "unknown_parameter"),
     (
         {"input": [_call(caller={"type": "program", "caller_id": "p1"})]},
         "input[0].caller.type",
         "unsupported_parameter",
     ),
-    ({"input": [_call(end_turn=True)]}, "input[0].end_turn", "unknown_parameter"),
     (
         {"input": [{"type": "reasoning", "summary": [{"type": "text", "text": "x"}]}]},
         "input[0].summary[0].type",
@@ -509,3 +519,90 @@ def test_a_failure_mid_item_is_an_error_event_then_a_failed_response() -> None:
     failed = Response.model_validate(events[-1]["response"])
     assert failed.status == "failed" and failed.error is not None
     assert failed.output[0].type == "message" and failed.output[0].status == "incomplete"
+
+
+RESPONSES_IGNORED = [
+    # (extra body, labels): accepted, counted, and otherwise the same request
+    ({"bogus": 1}, ("bogus",)),
+    ({"tools": [{"type": "web_search", "bogus": 1}]}, ("tools[*].bogus", "tools[*]:web_search")),
+    ({"text": {"other": 1}}, ("text.other",)),
+    ({"reasoning": {"effort": "low", "context": "all_turns"}}, ("reasoning.context",)),
+    ({"tools": [{**SHELL, "defer_loading": True}]}, ("tools[*].defer_loading",)),
+    ({"tools": [SHELL, {"type": "tool_search", "execution": "client"}]}, ("tools[*]:tool_search",)),
+    ({"store": False, "include": ["reasoning.encrypted_content"]}, ("store", "include")),
+    ({"client_metadata": {"session_id": "s"}}, ()),  # a session source: read, not ignored
+]
+
+
+@pytest.mark.parametrize(
+    ("extra", "labels"), [pytest.param(e, lb, id=str(lb)) for e, lb in RESPONSES_IGNORED]
+)
+def test_unknown_keys_and_no_ops_are_ignored_and_counted(
+    extra: dict[str, Any], labels: tuple[str, ...]
+) -> None:
+    parsed = parse_responses({"model": "m", "input": "x", **extra})
+    assert parsed.ignored == labels
+
+
+def _namespace(name: str, *tools: dict[str, Any], description: str | None = None) -> dict[str, Any]:
+    ns: dict[str, Any] = {"type": "namespace", "name": name, "tools": list(tools)}
+    if description is not None:
+        ns["description"] = description
+    return ns
+
+
+def test_namespaces_are_offered_flat_and_answered_with_their_namespace() -> None:
+    """Codex's code mode: every tool in an ``additional_tools`` item, grouped in namespaces."""
+    wait = {**SHELL, "name": "wait"}
+    body = {
+        "model": "m",
+        "input": [
+            {
+                "type": "additional_tools",
+                "id": "at_1",
+                "role": "developer",
+                "tools": [
+                    _namespace("functions", APPLY_PATCH, wait),
+                    _namespace(
+                        "collaboration", {**SHELL, "name": "spawn_agent"}, description="Agents."
+                    ),
+                    _namespace("other", {**SHELL, "name": "wait"}),
+                ],
+            },
+            {"type": "message", "role": "user", "content": "go"},
+            _call(name="spawn_agent", namespace="collaboration", call_id="c1"),
+            {
+                "type": "function_call_output",
+                "call_id": "c1",
+                "output": "ok",
+                "namespace": "collaboration",
+            },
+        ],
+    }
+    parsed = parse_responses(body)
+    assert [t.name for t in parsed.tools] == [
+        "apply_patch",
+        "functionswait",
+        "spawn_agent",
+        "otherwait",
+    ]
+    assert parsed.tools[0].kind == "custom"
+    assert parsed.tools[2].description == "Agents.\n\n" + str(SHELL["description"])
+    assert parsed.messages[-2].tool_calls[0].name == "spawn_agent"
+    assert parsed.tool_origin["functionswait"] == ("functions", "wait")
+    calls = [
+        ToolCall(id="call_a", name="spawn_agent", arguments="{}"),
+        ToolCall(id="call_b", name="apply_patch", arguments="*** Begin Patch", kind="custom"),
+    ]
+    result = Completion(text="\n\n", tool_calls=calls, finish_reason="tool_calls", usage=USAGE)
+    raw = responses_response(parsed, result, request_id="r9")
+    final = Response.model_validate(raw)
+    # no whitespace-only message before the calls; each call names its namespace and own name
+    assert [item.type for item in final.output] == ["function_call", "custom_tool_call"]
+    assert (
+        raw["output"][0]["namespace"] == "collaboration"
+        and raw["output"][0]["name"] == "spawn_agent"
+    )
+    assert (
+        raw["output"][1]["namespace"] == "functions" and raw["output"][1]["name"] == "apply_patch"
+    )

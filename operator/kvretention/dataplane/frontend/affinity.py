@@ -1,9 +1,11 @@
 """What the frontend tells the router about placement, so the router never parses bodies.
 
 - The **session key**: the first of an ordered list of sources that the request carries: headers
-  (``x-session-id``; Codex's ``session_id``; ``x-claude-code-session-id``) or body fields (Anthropic
-  ``metadata.user_id``, where Claude Code puts its session). ``prompt_cache_key`` is deliberately
-  not a source: it is a cache-routing hint in the provider contract, not affinity.
+  (``x-session-id``; ``x-dynamo-session-id``; Codex's ``thread-id``, ``session-id`` and older
+  ``session_id``; ``x-claude-code-session-id``) or body fields (Codex's
+  ``client_metadata.session_id``; Anthropic ``metadata.user_id``, where Claude Code puts its
+  session). ``prompt_cache_key`` is deliberately not a source: it is a cache-routing hint in the
+  provider contract, not affinity.
 - The **prefix chain** for cache-aware placement: one hash per conversation block (the tools and
   leading system messages as one block, then each message), each hash covering every block
   before it, so two requests share the first ``n`` hashes exactly when they share the first ``n``
@@ -21,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from kvretention.dataplane.protocol import (
+    BODY_SESSION_OBJECTS,
     DEFAULT_SESSION_KEYS,
     ChatMessage,
     ImagePart,
@@ -36,7 +39,6 @@ __all__ = [
     "session_key",
 ]
 
-BODY_PREFIX: Final = "metadata."
 MAX_SESSION_KEY: Final = 512
 FULL_CHAIN_BLOCKS: Final = 32
 """Every hash up to this many blocks; past it every ``CHAIN_STRIDE``-th and the last one, so a
@@ -50,11 +52,10 @@ def session_key(
 ) -> str | None:
     """The first non-empty source in ``keys``; header names are case-insensitive."""
     for key in keys:
-        if key.startswith(BODY_PREFIX):
-            metadata = body.get("metadata")
-            value = (
-                metadata.get(key.removeprefix(BODY_PREFIX)) if isinstance(metadata, dict) else None
-            )
+        owner, dot, name = key.partition(".")
+        if dot and owner in BODY_SESSION_OBJECTS:
+            fields = body.get(owner)
+            value = fields.get(name) if isinstance(fields, dict) else None
         else:
             value = headers.get(key)
         if isinstance(value, str) and value:

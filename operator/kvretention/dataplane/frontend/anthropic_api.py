@@ -2,8 +2,11 @@
 
 The top-level ``cache_control`` is normalized (and block-level ones refused) by
 ``kvretention.hints.anthropic`` before the rest of the body is checked. Every other top-level field,
-block type and block key is one of: honoured, a documented no-op (``docs/frontend.md``), or a 400
-naming it; unknown keys get Anthropic's ``Extra inputs are not permitted``. The stream follows the
+block type and block key is one of: honoured, accepted and ignored (``NO_OPS``, counted by
+``compat``), or a 400 naming it (``REFUSED``). Keys this server does not know are ignored and
+counted; block and tool types it does not know are refused (``compat``'s rule). Deferred tools
+(``defer_loading``) stay out of the prompt's tool list until a ``tool_reference`` block in a tool
+result loads them, as Anthropic's tool search does. The stream follows the
 Messages event sequence the official SDK parses: ``message_start``, then for each content block
 (``thinking``, ``text``, ``tool_use``, each its own index) ``content_block_start``,
 ``content_block_delta``..., ``content_block_stop``; then ``message_delta`` and ``message_stop``.
@@ -18,8 +21,15 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from kvretention.dataplane.frontend import sse
-from kvretention.dataplane.frontend.common import Completion, Marks, ParsedRequest, joined, marks_of
+from kvretention.dataplane.frontend import compat, sse
+from kvretention.dataplane.frontend.common import (
+    Completion,
+    Marks,
+    ParsedRequest,
+    joined,
+    marks_of,
+    records_ignored,
+)
 from kvretention.dataplane.frontend.errors import FrontendError, anthropic_error_body
 from kvretention.dataplane.frontend.validate import Fields
 from kvretention.dataplane.protocol import (
@@ -38,7 +48,7 @@ from kvretention.dataplane.protocol import (
     Usage,
 )
 from kvretention.hints.anthropic import CACHE_CONTROL, hints_from_messages
-from kvretention.hints.errors import ClientError, ClientErrorCode
+from kvretention.hints.errors import ClientError
 from kvretention.hints.intent import NO_HINTS, BreakpointMode
 
 log = logging.getLogger("kvretention.frontend")
@@ -80,27 +90,31 @@ _HONOURED: Final = frozenset(
     }
 )
 NO_OPS: Final[Mapping[str, str]] = {
-    "metadata": "validated (user_id only); not forwarded",
+    "metadata": "validated (user_id); a session source, never forwarded to the engine",
     "service_tier": "validated ('auto' or 'standard_only'); one tier here",
     "inference_geo": "validated (a string); one location here",
     "speed": "validated ('standard' or 'fast'); one speed here",
     "user_profile_id": "validated (a string); no accounts here",
     "workspace_id": "validated (a string); no workspaces here",
     "context_management": "only the no-op edit clear_thinking_20251015 with keep 'all' is accepted",
+    "safeguards": "a list; no safety classifier runs here, so nothing is ever flagged",
+    "diagnostics": "cache-miss diagnostics are not reported here",
+    "fallbacks": "one model here: nothing to fall back to",
+    "fallback_credit_token": "one model here: nothing to fall back to",
+    "billing_policy": "no billing here",
 }
-"""Accepted, checked, and deliberately without effect (listed in docs/frontend.md)."""
+"""Accepted, checked where they have a shape, and without effect on what the model computes
+(listed in docs/frontend.md); each is counted as ignored except ``metadata``, which the frontend
+reads for the session."""
 REFUSED: Final[Mapping[str, str]] = {
     "container": "code-execution containers are not available on this server",
-    "diagnostics": "cache-miss diagnostics are not available on this server",
     "mcp_servers": "MCP connectors are not available on this server",
     "compaction": "server-side compaction is not available on this server",
     "thread": "threads are not available on this server",
-    "fallbacks": "model fallbacks are not available on this server",
-    "fallback_credit_token": "model fallbacks are not available on this server",
-    "billing_policy": "billing policies are not available on this server",
     "output_format": "use output_config.format for structured output",
 }
-"""Real Messages fields this server cannot honour: a 400 naming them, never a silent drop."""
+"""Real Messages fields that would change the answer and are not implemented: a 400 naming them,
+never a silent drop."""
 _COUNT_FIELDS: Final = frozenset(
     {
         "model",
@@ -117,11 +131,15 @@ _COUNT_FIELDS: Final = frozenset(
         "context_management",
     }
 )
-"""``/v1/messages/count_tokens`` takes the prompt-shaping fields only (as Anthropic's does)."""
+"""``/v1/messages/count_tokens`` takes the prompt-shaping fields (as Anthropic's does); others are
+ignored and counted."""
 
 # -- block keys (beyond ``type``) ---------------------------------------------------------------
 
-_MESSAGE_KEYS: Final = frozenset({"role", "content", CACHE_CONTROL})
+_MESSAGE_KEYS: Final = frozenset({"role", "content", CACHE_CONTROL, "output_config"})
+"""``output_config`` on the last message sets that turn's effort and format (Claude Code puts the
+turn's ``{effort}`` on a trailing system message); on an earlier message it configured a past
+turn and is ignored."""
 """``cache_control`` anywhere is the hint normalizer's: refused, or ignored with hints off."""
 _TEXT_KEYS: Final = frozenset({"text", CACHE_CONTROL, "citations"})
 _IMAGE_KEYS: Final = frozenset({"source", CACHE_CONTROL, "transformations"})
@@ -130,6 +148,7 @@ _TOOL_USE_KEYS: Final = frozenset({"id", "name", "input", CACHE_CONTROL, "caller
 _TOOL_RESULT_KEYS: Final = frozenset(
     {"tool_use_id", "content", "is_error", CACHE_CONTROL, "toolset_name"}
 )
+_TOOL_REFERENCE_KEYS: Final = frozenset({"tool_name", CACHE_CONTROL})
 _THINKING_KEYS: Final = frozenset({"thinking", "signature"})
 _REDACTED_KEYS: Final = frozenset({"data"})
 _TOOL_KEYS: Final = frozenset(
@@ -146,6 +165,12 @@ _TOOL_KEYS: Final = frozenset(
         "allowed_callers",
     }
 )
+_TOOL_NO_OPS: Final = ("input_examples", "eager_input_streaming")
+"""Tool keys accepted and counted as ignored: examples are not shown to the model, and input is
+always streamed as it is parsed."""
+_THINKING_DISPLAYS: Final = ("summarized", "omitted", "updates")
+"""``omitted`` returns thinking blocks with a signature and no text; ``summarized`` and Claude
+Code's ``updates`` return the reasoning the model wrote (it is never re-summarized here)."""
 _PARALLEL: Final = "disable_parallel_tool_use"
 _TOOL_CHOICE_KEYS: Final[Mapping[str, frozenset[str]]] = {
     "auto": frozenset({_PARALLEL}),
@@ -184,8 +209,10 @@ class _Conversation:
     response_format: ResponseFormat | None
     omit_thinking: bool
     """``thinking.display: omitted``: answer thinking blocks with a signature and no text."""
+    deferred_tools: list[ToolDefinition]
 
 
+@records_ignored
 def parse_messages(
     body: dict[str, Any], *, hints: bool = True, breakpoints: BreakpointMode = "prefix"
 ) -> ParsedRequest:
@@ -226,9 +253,11 @@ def parse_messages(
         reasoning=conversation.reasoning,
         echo={OMIT_THINKING: True} if conversation.omit_thinking else {},
         client_controls=cache.client_controls,
+        deferred_tools=conversation.deferred_tools,
     )
 
 
+@records_ignored
 def parse_count_tokens(
     body: dict[str, Any], *, hints: bool = True, breakpoints: BreakpointMode = "prefix"
 ) -> ParsedRequest:
@@ -254,28 +283,26 @@ def parse_count_tokens(
         parallel_tool_calls=conversation.parallel_tool_calls,
         response_format=conversation.response_format,
         reasoning=conversation.reasoning,
+        deferred_tools=conversation.deferred_tools,
     )
 
 
 def _check_fields(body: Mapping[str, Any], *, allowed: Collection[str]) -> None:
-    """Refuse fields this server cannot honour by name, unknown ones as Anthropic does; check no-ops."""
-    for key in body:
-        if key in allowed:
-            continue
+    """Refuse fields that would change the answer by name; no-ops and unknown keys are ignored
+    and counted (``compat``); check the no-ops' shapes."""
+    for key, value in body.items():
+        if value is None:
+            continue  # carries nothing
         if key in REFUSED:
             raise F.unsupported(key, f"'{key}' is not supported by this server: {REFUSED[key]}")
-        raise _extra(key)
+        if key not in allowed or (key in NO_OPS and key != "metadata"):
+            compat.ignore(key)
     _check_no_ops(body)
 
 
-def _extra(param: str) -> ClientError:
-    return F.error(param, "Extra inputs are not permitted", code=ClientErrorCode.UNKNOWN_PARAMETER)
-
-
 def _keys(block: Mapping[str, Any], allowed: frozenset[str], *, where: str) -> None:
-    for key in block:
-        if key != "type" and key not in allowed:
-            raise _extra(f"{where}.{key}")
+    """Keys of a known object outside ``allowed`` are ignored and counted (``compat``'s rule)."""
+    compat.ignore_unknown(block, known=lambda key: key == "type" or key in allowed, where=where)
 
 
 def _check_no_ops(body: Mapping[str, Any]) -> None:
@@ -285,6 +312,9 @@ def _check_no_ops(body: Mapping[str, Any]) -> None:
             raise F.invalid_type("metadata", metadata, expected="a valid dictionary")
         _keys(metadata, frozenset({"user_id"}), where="metadata")
         F.opt_str(metadata, "user_id", param="metadata.user_id")
+    safeguards = body.get("safeguards")
+    if safeguards is not None and not isinstance(safeguards, list):
+        raise F.invalid_type("safeguards", safeguards, expected="a valid list")
     _literal(body, "service_tier", ("auto", "standard_only"))
     _literal(body, "speed", ("standard", "fast"))
     for key in ("inference_geo", "user_profile_id", "workspace_id"):
@@ -343,6 +373,8 @@ def _conversation(body: dict[str, Any], *, max_tokens: int | None, marks: Marks)
         raise F.invalid_type("messages", raw, expected="a valid list")
     if not raw:
         raise F.invalid_value("messages", "List should have at least 1 item after validation")
+    tools, deferred = _tools(body.get("tools"), marks=marks)
+    catalog = {t.name: t for t in (*tools, *deferred)}
     messages: list[ChatMessage] = []
     system = body.get("system")
     if system is not None:
@@ -351,11 +383,12 @@ def _conversation(body: dict[str, Any], *, max_tokens: int | None, marks: Marks)
     names: dict[str, str] = {}
     """tool_use id -> tool name, so a tool result can name its tool."""
     for i, message in enumerate(raw):
-        messages.extend(_message(message, index=i, names=names, marks=marks))
-    tools = _tools(body.get("tools"), marks=marks)
-    tool_choice, parallel = _tool_choice(body.get("tool_choice"), tools=tools)
-    output_config = body.get("output_config")
-    effort, response_format = _output_config(output_config)
+        messages.extend(_message(message, index=i, names=names, marks=marks, catalog=catalog))
+    tool_choice, parallel = _tool_choice(body.get("tool_choice"), tools=[*tools, *deferred])
+    effort, response_format = _output_config(body.get("output_config"))
+    turn_effort, turn_format = _turn_output_config(raw)
+    effort = turn_effort or effort
+    response_format = turn_format or response_format
     thinking = body.get("thinking")
     reasoning = _thinking(thinking, max_tokens=max_tokens, effort=effort)
     omit = isinstance(thinking, dict) and thinking.get("display") == "omitted"
@@ -367,10 +400,36 @@ def _conversation(body: dict[str, Any], *, max_tokens: int | None, marks: Marks)
         reasoning=reasoning,
         response_format=response_format,
         omit_thinking=omit,
+        deferred_tools=deferred,
     )
 
 
-def _message(raw: object, *, index: int, names: dict[str, str], marks: Marks) -> list[ChatMessage]:
+def _turn_output_config(
+    raw: list[Any],
+) -> tuple[Literal["low", "medium", "high"] | None, ResponseFormat | None]:
+    """A message's ``output_config`` (checked like the top-level one): the last message's sets
+    this turn's effort and format over the top-level ones; an earlier one is ignored (counted)."""
+    found: tuple[Literal["low", "medium", "high"] | None, ResponseFormat | None] = (None, None)
+    for i, message in enumerate(raw):
+        if not isinstance(message, dict) or message.get("output_config") is None:
+            continue
+        where = F.path("messages", i, "output_config")
+        parsed = _output_config(message["output_config"], where=where)
+        if i == len(raw) - 1:
+            found = parsed
+        else:
+            compat.ignore(where)
+    return found
+
+
+def _message(
+    raw: object,
+    *,
+    index: int,
+    names: dict[str, str],
+    marks: Marks,
+    catalog: Mapping[str, ToolDefinition],
+) -> list[ChatMessage]:
     """One Anthropic message -> one neutral message, or several when it holds tool results."""
     where = F.path("messages", index)
     if not isinstance(raw, dict):
@@ -393,7 +452,7 @@ def _message(raw: object, *, index: int, names: dict[str, str], marks: Marks) ->
         raise F.invalid_type(param, content, expected="a valid string or list of content blocks")
     if role == "assistant":
         return [_assistant(content, where=param, names=names, marks=marks)]
-    return _user(content, where=param, names=names, marks=marks)
+    return _user(content, where=param, names=names, marks=marks, catalog=catalog)
 
 
 def _blocks(content: list[Any], *, where: str) -> list[tuple[str, str, dict[str, Any]]]:
@@ -415,7 +474,12 @@ def _bad_type(param: str) -> ClientError:
 
 
 def _user(
-    content: list[Any], *, where: str, names: dict[str, str], marks: Marks
+    content: list[Any],
+    *,
+    where: str,
+    names: dict[str, str],
+    marks: Marks,
+    catalog: Mapping[str, ToolDefinition],
 ) -> list[ChatMessage]:
     """User blocks in order; each ``tool_result`` becomes its own ``tool`` message."""
     out: list[ChatMessage] = []
@@ -425,7 +489,7 @@ def _user(
             if parts:
                 out.append(ChatMessage(role="user", content=joined(parts)))
                 parts = []
-            out.append(_tool_result(block, where=param, names=names, marks=marks))
+            out.append(_tool_result(block, where=param, names=names, marks=marks, catalog=catalog))
         else:
             parts.append(_part(block, kind=kind, where=param, marks=marks))
     if parts or not out:
@@ -572,9 +636,17 @@ def _tool_use(block: dict[str, Any], *, where: str, ttl: int | None) -> ToolCall
 
 
 def _tool_result(
-    block: dict[str, Any], *, where: str, names: Mapping[str, str], marks: Marks
+    block: dict[str, Any],
+    *,
+    where: str,
+    names: Mapping[str, str],
+    marks: Marks,
+    catalog: Mapping[str, ToolDefinition],
 ) -> ChatMessage:
-    """A ``tool_result`` block -> a ``tool`` message; a breakpoint on the block ends with it."""
+    """A ``tool_result`` block -> a ``tool`` message; a breakpoint on the block ends with it.
+
+    ``tool_reference`` blocks (a tool search's answer) become the referenced tools' definitions,
+    in the ``<functions>`` encoding Claude Code's ToolSearch tool tells the model to expect."""
     _keys(block, _TOOL_RESULT_KEYS, where=where)
     call_id = _str(block, "tool_use_id", where=where)
     is_error = block.get("is_error")
@@ -588,11 +660,14 @@ def _tool_result(
     elif isinstance(raw, list):
         parts: list[ContentPart] = []
         for nested, kind, inner in _blocks(raw, where=param):
+            if kind == "tool_reference":
+                parts.append(_tool_reference(inner, where=nested, catalog=catalog, marks=marks))
+                continue
             if kind not in ("text", "image", "document"):
                 raise F.unsupported(
                     f"{nested}.type",
                     f"tool_result content of type {kind!r} is not supported by this server "
-                    "(text, image and plain-text document are)",
+                    "(text, image, plain-text document and tool_reference are)",
                 )
             parts.append(_part(inner, kind=kind, where=nested, marks=marks))
         content = joined(parts)
@@ -606,6 +681,32 @@ def _tool_result(
         is_error=bool(is_error),
         retain_ttl=marks.get(where),
     )
+
+
+def tool_definitions_text(tools: list[ToolDefinition]) -> str:
+    """Tools as a tool search returns them: one ``<function>`` JSON line each in ``<functions>``."""
+    lines = [
+        "<function>"
+        + json.dumps(
+            {"description": t.description or "", "name": t.name, "parameters": t.parameters or {}},
+            ensure_ascii=False,
+        )
+        + "</function>"
+        for t in tools
+    ]
+    return "\n".join(["<functions>", *lines, "</functions>"])
+
+
+def _tool_reference(
+    block: dict[str, Any], *, where: str, catalog: Mapping[str, ToolDefinition], marks: Marks
+) -> TextPart:
+    """A ``tool_reference`` -> the referenced tool's definition (it must be in ``tools``)."""
+    _keys(block, _TOOL_REFERENCE_KEYS, where=where)
+    name = _str(block, "tool_name", where=where)
+    tool = catalog.get(name)
+    if tool is None:
+        raise F.invalid_value(f"{where}.tool_name", f"Tool '{name}' not found in 'tools'")
+    return TextPart(text=tool_definitions_text([tool]), retain_ttl=marks.get(where))
 
 
 def _system_content(content: object, *, where: str, marks: Marks) -> str | list[ContentPart]:
@@ -627,20 +728,27 @@ def _system_content(content: object, *, where: str, marks: Marks) -> str | list[
 # -- tools, tool_choice, thinking, output_config ------------------------------------------------
 
 
-def _tools(raw: object, *, marks: Marks) -> list[ToolDefinition]:
+def _tools(raw: object, *, marks: Marks) -> tuple[list[ToolDefinition], list[ToolDefinition]]:
+    """The tools the prompt lists, and the deferred ones (``defer_loading: true``)."""
     if raw is None:
-        return []
+        return [], []
     if not isinstance(raw, list):
         raise F.invalid_type("tools", raw, expected="a valid list")
     tools: list[ToolDefinition] = []
+    deferred: list[ToolDefinition] = []
     seen: set[str] = set()
     for i, tool in enumerate(raw):
-        definition = _tool(tool, where=f"tools.{i}", ttl=marks.get(f"tools.{i}"))
+        where = f"tools.{i}"
+        definition = _tool(tool, where=where, ttl=marks.get(where))
         if definition.name in seen:
-            raise F.invalid_value(f"tools.{i}.name", "Tool names must be unique.")
+            raise F.invalid_value(f"{where}.name", "Tool names must be unique.")
         seen.add(definition.name)
-        tools.append(definition)
-    return tools
+        if isinstance(tool, dict) and tool.get("defer_loading") is True:
+            # not in the prompt until a tool_reference loads it: no breakpoint can end there
+            deferred.append(definition.model_copy(update={"retain_ttl": None}))
+        else:
+            tools.append(definition)
+    return tools, deferred
 
 
 def _tool(raw: object, *, where: str, ttl: int | None) -> ToolDefinition:
@@ -671,14 +779,15 @@ def _tool(raw: object, *, where: str, ttl: int | None) -> ToolDefinition:
     strict = raw.get("strict")
     if strict is not None and not isinstance(strict, bool):
         raise F.invalid_type(f"{where}.strict", strict, expected="a valid boolean")
-    if raw.get("defer_loading"):
-        raise F.unsupported(f"{where}.defer_loading", "deferred tools need tool search")
+    F.opt_bool(raw, "defer_loading", param=f"{where}.defer_loading")
     callers = raw.get("allowed_callers")
     if callers is not None and callers != ["direct"]:
         raise F.unsupported(f"{where}.allowed_callers", "only direct tool calls are supported")
-    for key in ("input_examples", "eager_input_streaming"):
-        if key in raw and raw[key] is not None and not isinstance(raw[key], list | bool):
-            raise F.invalid_type(f"{where}.{key}", raw[key], expected="a valid list or boolean")
+    for key in _TOOL_NO_OPS:
+        if key in raw and raw[key] is not None:
+            if not isinstance(raw[key], list | bool):
+                raise F.invalid_type(f"{where}.{key}", raw[key], expected="a valid list or boolean")
+            compat.ignore(f"{where}.{key}")
     return ToolDefinition(
         name=name, description=description, parameters=schema, strict=strict, retain_ttl=ttl
     )
@@ -730,7 +839,7 @@ def _thinking(
         raise F.invalid_value(
             "thinking.type", "Input should be 'enabled', 'adaptive' or 'disabled'"
         )
-    _literal(raw, "display", ("summarized", "omitted"), param=f"thinking.{kind}.display")
+    _literal(raw, "display", _THINKING_DISPLAYS, param=f"thinking.{kind}.display")
     if kind == "adaptive":
         _keys(raw, frozenset({"display"}), where="thinking.adaptive")
         return ReasoningControl(enabled=True, effort=effort)
@@ -748,29 +857,27 @@ def _thinking(
 
 
 def _output_config(
-    raw: object,
+    raw: object, *, where: str = "output_config"
 ) -> tuple[Literal["low", "medium", "high"] | None, ResponseFormat | None]:
     if raw is None:
         return None, None
     if not isinstance(raw, dict):
-        raise F.invalid_type("output_config", raw, expected="a valid dictionary")
-    _keys(raw, frozenset({"effort", "format"}), where="output_config")
-    effort = _literal(raw, "effort", tuple(_EFFORT), param="output_config.effort")
+        raise F.invalid_type(where, raw, expected="a valid dictionary")
+    _keys(raw, frozenset({"effort", "format"}), where=where)
+    effort = _literal(raw, "effort", tuple(_EFFORT), param=f"{where}.effort")
     fmt = raw.get("format")
     response_format = None
     if fmt is not None:
         if not isinstance(fmt, dict):
-            raise F.invalid_type("output_config.format", fmt, expected="a valid dictionary")
-        _keys(fmt, frozenset({"schema"}), where="output_config.format")
+            raise F.invalid_type(f"{where}.format", fmt, expected="a valid dictionary")
+        _keys(fmt, frozenset({"schema"}), where=f"{where}.format")
         if fmt.get("type") != "json_schema":
-            raise F.invalid_value("output_config.format.type", "Input should be 'json_schema'")
+            raise F.invalid_value(f"{where}.format.type", "Input should be 'json_schema'")
         if "schema" not in fmt:
-            raise F.missing("output_config.format.schema")
+            raise F.missing(f"{where}.format.schema")
         schema = fmt["schema"]
         if not isinstance(schema, dict):
-            raise F.invalid_type(
-                "output_config.format.schema", schema, expected="a valid dictionary"
-            )
+            raise F.invalid_type(f"{where}.format.schema", schema, expected="a valid dictionary")
         response_format = ResponseFormat(type="json_schema", json_schema=schema)
     return (_EFFORT[effort] if effort is not None else None), response_format
 
@@ -857,8 +964,8 @@ def messages_response(
                 "signature": thinking_signature(result.reasoning),
             }
         )
-    if result.text or not (content or result.tool_calls):
-        content.append({"type": "text", "text": result.text})
+    if result.shown_text or not (content or result.tool_calls):
+        content.append({"type": "text", "text": result.shown_text})
     for index, call in enumerate(result.tool_calls):
         content.append(
             {

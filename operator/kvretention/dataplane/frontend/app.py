@@ -238,6 +238,8 @@ class _Outcome:
     stream: bool = False
     normalized: list[str] = field(default_factory=list)
     """Client normalisations applied (``billing_header``), for the trace."""
+    ignored: tuple[str, ...] = ()
+    """Fields accepted and not acted on (``compat``), for the trace."""
 
 
 async def generate(request: web.Request, api: GenerateEndpoint) -> web.StreamResponse:
@@ -260,6 +262,8 @@ async def generate(request: web.Request, api: GenerateEndpoint) -> web.StreamRes
                 extra["error_code"] = done.error_code
             if done.normalized:
                 extra["normalized"] = done.normalized
+            if done.ignored:
+                extra["ignored_fields"] = list(done.ignored)
             state.trace.record(
                 request_id=request_id, outcome=done.outcome, kv_hints=done.kv_hints, **extra
             )
@@ -280,6 +284,8 @@ async def _generate(
         done.outcome, done.status, done.error_code = "rejected", err.status, err.code
         return error_response(err, api.provider, request_id=request_id)
     parsed, session_id = admitted.parsed, admitted.session_id
+    state.metrics.count_ignored(api.endpoint, parsed.ignored)
+    done.ignored = parsed.ignored
 
     parsed = normalize_clients(parsed, state=state, endpoint=api.endpoint, done=done)
     parsed = apply_hint_policy(parsed, config=state.config)
@@ -366,6 +372,7 @@ def build_preprocessed(
         model=model or parsed.model,
         messages=parsed.messages,
         tools=parsed.tools,
+        deferred_tools=parsed.deferred_tools,
         tool_choice=parsed.tool_choice,
         parallel_tool_calls=parsed.parallel_tool_calls,
         response_format=parsed.response_format,
@@ -621,6 +628,7 @@ async def count_tokens(request: web.Request) -> web.Response:
         state.metrics.requests.labels(api.endpoint, "rejected").inc()
         return error_response(err, api.provider, request_id=request_id)
     parsed, session_id = admitted.parsed, admitted.session_id
+    state.metrics.count_ignored(api.endpoint, parsed.ignored)
     parsed = normalize_clients(parsed, state=state, endpoint=api.endpoint)
     upstream_request = build_preprocessed(
         parsed,

@@ -28,7 +28,7 @@ from kvretention.dataplane.trace import TRACE_ENV, trace_from_env
 from kvretention.hints.envelope import MAX_TTL_SECONDS
 from kvretention.ports import FRONTEND_PORT
 
-_SESSION_KEY = re.compile(r"^(metadata\.[A-Za-z0-9_]+|[A-Za-z0-9][A-Za-z0-9_-]*)$")
+_SESSION_KEY = re.compile(r"^((client_)?metadata\.[A-Za-z0-9_]+|[A-Za-z0-9][A-Za-z0-9_-]*)$")
 
 
 def parse_session_keys(value: str) -> tuple[str, ...]:
@@ -37,7 +37,7 @@ def parse_session_keys(value: str) -> tuple[str, ...]:
     for key in keys:
         if not _SESSION_KEY.match(key):
             raise click.BadParameter(
-                f"{key!r} is neither a header name nor metadata.<field>",
+                f"{key!r} is neither a header name nor (client_)metadata.<field>",
                 param_hint="--session-keys",
             )
     return keys

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ParamSpec, Protocol
 
+from kvretention.dataplane.frontend.compat import collecting
 from kvretention.dataplane.frontend.errors import FrontendError
 from kvretention.dataplane.protocol import (
     ChatMessage,
@@ -64,6 +67,30 @@ class ParsedRequest:
     client_controls: bool = False
     """The client sent a retention control (even one that retains nothing): the fleet's default
     TTL policy never applies over it."""
+    deferred_tools: list[ToolDefinition] = field(default_factory=list)
+    """Tools the client marked ``defer_loading``: not shown in the prompt's tool list, but
+    callable once a tool search loaded them (see ``PreprocessedRequest.deferred_tools``)."""
+    tool_origin: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    """A namespaced tool's name as the model sees it -> its namespace and own name (Responses:
+    the answer's calls carry both)."""
+    ignored: tuple[str, ...] = ()
+    """Fields accepted and not acted on (``compat``): counted per field and named in the trace."""
+
+
+_P = ParamSpec("_P")
+
+
+def records_ignored(parse: Callable[_P, ParsedRequest]) -> Callable[_P, ParsedRequest]:
+    """A provider parser that also returns the fields it ignored (``compat.ignore``) in
+    ``ParsedRequest.ignored``."""
+
+    @functools.wraps(parse)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> ParsedRequest:
+        with collecting() as fields:
+            parsed = parse(*args, **kwargs)
+        return dataclasses.replace(parsed, ignored=tuple(fields)) if fields else parsed
+
+    return wrapper
 
 
 @dataclass
@@ -98,6 +125,12 @@ class Completion:
             self.finish_reason = chunk.finish_reason
         if chunk.usage is not None:
             self.usage = chunk.usage
+
+    @property
+    def shown_text(self) -> str:
+        """The answer's text, less a whitespace-only run before tool calls: templates write
+        ``"\n\n"`` before a call, and no client wants it as a text block or message of its own."""
+        return "" if self.tool_calls and not self.text.strip() else self.text
 
 
 class StreamFormatter(Protocol):

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from kvretention.dataplane.frontend.compat import LabelBudget
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
 class FrontendMetrics:
-    """Requests, rejections by reason, hints emitted by TTL, and upstream latency."""
+    """Requests, rejections by reason, ignored fields, hints emitted by TTL, and upstream latency."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -30,6 +32,15 @@ class FrontendMetrics:
             ["endpoint", "kind"],
             registry=self.registry,
         )
+        self.ignored = Counter(
+            "kvretention_frontend_ignored_fields",
+            "Request fields accepted and not acted on (they do not change what the model computes), "
+            "per field path with indexes as * (docs/frontend.md, Forward compatibility); at most "
+            "64 distinct fields, later ones as 'other'.",
+            ["endpoint", "field"],
+            registry=self.registry,
+        )
+        self.ignored_labels = LabelBudget()
         self.hints = Counter(
             "kvretention_frontend_kv_hints",
             "KV-hint envelopes attached to forwarded requests, by TTL in seconds.",
@@ -43,3 +54,8 @@ class FrontendMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+
+    def count_ignored(self, endpoint: str, fields: tuple[str, ...]) -> None:
+        """One count per ignored field of one request (a bounded set of label values)."""
+        for name in fields:
+            self.ignored.labels(endpoint, self.ignored_labels.label(name)).inc()

@@ -1,8 +1,9 @@
 """OpenAI Chat Completions: a request body -> the neutral conversation, and the answer back.
 
 Parsing is pure: the cache controls go through ``kvretention.hints`` first (so a refused control is
-reported even on an otherwise unusual body), then every field is honoured, a documented no-op, or
-a 400 naming it (``FIELDS`` below; docs/frontend.md lists the same). Output follows the objects the
+reported even on an otherwise unusual body), then every known field is honoured, a documented no-op
+(counted as ignored), or a 400 naming it (``FIELDS`` below; docs/frontend.md lists the same);
+unknown keys are ignored and counted (``compat``). Output follows the objects the
 official SDK parses: ``chat.completion`` / ``chat.completion.chunk`` + ``data: [DONE]``, tool calls
 streamed by index (id, type and name first, then argument fragments), reasoning as
 ``reasoning_content`` as SGLang's, vLLM's and DeepSeek's servers send it.
@@ -14,19 +15,21 @@ import time
 from collections.abc import Mapping
 from typing import Any, Final
 
-from kvretention.dataplane.frontend import sse
+from kvretention.dataplane.frontend import compat, sse
 from kvretention.dataplane.frontend.common import (
     Completion,
     Marks,
     ParsedRequest,
     joined,
     marks_of,
+    records_ignored,
 )
 from kvretention.dataplane.frontend.errors import FrontendError, openai_error_body
 from kvretention.dataplane.frontend.openai_shared import (
     F,
     chat_usage,
     enum,
+    ignore_present,
     image,
     json_schema_format,
     logit_bias,
@@ -129,6 +132,7 @@ _TOOL_CHOICES: Final = ("none", "auto", "required")
 # -- parsing -----------------------------------------------------------------------------------
 
 
+@records_ignored
 def parse_chat(
     body: dict[str, Any], *, hints: bool = True, breakpoints: BreakpointMode = "prefix"
 ) -> ParsedRequest:
@@ -188,6 +192,7 @@ def parse_chat(
 
 
 def _check_no_ops(body: Mapping[str, Any]) -> None:
+    ignore_present(body, NO_OP - {"metadata"})  # metadata may hold the session key
     metadata(body)
     F.opt_bool(body, "store")
     for key in ("user", "safety_identifier", "service_tier"):  # prompt_cache_*: the normalizer's
@@ -212,7 +217,8 @@ def _message(raw: object, *, index: int, calls: dict[str, str], marks: Marks) ->
         supported = ", ".join(f"'{r}'" for r in _ROLE_KEYS)
         raise F.invalid_value(f"{where}.role", f"'{role}'. Supported values are: {supported}.")
     only_keys(msg, where=where, allowed=_ROLE_KEYS[role])
-    opt_str(msg, "name", where=where)  # a participant name: templates do not render it
+    if opt_str(msg, "name", where=where) is not None:
+        compat.ignore(f"{where}.name")  # a participant name: templates do not render it
     if role == "assistant":
         return _assistant(msg, where=where, calls=calls, marks=marks)
     content = _content(msg.get("content"), where=f"{where}.content", role=role, marks=marks)
@@ -464,7 +470,7 @@ def chat_response(parsed: ParsedRequest, result: Completion, *, request_id: str)
     """The non-streaming ``chat.completion`` object."""
     message: dict[str, Any] = {
         "role": "assistant",
-        "content": None if result.tool_calls and not result.text else result.text,
+        "content": None if result.tool_calls and not result.shown_text else result.text,
         "refusal": None,
     }
     if result.reasoning:

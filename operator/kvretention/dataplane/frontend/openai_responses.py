@@ -3,25 +3,38 @@
 Input items fold into chat turns: ``reasoning``, assistant ``message``, ``function_call`` and
 ``custom_tool_call`` items of one turn become one assistant message (reasoning, then text, then
 tool calls); ``*_output`` items become ``tool`` messages. Nothing is stored, so anything that
-needs a stored response (``previous_response_id``, ``item_reference``...) is a 400. Every field is
-honoured, a documented no-op, or a 400 naming it (``FIELDS``; docs/frontend.md lists the same).
+needs a stored response (``previous_response_id``, ``item_reference``...) is a 400. Every known
+field is honoured, a documented no-op (counted as ignored), or a 400 naming it (``FIELDS``;
+docs/frontend.md lists the same); unknown keys are ignored and counted (``compat``).
+
+Tools come from ``tools`` and from ``additional_tools`` input items (Codex's code mode puts them
+all there). A ``namespace`` groups tools: the model sees its tools flat, each under its own name
+(``{namespace}{name}`` when that name is taken), with the namespace's description first, as Codex
+flattens namespaces for backends without them; the answer's calls carry ``namespace`` and the
+tool's own name again. Tool search cannot run here, so deferred tools (``defer_loading``) are
+offered from the start and a ``tool_search`` tool is accepted and not offered.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
+from kvretention.dataplane.frontend import compat
 from kvretention.dataplane.frontend.common import (
     Marks,
     ParsedRequest,
     joined,
     marks_of,
+    records_ignored,
 )
 from kvretention.dataplane.frontend.openai_shared import (
     RESPONSES_IMAGE_DETAILS,
     F,
     enum,
+    ignore_present,
     image,
     json_schema_format,
     metadata,
@@ -86,7 +99,9 @@ NO_OP: Final = frozenset(
         "client_metadata",
     }
 )
-"""Accepted and type-checked; nothing here acts on them (docs/frontend.md says why for each)."""
+"""Accepted and type-checked; nothing here acts on them (docs/frontend.md says why for each).
+Each is counted as ignored when set, except the two a session key may be read from."""
+_SESSION_SOURCES: Final = frozenset({"metadata", "client_metadata"})
 _NO_STORE: Final = "this server keeps no stored responses, conversations or prompts."
 REFUSED: Final[Mapping[str, str]] = {
     "previous_response_id": _NO_STORE,
@@ -121,7 +136,10 @@ _ITEM_KEYS: Final[Mapping[str, tuple[str, ...]]] = {
     "custom_tool_call": ("type", "id", "call_id", "name", "input", "status", "caller"),
     "function_call_output": ("type", "id", "call_id", "output", "status", "name", "caller"),
     "custom_tool_call_output": ("type", "id", "call_id", "output", "status", "name", "caller"),
+    "additional_tools": ("type", "id", "role", "tools"),
 }
+_CALL_KEYS: Final = ("namespace",)
+"""Calls and outputs name a namespaced tool's namespace (Codex replays it)."""
 HOSTED_SEARCH: Final = frozenset(
     {"web_search", "web_search_2025_08_26", "web_search_preview", "web_search_preview_2025_03_11"}
 )
@@ -143,12 +161,16 @@ _TOOL_KEYS: Final[Mapping[str, tuple[str, ...]]] = {
 }
 _TOOL_NO_OPS: Final = ("allowed_callers", "defer_loading", "output_schema")
 """SDK tool fields that change nothing here when set to what happens anyway (see ``_tool_no_ops``)."""
+_NAMESPACE_KEYS: Final = ("type", "name", "description", "tools")
+_TOOL_SEARCH_KEYS: Final = ("type", "execution", "description", "parameters")
+_REASONING_CONTEXTS: Final = ("auto", "current_turn", "all_turns")
 _TOOL_CHOICES: Final = ("none", "auto", "required")
 
 
 # -- parsing -----------------------------------------------------------------------------------
 
 
+@records_ignored
 def parse_responses(
     body: dict[str, Any], *, hints: bool = True, breakpoints: BreakpointMode = "prefix"
 ) -> ParsedRequest:
@@ -163,6 +185,7 @@ def parse_responses(
     only_keys(body, where="", allowed=FIELDS)
     refuse_set(body, REFUSED)
     no_ops = _no_ops(body)
+    raw_tools, tools, origin = _all_tools(body)
     messages: list[ChatMessage] = []
     instructions = F.opt_str(body, "instructions")
     if instructions:
@@ -173,12 +196,11 @@ def parse_responses(
     if isinstance(items, str):
         messages.append(ChatMessage(role="user", content=items))
     elif isinstance(items, list):
-        _Conversation(messages, marks=marks_of(cache, F.path)).extend(items)
+        _Conversation(messages, marks=marks_of(cache, F.path), origin=origin).extend(items)
     else:
         raise F.invalid_type("input", items, expected="a string or an array")
     if not any(m.role != "system" for m in messages):
         raise F.invalid_value("input", "the input has no user or assistant message.")
-    raw_tools, tools = _tools(body.get("tools"))
     tool_choice, allowed = _tool_choice(body.get("tool_choice"), tools=tools)
     parallel = F.opt_bool(body, "parallel_tool_calls", default=True)
     text_format, text_echo = _text(body.get("text"))
@@ -215,11 +237,15 @@ def parse_responses(
         response_format=text_format,
         reasoning=control,
         client_controls=cache.client_controls,
+        tool_origin={
+            n: (o.namespace, o.name) for n, o in origin.items() if o.namespace is not None
+        },
     )
 
 
 def _no_ops(body: Mapping[str, Any]) -> dict[str, Any]:
     """Type-check the documented no-ops; returns those the response object repeats."""
+    ignore_present(body, NO_OP - _SESSION_SOURCES)
     F.opt_bool(body, "store")
     include = body.get("include")
     if include is not None and (
@@ -262,9 +288,13 @@ def _string_map(body: Mapping[str, Any], key: str) -> None:
 class _Conversation:
     """Folds Responses input items into neutral chat messages (see the module docstring)."""
 
-    def __init__(self, messages: list[ChatMessage], *, marks: Marks) -> None:
+    def __init__(
+        self, messages: list[ChatMessage], *, marks: Marks, origin: Mapping[str, _Origin]
+    ) -> None:
         self.messages = messages
         self.marks = marks
+        self.visible = {(o.namespace, o.name): n for n, o in origin.items()}
+        """(namespace, name) -> the name the model sees."""
         self.calls: dict[str, str] = {}
         """call_id -> tool name, of the calls seen so far (outputs must answer one)."""
 
@@ -285,8 +315,10 @@ class _Conversation:
                 f"{where}.type",
                 f"input items of type {kind!r} are not supported (supported: {supported}).",
             )
-        only_keys(item, where=where, allowed=_ITEM_KEYS[kind])
+        only_keys(item, where=where, allowed=(*_ITEM_KEYS[kind], *_CALL_KEYS))
         _caller(item, where=where)
+        if kind == "additional_tools":
+            return  # its tools joined the tool list (``_all_tools``)
         if kind == "message":
             self._message(item, where=where)
         elif kind == "reasoning":
@@ -337,6 +369,8 @@ class _Conversation:
     def _call(self, item: Mapping[str, Any], *, where: str, custom: bool) -> None:
         call_id = req_str(item, "call_id", where=where)
         name = req_str(item, "name", where=where)
+        namespace = opt_str(item, "namespace", where=where)
+        name = self.visible.get((namespace, name), name)
         arguments = req_str(item, "input" if custom else "arguments", where=where)
         if not call_id or not name:
             raise F.invalid_value(where, "a tool call needs a non-empty 'call_id' and 'name'.")
@@ -351,6 +385,7 @@ class _Conversation:
             self.messages.append(ChatMessage(role="assistant", tool_calls=[call]))
 
     def _output(self, item: Mapping[str, Any], *, where: str) -> None:
+        opt_str(item, "namespace", where=where)  # the name comes from the call
         call_id = req_str(item, "call_id", where=where)
         if call_id not in self.calls:
             raise F.invalid_value(
@@ -420,66 +455,162 @@ def _content(content: object, *, where: str, images: bool, marks: Marks) -> str 
     return joined(parts)
 
 
-def _tools(raw: object) -> tuple[list[dict[str, Any]], list[ToolDefinition]]:
-    """The tools as echoed in the response object, and as the worker gets them."""
-    if raw is None:
-        return [], []
-    if not isinstance(raw, list):
+@dataclass(frozen=True)
+class _Origin:
+    """Where a tool the model sees was declared: its namespace (``None``: none) and own name."""
+
+    namespace: str | None
+    name: str
+    where: str
+
+
+def _all_tools(
+    body: Mapping[str, Any],
+) -> tuple[list[dict[str, Any]], list[ToolDefinition], dict[str, _Origin]]:
+    """The ``tools`` as echoed in the response object; every tool the model sees (``tools``, then
+    each ``additional_tools`` item's, namespaces flattened); and each seen name's origin."""
+    raw = body.get("tools")
+    if raw is not None and not isinstance(raw, list):
         raise F.invalid_type("tools", raw, expected="an array")
-    echo: list[dict[str, Any]] = []
-    tools: list[ToolDefinition] = []
+    declared = _declared(raw or [], where="tools")
+    items = body.get("input")
+    for index, item in enumerate(items if isinstance(items, list) else []):
+        if isinstance(item, dict) and item.get("type") == "additional_tools":
+            where = F.path("input", index)
+            enum(item, "role", where=where, values=("developer", "system"))
+            listed = item.get("tools")
+            if not isinstance(listed, list):
+                raise F.invalid_type(f"{where}.tools", listed, expected="an array")
+            declared += _declared(listed, where=f"{where}.tools")
+    tools, origin = _flatten(declared)
+    echo = [t for t in (raw or []) if isinstance(t, dict)]
+    return echo, tools, origin
+
+
+_Declared = tuple[_Origin, ToolDefinition, str | None]
+"""A declared tool, and its namespace's description."""
+
+
+def _declared(raw: list[Any], *, where: str) -> list[_Declared]:
+    """The function and custom tools of one list, namespaces opened; search tools left out."""
+    out: list[_Declared] = []
     for i, item in enumerate(raw):
-        where = f"tools[{i}]"
-        tool = obj(item, where=where)
+        at = f"{where}[{i}]"
+        tool = obj(item, where=at)
         kind = tool.get("type")
         if isinstance(kind, str) and kind in HOSTED_SEARCH:
-            only_keys(tool, where=where, allowed=_SEARCH_KEYS)
-            echo.append(tool)  # echoed as sent; the model is not offered it
+            only_keys(tool, where=at, allowed=_SEARCH_KEYS)
+            compat.ignore(f"{at}:{kind}")  # echoed as sent; the model is not offered it
             continue
-        if isinstance(kind, str) and kind in _TOOL_KEYS:
-            only_keys(tool, where=where, allowed=(*_TOOL_KEYS[kind], *_TOOL_NO_OPS))
-            _tool_no_ops(tool, where=where)
-        if kind == "function":
-            definition = ToolDefinition(
-                name=tool_name(tool, where=where),
-                description=opt_str(tool, "description", where=where),
-                parameters=parameters_schema(tool, where=where),
-                strict=opt_strict(tool, where=where),
-            )
-        elif kind == "custom":
-            definition = ToolDefinition(
-                kind="custom",
-                name=tool_name(tool, where=where),
-                description=opt_str(tool, "description", where=where),
-                grammar=_grammar(tool.get("format"), where=f"{where}.format"),
-            )
-        else:
+        if kind == "tool_search":
+            _tool_search(tool, where=at)
+            continue
+        if kind == "namespace":
+            out += _namespace(tool, where=at)
+            continue
+        definition = _tool(tool, where=at)
+        out.append((_Origin(None, definition.name, at), definition, None))
+    return out
+
+
+def _tool(tool: Mapping[str, Any], *, where: str) -> ToolDefinition:
+    kind = tool.get("type")
+    if isinstance(kind, str) and kind in _TOOL_KEYS:
+        only_keys(tool, where=where, allowed=(*_TOOL_KEYS[kind], *_TOOL_NO_OPS))
+        _tool_no_ops(tool, where=where)
+    if kind == "function":
+        return ToolDefinition(
+            name=tool_name(tool, where=where),
+            description=opt_str(tool, "description", where=where),
+            parameters=parameters_schema(tool, where=where),
+            strict=opt_strict(tool, where=where),
+        )
+    if kind == "custom":
+        return ToolDefinition(
+            kind="custom",
+            name=tool_name(tool, where=where),
+            description=opt_str(tool, "description", where=where),
+            grammar=_grammar(tool.get("format"), where=f"{where}.format"),
+        )
+    raise F.unsupported(
+        f"{where}.type",
+        f"tools of type {kind!r} are not supported; use 'function', 'custom' or 'namespace' "
+        "('web_search' and 'tool_search' are accepted and not offered to the model).",
+    )
+
+
+def _namespace(tool: Mapping[str, Any], *, where: str) -> list[_Declared]:
+    """A namespace's function and custom tools, each remembering the namespace."""
+    only_keys(tool, where=where, allowed=_NAMESPACE_KEYS)
+    namespace = req_str(tool, "name", where=where)
+    if not namespace:
+        raise F.invalid_value(f"{where}.name", "a namespace needs a non-empty name.")
+    description = opt_str(tool, "description", where=where)
+    inner = tool.get("tools")
+    if not isinstance(inner, list) or not inner:
+        raise F.invalid_type(f"{where}.tools", inner, expected="a non-empty array")
+    out: list[_Declared] = []
+    for j, item in enumerate(inner):
+        at = f"{where}.tools[{j}]"
+        entry = obj(item, where=at)
+        if entry.get("type") not in ("function", "custom"):
             raise F.unsupported(
-                f"{where}.type",
-                f"tools of type {kind!r} are not supported; use 'function' or 'custom' "
-                "('web_search' is accepted and not offered to the model).",
+                f"{at}.type", "a namespace holds 'function' and 'custom' tools only."
             )
-        if any(t.name == definition.name for t in tools):
-            raise F.invalid_value(
-                f"{where}.name", f"the tool name '{definition.name}' is used twice."
+        definition = _tool(entry, where=at)
+        out.append((_Origin(namespace, definition.name, at), definition, description))
+    return out
+
+
+def _tool_search(tool: Mapping[str, Any], *, where: str) -> None:
+    """Tool search cannot run here (hosted) and is not needed (deferred tools are offered from
+    the start), so the tool is accepted, checked and not offered."""
+    only_keys(tool, where=where, allowed=_TOOL_SEARCH_KEYS)
+    enum(tool, "execution", where=where, values=("server", "client", "sync", "async"))
+    opt_str(tool, "description", where=where)
+    if tool.get("parameters") is not None:
+        obj(tool["parameters"], where=f"{where}.parameters")
+    compat.ignore(f"{where}:tool_search")
+
+
+_UNSAFE_NAME: Final = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def _flatten(declared: list[_Declared]) -> tuple[list[ToolDefinition], dict[str, _Origin]]:
+    """The tools the model sees, and each one's origin. A namespaced tool keeps its own name
+    unless another tool has it; then it is ``{namespace}{name}`` (Codex's own flattening)."""
+    counts: dict[str, int] = {}
+    for origin, _, _ in declared:
+        counts[origin.name] = counts.get(origin.name, 0) + 1
+    tools: list[ToolDefinition] = []
+    seen: dict[str, _Origin] = {}
+    for origin, definition, ns_description in declared:
+        name = origin.name
+        if origin.namespace is not None and counts[name] > 1:
+            name = _UNSAFE_NAME.sub("_", f"{origin.namespace}{name}").strip("_")[:64]
+        if name in seen:
+            raise F.invalid_value(f"{origin.where}.name", f"the tool name '{name}' is used twice.")
+        seen[name] = origin
+        update: dict[str, Any] = {"name": name}
+        if ns_description:
+            update["description"] = "\n\n".join(
+                d for d in (ns_description, definition.description) if d
             )
-        tools.append(definition)
-        echo.append(tool)
-    return echo, tools
+        tools.append(definition.model_copy(update=update))
+    return tools, seen
 
 
 def _tool_no_ops(tool: Mapping[str, Any], *, where: str) -> None:
-    """``allowed_callers: ["direct"]``, ``defer_loading: false`` and an ``output_schema`` change
-    nothing here; programmatic callers and deferred tools (tool search) are not available."""
+    """``allowed_callers: ["direct"]`` and an ``output_schema`` change nothing here; a deferred
+    tool (``defer_loading: true``) is offered from the start, since tool search cannot run here
+    (counted as ignored); programmatic callers are not available."""
     callers = tool.get("allowed_callers")
     if callers is not None and callers != ["direct"]:
         raise F.unsupported(
             f"{where}.allowed_callers", "only direct tool calls are supported (['direct'])."
         )
     if F.opt_bool(tool, "defer_loading", param=f"{where}.defer_loading"):
-        raise F.unsupported(
-            f"{where}.defer_loading", "deferred tools need tool search, which is not supported."
-        )
+        compat.ignore(f"{where}.defer_loading")
     schema = tool.get("output_schema")
     if schema is not None:
         obj(schema, where=f"{where}.output_schema")
@@ -582,6 +713,8 @@ def _text(raw: object) -> tuple[ResponseFormat | None, dict[str, Any]]:
     text = obj(raw, where="text")
     only_keys(text, where="text", allowed=("format", "verbosity"))
     verbosity = enum(text, "verbosity", where="text", values=("low", "medium", "high"))
+    if verbosity is not None:
+        compat.ignore("text.verbosity")  # echoed; the model is not told
     echo: dict[str, Any] = {"format": {"type": "text"}, "verbosity": verbosity or "medium"}
     fmt_raw = text.get("format")
     if fmt_raw is None:
@@ -606,7 +739,15 @@ def _reasoning_control(raw: object) -> tuple[ReasoningControl | None, dict[str, 
     if raw is None:
         return None, {"effort": None, "summary": None}
     spec = obj(raw, where="reasoning")
-    only_keys(spec, where="reasoning", allowed=("effort", "summary", "generate_summary", "mode"))
+    only_keys(
+        spec,
+        where="reasoning",
+        allowed=("effort", "summary", "generate_summary", "mode", "context"),
+    )
+    # which turns' replayed reasoning the model sees is the chat template's rule here: every
+    # replayed reasoning item travels, and the template renders what it renders
+    if enum(spec, "context", where="reasoning", values=_REASONING_CONTEXTS) is not None:
+        compat.ignore("reasoning.context")
     mode = enum(spec, "mode", where="reasoning", values=("standard", "pro"))
     if mode == "pro":
         raise F.unsupported("reasoning.mode", "only 'standard' reasoning is supported.")

@@ -72,6 +72,7 @@ class _Output:
         self._buf: dict[int, str] = {}
         self._calls: dict[int, int] = {}
         self._custom = {t.name for t in parsed.tools if t.kind == "custom"}
+        self._origin = parsed.tool_origin
 
     def _new(self, item: dict[str, Any]) -> tuple[int, list[bytes]]:
         out = self.close()
@@ -126,13 +127,15 @@ class _Output:
             name = delta.name or ""
             call_id = delta.id or f"call_{self._rid}_{delta.index}"
             custom = delta.kind == "custom" or name in self._custom
+            namespace, own = self._origin.get(name, (None, name))
             item = _call_item(
                 self._id("ctc" if custom else "fc"),
                 call_id=call_id,
-                name=name,
+                name=own,
                 custom=custom,
                 payload="",
                 status="in_progress",
+                namespace=namespace,
             )
             index, out = self._new(item)
             self._calls[delta.index] = index
@@ -216,24 +219,37 @@ def _output_text(text: str) -> dict[str, Any]:
 
 
 def _call_item(
-    item_id: str, *, call_id: str, name: str, custom: bool, payload: str, status: str
+    item_id: str,
+    *,
+    call_id: str,
+    name: str,
+    custom: bool,
+    payload: str,
+    status: str,
+    namespace: str | None = None,
 ) -> dict[str, Any]:
+    """A call item; a namespaced tool's call names its namespace and the tool's own name."""
+    item: dict[str, Any]
     if custom:
-        return {
+        item = {
             "id": item_id,
             "type": "custom_tool_call",
             "call_id": call_id,
             "name": name,
             "input": payload,
         }
-    return {
-        "id": item_id,
-        "type": "function_call",
-        "call_id": call_id,
-        "name": name,
-        "arguments": payload,
-        "status": status,
-    }
+    else:
+        item = {
+            "id": item_id,
+            "type": "function_call",
+            "call_id": call_id,
+            "name": name,
+            "arguments": payload,
+            "status": status,
+        }
+    if namespace is not None:
+        item["namespace"] = namespace
+    return item
 
 
 def responses_response(
@@ -243,8 +259,8 @@ def responses_response(
     output = _Output(parsed, request_id=request_id, events=_no_events)
     if result.reasoning:
         output.reasoning(result.reasoning)
-    if result.text or not result.tool_calls:
-        output.text(result.text)
+    if result.shown_text or not result.tool_calls:
+        output.text(result.shown_text)
     for index, call in enumerate(result.tool_calls):
         delta = ToolCallDelta(
             index=index, id=call.id, name=call.name, arguments=call.arguments, kind=call.kind

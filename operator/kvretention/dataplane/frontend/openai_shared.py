@@ -1,8 +1,9 @@
 """Checks and conversions both OpenAI endpoints share: field sets, sampling, images, schemas, usage.
 
-Every top-level field of either endpoint is in exactly one table below (honoured, a documented no-op,
-or refused), so an unknown or unsupported field is a 400 naming it, never silently dropped; the
-OpenAI sections of ``docs/frontend.md`` list the same tables.
+Every known top-level field of either endpoint is in exactly one table of its module (honoured, a
+documented no-op, or refused); the OpenAI sections of ``docs/frontend.md`` list the same tables.
+A key in none of them is accepted, ignored and counted (``compat``'s rule: keys are open, types are
+closed); a known field that would change the answer and is not implemented is a 400 naming it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import re
 from collections.abc import Collection, Mapping
 from typing import Any, Final, Literal
 
+from kvretention.dataplane.frontend import compat
 from kvretention.dataplane.frontend.validate import Fields
 from kvretention.dataplane.protocol import (
     ImagePart,
@@ -19,7 +21,7 @@ from kvretention.dataplane.protocol import (
     SamplingParams,
     Usage,
 )
-from kvretention.hints.errors import ClientError, ClientErrorCode
+from kvretention.hints.errors import ClientError
 
 F: Final = Fields(anthropic=False)
 MAX_STOP: Final = 4
@@ -42,24 +44,20 @@ _EFFORT_MAP: Final[dict[str, Effort]] = {
 """OpenAI's efforts above ``high`` ask for the most the chat templates know: ``high``."""
 
 
-def unknown(param: str) -> ClientError:
-    """OpenAI's answer to a field it does not know."""
-    return ClientError(
-        f"Unrecognized request argument supplied: {param}",
-        param=param,
-        code=ClientErrorCode.UNKNOWN_PARAMETER,
-    )
-
-
 def only_keys(obj: Mapping[str, Any], *, where: str, allowed: Collection[str]) -> None:
-    """Refuse any key of ``obj`` outside ``allowed`` (``where`` prefixes the reported param).
+    """Record each key of ``obj`` outside ``allowed`` as ignored (``where`` prefixes its path).
 
-    A ``null`` value carries nothing to drop, so it passes: the SDK sends its own objects back
-    with such keys (a streamed message's ``parsed: null``, ``parsed_arguments: null``).
+    A ``null`` value carries nothing, so it is not even counted: the SDK sends its own objects
+    back with such keys (a streamed message's ``parsed: null``, ``parsed_arguments: null``).
     """
-    for key, value in obj.items():
-        if key not in allowed and value is not None:
-            raise unknown(f"{where}.{key}" if where else key)
+    compat.ignore_unknown(obj, known=lambda key: key in allowed, where=where)
+
+
+def ignore_present(body: Mapping[str, Any], keys: Collection[str], *, where: str = "") -> None:
+    """Record the documented no-ops ``body`` sets (not ``null``) as ignored."""
+    for key in keys:
+        if body.get(key) is not None:
+            compat.ignore(f"{where}.{key}" if where else key)
 
 
 def refuse_set(body: Mapping[str, Any], refused: Mapping[str, str], *, where: str = "") -> None:

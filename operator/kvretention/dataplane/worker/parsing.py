@@ -176,7 +176,11 @@ def plan_output(
 ) -> OutputPlan:
     """Decide the structure constraint and parsers of one request, as SGLang's server does."""
     plan = OutputPlan(names=names, parallel_tool_calls=request.parallel_tool_calls)
-    effective = [] if request.tool_choice.mode == "none" else list(request.tools)
+    # deferred tools are not in the prompt's tool list, but a tool search loaded them: their
+    # calls are parsed like any other
+    effective = (
+        [] if request.tool_choice.mode == "none" else [*request.tools, *request.deferred_tools]
+    )
     if request.tool_choice.mode == "named" and not any(
         t.name == request.tool_choice.name for t in effective
     ):
@@ -296,6 +300,9 @@ class OutputParser:
         self._call_ids: dict[int, str] = {}
         self._call_names: dict[int, str] = {}
         self._held_custom: dict[int, str] = {}
+        self._held_space = ""
+        """Whitespace-only answer text not sent yet: dropped when a tool call follows it (the
+        template's ``"\n\n"`` before a call), sent with the next text otherwise."""
         self.called = False
         if plan.names.reasoning_parser is not None:
             _, reasoning_parser = _sglang_parsers()
@@ -320,6 +327,17 @@ class OutputParser:
             out.reasoning = reasoning or ""
             text = text or ""
         out.text, out.tool_calls = self._feed_tools(text)
+        return self._settle(out, final=False)
+
+    def _settle(self, out: ParsedDelta, *, final: bool) -> ParsedDelta:
+        """Hold whitespace-only text until it is known whether a tool call follows it."""
+        text = self._held_space + out.text
+        self._held_space = ""
+        if not text.strip() and (out.tool_calls or (final and self.called)):
+            text = ""  # it only led up to a tool call
+        elif text and not text.strip() and not final:
+            self._held_space, text = text, ""
+        out.text = text
         return out
 
     def _feed_tools(self, text: str) -> tuple[str, list[ToolCallDelta]]:
@@ -342,7 +360,7 @@ class OutputParser:
             tail = tail or ""
         if self._tools is None:
             out.text = tail
-            return out
+            return self._settle(out, final=True)
         out.text, out.tool_calls = self._feed_tools(tail)
         if self._plan.json_array:
             end = self._tools.finish(self._plan.tools)
@@ -353,7 +371,7 @@ class OutputParser:
             out.text += end_text or ""
         out.tool_calls += self._deltas(calls) + self._unstreamed_arguments()
         out.tool_calls += self._release_custom()
-        return out
+        return self._settle(out, final=True)
 
     def parse_whole(self, text: str) -> ParsedDelta:
         """A complete answer through SGLang's non-streaming parsers."""
@@ -384,6 +402,8 @@ class OutputParser:
                     index=index, id=new_tool_call_id(), name=name, arguments=args, kind=kind
                 )
             )
+        if out.tool_calls and not out.text.strip():
+            out.text = ""  # the template's whitespace before the calls
         return out
 
     def _function_call_parser(self) -> Any:
