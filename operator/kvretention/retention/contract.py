@@ -1,0 +1,103 @@
+"""The SGLang 0.5.23 targets the retention plugin hooks, with the parameters it relies on.
+
+Import-light: the probe and the contract test read :data:`HOOK_TARGETS` and run :func:`check_targets`
+against whatever SGLang is installed. A target that moved, vanished or changed its parameters is a
+finding (the plugin would silently do nothing), never a crash.
+"""
+
+from __future__ import annotations
+
+import inspect
+import pkgutil
+from dataclasses import dataclass
+from typing import Final
+
+
+@dataclass(frozen=True, slots=True)
+class HookTarget:
+    """A dotted SGLang target, the parameter names (in order) the hook relies on, and the
+    plugin function hooked on it (``kind``: SGLang's ``HookType`` name)."""
+
+    target: str
+    parameters: tuple[str, ...]
+    hook: str
+    kind: str
+    why: str
+
+
+EVICTION_CHOICES: Final = "sglang.srt.arg_groups.choices.add_radix_eviction_policy_choices"
+"""SGLang's own way to add a ``--radix-eviction-policy`` choice (called, not hooked)."""
+
+HOOK_TARGETS: Final = (
+    HookTarget(
+        "sglang.srt.mem_cache.utils.get_eviction_strategy",
+        ("eviction_policy", "config"),
+        "_eviction_strategy",
+        "AROUND",
+        "builds the kvretain eviction strategy for both radix trees",
+    ),
+    HookTarget(
+        "sglang.srt.mem_cache.unified_cache.tree_core_registry.resolve_tree_core_backend",
+        ("name", "params"),
+        "_tree_core_backend",
+        "AROUND",
+        "keeps kvretain on the Python TreeCore (the Rust core has no per-node hook)",
+    ),
+    HookTarget(
+        "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.checkpoint_into_tree",
+        ("self", "req", "up_to", "kwargs"),
+        "_after_unified_checkpoint",
+        "AFTER",
+        "where a request's KV enters the unified tree (device and HiCache host tiers)",
+    ),
+    HookTarget(
+        "sglang.srt.mem_cache.unified_cache.unified_tree_core.UnifiedTreeCore._split_node",
+        ("self", "key", "child", "split_len"),
+        "_after_unified_split",
+        "AFTER",
+        "a split keeps the holds on the new parent",
+    ),
+    HookTarget(
+        "sglang.srt.mem_cache.radix_cache.RadixCache.checkpoint",
+        ("self", "req", "up_to"),
+        "_after_radix_checkpoint",
+        "AFTER",
+        "where a request's KV enters the classic radix tree",
+    ),
+    HookTarget(
+        "sglang.srt.mem_cache.radix_cache.RadixCache._split_node",
+        ("self", "key", "child", "split_len"),
+        "_after_radix_split",
+        "AFTER",
+        "a split keeps the holds on the new parent",
+    ),
+)
+
+
+def _original(obj: object) -> object:
+    """Behind SGLang's hook wrappers (``__wrapped__``) to the function itself."""
+    return inspect.unwrap(obj)  # type: ignore[arg-type]
+
+
+def check_target(target: HookTarget) -> str | None:
+    """What is wrong with one target in the installed SGLang; None when it is as expected."""
+    try:
+        obj = pkgutil.resolve_name(target.target)
+    except (ImportError, AttributeError, ValueError) as error:
+        return f"{target.target}: not found ({error})"
+    if not callable(obj):
+        return f"{target.target}: not callable"
+    found = tuple(inspect.signature(_original(obj)).parameters)  # type: ignore[arg-type]
+    if found != target.parameters:
+        return f"{target.target}: parameters {found}, the plugin expects {target.parameters}"
+    return None
+
+
+def check_targets() -> list[str]:
+    """Every problem with the hook targets (and the choices extension); empty when all match."""
+    problems = [p for t in HOOK_TARGETS if (p := check_target(t)) is not None]
+    try:
+        pkgutil.resolve_name(EVICTION_CHOICES)
+    except (ImportError, AttributeError, ValueError) as error:
+        problems.append(f"{EVICTION_CHOICES}: not found ({error})")
+    return problems

@@ -1,0 +1,156 @@
+"""The SGLang plugin that applies ``kv.retain`` in the radix tree (device and HiCache host tiers).
+
+SGLang's plugin loader calls :func:`register` (entry point ``kvretention`` in ``sglang.srt.plugins``)
+in every process before server args are parsed. It adds the ``kvretain`` choice to
+``--radix-eviction-policy`` and registers hooks through ``HookRegistry`` only:
+
+- the ``kvretain`` eviction strategy: unretained and expired nodes go first, then by hold
+  priority, recency among equals (both trees rank nodes through this one strategy, the unified
+  tree for its device *and* host leaves);
+- after a request's KV enters the tree (``checkpoint``), the nodes covering its retained ranges
+  get its scope's hold (priority, ``now + duration``); priority 0 releases it; the tree is split
+  at hold edges so no node is half retained;
+- a node split copies the holds to the new parent;
+- ``kvretain`` runs on SGLang's Python TreeCore (the Rust core keeps nodes out of reach).
+
+Holds apply only on a tree whose policy is ``kvretain``; anything else is left as SGLang has it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kvretention.retention import EVICTION_POLICY, PLUGIN_NAME, radix
+from kvretention.retention.contract import HOOK_TARGETS
+from kvretention.retention.directives import Hold, holds_for, read_retain
+
+logger = logging.getLogger(__name__)
+
+
+class RetainStrategy:
+    """SGLang eviction strategy for ``--radix-eviction-policy kvretain`` (duck-typed like
+    ``evict_policy.EvictionStrategy``: only ``get_priority`` is called)."""
+
+    def get_priority(self, node: Any) -> tuple[int, float]:
+        return radix.eviction_rank(node)
+
+
+def _eviction_strategy(original: Any, eviction_policy: str, config: Any = None) -> Any:
+    if eviction_policy.lower() != EVICTION_POLICY:
+        return original(eviction_policy, config)
+    if config:
+        raise ValueError(
+            f"--radix-eviction-policy-config: the {EVICTION_POLICY} policy takes no parameters, "
+            f"got {sorted(config)}"
+        )
+    return RetainStrategy()
+
+
+def _tree_core_backend(original: Any, name: str, params: Any) -> Any:
+    if name == "rust" and str(params.eviction_policy).lower() == EVICTION_POLICY:
+        logger.info("kvretention: %s runs on SGLang's Python TreeCore", EVICTION_POLICY)
+        return "python"
+    return original(name, params)
+
+
+def _bigram(holds: tuple[Hold, ...], page_size: int) -> tuple[Hold, ...]:
+    """EAGLE keys are token pairs: key position ``i`` spans tokens ``i, i+1``, so a hold ending at
+    token ``e`` ends at key position ``e - 1``, rounded down to a page again (never widened)."""
+    out = []
+    for h in holds:
+        end = (h.end - 1) // page_size * page_size
+        if end > h.start:
+            out.append(Hold(h.start, end, h.priority, h.until))
+    return tuple(out)
+
+
+def hold_request(cache: Any, req: Any, *, tokens: Any, leaf: Any, is_bigram: bool) -> int:
+    """Apply ``req``'s ``kv.retain`` holds to the path its KV occupies in ``cache``; the number
+    of nodes changed (0 for an unhinted request)."""
+    plan = read_retain(getattr(req, "kv_hints", None))
+    if plan is None:
+        return 0
+    page_size = int(cache.page_size)
+    holds = holds_for(
+        plan,
+        seq_len=len(tokens),
+        page_size=page_size,
+        now=radix.clock(),
+        prompt_len=len(req.origin_input_ids),
+    )
+    if is_bigram:
+        holds = _bigram(holds, page_size)
+    if not holds:
+        return 0
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    extra = 1 if is_bigram else 0
+    for edge in radix.boundaries(holds, radix.path_spans(leaf())):
+        # A prefix match that ends inside a node splits it there (SGLang's own split).
+        cache.touch_prefix(
+            RadixKey(tokens[: edge + extra], req.extra_key, cache_salt=req.cache_salt)
+        )
+    return radix.apply_holds(radix.path_spans(leaf()), holds, scope=plan.scope)
+
+
+def _after_unified_checkpoint(_result: Any, cache: Any, req: Any, *, up_to: int, **_: Any) -> None:
+    core = cache.tree_core
+    if cache.disable or not isinstance(getattr(core, "eviction_strategy", None), RetainStrategy):
+        return
+    hold_request(
+        cache,
+        req,
+        tokens=req.full_untruncated_fill_ids[:up_to],
+        leaf=lambda: cache.resolve_node_handle(req.last_node),
+        is_bigram=bool(core.is_eagle),
+    )
+
+
+def _after_radix_checkpoint(_result: Any, cache: Any, req: Any, *, up_to: int) -> None:
+    if cache.disable or not isinstance(cache.eviction_strategy, RetainStrategy):
+        return
+    hold_request(
+        cache,
+        req,
+        tokens=req.full_untruncated_fill_ids[:up_to],
+        leaf=lambda: req.last_node,
+        is_bigram=bool(cache.is_eagle),
+    )
+
+
+def _after_unified_split(result: Any, _core: Any, _key: Any, child: Any, _split_len: int) -> None:
+    new_parent, _action = result
+    radix.copy_holds(child, new_parent)
+
+
+def _after_radix_split(result: Any, _cache: Any, _key: Any, child: Any, _split_len: int) -> None:
+    radix.copy_holds(child, result)
+
+
+def hooks() -> dict[str, tuple[Any, str]]:
+    """Each hook target and ``(plugin function, HookType name)``, from :data:`HOOK_TARGETS`."""
+    return {t.target: (globals()[t.hook], t.kind) for t in HOOK_TARGETS}
+
+
+def register() -> None:
+    """Entry point for SGLang's plugin loader (``sglang.srt.plugins``: ``kvretention``)."""
+    from sglang.srt.arg_groups.choices import (
+        RADIX_EVICTION_POLICY_CHOICES,
+        add_radix_eviction_policy_choices,
+    )
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    if EVICTION_POLICY not in RADIX_EVICTION_POLICY_CHOICES:
+        add_radix_eviction_policy_choices([EVICTION_POLICY])
+    for target, (hook, kind) in hooks().items():
+        HookRegistry.register(target, hook, HookType[kind])
+    logger.info(
+        "%s: --radix-eviction-policy %s and %d hooks",
+        PLUGIN_NAME,
+        EVICTION_POLICY,
+        len(HOOK_TARGETS),
+    )
+
+
+__all__ = ["RetainStrategy", "hold_request", "hooks", "register"]
