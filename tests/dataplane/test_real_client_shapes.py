@@ -4,22 +4,29 @@ Each row is a body (and headers) as Codex CLI (``codex-rs``: ``ResponsesApiReque
 ``ChatRequestBuilder``, ``ResponseItem`` / ``ContentItem`` / ``ToolSpec``), Claude Code (FACTS.md,
 "What coding agents send") or the official SDKs' request types (openai-python
 ``ResponseCreateParams`` / ``ChatCompletionMessageParam``, anthropic-python ``MessageCreateParams``)
-put it on the wire. A row is either served (200; what the router got is checked) or refused with the
-provider's error shape and a message naming the field, for what a self-hosted SGLang cannot do.
-Every served row also checks the hint contract: cache controls make ``kv_hints``, none make no key.
+put it on the wire, or as the pinned CLIs sent it to a fleet (``shapes/*.json``: recorded request
+bodies of Claude Code 2.1.328 and Codex 0.169.0, long strings cut). A row is either served (200;
+what the router got is checked) or refused with the provider's error shape and a message naming the
+field, for what a self-hosted SGLang cannot do. Every served row also checks the hint contract:
+cache controls make ``kv_hints``, none make no key; a row may also name the session the router must
+get.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from kvretention.dataplane.frontend.app import FrontendConfig, create_app
+from kvretention.dataplane.protocol import HEADER_SESSION
+from kvretention.dataplane.trace import RequestTrace
 from support.agent_sessions import claude_code_session, codex_session
 from support.openai_shapes import APPLY_PATCH, SHELL, codex_body
 from support.router_standin import RouterStandIn, parse_sse
@@ -59,6 +66,27 @@ class Shape:
     """The body carries cache controls: the router must get ``kv_hints`` (else no key at all)."""
     refused: str | None = None
     """For refused rows: the field the 400 must name (OpenAI ``param``, Anthropic message prefix)."""
+    session: str | None = None
+    """For served rows: the session key the router must get (``x-session-id``), when one is set."""
+
+
+SHAPES: Final = Path(__file__).parent / "shapes"
+
+
+def recorded(name: str) -> dict[str, Any]:
+    """A recorded CLI request (``shapes/<name>.json``: source, path, headers, body)."""
+    loaded: dict[str, Any] = json.loads((SHAPES / f"{name}.json").read_text())
+    return loaded
+
+
+CLAUDE_CODE: Final = recorded("claude-code-2.1.328")
+CODEX: Final = recorded("codex-0.169.0")
+
+
+def _claude_code(**changes: Any) -> dict[str, Any]:
+    body = copy.deepcopy(CLAUDE_CODE["body"])
+    body.update(changes)
+    return body
 
 
 def _tools(received: dict[str, Any]) -> list[str]:
@@ -105,6 +133,14 @@ def _reasoning_replayed(text: str) -> Check:
         assert text in texts, texts
 
     return check
+
+
+def _code_mode_tools(received: dict[str, Any]) -> None:
+    """Codex's code mode: every tool in an ``additional_tools`` item, grouped in namespaces."""
+    names = _tools(received)
+    assert {"exec", "wait", "sleep", "spawn_agent", "wait_agent"} <= set(names), names
+    assert next(t for t in received["tools"] if t["name"] == "exec")["kind"] == "custom"
+    assert "instructions" not in CODEX["body"]  # the developer messages carry them
 
 
 RESPONSES_ROWS: Final = [
@@ -356,11 +392,92 @@ RESPONSES_ROWS: Final = [
         hinted=True,
     ),
     Shape(
-        "sdk-defer-loading-tool-refused",
-        "openai-python FunctionToolParam.defer_loading: true needs tool search",
+        "sdk-defer-loading-tool-offered",
+        "openai-python FunctionToolParam.defer_loading: tool search cannot run here, so it is offered",
         "/v1/responses",
         _responses("defer", tools=[{**SHELL, "defer_loading": True}]),
-        refused="tools[0].defer_loading",
+        check=lambda r: _tools(r) == ["shell"] or pytest.fail(str(r)),
+    ),
+    Shape(
+        "codex-0.169.0-first-turn-code-mode",
+        CODEX["source"],
+        CODEX["path"],
+        CODEX["body"],
+        headers=CODEX["headers"],
+        check=lambda r: _code_mode_tools(r),
+        session=CODEX["headers"]["thread-id"],
+    ),
+    Shape(
+        "codex-namespaces-tool-search-deferred-tools",
+        "codex-rs ToolSpec::Namespace (multi_agent_v1) and ToolSpec::ToolSearch; openai-python "
+        "NamespaceToolParam, ToolSearchToolParam, Reasoning.context",
+        "/v1/responses",
+        _codex(
+            tools=[
+                SHELL,
+                {
+                    "type": "namespace",
+                    "name": "multi_agent_v1",
+                    "description": "Tools for spawning and managing sub-agents.",
+                    "tools": [
+                        {**SHELL, "name": "spawn_agent", "description": "Spawn an agent."},
+                        {**SHELL, "name": "close_agent", "defer_loading": True},
+                    ],
+                },
+                {
+                    "type": "tool_search",
+                    "execution": "client",
+                    "description": "Search deferred tools.",
+                    "parameters": {"type": "object", "properties": {"query": {"type": "string"}}},
+                },
+                {**SHELL, "name": "mcp_lookup", "defer_loading": True},
+            ],
+            reasoning={"effort": "low", "summary": "auto", "context": "all_turns"},
+        ),
+        headers={**CODEX_HEADERS, "session-id": "root", "thread-id": "sub-agent-thread"},
+        check=lambda r: (
+            (
+                _tools(r) == ["shell", "spawn_agent", "close_agent", "mcp_lookup"]
+                and r["tools"][1]["description"].startswith("Tools for spawning")
+            )
+            or pytest.fail(str(r["tools"]))
+        ),
+        session="sub-agent-thread",
+    ),
+    Shape(
+        "codex-namespaced-call-replayed",
+        "codex-rs ResponseItem::FunctionCall {namespace} and its function_call_output",
+        "/v1/responses",
+        _codex(
+            tools=[
+                {
+                    "type": "namespace",
+                    "name": "collaboration",
+                    "description": "Agents.",
+                    "tools": [{**SHELL, "name": "spawn_agent"}],
+                }
+            ],
+            input=[
+                {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "go"}],
+                },
+                {
+                    "type": "function_call",
+                    "call_id": "call_1",
+                    "name": "spawn_agent",
+                    "namespace": "collaboration",
+                    "arguments": "{}",
+                },
+                {"type": "function_call_output", "call_id": "call_1", "output": "spawned"},
+            ],
+        ),
+        headers=CODEX_HEADERS,
+        check=lambda r: (
+            r["messages"][-2]["tool_calls"][0]["name"] == "spawn_agent"
+            or pytest.fail(str(r["messages"]))
+        ),
     ),
     Shape(
         "sdk-file-search-tool-refused",
@@ -417,6 +534,14 @@ def _codex_chat(*messages: dict[str, Any], **fields: Any) -> dict[str, Any]:
 
 
 CHAT_ROWS: Final = [
+    Shape(
+        "dynamo-gateway-session",
+        "Dynamo's gateway: X-Dynamo-Session-ID on whatever the agent sent",
+        "/v1/chat/completions",
+        {"model": "m", "messages": [{"role": "user", "content": "gateway"}]},
+        headers={"X-Dynamo-Session-ID": "dyn-1", "X-Dynamo-Parent-Session-ID": "dyn-0"},
+        session="dyn-1",
+    ),
     Shape(
         "codex-chat-reasoning-on-tool-call",
         "codex-rs ChatRequestBuilder: assistant 'reasoning' beside tool_calls",
@@ -573,7 +698,102 @@ def _tool_turn(
     ]
 
 
+def _deferred(names: list[str]) -> Check:
+    def check(received: dict[str, Any]) -> None:
+        assert "DeferredToolPlaceholder" not in _tools(received), _tools(received)
+        assert "ToolSearch" in _tools(received)
+        assert [t["name"] for t in received.get("deferred_tools") or []] == names
+
+    return check
+
+
+_CRON: Final = {
+    "name": "CronCreate",
+    "description": "Schedule a prompt.",
+    "input_schema": {"type": "object", "properties": {"cron": {"type": "string"}}},
+    "defer_loading": True,
+}
+
+
+def _tool_search_turn() -> dict[str, Any]:
+    """Claude Code's ToolSearch answered: its tool_result holds one ``tool_reference`` per match
+    (cli.js: ``content: e.matches.map(r => ({type: "tool_reference", tool_name: r}))``), and the
+    loaded tool joins ``tools`` with ``defer_loading: true``."""
+    body = _claude_code(tools=[*CLAUDE_CODE["body"]["tools"], _CRON])
+    body["messages"] += [
+        {
+            "role": "assistant",
+            "content": [
+                {
+                    "type": "tool_use",
+                    "id": "toolu_search",
+                    "name": "ToolSearch",
+                    "input": {"query": "select:CronCreate", "max_results": 5},
+                }
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_search",
+                    "content": [{"type": "tool_reference", "tool_name": "CronCreate"}],
+                }
+            ],
+        },
+    ]
+    return body
+
+
+def _loaded_cron(received: dict[str, Any]) -> None:
+    _deferred(["DeferredToolPlaceholder", "CronCreate"])(received)
+    loaded = received["messages"][-1]
+    assert loaded["role"] == "tool" and "<functions>" in loaded["content"], loaded
+    assert '"name": "CronCreate"' in loaded["content"], loaded
+
+
 MESSAGES_ROWS: Final = [
+    Shape(
+        "claude-code-2.1.328-first-turn",
+        CLAUDE_CODE["source"],
+        CLAUDE_CODE["path"],
+        CLAUDE_CODE["body"],
+        headers=CLAUDE_CODE["headers"],
+        hinted=True,
+        check=_deferred(["DeferredToolPlaceholder"]),
+        session=CLAUDE_CODE["headers"]["X-Claude-Code-Session-Id"],
+    ),
+    Shape(
+        "claude-code-2.1.328-tool-turn",
+        CLAUDE_CODE["source"] + "; then its tool turn (thinking, tool_use, tool_result)",
+        CLAUDE_CODE["path"],
+        _claude_code(messages=[*CLAUDE_CODE["body"]["messages"], *CLAUDE_CODE["tool_turn"]]),
+        headers=CLAUDE_CODE["headers"],
+        hinted=True,
+        check=lambda r: r["messages"][-1]["role"] == "tool" or pytest.fail(str(r["messages"])),
+    ),
+    Shape(
+        "claude-code-tool-search-loads-a-deferred-tool",
+        "Claude Code 2.1.328 cli.js: ToolSearch's tool_result of tool_reference blocks",
+        CLAUDE_CODE["path"],
+        _tool_search_turn(),
+        headers=CLAUDE_CODE["headers"],
+        hinted=True,
+        check=_loaded_cron,
+    ),
+    Shape(
+        "claude-code-thinking-updates-and-safeguards",
+        "Claude Code 2.1.328 cli.js: thinking {display: 'updates'}, "
+        "safeguards [{type: 'dangerous_tool_use', classifier_context}] in auto mode",
+        CLAUDE_CODE["path"],
+        _claude_code(
+            thinking={"type": "adaptive", "display": "updates"},
+            safeguards=[{"type": "dangerous_tool_use", "classifier_context": "auto mode"}],
+        ),
+        headers=CLAUDE_CODE["headers"],
+        hinted=True,
+    ),
     Shape(
         "claude-code-session-turn",
         "tests/support/agent_sessions.claude_code_session (FACTS.md)",
@@ -768,8 +988,11 @@ async def test_real_client_shape(
         frames = parse_sse(raw)
         assert frames, "an empty stream"
         assert not any(event == "error" or '"error"' in data[:12] for event, data in frames)
-    [received] = [r.body for r in router_standin.received]
+    [sent] = router_standin.received
+    received = sent.body
     assert ("kv_hints" in received) == shape.hinted, received.get("kv_hints")
+    if shape.session is not None:
+        assert sent.headers.get(HEADER_SESSION) == shape.session, sent.headers
     if shape.check is not None:
         shape.check(received)
 
@@ -811,3 +1034,32 @@ async def test_a_responses_output_replayed_as_input_is_served(
         assert resp.status == 200, await resp.text()
     finally:
         await client.close()
+
+
+async def test_ignored_fields_are_counted_and_traced(
+    router_standin: RouterStandIn, app_config: FrontendConfig, tmp_path: Path
+) -> None:
+    """What the pinned Claude Code sends that nothing here acts on is counted per field on
+    ``/metrics`` and named in the request's trace record; the request is served."""
+    trace = RequestTrace(tmp_path / "trace.jsonl", component="frontend")
+    body = _claude_code(
+        safeguards=[{"type": "dangerous_tool_use", "classifier_context": "auto mode"}],
+        messages=[*CLAUDE_CODE["body"]["messages"], *CLAUDE_CODE["tool_turn"]],
+    )
+    client: TestClient[Any, Any] = TestClient(TestServer(create_app(app_config, trace=trace)))
+    await client.start_server()
+    try:
+        resp = await client.post(CLAUDE_CODE["path"], json=body, headers=CLAUDE_CODE["headers"])
+        assert resp.status == 200, await resp.text()
+        await resp.read()
+        metrics = await (await client.get("/metrics")).text()
+    finally:
+        await client.close()
+    expected = ["context_management", "safeguards", "messages.*.output_config"]
+    for name in expected:
+        line = (
+            f'kvretention_frontend_ignored_fields_total{{endpoint="messages",field="{name}"}} 1.0'
+        )
+        assert line in metrics, metrics
+    record = json.loads((tmp_path / "trace.jsonl").read_text().splitlines()[-1])
+    assert record["ignored_fields"] == expected

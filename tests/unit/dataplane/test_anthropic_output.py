@@ -16,7 +16,7 @@ from kvretention.dataplane.frontend.anthropic_api import (
     usage_object,
 )
 from kvretention.dataplane.frontend.common import Completion, ParsedRequest
-from kvretention.dataplane.protocol import GenerateChunk, ToolCallDelta, Usage
+from kvretention.dataplane.protocol import GenerateChunk, ToolCall, ToolCallDelta, Usage
 
 RID = "0123456789abcdef0123456789abcdef"
 USAGE = Usage(prompt_tokens=10, completion_tokens=5, cached_tokens=4)
@@ -186,3 +186,14 @@ def test_tool_use_ids_are_unique_per_request() -> None:
         "call_0", request_id="b" * 32, index=0
     )
     assert tool_use_id("toolu_keep", request_id=RID, index=3) == "toolu_keep"
+
+
+@pytest.mark.parametrize(
+    ("text", "blocks"), [("\n\n", ["tool_use"]), ("Ok.", ["text", "tool_use"])]
+)
+def test_no_whitespace_only_text_block_before_tool_use(text: str, blocks: list[str]) -> None:
+    """Issue 20, item 7: the template's "\\n\\n" before a call is not a text block of its own."""
+    call = ToolCall(id="call_0", name="get_weather", arguments="{}")
+    result = Completion(text=text, tool_calls=[call], finish_reason="tool_calls", usage=USAGE)
+    message = messages_response(parsed(tools=[TOOL]), result, request_id=RID)
+    assert [b["type"] for b in message["content"]] == blocks

@@ -518,3 +518,11 @@ def test_unknown_keys_and_no_ops_are_ignored_and_counted(
 ) -> None:
     parsed = parse_chat(body(**extra))
     assert parsed.ignored == labels
+
+
+def test_whitespace_before_tool_calls_is_not_content() -> None:
+    """Issue 20, item 7: the template's "\\n\\n" before a call is not the message's content."""
+    call = ToolCall(id="call_a", name="get_weather", arguments="{}")
+    result = Completion(text="\n\n", tool_calls=[call], finish_reason="tool_calls")
+    raw = chat_response(_parsed(), result, request_id="r1")
+    assert raw["choices"][0]["message"]["content"] is None

@@ -202,3 +202,48 @@ def test_a_regex_custom_tool_is_enforced_through_sglangs_structural_tag() -> Non
     params = constrained_sampling(request, plan_output(request, QWEN))
     (structure,) = json.loads(params["structural_tag"])["structures"]
     assert structure["schema"]["properties"]["input"]["pattern"] == patch["grammar"]["definition"]
+
+
+@pytest.mark.parametrize(
+    ("tool_format", "lead", "reasoning"),
+    [
+        ("qwen25", "\n\n", ""),  # Qwen writes "\n\n<tool_call>"
+        ("qwen25", "", "[[standin:reasoning]] "),  # the "\n\n" after </think>
+        ("llama3", "", "[[standin:reasoning]] "),
+    ],
+)
+def test_no_whitespace_only_text_comes_before_tool_calls(
+    tool_format: str, lead: str, reasoning: str
+) -> None:
+    """Templates write ``"\n\n"`` before a call; it must not reach clients as a text block or
+    message of its own (issue 20, item 7), streamed or whole."""
+    request = _request(tools=[WEATHER])
+    prompt = f"<tools>\n{json.dumps({'type': 'function', 'function': WEATHER})}\n</tools>"
+    prompt += f"<|im_start|>user\n{reasoning}[[standin:tool_call]]"
+    pieces = [lead, *plan_reply(prompt, sampling={}, tool_format=tool_format).pieces]
+    plan = plan_output(request, ParserNames(tool_format, "qwen3" if reasoning else None))
+    streamed = OutputParser(plan)
+    steps = [*(streamed.feed(p) for p in pieces), streamed.finish()]
+    assert "".join(s.text for s in steps) == ""
+    assert [d.name for s in steps for d in s.tool_calls if d.name] == ["get_weather"]
+    whole = OutputParser(plan).parse_whole("".join(pieces))
+    assert whole.text == "" and [d.name for d in whole.tool_calls] == ["get_weather"]
+
+
+def test_whitespace_between_texts_is_kept() -> None:
+    """Held whitespace is sent with the text that follows it: only a run before a call goes."""
+    streamed = OutputParser(plan_output(_request(tools=[WEATHER]), ParserNames("qwen25")))
+    steps = [streamed.feed(p) for p in ("Hello", "\n\n", "world", "\n")] + [streamed.finish()]
+    assert "".join(s.text for s in steps) == "Hello\n\nworld\n"
+    plain = OutputParser(plan_output(_request(), ParserNames()))
+    assert plain.feed("\n\n").text == "" and plain.finish().text == "\n\n"
+
+
+def test_deferred_tools_are_parsed_but_not_required_in_the_prompt() -> None:
+    """A deferred tool a tool search loaded is called like any other tool."""
+    request = _request(tools=[], deferred_tools=[WEATHER])
+    plan = plan_output(request, QWEN)
+    assert plan.parses_tools and plan.tool_kinds == {"get_weather": "function"}
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+    (call,) = OutputParser(plan).parse_whole(text).tool_calls
+    assert call.name == "get_weather"
