@@ -453,6 +453,7 @@ async def test_a_slow_prompt_is_prepared_off_the_event_loop(
     assert await asyncio.to_thread(planning.wait, 10)
     ready = await asyncio.wait_for(client.get("/readyz"), timeout=5)
     assert ready.status == 200 and not pending.done()
+    assert (await ready.json()) == {"status": "ready", "planning": 1, "inflight": 0}
     release.set()
     status, lines = await pending
     assert waited == [True]

@@ -180,13 +180,17 @@ def resolve_breakpoints(
     *,
     render: Render,
     prompt: str,
-    offsets: Sequence[tuple[int, int]],
+    offsets: Sequence[tuple[int, int]] = (),
+    ends: Sequence[int] | None = None,
+    ordered: bool | None = None,
     expected: int | None = None,
 ) -> Resolution:
     """Each marker's token offset in ``prompt`` (rendered with the generation prompt).
 
     ``offsets`` is the prompt's tokenization as ``(start, end)`` character spans, one per token
-    (a fast tokenizer's ``return_offsets_mapping``). ``expected`` is the envelope's announced
+    (a fast tokenizer's ``return_offsets_mapping``); or ``ends``, each token's end alone, with
+    ``ordered`` saying whether they never decrease (a worker that reused the previous turn's
+    tokens has both, and skips an O(tokens) pass). ``expected`` is the envelope's announced
     breakpoint count; a different count raises :class:`MarkerMismatch`.
     """
     markers = find_markers(messages, tools)
@@ -195,8 +199,10 @@ def resolve_breakpoints(
             f"kv_hints announces {expected} prefix breakpoint(s) but the conversation carries "
             f"{len(markers)}"
         )
-    ends = list(map(operator.itemgetter(1), offsets))
-    ordered = ends == sorted(ends)  # once per request: timsort checks sorted input in C
+    if ends is None:
+        ends = list(map(operator.itemgetter(1), offsets))
+    if ordered is None:
+        ordered = list(ends) == sorted(ends)  # once per request: timsort checks sorted input in C
     resolved: list[ResolvedBreakpoint] = []
     dropped: list[DroppedBreakpoint] = []
     for marker in markers:

@@ -318,6 +318,25 @@ def has_chat_template(tokenizer: Any) -> bool:
     )
 
 
+def render_prompt(
+    tokenizer: Any,
+    messages: Sequence[ChatMessage],
+    *,
+    tools: Sequence[ToolDefinition] = (),
+    tool_choice: ToolChoice | None = None,
+    reasoning: ReasoningControl | None = None,
+) -> tuple[str, list[str]]:
+    """Convert and render with the model's template: the prompt text and its image URLs."""
+    template_input = build_template_input(
+        messages,
+        tools=tools,
+        tool_choice=tool_choice,
+        reasoning=reasoning,
+        developer_role=template_has_developer_role(getattr(tokenizer, "chat_template", None)),
+    )
+    return render_template(tokenizer, template_input), template_input.image_urls
+
+
 def render_and_encode(
     tokenizer: Any,
     messages: Sequence[ChatMessage],
@@ -329,19 +348,10 @@ def render_and_encode(
 ) -> RenderedPrompt:
     """Convert, render with the model's template, and tokenize once (with token offsets when
     asked: raises :class:`OffsetsUnavailable` if the tokenizer has none)."""
-    template_input = build_template_input(
-        messages,
-        tools=tools,
-        tool_choice=tool_choice,
-        reasoning=reasoning,
-        developer_role=template_has_developer_role(getattr(tokenizer, "chat_template", None)),
+    text, images = render_prompt(
+        tokenizer, messages, tools=tools, tool_choice=tool_choice, reasoning=reasoning
     )
-    text = render_template(tokenizer, template_input)
     if with_offsets:
         ids, offsets = encode_with_offsets(tokenizer, text)
-        return RenderedPrompt(
-            text=text, token_ids=ids, image_urls=template_input.image_urls, offsets=offsets
-        )
-    return RenderedPrompt(
-        text=text, token_ids=encode_prompt(tokenizer, text), image_urls=template_input.image_urls
-    )
+        return RenderedPrompt(text=text, token_ids=ids, image_urls=images, offsets=offsets)
+    return RenderedPrompt(text=text, token_ids=encode_prompt(tokenizer, text), image_urls=images)

@@ -3,7 +3,9 @@
 The client config is the JSON SGLang's Mooncake backend reads from the file named by
 ``SGLANG_HICACHE_MOONCAKE_CONFIG_PATH`` (``MooncakeStoreConfig.from_file`` in
 ``sglang/srt/mem_cache/storage/mooncake_store/mooncake_store.py``); ``local_hostname`` is left out
-because each pod sets ``MOONCAKE_LOCAL_HOSTNAME`` to its own IP, which SGLang prefers.
+because each pod sets ``MOONCAKE_LOCAL_HOSTNAME`` to its own IP, which SGLang prefers. Its
+``kvretention`` section (ignored by SGLang) tells the retention plugin's L3 hook the pin budget and
+the master's longest pin (``kvretention.retention.l3``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from kvretention.controller.resources.common import (
     resources_dict,
     service_host,
 )
+from kvretention.retention.l3 import SETTINGS_KEY as L3_SETTINGS_KEY
+from kvretention.retention.l3 import L3Settings
 
 MASTER_SUFFIX: Final = "mooncake"
 CONFIG_SUFFIX: Final = "mooncake-config"
@@ -85,6 +89,10 @@ def build_mooncake_client_config(
     }
     if mooncake.external is None:
         config["master_metrics_port"] = mooncake.master.metrics_port
+    pin = mooncake.master.soft_pin
+    config[L3_SETTINGS_KEY] = L3Settings(
+        budget_ratio=pin.budget_ratio, max_pin_ttl_ms=pin.max_ttl_seconds * 1000
+    ).to_config()
     return config
 
 

@@ -408,6 +408,16 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
         state.metrics.requests.labels(mode, outcome).inc()
 
 
+def _passed_on(request: web.Request) -> dict[str, str]:
+    """Headers every worker request carries: the prefix chain lets the worker find the
+    conversation's previous prompt to reuse its tokens."""
+    headers = {"Content-Type": "application/json"}
+    chain = request.headers.get(HEADER_PREFIX)
+    if chain:
+        headers[HEADER_PREFIX] = chain
+    return headers
+
+
 def _choose(
     state: RouterState, role: PoolRole, session: str | None, exclude: set[str], chain: list[str]
 ) -> Choice | None:
@@ -449,7 +459,7 @@ async def _aggregated(
             async with state.session.post(
                 worker.url + GENERATE_PATH,
                 data=body,
-                headers={"Content-Type": "application/json", HEADER_ROLE: "aggregated"},
+                headers={**_passed_on(request), HEADER_ROLE: "aggregated"},
             ) as upstream:
                 if upstream.status == ERROR_STATUS[ErrorCode.DRAINING] and await _is_draining(
                     upstream
@@ -502,7 +512,7 @@ async def _disaggregated(
     _pin(state, "decode", session, pair.decode, [])
     room = secrets.randbits(63)
     headers = {
-        "Content-Type": "application/json",
+        **_passed_on(request),
         HEADER_BOOTSTRAP_HOST: bootstrap[0],
         HEADER_BOOTSTRAP_PORT: str(bootstrap[1]),
         HEADER_BOOTSTRAP_ROOM: str(room),

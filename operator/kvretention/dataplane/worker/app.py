@@ -13,7 +13,10 @@ answered with one chunk; the engine is never called.
 Rendering and tokenizing a coding agent's ~200 KB prompt takes tens of milliseconds, so it runs on
 one thread of its own (one: a Hugging Face fast tokenizer must not be called from two threads at
 once), never on the event loop: streams in flight and ``/readyz`` keep answering while a burst of
-long prompts is prepared, and the router does not eject a busy worker as dead.
+long prompts is prepared, and the router does not eject a busy worker as dead. An agent's next
+prompt extends its last one, so only what is new is tokenized: the worker keeps each
+conversation's previous prompt tokens (:mod:`kvretention.dataplane.worker.render_cache`, bounded
+by ``render_cache_bytes``) and reuses them where the new rendering proves them equal.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from kvretention.dataplane.protocol import (
     HEADER_BOOTSTRAP_HOST,
     HEADER_BOOTSTRAP_PORT,
     HEADER_BOOTSTRAP_ROOM,
+    HEADER_PREFIX,
     HEADER_ROLE,
     NDJSON,
     ErrorBody,
@@ -52,6 +56,7 @@ from kvretention.dataplane.protocol import (
     PreprocessedRequest,
     Usage,
 )
+from kvretention.dataplane.router.placement import parse_prefix_header
 from kvretention.dataplane.trace import RequestTrace
 from kvretention.dataplane.worker.call import (
     Bootstrap,
@@ -76,6 +81,7 @@ from kvretention.dataplane.worker.parsing import (
     constrained_sampling,
     plan_output,
 )
+from kvretention.dataplane.worker.render_cache import DEFAULT_MAX_BYTES, RenderCache
 from kvretention.hints.envelope import WIRE_KEY, InvalidKvHint, envelope_or_none
 
 log = logging.getLogger(__name__)
@@ -113,6 +119,13 @@ class WorkerMetrics:
         self.inflight = Gauge(
             "kvretention_worker_inflight", "Generate requests in flight.", registry=self.registry
         )
+        self.prompt_tokens = Counter(
+            "kvretention_worker_prompt_tokens",
+            "Prompt tokens of rendered requests: reused from the conversation's previous prompt, "
+            "or tokenized.",
+            ["how"],
+            registry=self.registry,
+        )
 
 
 @dataclass
@@ -132,9 +145,17 @@ class WorkerState:
         default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvr-plan")
     )
     """Where requests are rendered and tokenized: off the event loop, one at a time."""
+    planning: int = 0
+    """Requests waiting for or in the planning thread (reported by ``/readyz``)."""
+    render_cache_bytes: int = DEFAULT_MAX_BYTES
+    """The cap on the previous prompts kept for reuse (0: tokenize every prompt whole)."""
+    render_cache: RenderCache | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.idle.set()
+        tokenizer = self.engine.tokenizer
+        if self.render_cache_bytes > 0 and getattr(tokenizer, "chat_template", None):
+            self.render_cache = RenderCache(tokenizer, max_bytes=self.render_cache_bytes)
 
     def enter(self) -> None:
         self.inflight += 1
@@ -166,12 +187,23 @@ class PlannedCall:
     """For ``count_only`` requests: the prompt's token count; the engine is not called."""
     breakpoints: Resolution | None = None
     """Where the request's breakpoints resolved (or why they were dropped), for the trace."""
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+    """Prompt tokens reused from the conversation's previous prompt (not tokenized again)."""
 
 
 def plan_call(
-    body: bytes, *, headers: dict[str, str], state_role: Role, engine: LoadedEngine
+    body: bytes,
+    *,
+    headers: dict[str, str],
+    state_role: Role,
+    engine: LoadedEngine,
+    cache: RenderCache | None = None,
 ) -> PlannedCall:
-    """Validate a generate request and build its engine call, or raise :class:`RequestRejected`."""
+    """Validate a generate request and build its engine call, or raise :class:`RequestRejected`.
+
+    ``cache`` lends the conversation's previous prompt tokens (found by session id or by the
+    ``x-kvr-prefix`` chain the router passes on)."""
     try:
         raw = json.loads(body)
     except ValueError:
@@ -215,7 +247,13 @@ def plan_call(
             ) from None
     prefixes = envelope.prefix_count if hinted and envelope is not None else 0
     try:
-        prompt = build_engine_prompt(request, tokenizer=engine.tokenizer, with_offsets=prefixes > 0)
+        prompt = build_engine_prompt(
+            request,
+            tokenizer=engine.tokenizer,
+            with_offsets=prefixes > 0,
+            cache=cache,
+            chain=parse_prefix_header(headers.get(HEADER_PREFIX)),
+        )
         if request.count_only:
             return PlannedCall(
                 request=request,
@@ -223,6 +261,8 @@ def plan_call(
                 kwargs={},
                 kv_hints=None,
                 count_only=prompt.prompt_tokens,
+                prompt_tokens=prompt.prompt_tokens,
+                reused_tokens=prompt.reused_tokens,
             )
         output = plan_output(request, engine.parsers, prompt_text=prompt.rendered)
         sampling = constrained_sampling(request, output)
@@ -266,6 +306,8 @@ def plan_call(
         output=output,
         breakpoints=resolution,
         retained_tokens=retained_tokens(kv_hints, prompt_tokens=prompt.prompt_tokens),
+        prompt_tokens=prompt.prompt_tokens,
+        reused_tokens=prompt.reused_tokens,
     )
 
 
@@ -315,13 +357,22 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
         headers={k.lower(): v for k, v in request.headers.items()},
         state_role=state.role,
         engine=state.engine,
+        cache=state.render_cache,
     )
+    state.planning += 1
     try:
         planned = await asyncio.get_running_loop().run_in_executor(state.planner, plan)
     except RequestRejected as exc:
         state.metrics.requests.labels("rejected").inc()
         _trace(state, request_id=_request_id_of(body), outcome="rejected", code=str(exc.code))
         return error_response(exc.code, str(exc), param=exc.param)
+    finally:
+        state.planning -= 1
+    if planned.prompt_tokens:
+        state.metrics.prompt_tokens.labels("reused").inc(planned.reused_tokens)
+        state.metrics.prompt_tokens.labels("tokenized").inc(
+            planned.prompt_tokens - planned.reused_tokens
+        )
     if planned.count_only is not None:
         return await _count(request, state, planned, planned.count_only)
     state.enter()
@@ -428,6 +479,7 @@ async def _stream(
             **extra,
             role=planned.role,
             dialect=str(state.engine.dialect),
+            prompt_tokens_reused=planned.reused_tokens,
             duration_s=round(time.monotonic() - started, 6),
         )
 
@@ -454,10 +506,16 @@ def _request_id_of(body: bytes) -> str:
 
 
 async def readiness(state: WorkerState) -> Readiness:
-    """Not ready once draining, so the router's health poll stops sending new requests."""
+    """Not ready once draining, so the router's health poll stops sending new requests.
+
+    Answered on the event loop from counters alone, never behind the planning thread: a worker
+    busy preparing long prompts says so (``planning``, ``inflight``) and stays ready."""
     if state.draining:
         return Readiness(ready=False, body={"status": "draining"})
-    return Readiness(ready=True, body={"status": "ready"})
+    return Readiness(
+        ready=True,
+        body={"status": "ready", "planning": state.planning, "inflight": state.inflight},
+    )
 
 
 async def handle_info(request: web.Request) -> web.Response:

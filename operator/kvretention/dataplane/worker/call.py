@@ -1,7 +1,8 @@
 """Pure translation between the router's protocol and ``Engine.async_generate``.
 
 ``build_engine_prompt`` renders and tokenizes the conversation once (or takes the frontend's token
-ids); ``resolve_prompt_breakpoints`` finds where each breakpoint's block ends in those tokens;
+ids), tokenizing only what is new since the conversation's previous prompt when given a
+:class:`~kvretention.dataplane.worker.render_cache.RenderCache`; ``resolve_prompt_breakpoints`` finds where each breakpoint's block ends in those tokens;
 ``build_generate_kwargs`` decides exactly what the engine is called with (an unhinted request
 gets no ``kv_hints`` key at all); ``StreamAdapter`` turns SGLang's stream outputs into parsed
 :class:`GenerateChunk` deltas.
@@ -26,6 +27,7 @@ from kvretention.dataplane.chat_template import (
     breakpoint_renderer,
     has_chat_template,
     render_and_encode,
+    render_prompt,
 )
 from kvretention.dataplane.protocol import (
     ChatMessage,
@@ -35,6 +37,7 @@ from kvretention.dataplane.protocol import (
     Usage,
 )
 from kvretention.dataplane.worker.parsing import OutputParser, ParsedDelta
+from kvretention.dataplane.worker.render_cache import RenderCache
 
 
 @dataclass(frozen=True)
@@ -72,12 +75,28 @@ class EnginePrompt:
     """Each token's character span in ``rendered`` (asked for when there are breakpoints)."""
     no_offsets: str = "the prompt was not rendered with token offsets"
     """Why ``offsets`` is ``None``: every breakpoint is then dropped with this reason."""
+    token_ends: Sequence[int] | None = None
+    """Each token's end in ``rendered``, in place of ``offsets`` when tokens were reused."""
+    ends_ordered: bool | None = None
+    reused_tokens: int = 0
+    """Leading tokens taken from the conversation's previous prompt instead of tokenized again."""
+
+    @property
+    def has_offsets(self) -> bool:
+        return self.offsets is not None or self.token_ends is not None
 
 
 def build_engine_prompt(
-    request: PreprocessedRequest, *, tokenizer: Any, with_offsets: bool = False
+    request: PreprocessedRequest,
+    *,
+    tokenizer: Any,
+    with_offsets: bool = False,
+    cache: RenderCache | None = None,
+    chain: Sequence[str] = (),
 ) -> EnginePrompt:
-    """Render and tokenize once, or take the frontend's token ids (pure but for the tokenizer)."""
+    """Render and tokenize once, or take the frontend's token ids (pure but for the tokenizer and
+    the cache). With ``cache``, the conversation's previous prompt (found by session id, else by
+    the prefix-hash ``chain``) lends the tokens the new prompt shares with it."""
     messages = request.messages or []
     if request.token_ids is not None:
         images = [part.url for m in messages for part in m.images()]
@@ -90,6 +109,8 @@ def build_engine_prompt(
             no_offsets="the prompt arrived as token ids, not as a conversation to render",
         )
     if has_chat_template(tokenizer):
+        if cache is not None and cache.enabled:
+            return _reused_prompt(request, tokenizer=tokenizer, cache=cache, chain=chain)
         return _templated_prompt(request, tokenizer=tokenizer, with_offsets=with_offsets)
     text = render_chat_fallback(messages)
     count = len(tokenizer.encode(text)) if hasattr(tokenizer, "encode") else len(text.split())
@@ -135,13 +156,43 @@ def _templated_prompt(
     )
 
 
+def _reused_prompt(
+    request: PreprocessedRequest, *, tokenizer: Any, cache: RenderCache, chain: Sequence[str]
+) -> EnginePrompt:
+    """Render the whole conversation (the text is what proves the reuse exact), then tokenize
+    only what follows the longest prefix it shares with the conversation's previous prompt."""
+    text, images = render_prompt(
+        tokenizer,
+        request.messages or [],
+        tools=request.tools,
+        tool_choice=request.tool_choice,
+        reasoning=request.reasoning,
+    )
+    encoded = cache.encode(text, session=request.session_id, chain=chain)
+    return EnginePrompt(
+        input_ids=None if images else encoded.ids,
+        text=text if images else None,
+        image_urls=images,
+        rendered=text,
+        prompt_tokens=len(encoded.ids),
+        no_offsets=(
+            "the prompt has images, whose token counts only the engine knows"
+            if images
+            else EnginePrompt.no_offsets
+        ),
+        token_ends=None if images else encoded.ends,
+        ends_ordered=encoded.ordered,
+        reused_tokens=encoded.reused,
+    )
+
+
 def resolve_prompt_breakpoints(
     request: PreprocessedRequest, prompt: EnginePrompt, *, tokenizer: Any, expected: int
 ) -> Resolution:
     """Each breakpoint's token offset in ``prompt``; dropped (with why) when the prompt has no
     offsets. Raises :class:`MarkerMismatch` when the conversation carries a different count."""
     messages = request.messages or []
-    if prompt.offsets is None:
+    if not prompt.has_offsets:
         markers = find_markers(messages, request.tools)
         if len(markers) != expected:
             raise MarkerMismatch(
@@ -158,7 +209,9 @@ def resolve_prompt_breakpoints(
         request.tools,
         render=render,
         prompt=prompt.rendered,
-        offsets=prompt.offsets,
+        offsets=prompt.offsets or (),
+        ends=prompt.token_ends,
+        ordered=prompt.ends_ordered if prompt.token_ends is not None else None,
         expected=expected,
     )
 
@@ -182,7 +235,8 @@ def build_generate_kwargs(
         "rid": request.request_id,
     }
     if prompt.input_ids is not None:
-        kwargs["input_ids"] = list(prompt.input_ids)
+        # Not copied (200k ids on an agent prompt): the engine only reads it.
+        kwargs["input_ids"] = prompt.input_ids
     else:
         kwargs["prompt"] = prompt.text
     if prompt.image_urls:

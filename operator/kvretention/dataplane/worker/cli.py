@@ -30,6 +30,7 @@ from kvretention.dataplane.worker.engine import (
     build_sglang_argv,
     load_engine,
 )
+from kvretention.dataplane.worker.render_cache import DEFAULT_MAX_BYTES
 from kvretention.ports import WORKER_PORT
 
 log = logging.getLogger("kvretention.worker")
@@ -82,6 +83,14 @@ log = logging.getLogger("kvretention.worker")
     default=None,
     help="Append one JSONL record per request (default: $KVR_REQUEST_TRACE, else off).",
 )
+@click.option(
+    "--render-cache-mb",
+    type=click.IntRange(0),
+    default=DEFAULT_MAX_BYTES // (1024 * 1024),
+    show_default=True,
+    help="Memory for each conversation's previous prompt tokens, reused when its next prompt "
+    "extends it (least recently used conversations go first; 0: tokenize every prompt whole).",
+)
 @click.option("--log-level", default="INFO", show_default=True)
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
 def worker_cmd(
@@ -94,6 +103,7 @@ def worker_cmd(
     ib_device: str | None,
     drain_seconds: float,
     trace_file: str | None,
+    render_cache_mb: int,
     log_level: str,
     server_args: tuple[str, ...],
 ) -> None:
@@ -114,6 +124,7 @@ def worker_cmd(
             bootstrap_port=bootstrap_port,
             drain_seconds=drain_seconds,
             trace_file=trace_file,
+            render_cache_bytes=render_cache_mb * 1024 * 1024,
         )
     )
 
@@ -129,6 +140,7 @@ async def _serve(
     bootstrap_port: int | None,
     drain_seconds: float,
     trace_file: str | None,
+    render_cache_bytes: int,
 ) -> None:
     try:
         engine = load_engine(engine_spec, server_argv=server_argv, role=role)
@@ -141,6 +153,7 @@ async def _serve(
         bootstrap_host=bootstrap_host,
         bootstrap_port=bootstrap_port,
         trace=trace_from_env(trace_file, component="worker"),
+        render_cache_bytes=render_cache_bytes,
     )
 
     async def drain_in_flight() -> None:

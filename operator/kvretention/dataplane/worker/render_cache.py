@@ -1,0 +1,308 @@
+"""Reuse the previous turn's tokens: an agent's next prompt extends its last one.
+
+A coding agent resends its whole conversation every turn, so turn N+1's rendered prompt starts
+with turn N's (up to where turn N's generation prompt began). Tokenizing 200 KB of prompt costs
+tens of milliseconds; tokenizing only what is new costs a fraction of one. This cache keeps, per
+conversation, the last prompt's text, token ids and each token's end offset, and encodes a new
+prompt as ``ids[:k] + encode(text[p:])``. That is exact, not approximate:
+
+- ``p`` is where a **cut token** starts: a special added token (``<|im_start|>``, ...) that a
+  Hugging Face tokenizer splits out before normalizing and pre-tokenizing, so the text on either
+  side of it is tokenized independently. Tokens that strip whitespace around them, match single
+  words or overlap another added token are never cut tokens.
+- The new prompt's text must equal the cached one up to past that token (one C-speed string
+  compare); the cut is the last cut token inside the common prefix. Anything else (an edited
+  earlier message, changed tools, a template that renders history differently once a new user
+  turn arrives, another conversation) moves the cut earlier or misses, and a miss is a full encode.
+- The tokenizer's independence at a cut is checked once on the first prompt it encodes (prefix
+  and suffix encoded apart must equal the whole); a tokenizer that fails it never reuses. Every
+  ``verify_every``-th reuse is also checked against a full encode; a difference disables reuse
+  for good and serves the full encode.
+
+Entries are found by the request's session id, else by the frontend's prefix-hash chain
+(``x-kvr-prefix``: one hash per block, each covering every block before it), so sessionless
+clients reuse too. Memory is bounded: least recently used conversations go first once the
+entries' estimated size passes ``max_bytes`` (text, ids at 36 bytes and ends at 8 per token).
+One thread uses a cache (the worker's planning thread); it is not locked.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import operator
+import sys
+from array import array
+from bisect import bisect_right
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from kvretention.dataplane.breakpoints import common_prefix
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BYTES: Final = 512 * 1024 * 1024
+DEFAULT_VERIFY_EVERY: Final = 256
+ID_BYTES: Final = 36
+"""A list slot (8) and an int object (28) per token id: an upper bound."""
+END_BYTES: Final = 8
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A prompt's tokens, each token's end offset in the text, and how many were reused."""
+
+    ids: list[int]
+    ends: Sequence[int]
+    ordered: bool
+    """Whether ``ends`` never decrease (bisectable)."""
+    reused: int = 0
+
+
+@dataclass
+class _Entry:
+    text: str
+    ids: list[int]
+    ends: array[int]
+    ordered: bool
+    cuts: list[int]
+    """Character offsets where a cut token starts, ascending."""
+    cut_tokens: list[int]
+    """The token index of each cut."""
+    cut_ends: list[int]
+    """Where each cut token ends in the text."""
+    keys: tuple[str, ...] = ()
+
+    @property
+    def nbytes(self) -> int:
+        return sys.getsizeof(self.text) + len(self.ids) * (ID_BYTES + END_BYTES)
+
+
+def cut_tokens(tokenizer: Any) -> dict[int, str]:
+    """Token id -> text of the added tokens a prompt may be cut before (see the module docstring);
+    empty for a tokenizer without a Hugging Face fast backend."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    decoder = getattr(backend, "get_added_tokens_decoder", None)
+    if decoder is None:
+        return {}
+    added = {int(i): t for i, t in decoder().items()}
+    texts = [str(t.content) for t in added.values()]
+    safe: dict[int, str] = {}
+    for token_id, token in added.items():
+        content = str(token.content)
+        if not content or not token.special or token.normalized:
+            continue
+        if token.lstrip or token.rstrip or token.single_word:
+            continue
+        if any(_overlaps(other, content) for other in texts if other != content):
+            continue
+        safe[token_id] = content
+    return safe
+
+
+def _overlaps(other: str, content: str) -> bool:
+    """Whether ``other`` could match across the start of ``content`` (it contains it, or one of
+    its proper suffixes begins ``content`` / is begun by it)."""
+    if content in other:
+        return True
+    return any(
+        content.startswith(other[i:]) or other[i:].startswith(content) for i in range(1, len(other))
+    )
+
+
+class RenderCache:
+    """Per-conversation previous prompts, reused as described in the module docstring."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        verify_every: int = DEFAULT_VERIFY_EVERY,
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._cut = cut_tokens(tokenizer)
+        self._max_bytes = max_bytes
+        self._verify_every = verify_every
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()
+        self._index: dict[str, int] = {}
+        self._ids = itertools.count()
+        self._bytes = 0
+        self._reuses = 0
+        self.checked = False
+        self.enabled = bool(self._cut) and max_bytes > 0
+        self.hits = 0
+        self.misses = 0
+        self.reused_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def encode(self, text: str, *, session: str | None, chain: Sequence[str] = ()) -> Encoded:
+        """``text``'s tokens, reusing the conversation's previous prompt where it is a prefix."""
+        keys = tuple(k for k in ((f"s:{session}" if session else None), *chain) if k)
+        if not self.enabled or not keys:
+            return self._full(text)
+        encoded: Encoded | None = None
+        for entry_id, entry in self._candidates(keys):
+            encoded, fresh, extended = self._reuse(entry, text)
+            if encoded is not None:
+                if extended:  # the new prompt carries all of it: the old one is done
+                    self._drop(entry_id)
+                break
+        if encoded is None or fresh is None:
+            self.misses += 1
+            fresh = self._full_entry(text)
+            encoded = Encoded(fresh.ids, fresh.ends, fresh.ordered)
+            if not self.checked:
+                self._check_split(fresh)
+        else:
+            self.hits += 1
+            self.reused_tokens += encoded.reused
+        if self.enabled:
+            self._store(fresh, keys)
+        return encoded
+
+    # -------------------------------------------------------------- internals
+
+    def _candidates(self, keys: Sequence[str]) -> Iterator[tuple[int, _Entry]]:
+        """The session's entry, then the entry of the longest shared chain hash (two at most:
+        a side call under the same session may have taken the session's key)."""
+        session = [keys[0]] if keys[0].startswith("s:") else []
+        chain = keys[len(session) :]
+        seen: set[int] = set()
+        for key in itertools.chain(session, reversed(chain)):
+            entry_id = self._index.get(key)
+            if entry_id is None or entry_id in seen:
+                continue
+            seen.add(entry_id)
+            self._entries.move_to_end(entry_id)
+            yield entry_id, self._entries[entry_id]
+            if len(seen) == 2:
+                return
+
+    def _reuse(self, entry: _Entry, text: str) -> tuple[Encoded | None, _Entry | None, bool]:
+        """The new prompt's encoding from ``entry`` (``None`` when too little is shared), the
+        entry to keep for it, and whether it carries all of ``entry`` up to its last cut."""
+        shared = common_prefix(entry.text, text)
+        j = bisect_right(entry.cuts, shared) - 1
+        while j >= 0 and entry.cut_ends[j] > shared:
+            j -= 1
+        if j <= 0:  # nothing before the first cut token is worth a reuse
+            return None, None, False
+        at, k = entry.cuts[j], entry.cut_tokens[j]
+        tail = self._full_entry(text[at:])
+        ids = entry.ids[:k] + tail.ids
+        ends = entry.ends[:k]
+        ends.extend(e + at for e in tail.ends)
+        ordered = (
+            entry.ordered and tail.ordered and (k == 0 or not tail.ends or ends[k] >= ends[k - 1])
+        )
+        fresh = _Entry(
+            text=text,
+            ids=ids,
+            ends=ends,
+            ordered=ordered,
+            cuts=entry.cuts[:j] + [c + at for c in tail.cuts],
+            cut_tokens=entry.cut_tokens[:j] + [t + k for t in tail.cut_tokens],
+            cut_ends=entry.cut_ends[:j] + [c + at for c in tail.cut_ends],
+        )
+        self._reuses += 1
+        if self._verify_every and self._reuses % self._verify_every == 1 % self._verify_every:
+            whole = self._full_entry(text)
+            if whole.ids != ids or list(whole.ends) != list(ends):
+                self._disable(f"a reused prompt differed from its full encode at a cut at {at}")
+                return Encoded(whole.ids, whole.ends, whole.ordered), whole, False
+        return Encoded(ids, ends, ordered, reused=k), fresh, j == len(entry.cuts) - 1
+
+    def _full(self, text: str) -> Encoded:
+        entry = self._full_entry(text)
+        return Encoded(entry.ids, entry.ends, entry.ordered)
+
+    def _full_entry(self, text: str) -> _Entry:
+        encoded = self._tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids = list(encoded["input_ids"])
+        ends = array("q", map(operator.itemgetter(1), encoded["offset_mapping"]))
+        ordered = all(map(operator.le, ends, itertools.islice(ends, 1, None)))
+        found: list[tuple[int, int, int]] = []
+        for token_id, content in self._cut.items():  # C-speed finds, one per cut token kind
+            at = text.find(content)
+            while at >= 0:
+                t = bisect_right(ends, at) if ordered else _index_of(ends, at)
+                if t < len(ids) and ids[t] == token_id:
+                    found.append((at, t, at + len(content)))
+                at = text.find(content, at + len(content))
+        found.sort()
+        return _Entry(
+            text,
+            ids,
+            ends,
+            ordered,
+            cuts=[f[0] for f in found],
+            cut_tokens=[f[1] for f in found],
+            cut_ends=[f[2] for f in found],
+        )
+
+    def _check_split(self, entry: _Entry) -> None:
+        """Once: encoding apart at a cut must give the whole encoding (see the module docstring)."""
+        inner = [j for j in range(len(entry.cuts)) if entry.cuts[j] > 0]
+        if not inner:
+            return
+        self.checked = True
+        j = inner[len(inner) // 2]
+        at = entry.cuts[j]
+        head = self._full_entry(entry.text[:at])
+        tail = self._full_entry(entry.text[at:])
+        if head.ids + tail.ids != entry.ids:
+            self._disable(f"encoding apart at a cut token ({at}) differs from the whole")
+
+    def _disable(self, why: str) -> None:
+        log.error("prompt token reuse disabled for this tokenizer: %s", why)
+        self.enabled = False
+        self._entries.clear()
+        self._index.clear()
+        self._bytes = 0
+
+    def _store(self, entry: _Entry, keys: tuple[str, ...]) -> None:
+        entry.keys = keys
+        entry_id = next(self._ids)
+        self._entries[entry_id] = entry
+        self._bytes += entry.nbytes
+        for key in keys:
+            old = self._index.get(key)
+            self._index[key] = entry_id
+            if old is not None and old != entry_id and old in self._entries:
+                self._forget_key(old, key)
+        while self._bytes > self._max_bytes and self._entries:
+            oldest = next(iter(self._entries))
+            self._drop(oldest)
+
+    def _forget_key(self, entry_id: int, key: str) -> None:
+        """``key`` now names a newer entry; an entry no key names any more is dropped."""
+        entry = self._entries[entry_id]
+        entry.keys = tuple(k for k in entry.keys if k != key)
+        if not entry.keys:
+            self._drop(entry_id)
+
+    def _drop(self, entry_id: int) -> None:
+        entry = self._entries.pop(entry_id, None)
+        if entry is None:
+            return
+        self._bytes -= entry.nbytes
+        for key in entry.keys:
+            if self._index.get(key) == entry_id:
+                del self._index[key]
+
+
+def _index_of(ends: Sequence[int], at: int) -> int:
+    """The first token that ends after ``at`` (a linear scan, for offsets out of order)."""
+    for t, end in enumerate(ends):
+        if end > at:
+            return t
+    return len(ends)

@@ -1,0 +1,693 @@
+"""The Mooncake (L3) half of the retention plugin: soft pins on retained pages, within a budget.
+
+SGLang 0.5.23 writes HiCache pages to Mooncake unpinned. Two hooks (through SGLang's own
+``HookRegistry``, see :func:`register_l3_hooks`) change that:
+
+- when a request's KV enters the unified tree (``checkpoint_into_tree``), the storage keys of the
+  pages its ``kv.retain`` holds cover are computed exactly as HiCache computes them (SGLang's
+  ``get_hash_str`` chain over whole pages, seeded by ``storage_namespace_seed(extra_key,
+  cache_salt)``) and remembered with the hold's expiry (:class:`RetainedPages`);
+- when ``MooncakeStore`` puts pages (``_put_batch_zero_copy_impl``, the one sink of its
+  ``batch_set_v1``/``batch_set``/``set``), a page with an unexpired hold is put with a soft pin
+  for the hold's remaining time, capped by the master's ``max_kv_soft_pin_ttl``; every other
+  page is put unpinned, as before.
+
+The retention budget is enforced here, per store client (:class:`PinLedger`): a client may hold
+live pins up to ``budget_ratio`` x the segment it contributes to the pool, so a fleet's pins stay
+within ``budgetRatio`` x the capacity its workers contribute. A retained page past that share is
+written unpinned, counted (``kvretention_l3_pages_total{outcome="over_budget"}``) and named in
+the request trace; the request never fails. The settings come from the ``kvretention`` section
+of the Mooncake config file the operator renders (:data:`SETTINGS_KEY`).
+
+Import-light above the SGLang glue: the pure parts run in the unit and L3 tests without SGLang.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import logging
+import math
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from kvretention.retention.contract import HookTarget
+from kvretention.retention.directives import Hold, holds_for, read_retain
+
+logger = logging.getLogger(__name__)
+
+SETTINGS_KEY: Final = "kvretention"
+"""Section of the worker's Mooncake config file (``mooncake.json``) the plugin reads; SGLang's
+``MooncakeStoreConfig.from_file`` ignores keys it does not know."""
+CONFIG_PATH_ENV: Final = "SGLANG_HICACHE_MOONCAKE_CONFIG_PATH"
+DEFAULT_MAX_PIN_TTL_MS: Final = 86_400_000
+"""``mooncake_master``'s own default ``--max_kv_soft_pin_ttl`` (24 h)."""
+MAX_TRACKED_PAGES: Final = 1_000_000
+"""Retained page keys remembered per process (about 150 MB at most); the oldest go first."""
+
+Outcome = Literal["pinned", "unretained", "over_budget", "expired"]
+OUTCOMES: Final[tuple[Outcome, ...]] = ("pinned", "unretained", "over_budget", "expired")
+
+L3_HOOK_TARGETS: Final = (
+    HookTarget(
+        "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.checkpoint_into_tree",
+        ("self", "req", "up_to", "kwargs"),
+        "_before_unified_checkpoint",
+        "BEFORE",
+        "remembers the storage keys of a request's retained pages before HiCache writes them",
+    ),
+    HookTarget(
+        "sglang.srt.mem_cache.storage.mooncake_store.mooncake_store.MooncakeStore"
+        "._put_batch_zero_copy_impl",
+        ("self", "key_strs", "buffer_ptrs", "buffer_sizes", "group_ids", "session_ids"),
+        "_put_with_pins",
+        "AROUND",
+        "the one place MooncakeStore puts pages: retained ones get a soft pin",
+    ),
+)
+"""What the L3 hooks rely on in SGLang 0.5.23 (checked by the contract test)."""
+
+
+# -- settings --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class L3Settings:
+    """What the operator renders for the plugin beside SGLang's Mooncake config."""
+
+    budget_ratio: float | None = None
+    """Share of its own segment a store client may hold pinned; None: no budget."""
+    max_pin_ttl_ms: int = DEFAULT_MAX_PIN_TTL_MS
+    """The master's ``--max_kv_soft_pin_ttl``: a longer pin would be refused, so pins are capped."""
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> L3Settings:
+        """From a parsed ``mooncake.json``; a missing or malformed section keeps the defaults (the
+        plugin must never stop a worker from serving)."""
+        section = config.get(SETTINGS_KEY)
+        if not isinstance(section, Mapping):
+            return cls()
+        ratio = section.get("pin_budget_ratio")
+        ttl = section.get("max_pin_ttl_ms")
+        budget = float(ratio) if isinstance(ratio, int | float) and 0 <= ratio <= 1 else None
+        max_ttl = ttl if isinstance(ttl, int) and ttl > 0 else DEFAULT_MAX_PIN_TTL_MS
+        return cls(budget_ratio=budget, max_pin_ttl_ms=max_ttl)
+
+    def to_config(self) -> dict[str, Any]:
+        """The ``kvretention`` section as the operator renders it."""
+        out: dict[str, Any] = {"max_pin_ttl_ms": self.max_pin_ttl_ms}
+        if self.budget_ratio is not None:
+            out["pin_budget_ratio"] = self.budget_ratio
+        return out
+
+
+def read_settings(environ: Mapping[str, str] | None = None) -> L3Settings:
+    """The settings from the file SGLang's Mooncake backend reads (``CONFIG_PATH_ENV``)."""
+    path = (os.environ if environ is None else environ).get(CONFIG_PATH_ENV)
+    if not path:
+        return L3Settings()
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError) as err:
+        logger.warning("kvretention: cannot read %s (%s); L3 pins use defaults", path, err)
+        return L3Settings()
+    return L3Settings.from_config(config if isinstance(config, Mapping) else {})
+
+
+# -- retained pages --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PageHold:
+    """What holds one stored page: the latest expiry (``time.time()``; None: none) among its
+    scopes' unexpired holds, and the request that set it (for the trace)."""
+
+    until: float | None
+    rid: str | None
+
+
+def page_holds(holds: Sequence[Hold], *, pages: int, page_size: int) -> list[Hold | None]:
+    """Per page ``i`` (tokens ``[i*page_size, (i+1)*page_size)``) of one request: its merged hold
+    (highest priority, latest expiry), a release (priority 0) when only releases cover it, or None
+    when no hold covers it whole. Holds are page-aligned already (``holds_for``)."""
+    out: list[Hold | None] = []
+    for i in range(pages):
+        start, end = i * page_size, (i + 1) * page_size
+        covering = [h for h in holds if h.start <= start and end <= h.end]
+        if not covering:
+            out.append(None)
+            continue
+        kept = [h for h in covering if not h.releases]
+        if not kept:
+            out.append(Hold(start, end, 0, None))
+            continue
+        untils = [h.until for h in kept]
+        until = None if None in untils else max(u for u in untils if u is not None)
+        out.append(Hold(start, end, max(h.priority for h in kept), until))
+    return out
+
+
+@dataclass
+class RetainedPages:
+    """Storage keys of retained pages -> per-scope ``(until, rid)``: what the put hook pins.
+
+    Shared by the scheduler thread (which records holds) and HiCache's backup thread (which
+    reads them); a lock keeps the two consistent. Bounded: the least recently recorded keys go
+    first past ``capacity``, and expired holds are dropped as they are read.
+    """
+
+    capacity: int = MAX_TRACKED_PAGES
+    _pages: OrderedDict[str, dict[str | None, tuple[float | None, str | None]]] = field(
+        default_factory=OrderedDict
+    )
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(
+        self,
+        keys: Sequence[str],
+        holds: Sequence[Hold | None],
+        *,
+        scope: str | None,
+        rid: str | None,
+    ) -> int:
+        """Set (or release, for priority 0) ``scope``'s hold on each key; the number changed."""
+        changed = 0
+        with self._lock:
+            for key, hold in zip(keys, holds, strict=True):
+                if hold is None:
+                    continue
+                scopes = self._pages.get(key)
+                if hold.releases:
+                    if scopes is not None and scopes.pop(scope, None) is not None:
+                        changed += 1
+                        if not scopes:
+                            del self._pages[key]
+                    continue
+                if scopes is None:
+                    scopes = self._pages[key] = {}
+                scopes[scope] = (hold.until, rid)
+                self._pages.move_to_end(key)
+                changed += 1
+            while len(self._pages) > self.capacity:
+                self._pages.popitem(last=False)
+        return changed
+
+    def hold(self, key: str, now: float) -> PageHold | None:
+        """The unexpired hold on ``key`` at ``now`` (latest expiry across scopes), or None."""
+        with self._lock:
+            scopes = self._pages.get(key)
+            if not scopes:
+                return None
+            live = {s: h for s, h in scopes.items() if h[0] is None or h[0] > now}
+            if not live:
+                del self._pages[key]
+                return None
+            if len(live) != len(scopes):
+                self._pages[key] = live
+        forever = [h for h in live.values() if h[0] is None]
+        if forever:
+            return PageHold(None, forever[0][1])
+        until, rid = max(live.values(), key=lambda h: h[0] or 0.0)
+        return PageHold(until, rid)
+
+    def __len__(self) -> int:
+        return len(self._pages)
+
+
+def page_keys(
+    tokens: Sequence[int],
+    *,
+    pages: int,
+    page_size: int,
+    seed: str | None,
+    hash_pages: Callable[[Sequence[int], str | None, int], list[str]],
+) -> list[str]:
+    """The storage keys of the first ``pages`` whole pages of ``tokens``: HiCache's chain, each
+    page's key hashing its tokens and the key before it, the first seeded by ``seed``."""
+    if pages <= 0:
+        return []
+    keys = hash_pages(tokens[: pages * page_size], seed, page_size)
+    if len(keys) != pages:
+        raise ValueError(f"the page hash gave {len(keys)} keys for {pages} pages")
+    return list(keys)
+
+
+def record_request(
+    index: RetainedPages,
+    *,
+    kv_hints: object,
+    tokens: Sequence[int],
+    prompt_len: int,
+    page_size: int,
+    seed: str | None,
+    rid: str | None,
+    now: float,
+    hash_pages: Callable[[Sequence[int], str | None, int], list[str]],
+) -> int:
+    """Remember the storage keys of the pages ``kv_hints`` retains in ``tokens``; the number of
+    keys changed (0 for an unhinted request, and nothing is hashed then)."""
+    plan = read_retain(kv_hints)
+    if plan is None:
+        return 0
+    holds = holds_for(
+        plan, seq_len=len(tokens), page_size=page_size, now=now, prompt_len=prompt_len
+    )
+    if not holds:
+        return 0
+    pages = max(h.end for h in holds) // page_size
+    per_page = page_holds(holds, pages=pages, page_size=page_size)
+    keys = page_keys(tokens, pages=pages, page_size=page_size, seed=seed, hash_pages=hash_pages)
+    return index.record(keys, per_page, scope=plan.scope, rid=rid)
+
+
+# -- the budget ------------------------------------------------------------------------------
+
+
+@dataclass
+class PinLedger:
+    """The pins one store client has written and when each ends: its share of the budget.
+
+    ``capacity_bytes`` None means no budget. Counts a pin from its write to its TTL's end, whether
+    or not the master still holds it (a pin evicted early or dropped by a master restart stays
+    counted until then), so the count is an upper bound and the budget is never overrun.
+    """
+
+    capacity_bytes: int | None
+    _live: dict[str, tuple[float, int]] = field(default_factory=dict)
+    _ends: list[tuple[float, str]] = field(default_factory=list)
+    _bytes: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def pinned_bytes(self) -> int:
+        return self._bytes
+
+    def _expire(self, now: float) -> None:
+        while self._ends and self._ends[0][0] <= now:
+            end, key = heapq.heappop(self._ends)
+            entry = self._live.get(key)
+            if entry is not None and entry[0] == end:
+                del self._live[key]
+                self._bytes -= entry[1]
+
+    def admit(self, key: str, nbytes: int, *, ends: float, now: float) -> bool:
+        """Count a pin of ``nbytes`` on ``key`` until ``ends`` if it fits the share; False (and
+        nothing counted) when it would pass it."""
+        with self._lock:
+            self._expire(now)
+            previous = self._live.get(key)
+            held = self._bytes - (previous[1] if previous else 0)
+            if self.capacity_bytes is not None and held + nbytes > self.capacity_bytes:
+                return False
+            self._live[key] = (ends, nbytes)
+            self._bytes = held + nbytes
+            heapq.heappush(self._ends, (ends, key))
+            return True
+
+
+# -- deciding each put -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PagePut:
+    """How one page's objects are put: pinned for ``ttl_ms``, or unpinned and why."""
+
+    page: str
+    outcome: Outcome
+    ttl_ms: int | None = None
+    rid: str | None = None
+
+
+MIN_PIN_TTL_MS: Final = 1_000
+"""A hold with less than a second left is written unpinned (``expired``): not worth a pin."""
+
+
+def page_of(key_str: str, prefix: str | None) -> str:
+    """The page key inside a Mooncake object key: ``[prefix_]<page>_<rank suffix>_<k|v>``
+    (MooncakeStore's ``_tag_keys`` and buffer-meta naming); page keys are hex, with no ``_``."""
+    if prefix is not None and key_str.startswith(prefix + "_"):
+        key_str = key_str[len(prefix) + 1 :]
+    return key_str.split("_", 1)[0]
+
+
+def plan_puts(
+    key_strs: Sequence[str],
+    sizes: Sequence[int],
+    *,
+    prefix: str | None,
+    index: RetainedPages,
+    ledger: PinLedger,
+    settings: L3Settings,
+    now: float,
+) -> list[PagePut]:
+    """One decision per object key (the objects of one page share it): pin a retained page for
+    its hold's remaining time capped by the master's maximum, whole seconds, if the client's
+    budget share has room for all of the page's objects; otherwise unpinned, with the reason."""
+    page_bytes: dict[str, int] = {}
+    pages = [page_of(k, prefix) for k in key_strs]
+    for page, size in zip(pages, sizes, strict=True):
+        page_bytes[page] = page_bytes.get(page, 0) + size
+    decided: dict[str, PagePut] = {}
+    for page in pages:
+        if page in decided:
+            continue
+        hold = index.hold(page, now)
+        if hold is None:
+            decided[page] = PagePut(page, "unretained")
+            continue
+        remaining = settings.max_pin_ttl_ms if hold.until is None else (hold.until - now) * 1000
+        ttl_ms = int(min(remaining, settings.max_pin_ttl_ms)) // 1000 * 1000
+        if ttl_ms < MIN_PIN_TTL_MS:
+            decided[page] = PagePut(page, "expired", rid=hold.rid)
+        elif ledger.admit(page, page_bytes[page], ends=now + ttl_ms / 1000, now=now):
+            decided[page] = PagePut(page, "pinned", ttl_ms, hold.rid)
+        else:
+            decided[page] = PagePut(page, "over_budget", rid=hold.rid)
+    return [decided[p] for p in pages]
+
+
+def client_budget_bytes(settings: L3Settings, segment_bytes: int) -> int | None:
+    """This client's share of the budget: ``budget_ratio`` x the segment it contributes."""
+    if settings.budget_ratio is None:
+        return None
+    return math.floor(settings.budget_ratio * segment_bytes)
+
+
+# -- accounting: metrics and trace ---------------------------------------------------------
+
+
+class L3Stats:
+    """Counters of what the put hook decided (also exported as ``kvretention_l3_*`` metrics in
+    the worker's Prometheus registry when ``prometheus_client`` is importable)."""
+
+    def __init__(self) -> None:
+        self.pages: dict[Outcome, int] = dict.fromkeys(OUTCOMES, 0)
+        self.pin_failures = 0
+        self._lock = threading.Lock()
+        self._pages_metric: Any = None
+        self._pinned_metric: Any = None
+        self._budget_metric: Any = None
+        try:
+            from prometheus_client import Counter, Gauge
+
+            self._pages_metric = Counter(
+                "kvretention_l3_pages",
+                "Pages put to Mooncake by the retention plugin, by outcome "
+                "(pinned, unretained, over_budget: retained but written unpinned past the pin "
+                "budget, expired: the hold ended before the write).",
+                ["outcome"],
+            )
+            self._pinned_metric = Gauge(
+                "kvretention_l3_pinned_bytes",
+                "Bytes this worker's Mooncake client holds soft-pinned (pins counted to their TTL).",
+                multiprocess_mode="livesum",
+            )
+            self._budget_metric = Gauge(
+                "kvretention_l3_pin_budget_bytes",
+                "This worker's pin budget: softPin.budgetRatio x its Mooncake segment.",
+                multiprocess_mode="livesum",
+            )
+        except (ImportError, ValueError):  # no client, or registered twice in one process
+            pass
+
+    def count(self, outcome: Outcome, pages: int = 1) -> None:
+        with self._lock:
+            self.pages[outcome] += pages
+        if self._pages_metric is not None:
+            self._pages_metric.labels(outcome=outcome).inc(pages)
+
+    def set_pinned(self, pinned: int, budget: int | None) -> None:
+        if self._pinned_metric is not None:
+            self._pinned_metric.set(pinned)
+        if self._budget_metric is not None and budget is not None:
+            self._budget_metric.set(budget)
+
+
+STATS: Final = L3Stats()
+INDEX: Final = RetainedPages()
+
+
+def _trace(record: Mapping[str, Any]) -> None:
+    """One line in the request trace (``KVR_REQUEST_TRACE``), when the worker keeps one."""
+    from kvretention.dataplane.trace import TRACE_ENV
+
+    path = os.environ.get(TRACE_ENV)
+    if not path:
+        return
+    line = json.dumps({"ts": round(time.time(), 6), **record}, separators=(",", ":"))
+    try:
+        with open(path, "a", encoding="utf-8") as f:  # one short O_APPEND write per line
+            f.write(line + "\n")
+    except OSError as err:
+        logger.warning("kvretention: cannot append to the trace %s: %s", path, err)
+
+
+def report_over_budget(puts: Iterable[PagePut], *, ledger: PinLedger) -> None:
+    """Name each retained page written unpinned past the budget: a warning and a trace record."""
+    for put in puts:
+        if put.outcome != "over_budget":
+            continue
+        logger.warning(
+            "kvretention: L3 pin budget full (%d of %s bytes pinned): retained page %s of "
+            "request %s written unpinned",
+            ledger.pinned_bytes,
+            ledger.capacity_bytes,
+            put.page,
+            put.rid,
+        )
+        _trace(
+            {
+                "component": "engine",
+                "request_id": put.rid,
+                "outcome": "l3_pin_over_budget",
+                "page": put.page,
+                "pinned_bytes": ledger.pinned_bytes,
+                "budget_bytes": ledger.capacity_bytes,
+            }
+        )
+
+
+# -- SGLang glue -----------------------------------------------------------------------------
+
+
+def _hash_pages(tokens: Sequence[int], seed: str | None, page_size: int) -> list[str]:
+    """SGLang's own page-key chain (``mem_cache/utils.get_hash_str``)."""
+    from sglang.srt.mem_cache.utils import get_hash_str
+
+    keys = get_hash_str(list(tokens), seed, page_size=page_size)
+    return [keys] if isinstance(keys, str) else list(keys)
+
+
+def namespace_seed(extra_key: str | None, cache_salt: str | None) -> str | None:
+    """SGLang's seed of a request's storage chain (``storage_namespace_seed``)."""
+    from sglang.srt.mem_cache.utils import storage_namespace_seed
+
+    seed: str | None = storage_namespace_seed(extra_key, cache_salt)
+    return seed
+
+
+def remember_request(req: Any, *, up_to: int, page_size: int, now: float | None = None) -> int:
+    """Record ``req``'s retained page keys in :data:`INDEX` (what the checkpoint hook does)."""
+    tokens = req.full_untruncated_fill_ids[:up_to]
+    return record_request(
+        INDEX,
+        kv_hints=getattr(req, "kv_hints", None),
+        tokens=tokens,
+        prompt_len=len(req.origin_input_ids),
+        page_size=page_size,
+        seed=namespace_seed(getattr(req, "extra_key", None), getattr(req, "cache_salt", None)),
+        rid=getattr(req, "rid", None),
+        now=time.time() if now is None else now,
+        hash_pages=_hash_pages,
+    )
+
+
+def _before_unified_checkpoint(cache: Any, req: Any, *args: Any, **kwargs: Any) -> None:
+    """BEFORE ``UnifiedRadixCache.checkpoint_into_tree``: only a tree that writes to storage,
+    only hinted requests, and never EAGLE's bigram keys (their hash input differs)."""
+    if not getattr(cache, "enable_storage", False) or getattr(req, "kv_hints", None) is None:
+        return
+    if getattr(getattr(cache, "tree_core", None), "is_eagle", False):
+        return
+    try:
+        remember_request(req, up_to=int(kwargs["up_to"]), page_size=int(cache.page_size))
+    except Exception:  # a hint must never fail a request
+        logger.exception("kvretention: could not record the L3 holds of request %s", req.rid)
+
+
+@dataclass
+class _ClientState:
+    """Per ``MooncakeStore`` instance: its settings and its share of the budget."""
+
+    settings: L3Settings
+    ledger: PinLedger
+
+
+_CLIENTS: dict[int, _ClientState] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def client_state(store: Any) -> _ClientState:
+    """The settings and ledger of one ``MooncakeStore`` (made on its first put)."""
+    with _CLIENTS_LOCK:
+        state = _CLIENTS.get(id(store))
+        if state is None:
+            settings = read_settings()
+            storage = getattr(store, "storage_config", None)
+            ranks = max(
+                1, int(getattr(storage, "tp_size", 1)) * int(getattr(storage, "pp_size", 1))
+            )
+            segment = int(store.config.global_segment_size) // ranks
+            state = _ClientState(settings, PinLedger(client_budget_bytes(settings, segment)))
+            _CLIENTS[id(store)] = state
+        return state
+
+
+def put_with_pins(
+    store: Any,
+    original: Callable[..., list[int]],
+    key_strs: list[str],
+    buffer_ptrs: list[Any],
+    buffer_sizes: list[Any],
+    group_ids: list[str] | None = None,
+    session_ids: list[str] | None = None,
+    *,
+    now: float | None = None,
+) -> list[int]:
+    """Put unretained pages through SGLang's own code; retained ones in batches per pin TTL with
+    a soft-pinned ``ReplicateConfig`` (same group and session ids, same put call SGLang picks)."""
+    state = client_state(store)
+    sizes = [sum(s) if isinstance(s, list | tuple) else int(s) for s in buffer_sizes]
+    puts = plan_puts(
+        key_strs,
+        sizes,
+        prefix=getattr(store, "config_prefix", None),
+        index=INDEX,
+        ledger=state.ledger,
+        settings=state.settings,
+        now=time.time() if now is None else now,
+    )
+    results: list[int] = [0] * len(key_strs)
+    groups: dict[int | None, list[int]] = {}
+    for i, put in enumerate(puts):
+        groups.setdefault(put.ttl_ms, []).append(i)
+    for ttl_ms, idx in groups.items():
+        keys = [key_strs[i] for i in idx]
+        ptrs = [buffer_ptrs[i] for i in idx]
+        bsizes = [buffer_sizes[i] for i in idx]
+        gids = None if group_ids is None else [group_ids[i] for i in idx]
+        sids = None if session_ids is None else [session_ids[i] for i in idx]
+        if ttl_ms is None:
+            got = original(store, keys, ptrs, bsizes, gids, sids)
+        else:
+            got = _put_pinned(store, keys, ptrs, bsizes, gids, sids, ttl_ms=ttl_ms)
+            got = _unpinned_where_refused(store, original, got, keys, ptrs, bsizes, gids, sids)
+        for i, rc in zip(idx, got, strict=True):
+            results[i] = int(rc)
+    pages: dict[str, PagePut] = {}
+    for put, rc in zip(puts, results, strict=True):
+        if rc == 0:
+            pages.setdefault(put.page, put)
+    for put in pages.values():
+        STATS.count(put.outcome)
+    STATS.set_pinned(state.ledger.pinned_bytes, state.ledger.capacity_bytes)
+    report_over_budget(pages.values(), ledger=state.ledger)
+    return results
+
+
+INVALID_PARAMS: Final = -600
+"""Mooncake's answer to a pin it will not take (a TTL past ``--max_kv_soft_pin_ttl``)."""
+
+
+def _unpinned_where_refused(
+    store: Any,
+    original: Callable[..., list[int]],
+    got: list[int],
+    keys: list[str],
+    ptrs: list[Any],
+    sizes: list[Any],
+    group_ids: list[str] | None,
+    session_ids: list[str] | None,
+) -> list[int]:
+    """Objects whose pin the master refused (a smaller maximum TTL than rendered, say) are put
+    again unpinned: a refused pin must not leave a page unwritten."""
+    again = [i for i, rc in enumerate(got) if int(rc) == INVALID_PARAMS]
+    if not again:
+        return got
+    logger.warning(
+        "kvretention: the master refused %d soft pins; writing them unpinned", len(again)
+    )
+    retried = original(
+        store,
+        [keys[i] for i in again],
+        [ptrs[i] for i in again],
+        [sizes[i] for i in again],
+        None if group_ids is None else [group_ids[i] for i in again],
+        None if session_ids is None else [session_ids[i] for i in again],
+    )
+    out = list(got)
+    for i, rc in zip(again, retried, strict=True):
+        out[i] = int(rc)
+    return out
+
+
+def _put_pinned(
+    store: Any,
+    keys: list[str],
+    ptrs: list[Any],
+    sizes: list[Any],
+    group_ids: list[str] | None,
+    session_ids: list[str] | None,
+    *,
+    ttl_ms: int,
+) -> list[int]:
+    from mooncake.store import ReplicateConfig, SoftPinAction
+
+    config = ReplicateConfig()
+    config.soft_pin_action = SoftPinAction.ENABLE
+    config.soft_pin_ttl_ms = ttl_ms
+    if group_ids is not None and store._can_use_group_semantics():
+        config.group_ids = group_ids
+    if session_ids is not None:
+        config.session_ids = session_ids
+    if store._uses_multi_buffer(ptrs):
+        result: list[int] = store.store.batch_put_from_multi_buffers(keys, ptrs, sizes, config)
+    else:
+        result = store.store.batch_put_from(keys, ptrs, sizes, config)
+    return result
+
+
+def _put_with_pins(
+    original: Callable[..., list[int]], store: Any, *args: Any, **kwargs: Any
+) -> list[int]:
+    """AROUND ``MooncakeStore._put_batch_zero_copy_impl``; any failure of the plugin's own logic
+    falls back to SGLang's unpinned put (a hint must never fail a write)."""
+    try:
+        return put_with_pins(store, original, *args, **kwargs)
+    except Exception:
+        logger.exception("kvretention: L3 pin hook failed; writing these pages unpinned")
+        STATS.pin_failures += 1
+        return original(store, *args, **kwargs)
+
+
+def register_l3_hooks(registry: Any = None) -> None:
+    """Register the L3 hooks on SGLang's ``HookRegistry`` (or ``registry``, which has the same
+    ``register(target, hook, hook_type)``); call from the plugin's ``register``."""
+    if registry is None:
+        from sglang.srt.plugins.hook_registry import HookRegistry
+
+        registry = HookRegistry
+    from sglang.srt.plugins.hook_registry import HookType
+
+    hooks = {
+        "_before_unified_checkpoint": _before_unified_checkpoint,
+        "_put_with_pins": _put_with_pins,
+    }
+    for target in L3_HOOK_TARGETS:
+        registry.register(target.target, hooks[target.hook], HookType[target.kind])

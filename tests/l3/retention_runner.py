@@ -1,0 +1,106 @@
+"""Run ``sglang_retention_check.py`` (SGLang's MooncakeStore with or without the retention plugin)
+against a running master, the way a worker runs it: the rendered config file and worker env.
+
+Shared by ``test_l3_retention.py`` and ``benchmarks/retention_l3_bench.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mooncake_harness import ROOT, Master, build_standin, sglang_import_deps
+
+CHECK = Path(__file__).with_name("sglang_retention_check.py")
+OBJECT_BYTES = 64 * 1024
+"""One K or V object of a page; a page is two (128 KiB), so the 16 MiB pool holds 128 pages."""
+PAGE_SIZE = 4
+
+
+def retain(*directives: dict[str, Any], scope: str | None = "s") -> dict[str, Any]:
+    """A ``kv.retain`` 1.0 envelope, as the worker sends it."""
+    return {
+        "protocol_version": "0.1",
+        "message_id": "m",
+        "actions": [
+            {
+                "action_id": "a",
+                "action_type": "kv.retain",
+                "action_version": "1.0",
+                "payload": {"scope": scope, "directives": list(directives)},
+            }
+        ],
+    }
+
+
+@dataclass(frozen=True)
+class Request:
+    rid: str
+    pages: int
+    token_base: int
+    kv_hints: dict[str, Any] | None = None
+    cache_salt: str | None = None
+    extra_key: str | None = None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    requests: tuple[Request, ...]
+    plugin: bool
+    pressure_pages: int = 512
+    wait_s: float = 0.0
+    settle_s: float = 1.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def run_scenario(master: Master, scenario: Scenario, workdir: Path) -> dict[str, Any]:
+    """Run one scenario in a fresh interpreter; its JSON report."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    config_path = workdir / "mooncake.json"
+    config_path.write_text(json.dumps(master.config()))
+    trace = workdir / "trace.jsonl"
+    spec = {
+        "standin": str(build_standin()),
+        "metrics_url": master.metrics_url,
+        "plugin": scenario.plugin,
+        "page_size": PAGE_SIZE,
+        "object_bytes": OBJECT_BYTES,
+        "slots": max(64, sum(r.pages for r in scenario.requests) + 1),
+        "pressure_pages": scenario.pressure_pages,
+        "wait_s": scenario.wait_s,
+        "settle_s": scenario.settle_s,
+        "requests": [r.__dict__ for r in scenario.requests],
+        **scenario.extra,
+    }
+    spec_path = workdir / "scenario.json"
+    spec_path.write_text(json.dumps(spec))
+    env = {
+        **os.environ,
+        "SGLANG_HICACHE_MOONCAKE_CONFIG_PATH": str(config_path),
+        "MOONCAKE_LOCAL_HOSTNAME": "127.0.0.1",
+        "KVR_REQUEST_TRACE": str(trace),
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(sglang_import_deps())]),
+        "PYTHONWARNINGS": "ignore",
+    }
+    proc = subprocess.run(
+        [sys.executable, str(CHECK), str(spec_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 0, f"the retention check failed:\n{proc.stderr[-6000:]}"
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert lines, f"no report:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+    report: dict[str, Any] = json.loads(lines[-1])
+    report["trace"] = (
+        [json.loads(line) for line in trace.read_text().splitlines()] if trace.exists() else []
+    )
+    report["stderr"] = proc.stderr[-4000:]
+    return report

@@ -1,0 +1,171 @@
+"""L3: the retention plugin's soft pins, on SGLang's own MooncakeStore and a real master, on CPU.
+
+Each case starts a fresh ``mooncake_master`` with the operator's rendered argv, and runs SGLang
+0.5.23's ``MooncakeStore`` (set up from the rendered ``mooncake.json``, whose ``kvretention``
+section carries the pin budget and the longest pin) in a subprocess, with the plugin's L3 hooks
+registered through SGLang's ``HookRegistry`` or not at all. Pages are written as HiCache backs a
+node up (``batch_set_v1`` with the keys its tree computes), then four pools of unhinted pages
+press on the 16 MiB pool. What Mooncake was asked to pin is recorded at the client's
+``batch_put_from``; what survived is read back byte-exact.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mooncake_harness import SEGMENT_BYTES, MasterFactory
+from retention_runner import OBJECT_BYTES, Request, Scenario, retain, run_scenario
+
+from kvretention.controller.kvstore_metrics import KvStoreReading, parse_usage
+from kvretention.controller.status import check_retention_budget
+
+pytestmark = pytest.mark.l3
+
+MAX_TTL_S = 43_200
+PAGE_BYTES = 2 * OBJECT_BYTES
+
+
+def master_spec(*, budget: float = 0.5, allow_eviction: bool = False) -> dict[str, Any]:
+    return {
+        "leaseTtlMilliseconds": 50,
+        "eviction": {"highWatermarkRatio": 0.8, "ratio": 0.1},
+        "softPin": {
+            "defaultTtlSeconds": 600,
+            "maxTtlSeconds": MAX_TTL_S,
+            "allowEviction": allow_eviction,
+            "budgetRatio": budget,
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def torch_imports() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", "import torch"], capture_output=True, text=True, timeout=300
+    )
+    if proc.returncode != 0:
+        if os.environ.get("KVR_REQUIRE_TORCH"):
+            pytest.fail(f"torch does not import: {proc.stderr[-500:]}")
+        pytest.skip("SGLang's MooncakeStore needs torch, which does not import here")
+
+
+def pins_by_object(report: dict[str, Any]) -> dict[str, int | None]:
+    """Each object of the scenario's requests -> the pin TTL its put asked for (None: unpinned)."""
+    return {k: p["pin_ttl_ms"] for p in report["puts"] for k in p["keys"]}
+
+
+def page_pins(report: dict[str, Any], rid: str) -> list[int | None]:
+    """Per page of ``rid``: the pin TTL both its objects were put with (None: unpinned)."""
+    pins = pins_by_object(report)
+    out = []
+    for k, v in report["requests"][rid]["objects"]:
+        assert pins[k] == pins[v], f"the K and V objects of one page were pinned apart: {k}"
+        out.append(pins[k])
+    return out
+
+
+REQUESTS = (
+    # 22 tokens retained -> rounded down to 5 whole pages of 4; pages 5..7 are not retained.
+    Request("hinted", 8, 0, retain({"start": 0, "end": 22, "priority": 50, "duration": 300})),
+    # 30 days asked, 12 h (the master's maximum) is what a pin may hold.
+    Request("capped", 4, 1_000, retain({"priority": 80, "duration": 2_592_000})),
+    Request("plain", 4, 2_000),
+    Request("released", 4, 3_000, retain({"priority": 0, "duration": 300})),
+    # The hinted request's tokens under another namespace (cache_salt), unhinted: other keys.
+    Request("salted", 8, 0, cache_salt="tenant-b"),
+)
+
+
+@pytest.mark.parametrize("plugin", [True, False], ids=["with-plugin", "without-plugin"])
+def test_pins_only_retained_pages_and_they_survive_pressure(
+    torch_imports: None, start_master: MasterFactory, tmp_path: Path, plugin: bool
+) -> None:
+    with start_master(master=master_spec()) as master:
+        report = run_scenario(master, Scenario(REQUESTS, plugin=plugin), tmp_path)
+    requests = report["requests"]
+    assert report["hooked"] is plugin
+    for rid, info in requests.items():
+        assert info["written"] == [True] * len(info["keys"]), f"{rid}: a page was not written"
+    assert requests["salted"]["keys"][0] != requests["hinted"]["keys"][0]
+    hinted_ttls = page_pins(report, "hinted")
+    if not plugin:
+        assert parse_usage(report["metrics_after_writes"]).pinned_keys == 0
+        assert all(ttl is None for rid in requests for ttl in page_pins(report, rid))
+        assert requests["hinted"]["survived"] == [False] * 8
+        return
+    # Pins on exactly the retained pages, for the directive's remaining time (whole seconds).
+    assert [ttl is not None for ttl in hinted_ttls] == [True] * 5 + [False] * 3
+    assert all(ttl is not None and 298_000 <= ttl <= 300_000 for ttl in hinted_ttls[:5])
+    assert page_pins(report, "capped") == [MAX_TTL_S * 1000] * 4
+    for rid in ("plain", "released", "salted"):
+        assert page_pins(report, rid) == [None] * len(requests[rid]["keys"]), rid
+    assert parse_usage(report["metrics_after_writes"]).pinned_keys == 2 * (5 + 4)
+    assert report["stats"] == {
+        "pinned": 9,
+        "unretained": 3 + 4 + 4 + 8,
+        "over_budget": 0,
+        "expired": 0,
+    }
+    # Pressure evicted unpinned pages; the retained ones read back byte-exact.
+    assert parse_usage(report["metrics_after_pressure"]).evicted_keys > 0
+    assert requests["hinted"]["survived"] == [True] * 5 + [False] * 3
+    assert requests["capped"]["survived"] == [True] * 4
+    assert not any(requests["plain"]["survived"])
+
+
+def test_a_pin_ends_with_its_hold(
+    torch_imports: None, start_master: MasterFactory, tmp_path: Path
+) -> None:
+    """A 2 s hold pins for 2 s: after it, pressure evicts the page like any other."""
+    requests = (
+        Request("short", 4, 0, retain({"priority": 50, "duration": 2})),
+        Request("long", 4, 1_000, retain({"priority": 50, "duration": 600})),
+    )
+    with start_master(master=master_spec()) as master:
+        report = run_scenario(master, Scenario(requests, plugin=True, wait_s=3.0), tmp_path)
+    assert all(ttl is not None and 1_000 <= ttl <= 2_000 for ttl in page_pins(report, "short"))
+    assert report["requests"]["short"]["survived"] == [False] * 4
+    assert report["requests"]["long"]["survived"] == [True] * 4
+
+
+def test_the_budget_holds_under_pressure_writes(
+    torch_imports: None, start_master: MasterFactory, tmp_path: Path
+) -> None:
+    """budgetRatio 0.25 of a 16 MiB segment: 4 MiB of pins, 32 pages. A request retaining 48
+    pages gets 32 pinned and 16 written unpinned, each counted and named in the trace; a second
+    retained request finds the budget full. Every page is written: no request fails."""
+    budget = 0.25
+    share_pages = int(budget * SEGMENT_BYTES) // PAGE_BYTES
+    requests = (
+        Request("big", 48, 0, retain({"priority": 50, "duration": 600})),
+        Request("late", 8, 10_000, retain({"priority": 90, "duration": 600})),
+    )
+    with start_master(master=master_spec(budget=budget)) as master:
+        report = run_scenario(master, Scenario(requests, plugin=True), tmp_path)
+    big, late = report["requests"]["big"], report["requests"]["late"]
+    assert big["written"] == [True] * 48 and late["written"] == [True] * 8
+    pinned = [ttl is not None for ttl in page_pins(report, "big")]
+    assert pinned == [True] * share_pages + [False] * (48 - share_pages)
+    assert page_pins(report, "late") == [None] * 8
+    assert report["stats"]["pinned"] == share_pages
+    assert report["stats"]["over_budget"] == 48 - share_pages + 8
+    assert report["budget_bytes"] == [int(budget * SEGMENT_BYTES)]
+    over = [t for t in report["trace"] if t["outcome"] == "l3_pin_over_budget"]
+    assert sorted({t["request_id"] for t in over}) == ["big", "late"]
+    assert len(over) == 48 - share_pages + 8
+    usage = parse_usage(report["metrics_after_writes"])
+    assert usage.pinned_keys == 2 * share_pages
+    assert usage.pinned_keys * OBJECT_BYTES <= budget * SEGMENT_BYTES
+    # Pressure: the pinned share survives, what went past the budget is evicted like the rest.
+    assert big["survived"][:share_pages] == [True] * share_pages
+    assert not any(big["survived"][share_pages:]) and not any(late["survived"])
+    # The operator observes the same, before and after the pressure: pins within the budget.
+    for text in (report["metrics_after_writes"], report["metrics_after_pressure"]):
+        reading = KvStoreReading("2026-01-01T00:00:00Z", usage=parse_usage(text))
+        verdict = check_retention_budget(reading, budget=budget, external=None)
+        assert (verdict.status, verdict.reason) == ("True", "WithinBudget"), verdict.message
