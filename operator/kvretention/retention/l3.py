@@ -521,31 +521,42 @@ def _before_unified_checkpoint(cache: Any, req: Any, *args: Any, **kwargs: Any) 
         logger.exception("kvretention: could not record the L3 holds of request %s", req.rid)
 
 
+SETTINGS_REFRESH_S: Final = 30.0
+"""How often a store client re-reads its settings: the kubelet updates the mounted ConfigMap in
+place, so a new ``budgetRatio`` reaches running workers without a restart."""
+
+
 @dataclass
 class _ClientState:
     """Per ``MooncakeStore`` instance: its settings and its share of the budget."""
 
     settings: L3Settings
     ledger: PinLedger
+    segment_bytes: int
+    read_at: float
 
 
 _CLIENTS: dict[int, _ClientState] = {}
 _CLIENTS_LOCK = threading.Lock()
 
 
-def client_state(store: Any) -> _ClientState:
-    """The settings and ledger of one ``MooncakeStore`` (made on its first put)."""
+def client_state(store: Any, *, now: float | None = None) -> _ClientState:
+    """The settings and ledger of one ``MooncakeStore`` (made on its first put, settings re-read
+    every :data:`SETTINGS_REFRESH_S`; the pins already counted stay counted)."""
+    at = time.monotonic() if now is None else now
     with _CLIENTS_LOCK:
         state = _CLIENTS.get(id(store))
         if state is None:
-            settings = read_settings()
             storage = getattr(store, "storage_config", None)
-            ranks = max(
-                1, int(getattr(storage, "tp_size", 1)) * int(getattr(storage, "pp_size", 1))
-            )
-            segment = int(store.config.global_segment_size) // ranks
-            state = _ClientState(settings, PinLedger(client_budget_bytes(settings, segment)))
-            _CLIENTS[id(store)] = state
+            ranks = int(getattr(storage, "tp_size", 1)) * int(getattr(storage, "pp_size", 1))
+            segment = int(store.config.global_segment_size) // max(1, ranks)
+            settings = read_settings()
+            ledger = PinLedger(client_budget_bytes(settings, segment))
+            state = _CLIENTS[id(store)] = _ClientState(settings, ledger, segment, at)
+        elif at - state.read_at >= SETTINGS_REFRESH_S:
+            state.settings = read_settings()
+            state.ledger.capacity_bytes = client_budget_bytes(state.settings, state.segment_bytes)
+            state.read_at = at
         return state
 
 

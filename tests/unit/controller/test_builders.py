@@ -85,11 +85,12 @@ def _set(path: str, value: Any) -> Callable[[Body], None]:
             {"protocol": "rdma"},
             {"ConfigMap/f-mooncake-config", "Deployment/f-worker"},
         ),
+        # The plugin's pin settings travel in the ConfigMap, re-read in place: no worker roll.
         (
             {},
             "kvStore.mooncake.master.softPin",
             {"maxTtlSeconds": 50000},
-            {"Deployment/f-mooncake"},
+            {"ConfigMap/f-mooncake-config", "Deployment/f-mooncake"},
         ),
         ({}, "kvStore.mooncake.master.eviction", {"ratio": 0.2}, {"Deployment/f-mooncake"}),
         (
@@ -483,6 +484,7 @@ def test_mooncake_master_args_follow_the_spec() -> None:
                 "device_name": "",
                 "global_segment_size": "4gb",
                 "master_metrics_port": 9003,
+                "kvretention": {"max_pin_ttl_ms": 86_400_000},
             },
         ),
         (
@@ -499,6 +501,7 @@ def test_mooncake_master_args_follow_the_spec() -> None:
                 "protocol": "rdma",
                 "device_name": "mlx5_0",
                 "global_segment_size": "4gb",
+                "kvretention": {"max_pin_ttl_ms": 86_400_000},
             },
         ),
     ],

@@ -102,14 +102,21 @@ def uses_mooncake(spec: KvRetentionDeploymentSpec) -> bool:
     return hicache.enabled and hicache.storage_backend == "mooncake"
 
 
+def _config(cr: KvRetentionDeployment) -> dict[str, Any]:
+    return build_mooncake_client_config(cr.spec, master_host=service_host(cr, MASTER_SUFFIX))
+
+
 def config_data(cr: KvRetentionDeployment) -> dict[str, str]:
-    """The ConfigMap ``data`` the workers mount (and whose hash rolls them)."""
-    config = build_mooncake_client_config(cr.spec, master_host=service_host(cr, MASTER_SUFFIX))
-    return {CONFIG_KEY: json.dumps(config, indent=2, sort_keys=True) + "\n"}
+    """The ConfigMap ``data`` the workers mount."""
+    return {CONFIG_KEY: json.dumps(_config(cr), indent=2, sort_keys=True) + "\n"}
 
 
 def config_hash(cr: KvRetentionDeployment) -> str:
-    return content_hash(config_data(cr))
+    """The hash that rolls the workers: SGLang reads its part of the file once, at start. The
+    plugin's ``kvretention`` section is left out: the plugin re-reads it from the mounted
+    ConfigMap (updated in place by the kubelet), so a new pin budget needs no restart."""
+    config = {k: v for k, v in _config(cr).items() if k != L3_SETTINGS_KEY}
+    return content_hash({CONFIG_KEY: json.dumps(config, indent=2, sort_keys=True) + "\n"})
 
 
 def build_mooncake_configmap(cr: KvRetentionDeployment) -> Manifest:
