@@ -661,7 +661,12 @@ REFUSED_FIELDS = [
         id="output_format",
     ),
     pytest.param({"container": "cntr_1"}, "container", id="container"),
-    pytest.param({"frobnicate": True}, "frobnicate", id="unknown_field"),
+    # keys are open, types are closed (docs/frontend.md, Forward compatibility)
+    pytest.param(
+        {"messages_block": {"type": "hologram", "data": "x"}},
+        "messages.0.content.1.type",
+        id="unknown_block_type",
+    ),
     pytest.param(
         {"tools": [{"type": "bash_20250124", "name": "bash"}]}, "tools.0.type", id="bash_tool"
     ),

@@ -714,7 +714,8 @@ CHAT_REFUSALS = [
         "response_format.json_schema.schema",
         "missing_required_parameter",
     ),
-    ({"frobnicate": True}, "frobnicate", "unknown_parameter"),
+    # keys are open, types are closed (docs/frontend.md, Forward compatibility)
+    ({"tools": [{"type": "hologram"}]}, "tools[0].type", "unsupported_parameter"),
 ]
 
 
@@ -936,7 +937,7 @@ RESPONSES_REFUSALS = [
         "missing_required_parameter",
     ),
     ({"reasoning": {"effort": "huge"}}, "reasoning.effort", "invalid_value"),
-    ({"frobnicate": 1}, "frobnicate", "unknown_parameter"),
+    ({"tools": [{"type": "hologram"}]}, "tools[0].type", "unsupported_parameter"),
 ]
 
 

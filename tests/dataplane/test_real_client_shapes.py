@@ -399,6 +399,25 @@ RESPONSES_ROWS: Final = [
         check=lambda r: _tools(r) == ["shell"] or pytest.fail(str(r)),
     ),
     Shape(
+        "future-keys-responses",
+        "docs/frontend.md Forward compatibility: a later client's new keys, top level to items",
+        "/v1/responses",
+        _codex(
+            input=[
+                {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "future", "render_hint": "bold"}],
+                    "turn_origin": "exec",
+                }
+            ],
+            tools=[{**SHELL, "ownership": "core"}],
+            reasoning={"effort": "low", "budget_hint": "small"},
+            window_id="w1",
+        ),
+        headers=CODEX_HEADERS,
+    ),
+    Shape(
         "codex-0.169.0-first-turn-code-mode",
         CODEX["source"],
         CODEX["path"],
@@ -534,6 +553,23 @@ def _codex_chat(*messages: dict[str, Any], **fields: Any) -> dict[str, Any]:
 
 
 CHAT_ROWS: Final = [
+    Shape(
+        "future-keys-chat",
+        "docs/frontend.md Forward compatibility: a later client's new keys, top level to parts",
+        "/v1/chat/completions",
+        {
+            "model": "m",
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "future", "render_hint": "bold"}],
+                    "client_message_id": "m1",
+                }
+            ],
+            "client_trace": {"id": "t"},
+            "stream_options": {"include_usage": True, "include_timing": True},
+        },
+    ),
     Shape(
         "dynamo-gateway-session",
         "Dynamo's gateway: X-Dynamo-Session-ID on whatever the agent sent",
@@ -754,6 +790,22 @@ def _loaded_cron(received: dict[str, Any]) -> None:
 
 
 MESSAGES_ROWS: Final = [
+    Shape(
+        "future-keys-messages",
+        "docs/frontend.md Forward compatibility: a later client's new keys, top level to blocks",
+        "/v1/messages?beta=true",
+        _claude(
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "future", "render_hint": "bold"}],
+                "client_message_id": "m1",
+            },
+            tools=[{**CLAUDE_TOOL, "ownership_metadata": {"plugin": "p"}}],
+            resumption={"type": "enabled"},
+            data_flow={"child": "note"},
+        ),
+        headers=CLAUDE_HEADERS,
+    ),
     Shape(
         "claude-code-2.1.328-first-turn",
         CLAUDE_CODE["source"],

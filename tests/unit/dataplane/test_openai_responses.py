@@ -606,3 +606,16 @@ def test_namespaces_are_offered_flat_and_answered_with_their_namespace() -> None
     assert (
         raw["output"][1]["namespace"] == "functions" and raw["output"][1]["name"] == "apply_patch"
     )
+
+
+def test_metric_labels_are_bounded_and_keep_tool_types() -> None:
+    from kvretention.dataplane.frontend.compat import LabelBudget, field_label
+
+    budget = LabelBudget(limit=2)
+    assert field_label("input[12].tools[3]:tool_search") == "input[*].tools[*]:tool_search"
+    assert field_label("messages.3.content.10.extra") == "messages.*.content.*.extra"
+    assert budget.label("tools[*]:tool_search") == "tools[*]:tool_search"
+    assert budget.label("a b") == "other"  # not a field path
+    assert budget.label("store") == "store"
+    assert budget.label("third") == "other"  # past the limit
+    assert budget.label("store") == "store"  # a known one stays itself

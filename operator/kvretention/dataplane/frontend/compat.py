@@ -64,7 +64,7 @@ def ignore_unknown(
 MAX_LABELS: Final = 64
 """Distinct ``field`` label values one frontend exports; later new ones count as ``other`` (the
 names come from clients, so the series count must stay bounded)."""
-_LABEL: Final = re.compile(r"^[A-Za-z0-9_.*\[\]-]{1,128}$")
+_LABEL: Final = re.compile(r"^[A-Za-z0-9_.*:\[\]-]{1,128}$")
 
 
 class LabelBudget:

@@ -587,7 +587,8 @@ def _flatten(declared: list[_Declared]) -> tuple[list[ToolDefinition], dict[str,
     for origin, definition, ns_description in declared:
         name = origin.name
         if origin.namespace is not None and counts[name] > 1:
-            name = _UNSAFE_NAME.sub("_", f"{origin.namespace}{name}").strip("_")[:64]
+            flat = _UNSAFE_NAME.sub("_", f"{origin.namespace}{name}").strip("_")[:64]
+            name = flat or name
         if name in seen:
             raise F.invalid_value(f"{origin.where}.name", f"the tool name '{name}' is used twice.")
         seen[name] = origin
