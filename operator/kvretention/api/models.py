@@ -278,13 +278,16 @@ class ModelVolume(_Model):
         return self
 
 
-ModelName = Annotated[
+ModelAlias = Annotated[
     str,
     Field(
         min_length=1,
         max_length=256,
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@\[\]-]*$",
-        description="A model name as clients send it.",
+        pattern=r"^[A-Za-z0-9*][A-Za-z0-9._/:@\[\]*-]*$",
+        description=(
+            "A model name as clients send it, or a pattern: `*` stands for any run of characters "
+            "(`claude-*`), every other character is literal."
+        ),
     ),
 ]
 
@@ -335,13 +338,15 @@ class ModelSpec(_Model):
     volume: ModelVolume | None = Field(
         default=None, description="Optional volume with the weights, mounted in every worker."
     )
-    aliases: list[ModelName] = Field(
+    aliases: list[ModelAlias] = Field(
         default_factory=list,
         max_length=32,
         description=(
             "Other model names clients may send that the frontend serves with this model (for "
             "example Claude Code's small fast model or the names Codex is configured with); "
-            "responses echo the name the client asked for."
+            "responses echo the name the client asked for. An alias with `*` is a pattern: `*` "
+            "matches any run of characters, so `claude-*` and `gpt-*` take every name Claude Code "
+            "and Codex send by default. Only exact aliases are listed by `/v1/models`."
         ),
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )

@@ -112,6 +112,10 @@ VALID = [
         },
         id="agent-model",
     ),
+    pytest.param(
+        {"model": {"name": "m", "path": "/m", "aliases": ["claude-*", "gpt-*", "*-codex", "*"]}},
+        id="alias-patterns",
+    ),
     pytest.param({"workers": {"gpuResource": "amd.com/gpu"}}, id="gpu-amd"),
     pytest.param(
         {
@@ -331,6 +335,16 @@ INVALID = [
         {"model": {"name": "m", "path": "/m", "aliases": ["bad name"]}},
         "aliases",
         id="alias-pattern",
+    ),
+    pytest.param(
+        {"model": {"name": "m", "path": "/m", "aliases": ["claude-?"]}},
+        "aliases",
+        id="alias-only-star-is-a-wildcard",
+    ),
+    pytest.param(
+        {"model": {"name": "m", "path": "/m", "aliases": ["-claude-*"]}},
+        "aliases",
+        id="alias-leading-dash",
     ),
     pytest.param({"router": {"sessionKeys": ["x session"]}}, "sessionKeys", id="session-key-space"),
     pytest.param({"router": {"sessionKeys": ["metadata."]}}, "sessionKeys", id="session-key-body"),

@@ -27,7 +27,7 @@ from aiohttp import web
 
 from kvretention.dataplane.breakpoints import find_markers
 from kvretention.dataplane.chat_template import TemplateInputError
-from kvretention.dataplane.frontend import errors
+from kvretention.dataplane.frontend import errors, model_names
 from kvretention.dataplane.frontend.affinity import (
     drop_billing_header,
     header_safe,
@@ -98,12 +98,12 @@ class FrontendConfig:
     """Fleet policy for requests with no cache control (off when ``None``)."""
 
     def served_name(self, model: str) -> str:
-        return self.model_aliases.get(model, model)
+        served = model_names.resolve(model, served=self.served_models, aliases=self.model_aliases)
+        return served or model
 
     def listed_models(self) -> tuple[str, ...]:
-        """Served names, then aliases: every name a client may ask for."""
-        extra = tuple(a for a in self.model_aliases if a not in self.served_models)
-        return (*self.served_models, *extra)
+        """Served names, then exact aliases: names a client may pick (a pattern is not one)."""
+        return model_names.listed(self.served_models, self.model_aliases)
 
 
 @dataclass
@@ -339,6 +339,7 @@ async def admit(request: web.Request, api: Endpoint, *, state: FrontendState) ->
     def check() -> tuple[ParsedRequest, dict[str, Any]]:
         try:
             body = decode_json_body(raw)
+            check_model_first(body, config=state.config)
             parsed = api.parse(
                 body,
                 hints=api.provider in state.config.hint_providers,
@@ -604,11 +605,21 @@ def longest_ttl(parsed: ParsedRequest) -> int | None:
 
 
 def check_model(model: str, *, config: FrontendConfig) -> None:
-    """A served name or an alias of one; with no served names configured, any name."""
-    if model in config.model_aliases:
+    """A served name, an alias or a name an alias pattern matches; with no served names
+    configured, any name."""
+    if not config.served_models:
         return
-    if config.served_models and model not in config.served_models:
-        raise errors.unknown_model(model, served=config.listed_models())
+    aliases = config.model_aliases
+    if model_names.resolve(model, served=config.served_models, aliases=aliases) is None:
+        raise errors.unknown_model(model, served=(*config.served_models, *aliases))
+
+
+def check_model_first(body: Any, *, config: FrontendConfig) -> None:
+    """The model before the body's fields: a name nothing serves is the one 404, not the last
+    answer after a 400 per field a client retries without (Claude Code drops one per retry)."""
+    model = body.get("model") if isinstance(body, dict) else None
+    if isinstance(model, str):
+        check_model(model, config=config)
 
 
 # -- plain endpoints ---------------------------------------------------------------------------

@@ -65,7 +65,8 @@ def parse_session_keys(value: str) -> tuple[str, ...]:
     envvar="KVR_MODEL_ALIASES",
     metavar="ALIAS=SERVED",
     help="Another name for a served model (repeatable; env: space-separated). The router gets "
-    "SERVED; answers echo ALIAS.",
+    "SERVED; answers echo ALIAS. An ALIAS with '*' is a pattern ('*' is any run of characters: "
+    "claude-*=SERVED takes every Claude model name); exact aliases win, then patterns in order.",
 )
 @click.option(
     "--body-timeout",
