@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: bootstrap demo demo-down test lint typecheck unit verify crds
+.PHONY: bootstrap demo demo-down test lint typecheck unit verify crds clients-latest
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -28,6 +28,10 @@ typecheck:
 
 unit: bootstrap
 	$(BIN)/pytest -q tests/unit
+
+## The real-clients tier again with npm's latest Claude Code and Codex: what changed, what is refused.
+clients-latest: bootstrap
+	@scripts/clients-latest.sh
 
 ## Regenerate every generated file: the CRD, the chart's copy of it, the kubectl bundle.
 crds:

@@ -81,10 +81,13 @@ def start_kvretention(
 ) -> KvrProcess:
     """Start ``python -m kvretention <args> --host H --port P`` and wait until ``ready_path`` is 200.
 
+    ``--host``/``--port`` go before a ``--`` in ``args`` (a worker's SGLang flags follow it).
     Raises ``RuntimeError`` with the process log if it exits or does not get ready in time.
     """
     port = free_port()
-    argv = [sys.executable, "-m", "kvretention", *args, "--host", host, "--port", str(port)]
+    cut = args.index("--") if "--" in args else len(args)
+    listen = ["--host", host, "--port", str(port)]
+    argv = [sys.executable, "-m", "kvretention", *args[:cut], *listen, *args[cut:]]
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{args[0] if args else 'kvretention'}-{port}.log"
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}

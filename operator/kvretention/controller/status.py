@@ -664,16 +664,43 @@ def check_kvstore(
     )
 
 
+def _enforcement(enforced: bool | None, budget: float | None) -> str:
+    """What bounds pins besides the master's numbers: the enforced half of the condition."""
+    if budget is None:
+        return ""
+    if enforced is True:
+        return (
+            "; enforced by the workers' retention plugin: each worker pins at most "
+            f"{budget:.1%} of the segment it contributes, a retained page past it is written "
+            "unpinned and counted (kvretention_l3_pages_total{outcome=over_budget})"
+        )
+    if enforced is False:
+        return "; observed only: the workers' SGLang does not apply kv.retain (RetentionApplied)"
+    return ""
+
+
 def check_retention_budget(
-    reading: KvStoreReading | None, *, budget: float | None, external: str | None
+    reading: KvStoreReading | None,
+    *,
+    budget: float | None,
+    external: str | None,
+    enforced: bool | None = None,
 ) -> Verdict:
-    """Pins against the budget: True within it, False past it, Unknown when unmeasured."""
+    """Pins against the budget: True within it, False past it, Unknown when unmeasured. The
+    message says both halves: what the master reports (observed, an upper bound: the master keeps
+    counting a pin after its TTL until the object goes) and whether the workers' retention plugin
+    enforces the budget at write time (``enforced``: None when not known)."""
+    enforcement = _enforcement(enforced, budget)
     if external is not None:
         return Verdict(
-            "Unknown", "ExternalMaster", "pins are measured only on a master the operator manages"
+            "Unknown",
+            "ExternalMaster",
+            "pins are measured only on a master the operator manages" + enforcement,
         )
     if reading is None:
-        return Verdict("Unknown", "NotMeasured", "the master's metrics have not been read yet")
+        return Verdict(
+            "Unknown", "NotMeasured", "the master's metrics have not been read yet" + enforcement
+        )
     if reading.usage is None:
         return Verdict(
             "Unknown", "MetricsUnavailable", reading.error or "the master's metrics are unreadable"
@@ -688,8 +715,12 @@ def check_retention_budget(
     if budget is None:
         return Verdict("True", "NoBudget", f"{held}; no softPin.budgetRatio is set")
     if ratio > budget:
-        return Verdict("False", "OverBudget", f"{held}, past the {budget:.1%} budget")
-    return Verdict("True", "WithinBudget", f"{held}, within the {budget:.1%} budget")
+        return Verdict(
+            "False", "OverBudget", f"observed: {held}, past the {budget:.1%} budget{enforcement}"
+        )
+    return Verdict(
+        "True", "WithinBudget", f"observed: {held}, within the {budget:.1%} budget{enforcement}"
+    )
 
 
 def check_kv_hints(reports: Sequence[PodReport | ProbeFailure]) -> Verdict:

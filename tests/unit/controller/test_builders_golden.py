@@ -23,6 +23,7 @@ VALID = {
     "aggregated": ROOT / "examples" / "aggregated.yaml",
     "disaggregated": ROOT / "examples" / "disaggregated.yaml",
     "external-mooncake": ROOT / "examples" / "external-mooncake.yaml",
+    "agents": ROOT / "examples" / "agents.yaml",
     "managed-mooncake": CASES / "managed-mooncake.yaml",
     "hints-required": CASES / "hints-required.yaml",
     "hints-optional": CASES / "hints-optional.yaml",

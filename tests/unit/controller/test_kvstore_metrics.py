@@ -351,3 +351,26 @@ async def test_nothing_listening_is_a_reading_with_an_error() -> None:
     reading = await read_master_metrics("http://127.0.0.1:1/metrics", now=NOW)
     assert reading.observed_at == STAMP
     assert reading.usage is None and "127.0.0.1:1" in (reading.error or "")
+
+
+@pytest.mark.parametrize(
+    ("enforced", "budget", "says"),
+    [
+        (True, 0.3, "enforced by the workers' retention plugin"),
+        (False, 0.3, "observed only"),
+        (None, 0.3, None),
+        (True, None, None),  # no budget: nothing to enforce
+    ],
+    ids=["enforced", "observed-only", "unknown", "no-budget"],
+)
+def test_retention_budget_says_enforced_and_observed(
+    enforced: bool | None, budget: float | None, says: str | None
+) -> None:
+    for reading, external in ((KvStoreReading(STAMP, usage=usage()), None), (None, "m:1")):
+        message = check_retention_budget(
+            reading, budget=budget, external=external, enforced=enforced
+        ).message
+        if says is None:
+            assert "enforced" not in message and "observed only" not in message
+        else:
+            assert says in message

@@ -1,0 +1,297 @@
+"""Claude Code and Codex, as users run them, against the fleet of ``examples/agents.yaml``.
+
+The pinned npm releases (``scripts/install-clients.sh``) run one non-interactive task each with
+their defaults (no model flag, no feature switched off) through a pass-through recorder into the
+frontend, router and two workers the operator renders for the example (``support.rendered_plane``;
+only the GPU engine is the stand-in that records its calls). The task asks the stand-in for a tool
+call that runs ``printf`` in a temporary directory; the client runs it, sends the result, and the
+stand-in answers with text (no marker in a tool result's turn), so the client finishes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from subprocess import CompletedProcess
+from typing import Any
+
+import pytest
+
+from support.chat_tokenizer import build_tokenizer
+from support.processes import StartKvretention
+from support.real_clients import (
+    Client,
+    Exchange,
+    Recorder,
+    run_claude,
+    run_codex,
+    shape,
+)
+from support.rendered_plane import RenderedPlane, start_rendered_plane
+from support.worker_client import wait_for
+
+pytestmark = pytest.mark.clients
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "agents.yaml"
+ANSWER = "Hello from the kvretention stand-in."
+STICKY = "kvretention_router_sticky_placements_total"
+GENERATE_PATHS = ("/v1/messages", "/v1/responses", "/v1/chat/completions")
+CLAUDE_CODE_TTL = 300
+"""Claude Code's ``cache_control`` carries no ``ttl``: Anthropic's default, 5 minutes."""
+FLEET_POLICY_TTL = 1800
+"""``hints.defaultTtlSeconds`` of the example: what Codex's requests (no cache control) get."""
+
+Launch = Callable[..., "CompletedProcess[str]"]
+
+
+@dataclass
+class Run:
+    """One CLI task: the process, what went through the recorder, and the fleet's view of it."""
+
+    client: Client
+    result: CompletedProcess[str]
+    exchanges: list[Exchange]
+    trace: list[dict[str, Any]]
+    calls: list[tuple[str, dict[str, Any]]]
+    """(worker, engine call) of each request the frontend forwarded, in the trace's order."""
+    sticky: float
+    """Router placements decided by a session pin during the run."""
+    proof: str
+    """What the tool's command prints: it is in no prompt unless the command ran."""
+
+    def refused(self) -> list[tuple[str, int, str]]:
+        return [(e.path, e.status, e.answer[:400]) for e in self.exchanges if e.refused]
+
+    def failure(self) -> str:
+        return (
+            f"{self.client.name} {self.client.version} exited {self.result.returncode}\n"
+            f"stdout: {self.result.stdout[-1500:]}\nstderr: {self.result.stderr[-1500:]}\n"
+            f"refused: {json.dumps(self.refused(), indent=1)}"
+        )
+
+
+@dataclass
+class Fleet:
+    plane: RenderedPlane
+    recorder: Recorder
+
+
+@pytest.fixture(scope="module")
+def fleet(start: StartKvretention, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    plane = start_rendered_plane(EXAMPLE, start=start, tmp=tmp_path_factory.mktemp("plane"))
+    recorder = Recorder(plane.frontend.base_url)
+    recorder.start()
+    yield Fleet(plane, recorder)
+    recorder.stop()
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return build_tokenizer()
+
+
+def _generations(exchanges: list[Exchange]) -> int:
+    return sum(
+        e.method == "POST" and e.path.split("?")[0] in GENERATE_PATHS and not e.refused
+        for e in exchanges
+    )
+
+
+def _run(
+    fleet: Fleet, client: Client, launch: Launch, prompt: Callable[[str], str], tmp: Path
+) -> Run:
+    plane, recorder = fleet.plane, fleet.recorder
+    exchanges_mark, trace_mark = recorder.mark(), len(plane.trace())
+    sticky = plane.router_metric(STICKY)
+    token = uuid.uuid4().hex[:12]
+    workdir = tmp / "work"
+    workdir.mkdir()
+    result = launch(
+        client, prompt(token), base_url=recorder.base_url, workdir=workdir, home=tmp / "home"
+    )
+    exchanges = recorder.since(exchanges_mark)
+
+    def settled() -> list[dict[str, Any]] | None:
+        """The run's trace once every accepted generation is in it (written as a stream ends)."""
+        trace = plane.trace()[trace_mark:]
+        return trace if sum(e["status"] == 200 for e in trace) >= _generations(exchanges) else None
+
+    trace = wait_for(settled, timeout=10.0)
+    engine = plane.engine_calls()
+    calls = [engine[e["request_id"]] for e in trace if e["request_id"] in engine]
+    run = Run(
+        client=client,
+        result=result,
+        exchanges=exchanges,
+        trace=trace,
+        calls=calls,
+        sticky=plane.router_metric(STICKY) - sticky,
+        proof=f"kvr-{token}",
+    )
+    _report(run)
+    return run
+
+
+def _report(run: Run) -> None:
+    """With ``KVR_CLIENTS_REPORT``, add what this client sent to that JSON file."""
+    path = os.environ.get("KVR_CLIENTS_REPORT")
+    if not path:
+        return
+    report_file = Path(path)
+    report = json.loads(report_file.read_text()) if report_file.exists() else {}
+    bodies = [e.body for e in run.exchanges if isinstance(e.body, dict)]
+    report[run.client.name] = {
+        "version": run.client.version,
+        "exit_code": run.result.returncode,
+        "requests": [f"{e.method} {e.path} {e.status}" for e in run.exchanges],
+        "refused": run.refused(),
+        "ignored_fields": sorted({f for e in run.trace for f in e.get("ignored_fields", [])}),
+        "body_shape": sorted(set().union(*(shape(b) for b in bodies))),
+        "headers": sorted({h.lower() for e in run.exchanges for h in e.headers}),
+    }
+    report_file.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+
+
+def _marker(tool: str, arguments: dict[str, Any]) -> str:
+    """Asks the stand-in to call ``tool`` with these arguments (see its docstring)."""
+    return f"[[standin:tool_call:{tool}]] [[standin:tool_args:{json.dumps(arguments)}]]"
+
+
+def _command(token: str) -> str:
+    """A harmless command whose output (``kvr-TOKEN``) appears in no prompt before it ran."""
+    return f"printf 'kvr-%s' {token}"
+
+
+def _prompt(call: dict[str, Any], tokenizer: Any) -> str:
+    return str(tokenizer.decode(call["kwargs"]["input_ids"]))
+
+
+def _retain_ttls(call: dict[str, Any]) -> set[int]:
+    """The TTLs of the ``kv.retain`` directives the engine got."""
+    assert call["kv_hints_passed"], "the engine got no kv_hints"
+    actions = call["kwargs"]["kv_hints"]["actions"]
+    assert {(a["action_type"], a["action_version"]) for a in actions} == {("kv.retain", "1.0")}
+    return {d["duration"] for a in actions for d in a["payload"]["directives"]}
+
+
+# ------------------------------------------------------------------ Claude Code
+
+
+@pytest.fixture(scope="module")
+def claude(
+    fleet: Fleet, clients: dict[str, Client], tmp_path_factory: pytest.TempPathFactory
+) -> Run:
+    def prompt(token: str) -> str:
+        return f"Run the check. {_marker('Bash', {'command': _command(token)})}"
+
+    tmp = tmp_path_factory.mktemp("claude")
+    return _run(fleet, clients["claude"], run_claude, prompt, tmp)
+
+
+def test_claude_code_finishes_its_task_with_its_defaults(claude: Run) -> None:
+    assert claude.result.returncode == 0, claude.failure()
+    assert ANSWER in claude.result.stdout, claude.failure()
+
+
+def test_claude_code_gets_no_request_refused(claude: Run) -> None:
+    assert claude.refused() == [], claude.failure()
+    assert [e for e in claude.trace if e["status"] != 200] == []
+
+
+def test_claude_code_runs_the_tool_and_the_result_reaches_the_engine(
+    claude: Run, tokenizer: Any
+) -> None:
+    """tool_use -> Bash runs printf -> tool_result -> a text answer."""
+    results = [
+        block
+        for e in claude.exchanges
+        if isinstance(e.body, dict)
+        for m in e.body.get("messages", [])
+        if isinstance(m.get("content"), list)
+        for block in m["content"]
+        if block.get("type") == "tool_result"
+    ]
+    assert any(claude.proof in json.dumps(r["content"]) for r in results), claude.failure()
+    assert not any(r.get("is_error") for r in results)
+    first, *later = [_prompt(call, tokenizer) for _, call in claude.calls]
+    assert claude.proof not in first
+    assert later and claude.proof in later[-1].rsplit("<tool_response>", 1)[-1]
+
+
+def test_claude_code_breakpoints_reach_the_engine_as_retention(claude: Run) -> None:
+    assert claude.calls, claude.failure()
+    for _, call in claude.calls:
+        assert _retain_ttls(call) == {CLAUDE_CODE_TTL}
+
+
+def test_claude_code_session_keeps_the_conversation_on_one_worker(claude: Run) -> None:
+    assert len(claude.calls) >= 2, claude.failure()
+    assert len({worker for worker, _ in claude.calls}) == 1
+    assert claude.sticky == len(claude.calls) - 1
+
+
+# ------------------------------------------------------------------ Codex
+
+
+@pytest.fixture(scope="module")
+def codex(
+    fleet: Fleet,
+    clients: dict[str, Client],
+    claude: Run,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Run:
+    """Runs after Claude Code (the router's counters are read around each run)."""
+
+    def prompt(token: str) -> str:
+        # Codex's default model runs in code mode: one `exec` tool taking JavaScript that calls
+        # its nested tools, here exec_command (a shell command in its sandbox).
+        script = f"text((await tools.exec_command({{cmd: {json.dumps(_command(token))}}})).output)"
+        return f"Run the check. {_marker('exec', {'input': script})}"
+
+    tmp = tmp_path_factory.mktemp("codex")
+    return _run(fleet, clients["codex"], run_codex, prompt, tmp)
+
+
+def test_codex_finishes_its_task_with_its_defaults(codex: Run) -> None:
+    assert codex.result.returncode == 0, codex.failure()
+    assert ANSWER in codex.result.stdout, codex.failure()
+
+
+def test_codex_gets_no_request_refused(codex: Run) -> None:
+    assert codex.refused() == [], codex.failure()
+    assert [e for e in codex.trace if e["status"] != 200] == []
+
+
+def test_codex_runs_the_tool_and_the_result_reaches_the_engine(codex: Run, tokenizer: Any) -> None:
+    """exec (custom tool) -> exec_command runs printf -> its output -> a text answer."""
+    outputs = [
+        item
+        for e in codex.exchanges
+        if isinstance(e.body, dict)
+        for item in e.body.get("input", [])
+        if isinstance(item, dict) and item.get("type", "").endswith("_call_output")
+    ]
+    assert any(codex.proof in json.dumps(o.get("output")) for o in outputs), codex.failure()
+    first, *later = [_prompt(call, tokenizer) for _, call in codex.calls]
+    assert codex.proof not in first
+    assert later and codex.proof in later[-1].rsplit("<tool_response>", 1)[-1]
+
+
+def test_codex_second_request_is_placed_by_its_session(codex: Run) -> None:
+    """Codex names its conversation only in headers (thread-id, session-id): the router pins it,
+    so every request after the first is placed by the session, not by a prefix match."""
+    assert len(codex.calls) >= 2, codex.failure()
+    assert len({worker for worker, _ in codex.calls}) == 1
+    assert codex.sticky == len(codex.calls) - 1
+
+
+def test_codex_is_retained_by_the_fleet_policy(codex: Run) -> None:
+    """Codex sends no cache control; the example's hints.defaultTtlSeconds retains its prompts."""
+    assert codex.calls, codex.failure()
+    for _, call in codex.calls:
+        assert _retain_ttls(call) == {FLEET_POLICY_TTL}

@@ -1,0 +1,227 @@
+"""The real coding-agent CLIs (Claude Code, Codex from npm) pointed at a data plane.
+
+``installed()`` runs ``scripts/install-clients.sh`` (the pins live there; cached under
+``~/.cache/kvretention/clients``) and fails with its message when npm is missing: the tier's gap
+shows as a failure, never a skip. ``Recorder`` is a pass-through proxy in front of the frontend: the
+bytes go through unchanged and streamed, and each request and answer is kept, so a refused request
+is reported with the frontend's own error message and a release's new fields can be listed.
+``run_claude`` / ``run_codex`` run one non-interactive task with the client's defaults: no model
+flag, no feature switched off, only the offline switches and the endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import aiohttp
+from aiohttp import web
+
+ROOT: Final = Path(__file__).resolve().parents[2]
+INSTALL: Final = ROOT / "scripts" / "install-clients.sh"
+RUN_TIMEOUT_S: Final = 180.0
+HOP_HEADERS: Final = frozenset(
+    {"host", "content-length", "connection", "transfer-encoding", "keep-alive"}
+)
+CLAUDE_OFFLINE: Final = {
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_AUTOUPDATER": "1",
+}
+"""FACTS.md: what keeps Claude Code off Anthropic's other services; no feature of a request."""
+CODEX_KEY_ENV: Final = "KVR_FLEET_API_KEY"
+
+
+@dataclass(frozen=True)
+class Client:
+    name: str
+    version: str
+    binary: Path
+
+
+def installed(*, latest: bool = False) -> dict[str, Client]:
+    """The CLIs, installed by ``scripts/install-clients.sh`` if not cached; name -> client."""
+    argv = [str(INSTALL), *(["--latest"] if latest else [])]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=900, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed:\n{done.stderr[-3000:]}")
+    clients = {}
+    for line in done.stdout.splitlines():
+        name, version, binary = line.split(" ", 2)
+        clients[name] = Client(name, version, Path(binary))
+    return clients
+
+
+# -- the recording proxy ---------------------------------------------------------------------
+
+
+@dataclass
+class Exchange:
+    """One request through the recorder and the frontend's answer (its start, for streams)."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+    status: int = 0
+    answer: str = ""
+
+    @property
+    def refused(self) -> bool:
+        return self.status >= 400
+
+
+@dataclass
+class Recorder:
+    """A pass-through proxy to ``upstream``; ``start()``, read ``exchanges``, ``stop()``."""
+
+    upstream: str
+    exchanges: list[Exchange] = field(default_factory=list)
+    base_url: str = ""
+    _loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
+    _runner: web.AppRunner | None = None
+    _session: aiohttp.ClientSession | None = None
+
+    def start(self) -> str:
+        threading.Thread(target=self._loop.run_forever, daemon=True).start()
+        self.base_url = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
+        return self.base_url
+
+    async def _start(self) -> str:
+        self._session = aiohttp.ClientSession(auto_decompress=False)
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._forward)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        return f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+
+    def stop(self) -> None:
+        async def close() -> None:
+            if self._runner is not None:
+                await self._runner.cleanup()
+            if self._session is not None:
+                await self._session.close()
+
+        asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
+    def mark(self) -> int:
+        return len(self.exchanges)
+
+    def since(self, mark: int) -> list[Exchange]:
+        return list(self.exchanges[mark:])
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
+        assert self._session is not None
+        raw = await request.read()
+        try:
+            body: Any = json.loads(raw) if raw else None
+        except ValueError:
+            body = raw.decode(errors="replace")
+        exchange = Exchange(request.method, request.path_qs, dict(request.headers), body)
+        self.exchanges.append(exchange)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        async with self._session.request(
+            request.method, self.upstream + request.path_qs, data=raw or None, headers=headers
+        ) as upstream:
+            exchange.status = upstream.status
+            response = web.StreamResponse(status=upstream.status)
+            for key, value in upstream.headers.items():
+                if key.lower() not in HOP_HEADERS:
+                    response.headers[key] = value
+            await response.prepare(request)
+            async for chunk in upstream.content.iter_any():
+                if len(exchange.answer) < 4000:
+                    exchange.answer += chunk.decode(errors="replace")
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+
+
+# -- running the CLIs ------------------------------------------------------------------------
+
+
+def _base_env(home: Path) -> dict[str, str]:
+    """A clean environment: no provider keys or endpoints leak in from the caller's."""
+    home.mkdir(parents=True, exist_ok=True)
+    keep = {k: os.environ[k] for k in ("PATH", "LANG", "TERM") if k in os.environ}
+    return {**keep, "HOME": str(home), "TMPDIR": str(home)}
+
+
+def run_claude(
+    client: Client, prompt: str, *, base_url: str, workdir: Path, home: Path
+) -> subprocess.CompletedProcess[str]:
+    """``claude -p PROMPT`` with Claude Code's defaults, against ``base_url``."""
+    env = {
+        **_base_env(home),
+        **CLAUDE_OFFLINE,
+        "ANTHROPIC_BASE_URL": base_url,
+        "ANTHROPIC_API_KEY": "kvretention-test",
+    }
+    return subprocess.run(
+        [str(client.binary), "-p", prompt],
+        cwd=workdir,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )
+
+
+def codex_config(base_url: str) -> str:
+    """The README's ``config.toml``: a model provider on the fleet's Responses API."""
+    return (
+        'model_provider = "kvretention"\n\n'
+        "[model_providers.kvretention]\n"
+        'name = "kvretention fleet"\n'
+        f'base_url = "{base_url}/v1"\n'
+        'wire_api = "responses"\n'
+        f'env_key = "{CODEX_KEY_ENV}"\n'
+    )
+
+
+def run_codex(
+    client: Client, prompt: str, *, base_url: str, workdir: Path, home: Path
+) -> subprocess.CompletedProcess[str]:
+    """``codex exec PROMPT`` with Codex's defaults (model, tools, sandbox), against ``base_url``."""
+    codex_home = home / "codex"
+    codex_home.mkdir(parents=True, exist_ok=True)
+    (codex_home / "config.toml").write_text(codex_config(base_url))
+    env = {**_base_env(home), "CODEX_HOME": str(codex_home), CODEX_KEY_ENV: "kvretention-test"}
+    return subprocess.run(
+        [str(client.binary), "exec", "--skip-git-repo-check", prompt],
+        cwd=workdir,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )
+
+
+# -- what a client sent ----------------------------------------------------------------------
+
+
+def shape(value: Any, prefix: str = "") -> set[str]:
+    """The key paths of a JSON body (list items merged as ``[]``; ``type`` values named, since
+    a new item or tool type is a new shape): ``tools[].defer_loading``, ``input[].type=...``."""
+    paths: set[str] = set()
+    if isinstance(value, dict):
+        for key, item in value.items():
+            path = f"{prefix}.{key}" if prefix else key
+            paths.add(f"{path}={item}" if key == "type" and isinstance(item, str) else path)
+            paths |= shape(item, path)
+    elif isinstance(value, list):
+        for item in value:
+            paths |= shape(item, f"{prefix}[]")
+    return paths

@@ -1,0 +1,159 @@
+"""Run a fleet's data plane on loopback exactly as the operator renders it.
+
+``start_rendered_plane(example)`` renders a ``KvRetentionDeployment`` file with the operator's own
+builders (no cluster), takes the frontend, router and worker commands from the Deployments, and
+runs them as local processes, changing only what a pod would get from the cluster and the GPU:
+``--host``/``--port`` (loopback), the router's ``--worker-dns`` (the workers' URLs instead), the
+frontend's ``--router-url``, the worker's ``--engine sglang`` (the stand-in that records its calls,
+``sglang.Engine.async_generate``'s signature), its ``--model-path`` (the test tokenizer with a
+Qwen-style tool-aware template, ``support.chat_tokenizer``) and ``--drain-seconds 0`` (no
+Endpoints controller to wait for when the test stops it). One worker per rendered replica.
+Every other flag (aliases, session keys, hint policy, parsers, ...) is what a pod would run.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvretention.controller.render import load_documents, parse_cr
+from kvretention.controller.resources import build_children
+from support.chat_tokenizer import save
+from support.processes import KvrProcess
+
+STANDIN = "standin:versioned"
+Start = Callable[..., KvrProcess]
+
+
+@dataclass
+class RenderedPlane:
+    """The running processes and the files they record to."""
+
+    frontend: KvrProcess
+    router: KvrProcess
+    workers: dict[str, KvrProcess]
+    frontend_trace: Path
+    engine_records: dict[str, Path]
+    commands: dict[str, list[str]] = field(default_factory=dict)
+    """The rendered commands, as the operator wrote them (before the loopback changes)."""
+
+    def trace(self) -> list[dict[str, Any]]:
+        """The frontend's trace: one entry per request (``request_id``, outcome, status, ...)."""
+        if not self.frontend_trace.exists():
+            return []
+        return [json.loads(line) for line in self.frontend_trace.read_text().splitlines()]
+
+    def engine_calls(self) -> dict[str, tuple[str, dict[str, Any]]]:
+        """Every ``generate`` call the stand-in engines recorded: rid -> (worker, call). The rid
+        is the frontend's ``request_id``, so a trace entry finds its call."""
+        calls: dict[str, tuple[str, dict[str, Any]]] = {}
+        for name, record in self.engine_records.items():
+            for line in record.read_text().splitlines() if record.exists() else []:
+                call = json.loads(line)
+                if call.get("event") == "generate":
+                    calls[call["rid"]] = (name, call)
+        return calls
+
+    def router_metric(self, name: str) -> float:
+        """A router counter's value (summed over labels), read from its ``/metrics``."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with urllib.request.urlopen(self.router.base_url + "/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == name
+        )
+
+
+def rendered_commands(example: Path) -> tuple[dict[str, list[str]], int]:
+    """Each data-plane component's container command, and the worker replica count."""
+    (doc,) = load_documents(example)
+    cr = parse_cr(doc, source=str(example), namespace="default")
+    commands: dict[str, list[str]] = {}
+    replicas = 1
+    for manifest in build_children(cr):
+        if manifest["kind"] != "Deployment":
+            continue
+        template = manifest["spec"]["template"]
+        component = template["metadata"]["labels"].get("app.kubernetes.io/component", "")
+        if component in ("frontend", "router", "worker"):
+            commands[component] = list(template["spec"]["containers"][0]["command"])
+            if component == "worker":
+                replicas = int(manifest["spec"].get("replicas", 1))
+    missing = {"frontend", "router", "worker"} - set(commands)
+    assert not missing, f"{example} renders no {missing} (an aggregated fleet is needed)"
+    return commands, replicas
+
+
+def _set(argv: list[str], flag: str, value: str) -> list[str]:
+    """``flag value`` or ``flag=value`` replaced; the flag must be there."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg == flag:
+            out[i + 1] = value
+            return out
+        if arg.startswith(flag + "="):
+            out[i] = f"{flag}={value}"
+            return out
+    raise AssertionError(f"{flag} is not in the rendered command {argv}")
+
+
+def _without(argv: list[str], *flags: str) -> list[str]:
+    """``argv`` without these flags and their values (either spelling)."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in flags:
+            skip = True
+        elif not any(arg.startswith(f + "=") for f in flags):
+            out.append(arg)
+    return out
+
+
+def _subcommand(command: list[str]) -> list[str]:
+    """The arguments after ``kvretention`` (the image's entry point), without the pod's address."""
+    assert command[0] == "kvretention", command
+    cut = command.index("--") if "--" in command else len(command)
+    return [*_without(command[1:cut], "--host", "--port"), *command[cut:]]
+
+
+def start_rendered_plane(example: Path, *, start: Start, tmp: Path) -> RenderedPlane:
+    """Start the example's workers (in parallel: each imports SGLang's parsers), router and
+    frontend with ``start`` (a process fixture)."""
+    commands, replicas = rendered_commands(example)
+    tokenizer = save(tmp / "tokenizer")
+    worker = _set(_subcommand(commands["worker"]), "--engine", STANDIN)
+    worker = _set(_set(worker, "--model-path", str(tokenizer)), "--drain-seconds", "0")
+    cut = worker.index("--")
+    records = {f"w{i}": tmp / f"w{i}-engine.jsonl" for i in range(replicas)}
+
+    def start_worker(name: str) -> KvrProcess:
+        trace = ["--trace-file", str(tmp / f"{name}-trace.jsonl")]
+        env = {"KVR_STANDIN_RECORD": str(records[name])}
+        return start([*worker[:cut], *trace, *worker[cut:]], env=env, timeout=120.0)
+
+    with ThreadPoolExecutor(max_workers=replicas) as pool:
+        workers = dict(zip(records, pool.map(start_worker, records), strict=True))
+    router_args = _without(_subcommand(commands["router"]), "--worker-dns")
+    router = start([*router_args, *(a for w in workers.values() for a in ("--worker", w.base_url))])
+    trace = tmp / "frontend-trace.jsonl"
+    frontend_args = _set(_subcommand(commands["frontend"]), "--router-url", router.base_url)
+    frontend = start([*frontend_args, "--trace-file", str(trace)])
+    return RenderedPlane(
+        frontend=frontend,
+        router=router,
+        workers=workers,
+        frontend_trace=trace,
+        engine_records=records,
+        commands=commands,
+    )

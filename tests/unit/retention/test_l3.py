@@ -1,0 +1,245 @@
+"""The L3 half of the retention plugin, its pure parts: which pages get a pin, for how long, and
+the per-client budget. The hooks themselves run on SGLang's MooncakeStore in ``tests/l3``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from kvretention.retention.directives import Hold
+from kvretention.retention.l3 import (
+    DEFAULT_MAX_PIN_TTL_MS,
+    L3Settings,
+    PagePut,
+    PinLedger,
+    RetainedPages,
+    client_budget_bytes,
+    page_holds,
+    page_of,
+    plan_puts,
+    read_settings,
+    record_request,
+)
+
+NOW = 1_000_000.0
+PAGE = 4
+
+
+def fake_hash(tokens: Sequence[int], seed: str | None, page_size: int) -> list[str]:
+    """A chain like SGLang's: each page's key depends on its tokens and the key before it."""
+    keys, prior = [], seed or "root"
+    for i in range(0, len(tokens) // page_size * page_size, page_size):
+        prior = f"{abs(hash((prior, tuple(tokens[i : i + page_size])))):x}"
+        keys.append(prior)
+    return keys
+
+
+def retain(*directives: dict[str, object], scope: str | None = "s") -> dict[str, object]:
+    payload = {"scope": scope, "directives": list(directives)}
+    action = {"action_id": "a", "action_type": "kv.retain", "action_version": "1.0"}
+    return {
+        "protocol_version": "0.1",
+        "message_id": "m",
+        "actions": [{**action, "payload": payload}],
+    }
+
+
+@pytest.mark.parametrize(
+    ("holds", "expected"),
+    [
+        pytest.param([], [None, None, None], id="no-hold"),
+        pytest.param([Hold(0, 8, 50, NOW + 60)], [(50, NOW + 60)] * 2 + [None], id="two-pages"),
+        pytest.param(
+            [Hold(0, 12, 30, NOW + 60), Hold(4, 8, 70, NOW + 10)],
+            [(30, NOW + 60), (70, NOW + 60), (30, NOW + 60)],
+            id="overlap-highest-priority-latest-expiry",
+        ),
+        pytest.param(
+            [Hold(0, 4, 50, None), Hold(0, 4, 20, NOW + 5)], [(50, None), None, None], id="forever"
+        ),
+        pytest.param([Hold(4, 8, 0, None)], [None, (0, None), None], id="release"),
+    ],
+)
+def test_page_holds(holds: list[Hold], expected: list[tuple[int, float | None] | None]) -> None:
+    got = page_holds(holds, pages=3, page_size=PAGE)
+    assert [None if h is None else (h.priority, h.until) for h in got] == expected
+
+
+def _record(index: RetainedPages, hints: object, *, tokens: int = 16, **kw: object) -> int:
+    return record_request(
+        index,
+        kv_hints=hints,
+        tokens=list(range(tokens)),
+        prompt_len=tokens,
+        page_size=PAGE,
+        seed=kw.pop("seed", None),  # type: ignore[arg-type]
+        rid=kw.pop("rid", "r"),  # type: ignore[arg-type]
+        now=NOW,
+        hash_pages=fake_hash,
+    )
+
+
+KEYS = fake_hash(list(range(16)), None, PAGE)
+
+
+@pytest.mark.parametrize(
+    ("hints", "held"),
+    [
+        pytest.param(None, [], id="unhinted"),
+        pytest.param(retain({"priority": 50, "duration": 60}), [0, 1, 2, 3], id="whole-prompt"),
+        pytest.param(
+            retain({"start": 2, "end": 11, "priority": 50, "duration": 60}),
+            [1],
+            id="rounded-inwards-never-widened",
+        ),
+        pytest.param(retain({"priority": 0, "duration": 60}), [], id="release-only"),
+        pytest.param({"actions": [{"action_type": "other"}]}, [], id="other-action"),
+    ],
+)
+def test_record_request_holds_exactly_the_retained_pages(hints: object, held: list[int]) -> None:
+    index = RetainedPages()
+    _record(index, hints)
+    assert [i for i, k in enumerate(KEYS) if index.hold(k, NOW) is not None] == held
+
+
+def test_the_namespace_seed_changes_every_key() -> None:
+    index = RetainedPages()
+    _record(index, retain({"priority": 50, "duration": 60}), seed="salted")
+    assert all(index.hold(k, NOW) is None for k in KEYS)
+    assert len(index) == 4
+
+
+def test_holds_per_scope_release_and_expiry() -> None:
+    index = RetainedPages()
+    _record(index, retain({"priority": 50, "duration": 60}, scope="a"), rid="ra")
+    _record(index, retain({"priority": 50, "duration": 600}, scope="b"), rid="rb")
+    hold = index.hold(KEYS[0], NOW)
+    assert hold is not None and (hold.until, hold.rid) == (NOW + 600, "rb")
+    _record(index, retain({"priority": 0, "duration": 1}, scope="b"))
+    hold = index.hold(KEYS[0], NOW)
+    assert hold is not None and (hold.until, hold.rid) == (NOW + 60, "ra")
+    assert index.hold(KEYS[0], NOW + 61) is None  # expired, and forgotten
+    assert len(index) == 3
+
+
+def test_retained_pages_are_bounded() -> None:
+    index = RetainedPages(capacity=3)
+    _record(index, retain({"priority": 50, "duration": 60}))
+    assert len(index) == 3
+    assert index.hold(KEYS[0], NOW) is None and index.hold(KEYS[3], NOW) is not None
+
+
+@pytest.mark.parametrize(
+    ("key", "prefix", "page"),
+    [
+        ("abc123_0_k", None, "abc123"),
+        ("kvr-l3-model_abc123_0_v", "kvr-l3-model", "abc123"),
+        ("m_x_abc123_1_2_k", "m_x", "abc123"),
+        ("abc123", None, "abc123"),
+    ],
+)
+def test_page_of(key: str, prefix: str | None, page: str) -> None:
+    assert page_of(key, prefix) == page
+
+
+def test_ledger_admits_up_to_its_share_and_frees_at_expiry() -> None:
+    ledger = PinLedger(capacity_bytes=300)
+    assert ledger.admit("a", 100, ends=NOW + 10, now=NOW)
+    assert ledger.admit("b", 200, ends=NOW + 20, now=NOW)
+    assert not ledger.admit("c", 1, ends=NOW + 20, now=NOW)
+    assert ledger.pinned_bytes == 300
+    assert ledger.admit("a", 100, ends=NOW + 30, now=NOW + 1)  # the same page again: replaced
+    assert ledger.pinned_bytes == 300
+    assert ledger.admit("c", 100, ends=NOW + 40, now=NOW + 20)  # b has ended
+    assert ledger.pinned_bytes == 200
+    assert PinLedger(capacity_bytes=None).admit("x", 10**15, ends=NOW + 1, now=NOW)
+
+
+def _plan(
+    keys: list[str], index: RetainedPages, ledger: PinLedger, settings: L3Settings, **kw: float
+) -> list[PagePut]:
+    sizes = [10] * len(keys)
+    return plan_puts(
+        keys,
+        sizes,
+        prefix="m",
+        index=index,
+        ledger=ledger,
+        settings=settings,
+        now=kw.get("now", NOW),
+    )
+
+
+def test_plan_puts_pins_both_objects_of_a_page_for_the_remaining_time_capped() -> None:
+    index = RetainedPages()
+    index.record(
+        ["p1", "p2", "p3"],
+        [Hold(0, 4, 50, NOW + 90.5), Hold(4, 8, 50, None), Hold(8, 12, 50, NOW + 0.5)],
+        scope=None,
+        rid="r",
+    )
+    objects = [f"m_{p}_0_{kv}" for p in ("p1", "p2", "p3", "p4") for kv in "kv"]
+    puts = _plan(objects, index, PinLedger(None), L3Settings(max_pin_ttl_ms=60_000))
+    assert [(p.page, p.outcome, p.ttl_ms) for p in puts[::2]] == [
+        ("p1", "pinned", 60_000),  # 90.5 s left, capped by the master's 60 s
+        ("p2", "pinned", 60_000),  # no expiry: the longest pin the master takes
+        ("p3", "expired", None),  # under a second left
+        ("p4", "unretained", None),
+    ]
+    assert puts[::2] == puts[1::2]
+    short = _plan(objects[:2], index, PinLedger(None), L3Settings(), now=NOW + 80.2)
+    assert short[0].ttl_ms == 10_000  # whole seconds, rounded down: never past the hold
+
+
+def test_plan_puts_past_the_budget_writes_unpinned() -> None:
+    index = RetainedPages()
+    pages = [f"p{i}" for i in range(5)]
+    index.record(pages, [Hold(0, 4, 50, NOW + 60)] * 5, scope=None, rid="r")
+    ledger = PinLedger(capacity_bytes=60)  # three pages of two 10-byte objects
+    objects = [f"m_{p}_0_{kv}" for p in pages for kv in "kv"]
+    puts = _plan(objects, index, ledger, L3Settings(budget_ratio=0.5))
+    assert [p.outcome for p in puts[::2]] == ["pinned"] * 3 + ["over_budget"] * 2
+    assert all(p.rid == "r" for p in puts)
+    assert ledger.pinned_bytes == 60
+
+
+@pytest.mark.parametrize(
+    ("section", "expected"),
+    [
+        pytest.param(None, L3Settings(), id="absent"),
+        pytest.param(
+            {"pin_budget_ratio": 0.25, "max_pin_ttl_ms": 60_000}, L3Settings(0.25, 60_000), id="set"
+        ),
+        pytest.param(
+            {"pin_budget_ratio": "x", "max_pin_ttl_ms": -1},
+            L3Settings(None, DEFAULT_MAX_PIN_TTL_MS),
+            id="malformed-keeps-defaults",
+        ),
+    ],
+)
+def test_settings_from_the_rendered_file(
+    tmp_path: Path, section: dict[str, object] | None, expected: L3Settings
+) -> None:
+    path = tmp_path / "mooncake.json"
+    config: dict[str, object] = {"master_server_address": "h:1"}
+    if section is not None:
+        config["kvretention"] = section
+    path.write_text(json.dumps(config))
+    assert read_settings({"SGLANG_HICACHE_MOONCAKE_CONFIG_PATH": str(path)}) == expected
+    assert (
+        L3Settings.from_config(json.loads(json.dumps({"kvretention": expected.to_config()})))
+        == expected
+    )
+
+
+def test_settings_without_a_file() -> None:
+    assert read_settings({}) == L3Settings()
+    assert read_settings({"SGLANG_HICACHE_MOONCAKE_CONFIG_PATH": "/nonexistent"}) == L3Settings()
+
+
+def test_client_budget_is_the_ratio_of_its_own_segment() -> None:
+    assert client_budget_bytes(L3Settings(budget_ratio=0.25), 16 * 2**20) == 4 * 2**20
+    assert client_budget_bytes(L3Settings(), 16 * 2**20) is None
