@@ -45,6 +45,8 @@ class TreeSpec:
     max_requests: int = 8
     context: int = 2048
     hicache: bool = False
+    tree_core: str | None = None
+    """The unified cache's TreeCore (``python``/``rust``); None = SGLang's choice."""
 
 
 class RadixTree:
@@ -109,6 +111,7 @@ class RadixTree:
             page_size=spec.page_size,
             eviction_policy=spec.policy,
             tree_components=(ComponentType.FULL,),
+            tree_core_backend=spec.tree_core,
         )
         if spec.kind == "radix":
             self.cache: Any = RadixCache(params)
@@ -156,6 +159,13 @@ class RadixTree:
         from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
 
         return int(self.cache.match_prefix(MatchPrefixParams(key=self.key(tokens))).host_hit_length)
+
+    def leaf(self, tokens: Sequence[int]) -> Any:
+        """The tree node where ``tokens`` (page-aligned) end; matching splits a node there."""
+        from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+
+        node = self.cache.match_prefix(MatchPrefixParams(key=self.key(tokens))).last_device_node
+        return self.cache.resolve_node_handle(node)
 
     def run(
         self,
