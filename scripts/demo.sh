@@ -16,9 +16,9 @@
 #
 # The probe report: on a real node each worker pod's `probe` init container runs
 # `kvretention probe --report-only` and the kubelet keeps its output as the container's termination
-# message, which the operator reads for KvHintsSupported and status.engine. kwok nodes run no
-# container, so the demo runs that same command here and writes its output into the worker pods'
-# status (scripts/inject_probe_report.py), saying so in its output. Without that stand-in the fleet
+# message, which the operator reads for KvHintsSupported, RetentionApplied and status.engine. kwok
+# nodes run no container, so the demo runs that same command here and writes its output into the
+# worker pods' status (scripts/inject_probe_report.py), saying so in its output. Without that stand-in the fleet
 # would stay at HINTS Unknown / Ready ReadyWithoutKvHints (or not Ready under policy Required).
 #
 # Env: KVR_CLUSTER_DIR (default .kvr-cluster), KVR_DEMO_EXAMPLE (default examples/aggregated.yaml),
@@ -200,7 +200,7 @@ up() {
     tail -n 40 "$demo_dir/operator.log" >&2 || true
     die "the fleet's workers did not become ready in ${timeout_s}s"
   fi
-  note "now: $(k -n "$demo_ns" get kvrd "$name" -o go-template='{{range .status.conditions}}{{if or (eq .type "Ready") (eq .type "KvHintsSupported")}}{{.type}}={{.status}} ({{.reason}})  {{end}}{{end}}')"
+  note "now: $(k -n "$demo_ns" get kvrd "$name" -o go-template='{{range .status.conditions}}{{if or (eq .type "Ready") (eq .type "KvHintsSupported") (eq .type "RetentionApplied")}}{{.type}}={{.status}} ({{.reason}})  {{end}}{{end}}')"
 
   step "Capability probe: standing in for the worker pods' probe init container"
   note "kwok nodes have no kubelet and run no container, so the 'probe' init container never runs"
@@ -212,7 +212,7 @@ up() {
   rm -f "$report"
   "$KVR" probe --report-only --termination-log "$report" >/dev/null 2>"$demo_dir/probe.stderr" ||
     die "kvretention probe failed: $(cat "$demo_dir/probe.stderr")"
-  "$PY" -c 'import json, sys; r = json.load(open(sys.argv[1])); print("\n".join(f"    {k}: {r.get(k)}" for k in ("sglang_version", "kv_hints_parameter", "dialect", "mooncake_store_importable", "mooncake_error", "usable_for_hints")))' "$report" >&2
+  "$PY" -c 'import json, sys; r = json.load(open(sys.argv[1])); print("\n".join(f"    {k}: {r.get(k)}" for k in ("sglang_version", "kv_hints_parameter", "dialect", "mooncake_store_importable", "mooncake_error", "usable_for_hints", "retention_plugin", "retention_error", "retention_target_problems")))' "$report" >&2
   "$PY" "$root/scripts/inject_probe_report.py" --kubeconfig "$kc" --namespace "$demo_ns" \
     --name "$name" --report-file "$report" --timeout 60 >&2 ||
     die "could not write the probe report into the worker pods"

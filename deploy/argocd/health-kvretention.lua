@@ -3,21 +3,27 @@
 -- Degraded:    Ready=False for a reason that waiting cannot fix: a bad spec, a name conflict or
 --              refused write, an image that cannot be pulled, a crash loop, a failed probe, a
 --              Deployment past its progress deadline or refused by a quota, an engine that cannot
---              take kv_hints under hints.policy=Required (the operator's Warning reasons).
+--              take kv_hints or does not apply kv.retain under hints.policy=Required (the
+--              operator's Warning reasons).
 -- Progressing: everything else (no status yet, an older generation observed, pods still starting
 --              or waiting for a node: Unschedulable may end when the cluster autoscaler adds one;
 --              Progressing=False does not mean stuck: it only says every Deployment has the
 --              current spec, while a large model may still be loading).
 local hs = {}
 
--- Ready=False reasons that need a human (the hints reasons reach Ready only with
--- hints.policy=Required). tests/chart/test_argocd_health.py keeps this equal to the operator's.
+-- Ready=False reasons that need a human (the hints and retention reasons reach Ready only
+-- with hints.policy=Required). tests/chart/test_argocd_health.py keeps this equal to the operator's.
 local permanent = {
   InvalidSpec = true,
   ChildConflict = true,
   ApplyFailed = true,
   EngineLacksKvHints = true,
   EngineUnusableForHints = true,
+  TransportOnly = true,
+  PluginNotSelected = true,
+  PluginLoadFailed = true,
+  HookTargetsMissing = true,
+  EvictionPolicyOverridden = true,
   ProbeReportInvalid = true,
   ReplicaFailure = true,
   ProgressDeadlineExceeded = true,

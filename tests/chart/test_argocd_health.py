@@ -154,6 +154,50 @@ CASES = [
         "no kv_hints",
     ),
     (
+        "retention-not-applied-under-required",
+        kvrd(
+            {
+                "observedGeneration": 2,
+                "conditions": [
+                    cond(
+                        "Ready", "False", "TransportOnly", "the retention plugin is not installed"
+                    ),
+                    cond("RetentionApplied", "False", "TransportOnly"),
+                ],
+            }
+        ),
+        "Degraded",
+        "plugin is not installed",
+    ),
+    (
+        "retention-not-applied-but-optional",
+        kvrd(
+            {
+                "observedGeneration": 2,
+                "conditions": [
+                    cond("Ready", "True", "Ready", "kv.retain is not applied"),
+                    cond("RetentionApplied", "False", "HookTargetsMissing"),
+                ],
+            }
+        ),
+        "Healthy",
+        "kv.retain is not applied",
+    ),
+    (
+        "retention-probe-pending-under-required",
+        kvrd(
+            {
+                "observedGeneration": 2,
+                "conditions": [
+                    cond("Ready", "False", "ProbePending", "no worker pod has reported"),
+                    cond("RetentionApplied", "Unknown", "ProbePending"),
+                ],
+            }
+        ),
+        "Progressing",
+        "no worker pod has reported",
+    ),
+    (
         "converged-but-loading",
         kvrd(
             {

@@ -46,7 +46,16 @@ GOOD_REPORT: dict[str, Any] = {
     "mooncake_store_importable": True,
     "mooncake_error": None,
     "usable_for_hints": True,
+    "retention_plugin": "loaded",
+    "retention_error": None,
+    "retention_target_problems": [],
 }
+"""What this repository's probe reports in its own worker image: SGLang takes kv_hints and loads
+the retention plugin with every hook target found."""
+TRANSPORT_ONLY_REPORT: dict[str, Any] = {
+    k: v for k, v in GOOD_REPORT.items() if not k.startswith("retention_")
+}
+"""A stock image's report (a probe that predates the plugin): kv_hints transported, not applied."""
 OLD_ENGINE_REPORT: dict[str, Any] = {
     **GOOD_REPORT,
     "sglang_version": "0.4.6",

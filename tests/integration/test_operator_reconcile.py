@@ -17,6 +17,7 @@ from operator_fixtures import (
     CRD_PATH,
     GOOD_REPORT,
     OLD_ENGINE_REPORT,
+    TRANSPORT_ONLY_REPORT,
     Fleets,
     Operator,
     fleets_fixture,
@@ -56,6 +57,7 @@ def test_sample_reaches_ready_with_one_write_per_child_and_none_once_converged(
 
     fleets.wait_condition(name, "WorkersReady", "True")
     fleets.wait_condition(name, "KvHintsSupported", "Unknown", reason="ProbePending")
+    fleets.wait_condition(name, "RetentionApplied", "Unknown", reason="ProbePending")
     # Optional policy: serving before the probe report arrives, and says so.
     fleets.wait_condition(name, "Ready", "True", reason="ReadyWithoutKvHints")
     fleets.wait_condition(
@@ -65,6 +67,8 @@ def test_sample_reaches_ready_with_one_write_per_child_and_none_once_converged(
         reason="Ready",
         while_waiting=lambda: fleets.inject_probe_reports(name, GOOD_REPORT),
     )
+    applied = fleets.wait_condition(name, "RetentionApplied", "True", reason="Applied")
+    assert "--radix-eviction-policy kvretain" in applied["message"]
 
     cr = fleets.get(name)
     status = cr["status"]
@@ -77,6 +81,7 @@ def test_sample_reaches_ready_with_one_write_per_child_and_none_once_converged(
     assert status["endpoint"].startswith(f"http://{name}-frontend.{fleets.ns}.svc:")
     assert status["engine"]["sglangVersion"] == "0.5.23"
     assert status["engine"]["dialect"] == "versioned"
+    assert status["engine"]["retentionPlugin"] == "loaded"
     assert status["replicas"] == 2
     assert f"app.kubernetes.io/instance={name}" in status["selector"]
     for cond in status["conditions"]:
@@ -106,6 +111,7 @@ def test_sample_reaches_ready_with_one_write_per_child_and_none_once_converged(
     reasons = {(e.reason, e.type) for e in ours}
     assert ("ReadyWithoutKvHints", "Normal") in reasons  # Ready flipped to True
     assert ("EngineAcceptsKvHints", "Normal") in reasons  # KvHintsSupported flipped to True
+    assert ("Applied", "Normal") in reasons  # RetentionApplied flipped to True
     # One Event per flip: Ready went Unknown/False -> True once, so it has one True event.
     flips = [e.message for e in ours]
     assert len(flips) == len(set(flips)), flips
@@ -139,6 +145,37 @@ def test_engine_without_kv_hints_under_required_policy_is_not_ready(
     ready = fleets.wait_condition("strict", "Ready", "False", reason="EngineLacksKvHints")
     assert "kv_hints" in ready["message"]
     assert fleets.get("strict")["status"]["engine"]["kvHintsParameter"] is False
+
+
+def test_stock_image_under_required_policy_is_transport_only_until_the_plugin_loads(
+    operator: Operator, fleets: Fleets
+) -> None:
+    """A worker image whose probe predates the retention plugin transports kv.retain without
+    applying it: under Required the fleet is not Ready, and says so; the plugin's image fixes it."""
+    body = load_example("aggregated", name="stock")
+    body["spec"]["hints"]["policy"] = "Required"
+    fleets.create(body)
+    fleets.wait_condition("stock", "WorkersReady", "True")
+    cond = fleets.wait_condition(
+        "stock",
+        "RetentionApplied",
+        "False",
+        reason="TransportOnly",
+        while_waiting=lambda: fleets.inject_probe_reports("stock", TRANSPORT_ONLY_REPORT),
+    )
+    assert "predates the retention plugin" in cond["message"]
+    fleets.wait_condition("stock", "KvHintsSupported", "True")
+    ready = fleets.wait_condition("stock", "Ready", "False", reason="TransportOnly")
+    assert ready["message"] == cond["message"]
+    assert "retentionPlugin" not in fleets.get("stock")["status"]["engine"]
+    fleets.wait_condition(
+        "stock",
+        "Ready",
+        "True",
+        reason="Ready",
+        while_waiting=lambda: fleets.inject_probe_reports("stock", GOOD_REPORT),
+    )
+    fleets.wait_condition("stock", "RetentionApplied", "True", reason="Applied")
 
 
 def test_invalid_spec_gets_invalid_spec_and_no_children(operator: Operator, fleets: Fleets) -> None:

@@ -1347,6 +1347,21 @@ class EngineStatus(_StatusModel):
     mooncake_importable: bool | None = Field(
         default=None, description="Whether mooncake.store imports in the image."
     )
+    retention_plugin: (
+        Literal["loaded", "not_installed", "not_selected", "load_failed", "unsupported"] | None
+    ) = Field(
+        default=None,
+        description=(
+            "What SGLang's own plugin loader does with the retention plugin that applies "
+            "kv.retain: loaded, not_installed, not_selected (SGLANG_PLUGINS leaves it out), "
+            "load_failed, or unsupported (no plugin framework). Absent: the image's probe "
+            "predates the plugin."
+        ),
+    )
+    hook_target_problems: list[str] = Field(
+        default_factory=list,
+        description="SGLang targets the loaded plugin hooks that are missing or changed.",
+    )
 
 
 class KvRetentionDeploymentStatus(_StatusModel):
@@ -1357,7 +1372,7 @@ class KvRetentionDeploymentStatus(_StatusModel):
     )
     conditions: list[Condition] = Field(
         default_factory=list,
-        description="Ready, FrontendReady, RouterReady, WorkersReady, KvStoreReady, KvHintsSupported, RetentionBudget, Progressing.",
+        description="Ready, FrontendReady, RouterReady, WorkersReady, KvStoreReady, KvHintsSupported, RetentionApplied, RetentionBudget, Progressing.",
     )
     frontend: ReplicaCount | None = Field(default=None, description="Frontend pods.")
     router: ReplicaCount | None = Field(default=None, description="Router pods.")

@@ -37,6 +37,10 @@ KVSTORE_READY: Final = "KvStoreReady"
 """The managed Mooncake master is ready (True/External for an external one)."""
 KV_HINTS_SUPPORTED: Final = "KvHintsSupported"
 """The worker image's capability probe says its SGLang takes ``kv_hints``."""
+RETENTION_APPLIED: Final = "RetentionApplied"
+"""SGLang applies ``kv.retain``: hints are on, the workers run the retention plugin's eviction policy
+and every worker pod's probe says SGLang loads the plugin and finds its hook targets (part of Ready
+only under ``hints.policy: Required``)."""
 RETENTION_BUDGET: Final = "RetentionBudget"
 """Soft pins hold at most ``softPin.budgetRatio`` of the pool (not part of Ready)."""
 PROGRESSING: Final = "Progressing"
@@ -48,6 +52,7 @@ CONDITION_TYPES: Final[tuple[str, ...]] = (
     WORKERS_READY,
     KVSTORE_READY,
     KV_HINTS_SUPPORTED,
+    RETENTION_APPLIED,
     RETENTION_BUDGET,
     PROGRESSING,
 )

@@ -27,6 +27,23 @@ TERMINATION_LOG_LIMIT: Final = 4096
 """Kubernetes keeps at most 4 KiB of a termination message."""
 DIALECTS: Final = frozenset({"none", "flat", "versioned"})
 """The dialects a probe names (``kvretention.dataplane.worker.dialect.Dialect``)."""
+PLUGIN_LOADED: Final = "loaded"
+PLUGIN_NOT_INSTALLED: Final = "not_installed"
+PLUGIN_NOT_SELECTED: Final = "not_selected"
+PLUGIN_LOAD_FAILED: Final = "load_failed"
+PLUGIN_UNSUPPORTED: Final = "unsupported"
+RETENTION_PLUGIN_STATES: Final = frozenset(
+    {
+        PLUGIN_LOADED,
+        PLUGIN_NOT_INSTALLED,
+        PLUGIN_NOT_SELECTED,
+        PLUGIN_LOAD_FAILED,
+        PLUGIN_UNSUPPORTED,
+    }
+)
+"""What SGLang's own plugin loader did with the retention plugin (``docs/probe.md``)."""
+TARGET_PROBLEMS_KEPT: Final = 8
+"""At most this many hook-target problems are reported (the termination message is small)."""
 _QUOTED_CHARS: Final = 120
 """How much of an unreadable message an error quotes."""
 
@@ -59,6 +76,14 @@ class ProbeReport(BaseModel):
     mooncake_store_importable: bool = False
     mooncake_error: str | None = None
     usable_for_hints: bool = False
+    retention_plugin: str | None = None
+    """One of :data:`RETENTION_PLUGIN_STATES`; None from a probe that predates the retention plugin
+    (such an image only transports ``kv.retain``). Any other string reads as an unknown state."""
+    retention_error: str | None = None
+    """Why the plugin is not loaded, or why its hook targets could not be checked."""
+    retention_target_problems: tuple[StrictStr, ...] = Field(default=(), strict=False)
+    """Hook targets the plugin needs that this SGLang lacks or has changed, one line each naming the
+    target (empty: every one found as the plugin expects it)."""
 
     @field_validator(
         "sglang_installed",
@@ -67,6 +92,7 @@ class ProbeReport(BaseModel):
         "hicache_storage_backends",
         "mooncake_store_importable",
         "usable_for_hints",
+        "retention_target_problems",
         mode="before",
     )
     @classmethod
@@ -83,10 +109,20 @@ def _compact(report: ProbeReport, **changes: Any) -> str:
 
 def render_report(report: ProbeReport) -> str:
     """One line of compact JSON, keys sorted, that fits a termination message (the parameter list,
-    the one long field, is dropped first)."""
-    text = _compact(report)
-    if len(text.encode()) > TERMINATION_LOG_LIMIT:
-        text = _compact(report, async_generate_parameters=None)
+    the one long field, is dropped first; then the hook-target problems shrink to the first)."""
+    attempts: tuple[dict[str, Any], ...] = (
+        {},
+        {"async_generate_parameters": None},
+        {
+            "async_generate_parameters": None,
+            "retention_target_problems": list(report.retention_target_problems[:1]),
+        },
+    )
+    text = ""
+    for changes in attempts:
+        text = _compact(report, **changes)
+        if len(text.encode()) <= TERMINATION_LOG_LIMIT:
+            break
     return text
 
 

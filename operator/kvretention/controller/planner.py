@@ -19,6 +19,7 @@ from kvretention.api.models import GROUP, KIND, KvRetentionDeployment, SpecError
 from kvretention.api.names import FIELD_MANAGER, LABEL_COMPONENT, LABEL_INSTANCE
 from kvretention.api.names import MANIFEST_HASH_ANNOTATION as HASH_ANNOTATION
 from kvretention.controller.resources import build_children, check_spec
+from kvretention.controller.resources.sglang_args import plan_retention
 from kvretention.controller.status import (
     WORKER_COMPONENTS,
     Fleet,
@@ -235,6 +236,7 @@ def plan_fleet(body: Mapping[str, Any]) -> InvalidPlan | FleetPlan:
             else None
         ),
         retention_budget=mooncake.master.soft_pin.budget_ratio,
+        retention=plan_retention(cr.spec),
     )
     return FleetPlan(cr=cr, uid=uid_of(body), desired=desired, fleet=fleet)
 

@@ -32,13 +32,31 @@ from kvretention.api.names import (
     PROBE_CONTAINER,
     PROGRESSING,
     READY,
+    RETENTION_APPLIED,
     RETENTION_BUDGET,
     ROUTER_READY,
     WORKERS_READY,
 )
 from kvretention.api.names import LABEL_COMPONENT as COMPONENT_LABEL
-from kvretention.api.probe_report import DIALECTS, ProbeReport, ProbeReportError, parse_report
+from kvretention.api.probe_report import (
+    DIALECTS,
+    PLUGIN_LOAD_FAILED,
+    PLUGIN_LOADED,
+    PLUGIN_NOT_INSTALLED,
+    PLUGIN_NOT_SELECTED,
+    PLUGIN_UNSUPPORTED,
+    RETENTION_PLUGIN_STATES,
+    ProbeReport,
+    ProbeReportError,
+    parse_report,
+)
 from kvretention.controller.kvstore_metrics import KvStoreReading
+from kvretention.controller.resources.sglang_args import (
+    EVICTION_POLICY_OVERRIDDEN,
+    PLUGIN_NOT_SELECTED_REASON,
+    RetentionWiring,
+)
+from kvretention.retention import EVICTION_POLICY
 
 CondStatus = Literal["True", "False", "Unknown"]
 
@@ -81,6 +99,29 @@ PODS_NOT_READY: Final = "PodsNotReady"
 MASTER_RESTARTING: Final = "MasterRestarting"
 """The managed Mooncake master rolls out a new pod template: the master process restarts and
 drops what it held. Asked for by a spec change, so not a problem (a Normal Event)."""
+
+RETENTION_IS_APPLIED: Final = "Applied"
+HINTS_OFF: Final = "HintsOff"
+"""No request can carry ``kv.retain`` (policy Optional, every provider off): nothing to apply."""
+TRANSPORT_ONLY: Final = "TransportOnly"
+"""SGLang receives ``kv.retain`` and ignores it: the image has no retention plugin (or a probe that
+predates it), or its SGLang has no plugin framework. Eviction is SGLang's own; no soft pins."""
+PLUGIN_LOAD_FAILED_REASON: Final = "PluginLoadFailed"
+HOOK_TARGETS_MISSING: Final = "HookTargetsMissing"
+"""The plugin loads but some SGLang target it hooks is missing or changed: it would apply
+``kv.retain`` partly or not at all, so it counts as not applied."""
+KV_HINTS_NOT_ACCEPTED: Final = "KvHintsNotAccepted"
+"""SGLang takes no ``kv_hints`` at all (``KvHintsSupported`` warns about it already)."""
+RETENTION_PROBLEMS: Final = frozenset(
+    {
+        TRANSPORT_ONLY,
+        PLUGIN_NOT_SELECTED_REASON,
+        PLUGIN_LOAD_FAILED_REASON,
+        HOOK_TARGETS_MISSING,
+        EVICTION_POLICY_OVERRIDDEN,
+    }
+)
+"""``RetentionApplied`` reasons with hints on: someone asked for retention and it is not applied."""
 
 IMAGE_PULL_REASONS: Final = frozenset(
     {
@@ -129,6 +170,7 @@ PROBLEM_REASONS: Final = frozenset(
         "EngineUnusableForHints",
         "ProbeReportInvalid",
         "OverBudget",
+        *RETENTION_PROBLEMS,
     }
 )
 """Reasons that need someone to act (a Warning Event); every other False is waiting or on purpose."""
@@ -493,6 +535,8 @@ class Fleet:
     """The external Mooncake master address, or None when the operator manages the master."""
     retention_budget: float | None = None
     """``softPin.budgetRatio``: the share of the pool pins may hold (None: no budget)."""
+    retention: RetentionWiring = field(default_factory=RetentionWiring)
+    """Hints on or off, and a user setting that keeps the retention plugin's policy out."""
 
 
 @dataclass(frozen=True)
@@ -757,6 +801,95 @@ def check_kv_hints(reports: Sequence[PodReport | ProbeFailure]) -> Verdict:
     return Verdict("True", "EngineAcceptsKvHints", message)
 
 
+def _plugin_verdict(r: PodReport) -> Verdict | None:
+    """What keeps one pod's SGLang from applying ``kv.retain``; None when nothing does."""
+    report = r.report
+    sglang = f"sglang {report.sglang_version or '(not installed)'}"
+    why = f": {report.retention_error}" if report.retention_error else ""
+    state = report.retention_plugin
+    if not report.usable_for_hints:
+        return Verdict(
+            "False",
+            KV_HINTS_NOT_ACCEPTED,
+            f"pod {r.pod}: {sglang} takes no kv_hints, so no kv.retain reaches its cache",
+        )
+    if state is None:
+        return Verdict(
+            "False",
+            TRANSPORT_ONLY,
+            f"pod {r.pod}: the image's probe predates the retention plugin; {sglang} receives "
+            "kv.retain and ignores it (its own eviction, no soft pins)",
+        )
+    if state in (PLUGIN_NOT_INSTALLED, PLUGIN_UNSUPPORTED):
+        return Verdict(
+            "False",
+            TRANSPORT_ONLY,
+            f"pod {r.pod}: {sglang} receives kv.retain and ignores it, the retention plugin is "
+            f"{'not installed' if state == PLUGIN_NOT_INSTALLED else 'unsupported'}{why}",
+        )
+    if state == PLUGIN_NOT_SELECTED:
+        return Verdict(
+            "False",
+            PLUGIN_NOT_SELECTED_REASON,
+            f"pod {r.pod}: {sglang} does not load the retention plugin{why}",
+        )
+    if state == PLUGIN_LOAD_FAILED:
+        return Verdict(
+            "False",
+            PLUGIN_LOAD_FAILED_REASON,
+            f"pod {r.pod}: {sglang} fails to load the retention plugin{why}",
+        )
+    if state != PLUGIN_LOADED:
+        return Verdict(
+            "Unknown", "UnknownPluginState", f"pod {r.pod}: retention plugin state {state!r}"
+        )
+    problems = report.retention_target_problems
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        return Verdict(
+            "False",
+            HOOK_TARGETS_MISSING,
+            _clip(
+                f"pod {r.pod}: the retention plugin loads in {sglang} but its hook targets do not "
+                f"match, so kv.retain would not be applied: {problems[0]}{more}"
+            ),
+        )
+    return None
+
+
+def check_retention_applied(
+    reports: Sequence[PodReport | ProbeFailure], wiring: RetentionWiring
+) -> Verdict:
+    """Whether SGLang applies ``kv.retain``: hints on, the plugin's policy rendered (no user setting
+    keeps it out), then every worker pod's probe: SGLang loads the plugin and finds its targets."""
+    if not wiring.hints:
+        return Verdict(
+            "False",
+            HINTS_OFF,
+            "no request carries kv.retain: hints.policy is Optional and every hints.providers "
+            "switch is off",
+        )
+    if wiring.blocked_reason is not None:
+        return Verdict("False", wiring.blocked_reason, wiring.blocked_message)
+    if not reports:
+        return Verdict("Unknown", "ProbePending", "no worker pod has reported its engine yet")
+    for r in reports:
+        if isinstance(r, ProbeFailure):
+            return Verdict("Unknown", "ProbeReportInvalid", f"pod {r.pod}: {r.error}")
+    good = [r for r in reports if isinstance(r, PodReport)]
+    for r in good:
+        verdict = _plugin_verdict(r)
+        if verdict is not None:
+            return verdict
+    return Verdict(
+        "True",
+        RETENTION_IS_APPLIED,
+        f"sglang {good[0].report.sglang_version} loads the retention plugin and finds its hook "
+        f"targets on every worker pod; the workers evict with --radix-eviction-policy "
+        f"{EVICTION_POLICY}",
+    )
+
+
 def check_progressing(
     workloads: Sequence[Workload], pods: Sequence[Mapping[str, Any]] = ()
 ) -> Verdict:
@@ -802,18 +935,25 @@ def check_ready(
     apply_errors: Sequence[str] = (),
     conflicts: Sequence[str] = (),
 ) -> Verdict:
-    """The chain: name conflicts, refused writes, a definite hints failure, each component, a
-    pending probe."""
+    """The chain: name conflicts, refused writes, a definite hints or retention failure, each
+    component, a pending probe.
+
+    Under ``hints.policy: Required`` the fleet is Ready only when SGLang accepts ``kv_hints`` and
+    applies ``kv.retain`` (``RetentionApplied``); under ``Optional`` neither holds Ready back."""
     hints = verdicts[KV_HINTS_SUPPORTED]
+    retention = verdicts[RETENTION_APPLIED]
+    retention_required = hints_required and retention.reason != HINTS_OFF
     chain: list[Callable[[], Verdict | None]] = [
         lambda: check_conflicts(conflicts),
         lambda: check_applied(apply_errors),
         lambda: hints if hints_required and hints.status == "False" else None,
+        lambda: retention if retention_required and retention.status == "False" else None,
         *(
             (lambda t=t: verdicts[t] if verdicts[t].status != "True" else None)
             for t in (KVSTORE_READY, WORKERS_READY, ROUTER_READY, FRONTEND_READY)
         ),
         lambda: hints if hints_required and hints.status != "True" else None,
+        lambda: retention if retention_required and retention.status != "True" else None,
     ]
     for check in chain:
         failed = check()
@@ -823,7 +963,12 @@ def check_ready(
         return Verdict(
             "True", "ReadyWithoutKvHints", f"serving; hints not applied: {hints.message}"
         )
-    return Verdict("True", "Ready", "every component is ready and the engine accepts kv_hints")
+    message = "every component is ready and the engine accepts kv_hints"
+    if retention.status == "True":
+        message += " and applies kv.retain"
+    elif retention.reason != HINTS_OFF:
+        message += f"; kv.retain is not applied ({RETENTION_APPLIED} {retention.reason})"
+    return Verdict("True", "Ready", message)
 
 
 # -- assembly ----------------------------------------------------------------------------------
@@ -941,12 +1086,17 @@ def _engine(reports: Sequence[PodReport | ProbeFailure]) -> EngineStatus | None:
     for r in reports:
         if isinstance(r, PodReport):
             report = r.report
+            plugin: dict[str, Any] = {}
+            if report.retention_plugin in RETENTION_PLUGIN_STATES:
+                plugin["retention_plugin"] = report.retention_plugin
+                plugin["hook_target_problems"] = list(report.retention_target_problems)
             return EngineStatus(
                 sglang_version=report.sglang_version or "",
                 dialect=report.dialect if report.dialect in DIALECTS else "none",
                 kv_hints_parameter=report.kv_hints_parameter,
                 storage_backends=list(report.hicache_storage_backends),
                 mooncake_importable=report.mooncake_store_importable,
+                **plugin,
             )
     return None
 
@@ -989,6 +1139,7 @@ def compute_status(
             master, pods, external=fleet.kvstore_external, was_restarting=was_restarting
         ),
         KV_HINTS_SUPPORTED: check_kv_hints(reports),
+        RETENTION_APPLIED: check_retention_applied(reports, fleet.retention),
         RETENTION_BUDGET: check_retention_budget(
             observed.kvstore, budget=fleet.retention_budget, external=fleet.kvstore_external
         ),

@@ -112,7 +112,16 @@ def test_status_shape_for_the_operator() -> None:
         "kvHintsParameter",
         "storageBackends",
         "mooncakeImportable",
+        "retentionPlugin",
+        "hookTargetProblems",
     }
+    assert status["engine"]["properties"]["retentionPlugin"]["enum"] == [
+        "loaded",
+        "not_installed",
+        "not_selected",
+        "load_failed",
+        "unsupported",
+    ]
 
 
 def _rules(node: dict[str, Any]) -> list[str]:

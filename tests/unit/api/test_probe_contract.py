@@ -4,11 +4,20 @@ absent or null fields as false or none (``kvretention.api.probe_report``)."""
 from __future__ import annotations
 
 import json
+import typing
 from typing import Any
 
 import pytest
 
-from kvretention.api.probe_report import ProbeReport, ProbeReportError, parse_report, render_report
+from kvretention.api.models import EngineStatus
+from kvretention.api.probe_report import (
+    RETENTION_PLUGIN_STATES,
+    TERMINATION_LOG_LIMIT,
+    ProbeReport,
+    ProbeReportError,
+    parse_report,
+    render_report,
+)
 
 GOOD: dict[str, Any] = {
     "schema": 1,
@@ -21,7 +30,13 @@ GOOD: dict[str, Any] = {
     "mooncake_store_importable": True,
     "mooncake_error": None,
     "usable_for_hints": True,
+    "retention_error": None,
+    "retention_plugin": "loaded",
+    "retention_target_problems": [],
 }
+RETENTION_KEYS = ("retention_plugin", "retention_error", "retention_target_problems")
+OLD = {k: v for k, v in GOOD.items() if k not in RETENTION_KEYS}
+"""A report from a probe that predates the retention plugin."""
 EMPTY = ProbeReport()
 
 
@@ -49,6 +64,10 @@ EMPTY = ProbeReport()
         (json.dumps({**GOOD, "mooncake_store_importable": 0}), "mooncake_store_importable has"),
         (json.dumps({**GOOD, "mooncake_error": ["x"]}), "field mooncake_error has"),
         (json.dumps({**GOOD, "usable_for_hints": "true"}), "field usable_for_hints has"),
+        (json.dumps({**GOOD, "retention_plugin": True}), "field retention_plugin has"),
+        (json.dumps({**GOOD, "retention_error": ["x"]}), "field retention_error has"),
+        (json.dumps({**GOOD, "retention_target_problems": "a.b"}), "retention_target_problems"),
+        (json.dumps({**GOOD, "retention_target_problems": [1]}), "retention_target_problems"),
         (  # the first wrong field in the schema's order is named
             json.dumps({**GOOD, "usable_for_hints": 1, "sglang_version": 1}),
             "probe report field sglang_version has the wrong type",
@@ -93,3 +112,65 @@ def test_a_rendered_report_reads_back_as_itself() -> None:
     text = render_report(report)
     assert text == json.dumps(GOOD, sort_keys=True, separators=(",", ":"))
     assert parse_report(text) == report
+
+
+MISSING = ["sglang.srt.mem_cache.radix_cache.RadixCache.checkpoint: not found (AttributeError)"]
+
+
+@pytest.mark.parametrize(
+    ("wire", "plugin", "error", "problems"),
+    [
+        (OLD, None, None, ()),
+        ({**OLD, "retention_plugin": None, "retention_target_problems": None}, None, None, ()),
+        (GOOD, "loaded", None, ()),
+        (
+            {**GOOD, "retention_plugin": "not_installed", "retention_error": "no entry point"},
+            "not_installed",
+            "no entry point",
+            (),
+        ),
+        (
+            {**GOOD, "retention_plugin": "not_selected", "retention_error": "SGLANG_PLUGINS='x'"},
+            "not_selected",
+            "SGLANG_PLUGINS='x'",
+            (),
+        ),
+        ({**GOOD, "retention_target_problems": MISSING}, "loaded", None, tuple(MISSING)),
+        ({**GOOD, "retention_plugin": "from-the-future"}, "from-the-future", None, ()),
+    ],
+    ids=["old-probe", "nulls", "loaded", "missing", "not-selected", "targets-missing", "unknown"],
+)
+def test_the_retention_fields_round_trip(
+    wire: dict[str, Any], plugin: str | None, error: str | None, problems: tuple[str, ...]
+) -> None:
+    """An older probe's report (no retention fields) still parses: it reads as not checked."""
+    report = parse_report(json.dumps(wire))
+    assert (report.retention_plugin, report.retention_error) == (plugin, error)
+    assert report.retention_target_problems == problems
+    assert report.usable_for_hints is True
+    assert parse_report(render_report(report)) == report
+
+
+def test_many_long_target_problems_still_fit_a_termination_message() -> None:
+    report = ProbeReport.model_validate(
+        {
+            **GOOD,
+            "async_generate_parameters": ["p" * 60] * 30,
+            "mooncake_error": "m" * 400,
+            "retention_error": "r" * 400,
+            "retention_target_problems": [f"{i}" + "t" * 400 for i in range(12)],
+        }
+    )
+    text = render_report(report)
+    assert len(text.encode()) <= TERMINATION_LOG_LIMIT
+    back = parse_report(text)
+    assert back.async_generate_parameters is None
+    assert back.retention_target_problems == report.retention_target_problems[:1]
+    assert back.retention_plugin == "loaded"
+
+
+def test_the_status_names_the_probes_plugin_states() -> None:
+    """status.engine.retentionPlugin's enum is the probe's set of states (one rule, two homes)."""
+    field = EngineStatus.model_fields["retention_plugin"]
+    literal = next(a for a in typing.get_args(field.annotation) if a is not type(None))
+    assert set(typing.get_args(literal)) == RETENTION_PLUGIN_STATES

@@ -28,6 +28,9 @@ REPORT: dict[str, Any] = {
     "mooncake_store_importable": False,
     "mooncake_error": "ImportError: libcuda.so.1",
     "usable_for_hints": True,
+    "retention_plugin": "loaded",
+    "retention_error": None,
+    "retention_target_problems": [],
 }
 POD: dict[str, Any] = {
     "metadata": {"name": "qwen-worker-0"},

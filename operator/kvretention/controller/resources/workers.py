@@ -1,7 +1,8 @@
 """Worker pools: a headless Service and a Deployment per role (aggregated, or prefill + decode).
 
 Every worker pod runs the capability probe first, as an init container named ``probe`` whose
-termination message is the probe's JSON report; the operator reads it from the pod status.
+termination message is the probe's JSON report; the operator reads it from the pod status. With
+hints on, the pools that retain run the retention plugin's eviction policy (``sglang_args``).
 Workers that use Mooncake mount the client config; its hash in the pod template rolls them when it
 changes.
 """
@@ -39,7 +40,11 @@ from kvretention.controller.resources.mooncake import (
     config_hash,
     uses_mooncake,
 )
-from kvretention.controller.resources.sglang_args import build_sglang_args, pool_for
+from kvretention.controller.resources.sglang_args import (
+    build_sglang_args,
+    pool_for,
+    user_plugins_env,
+)
 
 PRESTOP_SECONDS: Final = 10
 """A stopping worker keeps serving this long before its SIGTERM: the router's DNS discovery (every
@@ -83,7 +88,10 @@ def role_mounts_mooncake(cr: KvRetentionDeployment, role: Role) -> bool:
 
 
 def build_probe_container(cr: KvRetentionDeployment) -> dict[str, Any]:
-    return {
+    """The capability probe. It sees the worker's ``SGLANG_PLUGINS`` (from ``workers.pod.env``,
+    which otherwise reaches only the main container), so it judges the retention plugin with the
+    same plugin whitelist the engine will run under."""
+    container: dict[str, Any] = {
         "name": PROBE_CONTAINER,
         "image": cr.spec.workers.image,
         "command": [CLI, "probe", "--report-only", "--termination-log", TERMINATION_LOG],
@@ -91,6 +99,10 @@ def build_probe_container(cr: KvRetentionDeployment) -> dict[str, Any]:
         "terminationMessagePolicy": "File",
         "securityContext": container_security(),
     }
+    plugins = user_plugins_env(cr.spec)
+    if plugins is not None:
+        container["env"] = [dict(plugins)]
+    return container
 
 
 def build_worker_command(cr: KvRetentionDeployment, role: Role) -> list[str]:
