@@ -589,7 +589,8 @@ def test_namespaces_are_offered_flat_and_answered_with_their_namespace() -> None
     assert parsed.tools[0].kind == "custom"
     assert parsed.tools[2].description == "Agents.\n\n" + str(SHELL["description"])
     assert parsed.messages[-2].tool_calls[0].name == "spawn_agent"
-    assert parsed.tool_origin["functionswait"] == ("functions", "wait")
+    assert parsed.tool_origin["otherwait"] == ("other", "wait")
+    assert "functionswait" not in parsed.tool_origin  # the default namespace: called by name
     calls = [
         ToolCall(id="call_a", name="spawn_agent", arguments="{}"),
         ToolCall(id="call_b", name="apply_patch", arguments="*** Begin Patch", kind="custom"),
@@ -603,9 +604,8 @@ def test_namespaces_are_offered_flat_and_answered_with_their_namespace() -> None
         raw["output"][0]["namespace"] == "collaboration"
         and raw["output"][0]["name"] == "spawn_agent"
     )
-    assert (
-        raw["output"][1]["namespace"] == "functions" and raw["output"][1]["name"] == "apply_patch"
-    )
+    # code mode's plain tools sit in the default namespace and are called by name alone
+    assert "namespace" not in raw["output"][1] and raw["output"][1]["name"] == "apply_patch"
 
 
 def test_metric_labels_are_bounded_and_keep_tool_types() -> None:

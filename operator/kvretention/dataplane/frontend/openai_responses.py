@@ -164,6 +164,10 @@ _TOOL_NO_OPS: Final = ("allowed_callers", "defer_loading", "output_schema")
 _NAMESPACE_KEYS: Final = ("type", "name", "description", "tools")
 _TOOL_SEARCH_KEYS: Final = ("type", "execution", "description", "parameters")
 _REASONING_CONTEXTS: Final = ("auto", "current_turn", "all_turns")
+DEFAULT_NAMESPACE: Final = "functions"
+"""The namespace of plain function tools (``functions.exec``). Codex's code mode wraps its plain
+tools in it and routes a call to one by name alone: such a call is answered without ``namespace``,
+as in Codex's own recorded tool turn."""
 _TOOL_CHOICES: Final = ("none", "auto", "required")
 
 
@@ -238,7 +242,9 @@ def parse_responses(
         reasoning=control,
         client_controls=cache.client_controls,
         tool_origin={
-            n: (o.namespace, o.name) for n, o in origin.items() if o.namespace is not None
+            n: (o.namespace, o.name)
+            for n, o in origin.items()
+            if o.namespace is not None and o.namespace != DEFAULT_NAMESPACE
         },
     )
 

@@ -54,9 +54,9 @@ def only_keys(obj: Mapping[str, Any], *, where: str, allowed: Collection[str]) -
 
 
 def ignore_present(body: Mapping[str, Any], keys: Collection[str], *, where: str = "") -> None:
-    """Record the documented no-ops ``body`` sets (not ``null``) as ignored."""
-    for key in keys:
-        if body.get(key) is not None:
+    """Record the documented no-ops ``body`` sets (not ``null``) as ignored, in the body's order."""
+    for key, value in body.items():
+        if key in keys and value is not None:
             compat.ignore(f"{where}.{key}" if where else key)
 
 
