@@ -206,6 +206,9 @@ def main() -> None:
     }
     report["budget_bytes"] = [s.ledger.capacity_bytes for s in l3._CLIENTS.values()]
     report["hooked"] = hasattr(MooncakeStore._put_batch_zero_copy_impl, "__wrapped__")
+    from kvretention.retention.contract import check_target
+
+    report["contract"] = [p for t in l3.L3_HOOK_TARGETS if (p := check_target(t)) is not None]
     recorder._client.close()
     print(json.dumps(report))
 
