@@ -708,6 +708,14 @@ def check_kvstore(
     )
 
 
+def budget_enforced(retention: Verdict) -> bool | None:
+    """Whether the workers enforce the pin budget: the retention plugin (whose L3 hook keeps each
+    worker's pins within its share) is applied on every worker; None while that is not known."""
+    if retention.status == "Unknown":
+        return None
+    return retention.status == "True"
+
+
 def _enforcement(enforced: bool | None, budget: float | None) -> str:
     """What bounds pins besides the master's numbers: the enforced half of the condition."""
     if budget is None:
@@ -1139,9 +1147,12 @@ def compute_status(
             master, pods, external=fleet.kvstore_external, was_restarting=was_restarting
         ),
         KV_HINTS_SUPPORTED: check_kv_hints(reports),
-        RETENTION_APPLIED: check_retention_applied(reports, fleet.retention),
+        RETENTION_APPLIED: (retention := check_retention_applied(reports, fleet.retention)),
         RETENTION_BUDGET: check_retention_budget(
-            observed.kvstore, budget=fleet.retention_budget, external=fleet.kvstore_external
+            observed.kvstore,
+            budget=fleet.retention_budget,
+            external=fleet.kvstore_external,
+            enforced=budget_enforced(retention),
         ),
         PROGRESSING: check_conflicts(observed.conflicts)
         or check_applied(observed.apply_errors)

@@ -25,7 +25,7 @@ from kvretention.controller.kvstore_metrics import (
     reading_from_status,
 )
 from kvretention.controller.metrics import Metrics
-from kvretention.controller.status import check_retention_budget
+from kvretention.controller.status import Verdict, budget_enforced, check_retention_budget
 
 REAL_DUMP = Path(__file__).parents[2] / "fixtures" / "mooncake_master_metrics.prom"
 """A real mooncake_master 0.3.13.post1 /metrics after 8 pinned and 80 pressure writes of 256 KiB
@@ -374,3 +374,13 @@ def test_retention_budget_says_enforced_and_observed(
             assert "enforced" not in message and "observed only" not in message
         else:
             assert says in message
+
+
+@pytest.mark.parametrize(
+    ("status", "enforced"),
+    [("True", True), ("False", False), ("Unknown", None)],
+)
+def test_the_budget_is_enforced_where_retention_is_applied(
+    status: str, enforced: bool | None
+) -> None:
+    assert budget_enforced(Verdict(status, "R", "m")) is enforced
