@@ -928,7 +928,9 @@ class SoftPinSpec(_Model):
         lt=1.0,
         description=(
             "Retention budget: the share of the pool's capacity pinned objects may hold. "
-            "Mooncake has no knob that enforces it; the operator reports pins against it "
+            "Enforced by the workers' retention plugin: each worker pins at most this share of "
+            "the segment it contributes and writes further retained pages unpinned (counted in "
+            "kvretention_l3_pages_total). The operator also reports pins against it "
             "(status.kvStore, the RetentionBudget condition, metrics and an alert)."
         ),
     )
