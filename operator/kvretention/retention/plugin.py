@@ -119,12 +119,13 @@ def _after_radix_checkpoint(_result: Any, cache: Any, req: Any, *, up_to: int) -
     )
 
 
-def _after_unified_split(result: Any, _core: Any, _key: Any, child: Any, _split_len: int) -> None:
+# Hook parameters carry SGLang's own names: HookRegistry passes its call's arguments through.
+def _after_unified_split(result: Any, _core: Any, key: Any, child: Any, split_len: int) -> None:
     new_parent, _action = result
     radix.copy_holds(child, new_parent)
 
 
-def _after_radix_split(result: Any, _cache: Any, _key: Any, child: Any, _split_len: int) -> None:
+def _after_radix_split(result: Any, _cache: Any, key: Any, child: Any, split_len: int) -> None:
     radix.copy_holds(child, result)
 
 

@@ -1,0 +1,119 @@
+"""Holds on tree nodes, on stand-in nodes shaped like SGLang's (the retention tier uses SGLang's)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from kvretention.retention import HOLD_UNTIL_ATTR, radix
+from kvretention.retention.contract import HOOK_TARGETS
+from kvretention.retention.directives import Hold
+from kvretention.retention.plugin import hooks
+
+
+@dataclass(eq=False)
+class Node:
+    key: list[int]
+    parent: Any = None
+    priority: int = 0
+    last_access_time: float = 0.0
+    children: list[Any] = field(default_factory=list)
+
+
+def chain(*lengths: int) -> list[Any]:
+    """A root and a path of nodes of these key lengths; returns the path's nodes."""
+    node = Node([])
+    out = []
+    for n in lengths:
+        node = Node([0] * n, parent=node)
+        out.append(node)
+    return out
+
+
+def test_path_spans_are_key_offsets_from_the_root() -> None:
+    a, b, c = chain(8, 4, 12)
+    assert [(s, e) for _, s, e in radix.path_spans(c)] == [(0, 8), (8, 12), (12, 24)]
+    assert [n for n, _, _ in radix.path_spans(c)] == [a, b, c]
+
+
+def test_boundaries_are_hold_edges_strictly_inside_a_node() -> None:
+    spans = radix.path_spans(chain(8, 16)[-1])
+    holds = [Hold(0, 8, 5, None), Hold(12, 20, 5, None), Hold(0, 40, 5, None)]
+    assert radix.boundaries(holds, spans) == [12, 20]
+
+
+SCOPE_CASES = [
+    ("set", [("a", Hold(0, 8, 40, 100.0))], {"a": (40, 100.0)}, 40, 100.0),
+    (
+        "two scopes: top priority, latest expiry",
+        [("a", Hold(0, 8, 40, 100.0)), ("b", Hold(0, 8, 60, 50.0))],
+        {"a": (40, 100.0), "b": (60, 50.0)},
+        60,
+        100.0,
+    ),
+    (
+        "null duration wins the summary",
+        [("a", Hold(0, 8, 40, None)), ("b", Hold(0, 8, 60, 50.0))],
+        {"a": (40, None), "b": (60, 50.0)},
+        60,
+        None,
+    ),
+    (
+        "same scope is replaced",
+        [("a", Hold(0, 8, 40, 100.0)), ("a", Hold(0, 8, 10, 5.0))],
+        {"a": (10, 5.0)},
+        40,
+        5.0,
+    ),
+    ("release", [("a", Hold(0, 8, 40, 100.0)), ("a", Hold(0, 8, 0, None))], None, 40, None),
+]
+
+
+@pytest.mark.parametrize(
+    ("steps", "holds", "priority", "until"),
+    [c[1:] for c in SCOPE_CASES],
+    ids=[c[0] for c in SCOPE_CASES],
+)
+def test_scope_holds_and_their_summary(
+    steps: list[tuple[str, Hold]], holds: Any, priority: int, until: float | None
+) -> None:
+    (node,) = chain(8)
+    for scope, hold in steps:
+        assert radix.apply_holds(radix.path_spans(node), [hold], scope=scope) == 1
+    assert getattr(node, radix.HOLDS_ATTR, None) == holds
+    assert node.priority == priority  # SGLang's field is raised, never lowered by a release
+    if holds is None:
+        assert not hasattr(node, HOLD_UNTIL_ATTR)
+    else:
+        assert getattr(node, HOLD_UNTIL_ATTR) == until
+
+
+def test_a_node_only_partly_covered_is_left_alone() -> None:
+    a, b = chain(8, 8)
+    assert radix.apply_holds(radix.path_spans(b), [Hold(0, 12, 50, None)], scope=None) == 1
+    assert radix.active_hold(a, 0.0) == (50, None) and radix.active_hold(b, 0.0) is None
+
+
+def test_expired_holds_rank_as_unretained_and_recency_breaks_ties() -> None:
+    a, b = chain(8, 8)
+    a.last_access_time, b.last_access_time = 5.0, 3.0
+    radix.apply_holds(radix.path_spans(b), [Hold(0, 16, 50, 100.0)], scope=None)
+    assert radix.retained_priority(a, 99.0) == 50 and radix.active_hold(a, 100.0) is None
+    assert radix.retained_priority(a, 100.0) == 0
+
+
+def test_copy_holds_gives_a_split_parent_the_childs_holds() -> None:
+    (child,) = chain(8)
+    parent = Node([0] * 4)
+    radix.apply_holds(radix.path_spans(child), [Hold(0, 8, 7, 9.0)], scope="s")
+    radix.copy_holds(child, parent)
+    assert radix.active_hold(parent, 0.0) == (7, 9.0)
+    assert getattr(parent, radix.HOLDS_ATTR) is not getattr(child, radix.HOLDS_ATTR)
+
+
+def test_every_contract_target_has_its_plugin_hook() -> None:
+    table = hooks()
+    assert list(table) == [t.target for t in HOOK_TARGETS]
+    assert all(callable(fn) and kind in {"AROUND", "AFTER"} for fn, kind in table.values())
