@@ -114,6 +114,7 @@ part_types = st.sampled_from(
         "tool_use",
         "thinking",
         "redacted_thinking",
+        "tool_reference",
     ]
 )
 roles = st.sampled_from(["system", "developer", "user", "assistant", "tool", "bot"])
@@ -125,6 +126,7 @@ def _parts(marker_key: str, marker: st.SearchStrategy[Any]) -> st.SearchStrategy
         text=right_or_wrong(st.text(max_size=8)),
         refusal=right_or_wrong(st.text(max_size=8)),
         input_text=right_or_wrong(st.text(max_size=8)),
+        tool_name=right_or_wrong(st.sampled_from(["Read", "Bash", "x"])),
         **{marker_key: marker},
     )
     nested = optional_fields(
@@ -143,9 +145,52 @@ def _messages(marker_key: str, marker: st.SearchStrategy[Any]) -> st.SearchStrat
         type=right_or_wrong(st.sampled_from(["message", "function_call_output"])),
         output=_parts(marker_key, marker),
         tool_calls=json_values,
+        output_config=json_values,
         **{marker_key: marker},
     )
     return right_or_wrong(st.lists(message, max_size=3))
+
+
+# Codex 0.169's tool shapes: namespaces, tool search, deferred tools (issue 20)
+_tool_kinds = st.sampled_from(["function", "custom", "namespace", "tool_search", "web_search", "x"])
+_inner_tool = optional_fields(
+    type=right_or_wrong(_tool_kinds),
+    name=right_or_wrong(st.sampled_from(["a", "b", "exec", "", "a.b"])),
+    parameters=right_or_wrong(st.just({"type": "object"})),
+    defer_loading=right_or_wrong(st.booleans()),
+    extra=json_values,
+)
+responses_tools = right_or_wrong(
+    st.lists(
+        optional_fields(
+            type=right_or_wrong(_tool_kinds),
+            name=right_or_wrong(st.sampled_from(["a", "functions", "collaboration", "_"])),
+            description=right_or_wrong(st.text(max_size=4)),
+            tools=right_or_wrong(st.lists(_inner_tool, max_size=3)),
+            execution=right_or_wrong(st.sampled_from(["client", "server", "x"])),
+            parameters=json_values,
+            defer_loading=right_or_wrong(st.booleans()),
+        ),
+        max_size=3,
+    )
+)
+_responses_items = right_or_wrong(
+    st.lists(
+        optional_fields(
+            type=right_or_wrong(
+                st.sampled_from(["additional_tools", "message", "function_call", "x"])
+            ),
+            role=right_or_wrong(st.sampled_from(["developer", "user"])),
+            tools=responses_tools,
+            content=right_or_wrong(st.text(max_size=4)),
+            call_id=right_or_wrong(st.sampled_from(["c1", "c2"])),
+            name=right_or_wrong(st.sampled_from(["a", "exec"])),
+            namespace=right_or_wrong(st.sampled_from(["functions", "collaboration", "x"])),
+            arguments=right_or_wrong(st.just("{}")),
+        ),
+        max_size=3,
+    )
+)
 
 
 _common_openai = {
@@ -173,11 +218,19 @@ chat_bodies = optional_fields(
     logprobs=json_values,
 )
 responses_bodies = optional_fields(
-    **_common_openai,
+    **{**_common_openai, "tools": responses_tools},
     input=right_or_wrong(
-        st.text(max_size=8) | _messages("prompt_cache_breakpoint", breakpoint_marker)
+        st.text(max_size=8)
+        | _messages("prompt_cache_breakpoint", breakpoint_marker)
+        | _responses_items
     ),
     instructions=right_or_wrong(st.text(max_size=8)),
+    reasoning=right_or_wrong(
+        optional_fields(
+            effort=right_or_wrong(st.sampled_from(["low", "xhigh"])),
+            context=right_or_wrong(st.sampled_from(["auto", "all_turns", "x"])),
+        )
+    ),
     max_output_tokens=right_or_wrong(st.integers(min_value=-5, max_value=10)),
     previous_response_id=json_values,
     background=json_values,
@@ -194,6 +247,8 @@ messages_bodies = optional_fields(
                 cache_control=anthropic_control,
                 type=right_or_wrong(st.sampled_from(["custom", "bash_20250124"])),
                 input_schema=right_or_wrong(st.just({"type": "object"})),
+                defer_loading=right_or_wrong(st.booleans()),
+                input_examples=json_values,
             ),
             max_size=2,
         )
@@ -226,8 +281,10 @@ messages_bodies = optional_fields(
         optional_fields(
             type=right_or_wrong(st.sampled_from(["enabled", "adaptive", "disabled"])),
             budget_tokens=right_or_wrong(st.integers(min_value=0, max_value=5000)),
+            display=right_or_wrong(st.sampled_from(["omitted", "updates", "x"])),
         )
     ),
+    safeguards=json_values,
 )
 
 

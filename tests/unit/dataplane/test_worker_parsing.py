@@ -247,3 +247,21 @@ def test_deferred_tools_are_parsed_but_not_required_in_the_prompt() -> None:
     text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
     (call,) = OutputParser(plan).parse_whole(text).tool_calls
     assert call.name == "get_weather"
+
+
+def test_an_empty_think_block_is_no_reasoning() -> None:
+    """``<think>\\n\\n</think>`` before a call would be a whitespace-only thinking block or
+    reasoning item; real reasoning that starts with whitespace keeps it."""
+    plan = plan_output(_request(tools=[WEATHER]), QWEN)
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+    streamed = OutputParser(plan)
+    steps = [streamed.feed(p) for p in ("<think>", "\n\n", "</think>", "\n\n", call)]
+    steps.append(streamed.finish())
+    assert "".join(s.reasoning for s in steps) == ""
+    assert "".join(s.text for s in steps) == ""
+    whole = OutputParser(plan).parse_whole("<think>\n\n</think>\n\n" + call)
+    assert (whole.reasoning, whole.text, len(whole.tool_calls)) == ("", "", 1)
+    thinking = OutputParser(plan)
+    kept = [thinking.feed(p) for p in ("<think>", "\n", "plan", "</think>", "Hi")]
+    kept.append(thinking.finish())
+    assert "".join(s.reasoning for s in kept) == "\nplan"

@@ -321,7 +321,8 @@ class _Conversation:
                 f"{where}.type",
                 f"input items of type {kind!r} are not supported (supported: {supported}).",
             )
-        only_keys(item, where=where, allowed=(*_ITEM_KEYS[kind], *_CALL_KEYS))
+        calls = _CALL_KEYS if kind.endswith(("_call", "_call_output")) else ()
+        only_keys(item, where=where, allowed=(*_ITEM_KEYS[kind], *calls))
         _caller(item, where=where)
         if kind == "additional_tools":
             return  # its tools joined the tool list (``_all_tools``)

@@ -303,6 +303,9 @@ class OutputParser:
         self._held_space = ""
         """Whitespace-only answer text not sent yet: dropped when a tool call follows it (the
         template's ``"\n\n"`` before a call), sent with the next text otherwise."""
+        self._held_thought = ""
+        """Whitespace-only reasoning not sent yet (an empty ``<think>\n\n</think>``): sent with
+        the next reasoning, dropped once the answer moves on without any."""
         self.called = False
         if plan.names.reasoning_parser is not None:
             _, reasoning_parser = _sglang_parsers()
@@ -330,7 +333,15 @@ class OutputParser:
         return self._settle(out, final=False)
 
     def _settle(self, out: ParsedDelta, *, final: bool) -> ParsedDelta:
-        """Hold whitespace-only text until it is known whether a tool call follows it."""
+        """Hold whitespace-only text until it is known whether a tool call follows it, and
+        whitespace-only reasoning until real reasoning follows it (clients would show either as
+        an empty block or item of its own)."""
+        thought = self._held_thought + out.reasoning
+        self._held_thought = ""
+        if thought and not thought.strip():
+            moved_on = final or bool(out.text.strip()) or bool(out.tool_calls)
+            self._held_thought, thought = ("", "") if moved_on else (thought, "")
+        out.reasoning = thought
         text = self._held_space + out.text
         self._held_space = ""
         if not text.strip() and (out.tool_calls or (final and self.called)):
@@ -379,6 +390,8 @@ class OutputParser:
         if self._reasoning is not None:
             reasoning, normal = self._reasoning.parse_non_stream(text)
             out.reasoning, out.text = reasoning or "", normal or ""
+            if not out.reasoning.strip():
+                out.reasoning = ""  # an empty think block is no reasoning
         if self._tools is None:
             return out
         if self._plan.json_array:
