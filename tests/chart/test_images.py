@@ -117,7 +117,7 @@ def test_image_commands_run(argv: list[str]) -> None:
         [str(VENV_BIN / "kvretention"), *argv],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,  # probe: its retention check imports SGLang (and torch) in a child
         check=False,
     )
     # probe exits 0 when the installed SGLang takes kv_hints (sglang 0.5.23 is in the dev venv).
@@ -211,7 +211,7 @@ def test_pip_install_dot_gives_a_working_cli(tmp_path: Path) -> None:
             text=True,
             cwd=tmp_path,
             env=env,
-            timeout=120,
+            timeout=600,
             check=False,
         )
         assert done.returncode == 0, f"kvretention {' '.join(argv)}:\n{done.stderr}"

@@ -134,7 +134,7 @@ def _probe(env_extra: dict[str, str], *args: str) -> tuple[int, dict[str, Any]]:
         [sys.executable, "-m", "kvretention", "probe", "--skip-mooncake", *args],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=600,  # the retention check imports SGLang (and torch) in a child
         env=env,
         check=False,
     )
@@ -161,7 +161,7 @@ def test_probe_writes_the_termination_log(tmp_path: Path) -> None:
         [sys.executable, "-m", "kvretention", "probe", "--termination-log", str(log)],
         capture_output=True,
         text=True,
-        timeout=90,
+        timeout=600,
         check=False,
     )
     assert done.returncode == 0
