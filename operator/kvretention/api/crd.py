@@ -62,6 +62,12 @@ PRINTER_COLUMNS: Final[list[dict[str, Any]]] = [
         "jsonPath": '.status.conditions[?(@.type=="KvHintsSupported")].status',
         "description": "Whether the worker image's SGLang accepts kv_hints.",
     },
+    {
+        "name": "Retention",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="RetentionApplied")].reason',
+        "description": "Whether SGLang applies kv.retain: Applied, or why not (TransportOnly, ...).",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -93,6 +93,7 @@ def test_names_scope_subresources_and_columns() -> None:
         "Mode": ".spec.workers.mode",
         "Workers": ".status.workersReady",
         "Hints": '.status.conditions[?(@.type=="KvHintsSupported")].status',
+        "Retention": '.status.conditions[?(@.type=="RetentionApplied")].reason',
         "Age": ".metadata.creationTimestamp",
     }
 
