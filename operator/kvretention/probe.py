@@ -216,6 +216,12 @@ def check_retention(
         if finding is not None:
             return finding
         reason = f"no finding in its output {_last_line(done.stdout)!r}"
+    elif done.returncode < 0:
+        # The largest process in the container is this child: a memory limit kills it, not us.
+        reason = (
+            f"killed by signal {-done.returncode} (importing SGLang and torch needs about 1 GiB "
+            "of memory: a container memory limit below that kills it)"
+        )
     else:
         reason = _last_line(done.stderr) or f"exit status {done.returncode}"
     return RetentionFinding(PLUGIN_LOAD_FAILED, f"the check failed: {reason}"[:ERROR_CHARS])

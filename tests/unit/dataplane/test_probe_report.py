@@ -229,13 +229,22 @@ def fake_python(tmp_path: Path, script: str) -> str:
             "exec sleep 30\n",
             RetentionFinding("load_failed", "checking the retention plugin took over 1s"),
         ),
+        (
+            "kill -9 $$\n",
+            RetentionFinding(
+                "load_failed",
+                "the check failed: killed by signal 9 (importing SGLang and torch needs about 1 GiB "
+                "of memory: a container memory limit below that kills it)",
+            ),
+        ),
     ],
-    ids=["finding", "crash", "unknown-state", "hang"],
+    ids=["finding", "crash", "unknown-state", "hang", "killed"],
 )
 def test_check_retention_runs_a_child(
     tmp_path: Path, script: str, expected: RetentionFinding
 ) -> None:
-    assert check_retention(python=fake_python(tmp_path, script), timeout_s=1) == expected
+    timeout_s = 1 if "sleep" in script else 60  # only the hang waits for its timeout
+    assert check_retention(python=fake_python(tmp_path, script), timeout_s=timeout_s) == expected
 
 
 @pytest.mark.parametrize(
