@@ -120,3 +120,27 @@ def test_the_rendered_policy_parses_once_sglangs_plugin_loader_ran() -> None:
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["after"] == [["kvretain", True], ["kvretain", True]]
     assert all("invalid choice: 'kvretain'" in str(b) for b in seen["before"])
+
+
+WORKER_PARSE = """
+import json, sys
+from kvretention.dataplane.worker.engine import parse_server_args
+args = parse_server_args(json.loads(sys.argv[1]))
+print(json.dumps([args.radix_eviction_policy, args.enable_hierarchical_cache]))
+"""
+
+
+@needs_sglang
+def test_the_worker_parses_the_rendered_argv_as_sglang_launch_server_does() -> None:
+    """``kvretention worker`` embeds the engine: it loads SGLang's plugins before parsing, so the
+    hinted workers' ``--radix-eviction-policy kvretain`` is a known choice (a fresh interpreter:
+    nothing loaded the plugins before)."""
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", WORKER_PARSE, json.dumps(_rendered("aggregated"))],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == ["kvretain", True]

@@ -149,13 +149,28 @@ def _load_standin(dialect_name: str, server_argv: Sequence[str] = ()) -> LoadedE
     return LoadedEngine(engine=engine, name=f"standin:{dialect_name}", dialect=dialect)
 
 
+def parse_server_args(server_argv: Sequence[str]) -> Any:
+    """SGLang's ``ServerArgs`` for ``server_argv``, parsed as ``sglang.launch_server`` does: its
+    plugins first (they may add parser choices, e.g. the retention plugin's
+    ``--radix-eviction-policy kvretain``), then its own parser."""
+    from sglang.srt.server_args import prepare_server_args
+
+    try:
+        from sglang.srt.plugins import load_plugins
+    except ImportError:  # an SGLang without the plugin framework
+        pass
+    else:
+        load_plugins()
+    return prepare_server_args(list(server_argv))
+
+
 def _load_sglang(server_argv: Sequence[str]) -> LoadedEngine:  # pragma: no cover - needs a GPU
     try:
         import sglang
-        from sglang.srt.server_args import prepare_server_args
+
+        server_args = parse_server_args(server_argv)
     except ImportError as exc:
         raise EngineLoadError(f"--engine sglang needs SGLang installed: {exc}") from exc
-    server_args = prepare_server_args(list(server_argv))
     engine = sglang.Engine(server_args=server_args)
     dialect = detect_dialect(
         parameter_names(engine.async_generate), has_versioned_decoder=has_versioned_decoder()
