@@ -835,6 +835,40 @@ MESSAGES_ROWS: Final = [
         check=_loaded_cron,
     ),
     Shape(
+        "claude-code-mid-conversation-tool-changes",
+        "Claude Code 2.1.328 cli.js (the SDK tool runner it bundles, beta "
+        "mid-conversation-tool-changes-2026-07-01): a system message of tool_addition / "
+        "tool_removal blocks",
+        CLAUDE_CODE["path"],
+        _claude_code(
+            messages=[
+                *CLAUDE_CODE["body"]["messages"],
+                {
+                    "role": "system",
+                    "content": [
+                        {
+                            "type": "tool_addition",
+                            "tool": {
+                                "type": "tool_definition",
+                                "definition": {
+                                    k: v for k, v in _CRON.items() if k != "defer_loading"
+                                },
+                            },
+                        },
+                        {
+                            "type": "tool_removal",
+                            "tool": {"type": "tool_reference", "name": "Agent"},
+                        },
+                    ],
+                },
+                {"role": "user", "content": "schedule it"},
+            ]
+        ),
+        headers=CLAUDE_CODE["headers"],
+        hinted=True,
+        check=_deferred(["DeferredToolPlaceholder", "CronCreate"]),
+    ),
+    Shape(
         "claude-code-thinking-updates-and-safeguards",
         "Claude Code 2.1.328 cli.js: thinking {display: 'updates'}, "
         "safeguards [{type: 'dangerous_tool_use', classifier_context}] in auto mode",

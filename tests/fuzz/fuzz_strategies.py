@@ -115,6 +115,8 @@ part_types = st.sampled_from(
         "thinking",
         "redacted_thinking",
         "tool_reference",
+        "tool_addition",
+        "tool_removal",
     ]
 )
 roles = st.sampled_from(["system", "developer", "user", "assistant", "tool", "bot"])
@@ -127,6 +129,18 @@ def _parts(marker_key: str, marker: st.SearchStrategy[Any]) -> st.SearchStrategy
         refusal=right_or_wrong(st.text(max_size=8)),
         input_text=right_or_wrong(st.text(max_size=8)),
         tool_name=right_or_wrong(st.sampled_from(["Read", "Bash", "x"])),
+        tool=right_or_wrong(
+            optional_fields(
+                type=right_or_wrong(st.sampled_from(["tool_definition", "tool_reference"])),
+                name=right_or_wrong(st.sampled_from(["Read", "x"])),
+                definition=right_or_wrong(
+                    optional_fields(
+                        name=right_or_wrong(st.sampled_from(["Read", "New"])),
+                        input_schema=right_or_wrong(st.just({"type": "object"})),
+                    )
+                ),
+            )
+        ),
         **{marker_key: marker},
     )
     nested = optional_fields(

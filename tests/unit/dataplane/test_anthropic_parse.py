@@ -684,3 +684,51 @@ def test_thinking_display_updates_returns_the_thinking() -> None:
     parsed = parse_messages(body(thinking={"type": "adaptive", "display": "updates"}))
     assert parsed.reasoning == ReasoningControl(enabled=True)
     assert "omit_thinking" not in parsed.echo
+
+
+def test_mid_conversation_tool_changes_load_and_retire_tools() -> None:
+    """The ``mid-conversation-tool-changes`` beta Claude Code 2.1.328 announces: a system message
+    of ``tool_addition`` / ``tool_removal`` blocks (the Anthropic SDK's tool runner shape)."""
+    cron = {"name": "CronCreate", "description": "Schedule", "input_schema": SCHEMA}
+    change = {
+        "role": "system",
+        "content": [
+            {"type": "tool_addition", "tool": {"type": "tool_definition", "definition": cron}},
+            {
+                "type": "tool_addition",
+                "tool": {"type": "tool_reference", "name": "get_weather"},
+                "cache_control": {"type": "ephemeral"},
+            },
+            {"type": "tool_removal", "tool": {"type": "tool_reference", "name": "Old"}},
+        ],
+    }
+    parsed = parse_messages(
+        body(
+            tools=[{**WEATHER, "defer_loading": True}],
+            messages=[{"role": "user", "content": "hi"}, change, {"role": "user", "content": "go"}],
+        )
+    )
+    assert [t.name for t in parsed.deferred_tools] == ["get_weather", "CronCreate"]
+    system = parsed.messages[1]
+    assert system.role == "system" and isinstance(system.content, list)
+    texts = [p.text for p in system.content if isinstance(p, TextPart)]
+    assert texts[0].startswith("<functions>\n<function>") and '"name": "CronCreate"' in texts[0]
+    assert '"name": "get_weather"' in texts[1] and system.content[1].retain_ttl == 300
+    assert texts[2] == "The tool Old is no longer available."
+    with pytest.raises(ClientError) as info:
+        parse_messages(
+            body(
+                messages=[
+                    {
+                        "role": "system",
+                        "content": [
+                            {
+                                "type": "tool_addition",
+                                "tool": {"type": "tool_reference", "name": "x"},
+                            }
+                        ],
+                    }
+                ]
+            )
+        )
+    assert info.value.param == "messages.0.content.0.tool.name"

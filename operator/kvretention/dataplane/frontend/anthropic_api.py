@@ -375,6 +375,7 @@ def _conversation(body: dict[str, Any], *, max_tokens: int | None, marks: Marks)
         raise F.invalid_value("messages", "List should have at least 1 item after validation")
     tools, deferred = _tools(body.get("tools"), marks=marks)
     catalog = {t.name: t for t in (*tools, *deferred)}
+    """Every tool the conversation may load; a ``tool_addition`` block adds to it."""
     messages: list[ChatMessage] = []
     system = body.get("system")
     if system is not None:
@@ -384,6 +385,8 @@ def _conversation(body: dict[str, Any], *, max_tokens: int | None, marks: Marks)
     """tool_use id -> tool name, so a tool result can name its tool."""
     for i, message in enumerate(raw):
         messages.extend(_message(message, index=i, names=names, marks=marks, catalog=catalog))
+    declared = {t.name for t in (*tools, *deferred)}
+    deferred += [t for name, t in catalog.items() if name not in declared]  # added mid-way
     tool_choice, parallel = _tool_choice(body.get("tool_choice"), tools=[*tools, *deferred])
     effort, response_format = _output_config(body.get("output_config"))
     turn_effort, turn_format = _turn_output_config(raw)
@@ -428,7 +431,7 @@ def _message(
     index: int,
     names: dict[str, str],
     marks: Marks,
-    catalog: Mapping[str, ToolDefinition],
+    catalog: dict[str, ToolDefinition],
 ) -> list[ChatMessage]:
     """One Anthropic message -> one neutral message, or several when it holds tool results."""
     where = F.path("messages", index)
@@ -443,9 +446,8 @@ def _message(
     content = raw["content"]
     param = f"{where}.content"
     if role == "system":
-        return [
-            ChatMessage(role="system", content=_system_content(content, where=param, marks=marks))
-        ]
+        system = _system_content(content, where=param, marks=marks, catalog=catalog)
+        return [ChatMessage(role="system", content=system)]
     if isinstance(content, str):
         return [ChatMessage(role=role, content=content)]
     if not isinstance(content, list):
@@ -709,14 +711,67 @@ def _tool_reference(
     return TextPart(text=tool_definitions_text([tool]), retain_ttl=marks.get(where))
 
 
-def _system_content(content: object, *, where: str, marks: Marks) -> str | list[ContentPart]:
-    """System content: a string, or text blocks (joined by newlines unless one is a breakpoint)."""
+def _tool_change(
+    block: dict[str, Any],
+    *,
+    kind: str,
+    where: str,
+    catalog: dict[str, ToolDefinition],
+    marks: Marks,
+) -> TextPart:
+    """A mid-conversation tool change (``mid-conversation-tool-changes`` beta), on a system
+    message: ``tool_addition`` of a definition (it joins the callable tools) or of a reference to
+    a declared tool becomes the tool's definition, as a ``tool_reference`` does; ``tool_removal``
+    becomes a one-line notice (the model still sees the definition earlier in the prompt, and a
+    call to a removed tool gets the client's own "not found" result)."""
+    _keys(block, frozenset({"tool", CACHE_CONTROL}), where=where)
+    tool = block.get("tool")
+    at = f"{where}.tool"
+    if not isinstance(tool, dict):
+        raise F.invalid_type(at, tool, expected="a valid dictionary")
+    ref = tool.get("type")
+    if kind == "tool_addition" and ref == "tool_definition":
+        _keys(tool, frozenset({"definition"}), where=at)
+        definition = _tool(tool.get("definition"), where=f"{at}.definition", ttl=None)
+        catalog[definition.name] = definition
+        return TextPart(text=tool_definitions_text([definition]), retain_ttl=marks.get(where))
+    if ref != "tool_reference":
+        choices = (
+            "'tool_definition' or 'tool_reference'"
+            if kind == "tool_addition"
+            else "'tool_reference'"
+        )
+        raise F.invalid_value(f"{at}.type", f"Input should be {choices}")
+    _keys(tool, frozenset({"name"}), where=at)
+    name = _str(tool, "name", where=at)
+    if kind == "tool_removal":
+        return TextPart(
+            text=f"The tool {name} is no longer available.", retain_ttl=marks.get(where)
+        )
+    found = catalog.get(name)
+    if found is None:
+        raise F.invalid_value(f"{at}.name", f"Tool '{name}' not found in 'tools'")
+    return TextPart(text=tool_definitions_text([found]), retain_ttl=marks.get(where))
+
+
+def _system_content(
+    content: object,
+    *,
+    where: str,
+    marks: Marks,
+    catalog: dict[str, ToolDefinition] | None = None,
+) -> str | list[ContentPart]:
+    """System content: a string, or text blocks (joined by newlines unless one is a breakpoint).
+    A system *message* (``catalog`` given) may also change the tools mid-conversation."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise F.invalid_type(where, content, expected="a valid string or list of text blocks")
     parts: list[ContentPart] = []
     for param, kind, block in _blocks(content, where=where):
+        if catalog is not None and kind in ("tool_addition", "tool_removal"):
+            parts.append(_tool_change(block, kind=kind, where=param, catalog=catalog, marks=marks))
+            continue
         if kind != "text":
             raise F.unsupported(
                 f"{param}.type", f"system blocks of type {kind!r} are not supported (text only)"
