@@ -102,7 +102,8 @@ drops what it held. Asked for by a spec change, so not a problem (a Normal Event
 
 RETENTION_IS_APPLIED: Final = "Applied"
 HINTS_OFF: Final = "HintsOff"
-"""No request can carry ``kv.retain`` (policy Optional, every provider off): nothing to apply."""
+"""No request can carry ``kv.retain`` (policy Optional, every provider off, no default TTL):
+nothing to apply."""
 TRANSPORT_ONLY: Final = "TransportOnly"
 """SGLang receives ``kv.retain`` and ignores it: the image has no retention plugin (or a probe that
 predates it), or its SGLang has no plugin framework. Eviction is SGLang's own; no soft pins."""
@@ -874,8 +875,8 @@ def check_retention_applied(
         return Verdict(
             "False",
             HINTS_OFF,
-            "no request carries kv.retain: hints.policy is Optional and every hints.providers "
-            "switch is off",
+            "no request carries kv.retain: hints.policy is Optional, every hints.providers "
+            "switch is off and hints.defaultTtlSeconds is unset",
         )
     if wiring.blocked_reason is not None:
         return Verdict("False", wiring.blocked_reason, wiring.blocked_message)

@@ -80,6 +80,23 @@ FROM_SECRET = {
             None,
         ),
         ({"hints": HINTS_OFF}, "aggregated", False, [], None),
+        (  # the fleet's default TTL retains requests with no cache control, providers or not
+            {"hints": {**HINTS_OFF, "defaultTtlSeconds": 1800}},
+            "aggregated",
+            True,
+            ["kvretain"],
+            None,
+        ),
+        (
+            {
+                "hints": {**HINTS_OFF, "defaultTtlSeconds": 600},
+                "workers": {"hicache": {"enabled": False}},
+            },
+            "aggregated",
+            True,
+            ["kvretain"],
+            None,
+        ),
         ({"workers": PD}, "prefill", True, ["kvretain"], None),
         ({"workers": PD}, "decode", False, [], None),
         (
@@ -142,6 +159,8 @@ FROM_SECRET = {
         "one-provider",
         "hints-and-hicache-off",
         "hints-off",
+        "default-ttl-only",
+        "default-ttl-without-hicache",
         "pd-prefill",
         "pd-decode",
         "user-policy",
@@ -167,7 +186,9 @@ def test_retention_wiring(
     assert (ours[-2:] == KVRETAIN) is rendered
     assert policies(args) == policy
     wiring = plan_retention(fleet.spec)
-    assert wiring.hints is fleet.spec.hints.active()
+    assert wiring.hints is (
+        fleet.spec.hints.active() or fleet.spec.hints.default_ttl_seconds is not None
+    )
     assert wiring.blocked_reason == blocked
 
 

@@ -165,16 +165,23 @@ class RetentionWiring:
     besides the probe reports."""
 
     hints: bool = False
-    """Some request can carry ``kv.retain`` (``hints.active()``)."""
+    """Some request can carry ``kv.retain`` (:func:`retention_requested`)."""
     blocked_reason: str | None = None
     """Why the operator renders no ``kvretain`` policy although hints are on (the user's setting
     wins): :data:`EVICTION_POLICY_OVERRIDDEN` or :data:`PLUGIN_NOT_SELECTED_REASON`."""
     blocked_message: str = ""
 
 
+def retention_requested(spec: KvRetentionDeploymentSpec) -> bool:
+    """Whether any request can carry ``kv.retain``: a provider's cache controls are turned into
+    hints (``hints.active()``), or the fleet's ``defaultTtlSeconds`` retains requests that carry
+    no cache control (applied by the frontend whatever the provider switches say)."""
+    return spec.hints.active() or spec.hints.default_ttl_seconds is not None
+
+
 def plan_retention(spec: KvRetentionDeploymentSpec) -> RetentionWiring:
     """Hints on or off, and the user's setting (if any) that keeps the plugin's policy out."""
-    if not spec.hints.active():
+    if not retention_requested(spec):
         return RetentionWiring()
     env = spec.workers.pod.env if spec.workers.pod is not None else []
     plugins = user_plugins_env(spec)
@@ -219,7 +226,7 @@ def _retaining_roles(spec: KvRetentionDeploymentSpec) -> tuple[Role, ...]:
 def build_retention_args(spec: KvRetentionDeploymentSpec, *, role: Role) -> list[str]:
     """``--radix-eviction-policy kvretain`` where the plugin applies ``kv.retain``: hints on, a
     pool that retains, and no user setting that keeps the plugin or its policy out."""
-    if role not in RETAINING_ROLES or not spec.hints.active():
+    if role not in RETAINING_ROLES or not retention_requested(spec):
         return []
     if not plugin_selected(user_plugins_env(spec)):
         return []
