@@ -76,6 +76,7 @@ def one_run(
     return {
         "retained_pages": sum(len(v["survived"]) for v in hinted),
         "retained_pages_survived": sum(sum(v["survived"]) for v in hinted),
+        "retained_pages_present": sum(sum(v["exists"]) for v in hinted),
         "sessions_whole": sum(all(v["survived"]) for v in hinted),
         "background_pages_survived": sum(sum(v["survived"]) for v in background),
         "pages_written": sum(sum(v["written"]) for v in infos.values()),

@@ -56,13 +56,18 @@ class Scenario:
     wait_s: float = 0.0
     settle_s: float = 1.0
     extra: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] | None = None
+    """Replaces the rendered ``kvretention`` section (a master configured apart from it)."""
 
 
 def run_scenario(master: Master, scenario: Scenario, workdir: Path) -> dict[str, Any]:
     """Run one scenario in a fresh interpreter; its JSON report."""
     workdir.mkdir(parents=True, exist_ok=True)
     config_path = workdir / "mooncake.json"
-    config_path.write_text(json.dumps(master.config()))
+    config = master.config()
+    if scenario.settings is not None:
+        config["kvretention"] = scenario.settings
+    config_path.write_text(json.dumps(config))
     trace = workdir / "trace.jsonl"
     spec = {
         "standin": str(build_standin()),

@@ -184,15 +184,12 @@ def main() -> None:
     time.sleep(scenario.get("settle_s", 1.0))
     report["pressure_written"] = pressure_ok
     for info in report["requests"].values():
-        survived = []
-        for k, v in info["objects"]:
-            survived.append(
-                all(
-                    recorder.is_exist(o) == 1 and bytes(recorder.get(o)) == expected[o]
-                    for o in (k, v)
-                )
-            )
-        info["survived"] = survived
+        exists = [all(recorder.is_exist(o) == 1 for o in pair) for pair in info["objects"]]
+        info["exists"] = exists
+        info["survived"] = [
+            e and all(bytes(recorder.get(o)) == expected[o] for o in pair)
+            for e, pair in zip(exists, info["objects"], strict=True)
+        ]
     report["metrics_after_pressure"] = _metrics(scenario["metrics_url"])
     ours = {o for info in report["requests"].values() for pair in info["objects"] for o in pair}
     report["puts"] = [p for p in recorder.puts if set(p["keys"]) & ours]

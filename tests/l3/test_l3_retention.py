@@ -112,6 +112,7 @@ def test_pins_only_retained_pages_and_they_survive_pressure(
         "unretained": 3 + 4 + 4 + 8,
         "over_budget": 0,
         "expired": 0,
+        "pin_refused": 0,
     }
     # Pressure evicted unpinned pages; the retained ones read back byte-exact.
     assert parse_usage(report["metrics_after_pressure"]).evicted_keys > 0
@@ -171,3 +172,22 @@ def test_the_budget_holds_under_pressure_writes(
         reading = KvStoreReading("2026-01-01T00:00:00Z", usage=parse_usage(text))
         verdict = check_retention_budget(reading, budget=budget, external=None)
         assert (verdict.status, verdict.reason) == ("True", "WithinBudget"), verdict.message
+
+
+def test_a_pin_the_master_refuses_is_written_unpinned(
+    torch_imports: None, start_master: MasterFactory, tmp_path: Path
+) -> None:
+    """A master whose maximum pin is shorter than the plugin was told (an external master set up
+    apart): the pin is refused (INVALID_PARAMS) and the page written again, unpinned."""
+    requests = (Request("long", 4, 0, retain({"priority": 50, "duration": 2_592_000})),)
+    settings = {"max_pin_ttl_ms": 86_400_000}  # the master renders 43 200 000
+    with start_master(master=master_spec()) as master:
+        report = run_scenario(master, Scenario(requests, plugin=True, settings=settings), tmp_path)
+    info = report["requests"]["long"]
+    assert info["written"] == [True] * 4
+    asked = [p for p in report["puts"] if p["pin_ttl_ms"] is not None]
+    assert [p["pin_ttl_ms"] for p in asked] == [86_400_000]
+    assert set(asked[0]["results"]) == {-600}
+    assert page_pins(report, "long") == [None] * 4  # the last put of each object: unpinned
+    assert parse_usage(report["metrics_after_writes"]).pinned_keys == 0
+    assert report["stats"]["pin_refused"] == 4 and report["stats"]["pinned"] == 0

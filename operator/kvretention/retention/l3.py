@@ -33,7 +33,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
 from kvretention.retention.contract import HookTarget
@@ -50,8 +50,14 @@ DEFAULT_MAX_PIN_TTL_MS: Final = 86_400_000
 MAX_TRACKED_PAGES: Final = 1_000_000
 """Retained page keys remembered per process (about 150 MB at most); the oldest go first."""
 
-Outcome = Literal["pinned", "unretained", "over_budget", "expired"]
-OUTCOMES: Final[tuple[Outcome, ...]] = ("pinned", "unretained", "over_budget", "expired")
+Outcome = Literal["pinned", "unretained", "over_budget", "expired", "pin_refused"]
+OUTCOMES: Final[tuple[Outcome, ...]] = (
+    "pinned",
+    "unretained",
+    "over_budget",
+    "expired",
+    "pin_refused",
+)
 
 L3_HOOK_TARGETS: Final = (
     HookTarget(
@@ -296,6 +302,13 @@ class PinLedger:
                 del self._live[key]
                 self._bytes -= entry[1]
 
+    def forget(self, key: str) -> None:
+        """A pin that was not written after all (the master refused it): no longer counted."""
+        with self._lock:
+            entry = self._live.pop(key, None)
+            if entry is not None:
+                self._bytes -= entry[1]
+
     def admit(self, key: str, nbytes: int, *, ends: float, now: float) -> bool:
         """Count a pin of ``nbytes`` on ``key`` until ``ends`` if it fits the share; False (and
         nothing counted) when it would pass it."""
@@ -400,7 +413,8 @@ class L3Stats:
                 "kvretention_l3_pages",
                 "Pages put to Mooncake by the retention plugin, by outcome "
                 "(pinned, unretained, over_budget: retained but written unpinned past the pin "
-                "budget, expired: the hold ended before the write).",
+                "budget, expired: the hold ended before the write, pin_refused: the master "
+                "refused the pin and the page was written unpinned).",
                 ["outcome"],
             )
             self._pinned_metric = Gauge(
@@ -492,6 +506,29 @@ def namespace_seed(extra_key: str | None, cache_salt: str | None) -> str | None:
     return seed
 
 
+KEYS_ATTR: Final = "kvr_l3_page_keys"
+"""Attribute on SGLang's ``Req``: the storage keys of its pages hashed so far. A request is
+checkpointed once per prefill chunk and again at its end; the chain is extended, never redone."""
+
+
+def _request_hasher(req: Any) -> Callable[[Sequence[int], str | None, int], list[str]]:
+    """SGLang's page-key chain for ``req``, extending the keys it already has (its tokens only
+    ever grow at the end, so their prefix keys never change)."""
+
+    def hash_pages(tokens: Sequence[int], seed: str | None, page_size: int) -> list[str]:
+        known: list[str] = list(getattr(req, KEYS_ATTR, None) or [])
+        pages = len(tokens) // page_size
+        if len(known) < pages:
+            prior = known[-1] if known else seed
+            known += _hash_pages(
+                tokens[len(known) * page_size : pages * page_size], prior, page_size
+            )
+            setattr(req, KEYS_ATTR, known)
+        return known[:pages]
+
+    return hash_pages
+
+
 def remember_request(req: Any, *, up_to: int, page_size: int, now: float | None = None) -> int:
     """Record ``req``'s retained page keys in :data:`INDEX` (what the checkpoint hook does)."""
     tokens = req.full_untruncated_fill_ids[:up_to]
@@ -504,14 +541,26 @@ def remember_request(req: Any, *, up_to: int, page_size: int, now: float | None 
         seed=namespace_seed(getattr(req, "extra_key", None), getattr(req, "cache_salt", None)),
         rid=getattr(req, "rid", None),
         now=time.time() if now is None else now,
-        hash_pages=_hash_pages,
+        hash_pages=_request_hasher(req),
     )
 
 
+MOONCAKE_BACKENDS: Final = frozenset({"mooncake", "dynamic"})
+"""``--hicache-storage-backend`` values whose pages may reach ``MooncakeStore`` (``dynamic`` names
+any class, which may be it or extend it)."""
+
+
+def _writes_to_mooncake(cache: Any) -> bool:
+    if not getattr(cache, "enable_storage", False):
+        return False
+    backend = getattr(getattr(cache, "cache_controller", None), "storage_backend_type", None)
+    return backend is None or str(backend) in MOONCAKE_BACKENDS
+
+
 def _before_unified_checkpoint(cache: Any, req: Any, *args: Any, **kwargs: Any) -> None:
-    """BEFORE ``UnifiedRadixCache.checkpoint_into_tree``: only a tree that writes to storage,
-    only hinted requests, and never EAGLE's bigram keys (their hash input differs)."""
-    if not getattr(cache, "enable_storage", False) or getattr(req, "kv_hints", None) is None:
+    """BEFORE ``UnifiedRadixCache.checkpoint_into_tree``: only a tree that writes pages to
+    Mooncake, only hinted requests, and never EAGLE's bigram keys (their hash input differs)."""
+    if getattr(req, "kv_hints", None) is None or not _writes_to_mooncake(cache):
         return
     if getattr(getattr(cache, "tree_core", None), "is_eagle", False):
         return
@@ -597,8 +646,12 @@ def put_with_pins(
         if ttl_ms is None:
             got = original(store, keys, ptrs, bsizes, gids, sids)
         else:
-            got = _put_pinned(store, keys, ptrs, bsizes, gids, sids, ttl_ms=ttl_ms)
-            got = _unpinned_where_refused(store, original, got, keys, ptrs, bsizes, gids, sids)
+            pinned = _put_pinned(store, keys, ptrs, bsizes, gids, sids, ttl_ms=ttl_ms)
+            got = _unpinned_where_refused(store, original, pinned, keys, ptrs, bsizes, gids, sids)
+            for i, rc in zip(idx, pinned, strict=True):
+                if int(rc) == INVALID_PARAMS:
+                    puts[i] = replace(puts[i], outcome="pin_refused", ttl_ms=None)
+                    state.ledger.forget(puts[i].page)
         for i, rc in zip(idx, got, strict=True):
             results[i] = int(rc)
     pages: dict[str, PagePut] = {}

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from kvretention.retention import l3
 from kvretention.retention.directives import Hold
 from kvretention.retention.l3 import (
     DEFAULT_MAX_PIN_TTL_MS,
@@ -243,3 +245,84 @@ def test_settings_without_a_file() -> None:
 def test_client_budget_is_the_ratio_of_its_own_segment() -> None:
     assert client_budget_bytes(L3Settings(budget_ratio=0.25), 16 * 2**20) == 4 * 2**20
     assert client_budget_bytes(L3Settings(), 16 * 2**20) is None
+
+
+def test_a_request_is_hashed_once_across_its_checkpoints(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunked prefill checkpoints a request several times: its page keys are extended, never
+    recomputed, and equal the chain over all its tokens at once."""
+    hashed: list[int] = []
+
+    def counting(tokens: Sequence[int], seed: str | None, page_size: int) -> list[str]:
+        hashed.append(len(tokens))
+        return fake_hash(tokens, seed, page_size)
+
+    monkeypatch.setattr(l3, "_hash_pages", counting)
+    monkeypatch.setattr(l3, "namespace_seed", lambda extra_key, cache_salt: cache_salt)
+    monkeypatch.setattr(l3, "INDEX", RetainedPages())
+    tokens = list(range(40))
+    req = SimpleNamespace(
+        rid="r",
+        kv_hints=retain({"priority": 50, "duration": 60}),
+        full_untruncated_fill_ids=tokens,
+        origin_input_ids=tokens,
+        extra_key=None,
+        cache_salt="salt",
+    )
+    for up_to in (9, 18, 40):
+        l3.remember_request(req, up_to=up_to, page_size=PAGE, now=NOW)
+    assert hashed == [8, 8, 24]
+    assert getattr(req, l3.KEYS_ATTR) == fake_hash(tokens, "salt", PAGE)
+    assert all(l3.INDEX.hold(k, NOW) is not None for k in fake_hash(tokens, "salt", PAGE))
+
+
+@pytest.mark.parametrize(
+    ("cache", "writes"),
+    [
+        (SimpleNamespace(enable_storage=False), False),
+        (SimpleNamespace(enable_storage=True), True),
+        (
+            SimpleNamespace(
+                enable_storage=True,
+                cache_controller=SimpleNamespace(storage_backend_type="mooncake"),
+            ),
+            True,
+        ),
+        (
+            SimpleNamespace(
+                enable_storage=True,
+                cache_controller=SimpleNamespace(storage_backend_type="dynamic"),
+            ),
+            True,
+        ),
+        (
+            SimpleNamespace(
+                enable_storage=True, cache_controller=SimpleNamespace(storage_backend_type="file")
+            ),
+            False,
+        ),
+    ],
+    ids=["no-storage", "unknown-backend", "mooncake", "dynamic", "file"],
+)
+def test_only_trees_writing_to_mooncake_record_holds(cache: object, writes: bool) -> None:
+    assert l3._writes_to_mooncake(cache) is writes
+
+
+def test_a_new_budget_reaches_a_running_client(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "mooncake.json"
+    path.write_text(json.dumps({"kvretention": {"pin_budget_ratio": 0.5}}))
+    monkeypatch.setenv("SGLANG_HICACHE_MOONCAKE_CONFIG_PATH", str(path))
+    store = SimpleNamespace(
+        config=SimpleNamespace(global_segment_size=4000),
+        storage_config=SimpleNamespace(tp_size=2, pp_size=1),
+    )
+    try:
+        assert l3.client_state(store, now=0.0).ledger.capacity_bytes == 1000  # half of 4000 / 2
+        path.write_text(json.dumps({"kvretention": {"pin_budget_ratio": 0.25}}))
+        assert l3.client_state(store, now=1.0).ledger.capacity_bytes == 1000  # not re-read yet
+        refreshed = l3.client_state(store, now=l3.SETTINGS_REFRESH_S)
+        assert refreshed.ledger.capacity_bytes == 500
+        assert refreshed.settings.budget_ratio == 0.25
+    finally:
+        l3._CLIENTS.pop(id(store), None)
