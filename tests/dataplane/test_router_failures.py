@@ -69,8 +69,7 @@ def test_worker_dying_mid_stream_gives_a_clean_error_then_is_readmitted(
     assert lines[0]["text"] == "Hello"
     assert lines[-1]["error"]["code"] == "worker_unavailable"
     assert worker.proc.wait(timeout=5) == 17
-    # A broken stream alone is not decisive; the next poll's refused connection is.
-    wait_for(lambda: workers_view(router.base_url)[worker.base_url]["healthy"] is False)
+    assert workers_view(router.base_url)[worker.base_url]["healthy"] is False
     assert not http_ok(router.base_url + "/readyz")
     status, (body,) = post(router.base_url, request_body("while-down"))
     assert (status, body["error"]["code"]) == (503, "no_workers")

@@ -40,6 +40,7 @@ def run(
         # decisive evidence: out at once, even the last worker
         (["refused"], [], True, False, 0),
         (["not_ready"], [], True, False, 0),
+        (["broken"], [True], True, False, 0),  # answers seen do not excuse a dropped stream
         # slowness needs three in a row ...
         (["timeout", "timeout"], [], False, True, None),
         (["timeout", "timeout", "timeout"], [], False, False, 2),

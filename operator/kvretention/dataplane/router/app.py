@@ -3,8 +3,9 @@
 The body is forwarded as the bytes received (a parsed copy is read for ``session_id`` only), so
 ``kv_hints`` leaves the router byte-identical on every path. Placement data travels in
 ``x-kvr-*`` headers. Workers are health-checked on a connection pool of their own, and ejection
-weighs the evidence (:mod:`kvretention.dataplane.router.health`): a refused connection or a worker
-that says it is not ready leaves at once; timeouts and other failures only after several in a row
+weighs the evidence (:mod:`kvretention.dataplane.router.health`): a refused connection, a stream
+that breaks off or a worker that says it is not ready leaves at once; timeouts and other failures
+only after several in a row
 with no real request answered in between, and never the last healthy worker for slowness alone. A
 passing poll re-admits a worker. A worker that dies mid-stream gives the client a final
 ``worker_unavailable`` line; a client that disconnects closes the upstream request, which makes
@@ -620,7 +621,7 @@ async def _relay(
         else:
             code, outcome = ErrorCode.WORKER_UNAVAILABLE, "worker_unavailable"
             message = f"worker {worker.url} stopped mid-stream"
-            state.observe(worker, "error")
+            state.observe(worker, "broken")
         await _write(out, error_line(code, message))
     with contextlib.suppress(ConnectionResetError):
         await out.write_eof()

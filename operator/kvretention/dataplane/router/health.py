@@ -5,9 +5,10 @@ tens of milliseconds per request, and on a loaded node its ``/readyz`` can miss 
 timeout while it serves perfectly well. So the evidence is weighed by what it proves:
 
 - **Decisive** (out at once): the worker says it is not ready (``/readyz`` 503, a ``draining``
-  answer), or nothing accepts the connection (refused: a process that is merely busy still has its
-  kernel accept connections).
-- **Ambiguous** (counted): a poll that timed out or failed otherwise, a request that broke off.
+  answer), nothing accepts the connection (refused: a process that is merely busy still has its
+  kernel accept connections), or its connection dropped in the middle of an answer (broken: a
+  busy process is slow, it does not hang up).
+- **Ambiguous** (counted): a poll that timed out or failed otherwise.
   The worker leaves after ``eject_after`` of them in a row, and a real request it answered in
   between (passive evidence) wipes the count.
 - **Fail open**: a worker whose only fault is slowness (timeouts) is never ejected while it is the
@@ -23,9 +24,9 @@ from typing import Final, Literal
 
 DEFAULT_EJECT_AFTER: Final = 3
 
-Evidence = Literal["ok", "not_ready", "refused", "timeout", "error"]
+Evidence = Literal["ok", "not_ready", "refused", "broken", "timeout", "error"]
 """What one poll or one real request showed about a worker."""
-DECISIVE: Final[frozenset[Evidence]] = frozenset({"not_ready", "refused"})
+DECISIVE: Final[frozenset[Evidence]] = frozenset({"not_ready", "refused", "broken"})
 SLOW: Final[frozenset[Evidence]] = frozenset({"timeout"})
 
 
