@@ -19,7 +19,7 @@ import pytest
 
 from kvretention.dataplane.worker.sglang_source import locate_sglang
 from kvretention.retention import EVICTION_POLICY, PLUGIN_NAME
-from kvretention.retention.contract import HOOK_TARGETS, HookTarget, check_target
+from kvretention.retention.contract import HookTarget, check_target, plugin_targets
 
 pytestmark = pytest.mark.engine
 
@@ -53,12 +53,12 @@ def as_shipped_then_loaded() -> dict[str, Any]:
     loader ran with ``SGLANG_PLUGINS=kvretention``."""
     code = (
         "import json, inspect, pkgutil\n"
-        "from kvretention.retention.contract import HOOK_TARGETS, check_targets\n"
+        "from kvretention.retention.contract import check_targets, plugin_targets\n"
         "problems = check_targets()\n"
         "from sglang.srt.plugins import load_plugins\n"
         "load_plugins()\n"
         "from sglang.srt.arg_groups.choices import RADIX_EVICTION_POLICY_CHOICES as C\n"
-        "w = [t.target for t in HOOK_TARGETS"
+        "w = [t.target for t in plugin_targets()"
         " if inspect.unwrap(pkgutil.resolve_name(t.target)) is not pkgutil.resolve_name(t.target)]\n"
         "print(json.dumps({'problems': problems, 'wrapped': w, 'choices': C}))\n"
     )
@@ -77,7 +77,7 @@ def test_every_hook_target_exists_with_the_parameters_the_plugin_relies_on(
 def test_sglangs_loader_wraps_every_target_and_adds_the_policy(
     as_shipped_then_loaded: dict[str, Any],
 ) -> None:
-    assert as_shipped_then_loaded["wrapped"] == [t.target for t in HOOK_TARGETS]
+    assert as_shipped_then_loaded["wrapped"] == [t.target for t in plugin_targets()]
     assert EVICTION_POLICY in as_shipped_then_loaded["choices"]
 
 
@@ -121,8 +121,8 @@ def test_without_the_plugin_selected_sglang_leaves_every_target_alone() -> None:
         "import json, inspect, pkgutil\n"
         "from sglang.srt.plugins import load_plugins\n"
         "load_plugins()\n"
-        "from kvretention.retention.contract import HOOK_TARGETS\n"
-        "print(json.dumps([t.target for t in HOOK_TARGETS"
+        "from kvretention.retention.contract import plugin_targets\n"
+        "print(json.dumps([t.target for t in plugin_targets()"
         " if hasattr(pkgutil.resolve_name(t.target), '__wrapped__')]))\n"
     )
     assert json.loads(_python(code, SGLANG_PLUGINS="some-other-plugin")) == []

@@ -28,7 +28,7 @@ class HookTarget:
 EVICTION_CHOICES: Final = "sglang.srt.arg_groups.choices.add_radix_eviction_policy_choices"
 """SGLang's own way to add a ``--radix-eviction-policy`` choice (called, not hooked)."""
 
-HOOK_TARGETS: Final = (
+HOOK_TARGETS: Final = (  # the radix tiers'; l3.L3_HOOK_TARGETS has the Mooncake tier's
     HookTarget(
         "sglang.srt.mem_cache.utils.get_eviction_strategy",
         ("eviction_policy", "config"),
@@ -93,9 +93,17 @@ def check_target(target: HookTarget) -> str | None:
     return None
 
 
+def plugin_targets() -> tuple[HookTarget, ...]:
+    """Everything the plugin hooks: the radix tiers' targets and the L3 (Mooncake) ones."""
+    from kvretention.retention.l3 import L3_HOOK_TARGETS  # l3 builds on this module
+
+    return (*HOOK_TARGETS, *L3_HOOK_TARGETS)
+
+
 def check_targets() -> list[str]:
-    """Every problem with the hook targets (and the choices extension); empty when all match."""
-    problems = [p for t in HOOK_TARGETS if (p := check_target(t)) is not None]
+    """Every problem with the plugin's hook targets (radix and L3) and the choices extension;
+    empty when all match. What the probe reports as "finds its hook targets"."""
+    problems = [p for t in plugin_targets() if (p := check_target(t)) is not None]
     try:
         pkgutil.resolve_name(EVICTION_CHOICES)
     except (ImportError, AttributeError, ValueError) as error:

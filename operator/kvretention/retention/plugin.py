@@ -11,9 +11,12 @@ in every process before server args are parsed. It adds the ``kvretain`` choice 
   get its scope's hold (priority, ``now + duration``); priority 0 releases it; the tree is split
   at hold edges so no node is half retained;
 - a node split copies the holds to the new parent;
-- ``kvretain`` runs on SGLang's Python TreeCore (the Rust core keeps nodes out of reach).
+- ``kvretain`` runs on SGLang's Python TreeCore (the Rust core keeps nodes out of reach);
+- and :func:`kvretention.retention.l3.register_l3_hooks`: HiCache's Mooncake writes of retained
+  pages carry a soft pin, within the budget.
 
-Holds apply only on a tree whose policy is ``kvretain``; anything else is left as SGLang has it.
+Radix holds apply only on a tree whose policy is ``kvretain``; anything else is left as SGLang has
+it.
 """
 
 from __future__ import annotations
@@ -146,6 +149,9 @@ def register() -> None:
         add_radix_eviction_policy_choices([EVICTION_POLICY])
     for target, (hook, kind) in hooks().items():
         HookRegistry.register(target, hook, HookType[kind])
+    from kvretention.retention.l3 import register_l3_hooks
+
+    register_l3_hooks(HookRegistry)  # the Mooncake tier: soft pins within the budget
     logger.info(
         "%s: --radix-eviction-policy %s and %d hooks",
         PLUGIN_NAME,
