@@ -14,7 +14,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from kvretention.dataplane.protocol import GENERATE_PATH, HEADER_SESSION
-from kvretention.dataplane.router.app import RouterConfig, RouterState, build_app
+from kvretention.dataplane.router.app import RouterConfig, RouterState, build_app, check_all
 from kvretention.dataplane.router.discovery import build_sources
 
 
@@ -26,9 +26,13 @@ class FakeWorker:
     name: str
     ready: bool = True
     bodies: list[bytes] = field(default_factory=list)
+    stalled: asyncio.Event | None = None
+    """Set: ``/readyz`` never answers (a worker too busy to), while requests are still served."""
 
     def app(self) -> web.Application:
         async def readyz(_: web.Request) -> web.Response:
+            if self.stalled is not None:
+                await asyncio.Event().wait()
             return web.json_response({}, status=200 if self.ready else 503)
 
         async def info(_: web.Request) -> web.Response:
@@ -134,3 +138,44 @@ async def test_no_ready_worker_is_a_503_no_workers_and_the_router_is_not_ready(
     assert status == 503
     assert json.loads(text)["error"]["code"] == "no_workers"
     assert (await fleet.router.get("/readyz")).status == 503
+
+
+async def test_answered_requests_keep_a_worker_whose_polls_time_out() -> None:
+    """Passive evidence: polls that time out do not eject a worker that answers real requests in
+    between; once it answers nothing, three in a row do (another worker is there to take over).
+    The polls are driven one by one (the background loop waits an hour after its first round),
+    so the outcome depends on the order of polls and answers only, not on timing."""
+    slow, other = FakeWorker("slow"), FakeWorker("other")
+    servers = [TestServer(w.app()) for w in (slow, other)]
+    for server in servers:
+        await server.start_server()
+    urls = [str(s.make_url("")).rstrip("/") for s in servers]
+    sources = build_sources(
+        workers=urls, worker_dns=(), prefill=(), prefill_dns=(), decode=(), decode_dns=()
+    )
+    config = RouterConfig(health_interval_s=3600.0, health_timeout_s=0.3)
+    state = RouterState(sources, config)
+    router: TestClient[Any, Any] = TestClient(TestServer(build_app(state)))
+    await router.start_server()
+    try:
+        assert all(w.healthy for w in state.workers.values())
+        slow.stalled = asyncio.Event()
+        state.pins.set("aggregated", "pinned", urls[0])
+        for n in range(6):
+            await check_all(state)
+            resp = await router.post(
+                GENERATE_PATH, data=_body(f"passive{n}"), headers={HEADER_SESSION: "pinned"}
+            )
+            assert resp.status == 200 and json.loads(await resp.text())["text"] == "slow"
+            assert state.workers[urls[0]].healthy
+        await check_all(state)  # the last request's answer excuses this one
+        for failed in (1, 2):
+            await check_all(state)
+            assert state.workers[urls[0]].health.failures == failed
+        await check_all(state)
+        assert not state.workers[urls[0]].healthy
+        assert state.workers[urls[1]].healthy
+    finally:
+        await router.close()
+        for server in servers:
+            await server.close()
