@@ -260,6 +260,11 @@ IGNORED = [
     ({"tools": [{**WEATHER, "nope": 1}]}, "tools.*.nope"),
     ({"tools": [{**WEATHER, "input_examples": [{"city": "Paris"}]}]}, "tools.*.input_examples"),
     ({"metadata": {"user_id": "u", "email": "x"}}, "metadata.email"),
+    ({"tools": [{**WEATHER, "allowed_callers": ["direct"]}]}, "tools.*.allowed_callers"),
+    (
+        {"messages": [{"role": "user", "content": [{**_TEXT, "citations": [{"type": "x"}]}]}]},
+        "messages.*.content.*.citations",
+    ),
     (
         {"messages": [{"role": "user", "content": [{**_TEXT, "extra": 1}]}]},
         "messages.*.content.*.extra",

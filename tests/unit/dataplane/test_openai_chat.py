@@ -505,6 +505,10 @@ CHAT_IGNORED = [
     ({"messages": [{"role": "user", "content": "x", "extra": 1}]}, ("messages[*].extra",)),
     ({"messages": [{"role": "user", "content": "x", "name": "ann"}]}, ("messages[*].name",)),
     ({"store": False, "user": "u"}, ("store", "user")),
+    (
+        {"stream_options": {"include_usage": True, "include_obfuscation": False}},
+        ("stream_options.include_obfuscation",),
+    ),
     ({"metadata": {"session": "s"}}, ()),  # may hold the session key: read, not ignored
     ({"bogus": None}, ()),  # null carries nothing
 ]

@@ -531,6 +531,16 @@ RESPONSES_IGNORED = [
     ({"tools": [SHELL, {"type": "tool_search", "execution": "client"}]}, ("tools[*]:tool_search",)),
     ({"store": False, "include": ["reasoning.encrypted_content"]}, ("store", "include")),
     ({"client_metadata": {"session_id": "s"}}, ()),  # a session source: read, not ignored
+    ({"tools": [{**SHELL, "output_schema": {"type": "object"}}]}, ("tools[*].output_schema",)),
+    (
+        {
+            "input": [
+                {"role": "assistant", "content": "hi", "phase": "final_answer"},
+                {"role": "user", "content": "x"},
+            ]
+        },
+        ("input[*].phase",),
+    ),
 ]
 
 

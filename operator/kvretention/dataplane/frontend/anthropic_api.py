@@ -149,6 +149,15 @@ _TOOL_RESULT_KEYS: Final = frozenset(
     {"tool_use_id", "content", "is_error", CACHE_CONTROL, "toolset_name"}
 )
 _TOOL_REFERENCE_KEYS: Final = frozenset({"tool_name", CACHE_CONTROL})
+_BLOCK_NO_OPS: Final[Mapping[str, tuple[str, ...]]] = {
+    "text": ("citations",),
+    "image": ("transformations",),
+    "document": ("citations",),
+    "tool_use": ("caller", "toolset_name"),
+    "tool_result": ("toolset_name",),
+}
+"""Block keys accepted and counted as ignored: citations are not shown, images are not
+transformed, every call here is direct, and toolsets do not exist here."""
 _THINKING_KEYS: Final = frozenset({"thinking", "signature"})
 _REDACTED_KEYS: Final = frozenset({"data"})
 _TOOL_KEYS: Final = frozenset(
@@ -536,6 +545,7 @@ def _assistant(
 def _part(block: dict[str, Any], *, kind: str, where: str, marks: Marks) -> ContentPart:
     """A text, image or plain-text document block of a user message or a tool result."""
     ttl = marks.get(where)
+    compat.ignore_set(block, _BLOCK_NO_OPS.get(kind, ()), where=where)
     if kind == "text":
         _keys(block, _TEXT_KEYS, where=where)
         return TextPart(text=_str(block, "text", where=where), retain_ttl=ttl)
@@ -619,6 +629,7 @@ def _document_text(block: Mapping[str, Any], *, where: str) -> str:
 
 def _tool_use(block: dict[str, Any], *, where: str, ttl: int | None) -> ToolCall:
     _keys(block, _TOOL_USE_KEYS, where=where)
+    compat.ignore_set(block, _BLOCK_NO_OPS["tool_use"], where=where)
     caller = block.get("caller")
     if caller is not None and not (isinstance(caller, dict) and caller.get("type") == "direct"):
         raise F.unsupported(f"{where}.caller", "only direct tool calls are supported")
@@ -650,6 +661,7 @@ def _tool_result(
     ``tool_reference`` blocks (a tool search's answer) become the referenced tools' definitions,
     in the ``<functions>`` encoding Claude Code's ToolSearch tool tells the model to expect."""
     _keys(block, _TOOL_RESULT_KEYS, where=where)
+    compat.ignore_set(block, _BLOCK_NO_OPS["tool_result"], where=where)
     call_id = _str(block, "tool_use_id", where=where)
     is_error = block.get("is_error")
     if is_error is not None and not isinstance(is_error, bool):
@@ -838,6 +850,7 @@ def _tool(raw: object, *, where: str, ttl: int | None) -> ToolDefinition:
     callers = raw.get("allowed_callers")
     if callers is not None and callers != ["direct"]:
         raise F.unsupported(f"{where}.allowed_callers", "only direct tool calls are supported")
+    compat.ignore_set(raw, ("allowed_callers",), where=where)
     for key in _TOOL_NO_OPS:
         if key in raw and raw[key] is not None:
             if not isinstance(raw[key], list | bool):

@@ -18,7 +18,7 @@ the metrics (``kvretention_frontend_ignored_fields_total{field}``) and the trace
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Final
@@ -59,6 +59,14 @@ def ignore_unknown(
     for key, value in obj.items():
         if value is not None and not known(key):
             ignore(f"{where}{sep}{key}" if where else key)
+
+
+def ignore_set(obj: Mapping[str, object], keys: Collection[str], *, where: str = "") -> None:
+    """Record the documented no-ops among ``keys`` that ``obj`` sets (not ``null``), in the
+    object's order."""
+    for key, value in obj.items():
+        if key in keys and value is not None:
+            ignore(f"{where}.{key}" if where else key)
 
 
 MAX_LABELS: Final = 64

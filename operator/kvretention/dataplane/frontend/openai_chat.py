@@ -172,6 +172,7 @@ def parse_chat(
             where="stream_options",
             allowed=("include_usage", "include_obfuscation"),
         )
+        ignore_present(options, ("include_obfuscation",), where="stream_options")
     include_usage = bool(options and options.get("include_usage") is True)
     tools = _tools(body)
     return ParsedRequest(

@@ -349,6 +349,7 @@ class _Conversation:
         # turn ended there (Codex replays both); templates show neither
         enum(item, "phase", where=where, values=("commentary", "final_answer"))
         F.opt_bool(item, "end_turn", param=f"{where}.end_turn")
+        ignore_present(item, ("phase", "end_turn"), where=where)
         content = _content(
             item.get("content"), where=f"{where}.content", images=role == "user", marks=self.marks
         )
@@ -622,6 +623,7 @@ def _tool_no_ops(tool: Mapping[str, Any], *, where: str) -> None:
     schema = tool.get("output_schema")
     if schema is not None:
         obj(schema, where=f"{where}.output_schema")
+    ignore_present(tool, ("allowed_callers", "output_schema"), where=where)
 
 
 def _caller(item: Mapping[str, Any], *, where: str) -> None:
@@ -635,6 +637,7 @@ def _caller(item: Mapping[str, Any], *, where: str) -> None:
             f"{where}.caller.type", "only direct tool calls are supported ('direct')."
         )
     only_keys(spec, where=f"{where}.caller", allowed=("type",))
+    compat.ignore(f"{where}.caller")  # how every call here is made
 
 
 def _grammar(raw: object, *, where: str) -> ToolGrammar | None:

@@ -55,9 +55,7 @@ def only_keys(obj: Mapping[str, Any], *, where: str, allowed: Collection[str]) -
 
 def ignore_present(body: Mapping[str, Any], keys: Collection[str], *, where: str = "") -> None:
     """Record the documented no-ops ``body`` sets (not ``null``) as ignored, in the body's order."""
-    for key, value in body.items():
-        if key in keys and value is not None:
-            compat.ignore(f"{where}.{key}" if where else key)
+    compat.ignore_set(body, keys, where=where)
 
 
 def refuse_set(body: Mapping[str, Any], refused: Mapping[str, str], *, where: str = "") -> None:
