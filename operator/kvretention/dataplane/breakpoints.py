@@ -201,8 +201,8 @@ def resolve_breakpoints(
         )
     if ends is None:
         ends = list(map(operator.itemgetter(1), offsets))
-    if ordered is None:
-        ordered = list(ends) == sorted(ends)  # once per request: timsort checks sorted input in C
+    if ordered is None:  # once per request: timsort checks sorted input in C
+        ordered = (ends if isinstance(ends, list) else list(ends)) == sorted(ends)
     resolved: list[ResolvedBreakpoint] = []
     dropped: list[DroppedBreakpoint] = []
     for marker in markers:
