@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -208,8 +208,11 @@ class Master:
 
 
 @contextlib.contextmanager
-def running_master(cr: KvRetentionDeployment, workdir: Path) -> Iterator[Master]:
-    """Start ``mooncake_master`` with exactly the rendered argv; stop it (by pid) on exit."""
+def running_master(
+    cr: KvRetentionDeployment, workdir: Path, *, extra_args: Sequence[str] = ()
+) -> Iterator[Master]:
+    """Start ``mooncake_master`` with exactly the rendered argv (plus ``extra_args``, for a master
+    set up apart from the operator, e.g. an external one); stop it (by pid) on exit."""
     if not MASTER_BIN.exists():
         raise FileNotFoundError(f"{MASTER_BIN} missing: run scripts/bootstrap.sh")
     argv = build_mooncake_master_args(cr.spec)
@@ -218,7 +221,10 @@ def running_master(cr: KvRetentionDeployment, workdir: Path) -> Iterator[Master]
     log = workdir / "master.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [str(MASTER_BIN), *argv[1:]], stdout=out, stderr=subprocess.STDOUT, cwd=workdir
+            [str(MASTER_BIN), *argv[1:], *extra_args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=workdir,
         )
     master = Master(cr, argv, process, log)
     try:
@@ -256,9 +262,12 @@ MasterFactory = Callable[..., contextlib.AbstractContextManager[Master]]
 class Store:
     """The real ``MooncakeDistributedStore``, set up from the worker's rendered config."""
 
-    def __init__(self, module: ModuleType, master: Master) -> None:
+    def __init__(
+        self, module: ModuleType, master: Master, config: Mapping[str, Any] | None = None
+    ) -> None:
+        """``config``: a worker config rendered for another fleet on this master (external mode)."""
         self.module = module
-        config = master.config()
+        config = master.config() if config is None else config
         self.client = module.MooncakeDistributedStore()
         rc = self.client.setup(
             "127.0.0.1",
@@ -268,6 +277,7 @@ class Store:
             config["protocol"],
             config["device_name"],
             config["master_server_address"],
+            tenant_id=config.get("tenant_id", "default"),
         )
         if rc != OK:
             raise RuntimeError(f"MooncakeDistributedStore.setup returned {rc}")

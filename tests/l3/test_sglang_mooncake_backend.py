@@ -187,8 +187,14 @@ def as_worker(
                 "device_name": "",
                 "global_segment_size": 1024**3,
                 "master_metrics_port": 9003,  # SGLang's default: nothing rendered
+                "tenant_id": "default",
             },
             id="external",
+        ),
+        pytest.param(
+            {"mode": "external", "external": {"masterAddress": "mc:1", "tenant": "team.fleet"}},
+            {"master_server_address": "mc:1", "tenant_id": "team.fleet"},
+            id="external-tenant",
         ),
     ],
 )

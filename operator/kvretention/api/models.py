@@ -1070,6 +1070,19 @@ class ExternalMooncakeSpec(_Model):
         max_length=1024,
         description="Transfer-engine metadata server: P2PHANDSHAKE or an http://.../metadata URL.",
     )
+    tenant: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        pattern=r"^[a-z0-9]([a-z0-9._-]*[a-z0-9])?$",
+        description=(
+            "Mooncake tenant the workers write as (the store client's tenant_id). On a master run "
+            "with --enable_multi_tenants each tenant is its own key namespace with its own byte "
+            "quota (a tenant at its quota evicts its own unpinned objects), so fleets sharing the "
+            "store cannot evict each other; the master's quota policy must name the tenant or "
+            "every write is refused. Unset: Mooncake's default tenant."
+        ),
+    )
 
     @field_validator("master_address")
     @classmethod

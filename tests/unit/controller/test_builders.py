@@ -504,6 +504,23 @@ def test_mooncake_master_args_follow_the_spec() -> None:
                 "kvretention": {"max_pin_ttl_ms": 86_400_000},
             },
         ),
+        (
+            {
+                "mooncake": {
+                    "mode": "external",
+                    "external": {"masterAddress": "x:7", "tenant": "t.f"},
+                }
+            },
+            {
+                "master_server_address": "x:7",
+                "metadata_server": "P2PHANDSHAKE",
+                "protocol": "tcp",
+                "device_name": "",
+                "global_segment_size": "4gb",
+                "tenant_id": "t.f",
+                "kvretention": {"max_pin_ttl_ms": 86_400_000},
+            },
+        ),
     ],
 )
 def test_mooncake_client_config(kv_store: Body, expected: Body) -> None:
