@@ -11,8 +11,10 @@ MOONCAKE_VERSION=0.3.13.post1
 log() { printf '[bootstrap] %s\n' "$*" >&2; }
 
 # Debian packages: openssl for the control plane's keys, libibverbs1 for mooncake_master,
-# lua5.1 to test the Argo CD health check with a real Lua, gcc for the test-only libcuda stand-in.
+# lua5.1 to test the Argo CD health check with a real Lua, gcc for the test-only libcuda stand-in,
+# npm (with Node.js) to install the real Claude Code and Codex CLIs the client tier runs.
 need_apt=()
+command -v npm >/dev/null || need_apt+=(npm)
 command -v openssl >/dev/null || need_apt+=(openssl)
 command -v lua5.1 >/dev/null || need_apt+=(lua5.1)
 command -v gcc >/dev/null && command -v nm >/dev/null || need_apt+=(gcc binutils)
@@ -55,4 +57,8 @@ KVR_VENV="$VENV" scripts/build-cuda-standin.sh >/dev/null
 if [ -x scripts/build-kube.sh ]; then
   scripts/build-kube.sh >/dev/null
 fi
+
+# The pinned Claude Code and Codex CLIs for tests/clients, from npm (cached in
+# ~/.cache/kvretention/clients, keyed by version).
+scripts/install-clients.sh >/dev/null
 log "ready"
