@@ -134,7 +134,8 @@ async def test_tool_call_streams_by_index_with_id_and_name_first(
     assert call["name"] == "get_weather"
     assert json.loads(call["arguments"]) == {"city": "stand-in"}
     assert lines[-1]["finish_reason"] == "tool_calls"
-    assert joined(lines, "text").strip() == ""  # the empty think block's trailing newlines
+    # the empty think block and its trailing "\n\n" make no reasoning and no text (issue 20, 7)
+    assert joined(lines, "text") == "" and joined(lines, "reasoning") == ""
     assert sum(len(line.get("tool_calls", [])) for line in lines) > 2  # streamed in fragments
     prompt = engine_prompt(engine, tokenizer)
     assert '"name": "get_weather"' in prompt and '"name": "get_time"' in prompt
@@ -458,3 +459,18 @@ async def test_a_slow_prompt_is_prepared_off_the_event_loop(
     status, lines = await pending
     assert waited == [True]
     assert status == 200 and lines[-1]["finish_reason"] == "stop"
+
+
+async def test_a_deferred_tool_is_callable_but_not_listed(worker: Client, tokenizer: Any) -> None:
+    """Tool search (Claude Code's ToolSearch): the template lists only ``tools``; a deferred tool
+    whose definition a tool result carried is parsed like any other when the model calls it."""
+    client, engine = await worker()
+    marker = '[[standin:tool_call:get_weather]] [[standin:tool_args:{"city": "Rome"}]]'
+    status, lines = await generate(
+        client, body(f"Weather? {marker}", tools=[TIME], deferred_tools=[WEATHER])
+    )
+    assert status == 200
+    (call,) = calls_of(lines)
+    assert (call["name"], json.loads(call["arguments"])) == ("get_weather", {"city": "Rome"})
+    prompt = engine_prompt(engine, tokenizer)
+    assert '"name": "get_time"' in prompt and '"name": "get_weather"' not in prompt
