@@ -295,3 +295,30 @@ def test_codex_is_retained_by_the_fleet_policy(codex: Run) -> None:
     assert codex.calls, codex.failure()
     for _, call in codex.calls:
         assert _retain_ttls(call) == {FLEET_POLICY_TTL}
+
+
+# ------------------------------------------------------------------ what the clients send back
+
+
+def _assistant_texts(run: Run) -> list[str]:
+    """Every text the client replays as the assistant's (Anthropic text blocks of assistant
+    messages; Responses assistant message items' output_text parts)."""
+    texts = []
+    for e in run.exchanges:
+        body = e.body if isinstance(e.body, dict) else {}
+        for item in [*body.get("messages", []), *body.get("input", [])]:
+            if not isinstance(item, dict) or item.get("role") != "assistant":
+                continue
+            content = item.get("content")
+            parts = content if isinstance(content, list) else [{"text": content}]
+            texts += [p["text"] for p in parts if isinstance(p.get("text"), str)]
+    return texts
+
+
+@pytest.mark.parametrize("name", ["claude", "codex"])
+def test_no_whitespace_only_text_comes_back_before_a_tool_call(
+    name: str, request: pytest.FixtureRequest
+) -> None:
+    """The answer before a tool call had no text: the client must not replay an empty one."""
+    run: Run = request.getfixturevalue(name)
+    assert [t for t in _assistant_texts(run) if not t.strip()] == [], run.failure()
