@@ -222,8 +222,11 @@ def after_stages(
 # ---------------------------------------------------------------- the burst
 
 
-def burst(*, clients: int, requests: int, turns: int) -> dict[str, Any]:
-    """frontend -> router -> one worker as processes; the status of every request."""
+def burst(
+    *, clients: int, requests: int, turns: int, router_path: Path | None = None
+) -> dict[str, Any]:
+    """frontend -> router -> one worker as processes; the status of every request.
+    ``router_path``: an ``operator/`` tree to run the router from (a baseline revision)."""
     headers, body = claude_code_session(turns=turns)[-1]
     raw = json.dumps(body).encode()
     with tempfile.TemporaryDirectory() as tmp:
@@ -237,7 +240,11 @@ def burst(*, clients: int, requests: int, turns: int) -> dict[str, Any]:
                 timeout=90,
             )
             started.append(w)
-            r = start_kvretention(["router", "--worker", w.base_url], log_dir=logs)
+            r = start_kvretention(
+                ["router", "--worker", w.base_url],
+                log_dir=logs,
+                env={"PYTHONPATH": str(router_path)} if router_path is not None else None,
+            )
             started.append(r)
             f = start_kvretention(
                 [
@@ -259,7 +266,7 @@ def burst(*, clients: int, requests: int, turns: int) -> dict[str, Any]:
                     )
                     resp = conn.getresponse()
                     resp.read()
-                    return resp.status
+                    return int(resp.status)
                 finally:
                     conn.close()
 
@@ -292,6 +299,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--turns", type=int, default=300, help="session length (~200 KB at 300)")
     parser.add_argument("--burst", action="store_true", help="also run the burst (processes)")
+    parser.add_argument(
+        "--burst-baseline",
+        default=None,
+        metavar="REV",
+        help="also run the burst with the router of this git revision, before ours",
+    )
     parser.add_argument("--out", default=str(HERE / "results" / "worker_turn.json"))
     args = parser.parse_args(argv)
     tokenizer = chat_tokenizer.build_tokenizer()
@@ -307,7 +320,19 @@ def main(argv: list[str] | None = None) -> int:
         "machine": platform.machine(),
         "results": results,
     }
-    if args.burst:
+    if args.burst_baseline:
+        with tempfile.TemporaryDirectory() as tree:
+            archive = subprocess.run(
+                ["git", "-C", str(REPO), "archive", args.burst_baseline, "operator"],
+                capture_output=True,
+                check=True,
+            ).stdout
+            subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+            report["burst_baseline"] = {
+                "revision": args.burst_baseline,
+                **burst(clients=4, requests=15, turns=280, router_path=Path(tree) / "operator"),
+            }
+    if args.burst or args.burst_baseline:
         report["burst"] = burst(clients=4, requests=15, turns=280)
     report["elapsed_s"] = round(time.monotonic() - started, 1)
     report["uptime_after"] = subprocess.run(
@@ -334,14 +359,16 @@ def format_table(report: dict[str, Any]) -> str:
             f"| {r['after_over_before']:.2f} | {s.get('decode_validate', 0):.1f} "
             f"| {s.get('render', 0):.1f} | {s.get('encode', 0):.1f} | {s.get('breakpoints', 0):.1f} |"
         )
-    if "burst" in report:
-        b = report["burst"]
-        lines += [
-            "",
-            f"burst: {b['requests']} requests of {b['body_bytes'] / 1000:.0f} KB from {b['clients']} "
-            f"clients, statuses {b['statuses']}, {b['wall_s']} s, worker CPU "
-            f"{b['worker_cpu_ms_per_request']} ms/request",
-        ]
+    for key in ("burst_baseline", "burst"):
+        if key in report:
+            b = report[key]
+            router = f"router of {b['revision']}" if "revision" in b else "this router"
+            lines += [
+                "",
+                f"burst ({router}): {b['requests']} requests of {b['body_bytes'] / 1000:.0f} KB "
+                f"from {b['clients']} clients, statuses {b['statuses']}, {b['wall_s']} s, worker "
+                f"CPU {b['worker_cpu_ms_per_request']} ms/request",
+            ]
     lines.append(f"\n{report['elapsed_s']} s; {report['uptime_after']}")
     return "\n".join(lines)
 
