@@ -127,13 +127,14 @@ def test_a_burst_of_agent_bodies_at_a_stalled_worker_gets_no_503(
 def test_a_stalled_worker_with_company_is_ejected_after_failed_polls_in_a_row(
     kvretention_process: StartKvretention, tmp_path: Path
 ) -> None:
-    """The other side of the rule: slowness ejects when another worker can take the traffic."""
+    """The other side of the rule: slowness ejects when another worker can take the traffic.
+    (A whole second per poll, so the running worker's polls never time out on a loaded machine.)"""
     slow = kvretention_process(["worker", "--engine", "standin:flat"])
     fine = kvretention_process(["worker", "--engine", "standin:flat"])
     router = kvretention_process(
         [
             *("router", "--worker", slow.base_url, "--worker", fine.base_url),
-            *("--health-interval", "0.1", "--health-timeout", "0.2", "--eject-after", "3"),
+            *("--health-interval", "0.1", "--health-timeout", "1", "--eject-after", "3"),
         ]
     )
 
