@@ -47,6 +47,8 @@ class TreeSpec:
     hicache: bool = False
     tree_core: str | None = None
     """The unified cache's TreeCore (``python``/``rust``); None = SGLang's choice."""
+    tp_group: Any = None
+    """The tensor-parallel group the tree is mirrored over (``torch.distributed``), if any."""
 
 
 class RadixTree:
@@ -112,6 +114,7 @@ class RadixTree:
             eviction_policy=spec.policy,
             tree_components=(ComponentType.FULL,),
             tree_core_backend=spec.tree_core,
+            tp_cache_group=spec.tp_group,
         )
         if spec.kind == "radix":
             self.cache: Any = RadixCache(params)

@@ -74,6 +74,39 @@ HOOK_TARGETS: Final = (  # the radix tiers'; l3.L3_HOOK_TARGETS has the Mooncake
 )
 
 
+CALLED_TARGETS: Final = (
+    HookTarget(
+        "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.touch_prefix",
+        ("self", "key"),
+        "",
+        "CALL",
+        "splits the tree at a hold's edge (a prefix walk that ends inside a node splits it)",
+    ),
+    HookTarget(
+        "sglang.srt.mem_cache.radix_cache.RadixCache.touch_prefix",
+        ("self", "key"),
+        "",
+        "CALL",
+        "the same on the classic tree",
+    ),
+    HookTarget(
+        "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.resolve_node_handle",
+        ("self", "node_handle"),
+        "",
+        "CALL",
+        "the node a request's ``last_node`` id names",
+    ),
+    HookTarget(
+        "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache._all_reduce",
+        ("self", "data", "tp_reduce_op"),
+        "",
+        "CALL",
+        "ranks agree on the time holds expire by",
+    ),
+)
+"""SGLang methods the plugin calls (not hooks): checked like the hook targets."""
+
+
 def _original(obj: object) -> object:
     """Behind SGLang's hook wrappers (``__wrapped__``) to the function itself."""
     return inspect.unwrap(obj)  # type: ignore[arg-type]
@@ -103,7 +136,8 @@ def plugin_targets() -> tuple[HookTarget, ...]:
 def check_targets() -> list[str]:
     """Every problem with the plugin's hook targets (radix and L3) and the choices extension;
     empty when all match. What the probe reports as "finds its hook targets"."""
-    problems = [p for t in plugin_targets() if (p := check_target(t)) is not None]
+    targets = (*plugin_targets(), *CALLED_TARGETS)
+    problems = [p for t in targets if (p := check_target(t)) is not None]
     try:
         pkgutil.resolve_name(EVICTION_CHOICES)
     except (ImportError, AttributeError, ValueError) as error:

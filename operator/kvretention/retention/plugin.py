@@ -33,10 +33,21 @@ logger = logging.getLogger(__name__)
 
 class RetainStrategy:
     """SGLang eviction strategy for ``--radix-eviction-policy kvretain`` (duck-typed like
-    ``evict_policy.EvictionStrategy``: only ``get_priority`` is called)."""
+    ``evict_policy.EvictionStrategy``: only ``get_priority`` is called).
+
+    Holds expire by the wall clock; a tree spread over several ranks (tensor or pipeline
+    parallel) expires them by ``agreed_now`` instead, the time all ranks agreed on at the last
+    checkpoint, so every rank evicts the same nodes.
+    """
+
+    def __init__(self) -> None:
+        self.agreed_now: float | None = None
+
+    def now(self) -> float:
+        return radix.clock() if self.agreed_now is None else self.agreed_now
 
     def get_priority(self, node: Any) -> tuple[int, float]:
-        return radix.eviction_rank(node)
+        return radix.eviction_rank(node, self.now())
 
 
 def _eviction_strategy(original: Any, eviction_policy: str, config: Any = None) -> Any:
@@ -68,7 +79,38 @@ def _bigram(holds: tuple[Hold, ...], page_size: int) -> tuple[Hold, ...]:
     return tuple(out)
 
 
-def hold_request(cache: Any, req: Any, *, tokens: Any, leaf: Any, is_bigram: bool) -> int:
+def _multi_rank(cache: Any) -> bool:
+    """Whether the unified tree is mirrored on other ranks that must evict in step with it."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    groups = [
+        g for g in (cache.tp_group, cache.attn_cp_group, cache.attn_tp_group) if g is not None
+    ]
+    return cache.pp_size > 1 or any(dist.get_world_size(group=g) > 1 for g in groups)
+
+
+def agree_on_now(cache: Any, strategy: RetainStrategy) -> float:
+    """The time this checkpoint sets holds by and later evictions expire them by.
+
+    One rank: the wall clock. Several ranks: the earliest of their clocks, reduced with SGLang's
+    own ``UnifiedRadixCache._all_reduce`` (every rank checkpoints the same requests in the same
+    order, so every rank reaches this reduction), so a hold expires on the same pass everywhere.
+    """
+    if not _multi_rank(cache):
+        return radix.clock()
+    import torch
+
+    now = torch.tensor([radix.clock()], dtype=torch.float64)
+    cache._all_reduce(now, torch.distributed.ReduceOp.MIN)
+    strategy.agreed_now = float(now.item())
+    return strategy.agreed_now
+
+
+def hold_request(
+    cache: Any, req: Any, *, tokens: Any, leaf: Any, is_bigram: bool, now: float
+) -> int:
     """Apply ``req``'s ``kv.retain`` holds to the path its KV occupies in ``cache``; the number
     of nodes changed (0 for an unhinted request)."""
     plan = read_retain(getattr(req, "kv_hints", None))
@@ -79,7 +121,7 @@ def hold_request(cache: Any, req: Any, *, tokens: Any, leaf: Any, is_bigram: boo
         plan,
         seq_len=len(tokens),
         page_size=page_size,
-        now=radix.clock(),
+        now=now,
         prompt_len=len(req.origin_input_ids),
     )
     if is_bigram:
@@ -99,7 +141,8 @@ def hold_request(cache: Any, req: Any, *, tokens: Any, leaf: Any, is_bigram: boo
 
 def _after_unified_checkpoint(_result: Any, cache: Any, req: Any, *, up_to: int, **_: Any) -> None:
     core = cache.tree_core
-    if cache.disable or not isinstance(getattr(core, "eviction_strategy", None), RetainStrategy):
+    strategy = getattr(core, "eviction_strategy", None)
+    if cache.disable or not isinstance(strategy, RetainStrategy):
         return
     hold_request(
         cache,
@@ -107,6 +150,7 @@ def _after_unified_checkpoint(_result: Any, cache: Any, req: Any, *, up_to: int,
         tokens=req.full_untruncated_fill_ids[:up_to],
         leaf=lambda: cache.resolve_node_handle(req.last_node),
         is_bigram=bool(core.is_eagle),
+        now=agree_on_now(cache, strategy),  # on every checkpoint, hinted or not: time moves on
     )
 
 
@@ -119,6 +163,7 @@ def _after_radix_checkpoint(_result: Any, cache: Any, req: Any, *, up_to: int) -
         tokens=req.full_untruncated_fill_ids[:up_to],
         leaf=lambda: req.last_node,
         is_bigram=bool(cache.is_eagle),
+        now=radix.clock(),  # the classic tree has no ranks to agree with
     )
 
 
@@ -160,4 +205,4 @@ def register() -> None:
     )
 
 
-__all__ = ["RetainStrategy", "hold_request", "hooks", "register"]
+__all__ = ["RetainStrategy", "agree_on_now", "hold_request", "hooks", "register"]

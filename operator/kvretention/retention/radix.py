@@ -47,10 +47,10 @@ def active_hold(node: Any, now: float) -> tuple[int, float | None] | None:
     return max(p for p, _ in active), until
 
 
-def eviction_rank(node: Any) -> tuple[int, float]:
+def eviction_rank(node: Any, now: float) -> tuple[int, float]:
     """What the ``kvretain`` policy evicts by, lowest first: unretained and expired nodes (0)
     before held ones, by hold priority, and by recency among equals."""
-    return retained_priority(node, clock()), node.last_access_time
+    return retained_priority(node, now), node.last_access_time
 
 
 def path_spans(leaf: Any) -> list[tuple[Any, int, int]]:
