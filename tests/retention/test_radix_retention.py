@@ -36,11 +36,13 @@ def _tree(kind: str, *, policy: str = EVICTION_POLICY, tokens: int = 4 * BLOCK) 
     return RadixTree(TreeSpec(kind=kind, policy=policy, page_size=PAGE, tokens=tokens))
 
 
-def _held(tree: RadixTree, tokens: list[int]) -> list[tuple[int, int, int | None]]:
+def _held(
+    tree: RadixTree, tokens: list[int], salt: str | None = None
+) -> list[tuple[int, int, int | None]]:
     """``(start, end, hold priority or None)`` of each node on the path of ``tokens``."""
     now = radix.clock()
     out = []
-    for node, start, end in radix.path_spans(tree.leaf(tokens)):
+    for node, start, end in radix.path_spans(tree.leaf(tokens, salt)):
         hold = radix.active_hold(node, now)
         out.append((start, end, None if hold is None else hold[0]))
     return out
@@ -238,6 +240,16 @@ def test_a_later_split_keeps_the_hold_on_both_halves(kind: str) -> None:
     tree.run(held, kv_hints=retain(BLOCK))
     tree.run(held[:8] + _tokens(5, 8))  # unhinted, shares two pages: SGLang splits the node
     assert _held(tree, held) == [(0, 8, 50), (8, BLOCK, 50)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_holds_stay_in_the_requests_namespace(kind: str) -> None:
+    tree = _tree(kind, tokens=8 * BLOCK)
+    tokens = _tokens(0)
+    tree.run(tokens)
+    tree.run(tokens, salt="tenant-a", kv_hints=retain(10))  # splits its own node at page 8
+    assert _held(tree, tokens, salt="tenant-a") == [(0, 8, 50), (8, BLOCK, None)]
+    assert _held(tree, tokens) == [(0, BLOCK, None)]
 
 
 @pytest.mark.parametrize("kind", KINDS)

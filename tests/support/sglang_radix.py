@@ -144,10 +144,10 @@ class RadixTree:
 
     # ---- requests -------------------------------------------------------------------------
 
-    def key(self, tokens: Sequence[int]) -> Any:
+    def key(self, tokens: Sequence[int], salt: str | None = None) -> Any:
         from sglang.srt.mem_cache.radix_cache import RadixKey
 
-        return RadixKey(array("q", tokens))
+        return RadixKey(array("q", tokens), cache_salt=salt)
 
     def cached(self, tokens: Sequence[int]) -> int:
         """Tokens of ``tokens`` the device tier holds (SGLang's ``device_prefix_len``)."""
@@ -163,11 +163,12 @@ class RadixTree:
 
         return int(self.cache.match_prefix(MatchPrefixParams(key=self.key(tokens))).host_hit_length)
 
-    def leaf(self, tokens: Sequence[int]) -> Any:
+    def leaf(self, tokens: Sequence[int], salt: str | None = None) -> Any:
         """The tree node where ``tokens`` (page-aligned) end; matching splits a node there."""
         from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
 
-        node = self.cache.match_prefix(MatchPrefixParams(key=self.key(tokens))).last_device_node
+        key = self.key(tokens, salt)
+        node = self.cache.match_prefix(MatchPrefixParams(key=key)).last_device_node
         return self.cache.resolve_node_handle(node)
 
     def run(
@@ -177,6 +178,7 @@ class RadixTree:
         output: Sequence[int] = (),
         kv_hints: Any = None,
         priority: int | None = None,
+        salt: str | None = None,
     ) -> int:
         """Serve one request whose prompt is ``tokens`` and which generated ``output``; returns
         the prompt tokens it found cached (the prefix SGLang did not recompute)."""
@@ -195,10 +197,11 @@ class RadixTree:
             sampling_params=SamplingParams(temperature=0, max_new_tokens=max(1, len(output))),
             kv_hints=decode_kv_hints_envelope(kv_hints) if kv_hints else None,
             priority=priority,
+            cache_salt=salt,
         )
         self.pool.alloc([req])
         req.output_ids = array("q", output)
-        match = self.cache.match_prefix(MatchPrefixParams(key=self.key(tokens)))
+        match = self.cache.match_prefix(MatchPrefixParams(key=self.key(tokens, salt)))
         hit = int(match.device_prefix_len)
         req.last_node = match.last_device_node
         req.lock = self.cache.lock(req.last_node)
