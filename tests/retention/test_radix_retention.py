@@ -178,6 +178,28 @@ def test_ranges_are_whole_pages_never_widened(
     assert _held(tree, prompt + output) == expected
 
 
+# EAGLE trees key token pairs: key position i spans tokens i and i+1, so a token range
+# [start, end) is the key range [start, end - 1), then whole pages inwards.
+EAGLE_CASES = [
+    ("whole prompt", (0, 22), [(0, 20, 50)]),
+    ("the pair shift costs a page", (0, 20), [(0, 16, 50), (16, 20, None)]),
+    ("start stays", (4, 21), [(0, 4, None), (4, 20, 50)]),
+]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    ("span", "expected"), [c[1:] for c in EAGLE_CASES], ids=[c[0] for c in EAGLE_CASES]
+)
+def test_eagle_bigram_keys_hold_whole_pages_of_token_pairs(
+    kind: str, span: tuple[int, int], expected: list[tuple[int, int, int | None]]
+) -> None:
+    tree = RadixTree(TreeSpec(kind=kind, page_size=PAGE, tokens=4 * BLOCK, eagle=True))
+    prompt, output = _tokens(0, 22), [7, 8]  # 24 tokens: 23 pairs, 20 of them in whole pages
+    tree.run(prompt, output=output, kv_hints=retain(span[1], start=span[0]))
+    assert _held(tree, prompt + output) == expected
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_output_directive_covers_whole_output_pages_only(kind: str) -> None:
     tree = _tree(kind, tokens=8 * BLOCK)

@@ -49,6 +49,8 @@ class TreeSpec:
     """The unified cache's TreeCore (``python``/``rust``); None = SGLang's choice."""
     tp_group: Any = None
     """The tensor-parallel group the tree is mirrored over (``torch.distributed``), if any."""
+    eagle: bool = False
+    """EAGLE speculative decoding: the tree keys token pairs (bigrams)."""
 
 
 class RadixTree:
@@ -115,6 +117,7 @@ class RadixTree:
             tree_components=(ComponentType.FULL,),
             tree_core_backend=spec.tree_core,
             tp_cache_group=spec.tp_group,
+            is_eagle=spec.eagle,
         )
         if spec.kind == "radix":
             self.cache: Any = RadixCache(params)

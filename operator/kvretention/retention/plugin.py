@@ -69,13 +69,14 @@ def _tree_core_backend(original: Any, name: str, params: Any) -> Any:
 
 
 def _bigram(holds: tuple[Hold, ...], page_size: int) -> tuple[Hold, ...]:
-    """EAGLE keys are token pairs: key position ``i`` spans tokens ``i, i+1``, so a hold ending at
-    token ``e`` ends at key position ``e - 1``, rounded down to a page again (never widened)."""
+    """EAGLE keys are token pairs: key position ``i`` spans tokens ``i, i+1``, so exact token
+    holds ``[start, end)`` become key positions ``[start, end - 1)``, then whole pages inwards."""
     out = []
     for h in holds:
+        start = -(-h.start // page_size) * page_size
         end = (h.end - 1) // page_size * page_size
-        if end > h.start:
-            out.append(Hold(h.start, end, h.priority, h.until))
+        if end > start:
+            out.append(Hold(start, end, h.priority, h.until))
     return tuple(out)
 
 
@@ -120,7 +121,7 @@ def hold_request(
     holds = holds_for(
         plan,
         seq_len=len(tokens),
-        page_size=page_size,
+        page_size=1 if is_bigram else page_size,  # bigram keys round after the shift
         now=now,
         prompt_len=len(req.origin_input_ids),
     )
