@@ -55,10 +55,12 @@ def tokenizer(request: pytest.FixtureRequest) -> Any:
     return TOKENIZERS[request.param]()
 
 
-def conversation(turns: int, *, edit: int | None = None, image: bool = False) -> list[ChatMessage]:
+def conversation(
+    turns: int, *, edit: int | None = None, image: bool = False, text: str = ""
+) -> list[ChatMessage]:
     """A Claude Code-like conversation: a marked system prompt, a task, then ``turns`` tool
     rounds with replayed reasoning; the newest block is marked too. ``edit`` changes that round's
-    tool result; ``image`` puts a screenshot in the task."""
+    tool result; ``image`` puts a screenshot in the task; ``text`` ends every tool result."""
     task: list[TextPart | ImagePart] = [TextPart(text="Fix the failing test.")]
     if image:
         task.append(ImagePart(url="data:image/png;base64,iVBORw0KGgo="))
@@ -81,7 +83,7 @@ def conversation(turns: int, *, edit: int | None = None, image: bool = False) ->
                 tool_calls=[ToolCall(id=f"c{t}", name="Bash", arguments='{"command": "pytest"}')],
             )
         )
-        result = f"FAILED test_{t}.\n" * 3 + ("(edited)" if t == edit else "")
+        result = f"FAILED test_{t}.\n" * 3 + ("(edited)" if t == edit else "") + text
         messages.append(ChatMessage(role="tool", tool_call_id=f"c{t}", content=result))
     last = messages[-1]
     messages[-1] = last.model_copy(update={"retain_ttl": 300})
@@ -115,6 +117,7 @@ CASES: list[tuple[str, list[Turn], str]] = [
     ("different session", [Turn(conversation(2)), Turn(conversation(3), session="s2")], "none"),
     ("tools changed", [Turn(conversation(2)), Turn(conversation(3), tools=(*TOOLS, EXTRA_TOOL))], "none"),
     ("tool choice hides the tools", [Turn(conversation(2)), Turn(conversation(3), tool_choice=ToolChoice(mode="none"))], "none"),
+    ("non-ASCII text", [Turn(conversation(2, text="é 漢字 🙂")), Turn(conversation(3, text="é 漢字 🙂"))], "all"),
     ("images", [Turn(conversation(2, image=True)), Turn(conversation(3, image=True))], "all"),
     ("no session: found by the prefix chain", [Turn(conversation(2), session=None, chain=True), Turn(conversation(3), session=None, chain=True)], "all"),
     ("no session and no chain", [Turn(conversation(2), session=None), Turn(conversation(3), session=None)], "none"),
