@@ -140,25 +140,46 @@ def hold_request(
     return radix.apply_holds(radix.path_spans(leaf()), holds, scope=plan.scope)
 
 
+hold_failures = 0
+"""Checkpoints whose holds could not be applied (logged; the request is served regardless)."""
+
+
+def _hold_or_log(cache: Any, req: Any, **kwargs: Any) -> None:
+    """Apply the holds, failing open: a retention bug must never take the scheduler down."""
+    global hold_failures
+    try:
+        hold_request(cache, req, **kwargs)
+    except Exception:
+        hold_failures += 1
+        if hold_failures == 1 or hold_failures % 1000 == 0:
+            logger.exception(
+                "%s: kv.retain not applied to request %s (%d so far); serving goes on",
+                PLUGIN_NAME,
+                getattr(req, "rid", "?"),
+                hold_failures,
+            )
+
+
 def _after_unified_checkpoint(_result: Any, cache: Any, req: Any, *, up_to: int, **_: Any) -> None:
     core = cache.tree_core
     strategy = getattr(core, "eviction_strategy", None)
     if cache.disable or not isinstance(strategy, RetainStrategy):
         return
-    hold_request(
+    now = agree_on_now(cache, strategy)  # on every checkpoint, hinted or not: time moves on
+    _hold_or_log(
         cache,
         req,
         tokens=req.full_untruncated_fill_ids[:up_to],
         leaf=lambda: cache.resolve_node_handle(req.last_node),
         is_bigram=bool(core.is_eagle),
-        now=agree_on_now(cache, strategy),  # on every checkpoint, hinted or not: time moves on
+        now=now,
     )
 
 
 def _after_radix_checkpoint(_result: Any, cache: Any, req: Any, *, up_to: int) -> None:
     if cache.disable or not isinstance(cache.eviction_strategy, RetainStrategy):
         return
-    hold_request(
+    _hold_or_log(
         cache,
         req,
         tokens=req.full_untruncated_fill_ids[:up_to],

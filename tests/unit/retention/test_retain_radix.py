@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -117,3 +117,31 @@ def test_every_contract_target_has_its_plugin_hook() -> None:
     table = hooks()
     assert list(table) == [t.target for t in HOOK_TARGETS]
     assert all(callable(fn) and kind in {"AROUND", "AFTER"} for fn, kind in table.values())
+
+
+def test_a_hook_failure_is_logged_and_the_request_served(caplog: pytest.LogCaptureFixture) -> None:
+    from kvretention.retention import plugin
+
+    class Broken:
+        kv_hints: ClassVar[dict[str, Any]] = {
+            "protocol_version": "0.1",
+            "message_id": "m",
+            "actions": [
+                {
+                    "action_id": "a",
+                    "action_type": "kv.retain",
+                    "action_version": "1.0",
+                    "payload": {"directives": [{"end": 8, "priority": 5, "duration": 1}]},
+                }
+            ],
+        }
+        rid = "broken"
+
+        @property
+        def origin_input_ids(self) -> list[int]:
+            raise RuntimeError("SGLang moved this")
+
+    before = plugin.hold_failures
+    plugin._hold_or_log(object(), Broken(), tokens=[1] * 8, leaf=None, is_bigram=False, now=0.0)
+    assert plugin.hold_failures == before + 1
+    assert "kv.retain not applied to request broken" in caplog.text
