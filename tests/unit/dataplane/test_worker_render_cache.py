@@ -165,6 +165,10 @@ def test_reused_tokens_equal_a_full_render(tokenizer: Any, turns: list[Turn], re
         whole = build_engine_prompt(request, tokenizer=tokenizer, with_offsets=True)
         assert got.rendered == whole.rendered
         assert token_ids(got, tokenizer) == token_ids(whole, tokenizer)
+        # ... which are also the ids of the path without offsets (requests without breakpoints)
+        assert token_ids(whole, tokenizer) == tokenizer.encode(
+            whole.rendered, add_special_tokens=False
+        )
         assert got.prompt_tokens == whole.prompt_tokens
         if whole.input_ids is not None:  # breakpoints resolve to the same offsets
             assert ends_of(got) == ends_of(whole)
