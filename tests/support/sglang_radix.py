@@ -20,6 +20,20 @@ from typing import Any
 from unittest import mock
 
 
+@dataclass
+class FakeClock:
+    """A wall clock moved by hand (put it at ``kvretention.retention.radix.clock``): holds expire
+    without sleeps or timing."""
+
+    now: float = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def load_sglang(plugins: str = "kvretention") -> None:
     """Import SGLang's radix caches quietly and run SGLang's plugin loader once, restricted to
     ``plugins`` (``SGLANG_PLUGINS``). The loader finds the plugin through its installed entry
