@@ -38,7 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from agent_bodies import claude_code_body, codex_body, with_responses_hints
+from agent_bodies import chat_agent_body, claude_code_body, codex_body, with_responses_hints
 from kvretention.dataplane.frontend import app as frontend
 from kvretention.dataplane.frontend.endpoints import (
     CHAT,
@@ -186,6 +186,7 @@ class Case:
 
 def build_cases() -> list[Case]:
     codex = codex_body()
+    claude_code = claude_code_body()
     return [
         Case("chat/small", CHAT_API, chat_body(turns=2, chars=200)),
         Case("chat/large", CHAT_API, chat_body(turns=40, chars=2000)),
@@ -197,7 +198,8 @@ def build_cases() -> list[Case]:
         Case("messages/large_many_blocks", MESSAGES_API, messages_body(turns=700, chars=100)),
         Case("agent/codex (as sent)", RESPONSES_API, codex, hinted=False, agent=True),
         Case("agent/codex + cache options", RESPONSES_API, with_responses_hints(codex), agent=True),
-        Case("agent/claude_code", MESSAGES_API, claude_code_body(), agent=True),
+        Case("agent/claude_code", MESSAGES_API, claude_code, agent=True),
+        Case("agent/chat", CHAT_API, chat_agent_body(claude_code), hinted=False, agent=True),
     ]
 
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Final, Literal
 
+import msgspec
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic_core import to_json
 
 GENERATE_PATH: Final = "/v1/generate"
 READY_PATH: Final = "/readyz"
@@ -48,6 +50,7 @@ Code's ``metadata.user_id`` (a JSON string that holds its session id). ``spec.ro
 overrides it per fleet."""
 BODY_SESSION_OBJECTS: Final = ("metadata", "client_metadata")
 """The body objects a session key may name a field of (``metadata.<field>``)."""
+_ENCODE: Final = msgspec.json.Encoder().encode
 HEADER_PREFIX: Final = "x-kvr-prefix"
 """Frontend -> router: the prompt's prefix-hash chain for cache-aware placement (no body parse)."""
 
@@ -255,6 +258,66 @@ class ChatMessage(_Compact):
         return [p for p in self.content if isinstance(p, ImagePart)]
 
 
+def message_wire(message: ChatMessage) -> dict[str, Any]:
+    """``message`` as ``model_dump(exclude_none=True)`` gives it, by plain attribute reads."""
+    if type(message) is not ChatMessage:
+        dumped: dict[str, Any] = message.model_dump(exclude_none=True, by_alias=True)
+        return dumped
+    content = message.content
+    out: dict[str, Any] = {
+        "role": message.role,
+        "content": content if isinstance(content, str) else [_part_wire(p) for p in content],
+    }
+    if message.tool_calls:
+        out["tool_calls"] = [_call_wire(c) for c in message.tool_calls]
+    reasoning = message.reasoning
+    if reasoning is not None:
+        wire: dict[str, Any] = {"text": reasoning.text}
+        if reasoning.signature is not None:
+            wire["signature"] = reasoning.signature
+        wire["encrypted"] = reasoning.encrypted
+        out["reasoning"] = wire
+    if message.tool_call_id:
+        out["tool_call_id"] = message.tool_call_id
+    if message.name:
+        out["name"] = message.name
+    if message.is_error:
+        out["is_error"] = message.is_error
+    if message.retain_ttl:
+        out["retain_ttl"] = message.retain_ttl
+    return out
+
+
+def _part_wire(part: TextPart | ImagePart) -> dict[str, Any]:
+    if type(part) is TextPart:
+        out: dict[str, Any] = {"type": part.type, "text": part.text}
+    elif type(part) is ImagePart:
+        out = {"type": part.type, "url": part.url}
+        if part.detail is not None:
+            out["detail"] = part.detail
+    else:
+        dumped: dict[str, Any] = part.model_dump(exclude_none=True, by_alias=True)
+        return dumped
+    if part.retain_ttl is not None:
+        out["retain_ttl"] = part.retain_ttl
+    return out
+
+
+def _call_wire(call: ToolCall) -> dict[str, Any]:
+    if type(call) is not ToolCall:
+        dumped: dict[str, Any] = call.model_dump(exclude_none=True, by_alias=True)
+        return dumped
+    out: dict[str, Any] = {
+        "id": call.id,
+        "name": call.name,
+        "arguments": call.arguments,
+        "kind": call.kind,
+    }
+    if call.retain_ttl is not None:
+        out["retain_ttl"] = call.retain_ttl
+    return out
+
+
 class ToolGrammar(BaseModel):
     """The input grammar of a ``custom`` tool (Responses ``format: {type: grammar}``)."""
 
@@ -343,8 +406,26 @@ class PreprocessedRequest(BaseModel):
     """The envelope's wire form, opaque to the router; absent when there is no hint."""
 
     def to_json_bytes(self) -> bytes:
-        """Serialize with absent optional keys omitted (so no ``"kv_hints": null``)."""
-        return self.model_dump_json(exclude_none=True, by_alias=True).encode()
+        """Serialize with absent optional keys omitted (so no ``"kv_hints": null``).
+
+        The same bytes as ``model_dump_json(exclude_none=True, by_alias=True)``, built faster: an
+        agent's conversation holds ~1,500 messages and parts, and pydantic's per-model Python
+        serializers cost ~2-4 ms of CPU per 200 KB request; the messages become plain dicts here
+        and the whole body is encoded once by msgspec (pydantic-core for what msgspec refuses:
+        integers past 64 bits in a tool schema). Only a float's exponent may be written
+        differently (``1e22`` for ``1e+22``), the same number to any JSON parser."""
+        data = self.model_dump(exclude_none=True, by_alias=True, exclude={"messages"})
+        if self.messages is not None:
+            ordered: dict[str, Any] = {}
+            for key, value in data.items():
+                if key == "tools":
+                    ordered["messages"] = [message_wire(m) for m in self.messages]
+                ordered[key] = value
+            data = ordered
+        try:
+            return _ENCODE(data)
+        except (OverflowError, TypeError, msgspec.EncodeError):
+            return to_json(data, inf_nan_mode="null")
 
 
 class Usage(_Compact):
