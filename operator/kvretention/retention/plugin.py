@@ -137,7 +137,7 @@ def hold_request(
         cache.touch_prefix(
             RadixKey(tokens[: edge + extra], req.extra_key, cache_salt=req.cache_salt)
         )
-    return radix.apply_holds(radix.path_spans(leaf()), holds, scope=plan.scope)
+    return radix.apply_holds(radix.path_spans(leaf()), holds, scope=plan.scope, now=now)
 
 
 hold_failures = 0

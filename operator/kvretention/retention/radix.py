@@ -85,19 +85,28 @@ def _merge(covering: Sequence[Hold]) -> tuple[int, float | None] | None:
 
 
 def apply_holds(
-    spans: Sequence[tuple[Any, int, int]], holds: Sequence[Hold], *, scope: str | None
+    spans: Sequence[tuple[Any, int, int]],
+    holds: Sequence[Hold],
+    *,
+    scope: str | None,
+    now: float | None = None,
 ) -> int:
     """Set (or, for priority 0, release) ``scope``'s hold on each node a hold covers whole.
 
-    A node no hold covers is left alone, and so are other scopes' holds. Returns the number of
-    nodes changed.
+    A node no hold covers is left alone, and so are other scopes' live holds; holds expired by
+    ``now`` are dropped from the nodes written (a shared prefix would otherwise collect every
+    scope that ever held it). Returns the number of nodes changed.
     """
     changed = 0
     for node, start, end in spans:
         covering = [h for h in holds if h.start <= start and end <= h.end]
         if not covering:
             continue
-        node_holds: Holds = dict(getattr(node, HOLDS_ATTR, None) or {})
+        node_holds: Holds = {
+            s: h
+            for s, h in (getattr(node, HOLDS_ATTR, None) or {}).items()
+            if now is None or h[1] is None or h[1] > now
+        }
         merged = _merge(covering)
         if merged is None:
             node_holds.pop(scope, None)

@@ -145,3 +145,12 @@ def test_a_hook_failure_is_logged_and_the_request_served(caplog: pytest.LogCaptu
     plugin._hold_or_log(object(), Broken(), tokens=[1] * 8, leaf=None, is_bigram=False, now=0.0)
     assert plugin.hold_failures == before + 1
     assert "kv.retain not applied to request broken" in caplog.text
+
+
+def test_writing_a_hold_drops_other_scopes_expired_ones() -> None:
+    (node,) = chain(8)
+    spans = radix.path_spans(node)
+    for i in range(100):  # a shared prefix held by many short sessions in turn
+        radix.apply_holds(spans, [Hold(0, 8, 50, 10.0 + i)], scope=f"s{i}", now=float(i))
+    assert set(getattr(node, radix.HOLDS_ATTR)) == {f"s{i}" for i in range(90, 100)}
+    assert radix.active_hold(node, 99.0) == (50, 109.0)
