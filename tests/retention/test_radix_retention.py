@@ -240,6 +240,20 @@ def test_a_released_prefix_is_evicted_like_any_unretained_one(kind: str, release
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_unscoped_holds_of_two_requests_on_a_shared_prefix_keep_the_longer(
+    kind: str, clock: FakeClock
+) -> None:
+    tree = _tree(kind, tokens=8 * BLOCK)
+    shared = _tokens(0)
+    a, b = shared + _tokens(1), shared + _tokens(2)
+    tree.run(a, kv_hints=retain(2 * BLOCK, duration=300))
+    tree.run(b, kv_hints=retain(2 * BLOCK, duration=10))  # the worker's scope is null
+    clock.advance(20)
+    assert _held(tree, a) == [(0, BLOCK, 50), (BLOCK, 2 * BLOCK, 50)]
+    assert _held(tree, b) == [(0, BLOCK, 50), (BLOCK, 2 * BLOCK, None)]  # only b's own tail ended
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_directive_that_does_not_cover_a_node_leaves_it_alone(
     kind: str, clock: FakeClock
 ) -> None:

@@ -93,9 +93,12 @@ def apply_holds(
 ) -> int:
     """Set (or, for priority 0, release) ``scope``'s hold on each node a hold covers whole.
 
-    A node no hold covers is left alone, and so are other scopes' live holds; holds expired by
-    ``now`` are dropped from the nodes written (a shared prefix would otherwise collect every
-    scope that ever held it). Returns the number of nodes changed.
+    A node no hold covers is left alone, and so are other scopes' live holds. A named scope's new
+    hold replaces its earlier one (its latest intent); the null scope's holds come from unrelated
+    requests (the worker sends ``scope: null``), so a new one only ever raises the priority and
+    extends the expiry, and a null-scope release releases them all. Holds expired by ``now`` are
+    dropped from the nodes written (a shared prefix would otherwise collect every scope that ever
+    held it). Returns the number of nodes changed.
     """
     changed = 0
     for node, start, end in spans:
@@ -110,11 +113,20 @@ def apply_holds(
         merged = _merge(covering)
         if merged is None:
             node_holds.pop(scope, None)
+        elif scope is None and None in node_holds:
+            # Unscoped holds come from unrelated requests: one never shortens another's.
+            node_holds[None] = _longest(node_holds[None], merged)
         else:
-            node_holds[scope] = merged
+            node_holds[scope] = merged  # a scope's latest directive is its intent
         _store(node, node_holds)
         changed += 1
     return changed
+
+
+def _longest(a: tuple[int, float | None], b: tuple[int, float | None]) -> tuple[int, float | None]:
+    """The higher priority and the later expiry (None: none) of two holds."""
+    until = None if a[1] is None or b[1] is None else max(a[1], b[1])
+    return max(a[0], b[0]), until
 
 
 def _store(node: Any, holds: Holds) -> None:

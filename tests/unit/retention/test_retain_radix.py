@@ -68,6 +68,27 @@ SCOPE_CASES = [
         5.0,
     ),
     ("release", [("a", Hold(0, 8, 40, 100.0)), ("a", Hold(0, 8, 0, None))], None, 40, None),
+    (
+        "the null scope never shortens another request's hold",
+        [(None, Hold(0, 8, 40, 100.0)), (None, Hold(0, 8, 30, 50.0))],
+        {None: (40, 100.0)},
+        40,
+        100.0,
+    ),
+    (
+        "the null scope takes the higher priority and the later expiry",
+        [(None, Hold(0, 8, 40, 100.0)), (None, Hold(0, 8, 60, None))],
+        {None: (60, None)},
+        60,
+        None,
+    ),
+    (
+        "a null-scope release",
+        [(None, Hold(0, 8, 40, 100.0)), (None, Hold(0, 8, 0, None))],
+        None,
+        40,
+        None,
+    ),
 ]
 
 
@@ -77,7 +98,7 @@ SCOPE_CASES = [
     ids=[c[0] for c in SCOPE_CASES],
 )
 def test_scope_holds_and_their_summary(
-    steps: list[tuple[str, Hold]], holds: Any, priority: int, until: float | None
+    steps: list[tuple[str | None, Hold]], holds: Any, priority: int, until: float | None
 ) -> None:
     (node,) = chain(8)
     for scope, hold in steps:
