@@ -3,11 +3,11 @@
 The L3 half of issue 19's benchmark, on the real parts: a fresh ``mooncake_master`` with the
 operator's rendered argv per run, and SGLang 0.5.23's own ``MooncakeStore`` (CPU, through the
 test-only libcuda stand-in) set up from the rendered ``mooncake.json``, writing pages as HiCache
-backs a node up (``batch_set_v1``, the keys its tree computes). Each run writes ``--sessions``
+backs a node up (``batch_set_v1``, the keys its tree computes). Each run writes N
 agent prompts of ``--pages`` pages retained by ``kv.retain`` (whole prompt, 1 h) beside as many
 unhinted background prompts, then four pools of unhinted pressure pages; a page *survives* when it
-reads back byte-exact. Side by side in one run: the plugin's L3 hooks registered through SGLang's
-``HookRegistry``, or not at all; a load within the pin budget and one past it.
+reads back byte-exact. Side by side in one run: the retention plugin loaded by SGLang's own plugin
+loader (its entry point), or not at all; a load within the pin budget and one past it.
 
     .venv/bin/python benchmarks/retention_l3_bench.py [--repeats 1] \
         [--out benchmarks/results/retention_l3.json]

@@ -1,14 +1,15 @@
-"""Run SGLang's own ``MooncakeStore`` with (or without) the retention plugin's L3 hooks, on CPU.
+"""Run SGLang's own ``MooncakeStore`` with (or without) the retention plugin, on CPU.
 
 Run as a subprocess by ``test_l3_retention.py`` and ``benchmarks/retention_l3_bench.py``: it sets
 SGLang's ``MooncakeStore`` up from the rendered config file (``SGLANG_HICACHE_MOONCAKE_CONFIG_PATH``,
-with the plugin's ``kvretention`` section), registers the plugin's L3 hooks through SGLang's own
-``HookRegistry`` when asked, and writes each request's pages the way HiCache backs a node up:
-``batch_set_v1`` with the page keys HiCache computes (``get_storage_hash_str`` over a ``RadixKey``,
-the chain its tree nodes carry). The request's ``kv.retain`` envelope goes through SGLang's own
-decoder first, as ``Req.kv_hints`` holds it. Then pressure: unhinted pages, several pools' worth.
-Every call the store client makes to Mooncake's ``batch_put_from`` is recorded (keys and the soft
-pin of its ``ReplicateConfig``). Prints one JSON report line.
+with the plugin's ``kvretention`` section), loads the retention plugin through SGLang's own plugin
+loader (its ``sglang.srt.plugins`` entry point, as ``sglang serve`` does) when asked, and writes
+each request's pages the way HiCache backs a node up: ``batch_set_v1`` with the page keys HiCache
+computes (``get_storage_hash_str`` over a ``RadixKey``, the chain its tree nodes carry). The
+request's ``kv.retain`` envelope goes through SGLang's own decoder first, as ``Req.kv_hints`` holds
+it. Then pressure: unhinted pages, several pools' worth. Every call the store client makes to
+Mooncake's ``batch_put_from`` is recorded (keys and the soft pin of its ``ReplicateConfig``).
+Prints one JSON report line.
 
 Usage: python sglang_retention_check.py SCENARIO_JSON
 """
@@ -94,10 +95,14 @@ def main() -> None:
     from kvretention.retention import l3
 
     if scenario["plugin"]:
-        from sglang.srt.plugins.hook_registry import HookRegistry
+        # As `sglang serve` does: SGLang's own loader finds the plugin's entry point, runs its
+        # register() (which registers the L3 hooks) and applies every registered hook.
+        import os
 
-        l3.register_l3_hooks(HookRegistry)
-        HookRegistry.apply_hooks()
+        from sglang.srt.plugins import load_plugins
+
+        os.environ["SGLANG_PLUGINS"] = "kvretention"
+        load_plugins()
     from sglang.srt.mem_cache.storage.mooncake_store.mooncake_store import MooncakeStore
 
     page_size, object_bytes = scenario["page_size"], scenario["object_bytes"]

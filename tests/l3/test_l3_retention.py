@@ -2,8 +2,8 @@
 
 Each case starts a fresh ``mooncake_master`` with the operator's rendered argv, and runs SGLang
 0.5.23's ``MooncakeStore`` (set up from the rendered ``mooncake.json``, whose ``kvretention``
-section carries the pin budget and the longest pin) in a subprocess, with the plugin's L3 hooks
-registered through SGLang's ``HookRegistry`` or not at all. Pages are written as HiCache backs a
+section carries the pin budget and the longest pin) in a subprocess, with the retention plugin
+loaded by SGLang's own plugin loader (its entry point) or not at all. Pages are written as HiCache backs a
 node up (``batch_set_v1`` with the keys its tree computes), then four pools of unhinted pages
 press on the 16 MiB pool. What Mooncake was asked to pin is recorded at the client's
 ``batch_put_from``; what survived is read back byte-exact.
