@@ -47,8 +47,9 @@ SETTINGS_KEY: Final = "kvretention"
 CONFIG_PATH_ENV: Final = "SGLANG_HICACHE_MOONCAKE_CONFIG_PATH"
 DEFAULT_MAX_PIN_TTL_MS: Final = 86_400_000
 """``mooncake_master``'s own default ``--max_kv_soft_pin_ttl`` (24 h)."""
-MAX_TRACKED_PAGES: Final = 1_000_000
-"""Retained page keys remembered per process (about 150 MB at most); the oldest go first."""
+MAX_TRACKED_PAGES: Final = 200_000
+"""Retained page keys remembered per process (about 500 bytes each, so about 100 MB at most;
+12.8 M tokens at 64-token pages); the least recently recorded go first."""
 
 Outcome = Literal["pinned", "unretained", "over_budget", "expired", "pin_refused"]
 OUTCOMES: Final[tuple[Outcome, ...]] = (
@@ -159,6 +160,11 @@ def page_holds(holds: Sequence[Hold], *, pages: int, page_size: int) -> list[Hol
     return out
 
 
+def _outlasts(until: float | None, other: float | None) -> bool:
+    """Whether a hold ending at ``until`` (None: never) lasts at least as long as ``other``."""
+    return until is None or (other is not None and until >= other)
+
+
 @dataclass
 class RetainedPages:
     """Storage keys of retained pages -> per-scope ``(until, rid)``: what the put hook pins.
@@ -182,7 +188,8 @@ class RetainedPages:
         scope: str | None,
         rid: str | None,
     ) -> int:
-        """Set (or release, for priority 0) ``scope``'s hold on each key; the number changed."""
+        """Set (or release, for priority 0) ``scope``'s hold on each key; the number changed. A
+        named scope's new hold replaces its earlier one; an unscoped one only ever extends."""
         changed = 0
         with self._lock:
             for key, hold in zip(keys, holds, strict=True):
@@ -197,6 +204,12 @@ class RetainedPages:
                     continue
                 if scopes is None:
                     scopes = self._pages[key] = {}
+                earlier = scopes.get(scope)
+                if scope is None and earlier is not None and _outlasts(earlier[0], hold.until):
+                    # Unscoped holds come from unrelated requests (the worker sends scope null):
+                    # one never shortens another's, as on the radix tree.
+                    self._pages.move_to_end(key)
+                    continue
                 scopes[scope] = (hold.until, rid)
                 self._pages.move_to_end(key)
                 changed += 1

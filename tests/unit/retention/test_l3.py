@@ -326,3 +326,20 @@ def test_a_new_budget_reaches_a_running_client(
         assert refreshed.settings.budget_ratio == 0.25
     finally:
         l3._CLIENTS.pop(id(store), None)
+
+
+@pytest.mark.parametrize(
+    ("scope", "second", "until"),
+    [
+        (None, 30, NOW + 600),  # unscoped: another request's shorter hold never shortens it
+        (None, 900, NOW + 900),  # ...but a longer one extends it
+        ("s", 30, NOW + 30),  # a named scope's latest directive is its intent
+    ],
+    ids=["unscoped-never-shortened", "unscoped-extended", "named-replaced"],
+)
+def test_a_second_hold_on_the_same_pages(scope: str | None, second: int, until: float) -> None:
+    index = RetainedPages()
+    _record(index, retain({"priority": 50, "duration": 600}, scope=scope), rid="first")
+    _record(index, retain({"priority": 50, "duration": second}, scope=scope), rid="second")
+    hold = index.hold(KEYS[0], NOW)
+    assert hold is not None and hold.until == until
