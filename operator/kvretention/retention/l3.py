@@ -475,25 +475,35 @@ def _trace(record: Mapping[str, Any]) -> None:
         logger.warning("kvretention: cannot append to the trace %s: %s", path, err)
 
 
+_OVER_BUDGET_LOGGED = [0]
+"""Over-budget batches seen by this process: the first and every thousandth is logged."""
+
+
 def report_over_budget(puts: Iterable[PagePut], *, ledger: PinLedger) -> None:
-    """Name each retained page written unpinned past the budget: a warning and a trace record."""
+    """Name the retained pages written unpinned past the budget, per request: one trace record
+    each (the request id and its page keys) and, at most every thousandth time, a warning."""
+    by_request: dict[str | None, list[str]] = {}
     for put in puts:
-        if put.outcome != "over_budget":
-            continue
-        logger.warning(
-            "kvretention: L3 pin budget full (%d of %s bytes pinned): retained page %s of "
-            "request %s written unpinned",
-            ledger.pinned_bytes,
-            ledger.capacity_bytes,
-            put.page,
-            put.rid,
-        )
+        if put.outcome == "over_budget":
+            by_request.setdefault(put.rid, []).append(put.page)
+    for rid, pages in by_request.items():
+        if _OVER_BUDGET_LOGGED[0] % 1000 == 0:
+            logger.warning(
+                "kvretention: L3 pin budget full (%d of %s bytes pinned): %d retained pages of "
+                "request %s written unpinned (logged once per 1000 times; all counted in "
+                "kvretention_l3_pages_total and traced)",
+                ledger.pinned_bytes,
+                ledger.capacity_bytes,
+                len(pages),
+                rid,
+            )
+        _OVER_BUDGET_LOGGED[0] += 1
         _trace(
             {
                 "component": "engine",
-                "request_id": put.rid,
+                "request_id": rid,
                 "outcome": "l3_pin_over_budget",
-                "page": put.page,
+                "pages": pages,
                 "pinned_bytes": ledger.pinned_bytes,
                 "budget_bytes": ledger.capacity_bytes,
             }
