@@ -144,3 +144,22 @@ def test_the_worker_parses_the_rendered_argv_as_sglang_launch_server_does() -> N
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == ["kvretain", True]
+
+
+@needs_sglang
+def test_a_worker_whose_sglang_did_not_load_the_plugin_serves_instead_of_crash_looping() -> None:
+    """``SGLANG_PLUGINS`` leaving the plugin out: SGLang would refuse ``kvretain`` and the pod
+    would crash-loop; the worker drops the flag, says so, and SGLang parses the rest."""
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", WORKER_PARSE, json.dumps(_rendered("aggregated"))],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=False,
+        env={**os.environ, "SGLANG_PLUGINS": "some-other-plugin"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    policy, hierarchical = json.loads(done.stdout.strip().splitlines()[-1])
+    assert policy != "kvretain"
+    assert hierarchical is True
+    assert "kv.retain is not applied in the radix tiers" in done.stderr

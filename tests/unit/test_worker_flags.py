@@ -11,7 +11,7 @@ import pytest
 from kvretention.api.models import KvRetentionDeployment
 from kvretention.controller.resources.workers import build_worker_command
 from kvretention.dataplane.worker.cli import worker_cmd
-from kvretention.dataplane.worker.engine import build_sglang_argv
+from kvretention.dataplane.worker.engine import build_sglang_argv, without_unloaded_policy
 
 
 def _cr(workers: dict[str, Any], transfer: dict[str, Any] | None = None) -> KvRetentionDeployment:
@@ -89,3 +89,38 @@ def test_each_disaggregation_flag_reaches_sglang_once(
     sglang_part = command[command.index("--") + 1 :]
     assert _disaggregation(sglang_part) == {}, "the operator renders none of SGLang's PD flags"
     assert _disaggregation(effective_sglang_argv(command)) == expected
+
+
+@pytest.mark.parametrize(
+    ("argv", "choices", "kept"),
+    [
+        pytest.param(
+            ["--radix-eviction-policy", "kvretain", "--page-size", "16"],
+            ["lru", "priority", "kvretain"],
+            ["--radix-eviction-policy", "kvretain", "--page-size", "16"],
+            id="plugin-loaded-keeps-the-flag",
+        ),
+        pytest.param(
+            ["--radix-eviction-policy", "kvretain", "--page-size", "16"],
+            ["lru", "priority"],
+            ["--page-size", "16"],
+            id="plugin-not-loaded-drops-the-pair",
+        ),
+        pytest.param(
+            ["--radix-eviction-policy=kvretain", "--page-size", "16"],
+            ["lru"],
+            ["--page-size", "16"],
+            id="equals-form-dropped",
+        ),
+        pytest.param(
+            ["--radix-eviction-policy", "lfu"],
+            ["lru", "lfu"],
+            ["--radix-eviction-policy", "lfu"],
+            id="a-users-own-policy-untouched",
+        ),
+    ],
+)
+def test_kvretain_is_dropped_only_when_sglang_lacks_the_choice(
+    argv: list[str], choices: list[str], kept: list[str]
+) -> None:
+    assert without_unloaded_policy(argv, choices) == kept

@@ -11,6 +11,7 @@ unknown name fails here, at start, listing the names SGLang knows).
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
@@ -29,8 +30,12 @@ from kvretention.dataplane.worker.parsing import (
     check_parser_names,
     parser_names_from_argv,
 )
+from kvretention.retention import EVICTION_POLICY
+
+logger = logging.getLogger(__name__)
 
 STANDIN_PREFIX: Final = "standin:"
+_POLICY_FLAG: Final = "--radix-eviction-policy"
 TRANSFER_BACKEND: Final = "mooncake"
 """SGLang's KV transfer engine between prefill and decode (the fleet's Mooncake)."""
 
@@ -161,7 +166,39 @@ def parse_server_args(server_argv: Sequence[str]) -> Any:
         pass
     else:
         load_plugins()
-    return prepare_server_args(list(server_argv))
+    from sglang.srt.arg_groups.choices import RADIX_EVICTION_POLICY_CHOICES
+
+    return prepare_server_args(without_unloaded_policy(server_argv, RADIX_EVICTION_POLICY_CHOICES))
+
+
+def without_unloaded_policy(server_argv: Sequence[str], choices: Sequence[str]) -> list[str]:
+    """``server_argv`` minus ``--radix-eviction-policy kvretain`` when the retention plugin did not
+    load (not installed, left out of ``SGLANG_PLUGINS``, failed): SGLang would refuse the choice
+    and the worker would crash-loop. It serves with SGLang's default policy instead, says so in its
+    log, and the probe's report makes the fleet's ``RetentionApplied`` False with the reason."""
+    argv = list(server_argv)
+    if EVICTION_POLICY in choices:
+        return argv
+    kept: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == _POLICY_FLAG and i + 1 < len(argv) and argv[i + 1] == EVICTION_POLICY:
+            i += 2
+            continue
+        if arg == f"{_POLICY_FLAG}={EVICTION_POLICY}":
+            i += 1
+            continue
+        kept.append(arg)
+        i += 1
+    if len(kept) != len(argv):
+        logger.error(
+            "%s %s needs the kvretention plugin, which SGLang did not load: serving with SGLang's "
+            "default eviction policy, kv.retain is not applied in the radix tiers",
+            _POLICY_FLAG,
+            EVICTION_POLICY,
+        )
+    return kept
 
 
 def _load_sglang(server_argv: Sequence[str]) -> LoadedEngine:  # pragma: no cover - needs a GPU
