@@ -117,6 +117,8 @@ def main() -> None:
         enable_storage_metrics=False,
         is_page_first_layout=True,
         model_name="kvr/l3-model",
+        # HiCache's Mooncake group semantics (objects tagged with their page's group id).
+        extra_config={"enable_group_semantics": True} if scenario.get("groups") else None,
     )
     store = MooncakeStore(config, None)
     recorder = RecordingClient(store.store)
@@ -208,6 +210,7 @@ def main() -> None:
     }
     report["budget_bytes"] = [s.ledger.capacity_bytes for s in l3._CLIENTS.values()]
     report["hooked"] = hasattr(MooncakeStore._put_batch_zero_copy_impl, "__wrapped__")
+    report["group_semantics"] = bool(store._can_use_group_semantics())
     from kvretention.retention.contract import check_target
 
     report["contract"] = [p for t in l3.L3_HOOK_TARGETS if (p := check_target(t)) is not None]

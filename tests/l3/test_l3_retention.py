@@ -192,3 +192,19 @@ def test_a_pin_the_master_refuses_is_written_unpinned(
     assert page_pins(report, "long") == [None] * 4  # the last put of each object: unpinned
     assert parse_usage(report["metrics_after_writes"]).pinned_keys == 0
     assert report["stats"]["pin_refused"] == 4 and report["stats"]["pinned"] == 0
+
+
+def test_pins_with_hicache_group_semantics(
+    torch_imports: None, start_master: MasterFactory, tmp_path: Path
+) -> None:
+    """HiCache's Mooncake group semantics (``enable_group_semantics``: each object carries its
+    page's group id): the pinned put keeps the group ids and the same pages are pinned."""
+    requests = (REQUESTS[0], REQUESTS[2])  # hinted, plain
+    with start_master(master=master_spec()) as master:
+        scenario = Scenario(requests, plugin=True, extra={"groups": True})
+        report = run_scenario(master, scenario, tmp_path)
+    assert report["group_semantics"] is True
+    assert [ttl is not None for ttl in page_pins(report, "hinted")] == [True] * 5 + [False] * 3
+    assert all(p["results"] == [0] * len(p["keys"]) for p in report["puts"])
+    assert report["requests"]["hinted"]["survived"] == [True] * 5 + [False] * 3
+    assert not any(report["requests"]["plain"]["survived"])
