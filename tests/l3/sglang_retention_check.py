@@ -41,13 +41,16 @@ class RecordingClient:
     def batch_put_from(
         self, keys: list[str], ptrs: list[int], sizes: list[int], *config: Any
     ) -> Any:
-        pin = None
+        pin, groups = None, None
         if config:
             action = str(config[0].soft_pin_action)
             if action.endswith("ENABLE"):
                 pin = int(config[0].soft_pin_ttl_ms)
+            groups = list(config[0].group_ids) or None
         results = self._client.batch_put_from(keys, ptrs, sizes, *config)
-        self.puts.append({"keys": list(keys), "pin_ttl_ms": pin, "results": list(results)})
+        self.puts.append(
+            {"keys": list(keys), "pin_ttl_ms": pin, "group_ids": groups, "results": list(results)}
+        )
         return results
 
 

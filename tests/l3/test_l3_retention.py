@@ -205,6 +205,10 @@ def test_pins_with_hicache_group_semantics(
         report = run_scenario(master, scenario, tmp_path)
     assert report["group_semantics"] is True
     assert [ttl is not None for ttl in page_pins(report, "hinted")] == [True] * 5 + [False] * 3
-    assert all(p["results"] == [0] * len(p["keys"]) for p in report["puts"])
+    for put in report["puts"]:
+        assert put["results"] == [0] * len(put["keys"])
+        # Each object's group is its page (SGLang's own ``_make_group_id`` of the page key).
+        pages = [key.rsplit("_", 2)[0] for key in put["keys"]]
+        assert put["group_ids"] == [f"sglang-hicache:{page}" for page in pages], put["pin_ttl_ms"]
     assert report["requests"]["hinted"]["survived"] == [True] * 5 + [False] * 3
     assert not any(report["requests"]["plain"]["survived"])
