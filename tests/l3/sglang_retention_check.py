@@ -46,7 +46,7 @@ class RecordingClient:
             action = str(config[0].soft_pin_action)
             if action.endswith("ENABLE"):
                 pin = int(config[0].soft_pin_ttl_ms)
-            groups = list(config[0].group_ids) or None
+            groups = list(config[0].group_ids or []) or None
         results = self._client.batch_put_from(keys, ptrs, sizes, *config)
         self.puts.append(
             {"keys": list(keys), "pin_ttl_ms": pin, "group_ids": groups, "results": list(results)}
