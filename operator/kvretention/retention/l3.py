@@ -414,9 +414,10 @@ class L3Stats:
 
     def __init__(self) -> None:
         self.pages: dict[Outcome, int] = dict.fromkeys(OUTCOMES, 0)
-        self.pin_failures = 0
+        self.hook_failures = 0
         self._lock = threading.Lock()
         self._pages_metric: Any = None
+        self._failures_metric: Any = None
         self._pinned_metric: Any = None
         self._budget_metric: Any = None
         try:
@@ -429,6 +430,11 @@ class L3Stats:
                 "budget, expired: the hold ended before the write, pin_refused: the master "
                 "refused the pin and the page was written unpinned).",
                 ["outcome"],
+            )
+            self._failures_metric = Counter(
+                "kvretention_l3_hook_failures",
+                "Put batches the retention plugin's L3 hook failed on and handed to SGLang's own "
+                "unpinned put (the worker log has the exception).",
             )
             self._pinned_metric = Gauge(
                 "kvretention_l3_pinned_bytes",
@@ -448,6 +454,12 @@ class L3Stats:
             self.pages[outcome] += pages
         if self._pages_metric is not None:
             self._pages_metric.labels(outcome=outcome).inc(pages)
+
+    def failed(self) -> None:
+        with self._lock:
+            self.hook_failures += 1
+        if self._failures_metric is not None:
+            self._failures_metric.inc()
 
     def set_pinned(self, pinned: int, budget: int | None) -> None:
         if self._pinned_metric is not None:
@@ -759,7 +771,7 @@ def _put_with_pins(
         return put_with_pins(store, original, *args, **kwargs)
     except Exception:
         logger.exception("kvretention: L3 pin hook failed; writing these pages unpinned")
-        STATS.pin_failures += 1
+        STATS.failed()
         return original(store, *args, **kwargs)
 
 

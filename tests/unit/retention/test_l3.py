@@ -343,3 +343,19 @@ def test_a_second_hold_on_the_same_pages(scope: str | None, second: int, until: 
     _record(index, retain({"priority": 50, "duration": second}, scope=scope), rid="second")
     hold = index.hold(KEYS[0], NOW)
     assert hold is not None and hold.until == until
+
+
+def test_a_failing_hook_hands_the_batch_to_sglangs_own_put() -> None:
+    """Fail open: whatever breaks in the hook, SGLang's unpinned put runs and it is counted."""
+    calls: list[tuple[object, ...]] = []
+
+    def original(store: object, *args: object) -> list[int]:
+        calls.append((store, *args))
+        return [0, 0]
+
+    broken = SimpleNamespace()  # no ``config``: the hook cannot size its budget
+    before = l3.STATS.hook_failures
+    got = l3._put_with_pins(original, broken, ["a_0_k", "a_0_v"], [1, 2], [10, 10], None)
+    assert got == [0, 0]
+    assert calls == [(broken, ["a_0_k", "a_0_v"], [1, 2], [10, 10], None)]
+    assert l3.STATS.hook_failures == before + 1
