@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
-from support.processes import KvrProcess, StartKvretention, start_kvretention
+from support.processes import StartKvretention, started_in_module
 from support.real_clients import Client, installed
 
 
@@ -23,14 +22,4 @@ def clients() -> dict[str, Client]:
 @pytest.fixture(scope="module")
 def start(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StartKvretention]:
     """Start ``kvretention`` subcommands; all are stopped when the module ends."""
-    started: list[KvrProcess] = []
-    logs = tmp_path_factory.mktemp("clients-logs")
-
-    def run(args: list[str], **kwargs: Any) -> KvrProcess:
-        process = start_kvretention(args, log_dir=logs, **kwargs)
-        started.append(process)
-        return process
-
-    yield run
-    for process in reversed(started):
-        process.stop()
+    yield from started_in_module(tmp_path_factory.mktemp("clients-logs"))

@@ -4,24 +4,13 @@ when the module ends."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
-from support.processes import KvrProcess, StartKvretention, start_kvretention
+from support.processes import StartKvretention, started_in_module
 
 
 @pytest.fixture(scope="module")
 def start(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StartKvretention]:
     """Start ``kvretention`` subcommands; all are stopped when the module ends."""
-    started: list[KvrProcess] = []
-    logs = tmp_path_factory.mktemp("e2e-logs")
-
-    def run(args: list[str], **kwargs: Any) -> KvrProcess:
-        process = start_kvretention(args, log_dir=logs, **kwargs)
-        started.append(process)
-        return process
-
-    yield run
-    for process in reversed(started):
-        process.stop()
+    yield from started_in_module(tmp_path_factory.mktemp("e2e-logs"))

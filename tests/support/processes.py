@@ -16,9 +16,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 5.0
@@ -109,3 +110,18 @@ def start_kvretention(
 
 
 StartKvretention = Callable[..., KvrProcess]
+
+
+def started_in_module(logs: Path) -> Iterator[StartKvretention]:
+    """A module fixture's body: start ``kvretention`` subcommands logging under ``logs``; stop
+    them all, newest first, when the module ends."""
+    started: list[KvrProcess] = []
+
+    def run(args: list[str], **kwargs: Any) -> KvrProcess:
+        process = start_kvretention(args, log_dir=logs, **kwargs)
+        started.append(process)
+        return process
+
+    yield run
+    for process in reversed(started):
+        process.stop()
