@@ -20,6 +20,7 @@ from kvretention.dataplane.protocol import (
     TextPart,
     ToolCall,
     ToolDefinition,
+    trusted,
 )
 from kvretention.hints import KvHintEnvelope
 from support.agent_sessions import claude_code_session, codex_session
@@ -135,3 +136,23 @@ def test_wire_form_of_large_and_special_numbers_parses_to_pydantics() -> None:
     expected = json.loads(request.model_dump_json(exclude_none=True, by_alias=True))
     assert json.loads(request.to_json_bytes()) == expected
     assert expected["tools"][0]["parameters"]["minimum"] is None
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_parsed_conversation_equals_its_validated_form(name: str) -> None:
+    """The parsers build the conversation with ``trusted`` (no second validation); validating
+    what they built gives the same objects, so nothing the validation would change is skipped."""
+    request = CASES[name]
+    assert PreprocessedRequest.model_validate_json(request.to_json_bytes()) == request
+
+
+def test_trusted_refuses_a_missing_or_unknown_field() -> None:
+    first, second = trusted(ChatMessage, role="user"), trusted(ChatMessage, role="user")
+    assert first == ChatMessage(role="user")
+    assert first.tool_calls is not second.tool_calls  # each gets its own default list
+    with pytest.raises(TypeError):
+        trusted(ToolCall, id="c")
+    with pytest.raises(TypeError):
+        trusted(TextPart, text="x", retain=3)
+    with pytest.raises(TypeError):
+        trusted(SamplingParams, max_new_tokens=1)  # an aliased field: validate it instead

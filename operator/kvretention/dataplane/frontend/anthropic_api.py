@@ -46,6 +46,7 @@ from kvretention.dataplane.protocol import (
     ToolChoice,
     ToolDefinition,
     Usage,
+    trusted,
 )
 from kvretention.hints.anthropic import CACHE_CONTROL, hints_from_messages
 from kvretention.hints.errors import ClientError
@@ -311,7 +312,15 @@ def _check_fields(body: Mapping[str, Any], *, allowed: Collection[str]) -> None:
 
 def _keys(block: Mapping[str, Any], allowed: frozenset[str], *, where: str) -> None:
     """Keys of a known object outside ``allowed`` are ignored and counted (``compat``'s rule)."""
+    known = _WITH_TYPE.get(allowed)
+    if known is None:
+        known = _WITH_TYPE[allowed] = allowed | {"type"}
+    if isinstance(block, dict) and block.keys() <= known:
+        return  # every key known: the common case, one set comparison per block
     compat.ignore_unknown(block, known=lambda key: key == "type" or key in allowed, where=where)
+
+
+_WITH_TYPE: Final[dict[frozenset[str], frozenset[str]]] = {}
 
 
 def _check_no_ops(body: Mapping[str, Any]) -> None:
@@ -389,7 +398,7 @@ def _conversation(body: dict[str, Any], *, max_tokens: int | None, marks: Marks)
     system = body.get("system")
     if system is not None:
         content = _system_content(system, where="system", marks=marks)
-        messages.append(ChatMessage(role="system", content=content))
+        messages.append(trusted(ChatMessage, role="system", content=content))
     names: dict[str, str] = {}
     """tool_use id -> tool name, so a tool result can name its tool."""
     for i, message in enumerate(raw):
@@ -443,7 +452,7 @@ def _message(
     catalog: dict[str, ToolDefinition],
 ) -> list[ChatMessage]:
     """One Anthropic message -> one neutral message, or several when it holds tool results."""
-    where = F.path("messages", index)
+    where = f"messages.{index}"  # F.path("messages", index)
     if not isinstance(raw, dict):
         raise F.invalid_type(where, raw, expected="a valid dictionary")
     role = raw.get("role")
@@ -456,9 +465,9 @@ def _message(
     param = f"{where}.content"
     if role == "system":
         system = _system_content(content, where=param, marks=marks, catalog=catalog)
-        return [ChatMessage(role="system", content=system)]
+        return [trusted(ChatMessage, role="system", content=system)]
     if isinstance(content, str):
-        return [ChatMessage(role=role, content=content)]
+        return [trusted(ChatMessage, role=role, content=content)]
     if not isinstance(content, list):
         raise F.invalid_type(param, content, expected="a valid string or list of content blocks")
     if role == "assistant":
@@ -498,13 +507,13 @@ def _user(
     for param, kind, block in _blocks(content, where=where):
         if kind == "tool_result":
             if parts:
-                out.append(ChatMessage(role="user", content=joined(parts)))
+                out.append(trusted(ChatMessage, role="user", content=joined(parts)))
                 parts = []
             out.append(_tool_result(block, where=param, names=names, marks=marks, catalog=catalog))
         else:
             parts.append(_part(block, kind=kind, where=param, marks=marks))
     if parts or not out:
-        out.append(ChatMessage(role="user", content=joined(parts)))
+        out.append(trusted(ChatMessage, role="user", content=joined(parts)))
     return out
 
 
@@ -536,9 +545,11 @@ def _assistant(
             raise _unsupported_block(param, kind, role="assistant")
     reasoning = None
     if thoughts or encrypted:
-        reasoning = Reasoning(text="\n".join(thoughts), signature=signature, encrypted=encrypted)
-    return ChatMessage(
-        role="assistant", content=joined(parts), tool_calls=calls, reasoning=reasoning
+        reasoning = trusted(
+            Reasoning, text="\n".join(thoughts), signature=signature, encrypted=encrypted
+        )
+    return trusted(
+        ChatMessage, role="assistant", content=joined(parts), tool_calls=calls, reasoning=reasoning
     )
 
 
@@ -548,14 +559,14 @@ def _part(block: dict[str, Any], *, kind: str, where: str, marks: Marks) -> Cont
     compat.ignore_set(block, _BLOCK_NO_OPS.get(kind, ()), where=where)
     if kind == "text":
         _keys(block, _TEXT_KEYS, where=where)
-        return TextPart(text=_str(block, "text", where=where), retain_ttl=ttl)
+        return trusted(TextPart, text=_str(block, "text", where=where), retain_ttl=ttl)
     if kind == "image":
         _keys(block, _IMAGE_KEYS, where=where)
         url = _image_url(block.get("source"), where=f"{where}.source")
         return ImagePart(url=url, retain_ttl=ttl)
     if kind == "document":
         _keys(block, _DOCUMENT_KEYS, where=where)
-        return TextPart(text=_document_text(block, where=where), retain_ttl=ttl)
+        return trusted(TextPart, text=_document_text(block, where=where), retain_ttl=ttl)
     raise _unsupported_block(where, kind, role="user")
 
 
@@ -644,8 +655,12 @@ def _tool_use(block: dict[str, Any], *, where: str, ttl: int | None) -> ToolCall
     arguments = block["input"]
     if not isinstance(arguments, dict):
         raise F.invalid_type(f"{where}.input", arguments, expected="a valid dictionary")
-    arguments_json = json.dumps(arguments, ensure_ascii=False)
-    return ToolCall(id=call_id, name=name, arguments=arguments_json, retain_ttl=ttl)
+    arguments_json = _ARGUMENTS.encode(arguments)  # json.dumps(arguments, ensure_ascii=False)
+    return trusted(ToolCall, id=call_id, name=name, arguments=arguments_json, retain_ttl=ttl)
+
+
+_ARGUMENTS: Final = json.JSONEncoder(ensure_ascii=False)
+"""One encoder for every ``tool_use`` input (``json.dumps`` builds one per call)."""
 
 
 def _tool_result(
@@ -687,7 +702,8 @@ def _tool_result(
         content = joined(parts)
     else:
         raise F.invalid_type(param, raw, expected="a valid string or list of content blocks")
-    return ChatMessage(
+    return trusted(
+        ChatMessage,
         role="tool",
         content=content,
         tool_call_id=call_id,
@@ -720,7 +736,7 @@ def _tool_reference(
     tool = catalog.get(name)
     if tool is None:
         raise F.invalid_value(f"{where}.tool_name", f"Tool '{name}' not found in 'tools'")
-    return TextPart(text=tool_definitions_text([tool]), retain_ttl=marks.get(where))
+    return trusted(TextPart, text=tool_definitions_text([tool]), retain_ttl=marks.get(where))
 
 
 def _tool_change(
@@ -746,7 +762,9 @@ def _tool_change(
         _keys(tool, frozenset({"definition"}), where=at)
         definition = _tool(tool.get("definition"), where=f"{at}.definition", ttl=None)
         catalog[definition.name] = definition
-        return TextPart(text=tool_definitions_text([definition]), retain_ttl=marks.get(where))
+        return trusted(
+            TextPart, text=tool_definitions_text([definition]), retain_ttl=marks.get(where)
+        )
     if ref != "tool_reference":
         choices = (
             "'tool_definition' or 'tool_reference'"
@@ -757,13 +775,13 @@ def _tool_change(
     _keys(tool, frozenset({"name"}), where=at)
     name = _str(tool, "name", where=at)
     if kind == "tool_removal":
-        return TextPart(
-            text=f"The tool {name} is no longer available.", retain_ttl=marks.get(where)
+        return trusted(
+            TextPart, text=f"The tool {name} is no longer available.", retain_ttl=marks.get(where)
         )
     found = catalog.get(name)
     if found is None:
         raise F.invalid_value(f"{at}.name", f"Tool '{name}' not found in 'tools'")
-    return TextPart(text=tool_definitions_text([found]), retain_ttl=marks.get(where))
+    return trusted(TextPart, text=tool_definitions_text([found]), retain_ttl=marks.get(where))
 
 
 def _system_content(

@@ -64,6 +64,8 @@ def ignore_unknown(
 def ignore_set(obj: Mapping[str, object], keys: Collection[str], *, where: str = "") -> None:
     """Record the documented no-ops among ``keys`` that ``obj`` sets (not ``null``), in the
     object's order."""
+    if obj.keys().isdisjoint(keys):
+        return  # none set: the common case
     for key, value in obj.items():
         if key in keys and value is not None:
             ignore(f"{where}.{key}" if where else key)

@@ -59,6 +59,7 @@ from kvretention.dataplane.protocol import (
     ToolChoice,
     ToolDefinition,
     Usage,
+    trusted,
 )
 from kvretention.hints.intent import NO_HINTS, BreakpointMode
 from kvretention.hints.openai import OPTIONS, hints_from_chat_completions
@@ -205,7 +206,7 @@ def _check_no_ops(body: Mapping[str, Any]) -> None:
 
 
 def _message(raw: object, *, index: int, calls: dict[str, str], marks: Marks) -> ChatMessage:
-    where = F.path("messages", index)
+    where = f"messages[{index}]"  # F.path("messages", index)
     msg = obj(raw, where=where)
     role = msg.get("role")
     if not isinstance(role, str):  # before the dict lookup: a list or object role is unhashable
@@ -224,14 +225,16 @@ def _message(raw: object, *, index: int, calls: dict[str, str], marks: Marks) ->
         return _assistant(msg, where=where, calls=calls, marks=marks)
     content = _content(msg.get("content"), where=f"{where}.content", role=role, marks=marks)
     if role != "tool":
-        return ChatMessage(role=role, content=content)
+        return trusted(ChatMessage, role=role, content=content)
     call_id = req_str(msg, "tool_call_id", where=where)
     if call_id not in calls:
         raise F.invalid_value(
             f"{where}.tool_call_id",
             f"'{call_id}' does not answer a tool call of an earlier assistant message.",
         )
-    return ChatMessage(role="tool", content=content, tool_call_id=call_id, name=calls[call_id])
+    return trusted(
+        ChatMessage, role="tool", content=content, tool_call_id=call_id, name=calls[call_id]
+    )
 
 
 def _assistant(
@@ -257,7 +260,8 @@ def _assistant(
     reasoning = reasoning or alias
     tool_calls = _history_calls(msg.get("tool_calls"), where=f"{where}.tool_calls")
     calls.update((c.id, c.name) for c in tool_calls)
-    return ChatMessage(
+    return trusted(
+        ChatMessage,
         role="assistant",
         content=content,
         tool_calls=tool_calls,
@@ -266,7 +270,7 @@ def _assistant(
 
 
 def _reasoning(text: str | None) -> Reasoning | None:
-    return Reasoning(text=text) if text else None
+    return trusted(Reasoning, text=text) if text else None
 
 
 def _history_calls(raw: object, *, where: str) -> list[ToolCall]:
@@ -292,7 +296,7 @@ def _history_calls(raw: object, *, where: str) -> list[ToolCall]:
         arguments = req_str(function, "arguments", where=f"{at}.function")
         if not call_id or not name:
             raise F.invalid_value(f"{at}", "a tool call needs a non-empty 'id' and 'name'.")
-        out.append(ToolCall(id=call_id, name=name, arguments=arguments))
+        out.append(trusted(ToolCall, id=call_id, name=name, arguments=arguments))
     return out
 
 
@@ -328,7 +332,7 @@ def _content(content: object, *, where: str, role: str, marks: Marks) -> str | l
             parts.append(picture.model_copy(update={"retain_ttl": marks.get(param)}))
         else:
             text = req_str(part, kind, where=param)
-            parts.append(TextPart(text=text, retain_ttl=marks.get(param)))
+            parts.append(trusted(TextPart, text=text, retain_ttl=marks.get(param)))
     return joined(parts)
 
 

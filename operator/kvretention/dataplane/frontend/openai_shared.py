@@ -50,7 +50,23 @@ def only_keys(obj: Mapping[str, Any], *, where: str, allowed: Collection[str]) -
     A ``null`` value carries nothing, so it is not even counted: the SDK sends its own objects
     back with such keys (a streamed message's ``parsed: null``, ``parsed_arguments: null``).
     """
+    if isinstance(obj, dict) and obj.keys() <= _known(allowed):
+        return  # every key known: the common case, one set comparison per item
     compat.ignore_unknown(obj, known=lambda key: key in allowed, where=where)
+
+
+def _known(allowed: Collection[str]) -> frozenset[str] | set[str]:
+    if isinstance(allowed, frozenset | set):
+        return allowed
+    if not isinstance(allowed, tuple):
+        return frozenset(allowed)
+    known = _KNOWN.get(allowed)
+    if known is None:
+        known = _KNOWN[allowed] = frozenset(allowed)
+    return known
+
+
+_KNOWN: Final[dict[tuple[str, ...], frozenset[str]]] = {}
 
 
 def ignore_present(body: Mapping[str, Any], keys: Collection[str], *, where: str = "") -> None:

@@ -23,7 +23,7 @@ class Fields:
 
     def path(self, *parts: str | int) -> str:
         if self.anthropic:
-            return ".".join(str(p) for p in parts)
+            return ".".join(map(str, parts))
         out = ""
         for part in parts:
             out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
