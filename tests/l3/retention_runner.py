@@ -58,6 +58,10 @@ class Scenario:
     extra: dict[str, Any] = field(default_factory=dict)
     settings: dict[str, Any] | None = None
     """Replaces the rendered ``kvretention`` section (a master configured apart from it)."""
+    restart_before: tuple[str, ...] = ()
+    """Requests before which the worker "restarts": a new ledger, the earlier pins still there."""
+    drop_metrics_port: bool = False
+    """Leave ``master_metrics_port`` out of the file (as for an external master)."""
 
 
 def run_scenario(master: Master, scenario: Scenario, workdir: Path) -> dict[str, Any]:
@@ -67,6 +71,8 @@ def run_scenario(master: Master, scenario: Scenario, workdir: Path) -> dict[str,
     config = master.config()
     if scenario.settings is not None:
         config["kvretention"] = scenario.settings
+    if scenario.drop_metrics_port:
+        config.pop("master_metrics_port", None)
     config_path.write_text(json.dumps(config))
     trace = workdir / "trace.jsonl"
     spec = {
@@ -80,6 +86,7 @@ def run_scenario(master: Master, scenario: Scenario, workdir: Path) -> dict[str,
         "wait_s": scenario.wait_s,
         "settle_s": scenario.settle_s,
         "requests": [r.__dict__ for r in scenario.requests],
+        "restart_before": list(scenario.restart_before),
         **scenario.extra,
     }
     spec_path = workdir / "scenario.json"

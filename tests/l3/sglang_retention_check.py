@@ -128,6 +128,20 @@ def main() -> None:
     store.store = recorder
     pool = HostPool(torch, slots=scenario["slots"], page_size=page_size, object_bytes=object_bytes)
     store.register_mem_pool_host(pool)
+    l3.POOL_READ_S = scenario.get("pool_read_s", l3.POOL_READ_S)  # type: ignore[misc]
+
+    def start_ledger() -> None:
+        """A new ledger, as a worker process starts with: wait until it has read the pool
+        (production does not wait; its first pins wait for the reading instead)."""
+        state = l3.client_state(store)
+        if state.settings.metrics_url is not None:
+            assert state.pool_read.wait(30), "the plugin never read the master's metrics"
+        report.setdefault("ledgers", []).append(
+            {
+                "metrics_url": state.settings.metrics_url,
+                "reserved_keys_at_start": state.ledger.reserved_keys,
+            }
+        )
 
     def object_keys(page_key: str) -> list[str]:
         tagged = store._tag_keys([page_key])[0]
@@ -145,9 +159,20 @@ def main() -> None:
             time.sleep(0.02)
 
     report: dict[str, Any] = {"requests": {}}
+    if scenario["plugin"]:
+        start_ledger()
     expected: dict[str, bytes] = {}
     slot = 0
     for request in scenario["requests"]:
+        if request["rid"] in scenario.get("restart_before", ()):
+            # A worker restart, as the plugin sees it: a new process has a new ledger while the
+            # pins the earlier one wrote stay in the pool (here: on the same segment).
+            time.sleep(scenario.get("restart_after_s", 0.0))
+            report.setdefault("pinned_keys_at_restart", []).append(
+                _pinned_keys(scenario["metrics_url"])
+            )
+            l3._CLIENTS.clear()
+            start_ledger()
         pages = request["pages"]
         tokens = [request["token_base"] + t for t in range(pages * page_size)]
         key = RadixKey(tokens, request.get("extra_key"), cache_salt=request.get("cache_salt"))
@@ -219,6 +244,13 @@ def main() -> None:
     report["contract"] = [p for t in l3.L3_HOOK_TARGETS if (p := check_target(t)) is not None]
     recorder._client.close()
     print(json.dumps(report))
+
+
+def _pinned_keys(url: str) -> int:
+    for line in _metrics(url).splitlines():
+        if line.startswith("master_soft_pin_key_count "):
+            return int(float(line.split()[1]))
+    raise AssertionError("the master reports no master_soft_pin_key_count")
 
 
 def _metrics(url: str) -> str:

@@ -212,3 +212,51 @@ def test_pins_with_hicache_group_semantics(
         assert put["group_ids"] == [f"sglang-hicache:{page}" for page in pages], put["pin_ttl_ms"]
     assert report["requests"]["hinted"]["survived"] == [True] * 5 + [False] * 3
     assert not any(report["requests"]["plain"]["survived"])
+
+
+@pytest.mark.parametrize("reads_master", [True, False], ids=["managed-master", "no-metrics-port"])
+def test_a_restarted_worker_keeps_the_pool_within_the_budget(
+    torch_imports: None, start_master: MasterFactory, tmp_path: Path, reads_master: bool
+) -> None:
+    """budgetRatio 0.25: a worker pins its whole share (32 pages), then restarts (a new ledger;
+    its pins stay in the pool) and is asked to pin 16 more. Reading the master, the new ledger
+    reserves its share for the pins still there: the 16 are written unpinned, counted and traced,
+    and the pool never holds more than the budget. Without the master's metrics port (an external
+    master) the new ledger cannot know, and the pool passes the budget: the documented gap."""
+    budget = 0.25
+    share_pages = int(budget * SEGMENT_BYTES) // PAGE_BYTES
+    requests = (
+        Request("before", share_pages, 0, retain({"priority": 50, "duration": 600})),
+        Request("after", 16, 10_000, retain({"priority": 90, "duration": 600})),
+    )
+    scenario = Scenario(
+        requests, plugin=True, restart_before=("after",), drop_metrics_port=not reads_master
+    )
+    with start_master(master=master_spec(budget=budget)) as master:
+        report = run_scenario(master, scenario, tmp_path)
+        url = master.metrics_url
+    before, after = report["requests"]["before"], report["requests"]["after"]
+    assert before["written"] == [True] * share_pages and after["written"] == [True] * 16
+    assert all(ttl is not None and ttl >= 598_000 for ttl in page_pins(report, "before"))
+    assert report["pinned_keys_at_restart"] == [2 * share_pages]
+    pinned_keys = parse_usage(report["metrics_after_writes"]).pinned_keys
+    if not reads_master:
+        assert [ledger["metrics_url"] for ledger in report["ledgers"]] == [None, None]
+        assert all(ttl is not None and ttl >= 598_000 for ttl in page_pins(report, "after"))
+        assert pinned_keys * OBJECT_BYTES > budget * SEGMENT_BYTES
+        return
+    assert [ledger["metrics_url"] for ledger in report["ledgers"]] == [url, url]
+    # The first ledger found an empty pool; the restarted one, its whole share pinned.
+    assert [ledger["reserved_keys_at_start"] for ledger in report["ledgers"]] == [
+        0,
+        2 * share_pages,
+    ]
+    assert page_pins(report, "after") == [None] * 16
+    assert report["stats"]["pinned"] == share_pages
+    assert report["stats"]["over_budget"] == 16
+    over = [t for t in report["trace"] if t["outcome"] == "l3_pin_over_budget"]
+    assert [t["request_id"] for t in over] == ["after"]
+    assert over[0]["pages"] == after["keys"]
+    assert over[0]["reserved_bytes"] == int(budget * SEGMENT_BYTES)
+    assert pinned_keys == 2 * share_pages
+    assert pinned_keys * OBJECT_BYTES <= budget * SEGMENT_BYTES

@@ -19,6 +19,12 @@ written unpinned, counted (``kvretention_l3_pages_total{outcome="over_budget"}``
 the request trace; the request never fails. The settings come from the ``kvretention`` section
 of the Mooncake config file the operator renders (:data:`SETTINGS_KEY`).
 
+A restarted worker's ledger is new, but the pins its earlier self wrote stay until their TTLs
+end; so a new ledger starts with its whole share *reserved* for them, and a thread off the write
+path reads the managed master's ``/metrics`` to shrink the reservation to the pool's pinned
+objects (an upper bound of what an earlier self can still hold) until it reaches 0, or the
+longest pin has passed since the start (:func:`client_state`).
+
 Import-light above the SGLang glue: the pure parts run in the unit and L3 tests without SGLang.
 """
 
@@ -31,6 +37,7 @@ import math
 import os
 import threading
 import time
+import urllib.request
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -91,19 +98,23 @@ class L3Settings:
     """Share of its own segment a store client may hold pinned; None: no budget."""
     max_pin_ttl_ms: int = DEFAULT_MAX_PIN_TTL_MS
     """The master's ``--max_kv_soft_pin_ttl``: a longer pin would be refused, so pins are capped."""
+    metrics_url: str | None = None
+    """The managed master's ``/metrics`` (from the file's ``master_server_address`` host and
+    ``master_metrics_port``); None for an external master, whose metrics port is not rendered."""
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> L3Settings:
         """From a parsed ``mooncake.json``; a missing or malformed section keeps the defaults (the
         plugin must never stop a worker from serving)."""
+        url = master_metrics_url(config)
         section = config.get(SETTINGS_KEY)
         if not isinstance(section, Mapping):
-            return cls()
+            return cls(metrics_url=url)
         ratio = section.get("pin_budget_ratio")
         ttl = section.get("max_pin_ttl_ms")
         budget = float(ratio) if isinstance(ratio, int | float) and 0 <= ratio <= 1 else None
         max_ttl = ttl if isinstance(ttl, int) and ttl > 0 else DEFAULT_MAX_PIN_TTL_MS
-        return cls(budget_ratio=budget, max_pin_ttl_ms=max_ttl)
+        return cls(budget_ratio=budget, max_pin_ttl_ms=max_ttl, metrics_url=url)
 
     def to_config(self) -> dict[str, Any]:
         """The ``kvretention`` section as the operator renders it."""
@@ -111,6 +122,19 @@ class L3Settings:
         if self.budget_ratio is not None:
             out["pin_budget_ratio"] = self.budget_ratio
         return out
+
+
+def master_metrics_url(config: Mapping[str, Any]) -> str | None:
+    """``http://<master host>:<master_metrics_port>/metrics``, as the operator renders a managed
+    master's client config; None when either is missing or malformed."""
+    address = config.get("master_server_address")
+    port = config.get("master_metrics_port")
+    if not isinstance(address, str) or not isinstance(port, int) or isinstance(port, bool):
+        return None
+    host = address.rsplit(":", 1)[0] if ":" in address else address
+    if not host or not 0 < port < 65536:
+        return None
+    return f"http://{host}:{port}/metrics"
 
 
 def read_settings(environ: Mapping[str, str] | None = None) -> L3Settings:
@@ -295,9 +319,21 @@ class PinLedger:
     ``capacity_bytes`` None means no budget. Counts a pin from its write to its TTL's end, whether
     or not the master still holds it (a pin evicted early or dropped by a master restart stays
     counted until then), so the count is an upper bound and the budget is never overrun.
+
+    A reservation stands for pins an earlier process of the same worker wrote (which this ledger
+    never saw): :meth:`reserve_share` reserves the whole share until the longest pin has passed,
+    :meth:`observe_pool` lowers it to the pool's pinned objects (the master counts objects, not
+    bytes) times the largest object this client puts (:meth:`note_objects`; one model and layout,
+    so the earlier process's objects were no larger). It only ever shrinks.
     """
 
     capacity_bytes: int | None
+    reserved_keys: int | None = 0
+    """Pinned objects held back for an earlier process; None: the whole share (no reading yet)."""
+    reserved_until: float = 0.0
+    """``time.time()`` when every pin an earlier process wrote has ended (its TTLs were capped)."""
+    object_bytes: int = 0
+    """The largest object this client has put."""
     _live: dict[str, tuple[float, int]] = field(default_factory=dict)
     _ends: list[tuple[float, str]] = field(default_factory=list)
     _bytes: int = 0
@@ -306,6 +342,36 @@ class PinLedger:
     @property
     def pinned_bytes(self) -> int:
         return self._bytes
+
+    def reserve_share(self, *, until: float) -> None:
+        """Hold the whole share back until ``until`` or a reading of the pool shows less."""
+        with self._lock:
+            self.reserved_keys, self.reserved_until = None, until
+
+    def observe_pool(self, pinned_keys: int) -> None:
+        """The pool holds ``pinned_keys`` pinned objects now; an earlier process's pins are among
+        them and only end from here on, so the reservation never needs to be larger."""
+        with self._lock:
+            count = max(0, pinned_keys)
+            self.reserved_keys = (
+                count if self.reserved_keys is None else min(self.reserved_keys, count)
+            )
+
+    def note_objects(self, sizes: Iterable[int]) -> None:
+        """Objects this client is about to put: the size the reservation counts pins in."""
+        self.object_bytes = max(self.object_bytes, *sizes, 0)
+
+    def reserved(self, now: float) -> int:
+        """The bytes reserved at ``now`` (0 once the longest pin has passed, or without a budget)."""
+        if self.capacity_bytes is None or self.reserved_keys == 0 or now >= self.reserved_until:
+            return 0
+        if self.reserved_keys is None:
+            return self.capacity_bytes
+        return min(self.reserved_keys * self.object_bytes, self.capacity_bytes)
+
+    def reservation_settled(self, now: float) -> bool:
+        """Whether the reservation is over for good (nothing left to read the pool for)."""
+        return self.reserved_keys == 0 or now >= self.reserved_until
 
     def _expire(self, now: float) -> None:
         while self._ends and self._ends[0][0] <= now:
@@ -329,7 +395,10 @@ class PinLedger:
             self._expire(now)
             previous = self._live.get(key)
             held = self._bytes - (previous[1] if previous else 0)
-            if self.capacity_bytes is not None and held + nbytes > self.capacity_bytes:
+            if (
+                self.capacity_bytes is not None
+                and held + self.reserved(now) + nbytes > self.capacity_bytes
+            ):
                 return False
             self._live[key] = (ends, nbytes)
             self._bytes = held + nbytes
@@ -501,11 +570,13 @@ def report_over_budget(puts: Iterable[PagePut], *, ledger: PinLedger) -> None:
     for rid, pages in by_request.items():
         if _OVER_BUDGET_LOGGED[0] % 1000 == 0:
             logger.warning(
-                "kvretention: L3 pin budget full (%d of %s bytes pinned): %d retained pages of "
+                "kvretention: L3 pin budget full (%d of %s bytes pinned, %d reserved for pins an "
+                "earlier process may have left): %d retained pages of "
                 "request %s written unpinned (logged once per 1000 times; all counted in "
                 "kvretention_l3_pages_total and traced)",
                 ledger.pinned_bytes,
                 ledger.capacity_bytes,
+                ledger.reserved(time.time()),
                 len(pages),
                 rid,
             )
@@ -517,6 +588,7 @@ def report_over_budget(puts: Iterable[PagePut], *, ledger: PinLedger) -> None:
                 "outcome": "l3_pin_over_budget",
                 "pages": pages,
                 "pinned_bytes": ledger.pinned_bytes,
+                "reserved_bytes": ledger.reserved(time.time()),
                 "budget_bytes": ledger.capacity_bytes,
             }
         )
@@ -610,6 +682,26 @@ SETTINGS_REFRESH_S: Final = 30.0
 place, so a new ``budgetRatio`` reaches running workers without a restart."""
 
 
+POOL_READ_S: Final = 5.0
+"""How often a new ledger reads the master's ``/metrics`` while part of its share is reserved."""
+POOL_READ_TIMEOUT_S: Final = 2.0
+POOL_READ_MAX_BYTES: Final = 4 * 1024 * 1024
+
+
+def pool_pinned_keys(metrics_text: str) -> int:
+    """The objects the pool holds soft-pinned (``master_soft_pin_key_count``), through the
+    operator's own parser; raises on text that is not a master's metrics."""
+    from kvretention.controller.kvstore_metrics import parse_usage
+
+    return parse_usage(metrics_text).pinned_keys
+
+
+def _read_metrics(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=POOL_READ_TIMEOUT_S) as response:
+        body: bytes = response.read(POOL_READ_MAX_BYTES)
+    return body.decode("utf-8", errors="replace")
+
+
 @dataclass
 class _ClientState:
     """Per ``MooncakeStore`` instance: its settings and its share of the budget."""
@@ -618,6 +710,32 @@ class _ClientState:
     ledger: PinLedger
     segment_bytes: int
     read_at: float
+    pool_read: threading.Event = field(default_factory=threading.Event)
+    """Set once the pool's pinned objects have been read (tests wait on it)."""
+
+
+def _watch_pool(state: _ClientState, url: str) -> None:
+    """Off the write path: read the pool's pinned objects every :data:`POOL_READ_S` into the
+    ledger's reservation until it is settled. An unreadable master keeps the reservation (the
+    budget holds; pins wait), logged once."""
+    warned = False
+    while not state.ledger.reservation_settled(time.time()):
+        try:
+            pinned = pool_pinned_keys(_read_metrics(url))
+        except Exception as err:  # any failure keeps the reservation; never raise in a thread
+            if not warned:
+                logger.warning(
+                    "kvretention: cannot read the master's pinned objects at %s (%s); this "
+                    "worker's L3 pin share stays reserved until it can",
+                    url,
+                    err,
+                )
+                warned = True
+        else:
+            state.ledger.observe_pool(pinned)
+            state.pool_read.set()
+        time.sleep(POOL_READ_S)
+    state.pool_read.set()
 
 
 _CLIENTS: dict[int, _ClientState] = {}
@@ -626,7 +744,11 @@ _CLIENTS_LOCK = threading.Lock()
 
 def client_state(store: Any, *, now: float | None = None) -> _ClientState:
     """The settings and ledger of one ``MooncakeStore`` (made on its first put, settings re-read
-    every :data:`SETTINGS_REFRESH_S`; the pins already counted stay counted)."""
+    every :data:`SETTINGS_REFRESH_S`; the pins already counted stay counted).
+
+    A new ledger cannot tell a first start from a restart, so with a managed master it reserves
+    its whole share for pins an earlier process may have left, and :func:`_watch_pool` shrinks
+    the reservation from the master's count; it ends anyway once the longest pin has passed."""
     at = time.monotonic() if now is None else now
     with _CLIENTS_LOCK:
         state = _CLIENTS.get(id(store))
@@ -637,6 +759,14 @@ def client_state(store: Any, *, now: float | None = None) -> _ClientState:
             settings = read_settings()
             ledger = PinLedger(client_budget_bytes(settings, segment))
             state = _CLIENTS[id(store)] = _ClientState(settings, ledger, segment, at)
+            if settings.metrics_url is not None:
+                ledger.reserve_share(until=time.time() + settings.max_pin_ttl_ms / 1000)
+                threading.Thread(
+                    target=_watch_pool,
+                    args=(state, settings.metrics_url),
+                    name="kvretention-l3-pool",
+                    daemon=True,
+                ).start()
         elif at - state.read_at >= SETTINGS_REFRESH_S:
             state.settings = read_settings()
             state.ledger.capacity_bytes = client_budget_bytes(state.settings, state.segment_bytes)
@@ -659,6 +789,7 @@ def put_with_pins(
     a soft-pinned ``ReplicateConfig`` (same group and session ids, same put call SGLang picks)."""
     state = client_state(store)
     sizes = [sum(s) if isinstance(s, list | tuple) else int(s) for s in buffer_sizes]
+    state.ledger.note_objects(sizes)
     puts = plan_puts(
         key_strs,
         sizes,

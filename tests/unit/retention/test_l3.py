@@ -3,7 +3,10 @@ the per-client budget. The hooks themselves run on SGLang's MooncakeStore in ``t
 
 from __future__ import annotations
 
+import http.server
 import json
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -359,3 +362,127 @@ def test_a_failing_hook_hands_the_batch_to_sglangs_own_put() -> None:
     assert got == [0, 0]
     assert calls == [(broken, ["a_0_k", "a_0_v"], [1, 2], [10, 10], None)]
     assert l3.STATS.hook_failures == before + 1
+
+
+@pytest.mark.parametrize(
+    ("config", "url"),
+    [
+        pytest.param(
+            {"master_server_address": "m.ns.svc:50051", "master_metrics_port": 9003},
+            "http://m.ns.svc:9003/metrics",
+            id="managed",
+        ),
+        pytest.param({"master_server_address": "m:50051"}, None, id="external-no-port"),
+        pytest.param({"master_metrics_port": 9003}, None, id="no-address"),
+        pytest.param(
+            {"master_server_address": "m:1", "master_metrics_port": "9003"}, None, id="port-text"
+        ),
+        pytest.param({"master_server_address": "m:1", "master_metrics_port": 0}, None, id="port-0"),
+    ],
+)
+def test_the_masters_metrics_url_from_the_rendered_file(
+    config: dict[str, object], url: str | None
+) -> None:
+    assert l3.master_metrics_url(config) == url
+    assert L3Settings.from_config(config).metrics_url == url
+
+
+# A new ledger (capacity 100, objects of 10 bytes) reserves its share; readings of the pool's
+# pinned objects only ever shrink it; it ends at the longest pin (NOW + 60).
+# (pinned objects read, time, bytes reserved, admits a 30-byte pin)
+RESERVATIONS = [
+    pytest.param([], NOW, 100, False, id="no-reading-whole-share"),
+    pytest.param([0], NOW, 0, True, id="empty-pool-nothing-reserved"),
+    pytest.param([8], NOW, 80, False, id="pool-pins-reserved"),
+    pytest.param([6], NOW, 60, True, id="room-beside-the-reservation"),
+    pytest.param([50], NOW, 100, False, id="never-more-than-the-share"),
+    pytest.param([4, 9], NOW, 40, True, id="a-later-higher-reading-never-grows-it"),
+    pytest.param([9, 2], NOW, 20, True, id="pins-that-ended-free-it"),
+    pytest.param([], NOW + 60, 0, True, id="the-longest-pin-has-passed"),
+    pytest.param([8], NOW + 60, 0, True, id="the-longest-pin-has-passed-after-a-reading"),
+]
+
+
+@pytest.mark.parametrize(("readings", "at", "reserved", "admits"), RESERVATIONS)
+def test_a_new_ledger_reserves_its_share_for_an_earlier_processs_pins(
+    readings: list[int], at: float, reserved: int, admits: bool
+) -> None:
+    ledger = PinLedger(capacity_bytes=100)
+    ledger.reserve_share(until=NOW + 60)
+    ledger.note_objects([10, 4])
+    for pinned in readings:
+        ledger.observe_pool(pinned)
+    assert ledger.reserved(at) == reserved
+    assert ledger.admit("p", 30, ends=at + 10, now=at) is admits
+    assert ledger.pinned_bytes == (30 if admits else 0)
+    assert ledger.reservation_settled(at) is (reserved == 0)
+
+
+def test_no_reservation_without_a_budget_or_on_a_plain_ledger() -> None:
+    unbudgeted = PinLedger(capacity_bytes=None)
+    unbudgeted.reserve_share(until=NOW + 60)
+    assert unbudgeted.reserved(NOW) == 0
+    assert unbudgeted.admit("p", 10**9, ends=NOW + 10, now=NOW)
+    assert PinLedger(capacity_bytes=100).reserved(NOW) == 0
+
+
+FIXTURE = Path(__file__).parents[2] / "fixtures" / "mooncake_master_metrics.prom"
+
+
+def test_the_pools_pinned_objects_from_the_masters_metrics() -> None:
+    assert l3.pool_pinned_keys(FIXTURE.read_text()) == 8
+    with pytest.raises(ValueError, match="missing"):
+        l3.pool_pinned_keys("up 1\n")
+
+
+def _serve(body: bytes) -> tuple[http.server.ThreadingHTTPServer, int]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, int(server.server_address[1])
+
+
+@pytest.mark.parametrize("readable", [True, False], ids=["master-read", "master-unreadable"])
+def test_a_new_client_reads_the_pool_off_the_write_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, readable: bool
+) -> None:
+    """The first put finds the whole share reserved and returns at once; a thread reads the
+    master and shrinks the reservation. An unreadable master keeps it (pins wait, puts go on)."""
+    server, port = _serve(FIXTURE.read_bytes())
+    if not readable:
+        server.shutdown()
+        server.server_close()
+    path = tmp_path / "mooncake.json"
+    config = {
+        "master_server_address": "127.0.0.1:1",
+        "master_metrics_port": port,
+        "kvretention": {"pin_budget_ratio": 0.5, "max_pin_ttl_ms": 3_600_000},
+    }
+    path.write_text(json.dumps(config))
+    monkeypatch.setenv("SGLANG_HICACHE_MOONCAKE_CONFIG_PATH", str(path))
+    monkeypatch.setattr(l3, "POOL_READ_S", 0.05)
+    store = SimpleNamespace(
+        config=SimpleNamespace(global_segment_size=16 * 1024 * 1024),
+        storage_config=SimpleNamespace(tp_size=1, pp_size=1),
+    )
+    try:
+        state = l3.client_state(store)
+        assert state.settings.metrics_url == f"http://127.0.0.1:{port}/metrics"
+        # Unreadable: no reading ever arrives (a second of failed tries shows it).
+        assert state.pool_read.wait(30 if readable else 1) is readable
+        state.ledger.note_objects([262_144])  # what the first put does before it plans
+        expected = 8 * 262_144 if readable else 8 * 1024 * 1024  # 8 pinned; or half of 16 MiB
+        assert state.ledger.reserved(time.time()) == expected
+    finally:
+        l3._CLIENTS.pop(id(store), None)
+        state.ledger.reserved_until = 0.0  # ends the reading thread
+        if readable:
+            server.shutdown()
