@@ -17,6 +17,7 @@ from kvretention.dataplane.frontend.app import (
     create_app,
 )
 from kvretention.dataplane.frontend.errors import Provider
+from kvretention.dataplane.frontend.gc_tuning import tune_gc
 from kvretention.dataplane.frontend.tokenizer import (
     ChatTokenizer,
     TokenizerUnavailable,
@@ -223,6 +224,7 @@ def frontend_cmd(
         router_url,
         ", ".join(models) or "any",
     )
+    tune_gc()
     asyncio.run(serve_until_signal(app, host=host, port=port, shutdown_timeout=5.0))
 
 
