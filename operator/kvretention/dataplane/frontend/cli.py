@@ -17,12 +17,12 @@ from kvretention.dataplane.frontend.app import (
     create_app,
 )
 from kvretention.dataplane.frontend.errors import Provider
-from kvretention.dataplane.frontend.gc_tuning import tune_gc
 from kvretention.dataplane.frontend.tokenizer import (
     ChatTokenizer,
     TokenizerUnavailable,
     load_tokenizer,
 )
+from kvretention.dataplane.gc_tuning import tune_gc
 from kvretention.dataplane.http import serve_until_signal
 from kvretention.dataplane.protocol import DEFAULT_SESSION_KEYS
 from kvretention.dataplane.trace import TRACE_ENV, trace_from_env

@@ -18,6 +18,7 @@ from typing import cast
 
 import click
 
+from kvretention.dataplane.gc_tuning import tune_gc
 from kvretention.dataplane.http import serve_until_signal
 from kvretention.dataplane.router.app import RouterConfig, RouterState, build_app
 from kvretention.dataplane.router.discovery import DiscoveryError, build_sources
@@ -128,6 +129,7 @@ def router_cmd(
         policy=cast(Policy, policy),
         max_prefixes=max_prefixes,
     )
+    tune_gc()
     asyncio.run(_serve(RouterState(sources=sources, config=config), host=host, port=port))
 
 

@@ -22,6 +22,7 @@ from typing import cast
 import click
 
 from kvretention.api.names import Role
+from kvretention.dataplane.gc_tuning import tune_gc
 from kvretention.dataplane.http import serve_until_signal
 from kvretention.dataplane.trace import trace_from_env
 from kvretention.dataplane.worker.app import WorkerState, build_app, drain
@@ -155,6 +156,7 @@ async def _serve(
         trace=trace_from_env(trace_file, component="worker"),
         render_cache_bytes=render_cache_bytes,
     )
+    tune_gc()  # after the engine and its tokenizer loaded: they are frozen, never rescanned
 
     async def drain_in_flight() -> None:
         log.info("draining %d in-flight request(s) for up to %.1fs", state.inflight, drain_seconds)

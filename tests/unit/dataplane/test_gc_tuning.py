@@ -1,4 +1,4 @@
-"""The frontend's collector settings: what startup loaded is frozen, collections are rarer."""
+"""The data plane's collector settings: what startup loaded is frozen, collections are rarer."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvretention.dataplane.frontend.gc_tuning import GC_THRESHOLDS, tune_gc
+from kvretention.dataplane.gc_tuning import GC_THRESHOLDS, tune_gc
 
 
 @pytest.fixture
