@@ -1335,6 +1335,14 @@ class KvStoreStatus(ReplicaCount):
     budget_ratio: float | None = Field(
         default=None, description="softPin.budgetRatio the pins are checked against."
     )
+    budget_enforced: bool | None = Field(
+        default=None,
+        description=(
+            "True: the workers' retention plugin keeps pins within budgetRatio (past it pages are "
+            "written unpinned); false: the budget is only observed (pinnedRatio), because "
+            "RetentionApplied is not True. Absent without a budget or before the probe reported."
+        ),
+    )
     evicted_objects: int | None = Field(
         default=None, ge=0, description="Objects evicted since the master started."
     )

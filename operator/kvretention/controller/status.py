@@ -1065,6 +1065,13 @@ def _kvstore_usage(reading: KvStoreReading | None, *, budget: float | None) -> d
     return out
 
 
+def _budget_enforcement(budget: float | None, enforced: bool | None) -> dict[str, Any]:
+    """``budgetEnforced`` beside ``pinnedRatio``: enforced by the workers, or observed only."""
+    if budget is None or enforced is None:
+        return {}
+    return {"budgetEnforced": enforced}
+
+
 def _endpoint(fleet: Fleet) -> str | None:
     for m in fleet.desired:
         labels = (m.get("metadata") or {}).get("labels") or {}
@@ -1185,7 +1192,11 @@ def compute_status(
         router=ReplicaCount(**_count(groups.get("router", []))),
         workers=WorkersStatus(**workers_count, pools=_pools(workers, pods)),
         kv_store=KvStoreStatus.model_validate(
-            {**_count(master), **_kvstore_usage(observed.kvstore, budget=fleet.retention_budget)}
+            {
+                **_count(master),
+                **_kvstore_usage(observed.kvstore, budget=fleet.retention_budget),
+                **_budget_enforcement(fleet.retention_budget, budget_enforced(retention)),
+            }
         ),
         workers_ready=f"{workers_count['ready']}/{workers_count['desired']}",
         **optional,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -309,3 +310,26 @@ def test_a_stock_image_warns_once_and_an_upgrade_flips_it() -> None:
     assert [(c["type"], c["reason"]) for c in transitions(first, after)] == [
         ("RetentionApplied", "Applied")
     ]
+
+
+@pytest.mark.parametrize(
+    ("budget", "reports", "enforced"),
+    [
+        pytest.param(0.5, [LOADED], True, id="plugin-applied-enforces"),
+        pytest.param(0.5, [NOT_INSTALLED], False, id="stock-image-observes-only"),
+        pytest.param(0.5, [LOADED, NOT_INSTALLED], False, id="one-pod-without-observes-only"),
+        pytest.param(0.5, [], None, id="probe-pending-says-nothing"),
+        pytest.param(None, [LOADED], None, id="no-budget-nothing-to-enforce"),
+    ],
+)
+def test_kvstore_status_says_whether_the_budget_is_enforced_or_observed(
+    budget: float | None, reports: list[dict[str, Any]], enforced: bool | None
+) -> None:
+    status = compute_status(
+        replace(fleet(HINTS_ON, required=False), retention_budget=budget),
+        Observed(deployments=ALL_READY, worker_pods=pods(*reports)),
+        previous=None,
+        now=T0,
+    )
+    assert status["kvStore"].get("budgetEnforced") == enforced
+    KvRetentionDeploymentStatus.model_validate(status)
