@@ -1083,6 +1083,17 @@ class ExternalMooncakeSpec(_Model):
             "every write is refused. Unset: Mooncake's default tenant."
         ),
     )
+    metrics_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description=(
+            "The external master's --metrics_port, on masterAddress's host. Set it so a worker "
+            "that restarts counts the soft pins its earlier run may have left against "
+            "softPin.budgetRatio (read from the master's /metrics); unset, a restarted worker "
+            "can pass the budget by its own share until those pins end."
+        ),
+    )
 
     @field_validator("master_address")
     @classmethod

@@ -100,7 +100,7 @@ class L3Settings:
     """The master's ``--max_kv_soft_pin_ttl``: a longer pin would be refused, so pins are capped."""
     metrics_url: str | None = None
     """The managed master's ``/metrics`` (from the file's ``master_server_address`` host and
-    ``master_metrics_port``); None for an external master, whose metrics port is not rendered."""
+    ``master_metrics_port``); None for an external master without ``external.metricsPort``."""
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> L3Settings:

@@ -521,6 +521,24 @@ def test_mooncake_master_args_follow_the_spec() -> None:
                 "kvretention": {"max_pin_ttl_ms": 86_400_000},
             },
         ),
+        (
+            {
+                "mooncake": {
+                    "mode": "external",
+                    "external": {"masterAddress": "x:7", "metricsPort": 9003, "tenant": "t.f"},
+                }
+            },
+            {
+                "master_server_address": "x:7",
+                "metadata_server": "P2PHANDSHAKE",
+                "protocol": "tcp",
+                "device_name": "",
+                "global_segment_size": "4gb",
+                "master_metrics_port": 9003,
+                "tenant_id": "t.f",
+                "kvretention": {"max_pin_ttl_ms": 86_400_000},
+            },
+        ),
     ],
 )
 def test_mooncake_client_config(kv_store: Body, expected: Body) -> None:

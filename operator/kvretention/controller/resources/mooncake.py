@@ -89,8 +89,11 @@ def build_mooncake_client_config(
     }
     if mooncake.external is None:
         config["master_metrics_port"] = mooncake.master.metrics_port
-    elif mooncake.external.tenant is not None:
-        config["tenant_id"] = mooncake.external.tenant
+    else:
+        if mooncake.external.metrics_port is not None:
+            config["master_metrics_port"] = mooncake.external.metrics_port
+        if mooncake.external.tenant is not None:
+            config["tenant_id"] = mooncake.external.tenant
     pin = mooncake.master.soft_pin
     config[L3_SETTINGS_KEY] = L3Settings(
         budget_ratio=pin.budget_ratio, max_pin_ttl_ms=pin.max_ttl_seconds * 1000
