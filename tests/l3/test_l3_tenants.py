@@ -119,7 +119,11 @@ def test_fleets_sharing_a_master_cannot_evict_each_other(
     assert results == [OK] * len(pressure)
     assert kept(b, mine) == mine, "fleet A's pressure evicted fleet B's pages"
     assert kept(a, pins) == pins
-    assert kept(a, pressure[:8]) == []
+    # A's own unpinned pages made room: what it still holds fits its quota (which pins count
+    # against). Which pages went is the master's eviction order, not asserted.
+    survivors = kept(a, pressure)
+    assert len(survivors) < len(pressure)
+    assert (len(survivors) + len(pins)) * OBJECT <= QUOTA
     # One namespace per tenant: the same key is two objects, and B cannot read A's.
     assert not b.exists("a-pin-0")
     samples = shared_master.metrics_text()
