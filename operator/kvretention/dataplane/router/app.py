@@ -137,6 +137,14 @@ class RouterMetrics:
             ["role", "url"],
             registry=self.registry,
         )
+        self.pool_outstanding = Gauge(
+            "kvretention_router_pool_outstanding_requests",
+            "Requests in flight per pool (role): the signal a pool's autoscaler divides by replicas.",
+            ["role"],
+            registry=self.registry,
+        )
+        for role in ("aggregated", "prefill", "decode"):
+            self.pool_outstanding.labels(role)  # present at 0 before the first request
         self.ejections = Counter(
             "kvretention_router_worker_ejections",
             "Workers taken out of rotation.",
@@ -238,10 +246,12 @@ class RouterState:
         worker.outstanding += 1
         worker.served += 1
         self.metrics.outstanding.labels(worker.role, worker.url).set(worker.outstanding)
+        self.metrics.pool_outstanding.labels(worker.role).inc()
 
     def end(self, worker: Worker) -> None:
         worker.outstanding -= 1
         self.metrics.outstanding.labels(worker.role, worker.url).set(worker.outstanding)
+        self.metrics.pool_outstanding.labels(worker.role).dec()
 
 
 STATE: Final = web.AppKey("router_state", RouterState)
