@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from chartlib import ROOT
 
-from kvretention.controller.status import PROBLEM_REASONS, UNSCHEDULABLE
+from kvretention.controller.diagnosis import UNSCHEDULABLE
+from kvretention.controller.status import PROBLEM_REASONS
 
 SCRIPT = ROOT / "deploy" / "argocd" / "health-kvretention.lua"
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from kvretention.api.models import KvRetentionDeploymentStatus
+from kvretention.controller.diagnosis import observe_workload
 from kvretention.controller.status import (
     CONDITION_TYPES,
     Fleet,
@@ -18,7 +19,6 @@ from kvretention.controller.status import (
     check_kv_hints,
     compute_invalid_status,
     compute_status,
-    observe_workload,
     parse_probe_report,
     transitions,
 )

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from kvretention.api.models import KvRetentionDeploymentStatus
+from kvretention.controller.diagnosis import observe_workload
 from kvretention.controller.planner import event_type
 from kvretention.controller.status import (
     MASTER_RESTARTING,
@@ -22,7 +23,6 @@ from kvretention.controller.status import (
     Verdict,
     check_kvstore,
     compute_status,
-    observe_workload,
     transitions,
 )
 

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from kvretention.api.models import KvRetentionDeploymentStatus
+from kvretention.controller.diagnosis import diagnose_pods
 from kvretention.controller.status import (
     PROBLEM_REASONS,
     Fleet,
     Observed,
     compute_status,
-    diagnose_pods,
     is_problem,
     transitions,
 )

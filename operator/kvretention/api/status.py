@@ -1,0 +1,218 @@
+"""What the operator observes: the ``KvRetentionDeployment`` status models (written only by the
+operator; readers tolerate fields a newer operator adds)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field
+
+from kvretention.api.base import WireModel
+
+__all__ = [
+    "Condition",
+    "EngineStatus",
+    "KvRetentionDeploymentStatus",
+    "KvStoreStatus",
+    "ReplicaCount",
+    "WorkerPoolStatus",
+    "WorkersStatus",
+]
+
+
+# --- status ---------------------------------------------------------------------------------------
+
+
+class _StatusModel(WireModel):
+    """Status is written by the operator; tolerate fields a newer operator adds."""
+
+    model_config = ConfigDict(extra="ignore", strict=False)
+
+
+class Condition(_StatusModel):
+    """One observed condition (the metav1.Condition shape)."""
+
+    type: str = Field(max_length=316, description="Condition type, e.g. Ready.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(
+        default="", max_length=1024, description="CamelCase reason for the last transition."
+    )
+    message: str = Field(default="", max_length=32768, description="Human-readable details.")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="The .metadata.generation this condition was computed for."
+    )
+    last_transition_time: str | None = Field(
+        default=None, description="When status last flipped (RFC 3339)."
+    )
+
+
+class ReplicaCount(_StatusModel):
+    """One component's pods, and its rollout's progress (summed over its Deployments)."""
+
+    ready: int = Field(default=0, ge=0, description="Ready pods.")
+    desired: int = Field(default=0, ge=0, description="Desired pods.")
+    updated: int = Field(
+        default=0, ge=0, description="Pods running the current pod template (updatedReplicas)."
+    )
+    available: int = Field(
+        default=0,
+        ge=0,
+        description="Pods ready for at least the Deployment's minReadySeconds (availableReplicas).",
+    )
+
+
+class WorkerPoolStatus(ReplicaCount):
+    """One worker pool (one Deployment): its pods and why they are not ready, if they are not."""
+
+    name: str = Field(max_length=253, description="The pool's Deployment.")
+    role: str = Field(
+        default="",
+        max_length=63,
+        description="The pool's component: worker, worker-prefill or worker-decode.",
+    )
+    reason: str = Field(
+        default="",
+        max_length=1024,
+        description=(
+            "PodsReady, or why not: ScaledToZero, NotCreated, ReplicaFailure, "
+            "ProgressDeadlineExceeded, Unschedulable, ErrImagePull / ImagePullBackOff (and the "
+            "kubelet's other image reasons), CreateContainerConfigError (and the kubelet's other "
+            "container reasons), InitContainerFailed, CrashLoopBackOff, ContainerFailed, "
+            "PodFailed, RollingOut, PodsStarting, PodsNotReady."
+        ),
+    )
+    message: str = Field(
+        default="",
+        max_length=32768,
+        description="Details: the Deployment, the pod, the scheduler's or kubelet's message.",
+    )
+
+
+class WorkersStatus(ReplicaCount):
+    """All worker pools together, and each pool on its own."""
+
+    pools: list[WorkerPoolStatus] = Field(
+        default_factory=list,
+        description="Each worker pool (Deployment): the aggregated pool, or prefill then decode.",
+    )
+
+
+class KvStoreStatus(ReplicaCount):
+    """The Mooncake master's pods, and the pool as its ``/metrics`` last reported it."""
+
+    observed_at: str | None = Field(
+        default=None,
+        description=(
+            "When the master first reported the numbers below (RFC 3339); a read that finds the "
+            "same numbers leaves status unchanged."
+        ),
+    )
+    capacity_bytes: int | None = Field(
+        default=None, ge=0, description="Pool capacity: the segments workers mounted."
+    )
+    used_bytes: int | None = Field(default=None, ge=0, description="Bytes allocated to objects.")
+    objects: int | None = Field(default=None, ge=0, description="Objects (keys) stored.")
+    pinned_objects: int | None = Field(default=None, ge=0, description="Soft-pinned objects.")
+    pinned_bytes_estimate: int | None = Field(
+        default=None,
+        ge=0,
+        description="Pinned objects times the mean object size (the master counts no pinned bytes).",
+    )
+    pinned_ratio: float | None = Field(
+        default=None, ge=0, description="pinnedBytesEstimate / capacityBytes."
+    )
+    budget_ratio: float | None = Field(
+        default=None, description="softPin.budgetRatio the pins are checked against."
+    )
+    budget_enforced: bool | None = Field(
+        default=None,
+        description=(
+            "True: the workers' retention plugin keeps pins within budgetRatio (past it pages are "
+            "written unpinned); false: the budget is only observed (pinnedRatio), because "
+            "RetentionApplied is not True. Absent without a budget or before the probe reported."
+        ),
+    )
+    evicted_objects: int | None = Field(
+        default=None, ge=0, description="Objects evicted since the master started."
+    )
+    evicted_bytes: int | None = Field(
+        default=None, ge=0, description="Bytes evicted since the master started."
+    )
+    evictions: int | None = Field(
+        default=None, ge=0, description="Eviction rounds since the master started."
+    )
+
+
+class EngineStatus(_StatusModel):
+    """What the capability probe found in the worker image."""
+
+    sglang_version: str | None = Field(default=None, description="SGLang version in the image.")
+    dialect: Literal["none", "flat", "versioned"] | None = Field(
+        default=None, description="kv_hints form the engine accepts: none, flat or versioned."
+    )
+    kv_hints_parameter: bool | None = Field(
+        default=None, description="Whether Engine.async_generate takes kv_hints."
+    )
+    storage_backends: list[str] = Field(
+        default_factory=list, description="HiCache storage backends the image offers."
+    )
+    mooncake_importable: bool | None = Field(
+        default=None, description="Whether mooncake.store imports in the image."
+    )
+    retention_plugin: (
+        Literal["loaded", "not_installed", "not_selected", "load_failed", "unsupported"] | None
+    ) = Field(
+        default=None,
+        description=(
+            "What SGLang's own plugin loader does with the retention plugin that applies "
+            "kv.retain: loaded, not_installed, not_selected (SGLANG_PLUGINS leaves it out), "
+            "load_failed, or unsupported (no plugin framework). Absent: the image's probe "
+            "predates the plugin."
+        ),
+    )
+    hook_target_problems: list[str] = Field(
+        default_factory=list,
+        description="SGLang targets the loaded plugin hooks that are missing or changed.",
+    )
+
+
+class KvRetentionDeploymentStatus(_StatusModel):
+    """Observed state, written only by the operator."""
+
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="The .metadata.generation last reconciled."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Ready, FrontendReady, RouterReady, WorkersReady, KvStoreReady, KvHintsSupported, RetentionApplied, RetentionBudget, Progressing.",
+    )
+    frontend: ReplicaCount | None = Field(default=None, description="Frontend pods.")
+    router: ReplicaCount | None = Field(default=None, description="Router pods.")
+    workers: WorkersStatus | None = Field(
+        default=None, description="Worker pods (all pools), and each pool with its reason."
+    )
+    kv_store: KvStoreStatus | None = Field(
+        default=None, description="Mooncake master pods and the pool's usage."
+    )
+    workers_ready: str | None = Field(
+        default=None, description="Ready/desired workers as 'R/D' (printer column)."
+    )
+    endpoint: str | None = Field(
+        default=None, description="The frontend URL clients use inside the cluster."
+    )
+    engine: EngineStatus | None = Field(
+        default=None, description="Capability probe results of the worker image."
+    )
+    replicas: int | None = Field(
+        default=None, ge=0, description="Scaled pool's current pods (scale subresource)."
+    )
+    selector: str | None = Field(
+        default=None, description="Label selector of the scaled pool's pods (scale subresource)."
+    )
+    kopf: dict[str, Any] | None = Field(
+        default=None,
+        description="The operator framework's own bookkeeping (handler progress); opaque.",
+    )
+
+
+# --- the object -----------------------------------------------------------------------------------
