@@ -36,6 +36,7 @@ from kvretention.dataplane.frontend.affinity import (
     session_key,
 )
 from kvretention.dataplane.frontend.anthropic_api import count_tokens_response
+from kvretention.dataplane.frontend.auth import Gate, tenant_headers, tenant_of
 from kvretention.dataplane.frontend.common import Completion, ParsedRequest
 from kvretention.dataplane.frontend.endpoints import (
     CHAT,
@@ -143,8 +144,10 @@ def create_app(
     trace: RequestTrace | None = None,
     tokenizer: ChatTokenizer | None = None,
     metrics: FrontendMetrics | None = None,
+    gate: Gate | None = None,
 ) -> web.Application:
-    """Build the app; the router session opens on startup and closes on cleanup."""
+    """Build the app; the router session opens on startup and closes on cleanup. With a
+    ``gate`` (auth on), every API route needs a key and runs within its tenant's limits."""
     state = FrontendState(
         config=config,
         router=RouterClient(config.router_url, timeout=config.upstream_timeout),
@@ -155,6 +158,10 @@ def create_app(
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[error_middleware])
     app[STATE] = state
     app.cleanup_ctx.append(_router_session)
+    if gate is not None:
+        gate.install(
+            app, registry=state.metrics.registry, respond=error_response, provider_for=provider_for
+        )
     app.router.add_post("/v1/chat/completions", _endpoint(CHAT))
     app.router.add_post("/v1/responses", _endpoint(RESPONSES))
     app.router.add_post("/v1/messages", _endpoint(MESSAGES))
@@ -186,6 +193,8 @@ def error_response(
     headers = {REQUEST_ID_HEADER: request_id} if request_id else {}
     if not err.retryable:
         headers[SHOULD_RETRY_HEADER] = "false"
+    if err.retry_after is not None:
+        headers["retry-after"] = str(err.retry_after)
     response = web.json_response(error_body(err, provider), status=err.status, headers=headers)
     if err.status == 408:
         response.force_close()  # the rest of the stalled body may still be on its way
@@ -265,6 +274,9 @@ async def generate(request: web.Request, api: GenerateEndpoint) -> web.StreamRes
                 extra["normalized"] = done.normalized
             if done.ignored:
                 extra["ignored_fields"] = list(done.ignored)
+            tenant = tenant_of(request)
+            if tenant is not None:
+                extra["tenant"] = tenant
             state.trace.record(
                 request_id=request_id, outcome=done.outcome, kv_hints=done.kv_hints, **extra
             )
@@ -307,6 +319,7 @@ async def _generate(
     # with --tokenizer this renders and tokenizes the whole conversation
     upstream_request = await off_loop(state, admitted.size if state.tokenizer else 0, prepare)
     upstream_request_headers = router_headers(parsed, session_id, config=state.config)
+    upstream_request_headers.update(tenant_headers(request))
     try:
         return await _forward(
             request,
@@ -666,7 +679,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     )
     upstream_request.sampling = SamplingParams(max_new_tokens=0)
     try:
-        usage = await _count(state, upstream_request)
+        usage = await _count(state, upstream_request, headers=tenant_headers(request))
     except FrontendError as err:
         outcome = "error"
         return error_response(err, api.provider, request_id=request_id)
@@ -678,9 +691,14 @@ async def count_tokens(request: web.Request) -> web.Response:
     return web.json_response(count_tokens_response(usage), headers={REQUEST_ID_HEADER: request_id})
 
 
-async def _count(state: FrontendState, upstream_request: PreprocessedRequest) -> Usage:
+async def _count(
+    state: FrontendState,
+    upstream_request: PreprocessedRequest,
+    *,
+    headers: Mapping[str, str] | None = None,
+) -> Usage:
     """The first usage the worker reports for a ``count_only`` request."""
-    async with state.router.generate(upstream_request, hint_param=None) as chunks:
+    async with state.router.generate(upstream_request, hint_param=None, headers=headers) as chunks:
         async for chunk in chunks:
             usage = chunk.usage or chunk.prompt_usage
             if usage is not None:

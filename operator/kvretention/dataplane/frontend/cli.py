@@ -6,6 +6,7 @@ import asyncio
 import logging
 import re
 from collections.abc import Mapping
+from pathlib import Path
 
 import click
 
@@ -16,7 +17,9 @@ from kvretention.dataplane.frontend.app import (
     FrontendConfig,
     create_app,
 )
+from kvretention.dataplane.frontend.auth import DEFAULT_RELOAD_S, Gate, KeysError, KeyStore
 from kvretention.dataplane.frontend.errors import Provider
+from kvretention.dataplane.frontend.limits import LimitPolicy, parse_limits, parse_tenant_limits
 from kvretention.dataplane.frontend.tokenizer import (
     ChatTokenizer,
     TokenizerUnavailable,
@@ -161,6 +164,39 @@ def parse_session_keys(value: str) -> tuple[str, ...]:
     help="Fleet policy: retain the prompt of requests with no cache control for this long "
     "(traced as policy, not client intent). Default: off.",
 )
+@click.option(
+    "--auth-keys-dir",
+    "auth_keys_dirs",
+    multiple=True,
+    envvar="KVR_AUTH_KEYS_DIRS",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Turn auth on: a directory of API keys (a mounted Secret: one file per tenant, named "
+    "by the tenant, one key per line; docs/auth.md). Repeatable (env: space-separated). "
+    "Re-read when it changes. None: no auth (every request is served, as one tenant).",
+)
+@click.option(
+    "--auth-reload-seconds",
+    default=DEFAULT_RELOAD_S,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    help="How often the key directories are checked for changes.",
+)
+@click.option(
+    "--tenant-limits",
+    "tenant_default_limits",
+    default="",
+    envvar="KVR_TENANT_LIMITS",
+    help="Each tenant's default limits, e.g. 'rps=5,burst=10,concurrency=4' (any subset; "
+    "empty: unlimited). Past them: the provider's 429 with retry-after. Needs auth.",
+)
+@click.option(
+    "--tenant-limit",
+    "tenant_limit_overrides",
+    multiple=True,
+    metavar="TENANT:LIMITS",
+    help="One tenant's own limits in place of the defaults, e.g. 'team-a:rps=50,concurrency=16' "
+    "(repeatable).",
+)
 @click.option("--log-level", default="info", show_default=True)
 def frontend_cmd(
     host: str,
@@ -181,6 +217,10 @@ def frontend_cmd(
     breakpoints: str,
     hint_priority: int,
     default_ttl_seconds: int | None,
+    auth_keys_dirs: tuple[Path, ...],
+    auth_reload_seconds: float,
+    tenant_default_limits: str,
+    tenant_limit_overrides: tuple[str, ...],
     log_level: str,
 ) -> None:
     """Serve /v1/chat/completions, /v1/responses and /v1/messages, turning cache controls into KV hints."""
@@ -215,8 +255,14 @@ def frontend_cmd(
         hint_priority=hint_priority,
         default_ttl_seconds=default_ttl_seconds,
     )
+    gate = build_gate(
+        auth_keys_dirs,
+        reload_s=auth_reload_seconds,
+        default_limits=tenant_default_limits,
+        overrides=tenant_limit_overrides,
+    )
     trace = trace_from_env(trace_file, component="frontend")
-    app = create_app(config, trace=trace, tokenizer=tokenizer)
+    app = create_app(config, trace=trace, tokenizer=tokenizer, gate=gate)
     logging.getLogger("kvretention.frontend").info(
         "frontend on %s:%d -> router %s (models: %s)",
         host,
@@ -226,6 +272,32 @@ def frontend_cmd(
     )
     tune_gc()
     asyncio.run(serve_until_signal(app, host=host, port=port, shutdown_timeout=5.0))
+
+
+def build_gate(
+    directories: tuple[Path, ...],
+    *,
+    reload_s: float,
+    default_limits: str = "",
+    overrides: tuple[str, ...] = (),
+) -> Gate | None:
+    """The auth gate for ``--auth-keys-dir`` (None without one); a key set that cannot be used
+    or malformed limits stop startup with a usage error."""
+    try:
+        policy = LimitPolicy(
+            default=parse_limits(default_limits), tenants=parse_tenant_limits(overrides)
+        )
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--tenant-limits/--tenant-limit") from None
+    if not directories:
+        if default_limits.strip() or overrides:
+            raise click.UsageError("--tenant-limits and --tenant-limit need --auth-keys-dir")
+        return None
+    try:
+        keys = KeyStore(directories, reload_s=reload_s)
+    except KeysError as exc:
+        raise click.BadParameter(str(exc), param_hint="--auth-keys-dir") from None
+    return Gate(keys=keys, limits=policy)
 
 
 def parse_aliases(values: tuple[str, ...], *, served: tuple[str, ...]) -> Mapping[str, str]:

@@ -21,16 +21,22 @@ class Provider(StrEnum):
 
 _ANTHROPIC_TYPE: Final[dict[int, str]] = {
     400: "invalid_request_error",
+    401: "authentication_error",
     404: "not_found_error",
     405: "invalid_request_error",
     408: "invalid_request_error",
     413: "request_too_large",
+    429: "rate_limit_error",
     503: "overloaded_error",
     504: "timeout_error",
 }
 
 
-DETERMINISTIC_STATUSES: Final = frozenset({400, 404, 405, 413, 422, 501})
+_OPENAI_TYPE: Final[dict[int, str]] = {429: "requests"}
+"""OpenAI's ``type`` where it is not ``invalid_request_error`` / ``server_error``."""
+
+
+DETERMINISTIC_STATUSES: Final = frozenset({400, 401, 404, 405, 413, 422, 501})
 """The same request gets the same answer: sent with ``x-should-retry: false``."""
 
 
@@ -42,9 +48,13 @@ class FrontendError(Exception):
     code: str
     message: str
     param: str | None = None
+    retry_after: int | None = None
+    """Seconds for the ``retry-after`` header (a 429)."""
 
     @property
     def openai_type(self) -> str:
+        if self.status in _OPENAI_TYPE:
+            return _OPENAI_TYPE[self.status]
         return "invalid_request_error" if self.status < 500 else "server_error"
 
     @property
@@ -111,6 +121,36 @@ def not_found(path: str) -> FrontendError:
 def method_not_allowed(method: str, path: str) -> FrontendError:
     return FrontendError(
         status=405, code="method_not_allowed", message=f"{method} is not allowed on {path}."
+    )
+
+
+def missing_api_key(provider: Provider) -> FrontendError:
+    """No key at all; each provider's own wording (the key is never echoed)."""
+    if provider is Provider.ANTHROPIC:
+        message = "x-api-key header is required"
+    else:
+        message = (
+            "You didn't provide an API key. You need to provide your API key in an "
+            "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+        )
+    return FrontendError(status=401, code="missing_api_key", message=message)
+
+
+def invalid_api_key(provider: Provider) -> FrontendError:
+    message = (
+        "invalid x-api-key" if provider is Provider.ANTHROPIC else "Incorrect API key provided."
+    )
+    return FrontendError(status=401, code="invalid_api_key", message=message)
+
+
+def rate_limited(*, tenant: str, kind: str, retry_after: int) -> FrontendError:
+    """A tenant past its requests per second or its requests in flight (``kind``)."""
+    what = "requests per second" if kind == "rate" else "concurrent requests"
+    return FrontendError(
+        status=429,
+        code="rate_limit_exceeded",
+        message=f"Rate limit reached for tenant {tenant} on {what}; try again in {retry_after}s.",
+        retry_after=retry_after,
     )
 
 

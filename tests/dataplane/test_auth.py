@@ -1,0 +1,365 @@
+"""Auth in the frontend app, in-process against the router stand-in: keys from a directory laid
+out as a mounted Secret, each provider's 401, rotation without a restart, per-tenant limits."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from kvretention.dataplane.frontend.app import FrontendConfig, create_app
+from kvretention.dataplane.frontend.auth import Gate, KeyStore
+from kvretention.dataplane.frontend.limits import LimitPolicy, Limits
+from kvretention.dataplane.tenancy import HEADER_TENANT
+from support.router_standin import RouterStandIn
+
+KEY_A = "sk-tenant-a-0123456789abcdef"
+KEY_A2 = "sk-tenant-a-rotated-fedcba9876"
+KEY_B = "sk-tenant-b-0123456789abcdef"
+
+CHAT = "/v1/chat/completions"
+RESPONSES = "/v1/responses"
+MESSAGES = "/v1/messages"
+
+
+def chat(word: str) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": f"hello {word}"}]}
+
+
+def responses(word: str) -> dict[str, Any]:
+    return {"model": "m", "input": f"hello {word}"}
+
+
+def messages(word: str) -> dict[str, Any]:
+    return {
+        "model": "m",
+        "max_tokens": 8,
+        "messages": [{"role": "user", "content": f"hello {word}"}],
+    }
+
+
+BODIES = {CHAT: chat, RESPONSES: responses, MESSAGES: messages}
+
+
+def write_secret(root: Path, files: Mapping[str, str]) -> None:
+    """Lay the files out as the kubelet mounts a Secret: a timestamped directory, a ``..data``
+    link to it, and one link per key; a rewrite swaps ``..data`` atomically."""
+    root.mkdir(parents=True, exist_ok=True)
+    stamp = f"..2026_{len(list(root.glob('..2026_*')))}"
+    data_dir = root / stamp
+    data_dir.mkdir()
+    for name, text in files.items():
+        (data_dir / name).write_text(text)
+    tmp = root / "..data_tmp"
+    tmp.symlink_to(stamp)
+    tmp.replace(root / "..data")
+    for name in files:
+        link = root / name
+        if not link.is_symlink():
+            link.symlink_to(f"..data/{name}")
+    for stale in root.iterdir():
+        if stale.is_symlink() and not stale.name.startswith(".") and stale.name not in files:
+            stale.unlink()
+
+
+@pytest.fixture
+def keys_dir(tmp_path: Path) -> Path:
+    root = tmp_path / "team-keys"
+    write_secret(root, {"team-a": f"# team a\n{KEY_A}\n", "team-b": f"{KEY_B}\n"})
+    return root
+
+
+async def _client(app: web.Application) -> TestClient[Any, Any]:
+    client: TestClient[Any, Any] = TestClient(TestServer(app))
+    await client.start_server()
+    return client
+
+
+def _app(router: RouterStandIn, gate: Gate | None) -> web.Application:
+    return create_app(FrontendConfig(router_url=router.base_url), gate=gate)
+
+
+def _gate(keys_dir: Path, limits: LimitPolicy | None = None, **kw: Any) -> Gate:
+    return Gate(keys=KeyStore([keys_dir], reload_s=0.05), limits=limits or LimitPolicy(), **kw)
+
+
+OPENAI_401 = {"type": "invalid_request_error", "param": None}
+
+
+@pytest.mark.parametrize(
+    ("path", "headers", "code"),
+    [
+        pytest.param(CHAT, {}, "missing_api_key", id="chat-missing"),
+        pytest.param(
+            CHAT,
+            {"authorization": "Bearer sk-wrong-000000000000"},
+            "invalid_api_key",
+            id="chat-wrong",
+        ),
+        pytest.param(
+            CHAT, {"authorization": f"Basic {KEY_A}"}, "missing_api_key", id="chat-not-bearer"
+        ),
+        pytest.param(RESPONSES, {}, "missing_api_key", id="responses-missing"),
+        pytest.param(
+            RESPONSES, {"authorization": "Bearer x"}, "invalid_api_key", id="responses-wrong"
+        ),
+        pytest.param(MESSAGES, {}, "missing_api_key", id="messages-missing"),
+        pytest.param(
+            MESSAGES, {"x-api-key": "sk-wrong-000000000000"}, "invalid_api_key", id="messages-wrong"
+        ),
+        pytest.param("/v1/messages/count_tokens", {}, "missing_api_key", id="count-missing"),
+        pytest.param("/v1/models", {}, "missing_api_key", id="models-missing"),
+        pytest.param("/v1/nowhere", {}, "missing_api_key", id="unknown-route-missing"),
+    ],
+)
+async def test_a_request_without_a_valid_key_gets_its_providers_401_and_is_never_forwarded(
+    router_standin: RouterStandIn,
+    keys_dir: Path,
+    path: str,
+    headers: dict[str, str],
+    code: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    router_standin.clear()
+    caplog.set_level(logging.DEBUG)
+    client = await _client(_app(router_standin, _gate(keys_dir)))
+    try:
+        body = BODIES.get(path, messages)("refused")
+        if path == "/v1/models":
+            resp = await client.get(path, headers=headers)
+        else:
+            resp = await client.post(path, json=body, headers=headers)
+        assert resp.status == 401
+        assert resp.headers["x-should-retry"] == "false"
+        payload = await resp.json()
+    finally:
+        await client.close()
+    if path.startswith("/v1/messages"):
+        assert payload["type"] == "error"
+        assert payload["error"]["type"] == "authentication_error"
+        assert set(payload["error"]) == {"type", "message"}
+    else:
+        assert payload["error"] | OPENAI_401 == payload["error"]
+        assert payload["error"]["code"] == code
+    assert router_standin.received == []
+    for secret in (KEY_A, KEY_B, "sk-wrong-000000000000"):
+        assert secret not in caplog.text
+        assert secret not in str(payload)
+
+
+@pytest.mark.parametrize(
+    ("path", "headers", "tenant"),
+    [
+        pytest.param(CHAT, {"authorization": f"Bearer {KEY_A}"}, "team-a", id="openai-bearer"),
+        pytest.param(RESPONSES, {"authorization": f"bearer {KEY_B}"}, "team-b", id="codex-bearer"),
+        pytest.param(MESSAGES, {"x-api-key": KEY_A}, "team-a", id="anthropic-x-api-key"),
+        pytest.param(
+            MESSAGES, {"authorization": f"Bearer {KEY_B}"}, "team-b", id="anthropic-auth-token"
+        ),
+        pytest.param(
+            MESSAGES,
+            {"x-api-key": KEY_A, "authorization": "Bearer sk-other-000000000000"},
+            "team-a",
+            id="anthropic-own-header-first",
+        ),
+    ],
+)
+async def test_a_valid_key_names_its_tenant_to_the_router(
+    router_standin: RouterStandIn,
+    keys_dir: Path,
+    path: str,
+    headers: dict[str, str],
+    tenant: str,
+) -> None:
+    router_standin.clear()
+    client = await _client(_app(router_standin, _gate(keys_dir)))
+    try:
+        resp = await client.post(
+            path, json=BODIES[path]("ok"), headers={**headers, HEADER_TENANT: "team-evil"}
+        )
+        assert resp.status == 200, await resp.text()
+        metrics = await (await client.get("/metrics")).text()
+    finally:
+        await client.close()
+    [received] = router_standin.received
+    assert received.headers[HEADER_TENANT] == tenant
+    assert (
+        f'kvretention_frontend_tenant_requests_total{{status="200",tenant="{tenant}"}} 1.0'
+        in metrics
+    )
+    for secret in (KEY_A, KEY_B):
+        assert secret not in str(received.headers) and secret not in str(received.body)
+
+
+async def test_without_auth_nothing_is_checked_and_no_tenant_travels(
+    router_standin: RouterStandIn,
+) -> None:
+    router_standin.clear()
+    client = await _client(_app(router_standin, None))
+    try:
+        resp = await client.post(CHAT, json=chat("open"), headers={HEADER_TENANT: "team-a"})
+        assert resp.status == 200
+    finally:
+        await client.close()
+    [received] = router_standin.received
+    assert HEADER_TENANT not in {k.lower() for k in received.headers}
+
+
+async def test_probes_and_metrics_need_no_key(
+    router_standin: RouterStandIn, keys_dir: Path
+) -> None:
+    client = await _client(_app(router_standin, _gate(keys_dir)))
+    try:
+        for path in ("/healthz", "/readyz", "/metrics"):
+            assert (await client.get(path)).status == 200, path
+    finally:
+        await client.close()
+
+
+async def _wait_until(check: Any) -> None:
+    async with asyncio.timeout(5.0):
+        while not await check():  # noqa: ASYNC110 - the reload is another task's timer
+            await asyncio.sleep(0.05)
+
+
+async def test_a_rotated_key_takes_effect_without_a_restart(
+    router_standin: RouterStandIn, keys_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    client = await _client(_app(router_standin, _gate(keys_dir)))
+
+    async def status(key: str) -> int:
+        resp = await client.post(CHAT, json=chat("rot"), headers={"authorization": f"Bearer {key}"})
+        return resp.status
+
+    try:
+        assert await status(KEY_A) == 200
+        assert await status(KEY_A2) == 401
+        # the overlap: both keys of team-a in force
+        write_secret(keys_dir, {"team-a": f"{KEY_A}\n{KEY_A2}\n", "team-b": KEY_B})
+        await _wait_until(lambda: _is(status(KEY_A2), 200))
+        assert await status(KEY_A) == 200
+        # the old key retired
+        write_secret(keys_dir, {"team-a": KEY_A2, "team-b": KEY_B})
+        await _wait_until(lambda: _is(status(KEY_A), 401))
+        assert await status(KEY_A2) == 200
+        assert await status(KEY_B) == 200
+        # a broken set (one key for two tenants) keeps the keys in force
+        write_secret(keys_dir, {"team-a": KEY_A2, "team-b": f"{KEY_B}\n{KEY_A2}\n"})
+        await _wait_until(lambda: _logged(caplog, "auth keys not reloaded"))
+        assert await status(KEY_A2) == 200
+        assert await status(KEY_B) == 200
+        # team-b's file gone: its key refused
+        write_secret(keys_dir, {"team-a": KEY_A2})
+        await _wait_until(lambda: _is(status(KEY_B), 401))
+    finally:
+        await client.close()
+    for secret in (KEY_A, KEY_A2, KEY_B):
+        assert secret not in caplog.text
+
+
+async def _is(coro: Any, value: int) -> bool:
+    return bool(await coro == value)
+
+
+async def _logged(caplog: pytest.LogCaptureFixture, text: str) -> bool:
+    return text in caplog.text
+
+
+class FrozenClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    ("path", "error_type"),
+    [(CHAT, "requests"), (MESSAGES, "rate_limit_error")],
+)
+async def test_one_tenants_burst_is_limited_and_the_others_error_rate_stays_zero(
+    router_standin: RouterStandIn, keys_dir: Path, path: str, error_type: str
+) -> None:
+    """Both tenants: 1 request/s, a burst of 3. With the clock still, team-a's burst of 10 gets
+    3 through and 7 429s; team-b's 3 all pass (its own bucket). One shared bucket would fail it."""
+    clock = FrozenClock()
+    limits = LimitPolicy(default=Limits(requests_per_second=1, burst=3))
+    client = await _client(_app(router_standin, _gate(keys_dir, limits, clock=clock)))
+    headers = {
+        "team-a": {"authorization": f"Bearer {KEY_A}", "x-api-key": KEY_A},
+        "team-b": {"authorization": f"Bearer {KEY_B}", "x-api-key": KEY_B},
+    }
+    try:
+        burst = await asyncio.gather(
+            *(
+                client.post(path, json=BODIES[path](f"a{i}"), headers=headers["team-a"])
+                for i in range(10)
+            )
+        )
+        statuses_a = sorted(r.status for r in burst)
+        limited = next(r for r in burst if r.status == 429)
+        limited_body = await limited.json()
+        others = [
+            await client.post(path, json=BODIES[path](f"b{i}"), headers=headers["team-b"])
+            for i in range(3)
+        ]
+        statuses_b = [r.status for r in others]
+        clock.now += 1.0
+        after = await client.post(path, json=BODIES[path]("a-later"), headers=headers["team-a"])
+    finally:
+        await client.close()
+    assert statuses_a == [200] * 3 + [429] * 7
+    assert statuses_b == [200, 200, 200]
+    assert after.status == 200
+    assert limited.headers["retry-after"] == "1"
+    assert "x-should-retry" not in limited.headers
+    if path == MESSAGES:
+        assert limited_body["error"]["type"] == error_type
+    else:
+        assert limited_body["error"]["type"] == error_type
+        assert limited_body["error"]["code"] == "rate_limit_exceeded"
+
+
+async def test_concurrent_requests_are_limited_per_tenant(
+    router_standin: RouterStandIn, keys_dir: Path
+) -> None:
+    """team-a may have 2 in flight: two hanging requests hold its slots, its third gets a 429,
+    team-b is served meanwhile, and team-a is served again once its slots are free."""
+    limits = LimitPolicy(default=Limits(concurrency=2), tenants={"team-b": Limits(concurrency=1)})
+    gate = _gate(keys_dir, limits)
+    client = await _client(_app(router_standin, gate))
+    a = {"authorization": f"Bearer {KEY_A}"}
+    b = {"authorization": f"Bearer {KEY_B}"}
+    try:
+        hangs = [
+            asyncio.create_task(client.post(CHAT, json=chat("[[hang]]"), headers=a))
+            for _ in range(2)
+        ]
+        deadline = asyncio.get_running_loop().time() + 5
+        while gate.limiter.in_flight("team-a") < 2:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.02)
+        third = await client.post(CHAT, json=chat("third"), headers=a)
+        other = await client.post(CHAT, json=chat("other"), headers=b)
+        third_body = await third.json()
+        for task in hangs:
+            task.cancel()
+        await asyncio.gather(*hangs, return_exceptions=True)
+        while gate.limiter.in_flight("team-a") > 0:
+            assert asyncio.get_running_loop().time() < deadline + 10
+            await asyncio.sleep(0.02)
+        again = await client.post(CHAT, json=chat("again"), headers=a)
+    finally:
+        await client.close()
+    assert third.status == 429
+    assert "concurrent requests" in third_body["error"]["message"]
+    assert third.headers["retry-after"] == "1"
+    assert other.status == 200
+    assert again.status == 200
