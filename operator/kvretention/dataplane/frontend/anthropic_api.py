@@ -31,6 +31,7 @@ from kvretention.dataplane.frontend.common import (
     records_ignored,
 )
 from kvretention.dataplane.frontend.errors import FrontendError, anthropic_error_body
+from kvretention.dataplane.frontend.resume import Resumer, context_bytes, first_marked
 from kvretention.dataplane.frontend.validate import Fields
 from kvretention.dataplane.protocol import (
     ChatMessage,
@@ -224,7 +225,11 @@ class _Conversation:
 
 @records_ignored
 def parse_messages(
-    body: dict[str, Any], *, hints: bool = True, breakpoints: BreakpointMode = "prefix"
+    body: dict[str, Any],
+    *,
+    hints: bool = True,
+    breakpoints: BreakpointMode = "prefix",
+    resumer: Resumer | None = None,
 ) -> ParsedRequest:
     """A ``/v1/messages`` body -> ``ParsedRequest``; raises ``ClientError``.
 
@@ -240,7 +245,8 @@ def parse_messages(
     if "max_tokens" not in body:
         raise F.missing("max_tokens")
     max_tokens = F.opt_int(body, "max_tokens", minimum=1)
-    conversation = _conversation(body, max_tokens=max_tokens, marks=marks_of(cache, F.path))
+    marks = marks_of(cache, F.path)
+    conversation = _conversation(body, max_tokens=max_tokens, marks=marks, resumer=resumer)
     sampling = SamplingParams(
         max_new_tokens=max_tokens,
         temperature=F.opt_number(body, "temperature", minimum=0, maximum=1),
@@ -269,7 +275,11 @@ def parse_messages(
 
 @records_ignored
 def parse_count_tokens(
-    body: dict[str, Any], *, hints: bool = True, breakpoints: BreakpointMode = "prefix"
+    body: dict[str, Any],
+    *,
+    hints: bool = True,
+    breakpoints: BreakpointMode = "prefix",
+    resumer: Resumer | None = None,
 ) -> ParsedRequest:
     """A ``/v1/messages/count_tokens`` body: the same checks, without ``max_tokens``.
 
@@ -280,7 +290,7 @@ def parse_count_tokens(
         hints_from_messages(body, breakpoints=breakpoints)
     _check_fields(body, allowed=_COUNT_FIELDS)
     model = F.required_str(body, "model")
-    conversation = _conversation(body, max_tokens=None, marks={})
+    conversation = _conversation(body, max_tokens=None, marks={}, resumer=resumer)
     return ParsedRequest(
         model=model,
         messages=conversation.messages,
@@ -383,7 +393,9 @@ def _top_p(body: dict[str, Any]) -> float | None:
 # -- the conversation ---------------------------------------------------------------------------
 
 
-def _conversation(body: dict[str, Any], *, max_tokens: int | None, marks: Marks) -> _Conversation:
+def _conversation(
+    body: dict[str, Any], *, max_tokens: int | None, marks: Marks, resumer: Resumer | None
+) -> _Conversation:
     if "messages" not in body:
         raise F.missing("messages")
     raw = body["messages"]
@@ -399,10 +411,9 @@ def _conversation(body: dict[str, Any], *, max_tokens: int | None, marks: Marks)
     if system is not None:
         content = _system_content(system, where="system", marks=marks)
         messages.append(trusted(ChatMessage, role="system", content=content))
-    names: dict[str, str] = {}
-    """tool_use id -> tool name, so a tool result can name its tool."""
-    for i, message in enumerate(raw):
-        messages.extend(_message(message, index=i, names=names, marks=marks, catalog=catalog))
+    folded = _fold(raw, tools=body.get("tools"), marks=marks, catalog=catalog, resumer=resumer)
+    messages += folded.messages
+    catalog = folded.catalog
     declared = {t.name for t in (*tools, *deferred)}
     deferred += [t for name, t in catalog.items() if name not in declared]  # added mid-way
     tool_choice, parallel = _tool_choice(body.get("tool_choice"), tools=[*tools, *deferred])
@@ -422,6 +433,53 @@ def _conversation(body: dict[str, Any], *, max_tokens: int | None, marks: Marks)
         response_format=response_format,
         omit_thinking=omit,
         deferred_tools=deferred,
+    )
+
+
+@dataclass(frozen=True)
+class _Fold:
+    """The message loop's state: the neutral messages so far, tool_use id -> tool name (so a tool
+    result can name its tool), and every tool the conversation may load so far."""
+
+    messages: list[ChatMessage]
+    names: dict[str, str]
+    catalog: dict[str, ToolDefinition]
+
+    def copy(self) -> _Fold:
+        return _Fold(list(self.messages), dict(self.names), dict(self.catalog))
+
+
+def _fold(
+    raw: list[Any],
+    *,
+    tools: object,
+    marks: Marks,
+    catalog: dict[str, ToolDefinition],
+    resumer: Resumer | None,
+) -> _Fold:
+    """The messages in order, resumed from the last body's parse when it repeats its start."""
+
+    def step(state: _Fold, i: int, message: object) -> None:
+        state.messages.extend(
+            _message(message, index=i, names=state.names, marks=marks, catalog=state.catalog)
+        )
+
+    def start() -> _Fold:
+        return _Fold([], {}, dict(catalog))
+
+    if resumer is None:
+        state = start()
+        for i, message in enumerate(raw):
+            step(state, i, message)
+        return state
+    return resumer.fold(
+        raw,
+        scope="messages",
+        context=context_bytes(tools),
+        limit=first_marked(marks, "messages."),
+        start=start,
+        step=step,
+        copy=_Fold.copy,
     )
 
 

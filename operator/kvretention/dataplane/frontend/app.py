@@ -48,6 +48,7 @@ from kvretention.dataplane.frontend.endpoints import (
 )
 from kvretention.dataplane.frontend.errors import FrontendError, Provider, error_body
 from kvretention.dataplane.frontend.metrics import FrontendMetrics
+from kvretention.dataplane.frontend.resume import Resumer
 from kvretention.dataplane.frontend.tokenizer import ChatTokenizer
 from kvretention.dataplane.frontend.upstream import RouterClient
 from kvretention.dataplane.http import Readiness, add_metrics, add_probes
@@ -120,6 +121,8 @@ class FrontendState:
     )
     """Where large bodies are parsed (and tokenized, with ``--tokenizer``): one thread, so the
     tokenizer is never called from two threads at once."""
+    resumer: Resumer = field(default_factory=Resumer)
+    """Recent conversations' parses, so a session's next body parses only its new messages."""
 
 
 STATE: Final = web.AppKey("kvretention_frontend", FrontendState)
@@ -358,6 +361,7 @@ async def admit(request: web.Request, api: Endpoint, *, state: FrontendState) ->
                 body,
                 hints=api.provider in state.config.hint_providers,
                 breakpoints=state.config.breakpoints,
+                resumer=state.resumer,
             )
         except ClientError as exc:
             raise errors.from_client_error(exc) from None

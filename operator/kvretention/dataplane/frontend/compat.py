@@ -18,7 +18,7 @@ the metrics (``kvretention_frontend_ignored_fields_total{field}``) and the trace
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Final
@@ -48,6 +48,15 @@ def ignore(path: str) -> None:
     fields = _CURRENT.get()
     if fields is not None:
         fields.setdefault(field_label(path), None)
+
+
+def record(labels: Iterable[str]) -> None:
+    """Record fields already reduced to labels (what an inner :func:`collecting` block saw), in
+    order, as if :func:`ignore` had met them here."""
+    fields = _CURRENT.get()
+    if fields is not None:
+        for label in labels:
+            fields.setdefault(label, None)
 
 
 def ignore_unknown(

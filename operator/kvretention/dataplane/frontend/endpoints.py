@@ -26,12 +26,19 @@ from kvretention.dataplane.frontend.openai_api import (
     parse_responses,
     responses_response,
 )
+from kvretention.dataplane.frontend.resume import Resumer
 from kvretention.hints.intent import BreakpointMode
 
 
 class ParseBody(Protocol):
     def __call__(
-        self, body: dict[str, Any], /, *, hints: bool, breakpoints: BreakpointMode
+        self,
+        body: dict[str, Any],
+        /,
+        *,
+        hints: bool,
+        breakpoints: BreakpointMode,
+        resumer: Resumer | None = None,
     ) -> ParsedRequest: ...
 
 

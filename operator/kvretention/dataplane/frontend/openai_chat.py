@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 from kvretention.dataplane.frontend import compat, sse
@@ -47,6 +48,7 @@ from kvretention.dataplane.frontend.openai_shared import (
     tool_name,
     unknown_tool,
 )
+from kvretention.dataplane.frontend.resume import Resumer, first_marked
 from kvretention.dataplane.protocol import (
     ChatMessage,
     ContentPart,
@@ -135,7 +137,11 @@ _TOOL_CHOICES: Final = ("none", "auto", "required")
 
 @records_ignored
 def parse_chat(
-    body: dict[str, Any], *, hints: bool = True, breakpoints: BreakpointMode = "prefix"
+    body: dict[str, Any],
+    *,
+    hints: bool = True,
+    breakpoints: BreakpointMode = "prefix",
+    resumer: Resumer | None = None,
 ) -> ParsedRequest:
     """A ``/v1/chat/completions`` body -> ``ParsedRequest``; raises ``ClientError``.
 
@@ -153,8 +159,7 @@ def parse_chat(
         raise F.invalid_type("messages", raw, expected="an array")
     if not raw:
         raise F.invalid_value("messages", "[] is too short - 'messages' must not be empty.")
-    calls: dict[str, str] = {}
-    messages = [_message(m, index=i, calls=calls, marks=marks) for i, m in enumerate(raw)]
+    messages = _fold(raw, marks=marks, resumer=resumer)
     only_keys(body, where="", allowed=FIELDS)
     refuse_set(body, REFUSED)
     _check_no_ops(body)
@@ -191,6 +196,38 @@ def parse_chat(
         reasoning=reasoning_effort(body.get("reasoning_effort"), param="reasoning_effort"),
         client_controls=cache.client_controls,
     )
+
+
+@dataclass(frozen=True)
+class _Fold:
+    """The message loop's state: the neutral messages so far, and tool call id -> tool name."""
+
+    messages: list[ChatMessage]
+    calls: dict[str, str]
+
+    def copy(self) -> _Fold:
+        return _Fold(list(self.messages), dict(self.calls))
+
+
+def _fold(raw: list[Any], *, marks: Marks, resumer: Resumer | None) -> list[ChatMessage]:
+    """The messages in order, resumed from the last body's parse when it repeats its start."""
+
+    def step(state: _Fold, i: int, message: object) -> None:
+        state.messages.append(_message(message, index=i, calls=state.calls, marks=marks))
+
+    if resumer is None:
+        calls: dict[str, str] = {}
+        return [_message(m, index=i, calls=calls, marks=marks) for i, m in enumerate(raw)]
+    folded = resumer.fold(
+        raw,
+        scope="chat.messages",
+        context=b"",  # a message reads nothing but earlier messages
+        limit=first_marked(marks, "messages["),
+        start=lambda: _Fold([], {}),
+        step=step,
+        copy=_Fold.copy,
+    )
+    return folded.messages
 
 
 def _check_no_ops(body: Mapping[str, Any]) -> None:

@@ -50,6 +50,7 @@ from kvretention.dataplane.frontend.openai_shared import (
     tool_name,
     unknown_tool,
 )
+from kvretention.dataplane.frontend.resume import Resumer, context_bytes, first_marked
 from kvretention.dataplane.protocol import (
     ChatMessage,
     ContentPart,
@@ -177,7 +178,11 @@ _TOOL_CHOICES: Final = ("none", "auto", "required")
 
 @records_ignored
 def parse_responses(
-    body: dict[str, Any], *, hints: bool = True, breakpoints: BreakpointMode = "prefix"
+    body: dict[str, Any],
+    *,
+    hints: bool = True,
+    breakpoints: BreakpointMode = "prefix",
+    resumer: Resumer | None = None,
 ) -> ParsedRequest:
     """A ``/v1/responses`` body -> ``ParsedRequest``; raises ``ClientError``.
 
@@ -201,7 +206,7 @@ def parse_responses(
     if isinstance(items, str):
         messages.append(trusted(ChatMessage, role="user", content=items))
     elif isinstance(items, list):
-        _Conversation(messages, marks=marks_of(cache, F.path), origin=origin).extend(items)
+        messages += _fold(items, marks=marks_of(cache, F.path), origin=origin, resumer=resumer)
     else:
         raise F.invalid_type("input", items, expected="a string or an array")
     if not any(m.role != "system" for m in messages):
@@ -292,18 +297,59 @@ def _string_map(body: Mapping[str, Any], key: str) -> None:
             raise F.invalid_type(f"{key}.{name}", item, expected="a string")
 
 
+def _fold(
+    items: list[Any], *, marks: Marks, origin: Mapping[str, _Origin], resumer: Resumer | None
+) -> list[ChatMessage]:
+    """The items folded into messages, resumed from the last body's parse when it repeats its
+    start."""
+    visible = {(o.namespace, o.name): n for n, o in origin.items()}
+    if resumer is None:
+        conversation = _Conversation([], marks=marks, visible=visible)
+        conversation.extend(items)
+        return conversation.messages
+
+    def step(state: _Conversation, i: int, item: object) -> None:
+        state.add(item, where=f"input[{i}]")  # F.path("input", index)
+
+    def copy(state: _Conversation) -> _Conversation:
+        return state.copy(marks=marks)
+
+    folded = resumer.fold(
+        items,
+        scope="responses.input",
+        # what an item reads besides earlier items: the names tools are seen by
+        context=context_bytes([[*key, name] for key, name in visible.items()]),
+        limit=first_marked(marks, "input["),
+        start=lambda: _Conversation([], marks=marks, visible=visible),
+        step=step,
+        copy=copy,
+    )
+    return folded.messages
+
+
 class _Conversation:
     """Folds Responses input items into neutral chat messages (see the module docstring)."""
 
     def __init__(
-        self, messages: list[ChatMessage], *, marks: Marks, origin: Mapping[str, _Origin]
+        self,
+        messages: list[ChatMessage],
+        *,
+        marks: Marks,
+        visible: Mapping[tuple[str | None, str], str],
+        calls: dict[str, str] | None = None,
     ) -> None:
         self.messages = messages
         self.marks = marks
-        self.visible = {(o.namespace, o.name): n for n, o in origin.items()}
+        self.visible = visible
         """(namespace, name) -> the name the model sees."""
-        self.calls: dict[str, str] = {}
+        self.calls: dict[str, str] = {} if calls is None else calls
         """call_id -> tool name, of the calls seen so far (outputs must answer one)."""
+
+    def copy(self, *, marks: Marks) -> _Conversation:
+        """The state so far, to go on with under ``marks`` (a resumed body's own)."""
+        return _Conversation(
+            list(self.messages), marks=marks, visible=self.visible, calls=dict(self.calls)
+        )
 
     def extend(self, items: list[Any]) -> None:
         for index, raw in enumerate(items):

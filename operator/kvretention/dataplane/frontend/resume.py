@@ -1,0 +1,197 @@
+"""Parse only what is new: a conversation's next body resumes where its last one's parse stopped.
+
+Agents resend the whole conversation on every turn, and the previous turn's messages come back
+byte for byte. A provider parser folds a body's message list (``messages``, ``input``) item by
+item into a state (the neutral messages so far, the tool-call ids seen...). :class:`Resumer` keeps,
+for the bodies it parsed last, each item's JSON encoding and a few checkpoints: the loop's state
+after the first ``n`` items and the fields it recorded as ignored (``compat``) on the way. A new
+body whose first ``n`` items encode to the same bytes, read in the same context (the tools, the
+parser's mode), resumes from the checkpoint and parses only the rest. Bytes, not dict equality:
+``1 == 1.0 == True`` and key order would hide differences a full parse sees.
+
+A checkpoint never covers an item that carries a breakpoint (the TTL is the normalizer's, from the
+whole body), so the items it covers parse the same whatever marks the new body has elsewhere. The
+parse is a deterministic function of the context and the items, so the resumed result equals a full
+parse (``tests/unit/dataplane/test_frontend_resume.py`` checks it on every recorded client shape and
+on the agent sessions' consecutive turns). Entries are found by the first item's bytes and bounded
+(LRU), so a session's next turn finds its last one without knowing its session key.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Generic, TypeVar
+
+import msgspec
+
+from kvretention.dataplane.frontend import compat
+
+_S = TypeVar("_S")
+
+CAPACITY: Final = 64
+"""Conversations remembered (each about one body's bytes plus its neutral messages)."""
+PER_HEAD: Final = 4
+"""Conversations remembered per first item (sub-agents and retries often share it)."""
+BACK: Final = 3
+"""Checkpoints before the last reusable item, for a client that rewrote its newest items."""
+_ENCODE: Final = msgspec.json.Encoder().encode
+
+
+@dataclass(frozen=True)
+class _Checkpoint(Generic[_S]):
+    items: int
+    state: _S
+    ignored: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Entry:
+    context: bytes
+    encoded: list[bytes]
+    checkpoints: tuple[_Checkpoint[Any], ...]
+    """Longest first."""
+
+
+class Resumer:
+    """A bounded memory of recent conversations' item-by-item parse (see the module docstring)."""
+
+    def __init__(self, capacity: int = CAPACITY) -> None:
+        self._capacity = capacity
+        self._entries: OrderedDict[Hashable, list[_Entry]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.resumed_items = 0
+        """Items taken from checkpoints so far (for tests and benchmarks)."""
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def fold(
+        self,
+        items: Sequence[Any],
+        *,
+        scope: Hashable,
+        context: bytes | None,
+        limit: int,
+        start: Callable[[], _S],
+        step: Callable[[_S, int, Any], None],
+        copy: Callable[[_S], _S],
+    ) -> _S:
+        """``step(state, i, items[i])`` for every item from ``start()``, or from the latest
+        checkpoint whose items this body repeats; only items before ``limit`` (the first one
+        with a breakpoint) are checkpointed. ``copy`` must copy a state deeply enough that later
+        steps do not change the copy. Raises what ``step`` raises (and then remembers nothing)."""
+        encoded = [_encoded(item) for item in items] if context is not None else []
+        if not encoded or any(e is None for e in encoded):
+            return _run(items, start(), step)
+        blobs: list[bytes] = encoded  # type: ignore[assignment]  # no None left
+        key = (scope, blobs[0])
+        found, kept = self._find(key, context=context, encoded=blobs, limit=limit)
+        limit = min(limit, len(blobs))
+        wanted = {n for n in range(limit - BACK, limit + 1) if n >= 1}
+        checkpoints: list[_Checkpoint[_S]] = []
+        with compat.collecting() as ignored:
+            if found is not None:
+                state = copy(found.state)
+                for label in found.ignored:
+                    ignored.setdefault(label, None)
+                first = found.items
+                self.resumed_items += first
+                checkpoints = [c for c in kept if c.items in wanted]
+            else:
+                state, first = start(), 0
+            for i in range(first, len(items)):
+                step(state, i, items[i])
+                if i + 1 in wanted:
+                    checkpoints.append(_Checkpoint(i + 1, copy(state), tuple(ignored)))
+        compat.record(ignored)
+        if checkpoints and context is not None:
+            checkpoints.sort(key=lambda c: c.items, reverse=True)
+            self._keep(key, _Entry(context, blobs, tuple(checkpoints)))
+        return state
+
+    def _find(
+        self, key: Hashable, *, context: bytes | None, encoded: list[bytes], limit: int
+    ) -> tuple[_Checkpoint[Any] | None, list[_Checkpoint[Any]]]:
+        """The longest checkpoint this body repeats, and its entry's checkpoints up to it (still
+        valid for the new body)."""
+        with self._lock:
+            entries = self._entries.get(key)
+            if entries is None:
+                return None, []
+            self._entries.move_to_end(key)
+            candidates = list(entries)
+        best: _Checkpoint[Any] | None = None
+        kept: list[_Checkpoint[Any]] = []
+        for entry in candidates:
+            if entry.context != context:
+                continue
+            same = _common(entry.encoded, encoded, upto=min(limit, entry.checkpoints[0].items))
+            for j, checkpoint in enumerate(entry.checkpoints):
+                if checkpoint.items <= same:
+                    if best is None or checkpoint.items > best.items:
+                        best, kept = checkpoint, list(entry.checkpoints[j:])
+                    break
+        return best, kept
+
+    def _keep(self, key: Hashable, entry: _Entry) -> None:
+        with self._lock:
+            entries = self._entries.pop(key, [])
+            # the new entry replaces any it extends (same context, a prefix of its items)
+            entries = [e for e in entries if not _extends(entry, e)][: PER_HEAD - 1]
+            self._entries[key] = [entry, *entries]
+            while len(self._entries) > self._capacity:
+                self._entries.popitem(last=False)
+
+
+def context_bytes(*parts: object) -> bytes | None:
+    """What a parse's items are read against (the tools...), as bytes to compare; ``None`` when
+    it cannot be encoded (then nothing is resumed)."""
+    return _encoded(parts)
+
+
+def first_marked(marks: Mapping[str, int], prefix: str) -> int:
+    """The index of the first item with a breakpoint (``prefix`` is ``"messages."``,
+    ``"messages["`` or ``"input["``), or a number past every item."""
+    first = 1 << 62
+    start = len(prefix)
+    for path in marks:
+        if path.startswith(prefix):
+            end = start
+            while end < len(path) and path[end].isdigit():
+                end += 1
+            if end > start:
+                first = min(first, int(path[start:end]))
+    return first
+
+
+def _encoded(item: Any) -> bytes | None:
+    try:
+        return _ENCODE(item)
+    except (OverflowError, TypeError, msgspec.EncodeError):
+        return None  # an integer past 64 bits: parse this body whole
+
+
+def _run(items: Sequence[Any], state: _S, step: Callable[[_S, int, Any], None]) -> _S:
+    for i, item in enumerate(items):
+        step(state, i, item)
+    return state
+
+
+def _common(a: list[bytes], b: list[bytes], *, upto: int) -> int:
+    """How many leading items ``a`` and ``b`` share, up to ``upto``."""
+    n = min(len(a), len(b), upto)
+    if a[:n] == b[:n]:
+        return n
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _extends(new: _Entry, old: _Entry) -> bool:
+    n = len(old.encoded)
+    return new.context == old.context and new.encoded[:n] == old.encoded

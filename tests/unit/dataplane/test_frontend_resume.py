@@ -1,0 +1,197 @@
+"""A body that repeats the last one's start parses only its new items, into what a full parse gives.
+
+Every case parses a sequence of bodies, as a session sends them, once with a shared ``Resumer`` and
+once without; each resumed ``ParsedRequest`` (messages, tools, ignored fields...) must equal the
+full parse, and the resumed run must have resumed (so the test fails if resuming silently stops).
+Refusals must stay the same: a body whose repeated start changed (a type, a key order, a value
+that only ``==`` calls equal) is parsed again and answers the full parse's error.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from typing import Any, Final
+
+import pytest
+
+from kvretention.dataplane.frontend.anthropic_api import parse_messages
+from kvretention.dataplane.frontend.common import ParsedRequest
+from kvretention.dataplane.frontend.openai_api import parse_chat, parse_responses
+from kvretention.dataplane.frontend.resume import Resumer, first_marked
+from kvretention.hints.errors import ClientError
+from support.agent_sessions import claude_code_session, codex_session
+
+Parse = Callable[..., ParsedRequest]
+Body = dict[str, Any]
+
+
+def _chat_session(turns: int) -> list[Body]:
+    """A Chat Completions agent session: each body resends the last and adds a tool turn."""
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "read", "parameters": {"type": "object", "properties": {}}},
+        }
+    ]
+    messages: list[Body] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": [{"type": "text", "text": "fix the bug"}]},
+    ]
+    bodies: list[Body] = []
+    for t in range(turns):
+        bodies.append({"model": "m", "messages": copy.deepcopy(messages), "tools": tools})
+        call = {"id": f"c{t}", "type": "function", "function": {"name": "read", "arguments": "{}"}}
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [call], "reasoning_content": "r"},
+            {"role": "tool", "tool_call_id": f"c{t}", "content": f"file {t}", "name": "read"},
+        ]
+    return bodies
+
+
+def _with_breakpoint(bodies: list[Body]) -> list[Body]:
+    """Chat bodies with a breakpoint on the newest user part, moving with each turn."""
+    out = []
+    for body in bodies:
+        body = copy.deepcopy(body)
+        body["messages"].append(
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "text",
+                        "text": "go on",
+                        "prompt_cache_breakpoint": {"mode": "explicit"},
+                    }
+                ],
+            }
+        )
+        out.append(body)
+    return out
+
+
+SESSIONS: Final[dict[str, tuple[Parse, Callable[[], list[Body]]]]] = {
+    "claude-code": (parse_messages, lambda: [b for _, b in claude_code_session(turns=6)]),
+    "codex": (parse_responses, lambda: [b for _, b in codex_session(turns=6)]),
+    "chat": (parse_chat, lambda: _chat_session(6)),
+    "chat-breakpoints": (parse_chat, lambda: _with_breakpoint(_chat_session(6))),
+}
+
+
+@pytest.mark.parametrize("name", SESSIONS)
+def test_each_turn_resumed_equals_a_full_parse(name: str) -> None:
+    parse, session = SESSIONS[name]
+    resumer = Resumer()
+    bodies = session()
+    for body in bodies:
+        expected = parse(copy.deepcopy(body))
+        assert parse(copy.deepcopy(body), resumer=resumer) == expected
+    assert resumer.resumed_items > 0
+
+
+@pytest.mark.parametrize("name", SESSIONS)
+def test_a_body_repeated_resumes_to_the_same_request(name: str) -> None:
+    parse, session = SESSIONS[name]
+    resumer = Resumer()
+    body = session()[-1]
+    first = parse(copy.deepcopy(body), resumer=resumer)
+    assert parse(copy.deepcopy(body), resumer=resumer) == first == parse(copy.deepcopy(body))
+
+
+def _claude_turns() -> tuple[Body, Body]:
+    bodies = [b for _, b in claude_code_session(turns=4)]
+    return bodies[-2], bodies[-1]
+
+
+def _first_tool_use(body: Body) -> Body:
+    for message in body["messages"]:
+        if message["role"] == "assistant" and isinstance(message["content"], list):
+            for block in message["content"]:
+                if block["type"] == "tool_use":
+                    return block
+    raise AssertionError("no tool_use")
+
+
+def _first_tool_result(body: Body) -> Body:
+    for message in body["messages"]:
+        if isinstance(message["content"], list):
+            for block in message["content"]:
+                if block["type"] == "tool_result":
+                    return block
+    raise AssertionError("no tool_result")
+
+
+def _is_error_one(body: Body) -> None:
+    _first_tool_result(body)["is_error"] = 1  # == True, but not a boolean
+
+
+def _input_reordered(body: Body) -> None:
+    block = _first_tool_use(body)
+    block["input"] = {"extra": 1.0, **block["input"]}
+
+
+def _input_float(body: Body) -> None:
+    _first_tool_use(body)["input"]["n"] = 1.0  # == 1, written differently
+
+
+CHANGES: Final[dict[str, Callable[[Body], None]]] = {
+    "is_error 1 instead of true": _is_error_one,
+    "tool input keys reordered": _input_reordered,
+    "a float that equals an int": _input_float,
+}
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_a_changed_start_is_parsed_again(change: str) -> None:
+    """The previous turn had ``true`` / ``1``; the next one changes an early item so that ``==``
+    still holds: it must be parsed, not resumed."""
+    previous, last = _claude_turns()
+    _first_tool_result(previous)["is_error"] = True
+    _first_tool_use(previous)["input"]["n"] = 1
+    _first_tool_use(last)["input"]["n"] = 1
+    _first_tool_result(last)["is_error"] = True
+    CHANGES[change](last)
+    resumer = Resumer()
+    parse_messages(copy.deepcopy(previous), resumer=resumer)
+    try:
+        expected: ParsedRequest | ClientError = parse_messages(copy.deepcopy(last))
+    except ClientError as exc:
+        expected = exc
+    try:
+        got: ParsedRequest | ClientError = parse_messages(copy.deepcopy(last), resumer=resumer)
+    except ClientError as exc:
+        got = exc
+    if isinstance(expected, ClientError):
+        assert isinstance(got, ClientError)
+        assert (got.param, got.message) == (expected.param, expected.message)
+    else:
+        assert got == expected
+        arguments = [c.arguments for m in got.messages for c in m.tool_calls]
+        assert any(json.loads(a).get("n") == 1 for a in arguments)
+
+
+def test_a_new_tool_list_is_parsed_again() -> None:
+    """A tool result names its tool from the tool list: new tools, new parse."""
+    previous, last = _claude_turns()
+    resumer = Resumer()
+    parse_messages(copy.deepcopy(previous), resumer=resumer)
+    resumed = resumer.resumed_items
+    last = copy.deepcopy(last)
+    last["tools"] = last["tools"][:-1]
+    assert parse_messages(copy.deepcopy(last), resumer=resumer) == parse_messages(last)
+    assert resumer.resumed_items == resumed
+
+
+@pytest.mark.parametrize(
+    ("marks", "prefix", "expected"),
+    [
+        ({}, "messages.", 1 << 62),
+        ({"system.0": 3600}, "messages.", 1 << 62),
+        ({"messages.12.content.0": 3600, "messages.3": 300}, "messages.", 3),
+        ({"messages[7].content[0]": 300}, "messages[", 7),
+        ({"input[2].content[1]": 300, "tools[0]": 60}, "input[", 2),
+    ],
+)
+def test_first_marked(marks: dict[str, int], prefix: str, expected: int) -> None:
+    assert first_marked(marks, prefix) == expected
