@@ -50,11 +50,13 @@ from kvretention.controller.planner import (
     dry_run_saw_stale_copy,
     event_message,
     event_type,
+    held_message,
     manifest_hash,
     plan_after_dry_run,
     plan_child,
     plan_conflicts,
     plan_fleet,
+    plan_holds,
     plan_lookups,
     plan_prune,
     plan_status,
@@ -275,7 +277,9 @@ class Controller:
         conflicts = [
             conflict_message(kind, obj, owner=name) for (kind, _), obj in sorted(taken.items())
         ]
-        ours = [m for m in plan.desired if child_key(m) not in taken]
+        holds = plan_holds(plan.desired, taken)
+        held = [held_message(ck, why) for ck, why in holds.items()]
+        ours = [m for m in plan.desired if child_key(m) not in taken and child_key(m) not in holds]
         observed_deployments: dict[str, Mapping[str, Any]] = {}
         refused: list[str] = []
         # Children are independent objects: apply them concurrently (server-side apply needs no
@@ -294,6 +298,9 @@ class Controller:
                 current = result
             if manifest["kind"] == "Deployment" and current is not None:
                 observed_deployments[manifest["metadata"]["name"]] = current
+        for ck in holds:
+            if ck[0] == "Deployment" and ck in live:
+                observed_deployments[ck[1]] = live[ck]
         if not refused:
             await self._prune(namespace, plan_prune(plan.desired, live, uid=plan.uid))
         # Every pod of the fleet: worker pods carry the probe reports, and any pod that is not
@@ -305,6 +312,8 @@ class Controller:
             apply_errors=refused,
             kvstore=await kvstore_read,
             conflicts=conflicts,
+            taken=frozenset(taken),
+            held=dict(zip(holds, held, strict=True)),
         )
         status = compute_status(plan.fleet, observed, previous=previous, now=self.clock())
         await self._write_status(body, previous, status)

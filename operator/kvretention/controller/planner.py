@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -262,6 +263,151 @@ def plan_conflicts(
         for m in desired
         if child_key(m) in live and not is_controlled_by(live[child_key(m)], uid)
     }
+
+
+@dataclass(frozen=True)
+class Reference:
+    """One child naming another: ``how`` says in words how (``mounts``, ``calls``, ...)."""
+
+    how: str
+    target: ChildKey
+
+
+_POD_REFERENCES: Final = (
+    # (path inside a pod spec, the kind it names, how)
+    (("volumes", "*", "configMap", "name"), "ConfigMap", "mounts"),
+    (("volumes", "*", "secret", "secretName"), "Secret", "mounts"),
+    (("volumes", "*", "projected", "sources", "*", "configMap", "name"), "ConfigMap", "mounts"),
+    (("volumes", "*", "projected", "sources", "*", "secret", "name"), "Secret", "mounts"),
+    (
+        ("volumes", "*", "persistentVolumeClaim", "claimName"),
+        "PersistentVolumeClaim",
+        "mounts",
+    ),
+    (("serviceAccountName",), "ServiceAccount", "runs as"),
+    *(
+        (
+            (containers, "*", "env", "*", "valueFrom", key, "name"),
+            kind,
+            "reads its environment from",
+        )
+        for containers in ("initContainers", "containers")
+        for key, kind in (("configMapKeyRef", "ConfigMap"), ("secretKeyRef", "Secret"))
+    ),
+    *(
+        ((containers, "*", "envFrom", "*", key, "name"), kind, "reads its environment from")
+        for containers in ("initContainers", "containers")
+        for key, kind in (("configMapRef", "ConfigMap"), ("secretRef", "Secret"))
+    ),
+)
+"""Where a pod spec names another object of its namespace."""
+
+
+def _at(obj: Any, path: Sequence[str]) -> list[Any]:
+    """The values at ``path`` (``*``: every item of a list)."""
+    if not path:
+        return [obj]
+    head, rest = path[0], path[1:]
+    if head == "*":
+        return [v for item in obj if isinstance(obj, list) for v in _at(item, rest)]
+    if isinstance(obj, Mapping) and head in obj:
+        return _at(obj[head], rest)
+    return []
+
+
+def _pod_specs(obj: Any) -> list[Mapping[str, Any]]:
+    """Every pod spec in a manifest (a Deployment's template, each template of a group kind)."""
+    if isinstance(obj, Mapping):
+        if isinstance(obj.get("containers"), list):
+            return [obj]
+        return [s for v in obj.values() for s in _pod_specs(v)]
+    if isinstance(obj, list):
+        return [s for v in obj for s in _pod_specs(v)]
+    return []
+
+
+def _strings(obj: Any) -> list[str]:
+    if isinstance(obj, str):
+        return [obj]
+    if isinstance(obj, Mapping):
+        return [s for v in obj.values() for s in _strings(v)]
+    if isinstance(obj, list):
+        return [s for v in obj for s in _strings(v)]
+    return []
+
+
+def _addressed(manifest: Mapping[str, Any]) -> list[str]:
+    """The strings of a manifest that can hold a Service's address: a container's command, args
+    and env values, a ConfigMap's data (never labels or selectors)."""
+    if manifest.get("kind") == "ConfigMap":
+        return _strings(manifest.get("data") or {})
+    out = []
+    for pod in _pod_specs(manifest.get("spec") or {}):
+        for container in [*(pod.get("initContainers") or []), *(pod.get("containers") or [])]:
+            out += _strings(container.get("command") or [])
+            out += _strings(container.get("args") or [])
+            out += [str(e["value"]) for e in container.get("env") or [] if "value" in e]
+    return out
+
+
+def _calls(service: str, text: str) -> bool:
+    """Whether ``text`` addresses ``service`` by its DNS name (``svc``, ``svc.ns.svc``,
+    ``http://svc:80``): the name not glued to a longer name on either side."""
+    return re.search(rf"(?<![\w.-]){re.escape(service)}(?![\w-])", text) is not None
+
+
+def references(manifest: Mapping[str, Any], children: Sequence[ChildKey]) -> list[Reference]:
+    """The other children (of ``children``) that ``manifest`` names: what its pods mount, read
+    their environment from or run as, and the Services its containers or data address."""
+    found: list[Reference] = []
+    names = {key for key in children if key != child_key(manifest)}
+    for pod in _pod_specs(manifest.get("spec") or {}):
+        for path, kind, how in _POD_REFERENCES:
+            for name in _at(pod, path):
+                if (kind, str(name)) in names:
+                    found.append(Reference(how, (kind, str(name))))
+    texts = _addressed(manifest)
+    for kind, name in sorted(names):
+        if kind == "Service" and any(_calls(name, t) for t in texts):
+            found.append(Reference("addresses", (kind, name)))
+    return list(dict.fromkeys(found))
+
+
+def plan_holds(
+    desired: Sequence[Mapping[str, Any]], taken: Mapping[ChildKey, Any]
+) -> dict[ChildKey, str]:
+    """Children that must not be created or updated while a name they depend on is taken.
+
+    A child that names a taken object (a worker mounting a foreign ConfigMap, a router calling a
+    foreign Service) would hand the fleet's traffic or configuration to whoever made it; so would
+    a child that names a held one (the ConfigMap that addresses a foreign master Service). Each
+    held child maps to why, in words; a taken child itself is not held (it is never written).
+    """
+    keys = [child_key(m) for m in desired]
+    refs = {child_key(m): references(m, keys) for m in desired}
+    why: dict[ChildKey, str] = {}
+    changed = True
+    while changed:
+        changed = False
+        for key in keys:
+            if key in taken or key in why:
+                continue
+            for ref in refs[key]:
+                kind, name = ref.target
+                if ref.target in taken:
+                    why[key] = f"{ref.how} {kind} {name}, which is taken"
+                elif ref.target in why:
+                    why[key] = f"{ref.how} {kind} {name}, which {why[ref.target]}"
+                else:
+                    continue
+                changed = True
+                break
+    return {key: why[key] for key in keys if key in why}
+
+
+def held_message(key: ChildKey, why: str) -> str:
+    """One held child, as status says it."""
+    return f"{key[0]} {key[1]} is not created or updated until the conflict is gone: it {why}"
 
 
 ChildAction = Literal["keep", "verify", "apply"]

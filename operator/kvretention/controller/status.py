@@ -98,6 +98,10 @@ STATUS_KEYS: Final = frozenset(
 # -- observations ------------------------------------------------------------------------------
 
 
+CHILD_CONFLICT: Final = "ChildConflict"
+"""A child's name is taken by an object the fleet does not control (never adopted); what would
+use that object waits."""
+
 MASTER_RESTARTING: Final = "MasterRestarting"
 """The managed Mooncake master rolls out a new pod template: the master process restarts and
 drops what it held. Asked for by a spec change, so not a problem (a Normal Event)."""
@@ -132,7 +136,7 @@ PROBLEM_REASONS: Final = frozenset(
         REPLICA_FAILURE,
         PROGRESS_DEADLINE_EXCEEDED,
         "ApplyFailed",
-        "ChildConflict",
+        CHILD_CONFLICT,
         "InvalidSpec",
         "EngineLacksKvHints",
         "EngineUnusableForHints",
@@ -217,6 +221,10 @@ class Observed:
     """The managed master's last metrics read (None: not read, e.g. an external master)."""
     conflicts: Sequence[str] = ()
     """Children whose name is taken by an object this fleet does not control (never adopted)."""
+    taken: frozenset[tuple[str, str]] = frozenset()
+    """The (kind, name) of each child in ``conflicts``."""
+    held: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    """Children not created or updated while a name they depend on is taken, and why."""
 
 
 # -- checks ------------------------------------------------------------------------------------
@@ -232,12 +240,18 @@ class Verdict:
 
 
 def diagnose_workload(
-    w: Workload, pods: Sequence[Mapping[str, Any]], *, what: str
+    w: Workload,
+    pods: Sequence[Mapping[str, Any]],
+    *,
+    what: str,
+    held: Mapping[str, str] | None = None,
 ) -> tuple[int, Verdict]:
     """One Deployment's chain: the rank of the first check with something to say, and its verdict.
 
     Ranks order components too: of several worker pools, the one whose check came first speaks.
+    ``held``: workloads by name that wait for a child name conflict, and why.
     """
+    hold = (held or {}).get(w.name)
     issue = diagnose_pods(pods_of(w, pods)) if w.exists and not w.healthy else None
     problem = issue if issue is not None and issue.reason in POD_PROBLEMS else None
     doing = f"; {issue.message}" if issue is not None else ""
@@ -250,6 +264,9 @@ def diagnose_workload(
             )
             if w.desired == 0
             else None
+        ),
+        lambda: (
+            Verdict("False", CHILD_CONFLICT, hold) if hold is not None and not w.exists else None
         ),
         lambda: (
             None
@@ -313,12 +330,16 @@ def diagnose_workload(
 
 
 def check_workloads(
-    workloads: Sequence[Workload], pods: Sequence[Mapping[str, Any]] = (), *, what: str
+    workloads: Sequence[Workload],
+    pods: Sequence[Mapping[str, Any]] = (),
+    *,
+    what: str,
+    held: Mapping[str, str] | None = None,
 ) -> Verdict:
     """A component's condition: the not-ready Deployment whose check ranks first, else ready."""
     if not workloads:
         return Verdict("False", "NotDeployed", f"no {what} Deployment is desired")
-    diagnosed = [diagnose_workload(w, pods, what=what) for w in workloads]
+    diagnosed = [diagnose_workload(w, pods, what=what, held=held) for w in workloads]
     failing = [(rank, i, v) for i, (rank, v) in enumerate(diagnosed) if v.status != "True"]
     if failing:
         return min(failing, key=lambda f: (f[0], f[1]))[2]
@@ -593,10 +614,11 @@ def check_applied(apply_errors: Sequence[str]) -> Verdict | None:
     return Verdict("False", "ApplyFailed", "; ".join(apply_errors))
 
 
-def check_conflicts(conflicts: Sequence[str]) -> Verdict | None:
+def check_conflicts(conflicts: Sequence[str], held: Sequence[str] = ()) -> Verdict | None:
+    """Taken names, then what waits for them (what would have used the foreign objects)."""
     if not conflicts:
         return None
-    return Verdict("False", "ChildConflict", "; ".join(conflicts))
+    return Verdict("False", CHILD_CONFLICT, "; ".join([*conflicts, *held]))
 
 
 def check_ready(
@@ -605,6 +627,7 @@ def check_ready(
     hints_required: bool,
     apply_errors: Sequence[str] = (),
     conflicts: Sequence[str] = (),
+    held: Sequence[str] = (),
 ) -> Verdict:
     """The chain: name conflicts, refused writes, a definite hints or retention failure, each
     component, a pending probe.
@@ -615,7 +638,7 @@ def check_ready(
     retention = verdicts[RETENTION_APPLIED]
     retention_required = hints_required and retention.reason != HINTS_OFF
     chain: list[Callable[[], Verdict | None]] = [
-        lambda: check_conflicts(conflicts),
+        lambda: check_conflicts(conflicts, held),
         lambda: check_applied(apply_errors),
         lambda: hints if hints_required and hints.status == "False" else None,
         lambda: retention if retention_required and retention.status == "False" else None,
@@ -696,12 +719,15 @@ def _count(workloads: Sequence[Workload]) -> dict[str, int]:
 
 
 def _pools(
-    workloads: Sequence[Workload], pods: Sequence[Mapping[str, Any]]
+    workloads: Sequence[Workload],
+    pods: Sequence[Mapping[str, Any]],
+    *,
+    held: Mapping[str, str] | None = None,
 ) -> list[WorkerPoolStatus]:
     """Each worker pool (Deployment) with its counts and the reason of its own chain."""
     out = []
     for w in workloads:
-        _, verdict = diagnose_workload(w, pods, what="worker")
+        _, verdict = diagnose_workload(w, pods, what="worker", held=held)
         out.append(
             WorkerPoolStatus(
                 name=w.name,
@@ -734,10 +760,14 @@ def _budget_enforcement(budget: float | None, enforced: bool | None) -> dict[str
     return {"budgetEnforced": enforced}
 
 
-def _endpoint(fleet: Fleet) -> str | None:
+def _endpoint(fleet: Fleet, taken: frozenset[tuple[str, str]]) -> str | None:
+    """The frontend Service's address; none while that name is taken by a foreign Service (it
+    would send clients to whoever made it)."""
     for m in fleet.desired:
         labels = (m.get("metadata") or {}).get("labels") or {}
         if m.get("kind") == "Service" and labels.get(COMPONENT_LABEL) == "frontend":
+            if ("Service", m["metadata"]["name"]) in taken:
+                return None
             ports = (m.get("spec") or {}).get("ports") or [{}]
             port = ports[0].get("port", 80)
             return f"http://{m['metadata']['name']}.{fleet.namespace}.svc:{port}"
@@ -809,10 +839,13 @@ def compute_status(
         c.get("type") == KVSTORE_READY and c.get("reason") == MASTER_RESTARTING
         for c in previous_conditions
     )
+    held = {name: message for (kind, name), message in observed.held.items() if kind != "Service"}
     verdicts = {
-        FRONTEND_READY: check_workloads(groups.get("frontend", []), pods, what="frontend"),
-        ROUTER_READY: check_workloads(groups.get("router", []), pods, what="router"),
-        WORKERS_READY: check_workloads(workers, pods, what="worker"),
+        FRONTEND_READY: check_workloads(
+            groups.get("frontend", []), pods, what="frontend", held=held
+        ),
+        ROUTER_READY: check_workloads(groups.get("router", []), pods, what="router", held=held),
+        WORKERS_READY: check_workloads(workers, pods, what="worker", held=held),
         KVSTORE_READY: check_kvstore(
             master, pods, external=fleet.kvstore_external, was_restarting=was_restarting
         ),
@@ -824,7 +857,7 @@ def compute_status(
             external=fleet.kvstore_external,
             enforced=budget_enforced(retention),
         ),
-        PROGRESSING: check_conflicts(observed.conflicts)
+        PROGRESSING: check_conflicts(observed.conflicts, [*observed.held.values()])
         or check_applied(observed.apply_errors)
         or check_progressing([w for ws in groups.values() for w in ws], pods),
     }
@@ -833,10 +866,11 @@ def compute_status(
         hints_required=fleet.hints_required,
         apply_errors=observed.apply_errors,
         conflicts=observed.conflicts,
+        held=[*observed.held.values()],
     )
     workers_count = _count(workers)
     optional: dict[str, Any] = {}
-    endpoint = _endpoint(fleet)
+    endpoint = _endpoint(fleet, observed.taken)
     if endpoint is not None:
         optional["endpoint"] = endpoint
     engine = _engine(reports)
@@ -852,7 +886,7 @@ def compute_status(
         ),
         frontend=ReplicaCount(**_count(groups.get("frontend", []))),
         router=ReplicaCount(**_count(groups.get("router", []))),
-        workers=WorkersStatus(**workers_count, pools=_pools(workers, pods)),
+        workers=WorkersStatus(**workers_count, pools=_pools(workers, pods, held=held)),
         kv_store=KvStoreStatus.model_validate(
             {
                 **_count(master),

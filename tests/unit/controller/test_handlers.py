@@ -525,6 +525,56 @@ async def test_a_taken_child_name_is_a_conflict_never_adopted(
     assert conditions(fake.cr())["Ready"][1] != "ChildConflict"
 
 
+async def test_a_conflict_holds_what_would_use_the_foreign_object(fake: FakeKube) -> None:
+    """A foreign frontend Service and Mooncake ConfigMap: no worker Deployment mounts the
+    ConfigMap, status.endpoint does not advertise the Service, and status says which waits."""
+    fake.put(CR_KIND, load_example("aggregated"))
+    foreign = {"namespace": "ns", "labels": {"app.kubernetes.io/instance": "qwen"}}
+    fake.put(
+        k.SERVICE,
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "qwen-frontend", **foreign}},
+    )
+    fake.put(
+        k.CONFIGMAP,
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "qwen-mooncake-config", **foreign},
+            "data": {"mooncake.json": '{"master_server_address": "elsewhere:50051"}'},
+        },
+    )
+    c = controller(fake)
+    await c.reconcile(("ns", "qwen"))
+    assert ("deployments", "qwen-worker") not in fake.children()
+    assert ("Deployment", "qwen-worker") not in fake.writes
+    assert ("deployments", "qwen-frontend") in fake.children()  # it names neither
+    status = fake.cr()["status"]
+    assert "endpoint" not in status
+    held = (
+        "Deployment qwen-worker is not created or updated until the conflict is gone: it mounts "
+        "ConfigMap qwen-mooncake-config, which is taken"
+    )
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "ChildConflict")
+    assert held in ready["message"]
+    workers = next(c for c in status["conditions"] if c["type"] == "WorkersReady")
+    assert (workers["status"], workers["reason"], workers["message"]) == (
+        "False",
+        "ChildConflict",
+        held,
+    )
+
+    # The ConfigMap gone, the workers are created; the Service gone, the endpoint is ours.
+    del fake.objects[("configmaps", "ns", "qwen-mooncake-config")]
+    await c.reconcile(("ns", "qwen"))
+    assert ("deployments", "qwen-worker") in fake.children()
+    assert "endpoint" not in fake.cr()["status"]
+    del fake.objects[("services", "ns", "qwen-frontend")]
+    await c.reconcile(("ns", "qwen"))
+    assert fake.cr()["status"]["endpoint"] == "http://qwen-frontend.ns.svc:8000"
+    assert conditions(fake.cr())["Ready"][1] != "ChildConflict"
+
+
 @pytest.mark.parametrize(
     ("condition", "expected"),
     [

@@ -7,7 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from fake_kube import load_example
 
+from kvretention.api.models import KvRetentionDeployment
 from kvretention.api.names import FIELD_MANAGER, MANIFEST_HASH_ANNOTATION
 from kvretention.controller.cache import (
     AppliedState,
@@ -17,14 +19,18 @@ from kvretention.controller.cache import (
     index_by_instance,
 )
 from kvretention.controller.planner import (
+    held_message,
     manifest_hash,
     plan_child,
+    plan_holds,
     plan_prune,
     plan_status,
+    references,
     stamp_of,
     trusted_by_annotation,
     with_manifest_hash,
 )
+from kvretention.controller.resources import build_children
 
 BUILT: dict[str, Any] = {
     "apiVersion": "v1",
@@ -286,3 +292,136 @@ def test_index_entries_are_plain_and_slim() -> None:
     assert "managedFields" not in decode_entry(pod)["metadata"]
     assert index_by_instance(body, fleet=True) == {("ns", "f-router"): entry}
     assert index_by_instance({"metadata": {"namespace": "ns", "name": "x"}}) is None
+
+
+# -- what waits for a name conflict ------------------------------------------------------------
+
+
+def _children(example: str) -> list[dict[str, Any]]:
+    return build_children(KvRetentionDeployment.from_k8s(load_example(example)))
+
+
+@pytest.mark.parametrize(
+    ("example", "taken", "held"),
+    [
+        # The client-facing Service: nothing of the fleet calls it (status.endpoint says it).
+        ("aggregated", [("Service", "qwen-frontend")], {}),
+        (
+            "aggregated",
+            [("ConfigMap", "qwen-mooncake-config")],
+            {
+                (
+                    "Deployment",
+                    "qwen-worker",
+                ): "mounts ConfigMap qwen-mooncake-config, which is taken"
+            },
+        ),
+        (
+            "aggregated",
+            [("Service", "qwen-mooncake")],
+            {
+                ("ConfigMap", "qwen-mooncake-config"): "addresses Service qwen-mooncake, which is "
+                "taken",
+                ("Deployment", "qwen-worker"): "mounts ConfigMap qwen-mooncake-config, which "
+                "addresses Service qwen-mooncake, which is taken",
+            },
+        ),
+        (
+            "aggregated",
+            [("Service", "qwen-worker")],
+            {("Deployment", "qwen-router"): "addresses Service qwen-worker, which is taken"},
+        ),
+        (
+            "aggregated",
+            [("Service", "qwen-router")],
+            {("Deployment", "qwen-frontend"): "addresses Service qwen-router, which is taken"},
+        ),
+        (
+            "aggregated",
+            [("Service", "qwen-frontend"), ("ConfigMap", "qwen-mooncake-config")],
+            {
+                (
+                    "Deployment",
+                    "qwen-worker",
+                ): "mounts ConfigMap qwen-mooncake-config, which is taken"
+            },
+        ),
+        # Disaggregated: only the prefill pool mounts the Mooncake ConfigMap.
+        (
+            "disaggregated",
+            [("ConfigMap", "qwen-pd-mooncake-config")],
+            {
+                ("Deployment", "qwen-pd-prefill"): "mounts ConfigMap qwen-pd-mooncake-config, "
+                "which is taken"
+            },
+        ),
+        (
+            "disaggregated",
+            [("Service", "qwen-pd-decode")],
+            {("Deployment", "qwen-pd-router"): "addresses Service qwen-pd-decode, which is taken"},
+        ),
+        # A taken Deployment or PodDisruptionBudget: nothing names it.
+        ("aggregated", [("Deployment", "qwen-worker"), ("PodDisruptionBudget", "qwen-worker")], {}),
+        ("aggregated", [], {}),
+    ],
+)
+def test_plan_holds_what_depends_on_a_taken_name(
+    example: str, taken: list[tuple[str, str]], held: dict[tuple[str, str], str]
+) -> None:
+    desired = _children(example)
+    assert plan_holds(desired, {key: {} for key in taken}) == held
+
+
+def _pod_manifest(pod: dict[str, Any]) -> dict[str, Any]:
+    return {"kind": "Deployment", "metadata": {"name": "d"}, "spec": {"template": {"spec": pod}}}
+
+
+@pytest.mark.parametrize(
+    ("pod", "expected"),
+    [
+        ({"containers": [], "volumes": [{"name": "v", "secret": {"secretName": "s"}}]}, "mounts"),
+        (
+            {
+                "containers": [],
+                "volumes": [{"name": "v", "projected": {"sources": [{"secret": {"name": "s"}}]}}],
+            },
+            "mounts",
+        ),
+        (
+            {"containers": [{"name": "c", "envFrom": [{"secretRef": {"name": "s"}}]}]},
+            "reads its environment from",
+        ),
+        (
+            {
+                "initContainers": [
+                    {
+                        "name": "c",
+                        "env": [
+                            {"name": "E", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}
+                        ],
+                    }
+                ],
+                "containers": [],
+            },
+            "reads its environment from",
+        ),
+        ({"containers": [{"name": "c", "args": ["--to=http://svc:80"]}]}, "addresses"),
+        (
+            {"containers": [{"name": "c", "env": [{"name": "E", "value": "svc.ns.svc"}]}]},
+            "addresses",
+        ),
+        ({"containers": [{"name": "c", "command": ["svc-other:80", "my-svc", "a.svc"]}]}, None),
+        ({"containers": [{"name": "c", "image": "svc"}], "hostname": "svc"}, None),
+    ],
+)
+def test_references_found_in_a_pod_spec(pod: dict[str, Any], expected: str | None) -> None:
+    children = [("Secret", "s"), ("Service", "svc"), ("Deployment", "d")]
+    found = references(_pod_manifest(pod), children)
+    assert [r.how for r in found] == ([expected] if expected else [])
+
+
+def test_a_held_child_is_said_by_name_and_why() -> None:
+    assert held_message(("Deployment", "w"), "mounts ConfigMap c, which is taken") == (
+        "Deployment w is not created or updated until the conflict is gone: it mounts "
+        "ConfigMap c, which is taken"
+    )
