@@ -66,6 +66,12 @@ from kvretention.dataplane.router.placement import (
     plan_worker,
     session_of,
 )
+from kvretention.dataplane.tenancy import (
+    HEADER_TENANT,
+    scoped_chain,
+    scoped_session,
+    tenant_of_headers,
+)
 
 log = logging.getLogger(__name__)
 
@@ -401,6 +407,12 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
     chain: list[str] = []
     if state.config.policy == "cache-aware":
         chain = parse_prefix_header(request.headers.get(HEADER_PREFIX))
+    try:
+        tenant = tenant_of_headers(request.headers)
+    except ValueError as exc:
+        return error_response(ErrorCode.INVALID_REQUEST, str(exc))
+    # Pins and the prefix index per tenant: one tenant's prompts never steer another's placement.
+    session, chain = scoped_session(tenant, session), scoped_chain(tenant, chain)
     mode = "disaggregated" if state.disaggregated else "aggregated"
     outcome = "error"
     try:
@@ -426,6 +438,9 @@ def _passed_on(request: web.Request) -> dict[str, str]:
     chain = request.headers.get(HEADER_PREFIX)
     if chain:
         headers[HEADER_PREFIX] = chain
+    tenant = request.headers.get(HEADER_TENANT)
+    if tenant:
+        headers[HEADER_TENANT] = tenant  # the worker's cache_salt
     return headers
 
 

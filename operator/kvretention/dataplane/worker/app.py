@@ -57,6 +57,13 @@ from kvretention.dataplane.protocol import (
     Usage,
 )
 from kvretention.dataplane.router.placement import parse_prefix_header
+from kvretention.dataplane.tenancy import (
+    CACHE_SALT_PARAM,
+    TenantIsolationUnavailable,
+    engine_kwargs,
+    tenant_of_headers,
+    tenant_of_salt,
+)
 from kvretention.dataplane.trace import RequestTrace
 from kvretention.dataplane.worker.call import (
     Bootstrap,
@@ -298,6 +305,12 @@ def plan_call(
         bootstrap=bootstrap,
         require_reasoning=output.thinking,
     )
+    try:  # the tenant's cache_salt: its own radix namespace and storage keys
+        kwargs.update(engine_kwargs(tenant_of_headers(headers), engine.engine.async_generate))
+    except TenantIsolationUnavailable as exc:
+        raise RequestRejected(ErrorCode.ENGINE_ERROR, str(exc)) from None
+    except ValueError as exc:
+        raise RequestRejected(ErrorCode.INVALID_REQUEST, str(exc)) from None
     return PlannedCall(
         request=request,
         role=role,
@@ -470,6 +483,9 @@ async def _stream(
         extra: dict[str, Any] = {}
         if planned.breakpoints is not None:
             extra.update(planned.breakpoints.to_trace())
+        tenant = tenant_of_salt(planned.kwargs.get(CACHE_SALT_PARAM))
+        if tenant is not None:
+            extra["tenant"] = tenant
         _trace(
             state,
             request_id=rid,

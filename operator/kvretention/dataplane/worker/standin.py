@@ -328,7 +328,8 @@ class _StandinBase:
         if tokenizer is None and self.config.tokenizer_path:
             tokenizer = _load_tokenizer(self.config.tokenizer_path)
         self.tokenizer_manager = StandinTokenizerManager(self._recorder, tokenizer)
-        self._prompts: list[list[int]] = []
+        self._prompts: dict[str | None, list[list[int]]] = {}
+        """Recent prompts per ``cache_salt``: SGLang's radix tree never matches across salts."""
 
     def _prompt_text(self, arguments: dict[str, Any]) -> str:
         prompt = arguments.get("prompt")
@@ -340,12 +341,14 @@ class _StandinBase:
             return str(tokenizer.decode(ids, skip_special_tokens=False))
         return ""
 
-    def _cached_tokens(self, ids: Any) -> int:
-        """The longest prefix shared with an earlier prompt, as SGLang's prefix cache reports."""
+    def _cached_tokens(self, ids: Any, salt: str | None = None) -> int:
+        """The longest prefix shared with an earlier prompt of the same ``cache_salt``, as
+        SGLang's prefix cache reports."""
         if not isinstance(ids, list):
             return 0
-        cached = max((common_prefix(ids, p) for p in self._prompts), default=0)
-        self._prompts = [*self._prompts[-(CACHE_PROMPTS - 1) :], list(ids)]
+        prompts = self._prompts.get(salt, [])
+        cached = max((common_prefix(ids, p) for p in prompts), default=0)
+        self._prompts[salt] = [*prompts[-(CACHE_PROMPTS - 1) :], list(ids)]
         return cached
 
     @property
@@ -390,7 +393,7 @@ class _StandinBase:
         count = len(pieces) if limit is None else min(int(limit), len(pieces))
         ids = arguments.get("input_ids")
         prompt_tokens = _prompt_tokens(arguments.get("prompt"), ids)
-        cached = self._cached_tokens(ids)
+        cached = self._cached_tokens(ids, arguments.get("cache_salt") or None)
         text = ""
         output_ids: list[int] = []
         for i in range(count):

@@ -1,0 +1,173 @@
+"""Tenants kept apart on the data plane, as real processes with the engine stand-in.
+
+Two tables. Placement: the router's prefix index and session pins are per tenant, so the same
+prompt (or session id) from another tenant does not follow the first tenant's worker, and the
+same tenant's does. Cache: through the frontend with auth on, the engine gets each tenant's own
+``cache_salt`` and reports a cached prefix only for a prompt the same tenant sent before (the
+stand-in keeps its prompts per salt, as SGLang's radix tree keys them by ``RadixKey.cache_salt``).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvretention.dataplane.protocol import HEADER_PREFIX, HEADER_SESSION
+from kvretention.dataplane.tenancy import HEADER_TENANT, cache_salt_for
+from support.chat_tokenizer import save
+from support.processes import StartKvretention
+from support.worker_client import calls, post, request_body, wait_for
+
+KEYS = {"team-a": "sk-team-a-0123456789abcdef", "team-b": "sk-team-b-0123456789abcdef"}
+CHAIN = "aaaa1111,bbbb2222,cccc3333"
+
+
+class Pool:
+    def __init__(self, records: list[Path], router: str) -> None:
+        self.records, self.router = records, router
+
+    def owner(self, rid: str) -> int:
+        (index,) = wait_for(lambda: [i for i, r in enumerate(self.records) if calls(r, rid)])
+        return index
+
+    def salt(self, rid: str) -> str | None:
+        (call,) = calls(self.records[self.owner(rid)], rid)
+        salt: str | None = call["kwargs"].get("cache_salt")
+        return salt
+
+
+@pytest.fixture(scope="module")
+def pool(kvretention_process: StartKvretention, tmp_path_factory: pytest.TempPathFactory) -> Pool:
+    d = tmp_path_factory.mktemp("tenant-placement")
+    records = [d / f"w{i}.jsonl" for i in range(2)]
+    urls = [
+        kvretention_process(
+            ["worker", "--engine", "standin:versioned"], env={"KVR_STANDIN_RECORD": str(r)}
+        ).base_url
+        for r in records
+    ]
+    router = kvretention_process(["router", *(a for u in urls for a in ("--worker", u))])
+    return Pool(records, router.base_url)
+
+
+def send(pool: Pool, rid: str, *, tenant: str | None, session: str | None = None) -> None:
+    headers = {HEADER_PREFIX: CHAIN}
+    if tenant is not None:
+        headers[HEADER_TENANT] = tenant
+    if session is not None:
+        headers[HEADER_SESSION] = session
+    status, lines = post(pool.router, request_body(rid), headers)
+    assert status == 200, lines
+
+
+# (rid, tenant, session, same worker as rid / other worker than rid)
+PLACEMENT: list[tuple[str, str, str | None, str | None, str | None]] = [
+    ("a1", "team-a", None, None, None),
+    ("b1", "team-b", None, None, "a1"),  # the same prompt: no match in team-b's index
+    ("a2", "team-a", None, "a1", None),  # team-a's own match
+    ("b2", "team-b", None, "b1", None),
+    ("a3", "team-a", "s", None, None),  # both workers served 2: the pin goes by URL
+    ("b3", "team-b", "s", None, "a3"),  # the same session id is team-b's own session
+    ("a4", "team-a", "s", "a3", None),
+    ("b4", "team-b", "s", "b3", None),
+]
+
+
+def test_prefix_index_and_session_pins_are_per_tenant(pool: Pool) -> None:
+    for rid, tenant, session, same, other in PLACEMENT:
+        send(pool, rid, tenant=tenant, session=session)
+        if same is not None:
+            assert pool.owner(rid) == pool.owner(same), rid
+        if other is not None:
+            assert pool.owner(rid) != pool.owner(other), rid
+        assert pool.salt(rid) == cache_salt_for(tenant), rid
+
+
+def test_without_a_tenant_the_engine_gets_no_salt(pool: Pool) -> None:
+    send(pool, "open-1", tenant=None)
+    (call,) = calls(pool.records[pool.owner("open-1")], "open-1")
+    assert "cache_salt" not in call["kwargs"]
+
+
+@pytest.mark.parametrize("tenant", ["Team-A", "a/b", "x" * 70, "-a"])
+def test_a_malformed_tenant_header_is_refused(pool: Pool, tenant: str) -> None:
+    status, lines = post(pool.router, request_body("bad"), {HEADER_TENANT: tenant})
+    assert status == 400
+    assert lines[0]["error"]["code"] == "invalid_request"
+
+
+# -- through the frontend, auth on -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def plane(kvretention_process: StartKvretention, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    d = tmp_path_factory.mktemp("tenant-cache")
+    keys = d / "keys"
+    keys.mkdir()
+    for tenant, key in KEYS.items():
+        (keys / tenant).write_text(key + "\n")
+    record = d / "engine.jsonl"
+    worker = kvretention_process(
+        [
+            *("worker", "--engine", "standin:versioned"),
+            *("--model-path", str(save(d / "tokenizer"))),
+        ],
+        env={"KVR_STANDIN_RECORD": str(record)},
+        timeout=90.0,
+    )
+    router = kvretention_process(["router", "--worker", worker.base_url])
+    frontend = kvretention_process(
+        ["frontend", "--router-url", router.base_url, "--auth-keys-dir", str(keys)],
+    )
+    return frontend.base_url, record
+
+
+def chat(base_url: str, tenant: str, prompt: str) -> dict[str, Any]:
+    body = {
+        "model": "m",
+        "max_tokens": 2,
+        "messages": [
+            {"role": "system", "content": "You are a careful assistant. " * 8},
+            {"role": "user", "content": prompt},
+        ],
+    }
+    request = urllib.request.Request(
+        base_url + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json", "authorization": f"Bearer {KEYS[tenant]}"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        answer: dict[str, Any] = json.load(resp)
+    return answer
+
+
+# (tenant, prompt, cached: whether the engine found the prompt's prefix in that tenant's cache)
+CACHE: list[tuple[str, str, bool]] = [
+    ("team-a", "Summarize the design document.", False),
+    ("team-b", "Summarize the design document.", False),  # separate entry
+    ("team-a", "Summarize the design document.", True),  # the same tenant shares it
+    ("team-b", "Summarize the design document.", True),
+    ("team-b", "Another question entirely.", True),  # its system prompt only
+    ("team-a", "Another question entirely.", True),
+]
+
+
+def test_two_tenants_same_prompt_get_separate_cache_entries_and_each_shares_its_own(
+    plane: Any,
+) -> None:
+    base_url, record = plane
+    prompt_tokens = []
+    for i, (tenant, prompt, cached) in enumerate(CACHE):
+        usage = chat(base_url, tenant, prompt)["usage"]
+        hit = usage["prompt_tokens_details"]["cached_tokens"]
+        assert (hit > 0) is cached, (i, tenant, prompt, usage)
+        prompt_tokens.append(usage["prompt_tokens"])
+    engine = [json.loads(line) for line in record.read_text().splitlines()]
+    salts = [c["kwargs"].get("cache_salt") for c in engine if c["event"] == "generate"]
+    assert salts == [cache_salt_for(t) for t, _, _ in CACHE]
+    for entry in engine:
+        assert not any(key in json.dumps(entry) for key in KEYS.values())
