@@ -16,7 +16,10 @@ The retention budget is enforced here, per store client (:class:`PinLedger`): a 
 live pins up to ``budget_ratio`` x the segment it contributes to the pool, so a fleet's pins stay
 within ``budgetRatio`` x the capacity its workers contribute. A retained page past that share is
 written unpinned, counted (``kvretention_l3_pages_total{outcome="over_budget"}``) and named in
-the request trace; the request never fails. The settings come from the ``kvretention`` section
+the request trace; the request never fails. With tenants (the frontend's API keys, which reach
+SGLang as each request's ``cache_salt``, the seed of its page keys), each tenant may hold at most
+``tenant_pin_share`` of that share (``outcome="over_tenant_budget"`` past it), so one tenant's
+long pins cannot take the budget from the others. The settings come from the ``kvretention`` section
 of the Mooncake config file the operator renders (:data:`SETTINGS_KEY`).
 
 A restarted worker's ledger is new, but the pins its earlier self wrote stay until their TTLs
@@ -43,6 +46,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
+from kvretention.dataplane.tenancy import tenant_of_salt
 from kvretention.retention.contract import HookTarget
 from kvretention.retention.directives import Hold, holds_for, read_retain
 
@@ -58,11 +62,14 @@ MAX_TRACKED_PAGES: Final = 200_000
 """Retained page keys remembered per process (about 500 bytes each, so about 100 MB at most;
 12.8 M tokens at 64-token pages); the least recently recorded go first."""
 
-Outcome = Literal["pinned", "unretained", "over_budget", "expired", "pin_refused"]
+Outcome = Literal[
+    "pinned", "unretained", "over_budget", "over_tenant_budget", "expired", "pin_refused"
+]
 OUTCOMES: Final[tuple[Outcome, ...]] = (
     "pinned",
     "unretained",
     "over_budget",
+    "over_tenant_budget",
     "expired",
     "pin_refused",
 )
@@ -101,6 +108,8 @@ class L3Settings:
     metrics_url: str | None = None
     """The managed master's ``/metrics`` (from the file's ``master_server_address`` host and
     ``master_metrics_port``); None for an external master without ``external.metricsPort``."""
+    tenant_share: float | None = None
+    """Share of the client's budget one tenant may hold pinned; None: no per-tenant cap."""
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> L3Settings:
@@ -112,15 +121,21 @@ class L3Settings:
             return cls(metrics_url=url)
         ratio = section.get("pin_budget_ratio")
         ttl = section.get("max_pin_ttl_ms")
+        share = section.get("tenant_pin_share")
         budget = float(ratio) if isinstance(ratio, int | float) and 0 <= ratio <= 1 else None
         max_ttl = ttl if isinstance(ttl, int) and ttl > 0 else DEFAULT_MAX_PIN_TTL_MS
-        return cls(budget_ratio=budget, max_pin_ttl_ms=max_ttl, metrics_url=url)
+        tenant_share = float(share) if isinstance(share, int | float) and 0 < share <= 1 else None
+        return cls(
+            budget_ratio=budget, max_pin_ttl_ms=max_ttl, metrics_url=url, tenant_share=tenant_share
+        )
 
     def to_config(self) -> dict[str, Any]:
         """The ``kvretention`` section as the operator renders it."""
         out: dict[str, Any] = {"max_pin_ttl_ms": self.max_pin_ttl_ms}
         if self.budget_ratio is not None:
             out["pin_budget_ratio"] = self.budget_ratio
+        if self.tenant_share is not None:
+            out["tenant_pin_share"] = self.tenant_share
         return out
 
 
@@ -161,6 +176,8 @@ class PageHold:
 
     until: float | None
     rid: str | None
+    tenant: str | None = None
+    """Whose namespace the page is in (its key is seeded by the tenant's ``cache_salt``)."""
 
 
 def page_holds(holds: Sequence[Hold], *, pages: int, page_size: int) -> list[Hold | None]:
@@ -202,6 +219,8 @@ class RetainedPages:
     _pages: OrderedDict[str, dict[str | None, tuple[float | None, str | None]]] = field(
         default_factory=OrderedDict
     )
+    _tenants: dict[str, str] = field(default_factory=dict)
+    """Page key -> its tenant (a key is in one tenant's namespace: its chain's seed says whose)."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def record(
@@ -211,6 +230,7 @@ class RetainedPages:
         *,
         scope: str | None,
         rid: str | None,
+        tenant: str | None = None,
     ) -> int:
         """Set (or release, for priority 0) ``scope``'s hold on each key; the number changed. A
         named scope's new hold replaces its earlier one; an unscoped one only ever extends."""
@@ -219,12 +239,14 @@ class RetainedPages:
             for key, hold in zip(keys, holds, strict=True):
                 if hold is None:
                     continue
+                if tenant is not None:
+                    self._tenants[key] = tenant
                 scopes = self._pages.get(key)
                 if hold.releases:
                     if scopes is not None and scopes.pop(scope, None) is not None:
                         changed += 1
                         if not scopes:
-                            del self._pages[key]
+                            self._drop(key)
                     continue
                 if scopes is None:
                     scopes = self._pages[key] = {}
@@ -238,8 +260,15 @@ class RetainedPages:
                 self._pages.move_to_end(key)
                 changed += 1
             while len(self._pages) > self.capacity:
-                self._pages.popitem(last=False)
+                oldest, _ = self._pages.popitem(last=False)
+                self._tenants.pop(oldest, None)
+            for key in [k for k in self._tenants if k not in self._pages]:
+                del self._tenants[key]  # a release of a key never held
         return changed
+
+    def _drop(self, key: str) -> None:
+        del self._pages[key]
+        self._tenants.pop(key, None)
 
     def hold(self, key: str, now: float) -> PageHold | None:
         """The unexpired hold on ``key`` at ``now`` (latest expiry across scopes), or None."""
@@ -249,15 +278,16 @@ class RetainedPages:
                 return None
             live = {s: h for s, h in scopes.items() if h[0] is None or h[0] > now}
             if not live:
-                del self._pages[key]
+                self._drop(key)
                 return None
             if len(live) != len(scopes):
                 self._pages[key] = live
+            tenant = self._tenants.get(key)
         forever = [h for h in live.values() if h[0] is None]
         if forever:
-            return PageHold(None, forever[0][1])
+            return PageHold(None, forever[0][1], tenant)
         until, rid = max(live.values(), key=lambda h: h[0] or 0.0)
-        return PageHold(until, rid)
+        return PageHold(until, rid, tenant)
 
     def __len__(self) -> int:
         return len(self._pages)
@@ -292,9 +322,11 @@ def record_request(
     rid: str | None,
     now: float,
     hash_pages: Callable[[Sequence[int], str | None, int], list[str]],
+    tenant: str | None = None,
 ) -> int:
-    """Remember the storage keys of the pages ``kv_hints`` retains in ``tokens``; the number of
-    keys changed (0 for an unhinted request, and nothing is hashed then)."""
+    """Remember the storage keys of the pages ``kv_hints`` retains in ``tokens`` (``seed``:
+    the request's namespace, its tenant's when it has one); the number of keys changed (0 for
+    an unhinted request, and nothing is hashed then)."""
     plan = read_retain(kv_hints)
     if plan is None:
         return 0
@@ -306,7 +338,7 @@ def record_request(
     pages = max(h.end for h in holds) // page_size
     per_page = page_holds(holds, pages=pages, page_size=page_size)
     keys = page_keys(tokens, pages=pages, page_size=page_size, seed=seed, hash_pages=hash_pages)
-    return index.record(keys, per_page, scope=plan.scope, rid=rid)
+    return index.record(keys, per_page, scope=plan.scope, rid=rid, tenant=tenant)
 
 
 # -- the budget ------------------------------------------------------------------------------
@@ -334,7 +366,11 @@ class PinLedger:
     """``time.time()`` when every pin an earlier process wrote has ended (its TTLs were capped)."""
     object_bytes: int = 0
     """The largest object this client has put."""
+    tenant_share: float | None = None
+    """Share of ``capacity_bytes`` one tenant may hold; None: no per-tenant cap."""
     _live: dict[str, tuple[float, int]] = field(default_factory=dict)
+    _owners: dict[str, str] = field(default_factory=dict)
+    _tenant_bytes: dict[str, int] = field(default_factory=dict)
     _ends: list[tuple[float, str]] = field(default_factory=list)
     _bytes: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -342,6 +378,17 @@ class PinLedger:
     @property
     def pinned_bytes(self) -> int:
         return self._bytes
+
+    def tenant_bytes(self) -> dict[str, int]:
+        """Bytes each tenant holds pinned (0 for one whose pins have all ended)."""
+        with self._lock:
+            return dict(self._tenant_bytes)
+
+    def tenant_capacity(self) -> int | None:
+        """What one tenant may hold: ``tenant_share`` of the client's share."""
+        if self.capacity_bytes is None or self.tenant_share is None:
+            return None
+        return math.floor(self.tenant_share * self.capacity_bytes)
 
     def reserve_share(self, *, until: float) -> None:
         """Hold the whole share back until ``until`` or a reading of the pool shows less."""
@@ -380,6 +427,12 @@ class PinLedger:
             if entry is not None and entry[0] == end:
                 del self._live[key]
                 self._bytes -= entry[1]
+                self._unown(key, entry[1])
+
+    def _unown(self, key: str, nbytes: int) -> None:
+        tenant = self._owners.pop(key, None)
+        if tenant is not None:
+            self._tenant_bytes[tenant] -= nbytes
 
     def forget(self, key: str) -> None:
         """A pin that was not written after all (the master refused it): no longer counted."""
@@ -387,10 +440,19 @@ class PinLedger:
             entry = self._live.pop(key, None)
             if entry is not None:
                 self._bytes -= entry[1]
+                self._unown(key, entry[1])
 
-    def admit(self, key: str, nbytes: int, *, ends: float, now: float) -> bool:
-        """Count a pin of ``nbytes`` on ``key`` until ``ends`` if it fits the share; False (and
-        nothing counted) when it would pass it."""
+    def admit(
+        self, key: str, nbytes: int, *, ends: float, now: float, tenant: str | None = None
+    ) -> bool:
+        """Count a pin of ``nbytes`` on ``key`` until ``ends`` if it fits the share (and its
+        tenant's); False (and nothing counted) when it would pass it."""
+        return self.place(key, nbytes, ends=ends, now=now, tenant=tenant) == "pinned"
+
+    def place(
+        self, key: str, nbytes: int, *, ends: float, now: float, tenant: str | None = None
+    ) -> Literal["pinned", "over_budget", "over_tenant_budget"]:
+        """:meth:`admit`, saying which budget refused: the client's, or the tenant's part."""
         with self._lock:
             self._expire(now)
             previous = self._live.get(key)
@@ -399,11 +461,23 @@ class PinLedger:
                 self.capacity_bytes is not None
                 and held + self.reserved(now) + nbytes > self.capacity_bytes
             ):
-                return False
+                return "over_budget"
+            cap = self.tenant_capacity()
+            if tenant is not None and cap is not None:
+                own = self._tenant_bytes.get(tenant, 0)
+                if previous is not None and self._owners.get(key) == tenant:
+                    own -= previous[1]
+                if own + nbytes > cap:
+                    return "over_tenant_budget"
+            if previous is not None:
+                self._unown(key, previous[1])
             self._live[key] = (ends, nbytes)
             self._bytes = held + nbytes
+            if tenant is not None:
+                self._owners[key] = tenant
+                self._tenant_bytes[tenant] = self._tenant_bytes.get(tenant, 0) + nbytes
             heapq.heappush(self._ends, (ends, key))
-            return True
+            return "pinned"
 
 
 # -- deciding each put -----------------------------------------------------------------------
@@ -417,6 +491,7 @@ class PagePut:
     outcome: Outcome
     ttl_ms: int | None = None
     rid: str | None = None
+    tenant: str | None = None
 
 
 MIN_PIN_TTL_MS: Final = 1_000
@@ -459,11 +534,15 @@ def plan_puts(
         remaining = settings.max_pin_ttl_ms if hold.until is None else (hold.until - now) * 1000
         ttl_ms = int(min(remaining, settings.max_pin_ttl_ms)) // 1000 * 1000
         if ttl_ms < MIN_PIN_TTL_MS:
-            decided[page] = PagePut(page, "expired", rid=hold.rid)
-        elif ledger.admit(page, page_bytes[page], ends=now + ttl_ms / 1000, now=now):
-            decided[page] = PagePut(page, "pinned", ttl_ms, hold.rid)
+            decided[page] = PagePut(page, "expired", rid=hold.rid, tenant=hold.tenant)
+            continue
+        placed = ledger.place(
+            page, page_bytes[page], ends=now + ttl_ms / 1000, now=now, tenant=hold.tenant
+        )
+        if placed == "pinned":
+            decided[page] = PagePut(page, "pinned", ttl_ms, hold.rid, hold.tenant)
         else:
-            decided[page] = PagePut(page, "over_budget", rid=hold.rid)
+            decided[page] = PagePut(page, placed, rid=hold.rid, tenant=hold.tenant)
     return [decided[p] for p in pages]
 
 
@@ -489,6 +568,7 @@ class L3Stats:
         self._failures_metric: Any = None
         self._pinned_metric: Any = None
         self._budget_metric: Any = None
+        self._tenant_metric: Any = None
         try:
             from prometheus_client import Counter, Gauge
 
@@ -515,6 +595,12 @@ class L3Stats:
                 "This worker's pin budget: softPin.budgetRatio x its Mooncake segment.",
                 multiprocess_mode="livesum",
             )
+            self._tenant_metric = Gauge(
+                "kvretention_l3_tenant_pinned_bytes",
+                "Bytes this worker's Mooncake client holds soft-pinned per tenant.",
+                ["tenant"],
+                multiprocess_mode="livesum",
+            )
         except (ImportError, ValueError):  # no client, or registered twice in one process
             pass
 
@@ -530,7 +616,12 @@ class L3Stats:
         if self._failures_metric is not None:
             self._failures_metric.inc()
 
-    def set_pinned(self, pinned: int, budget: int | None) -> None:
+    def set_pinned(
+        self, pinned: int, budget: int | None, tenants: Mapping[str, int] | None = None
+    ) -> None:
+        if self._tenant_metric is not None:
+            for tenant, held in (tenants or {}).items():
+                self._tenant_metric.labels(tenant=tenant).set(held)
         if self._pinned_metric is not None:
             self._pinned_metric.set(pinned)
         if self._budget_metric is not None and budget is not None:
@@ -563,11 +654,11 @@ _OVER_BUDGET_LOGGED = [0]
 def report_over_budget(puts: Iterable[PagePut], *, ledger: PinLedger) -> None:
     """Name the retained pages written unpinned past the budget, per request: one trace record
     each (the request id and its page keys) and, at most every thousandth time, a warning."""
-    by_request: dict[str | None, list[str]] = {}
+    by_request: dict[tuple[str | None, str | None, str], list[str]] = {}
     for put in puts:
-        if put.outcome == "over_budget":
-            by_request.setdefault(put.rid, []).append(put.page)
-    for rid, pages in by_request.items():
+        if put.outcome in ("over_budget", "over_tenant_budget"):
+            by_request.setdefault((put.rid, put.tenant, put.outcome), []).append(put.page)
+    for (rid, tenant, outcome), pages in by_request.items():
         if _OVER_BUDGET_LOGGED[0] % 1000 == 0:
             logger.warning(
                 "kvretention: L3 pin budget full (%d of %s bytes pinned, %d reserved for pins an "
@@ -581,17 +672,22 @@ def report_over_budget(puts: Iterable[PagePut], *, ledger: PinLedger) -> None:
                 rid,
             )
         _OVER_BUDGET_LOGGED[0] += 1
-        _trace(
-            {
-                "component": "engine",
-                "request_id": rid,
-                "outcome": "l3_pin_over_budget",
-                "pages": pages,
-                "pinned_bytes": ledger.pinned_bytes,
-                "reserved_bytes": ledger.reserved(time.time()),
-                "budget_bytes": ledger.capacity_bytes,
-            }
-        )
+        record: dict[str, Any] = {
+            "component": "engine",
+            "request_id": rid,
+            "outcome": f"l3_pin_{outcome}",
+            "pages": pages,
+            "pinned_bytes": ledger.pinned_bytes,
+            "reserved_bytes": ledger.reserved(time.time()),
+            "budget_bytes": ledger.capacity_bytes,
+        }
+        if tenant is not None:
+            record.update(
+                tenant=tenant,
+                tenant_pinned_bytes=ledger.tenant_bytes().get(tenant, 0),
+                tenant_budget_bytes=ledger.tenant_capacity(),
+            )
+        _trace(record)
 
 
 # -- SGLang glue -----------------------------------------------------------------------------
@@ -649,6 +745,7 @@ def remember_request(req: Any, *, up_to: int, page_size: int, now: float | None 
         rid=getattr(req, "rid", None),
         now=time.time() if now is None else now,
         hash_pages=_request_hasher(req),
+        tenant=tenant_of_salt(getattr(req, "cache_salt", None)),
     )
 
 
@@ -757,7 +854,9 @@ def client_state(store: Any, *, now: float | None = None) -> _ClientState:
             ranks = int(getattr(storage, "tp_size", 1)) * int(getattr(storage, "pp_size", 1))
             segment = int(store.config.global_segment_size) // max(1, ranks)
             settings = read_settings()
-            ledger = PinLedger(client_budget_bytes(settings, segment))
+            ledger = PinLedger(
+                client_budget_bytes(settings, segment), tenant_share=settings.tenant_share
+            )
             state = _CLIENTS[id(store)] = _ClientState(settings, ledger, segment, at)
             if settings.metrics_url is not None:
                 ledger.reserve_share(until=time.time() + settings.max_pin_ttl_ms / 1000)
@@ -770,6 +869,7 @@ def client_state(store: Any, *, now: float | None = None) -> _ClientState:
         elif at - state.read_at >= SETTINGS_REFRESH_S:
             state.settings = read_settings()
             state.ledger.capacity_bytes = client_budget_bytes(state.settings, state.segment_bytes)
+            state.ledger.tenant_share = state.settings.tenant_share
             state.read_at = at
         return state
 
@@ -826,7 +926,9 @@ def put_with_pins(
             pages.setdefault(put.page, put)
     for put in pages.values():
         STATS.count(put.outcome)
-    STATS.set_pinned(state.ledger.pinned_bytes, state.ledger.capacity_bytes)
+    STATS.set_pinned(
+        state.ledger.pinned_bytes, state.ledger.capacity_bytes, state.ledger.tenant_bytes()
+    )
     report_over_budget(pages.values(), ledger=state.ledger)
     return results
 
