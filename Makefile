@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: bootstrap demo demo-down test lint typecheck unit verify crds clients-latest
+.PHONY: bootstrap demo demo-down test lint typecheck unit verify crds dashboards clients-latest
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -39,8 +39,13 @@ crds:
 	scripts/sync-chart-crds.sh
 	scripts/gen-install-bundle.sh
 
+## Regenerate the Grafana dashboards (deploy/dashboards/ and the chart's copy).
+dashboards:
+	$(BIN)/python scripts/gen-dashboards.py
+
 ## Fail when a generated file differs from its source.
 verify:
+	$(BIN)/python scripts/gen-dashboards.py --check
 	$(BIN)/kvretention crds --write crds/ && git diff --exit-code -- crds/
 	scripts/sync-chart-crds.sh --check
 	scripts/gen-install-bundle.sh --check

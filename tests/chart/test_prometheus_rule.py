@@ -1,5 +1,6 @@
-"""The chart's PrometheusRule: off by default, and every series it alerts on is one the operator
-exports, with the labels the rule groups by."""
+"""The chart's PrometheusRule: off by default, values reach the alerts, and every series it alerts on
+is one a kvretention process exports, with the labels the rule groups by (the alerts' behaviour is
+evaluated by promtool in test_alert_rules.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any
 import pytest
 from chartlib import CHART, Helm, select
 
-from kvretention.controller.metrics import FLEET_LABELS, Metrics
+from kvretention.controller.metrics import FLEET_LABELS
+from support.metric_registries import DATA_PLANE_LABELS, exported_series
 
 
 def _rules(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -29,34 +31,56 @@ def test_prometheus_rule_toggle(helm: Helm, enabled: bool) -> None:
         assert rules[0]["metadata"]["labels"]["release"] == "prom"
 
 
-def test_rule_values_reach_the_alerts(helm: Helm) -> None:
-    docs = helm.template(
-        {
-            "metrics": {
-                "prometheusRule": {
-                    "enabled": True,
-                    "for": "5m",
-                    "metricsDownFor": "1h",
-                    "severity": "critical",
-                }
-            }
-        }
-    )
-    rules = _rules(docs)
-    assert set(rules) == {"KvRetentionPinsOverBudget", "KvRetentionKvStoreMetricsDown"}
-    assert rules["KvRetentionPinsOverBudget"]["for"] == "5m"
-    assert rules["KvRetentionKvStoreMetricsDown"]["for"] == "1h"
-    assert {r["labels"]["severity"] for r in rules.values()} == {"critical"}
+ALERTS = {
+    "KvRetentionPinsOverBudget",
+    "KvRetentionKvStoreMetricsDown",
+    "KvRetentionNoReadyWorkers",
+    "KvRetentionErrorRatioHigh",
+    "KvRetentionHintsUnsupported",
+}
 
 
-def test_alerts_use_only_series_the_operator_exports(helm: Helm) -> None:
+@pytest.mark.parametrize(
+    ("key", "value", "alert", "field"),
+    [
+        ("for", "5m", "KvRetentionPinsOverBudget", "for"),
+        ("metricsDownFor", "1h", "KvRetentionKvStoreMetricsDown", "for"),
+        ("noReadyWorkersFor", "30s", "KvRetentionNoReadyWorkers", "for"),
+        ("errorRatioFor", "20m", "KvRetentionErrorRatioHigh", "for"),
+        ("hintsUnsupportedFor", "2h", "KvRetentionHintsUnsupported", "for"),
+        ("criticalSeverity", "page", "KvRetentionNoReadyWorkers", "severity"),
+    ],
+)
+def test_rule_values_reach_the_alerts(
+    helm: Helm, key: str, value: str, alert: str, field: str
+) -> None:
+    rules = _rules(helm.template({"metrics": {"prometheusRule": {"enabled": True, key: value}}}))
+    assert set(rules) == ALERTS
+    got = rules[alert]["labels"]["severity"] if field == "severity" else rules[alert][field]
+    assert got == value
+
+
+def test_severity_reaches_every_alert_but_the_critical_one(helm: Helm) -> None:
+    values = {"enabled": True, "severity": "ticket", "errorRatio": 0.2}
+    rules = _rules(helm.template({"metrics": {"prometheusRule": values}}))
+    severities = {name: r["labels"]["severity"] for name, r in rules.items()}
+    assert severities == {
+        **dict.fromkeys(ALERTS - {"KvRetentionNoReadyWorkers"}, "ticket"),
+        "KvRetentionNoReadyWorkers": "critical",
+    }
+    assert rules["KvRetentionErrorRatioHigh"]["expr"].rstrip().endswith("> 0.2")
+
+
+def test_alerts_use_only_series_the_processes_export(helm: Helm) -> None:
     rules = _rules(helm.template({"metrics": {"prometheusRule": {"enabled": True}}}))
-    exported = {family.name for family in Metrics().registry.collect()}
+    exported = exported_series()
     for rule in rules.values():
         names = set(re.findall(r"\bkvretention_[a-z_]+", rule["expr"]))
-        assert names and names <= exported, rule["expr"]
+        assert names and names <= set(exported), rule["expr"]
         for grouping in re.findall(r"(?:by|on) \(([^)]*)\)", rule["expr"]):
             assert tuple(x.strip() for x in grouping.split(",")) == FLEET_LABELS
+        for name in names:  # fleet labels: the operator's own, or the PodMonitor's relabelings
+            assert set(FLEET_LABELS) <= exported[name] | set(DATA_PLANE_LABELS), name
         for text in rule["annotations"].values():
             for label in re.findall(r"\$labels\.([a-z_]+)", text):
                 assert label in FLEET_LABELS
@@ -68,8 +92,11 @@ def test_alerts_use_only_series_the_operator_exports(helm: Helm) -> None:
         {"metrics": {"prometheusRule": {"for": "soon"}}},
         {"metrics": {"prometheusRule": {"severity": ""}}},
         {"metrics": {"prometheusRule": {"unknown": True}}},
+        {"metrics": {"prometheusRule": {"errorRatio": 0}}},
+        {"metrics": {"prometheusRule": {"errorRatio": 1.5}}},
+        {"metrics": {"prometheusRule": {"noReadyWorkersFor": "a while"}}},
     ],
-    ids=["bad-duration", "empty-severity", "unknown-key"],
+    ids=["bad-duration", "empty-severity", "unknown-key", "zero-ratio", "ratio-over-1", "bad-for"],
 )
 def test_bad_rule_values_are_rejected(helm: Helm, values: dict[str, Any]) -> None:
     assert "prometheusRule" in helm.template_error(values)

@@ -1,0 +1,614 @@
+#!/usr/bin/env python3
+"""Generate the Grafana dashboards: deploy/dashboards/*.json and the chart's copy under
+charts/kvretention/dashboards/ (shipped as ConfigMaps for the Grafana sidecar).
+
+Every query names only metrics the processes export (tests/observability checks it against the
+registries and against a real Prometheus). Data-plane series carry ``fleet_namespace``, ``fleet``
+and ``component`` from the chart's PodMonitor relabelings; the operator's ``kvretention_kvstore_*``
+gauges carry ``fleet_namespace`` and ``fleet`` themselves.
+
+Usage: scripts/gen-dashboards.py           # rewrite both copies
+       scripts/gen-dashboards.py --check   # exit 1 and name the files that drifted
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT_DIRS = (ROOT / "deploy" / "dashboards", ROOT / "charts" / "kvretention" / "dashboards")
+
+SEL = 'fleet_namespace=~"$fleet_namespace", fleet=~"$fleet"'
+RATE = "[$__rate_interval]"
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+WIDTH = 24
+
+
+@dataclass(frozen=True)
+class Target:
+    expr: str
+    legend: str = ""
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    description: str
+    targets: tuple[Target, ...]
+    unit: str = "short"
+    kind: str = "timeseries"
+    width: int = 12
+    height: int = 8
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def rate(metric: str, *, where: str = "", by: str = "") -> str:
+    matchers = f"{SEL}, {where}" if where else SEL
+    inner = f"rate({metric}{{{matchers}}}{RATE})"
+    return f"sum by ({by}) ({inner})" if by else f"sum({inner})"
+
+
+def gauge(metric: str, *, by: str, where: str = "", agg: str = "sum") -> str:
+    matchers = f"{SEL}, {where}" if where else SEL
+    return f"{agg} by ({by}) ({metric}{{{matchers}}})"
+
+
+def quantile(q: float, metric: str, *, where: str, by: str = "") -> str:
+    group = f"le, {by}" if by else "le"
+    return f"histogram_quantile({q}, {rate(metric + '_bucket', where=where, by=group)})"
+
+
+def variable(name: str, label: str, query: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": DATASOURCE,
+        "query": {"query": query, "refId": f"{name}-values"},
+        "definition": query,
+        "refresh": 2,
+        "includeAll": True,
+        "multi": True,
+        "allValue": ".*",
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        "sort": 1,
+    }
+
+
+def templating(source_metric: str) -> dict[str, Any]:
+    return {
+        "list": [
+            {
+                "name": "datasource",
+                "label": "Data source",
+                "type": "datasource",
+                "query": "prometheus",
+                "current": {},
+                "hide": 0,
+            },
+            variable(
+                "fleet_namespace", "Namespace", f"label_values({source_metric}, fleet_namespace)"
+            ),
+            variable(
+                "fleet",
+                "Fleet",
+                f'label_values({source_metric}{{fleet_namespace=~"$fleet_namespace"}}, fleet)',
+            ),
+        ]
+    }
+
+
+def panel_json(panel: Panel, *, panel_id: int, x: int, y: int) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": panel_id,
+        "type": panel.kind,
+        "title": panel.title,
+        "description": panel.description,
+        "datasource": DATASOURCE,
+        "gridPos": {"h": panel.height, "w": panel.width, "x": x, "y": y},
+        "fieldConfig": {"defaults": {"unit": panel.unit}, "overrides": []},
+        "options": {"legend": {"displayMode": "list", "placement": "bottom"}},
+        "targets": [
+            {
+                "datasource": DATASOURCE,
+                "expr": t.expr,
+                "legendFormat": t.legend or "__auto",
+                "refId": chr(ord("A") + i),
+            }
+            for i, t in enumerate(panel.targets)
+        ],
+    }
+    if panel.kind == "stat":
+        out["options"] = {"reduceOptions": {"calcs": ["lastNotNull"]}, "colorMode": "value"}
+    out.update(panel.extra)
+    return out
+
+
+def dashboard(
+    *, uid: str, title: str, description: str, source_metric: str, panels: list[Panel]
+) -> dict[str, Any]:
+    laid: list[dict[str, Any]] = []
+    x = y = row_h = 0
+    for i, panel in enumerate(panels, start=1):
+        if x + panel.width > WIDTH:
+            x, y, row_h = 0, y + row_h, 0
+        laid.append(panel_json(panel, panel_id=i, x=x, y=y))
+        x += panel.width
+        row_h = max(row_h, panel.height)
+    return {
+        "uid": uid,
+        "title": title,
+        "description": description,
+        "tags": ["kvretention"],
+        "editable": True,
+        "schemaVersion": 39,
+        "version": 1,
+        "refresh": "30s",
+        "time": {"from": "now-1h", "to": "now"},
+        "timezone": "",
+        "graphTooltip": 1,
+        "links": [
+            {
+                "type": "dashboards",
+                "tags": ["kvretention"],
+                "asDropdown": True,
+                "title": "kvretention",
+            }
+        ],
+        "templating": templating(source_metric),
+        "annotations": {"list": []},
+        "panels": laid,
+    }
+
+
+FRONTEND_REQ = "kvretention_frontend_requests_total"
+LATENCY = "kvretention_frontend_upstream_latency_seconds"
+
+
+def request_path() -> dict[str, Any]:
+    return dashboard(
+        uid="kvretention-request-path",
+        title="kvretention / Request path",
+        description="Frontend and workers: request rate, errors, latency, what clients sent that "
+        "was ignored or normalized.",
+        source_metric=FRONTEND_REQ,
+        panels=[
+            Panel(
+                "Requests by endpoint and outcome",
+                "Finished frontend requests per second (ok, rejected, error, client_disconnected).",
+                (Target(rate(FRONTEND_REQ, by="endpoint, outcome"), "{{endpoint}} {{outcome}}"),),
+                unit="reqps",
+            ),
+            Panel(
+                "Error ratio",
+                "Share of finished requests that ended in an error after admission "
+                "(what KvRetentionErrorRatioHigh alerts on).",
+                (
+                    Target(
+                        rate(FRONTEND_REQ, where='outcome="error"') + " / " + rate(FRONTEND_REQ),
+                        "errors / all",
+                    ),
+                ),
+                unit="percentunit",
+            ),
+            Panel(
+                "Rejections by reason",
+                "Requests refused before anything was forwarded, by error code.",
+                (Target(rate("kvretention_frontend_rejections_total", by="reason"), "{{reason}}"),),
+                unit="reqps",
+            ),
+            Panel(
+                "Time to first token (p50, p95, p99)",
+                "Router latency to the first streamed chunk, as the frontend measured it.",
+                tuple(
+                    Target(quantile(q, LATENCY, where='phase="first_chunk"'), f"p{int(q * 100)}")
+                    for q in (0.5, 0.95, 0.99)
+                ),
+                unit="s",
+            ),
+            Panel(
+                "Request latency p95 by endpoint",
+                "Router latency to the end of the answer.",
+                (
+                    Target(
+                        quantile(0.95, LATENCY, where='phase="total"', by="endpoint"),
+                        "{{endpoint}}",
+                    ),
+                ),
+                unit="s",
+            ),
+            Panel(
+                "Ignored request fields (top 10)",
+                "Fields accepted and not acted on, per field path (docs/frontend.md, Forward "
+                "compatibility).",
+                (
+                    Target(
+                        f"topk(10, {rate('kvretention_frontend_ignored_fields_total', by='field')})",
+                        "{{field}}",
+                    ),
+                ),
+                unit="reqps",
+            ),
+            Panel(
+                "Client quirks normalized",
+                "Client quirks removed before templating, by kind.",
+                (Target(rate("kvretention_frontend_normalized_total", by="kind"), "{{kind}}"),),
+                unit="reqps",
+            ),
+            Panel(
+                "Worker requests by outcome",
+                "Generate requests the workers finished.",
+                (
+                    Target(
+                        rate("kvretention_worker_requests_total", by="component, outcome"),
+                        "{{component}} {{outcome}}",
+                    ),
+                ),
+                unit="reqps",
+            ),
+            Panel(
+                "Worker requests in flight",
+                "Generate requests in flight per worker pod.",
+                (Target(gauge("kvretention_worker_inflight", by="component, pod"), "{{pod}}"),),
+            ),
+        ],
+    )
+
+
+def retention() -> dict[str, Any]:
+    hints = "kvretention_frontend_kv_hints_total"
+    passed = "kvretention_worker_kv_hints_passed_total"
+    return dashboard(
+        uid="kvretention-retention",
+        title="kvretention / Retention",
+        description="KV-retention hints: what the frontend attached, what reached the engine, "
+        "and how much of the pool pins hold.",
+        source_metric=FRONTEND_REQ,
+        panels=[
+            Panel(
+                "Hints attached by TTL",
+                "KV-hint envelopes the frontend attached to forwarded requests, by TTL (seconds).",
+                (Target(rate(hints, by="ttl_seconds"), "ttl {{ttl_seconds}}s"),),
+                unit="reqps",
+            ),
+            Panel(
+                "Hinted share of answered requests",
+                "Hints attached / requests answered ok.",
+                (Target(rate(hints) + " / " + rate(FRONTEND_REQ, where='outcome="ok"'), "hinted"),),
+                unit="percentunit",
+            ),
+            Panel(
+                "Hints attached vs passed to the engine",
+                "Attached by the frontend vs handed to Engine.async_generate by a worker; "
+                "a gap means workers refuse or drop hints (KvRetentionHintsUnsupported).",
+                (
+                    Target(rate(hints), "attached (frontend)"),
+                    Target(rate(passed, where='dialect!="none"'), "passed (workers)"),
+                ),
+                unit="reqps",
+            ),
+            Panel(
+                "Hints passed by engine dialect",
+                "versioned: kv.retain token ranges (SGLang >= 0.5.23); flat: full prompt only.",
+                (Target(rate(passed, by="dialect"), "{{dialect}}"),),
+                unit="reqps",
+            ),
+            Panel(
+                "Prompt tokens reused vs tokenized",
+                "Worker render cache: tokens reused from the conversation's previous prompt vs "
+                "tokenized anew.",
+                (Target(rate("kvretention_worker_prompt_tokens_total", by="how"), "{{how}}"),),
+                unit="short",
+            ),
+            Panel(
+                "Pinned share of the L3 pool vs budget",
+                "Soft pins' estimated share of the Mooncake pool and softPin.budgetRatio.",
+                (
+                    Target(
+                        gauge("kvretention_kvstore_pinned_ratio", by="fleet_namespace, fleet"),
+                        "{{fleet}} pinned",
+                    ),
+                    Target(
+                        gauge("kvretention_kvstore_budget_ratio", by="fleet_namespace, fleet"),
+                        "{{fleet}} budget",
+                    ),
+                ),
+                unit="percentunit",
+            ),
+        ],
+    )
+
+
+def kvstore() -> dict[str, Any]:
+    fleet = "fleet_namespace, fleet"
+
+    def g(metric: str) -> str:
+        return gauge(f"kvretention_kvstore_{metric}", by=fleet)
+
+    return dashboard(
+        uid="kvretention-kvstore",
+        title="kvretention / L3 store (Mooncake)",
+        description="The managed Mooncake master as the operator reads its /metrics: capacity, "
+        "use, soft pins, evictions, the retention budget.",
+        source_metric="kvretention_kvstore_metrics_up",
+        panels=[
+            Panel(
+                "Master metrics readable",
+                "1 when the operator's last read of the master's /metrics succeeded.",
+                (Target(g("metrics_up"), "{{fleet}}"),),
+                kind="stat",
+                width=6,
+            ),
+            Panel(
+                "Over budget",
+                "1 while pins hold more of the pool than softPin.budgetRatio allows.",
+                (Target(g("over_budget"), "{{fleet}}"),),
+                kind="stat",
+                width=6,
+            ),
+            Panel(
+                "Pinned share vs budget",
+                "Estimated share of capacity soft pins hold, and the budget.",
+                (
+                    Target(g("pinned_ratio"), "{{fleet}} pinned"),
+                    Target(g("budget_ratio"), "{{fleet}} budget"),
+                ),
+                unit="percentunit",
+            ),
+            Panel(
+                "Capacity, used, pinned",
+                "Pool capacity (mounted segments), bytes allocated, and pinned bytes (estimate).",
+                (
+                    Target(g("capacity_bytes"), "{{fleet}} capacity"),
+                    Target(g("used_bytes"), "{{fleet}} used"),
+                    Target(g("pinned_bytes_estimate"), "{{fleet}} pinned"),
+                ),
+                unit="bytes",
+            ),
+            Panel(
+                "Objects and pinned objects",
+                "Objects stored and soft-pinned objects.",
+                (
+                    Target(g("objects"), "{{fleet}} objects"),
+                    Target(g("pinned_objects"), "{{fleet}} pinned"),
+                ),
+            ),
+            Panel(
+                "Evictions",
+                "Eviction rounds, objects and bytes evicted per second.",
+                (
+                    Target(rate("kvretention_kvstore_evictions", by=fleet), "{{fleet}} rounds"),
+                    Target(
+                        rate("kvretention_kvstore_evicted_objects", by=fleet), "{{fleet}} objects"
+                    ),
+                ),
+                unit="ops",
+            ),
+            Panel(
+                "Bytes evicted",
+                "Bytes evicted per second.",
+                (Target(rate("kvretention_kvstore_evicted_bytes", by=fleet), "{{fleet}}"),),
+                unit="Bps",
+            ),
+        ],
+    )
+
+
+def routing() -> dict[str, Any]:
+    outstanding = "kvretention_router_outstanding_requests"
+    routed = "kvretention_router_requests_total"
+    return dashboard(
+        uid="kvretention-routing",
+        title="kvretention / Routing",
+        description="The router: how requests were placed, worker health, load per pool and "
+        "per worker.",
+        source_metric="kvretention_router_healthy_workers",
+        panels=[
+            Panel(
+                "Placements: sticky, prefix, least outstanding",
+                "Session pins, prefix matches (cache-aware), and the rest.",
+                (
+                    Target(rate("kvretention_router_sticky_placements_total"), "sticky (session)"),
+                    Target(rate("kvretention_router_prefix_placements_total"), "prefix match"),
+                    Target(
+                        f"{rate(routed)} - {rate('kvretention_router_sticky_placements_total')}"
+                        f" - {rate('kvretention_router_prefix_placements_total')}",
+                        "least outstanding (fallback)",
+                    ),
+                ),
+                unit="reqps",
+            ),
+            Panel(
+                "Routed requests by mode and outcome",
+                "Requests the router forwarded.",
+                (Target(rate(routed, by="mode, outcome"), "{{mode}} {{outcome}}"),),
+                unit="reqps",
+            ),
+            Panel(
+                "Healthy workers by pool",
+                "Workers in rotation (KvRetentionNoReadyWorkers fires at 0).",
+                (Target(gauge("kvretention_router_healthy_workers", by="role"), "{{role}}"),),
+            ),
+            Panel(
+                "Outstanding requests by pool",
+                "In flight per pool: what the pool's autoscaler reads.",
+                (
+                    Target(
+                        gauge("kvretention_router_pool_outstanding_requests", by="role"),
+                        "{{role}}",
+                    ),
+                ),
+            ),
+            Panel(
+                "Outstanding requests per worker",
+                "In flight per worker URL.",
+                (Target(gauge(outstanding, by="role, url"), "{{role}} {{url}}"),),
+            ),
+            Panel(
+                "Imbalance (max - min outstanding) by pool",
+                "How unevenly the pool's workers are loaded right now.",
+                (
+                    Target(
+                        f"{gauge(outstanding, by='role', agg='max')}"
+                        f" - {gauge(outstanding, by='role', agg='min')}",
+                        "{{role}}",
+                    ),
+                ),
+            ),
+            Panel(
+                "Worker ejections by reason",
+                "Workers taken out of rotation (refused, broken, not_ready, timeout, error).",
+                (
+                    Target(
+                        rate("kvretention_router_worker_ejections_total", by="role, reason"),
+                        "{{role}} {{reason}}",
+                    ),
+                ),
+                unit="ops",
+            ),
+            Panel(
+                "Failed health polls and broken requests",
+                "By what they showed.",
+                (
+                    Target(
+                        rate(
+                            "kvretention_router_worker_health_failures_total", by="role, evidence"
+                        ),
+                        "{{role}} {{evidence}}",
+                    ),
+                ),
+                unit="ops",
+            ),
+            Panel(
+                "Failing workers kept in rotation",
+                "Answering real requests, or the pool's last one.",
+                (
+                    Target(
+                        rate("kvretention_router_worker_kept_total", by="role, why"),
+                        "{{role}} {{why}}",
+                    ),
+                ),
+                unit="ops",
+            ),
+        ],
+    )
+
+
+def operator() -> dict[str, Any]:
+    def orate(metric: str, by: str = "") -> str:
+        inner = f"rate({metric}{RATE})"
+        return f"sum by ({by}) ({inner})" if by else f"sum({inner})"
+
+    return dashboard(
+        uid="kvretention-operator",
+        title="kvretention / Operator",
+        description="The operator: reconciles, writes to the API server, leadership.",
+        source_metric="kvretention_kvstore_metrics_up",
+        panels=[
+            Panel(
+                "Leader",
+                "1 on the replica that holds the leader Lease.",
+                (Target("sum(kvretention_operator_leader)", "leaders"),),
+                kind="stat",
+                width=6,
+            ),
+            Panel(
+                "Fleets watched",
+                "KvRetentionDeployments the leader knows about.",
+                (Target("max(kvretention_operator_watched_objects)", "fleets"),),
+                kind="stat",
+                width=6,
+            ),
+            Panel(
+                "Reconciles by result",
+                "ok, invalid (a spec that can never work), error (requeued with backoff).",
+                (Target(orate("kvretention_operator_reconciles_total", "result"), "{{result}}"),),
+                unit="ops",
+            ),
+            Panel(
+                "Reconcile duration (p50, p95)",
+                "Wall time of one reconcile.",
+                tuple(
+                    Target(
+                        f"histogram_quantile({q}, "
+                        f"{orate('kvretention_operator_reconcile_duration_seconds_bucket', 'le')})",
+                        f"p{int(q * 100)}",
+                    )
+                    for q in (0.5, 0.95)
+                ),
+                unit="s",
+            ),
+            Panel(
+                "API writes by kind",
+                "Server-side applies that changed a child, drift dry-runs, deletions.",
+                (
+                    Target(
+                        orate("kvretention_operator_apply_writes_total", "kind"), "apply {{kind}}"
+                    ),
+                    Target(
+                        orate("kvretention_operator_dry_runs_total", "kind"), "dry-run {{kind}}"
+                    ),
+                    Target(orate("kvretention_operator_deletes_total", "kind"), "delete {{kind}}"),
+                ),
+                unit="ops",
+            ),
+            Panel(
+                "Status writes, events, errors",
+                "Status subresource writes, Events posted on condition transitions, failed "
+                "reconciles.",
+                (
+                    Target(orate("kvretention_operator_status_writes_total"), "status writes"),
+                    Target(orate("kvretention_operator_events_total"), "events"),
+                    Target(orate("kvretention_operator_errors_total"), "errors"),
+                ),
+                unit="ops",
+            ),
+        ],
+    )
+
+
+DASHBOARDS = {
+    "kvretention-request-path.json": request_path,
+    "kvretention-retention.json": retention,
+    "kvretention-kvstore.json": kvstore,
+    "kvretention-routing.json": routing,
+    "kvretention-operator.json": operator,
+}
+
+
+def render() -> dict[str, str]:
+    return {name: json.dumps(build(), indent=2) + "\n" for name, build in DASHBOARDS.items()}
+
+
+def main(argv: list[str]) -> int:
+    check = argv[1:] == ["--check"]
+    if argv[1:] not in ([], ["--check"]):
+        print(f"usage: {argv[0]} [--check]", file=sys.stderr)
+        return 2
+    wanted = render()
+    drifted: list[str] = []
+    for out_dir in OUT_DIRS:
+        present = {p.name for p in out_dir.glob("*.json")} if out_dir.is_dir() else set()
+        for name in sorted(present - set(wanted)):
+            drifted.append(str(out_dir / name))
+            if not check:
+                (out_dir / name).unlink()
+        for name, text in wanted.items():
+            path = out_dir / name
+            if not path.is_file() or path.read_text() != text:
+                drifted.append(str(path))
+                if not check:
+                    out_dir.mkdir(parents=True, exist_ok=True)
+                    path.write_text(text)
+    if check and drifted:
+        print("dashboards drifted (run scripts/gen-dashboards.py):", *drifted, sep="\n  ")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,308 @@
+"""The chart's alerts, evaluated by a real Prometheus rule engine (``promtool test rules``): each
+alert fires on its condition, with its labels and rendered annotations, and stays quiet otherwise.
+
+The rules are the chart's own PrometheusRule, rendered with the default values; the input series
+are named and labelled as the processes export them (checked against the registries in
+tests/observability/test_dashboards.py and test_prometheus_rule.py).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from chartlib import Helm, select
+
+NS, FLEET = "team-a", "chat"
+AT = f'fleet_namespace="{NS}", fleet="{FLEET}"'
+LABELS = {"fleet_namespace": NS, "fleet": FLEET}
+
+BUDGET_DESCRIPTION = (
+    "Soft-pinned objects hold about {pct} of the pool, past "
+    "spec.kvStore.mooncake.master.softPin.budgetRatio. With allowEviction false, pins that reach "
+    "the high watermark leave no room for new KV pages. See status.kvStore and the RetentionBudget "
+    "condition."
+)
+NO_WORKERS = {
+    "summary": f"KvRetentionDeployment {NS}/{FLEET}: the router has no ready worker in a pool",
+    "description": "Requests are refused with 503 no_workers. See the fleet's Ready condition and "
+    f"its worker pods (kubectl get pods -l app.kubernetes.io/instance={FLEET}).",
+}
+HINTS = {
+    "summary": f"KvRetentionDeployment {NS}/{FLEET}: KV hints are sent but no engine takes them",
+    "description": "The frontend attaches kv_hints, and no worker passed one to its engine. See "
+    "the KvHintsSupported condition and status.engine; the workers answer kv_hints_unsupported "
+    "where the engine's dialect cannot carry the hint.",
+}
+
+
+def healthy(role: str, values: str) -> tuple[str, str]:
+    return f'kvretention_router_healthy_workers{{{AT}, role="{role}"}}', values
+
+
+def requests(outcome: str, values: str) -> tuple[str, str]:
+    series = (
+        f'kvretention_frontend_requests_total{{{AT}, endpoint="openai_chat", outcome="{outcome}"}}'
+    )
+    return series, values
+
+
+def hints(values: str) -> tuple[str, str]:
+    series = (
+        f'kvretention_frontend_kv_hints_total{{{AT}, endpoint="openai_chat", ttl_seconds="300"}}'
+    )
+    return series, values
+
+
+def passed(dialect: str, values: str) -> tuple[str, str]:
+    series = (
+        f'kvretention_worker_kv_hints_passed_total{{{AT}, component="worker", dialect="{dialect}"}}'
+    )
+    return series, values
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    alert: str
+    series: list[tuple[str, str]]
+    eval_time: str
+    fires: list[dict[str, Any]] = field(default_factory=list)
+    """Expected alerts: ``{"labels": ..., "annotations": ...}``; empty: must not fire."""
+
+
+def firing(severity: str, annotations: dict[str, str]) -> dict[str, Any]:
+    return {"labels": {**LABELS, "severity": severity}, "annotations": annotations}
+
+
+CASES = [
+    Case(
+        "pins-over-budget",
+        "KvRetentionPinsOverBudget",
+        [
+            (f"kvretention_kvstore_pinned_ratio{{{AT}}}", "0.5x30"),
+            (f"kvretention_kvstore_budget_ratio{{{AT}}}", "0.3x30"),
+        ],
+        "15m",
+        [
+            firing(
+                "warning",
+                {
+                    "summary": f"KvRetentionDeployment {NS}/{FLEET}: soft pins hold more of the "
+                    "Mooncake pool than its retention budget",
+                    "description": BUDGET_DESCRIPTION.format(pct="50%"),
+                },
+            )
+        ],
+    ),
+    Case(
+        "pins-within-budget",
+        "KvRetentionPinsOverBudget",
+        [
+            (f"kvretention_kvstore_pinned_ratio{{{AT}}}", "0.2x30"),
+            (f"kvretention_kvstore_budget_ratio{{{AT}}}", "0.3x30"),
+        ],
+        "15m",
+    ),
+    Case(
+        "pins-over-budget-not-yet-for-long",
+        "KvRetentionPinsOverBudget",
+        [
+            (f"kvretention_kvstore_pinned_ratio{{{AT}}}", "0.2x20 0.5x10"),
+            (f"kvretention_kvstore_budget_ratio{{{AT}}}", "0.3x30"),
+        ],
+        "25m",
+    ),
+    Case(
+        "store-metrics-down",
+        "KvRetentionKvStoreMetricsDown",
+        [(f"kvretention_kvstore_metrics_up{{{AT}}}", "0x30")],
+        "20m",
+        [
+            firing(
+                "warning",
+                {
+                    "summary": f"KvRetentionDeployment {NS}/{FLEET}: the operator cannot read its "
+                    "Mooncake master's metrics",
+                    "description": "The retention budget is not being checked. The "
+                    "RetentionBudget condition's message says why.",
+                },
+            )
+        ],
+    ),
+    Case(
+        "store-metrics-up",
+        "KvRetentionKvStoreMetricsDown",
+        [(f"kvretention_kvstore_metrics_up{{{AT}}}", "1x30")],
+        "20m",
+    ),
+    Case(
+        "aggregated-pool-empty",
+        "KvRetentionNoReadyWorkers",
+        [healthy("aggregated", "0x10"), healthy("prefill", "0x10"), healthy("decode", "0x10")],
+        "5m",
+        [firing("critical", NO_WORKERS)],
+    ),
+    Case(
+        "decode-pool-empty",
+        "KvRetentionNoReadyWorkers",
+        [healthy("aggregated", "0x10"), healthy("prefill", "2x10"), healthy("decode", "0x10")],
+        "5m",
+        [firing("critical", NO_WORKERS)],
+    ),
+    Case(
+        "aggregated-pool-ready",
+        "KvRetentionNoReadyWorkers",
+        [healthy("aggregated", "1x10"), healthy("prefill", "0x10"), healthy("decode", "0x10")],
+        "5m",
+    ),
+    Case(
+        "both-disaggregated-pools-ready",
+        "KvRetentionNoReadyWorkers",
+        [healthy("aggregated", "0x10"), healthy("prefill", "1x10"), healthy("decode", "3x10")],
+        "5m",
+    ),
+    Case(
+        "one-in-six-requests-fails",
+        "KvRetentionErrorRatioHigh",
+        [requests("ok", "0+10x40"), requests("error", "0+2x40")],
+        "30m",
+        [
+            firing(
+                "warning",
+                {
+                    "summary": f"KvRetentionDeployment {NS}/{FLEET}: 16.67% of requests fail",
+                    "description": "More than 0.05 of the frontend's finished requests ended in "
+                    "an error (a worker or router failure, not a rejected request). The "
+                    "frontend's and router's logs say which.",
+                },
+            )
+        ],
+    ),
+    Case(
+        "one-in-a-hundred-fails",
+        "KvRetentionErrorRatioHigh",
+        [requests("ok", "0+99x40"), requests("error", "0+1x40")],
+        "30m",
+    ),
+    Case(
+        "rejections-are-not-errors",
+        "KvRetentionErrorRatioHigh",
+        [requests("ok", "0+5x40"), requests("rejected", "0+5x40"), requests("error", "0x40")],
+        "30m",
+    ),
+    Case(
+        "hints-sent-none-passed",
+        "KvRetentionHintsUnsupported",
+        [hints("0+10x40"), passed("none", "0x40")],
+        "30m",
+        [firing("warning", HINTS)],
+    ),
+    Case(
+        "hints-sent-and-passed",
+        "KvRetentionHintsUnsupported",
+        [hints("0+10x40"), passed("versioned", "0+10x40")],
+        "30m",
+    ),
+    Case(
+        "no-hints-sent",
+        "KvRetentionHintsUnsupported",
+        [hints("0x40"), passed("versioned", "0x40")],
+        "30m",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def promtool() -> Path:
+    found = shutil.which("promtool")
+    assert found, "promtool is not installed: run scripts/install-prometheus.sh (make bootstrap)"
+    return Path(found)
+
+
+@pytest.fixture(scope="module")
+def rule_groups(helm: Helm) -> dict[str, Any]:
+    docs = helm.template({"metrics": {"prometheusRule": {"enabled": True}}})
+    (rule,) = select(docs, "PrometheusRule")
+    return {"groups": rule["spec"]["groups"]}
+
+
+@pytest.fixture(scope="module")
+def rules_dir(rule_groups: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("rules")
+    (folder / "rules.yaml").write_text(yaml.safe_dump(rule_groups, sort_keys=False))
+    return folder
+
+
+def promtool_test(promtool: Path, folder: Path, case: Case, fires: list[dict[str, Any]]) -> str:
+    """Run ``promtool test rules`` on one case expecting ``fires``; '' when it passed."""
+    spec = {
+        "rule_files": ["rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": s, "values": v} for s, v in case.series],
+                "alert_rule_test": [
+                    {
+                        "eval_time": case.eval_time,
+                        "alertname": case.alert,
+                        "exp_alerts": [
+                            {"exp_labels": a["labels"], "exp_annotations": a["annotations"]}
+                            for a in fires
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    path = folder / f"test-{case.id}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    done = subprocess.run(
+        [str(promtool), "test", "rules", path.name],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return "" if done.returncode == 0 else done.stdout + done.stderr
+
+
+def test_the_rules_pass_promtool_check(promtool: Path, rules_dir: Path) -> None:
+    done = subprocess.run(
+        [str(promtool), "check", "rules", "rules.yaml"],
+        cwd=rules_dir,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_alert_fires_only_on_its_condition(promtool: Path, rules_dir: Path, case: Case) -> None:
+    failed = promtool_test(promtool, rules_dir, case, case.fires)
+    assert not failed, failed
+    # The same evaluation with the opposite expectation must fail: promtool really evaluated it.
+    opposite = [] if case.fires else [firing("warning", {})]
+    assert promtool_test(promtool, rules_dir, case, opposite), "the opposite expectation passed"
+
+
+def test_every_alert_has_a_firing_and_a_quiet_case(rule_groups: dict[str, Any]) -> None:
+    alerts = {r["alert"] for g in rule_groups["groups"] for r in g["rules"]}
+    assert alerts == {
+        "KvRetentionPinsOverBudget",
+        "KvRetentionKvStoreMetricsDown",
+        "KvRetentionNoReadyWorkers",
+        "KvRetentionErrorRatioHigh",
+        "KvRetentionHintsUnsupported",
+    }
+    assert {c.alert for c in CASES if c.fires} == alerts
+    assert {c.alert for c in CASES if not c.fires} == alerts
