@@ -120,10 +120,12 @@ CASES: Final = _cases()
 @pytest.mark.parametrize("name", list(CASES))
 def test_wire_form_is_pydantics_bytes(name: str) -> None:
     request = CASES[name]
-    assert (
-        request.to_json_bytes()
-        == request.model_dump_json(exclude_none=True, by_alias=True).encode()
-    )
+    expected = request.model_dump_json(exclude_none=True, by_alias=True).encode()
+    assert request.to_json_bytes() == expected
+    assert request.to_json_bytes() == expected  # each message's bytes remembered
+    if request.messages is not None:  # the same messages as new objects: the same bytes
+        copied = request.model_copy(update={"messages": [m.model_copy() for m in request.messages]})
+        assert copied.to_json_bytes() == expected
 
 
 def test_wire_form_of_large_and_special_numbers_parses_to_pydantics() -> None:

@@ -12,8 +12,10 @@ stream starts are a non-2xx status with the same ``{"error": {...}}`` body.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from enum import StrEnum
+from functools import partial
 from typing import Annotated, Any, ClassVar, Final, Literal, TypeVar, cast
 
 import msgspec
@@ -339,6 +341,31 @@ def message_wire(message: ChatMessage) -> dict[str, Any]:
     return out
 
 
+_WIRE: Final[dict[int, tuple[weakref.ref[ChatMessage], msgspec.Raw]]] = {}
+"""id(message) -> the message's encoded wire form, while the message lives: an agent's next
+request repeats the last one's messages as the same objects (``frontend/resume.py``), so each is
+encoded once. Entries leave with their message (the weak reference's callback)."""
+
+
+def _message_json(message: ChatMessage) -> msgspec.Raw | dict[str, Any]:
+    """``message_wire(message)``, encoded once per message object."""
+    key = id(message)
+    hit = _WIRE.get(key)
+    if hit is not None and hit[0]() is message:
+        return hit[1]
+    wire = message_wire(message)
+    try:
+        encoded = msgspec.Raw(_ENCODE(wire))
+    except (OverflowError, TypeError, msgspec.EncodeError):
+        return wire
+    _WIRE[key] = (weakref.ref(message, partial(_forget, key)), encoded)
+    return encoded
+
+
+def _forget(key: int, _: object) -> None:
+    _WIRE.pop(key, None)
+
+
 def _part_wire(part: TextPart | ImagePart) -> dict[str, Any]:
     if type(part) is TextPart:
         out: dict[str, Any] = {"type": part.type, "text": part.text}
@@ -470,12 +497,14 @@ class PreprocessedRequest(BaseModel):
             ordered: dict[str, Any] = {}
             for key, value in data.items():
                 if key == "tools":
-                    ordered["messages"] = [message_wire(m) for m in self.messages]
+                    ordered["messages"] = [_message_json(m) for m in self.messages]
                 ordered[key] = value
             data = ordered
         try:
             return _ENCODE(data)
         except (OverflowError, TypeError, msgspec.EncodeError):
+            if self.messages is not None:
+                data["messages"] = [message_wire(m) for m in self.messages]
             return to_json(data, inf_nan_mode="null")
 
 

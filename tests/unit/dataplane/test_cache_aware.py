@@ -227,6 +227,21 @@ def test_prefix_chain_of_a_long_conversation_keeps_stable_positions() -> None:
     assert long[:-1] == longer[: len(long) - 1]  # every sampled position but the last is shared
 
 
+def test_prefix_chain_of_the_same_message_objects_follows_their_prefix() -> None:
+    """The chain remembers each message object's step (an agent's next request repeats them):
+    the same objects behind another head, in another order or after an edit hash as new ones."""
+    messages = _conversation(40)
+    fresh = [m.model_copy() for m in messages]
+    assert prefix_chain(messages, TOOLS) == prefix_chain(fresh, TOOLS)
+    assert prefix_chain(messages, TOOLS) == prefix_chain(fresh, TOOLS)  # remembered steps
+    other = [ToolDefinition(name="edit")]
+    assert prefix_chain(messages, other) == prefix_chain(fresh, other)
+    swapped = [messages[0], messages[2], messages[1], *messages[3:]]
+    swapped_fresh = [fresh[0], fresh[2], fresh[1], *fresh[3:]]
+    assert prefix_chain(swapped, TOOLS) == prefix_chain(swapped_fresh, TOOLS)
+    assert prefix_chain(swapped, TOOLS)[3:] != prefix_chain(messages, TOOLS)[3:]
+
+
 def test_drop_billing_header_keeps_the_rest_of_the_system_prompt() -> None:
     billing = TextPart(text="x-anthropic-billing-header: cc_version=2.0.14; cch=ab12;")
     system = ChatMessage(role="system", content=[billing, TextPart(text="You are Claude Code.")])

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import weakref
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any, Final
 
 from kvretention.dataplane.protocol import (
@@ -100,13 +102,39 @@ def prefix_chain(messages: Sequence[ChatMessage], tools: Sequence[ToolDefinition
     while head < len(messages) and messages[head].role in ("system", "developer"):
         head += 1
     hasher = hashlib.blake2b(_head_bytes(messages[:head], tools), digest_size=8)
-    chain = [hasher.hexdigest()]
+    digest = hasher.hexdigest()
+    chain = [digest]
     rest = messages[head:]
     for i, message in enumerate(rest, start=1):
-        hasher.update(b"\x1d" + _message_bytes(message))
+        hasher, digest = _step(hasher, digest, message)
         if i < FULL_CHAIN_BLOCKS or i % CHAIN_STRIDE == 0 or i == len(rest):
-            chain.append(hasher.hexdigest())
+            chain.append(digest)
     return chain
+
+
+_Hasher = Any  # hashlib's blake2b object (no public type)
+_STEPS: Final[dict[int, tuple[weakref.ref[ChatMessage], str, _Hasher, str]]] = {}
+"""id(message) -> (the message, the chain's digest before it, the hasher and digest after it),
+while the message lives: an agent's next request repeats the last one's messages as the same
+objects (``frontend/resume.py``), so each is hashed once where it follows the same prefix."""
+
+
+def _step(hasher: _Hasher, digest: str, message: ChatMessage) -> tuple[_Hasher, str]:
+    """The chain one message further: ``hasher`` (the state whose hex digest is ``digest``) is
+    not changed; what is returned must not be either."""
+    key = id(message)
+    hit = _STEPS.get(key)
+    if hit is not None and hit[0]() is message and hit[1] == digest:
+        return hit[2], hit[3]
+    after = hasher.copy()
+    after.update(b"\x1d" + _message_bytes(message))
+    after_digest: str = after.hexdigest()
+    _STEPS[key] = (weakref.ref(message, partial(_forget, key)), digest, after, after_digest)
+    return after, after_digest
+
+
+def _forget(key: int, _: object) -> None:
+    _STEPS.pop(key, None)
 
 
 def _strip_billing_lines(text: str) -> str | None:
