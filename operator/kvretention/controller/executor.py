@@ -140,6 +140,9 @@ class Controller:
         self._kvstore_reads: dict[Key, tuple[dt.datetime, KvStoreReading]] = {}
         """Each fleet's last read of its master's /metrics, and when (rate-limits the reads)."""
         self._applies_started = 0
+        self.terminating: set[str] = set()
+        """Namespaces being deleted: nothing is applied there (every create would be refused)
+        until the last fleet in one is gone (a namespace of that name made later is new)."""
 
     # triggers
 
@@ -164,6 +167,8 @@ class Controller:
                 self.own_writes.forget(owner)
             if owner is None or self._uids.get(key) == owner:
                 self._uids.pop(key, None)
+            if not any(ns == key[0] for ns, _ in self.known):
+                self.terminating.discard(key[0])
         else:
             self.known.add(key)
             self.queue.add(key)
@@ -258,6 +263,8 @@ class Controller:
         if body is None or body["metadata"].get("deletionTimestamp"):
             return "gone"  # owner references let the garbage collector take the children
         self._uids[key] = uid_of(body)
+        if namespace in self.terminating:
+            return "terminating"  # the namespace's deletion takes the fleet and its children
         previous = body.get("status")
         plan = plan_fleet(body)
         if isinstance(plan, InvalidPlan):
@@ -287,6 +294,11 @@ class Controller:
         results = await asyncio.gather(
             *(_outcome(self._ensure(plan.uid, m, live.get(child_key(m)))) for m in ours)
         )
+        if any(isinstance(r, k.ApiError) and r.namespace_terminating for r in results):
+            # No re-create attempts, status writes or Events into a namespace being deleted.
+            self.terminating.add(namespace)
+            log.info("namespace %s is being deleted: leaving %s to it", namespace, name)
+            return "terminating"
         for manifest, result in zip(ours, results, strict=True):
             current: Mapping[str, Any] | None
             if isinstance(result, k.ApiError) and result.status in REFUSED_STATUSES:
@@ -434,9 +446,13 @@ class Controller:
         plan = plan_status(previous, status)
         if not plan.write:
             return
-        result = await self.kube.apply(
-            status_patch(body, status), kind=CR_KIND, subresource="status"
-        )
+        try:
+            result = await self.kube.apply(
+                status_patch(body, status), kind=CR_KIND, subresource="status"
+            )
+        except k.NotFound as gone:  # deleted since it was read: its watch event says so
+            log.debug("no status written: %s", gone)
+            return
         self.own_writes.record(CR_KIND.kind, body, result)
         self.metrics.status_writes.inc()
         now = self.clock()

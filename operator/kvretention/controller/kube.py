@@ -113,24 +113,59 @@ class RetryLater(Exception):
 
 
 class NotFound(Exception):
-    """The object does not exist (HTTP 404)."""
+    """The object does not exist (HTTP 404); the message says which request and what the API
+    server answered."""
+
+
+NAMESPACE_TERMINATING: Final = "NamespaceTerminating"
+"""The cause the API server gives for a create in a namespace being deleted (HTTP 403)."""
 
 
 class ApiError(Exception):
-    """A non-retryable API error, with the server's message."""
+    """A non-retryable API error: the request, the status, the API server's reason, message and
+    the reasons of its causes (each log line and status message names them)."""
 
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"HTTP {status}: {message}")
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        reason: str = "",
+        causes: tuple[str, ...] = (),
+        what: str = "",
+    ) -> None:
+        said = f"HTTP {status} {reason}".rstrip() + f": {message}"
+        if causes:
+            said += f" (causes: {', '.join(causes)})"
+        super().__init__(f"{what}: {said}" if what else said)
         self.status = status
         self.message = message
+        self.reason = reason
+        self.causes = causes
+
+    @property
+    def namespace_terminating(self) -> bool:
+        """A create refused because the namespace is being deleted: nothing will ever succeed
+        there (a namespace of the same name made later is a new one)."""
+        return self.status == 403 and (
+            NAMESPACE_TERMINATING in self.causes or "because it is being terminated" in self.message
+        )
 
 
-def _server_message(exc: ApiException) -> str:
+def _server_status(exc: ApiException) -> tuple[str, str, tuple[str, ...]]:
+    """The API server's message, reason and cause reasons from an error's Status body."""
     try:
         body = json.loads(exc.body or "{}")
     except ValueError:
-        return str(exc.body or exc.reason)
-    return str(body.get("message") or exc.reason)
+        return str(exc.body or exc.reason), str(exc.reason or ""), ()
+    if not isinstance(body, dict):
+        return str(exc.body), str(exc.reason or ""), ()
+    causes = tuple(
+        str(c.get("reason"))
+        for c in (body.get("details") or {}).get("causes") or []
+        if isinstance(c, dict) and c.get("reason")
+    )
+    return str(body.get("message") or exc.reason), str(body.get("reason") or exc.reason), causes
 
 
 def is_retryable(exc: BaseException) -> bool:
@@ -247,9 +282,16 @@ class Kube:
                 return await with_retries(once, what=f"{method} {path}")
             return await once()
         except ApiException as exc:
+            message, reason, causes = _server_status(exc)
             if exc.status == 404:
-                raise NotFound(path) from exc
-            raise ApiError(int(exc.status or 0), _server_message(exc)) from exc
+                raise NotFound(f"{method} {path}: HTTP 404 {reason}: {message}") from exc
+            raise ApiError(
+                int(exc.status or 0),
+                message,
+                reason=reason,
+                causes=causes,
+                what=f"{method} {path}",
+            ) from exc
 
     # -- objects -------------------------------------------------------------------------------
 

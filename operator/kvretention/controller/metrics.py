@@ -23,7 +23,7 @@ class Metrics:
         r = self.registry
         self.reconciles = Counter(
             "kvretention_operator_reconciles",
-            "Reconciles run, by result (ok, invalid, error).",
+            "Reconciles run, by result (ok, invalid, gone, terminating, error).",
             ["result"],
             registry=r,
         )

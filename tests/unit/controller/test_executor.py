@@ -230,3 +230,53 @@ async def test_no_task_of_a_refused_reconcile_ends_with_an_exception(fake: FakeK
         loop.set_task_factory(previous)
     assert created
     assert [t for t in created if t.done() and not t.cancelled() and t.exception()] == []
+
+
+async def test_a_namespace_being_deleted_gets_no_recreate_attempts(fake: FakeKube) -> None:
+    """Creates there are refused (403, cause NamespaceTerminating): the reconcile stops without
+    a retry, a status write or an Event, and later ones apply nothing until the fleet is gone."""
+    fake.put(CR_KIND, load_example("aggregated"))
+    c = Controller(fake, clock=lambda: NOW, read_kvstore=FakeMaster())  # type: ignore[arg-type]
+    await _converge(c, fake, "qwen")
+    real_apply = fake.apply
+    applies: list[str] = []
+
+    async def terminating(manifest: Any, **kwargs: Any) -> dict[str, Any]:
+        applies.append(manifest["metadata"]["name"])
+        raise k.ApiError(
+            403,
+            'deployments.apps "qwen-worker" is forbidden: unable to create new content in '
+            "namespace ns because it is being terminated",
+            reason="Forbidden",
+            causes=("NamespaceTerminating",),
+        )
+
+    fake.apply = terminating  # type: ignore[method-assign]
+    del fake.objects[("deployments", "ns", "qwen-worker")]  # the namespace's deletion began
+    writes, events = len(fake.writes), len(fake.events)
+    assert await c.reconcile(("ns", "qwen")) == "terminating"
+    assert applies == ["qwen-worker"]
+    assert await c.reconcile(("ns", "qwen")) == "terminating"  # no second attempt
+    assert applies == ["qwen-worker"]
+    assert (len(fake.writes), len(fake.events)) == (writes, events)
+
+    # The fleet deleted with its namespace, then one of the same name in a new namespace ns.
+    c.observe(("ns", "qwen"), deleted=True, uid=fake.cr()["metadata"]["uid"])
+    assert c.terminating == set()
+    fake.apply = real_apply  # type: ignore[method-assign]
+    c.observe(("ns", "qwen"))
+    assert await c.reconcile(("ns", "qwen")) == "ok"
+    assert ("deployments", "qwen-worker") in fake.children()
+
+
+async def test_a_status_write_for_a_fleet_deleted_meanwhile_is_no_failure(fake: FakeKube) -> None:
+    fake.put(CR_KIND, load_example("aggregated"))
+    real_apply = fake.apply
+
+    async def gone(manifest: Any, **kwargs: Any) -> dict[str, Any]:
+        if kwargs.get("subresource") == "status":
+            raise k.NotFound("PATCH /apis/kvretention.io/v1alpha1/.../status: HTTP 404 NotFound")
+        return await real_apply(manifest, **kwargs)
+
+    fake.apply = gone  # type: ignore[method-assign]
+    assert await _indexed(fake).reconcile(("ns", "qwen")) == "ok"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -85,3 +86,85 @@ async def test_hard_errors_are_not_retried() -> None:
     with pytest.raises(ApiException):
         await k.with_retries(forbidden, what="x", base_delay=0.001)
     assert calls == 1
+
+
+TERMINATING_BODY = {
+    "kind": "Status",
+    "status": "Failure",
+    "message": 'deployments.apps "x" is forbidden: unable to create new content in namespace ns '
+    "because it is being terminated",
+    "reason": "Forbidden",
+    "details": {
+        "name": "x",
+        "kind": "deployments",
+        "causes": [
+            {
+                "reason": "NamespaceTerminating",
+                "message": "namespace ns is being terminated",
+                "field": "metadata.namespace",
+            }
+        ],
+    },
+    "code": 403,
+}
+
+
+def _refusing(status: int, body: Any) -> k.Kube:
+    kube = k.Kube(api=None)  # type: ignore[arg-type]
+
+    def refuse(call: Any) -> Any:
+        exc = ApiException(status=status, reason="Reason Phrase")
+        exc.body = body if isinstance(body, str) else json.dumps(body)
+        raise exc
+
+    kube._request_sync = refuse  # type: ignore[method-assign]
+    return kube
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "error", "said", "terminating"),
+    [
+        (
+            403,
+            TERMINATING_BODY,
+            k.ApiError,
+            'PATCH /p: HTTP 403 Forbidden: deployments.apps "x" is forbidden: unable to create '
+            "new content in namespace ns because it is being terminated (causes: "
+            "NamespaceTerminating)",
+            True,
+        ),
+        (
+            404,
+            {
+                "kind": "Status",
+                "message": 'kvretentiondeployments "x" not found',
+                "reason": "NotFound",
+            },
+            k.NotFound,
+            'PATCH /p: HTTP 404 NotFound: kvretentiondeployments "x" not found',
+            False,
+        ),
+        (
+            422,
+            {
+                "message": "spec.frontend.image: Invalid value",
+                "reason": "Invalid",
+                "details": {"causes": [{"reason": "FieldValueInvalid", "field": "spec"}]},
+            },
+            k.ApiError,
+            "PATCH /p: HTTP 422 Invalid: spec.frontend.image: Invalid value (causes: "
+            "FieldValueInvalid)",
+            False,
+        ),
+        (403, "not json", k.ApiError, "PATCH /p: HTTP 403 Reason Phrase: not json", False),
+    ],
+)
+async def test_every_error_names_the_request_and_the_servers_reason(
+    status: int, body: Any, error: type[Exception], said: str, terminating: bool
+) -> None:
+    """A log line or status message reads what failed and why, never a bare path."""
+    with pytest.raises(error) as raised:
+        await _refusing(status, body).request("PATCH", "/p")
+    assert str(raised.value) == said
+    if isinstance(raised.value, k.ApiError):
+        assert raised.value.namespace_terminating is terminating
