@@ -17,6 +17,7 @@ from pydantic import AliasChoices, ConfigDict, Field, field_validator, model_val
 
 from kvretention.api.base import WireModel, cel_rules, nested, require
 from kvretention.dataplane.protocol import DEFAULT_SESSION_KEYS
+from kvretention.dataplane.tenancy import TENANT_PATTERN
 from kvretention.hints import LONGEST_EMITTED_TTL_SECONDS
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "MAX_STARTUP_TIMEOUT_SECONDS",
     "MIN_STARTUP_TIMEOUT_SECONDS",
     "STARTUP_ALLOWANCE_SECONDS",
+    "AuthSpec",
     "EvictionSpec",
     "ExternalMooncakeSpec",
     "ExtraArg",
@@ -58,6 +60,9 @@ __all__ = [
     "SessionAffinity",
     "SessionKey",
     "SoftPinSpec",
+    "TenantLimitsOverride",
+    "TenantLimitsSpec",
+    "TenantName",
     "Toleration",
     "ToolCallParser",
     "TransferSpec",
@@ -467,6 +472,78 @@ class ServiceSpec(WireModel):
     )
 
 
+class TenantLimitsSpec(WireModel):
+    """Request limits of one tenant; each one unset is unlimited. Past a limit the frontend
+    answers the provider's 429 with retry-after."""
+
+    requests_per_second: float | None = Field(
+        default=None, gt=0, le=1_000_000, description="Sustained requests per second."
+    )
+    burst: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="Requests a quiet tenant may send at once. Default: requestsPerSecond, rounded up.",
+    )
+    concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="Requests in flight at once (a stream counts until it ends).",
+    )
+
+
+TenantName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=63,
+        pattern=TENANT_PATTERN,
+        description="A tenant: a key of one of the auth Secrets.",
+    ),
+]
+
+
+class TenantLimitsOverride(TenantLimitsSpec):
+    """One tenant's own limits, in place of the defaults (unset fields: unlimited)."""
+
+    name: TenantName
+
+
+class AuthSpec(WireModel):
+    """API keys: who may use the fleet, each key's tenant, and each tenant's limits."""
+
+    secret_refs: list[LocalObjectReference] = Field(
+        min_length=1,
+        max_length=16,
+        description=(
+            "Secrets in the fleet's namespace holding the API keys. Each key of a Secret is a "
+            "tenant (lower case, a DNS label with dots) and its value that tenant's keys, one "
+            "per line (two lines while a key rotates). Mounted into the frontend and re-read "
+            "when they change: a rotated key takes effect without a restart. A key listed for "
+            "two tenants keeps the previous keys in force. Clients send a key as "
+            "'Authorization: Bearer' or 'x-api-key'; each tenant's cached prompts are its own."
+        ),
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    limits: TenantLimitsSpec = nested(TenantLimitsSpec, "Every tenant's limits by default.")
+    tenants: list[TenantLimitsOverride] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Tenants with their own limits in place of the defaults.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    pin_share: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description=(
+            "Share of the fleet's L3 pin budget (kvStore softPin.budgetRatio) one tenant may hold: "
+            "retained pages past it are written unpinned. Unset: tenants share the budget."
+        ),
+    )
+
+
 class FrontendSpec(WireModel):
     """The OpenAI/Anthropic-compatible HTTP frontend."""
 
@@ -479,6 +556,14 @@ class FrontendSpec(WireModel):
     )
     service: ServiceSpec = nested(ServiceSpec, "The client-facing Service.")
     pod: PodOptions | None = _pod_field("frontend")
+    auth: AuthSpec | None = Field(
+        default=None,
+        description=(
+            "Require API keys (from Secrets), keep each key's tenant apart in the KV caches and "
+            "the pin budget, and limit each tenant's requests. Unset: no auth, every client is "
+            "one tenant (only where the Service is reachable by trusted clients alone)."
+        ),
+    )
 
 
 class SessionAffinity(WireModel):
