@@ -42,17 +42,35 @@ def _size(body: Body) -> int:
 
 
 def _scaled(last_body: Callable[[int], Body], target_bytes: int) -> Body:
-    """The session's last body with enough turns to reach ``target_bytes`` (sizes grow linearly
+    """The session's last body with enough turns to reach ``target_bytes``."""
+    return last_body(_turns(last_body, target_bytes))
+
+
+def _turns(last_body: Callable[[int], Body], target_bytes: int) -> int:
+    """How many turns make the session's last body reach ``target_bytes`` (sizes grow linearly
     with turns, so two small sessions give the slope; one more turn until it is reached)."""
     small, large = 8, 24
     s_small, s_large = _size(last_body(small)), _size(last_body(large))
     per_turn = (s_large - s_small) / (large - small)
     turns = max(1, large + math.ceil((target_bytes - s_large) / per_turn))
-    body = last_body(turns)
-    while _size(body) < target_bytes:
+    while _size(last_body(turns)) < target_bytes:
         turns += 1
-        body = last_body(turns)
-    return body
+    return turns
+
+
+def claude_code_turns(target_bytes: int = TARGET_BYTES) -> tuple[Body, Body]:
+    """The last two requests of the Claude Code session whose last one is :func:`claude_code_body`:
+    the turn before, and the turn that extends it (what a frontend sees one after the other)."""
+    turns = _turns(lambda t: claude_code_session(turns=t)[-1][1], target_bytes)
+    session = claude_code_session(turns=turns)
+    return session[-2][1], session[-1][1]
+
+
+def codex_turns(target_bytes: int = TARGET_BYTES) -> tuple[Body, Body]:
+    """The last two requests of the Codex session whose last one is :func:`codex_body`."""
+    turns = _turns(lambda t: codex_session(turns=t)[-1][1], target_bytes)
+    session = codex_session(turns=turns)
+    return session[-2][1], session[-1][1]
 
 
 def codex_body(target_bytes: int = TARGET_BYTES) -> Body:
@@ -92,8 +110,13 @@ def chat_agent_body(messages_body: Body) -> Body:
     """A Claude Code Messages body as the same conversation in Chat Completions shape: system text,
     tools as functions, thinking as ``reasoning_content``, ``tool_use`` as ``tool_calls`` and
     ``tool_result`` as ``role: tool`` messages. No cache controls (Chat Completions has no
-    block-level ones in the peers' dialect)."""
-    system = "\n".join(b["text"] for b in messages_body["system"])
+    block-level ones in the peers' dialect) and no billing-header line: that per-request system
+    block is Claude Code's, on Messages only; a Chat client's system prompt stays put."""
+    system = "\n".join(
+        b["text"]
+        for b in messages_body["system"]
+        if not b["text"].startswith("x-anthropic-billing-header:")
+    )
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
     for message in messages_body["messages"]:
         content = message["content"]

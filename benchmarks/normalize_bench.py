@@ -24,6 +24,7 @@ Target: normalization under 20% of parse time.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import platform
@@ -38,7 +39,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from agent_bodies import chat_agent_body, claude_code_body, codex_body, with_responses_hints
+from agent_bodies import (
+    chat_agent_body,
+    claude_code_turns,
+    codex_turns,
+    with_responses_hints,
+)
 from kvretention.dataplane.frontend import app as frontend
 from kvretention.dataplane.frontend.endpoints import (
     CHAT,
@@ -47,6 +53,7 @@ from kvretention.dataplane.frontend.endpoints import (
     GenerateEndpoint,
 )
 from kvretention.dataplane.frontend.upstream import RouterClient
+from kvretention.dataplane.gc_tuning import tune_gc
 from kvretention.dataplane.protocol import PreprocessedRequest
 from kvretention.hints import (
     ClientError,
@@ -182,11 +189,14 @@ class Case:
     """Whether the body carries a retention control (Codex as it sends itself does not)."""
     agent: bool = False
     headers: Mapping[str, str] | None = None
+    previous: dict[str, Any] | None = None
+    """The session's request before ``body`` (agent cases): the frontend served it first, so
+    the steps are timed as a session's next turn."""
 
 
 def build_cases() -> list[Case]:
-    codex = codex_body()
-    claude_code = claude_code_body()
+    codex_before, codex = codex_turns()
+    claude_before, claude_code = claude_code_turns()
     return [
         Case("chat/small", CHAT_API, chat_body(turns=2, chars=200)),
         Case("chat/large", CHAT_API, chat_body(turns=40, chars=2000)),
@@ -196,10 +206,30 @@ def build_cases() -> list[Case]:
         Case("messages/small", MESSAGES_API, messages_body(turns=2, chars=200)),
         Case("messages/large", MESSAGES_API, messages_body(turns=40, chars=2200)),
         Case("messages/large_many_blocks", MESSAGES_API, messages_body(turns=700, chars=100)),
-        Case("agent/codex (as sent)", RESPONSES_API, codex, hinted=False, agent=True),
-        Case("agent/codex + cache options", RESPONSES_API, with_responses_hints(codex), agent=True),
-        Case("agent/claude_code", MESSAGES_API, claude_code, agent=True),
-        Case("agent/chat", CHAT_API, chat_agent_body(claude_code), hinted=False, agent=True),
+        Case(
+            "agent/codex (as sent)",
+            RESPONSES_API,
+            codex,
+            hinted=False,
+            agent=True,
+            previous=codex_before,
+        ),
+        Case(
+            "agent/codex + cache options",
+            RESPONSES_API,
+            with_responses_hints(codex),
+            agent=True,
+            previous=with_responses_hints(codex_before),
+        ),
+        Case("agent/claude_code", MESSAGES_API, claude_code, agent=True, previous=claude_before),
+        Case(
+            "agent/chat",
+            CHAT_API,
+            chat_agent_body(claude_code),
+            hinted=False,
+            agent=True,
+            previous=chat_agent_body(claude_before),
+        ),
     ]
 
 
@@ -269,6 +299,56 @@ def frontend_stages(case: Case) -> dict[str, Callable[[], object]]:
     }
 
 
+RESUMES: bool = "resumer" in inspect.signature(MESSAGES.parse).parameters
+"""Whether the tree under test parses a session's next body from the last one's (issue 21)."""
+NEXT_TURN_SAMPLES = 25
+NEXT_TURN_STAGES = ("parse_conversation", "prefix_chain_header", "serialize_for_router")
+
+
+def _serve(
+    api: GenerateEndpoint, state: frontend.FrontendState, body: dict[str, Any]
+) -> tuple[int, int, int]:
+    """One request through the frontend's steps; CPU ns of the parse, the chain, the serialization."""
+    clock, config = time.process_time_ns, state.config
+    extra: dict[str, Any] = {"resumer": state.resumer} if RESUMES else {}
+    t0 = clock()
+    parsed = api.parse(body, hints=True, breakpoints=config.breakpoints, **extra)
+    t1 = clock()
+    final = frontend.apply_hint_policy(
+        frontend.normalize_clients(parsed, state=state, endpoint=api.endpoint), config=config
+    )
+    upstream = frontend.build_preprocessed(
+        final, request_id="r" * 32, session_id="s", tokenizer=None, model=final.model
+    )
+    t2 = clock()
+    frontend.router_headers(final, "s", config=config)
+    t3 = clock()
+    upstream.to_json_bytes()
+    t4 = clock()
+    return t1 - t0, t3 - t2, t4 - t3
+
+
+def served_us(case: Case, *, previous: dict[str, Any] | None) -> dict[str, float]:
+    """The steps that remember earlier requests, timed on fresh state: each sample starts a new
+    frontend state, serves ``previous`` through every step when given (untimed: the session's
+    turn before), then times each step on ``case.body`` once. Mean of the samples, in µs. With no
+    ``previous`` this is a session's first request. A tree without the memory (``RESUMES``
+    false) parses every body whole either way."""
+    api = case.api.endpoint
+    totals = dict.fromkeys(NEXT_TURN_STAGES, 0)
+    for _ in range(NEXT_TURN_SAMPLES):
+        config = frontend.FrontendConfig(router_url="http://127.0.0.1:9")
+        state = frontend.FrontendState(
+            config=config, router=RouterClient(config.router_url, timeout=1)
+        )
+        if previous is not None:
+            _serve(api, state, json.loads(json.dumps(previous)))
+        times = _serve(api, state, json.loads(json.dumps(case.body)))
+        for stage, ns in zip(NEXT_TURN_STAGES, times, strict=True):
+            totals[stage] += ns
+    return {k: v / NEXT_TURN_SAMPLES / 1e3 for k, v in totals.items()}
+
+
 def measure(case: Case, *, repeats: int) -> dict[str, Any]:
     raw = json.dumps(case.body).encode()
     parsed = json.loads(raw)
@@ -282,12 +362,24 @@ def measure(case: Case, *, repeats: int) -> dict[str, Any]:
         **({"normalize_v1": lambda: case.api.v1(parsed)} if v1 else {}),
         **{f"frontend.{k}": fn for k, fn in stages.items()},
     }
+    for stage in NEXT_TURN_STAGES:  # timed on fresh state below (they remember requests)
+        del fns[f"frontend.{stage}"]
     samples: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):  # interleaved so every step sees the same machine noise
         for key, fn in fns.items():
             samples[key].append(_per_call_ns(fn))
+        for stage, value in served_us(case, previous=case.previous).items():
+            samples.setdefault(f"frontend.{stage}", []).append(value * 1e3)
+        if case.previous is not None:
+            for stage, value in served_us(case, previous=None).items():
+                samples.setdefault(f"first_turn.{stage}", []).append(value * 1e3)
     us = {k: statistics.median(v) / 1e3 for k, v in samples.items()}
-    stage_us = {k.removeprefix("frontend."): round(v, 3) for k, v in us.items() if "." in k}
+    order = ["body_to_json", "parse_conversation", "client_and_hint_policy"]
+    order += ["preprocessed_request", "prefix_chain_header", "serialize_for_router"]
+    stage_us = {k: round(us[f"frontend.{k}"], 3) for k in order}
+    first_turn = {
+        k.removeprefix("first_turn."): round(v, 3) for k, v in us.items() if "first_turn." in k
+    }
     total = sum(stage_us.values())
     parse = us["json_loads"]
     return {
@@ -299,6 +391,9 @@ def measure(case: Case, *, repeats: int) -> dict[str, Any]:
         "normalize_percent_of_parse": round(100 * us["normalize"] / parse, 2),
         "normalize_v1_us": round(us["normalize_v1"], 3) if v1 else None,
         "frontend_stages_us": stage_us,
+        "next_turn": case.previous is not None,
+        "resumes": RESUMES,
+        "first_turn_stages_us": first_turn,
         "frontend_total_us": round(total, 3),
         "conversation_over_json_loads": round(stage_us["parse_conversation"] / parse, 2),
         "normalize_percent_of_frontend": round(100 * us["normalize"] / total, 2),
@@ -311,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="benchmarks/results/normalize.json")
     parser.add_argument("--only", default=None, help="comma-separated case-name prefixes")
     args = parser.parse_args(argv)
+    tune_gc()  # the frontend process's collector settings: a collection is not a step's cost
     cases = build_cases()
     if args.only:
         cases = [c for c in cases if c.name.startswith(tuple(args.only.split(",")))]

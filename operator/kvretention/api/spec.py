@@ -17,6 +17,7 @@ from pydantic import AliasChoices, ConfigDict, Field, field_validator, model_val
 
 from kvretention.api.base import WireModel, cel_rules, nested, require
 from kvretention.dataplane.protocol import DEFAULT_SESSION_KEYS
+from kvretention.dataplane.tenancy import TENANT_PATTERN
 from kvretention.hints import LONGEST_EMITTED_TTL_SECONDS
 
 __all__ = [
@@ -28,11 +29,11 @@ __all__ = [
     "LARGEST_HINT_TTL_SECONDS",
     "MASTER_PORT_MESSAGE",
     "MAX_NAME_LENGTH",
-    "MAX_NODES_PER_REPLICA",
     "MAX_SOFT_PIN_TTL_SECONDS",
     "MAX_STARTUP_TIMEOUT_SECONDS",
     "MIN_STARTUP_TIMEOUT_SECONDS",
     "STARTUP_ALLOWANCE_SECONDS",
+    "AuthSpec",
     "EvictionSpec",
     "ExternalMooncakeSpec",
     "ExtraArg",
@@ -59,6 +60,9 @@ __all__ = [
     "SessionAffinity",
     "SessionKey",
     "SoftPinSpec",
+    "TenantLimitsOverride",
+    "TenantLimitsSpec",
+    "TenantName",
     "Toleration",
     "ToolCallParser",
     "TransferSpec",
@@ -468,6 +472,78 @@ class ServiceSpec(WireModel):
     )
 
 
+class TenantLimitsSpec(WireModel):
+    """Request limits of one tenant; each one unset is unlimited. Past a limit the frontend
+    answers the provider's 429 with retry-after."""
+
+    requests_per_second: float | None = Field(
+        default=None, gt=0, le=1_000_000, description="Sustained requests per second."
+    )
+    burst: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="Requests a quiet tenant may send at once. Default: requestsPerSecond, rounded up.",
+    )
+    concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="Requests in flight at once (a stream counts until it ends).",
+    )
+
+
+TenantName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=63,
+        pattern=TENANT_PATTERN,
+        description="A tenant: a key of one of the auth Secrets.",
+    ),
+]
+
+
+class TenantLimitsOverride(TenantLimitsSpec):
+    """One tenant's own limits, in place of the defaults (unset fields: unlimited)."""
+
+    name: TenantName
+
+
+class AuthSpec(WireModel):
+    """API keys: who may use the fleet, each key's tenant, and each tenant's limits."""
+
+    secret_refs: list[LocalObjectReference] = Field(
+        min_length=1,
+        max_length=16,
+        description=(
+            "Secrets in the fleet's namespace holding the API keys. Each key of a Secret is a "
+            "tenant (lower case, a DNS label with dots) and its value that tenant's keys, one "
+            "per line (two lines while a key rotates). Mounted into the frontend and re-read "
+            "when they change: a rotated key takes effect without a restart. A key listed for "
+            "two tenants keeps the previous keys in force. Clients send a key as "
+            "'Authorization: Bearer' or 'x-api-key'; each tenant's cached prompts are its own."
+        ),
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    limits: TenantLimitsSpec = nested(TenantLimitsSpec, "Every tenant's limits by default.")
+    tenants: list[TenantLimitsOverride] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Tenants with their own limits in place of the defaults.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    pin_share: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description=(
+            "Share of the fleet's L3 pin budget (kvStore softPin.budgetRatio) one tenant may hold: "
+            "retained pages past it are written unpinned. Unset: tenants share the budget."
+        ),
+    )
+
+
 class FrontendSpec(WireModel):
     """The OpenAI/Anthropic-compatible HTTP frontend."""
 
@@ -480,6 +556,14 @@ class FrontendSpec(WireModel):
     )
     service: ServiceSpec = nested(ServiceSpec, "The client-facing Service.")
     pod: PodOptions | None = _pod_field("frontend")
+    auth: AuthSpec | None = Field(
+        default=None,
+        description=(
+            "Require API keys (from Secrets), keep each key's tenant apart in the KV caches and "
+            "the pin budget, and limit each tenant's requests. Unset: no auth, every client is "
+            "one tenant (only where the Service is reachable by trusted clients alone)."
+        ),
+    )
 
 
 class SessionAffinity(WireModel):
@@ -555,29 +639,6 @@ class RouterSpec(WireModel):
 
 # --- workers --------------------------------------------------------------------------------------
 
-MAX_NODES_PER_REPLICA: Final = 64
-"""Most nodes one multinode worker (a LeaderWorkerSet group) may span."""
-
-
-def _tp_divisible_rule(pool: str, *, always: bool) -> str:
-    """CEL: pool ``pool``'s tensorParallelSize is a multiple of its nodes per replica (its own
-    ``nodesPerReplica``, else ``workers.nodesPerReplica``). ``always``: an omitted pool has the
-    defaults (the aggregated pool), so it must then be one node."""
-    tp = f"self.{pool}.tensorParallelSize"
-    nodes = (
-        f"(has(self.{pool}.nodesPerReplica) ? self.{pool}.nodesPerReplica : self.nodesPerReplica)"
-    )
-    missing = "self.nodesPerReplica == 1" if always else "true"
-    return f"(has(self.{pool}) ? {tp} % {nodes} == 0 : {missing})"
-
-
-def tp_divisible_message(pool: str) -> str:
-    return (
-        f"workers.{pool}.tensorParallelSize must be a multiple of its nodesPerReplica "
-        "(each node of a multinode worker runs tensorParallelSize / nodesPerReplica ranks)"
-    )
-
-
 ExtraArg = Annotated[str, Field(max_length=4096, description="One SGLang server argument.")]
 
 
@@ -598,16 +659,6 @@ class WorkerPoolSpec(WireModel):
         default_factory=list,
         max_length=128,
         description="Extra SGLang server arguments appended after the ones the operator renders.",
-    )
-    nodes_per_replica: int | None = Field(
-        default=None,
-        ge=1,
-        le=MAX_NODES_PER_REPLICA,
-        description=(
-            "Nodes one worker of this pool spans (overrides workers.nodesPerReplica). Above 1 "
-            "each worker is a LeaderWorkerSet group of this many pods, one per node, each running "
-            "tensorParallelSize / nodesPerReplica ranks (needs the LeaderWorkerSet controller)."
-        ),
     )
 
 
@@ -801,12 +852,6 @@ class WorkersSpec(WireModel):
                 "workers.mode disaggregated takes workers.prefill/decode, not aggregated",
             ),
             (_DEADLINE_AFTER_STARTUP, _DEADLINE_AFTER_STARTUP_MESSAGE),
-            (
-                "self.mode != 'aggregated' || " + _tp_divisible_rule("aggregated", always=True),
-                tp_divisible_message("aggregated"),
-            ),
-            (_tp_divisible_rule("prefill", always=False), tp_divisible_message("prefill")),
-            (_tp_divisible_rule("decode", always=False), tp_divisible_message("decode")),
         )
     )
 
@@ -864,19 +909,6 @@ class WorkersSpec(WireModel):
         ),
     )
 
-    nodes_per_replica: int = Field(
-        default=1,
-        ge=1,
-        le=MAX_NODES_PER_REPLICA,
-        description=(
-            "Nodes each worker spans (each pool may override it). 1: a worker is one pod, and "
-            "the pools are Deployments. Above 1: each worker is a LeaderWorkerSet group of this "
-            "many pods, one per node, with SGLang's --nnodes/--node-rank/--dist-init-addr; "
-            "tensorParallelSize must be a multiple of it. Needs the LeaderWorkerSet controller "
-            "(leaderworkerset.x-k8s.io) in the cluster."
-        ),
-    )
-
     startup_timeout_seconds: int = Field(
         default=1800,
         ge=MIN_STARTUP_TIMEOUT_SECONDS,
@@ -913,22 +945,7 @@ class WorkersSpec(WireModel):
             deadline is None or deadline > self.startup_timeout_seconds,
             _DEADLINE_AFTER_STARTUP_MESSAGE,
         )
-        pools = {"aggregated": self.aggregated, "prefill": self.prefill, "decode": self.decode}
-        for name, pool in pools.items():
-            if pool is None and name == "aggregated" and self.mode == "aggregated":
-                pool = WorkerPoolSpec()
-            if pool is None or (name == "aggregated" and self.mode != "aggregated"):
-                continue
-            require(
-                pool.tensor_parallel_size % self.nodes_for(pool) == 0, tp_divisible_message(name)
-            )
         return self
-
-    def nodes_for(self, pool: WorkerPoolSpec) -> int:
-        """Nodes one worker of ``pool`` spans: its own ``nodesPerReplica``, else the fleet's."""
-        return (
-            pool.nodes_per_replica if pool.nodes_per_replica is not None else self.nodes_per_replica
-        )
 
 
 # --- kvStore --------------------------------------------------------------------------------------

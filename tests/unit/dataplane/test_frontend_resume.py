@@ -19,7 +19,7 @@ import pytest
 from kvretention.dataplane.frontend.anthropic_api import parse_messages
 from kvretention.dataplane.frontend.common import ParsedRequest
 from kvretention.dataplane.frontend.openai_api import parse_chat, parse_responses
-from kvretention.dataplane.frontend.resume import Resumer, first_marked
+from kvretention.dataplane.frontend.resume import Resumer
 from kvretention.hints.errors import ClientError
 from support.agent_sessions import claude_code_session, codex_session
 
@@ -183,15 +183,33 @@ def test_a_new_tool_list_is_parsed_again() -> None:
     assert resumer.resumed_items == resumed
 
 
-@pytest.mark.parametrize(
-    ("marks", "prefix", "expected"),
-    [
-        ({}, "messages.", 1 << 62),
-        ({"system.0": 3600}, "messages.", 1 << 62),
-        ({"messages.12.content.0": 3600, "messages.3": 300}, "messages.", 3),
-        ({"messages[7].content[0]": 300}, "messages[", 7),
-        ({"input[2].content[1]": 300, "tools[0]": 60}, "input[", 2),
-    ],
-)
-def test_first_marked(marks: dict[str, int], prefix: str, expected: int) -> None:
-    assert first_marked(marks, prefix) == expected
+def _early_breakpoint(bodies: list[Body], *, ttl: str | None = None) -> list[Body]:
+    """Chat bodies with a breakpoint on the first user part (a stable head), as
+    ``prompt_cache_options`` clients mark it."""
+    out = []
+    for body in bodies:
+        body = copy.deepcopy(body)
+        body["messages"][1]["content"][0]["prompt_cache_breakpoint"] = {"mode": "explicit"}
+        if ttl is not None:
+            body["prompt_cache_options"] = {"ttl": ttl}
+        out.append(body)
+    return out
+
+
+def test_a_stable_early_breakpoint_still_resumes() -> None:
+    resumer = Resumer()
+    for body in _early_breakpoint(_chat_session(4)):
+        assert parse_chat(copy.deepcopy(body), resumer=resumer) == parse_chat(body)
+    assert resumer.resumed_items > 0
+
+
+def test_the_same_items_with_other_breakpoints_are_parsed_again() -> None:
+    """Breakpoints come from the whole body (and the fleet's settings): the same items marked
+    differently (here: hints off) resume only up to the first item whose marks changed."""
+    body = _early_breakpoint(_chat_session(4))[-1]
+    resumer = Resumer()
+    parse_chat(copy.deepcopy(body), resumer=resumer)
+    parsed = parse_chat(copy.deepcopy(body), hints=False, resumer=resumer)
+    assert parsed == parse_chat(body, hints=False)
+    assert resumer.resumed_items <= 1  # at most the system message, before the breakpoint
+    assert all(isinstance(m.content, str) for m in parsed.messages)  # no retain_ttl part

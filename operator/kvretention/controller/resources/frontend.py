@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from kvretention.api.models import KvRetentionDeployment
+from kvretention.api.models import KvRetentionDeployment, TenantLimitsSpec
 from kvretention.controller.resources.common import (
     CLI,
     COMPONENT_FRONTEND,
@@ -21,6 +21,8 @@ from kvretention.controller.resources.common import (
 from kvretention.controller.resources.router import router_url
 
 FRONTEND_SUFFIX: Final = "frontend"
+AUTH_MOUNT: Final = "/etc/kvretention/auth"
+"""Where each auth Secret is mounted in the frontend: ``<AUTH_MOUNT>/<secret name>``."""
 
 
 def frontend_endpoint(cr: KvRetentionDeployment) -> str:
@@ -40,6 +42,45 @@ def build_hint_policy_args(cr: KvRetentionDeployment) -> list[str]:
     cache_aware = cr.spec.router.policy == "CacheAware"
     args.append("--prefix-routing" if cache_aware else "--no-prefix-routing")
     return args
+
+
+def _limits_arg(limits: TenantLimitsSpec) -> str:
+    parts = []
+    if limits.requests_per_second is not None:
+        parts.append(f"rps={limits.requests_per_second:g}")
+    if limits.burst is not None:
+        parts.append(f"burst={limits.burst}")
+    if limits.concurrency is not None:
+        parts.append(f"concurrency={limits.concurrency}")
+    return ",".join(parts)
+
+
+def build_auth_args(cr: KvRetentionDeployment) -> list[str]:
+    """``--auth-keys-dir`` per Secret and the tenants' limits; nothing with auth off."""
+    auth = cr.spec.frontend.auth
+    if auth is None:
+        return []
+    args = [f"--auth-keys-dir={AUTH_MOUNT}/{ref.name}" for ref in auth.secret_refs]
+    default = _limits_arg(auth.limits)
+    if default:
+        args.append(f"--tenant-limits={default}")
+    args += [f"--tenant-limit={t.name}:{_limits_arg(t)}" for t in auth.tenants]
+    return args
+
+
+def build_auth_volumes(cr: KvRetentionDeployment) -> tuple[list[Manifest], list[Manifest]]:
+    """The auth Secrets as read-only volumes (not subPath: the kubelet then updates the files in
+    place, which is how a rotated key reaches the running frontend) and their mounts."""
+    auth = cr.spec.frontend.auth
+    if auth is None:
+        return [], []
+    volumes: list[Manifest] = []
+    mounts: list[Manifest] = []
+    for i, ref in enumerate(auth.secret_refs):
+        volume = f"auth-keys-{i}"
+        volumes.append({"name": volume, "secret": {"secretName": ref.name, "defaultMode": 0o444}})
+        mounts.append({"name": volume, "mountPath": f"{AUTH_MOUNT}/{ref.name}", "readOnly": True})
+    return volumes, mounts
 
 
 def build_frontend_command(cr: KvRetentionDeployment) -> list[str]:
@@ -63,6 +104,7 @@ def build_frontend_command(cr: KvRetentionDeployment) -> list[str]:
         *build_hint_policy_args(cr),
         *aliases,
         session,
+        *build_auth_args(cr),
     ]
 
 
@@ -81,6 +123,9 @@ def build_frontend(cr: KvRetentionDeployment) -> list[Manifest]:
     resources = resources_dict(spec.resources)
     if resources:
         container["resources"] = resources
+    volumes, mounts = build_auth_volumes(cr)
+    if mounts:
+        container["volumeMounts"] = mounts
     service = build_service(
         cr,
         name=name,
@@ -93,6 +138,6 @@ def build_frontend(cr: KvRetentionDeployment) -> list[Manifest]:
         name=name,
         component=COMPONENT_FRONTEND,
         replicas=spec.replicas,
-        pod_spec={"containers": [container]},
+        pod_spec={"containers": [container], **({"volumes": volumes} if volumes else {})},
     )
     return [service, deployment]

@@ -95,8 +95,11 @@ def build_mooncake_client_config(
         if mooncake.external.tenant is not None:
             config["tenant_id"] = mooncake.external.tenant
     pin = mooncake.master.soft_pin
+    auth = spec.frontend.auth
     config[L3_SETTINGS_KEY] = L3Settings(
-        budget_ratio=pin.budget_ratio, max_pin_ttl_ms=pin.max_ttl_seconds * 1000
+        budget_ratio=pin.budget_ratio,
+        max_pin_ttl_ms=pin.max_ttl_seconds * 1000,
+        tenant_share=None if auth is None else auth.pin_share,
     ).to_config()
     return config
 

@@ -31,7 +31,7 @@ from kvretention.dataplane.frontend.common import (
     records_ignored,
 )
 from kvretention.dataplane.frontend.errors import FrontendError, anthropic_error_body
-from kvretention.dataplane.frontend.resume import Resumer, context_bytes, first_marked
+from kvretention.dataplane.frontend.resume import Resumer, context_bytes
 from kvretention.dataplane.frontend.validate import Fields
 from kvretention.dataplane.protocol import (
     ChatMessage,
@@ -476,7 +476,8 @@ def _fold(
         raw,
         scope="messages",
         context=context_bytes(tools),
-        limit=first_marked(marks, "messages."),
+        marks=marks,
+        prefix="messages.",
         start=start,
         step=step,
         copy=_Fold.copy,

@@ -48,7 +48,7 @@ from kvretention.dataplane.frontend.openai_shared import (
     tool_name,
     unknown_tool,
 )
-from kvretention.dataplane.frontend.resume import Resumer, first_marked
+from kvretention.dataplane.frontend.resume import Resumer
 from kvretention.dataplane.protocol import (
     ChatMessage,
     ContentPart,
@@ -222,7 +222,8 @@ def _fold(raw: list[Any], *, marks: Marks, resumer: Resumer | None) -> list[Chat
         raw,
         scope="chat.messages",
         context=b"",  # a message reads nothing but earlier messages
-        limit=first_marked(marks, "messages["),
+        marks=marks,
+        prefix="messages[",
         start=lambda: _Fold([], {}),
         step=step,
         copy=_Fold.copy,

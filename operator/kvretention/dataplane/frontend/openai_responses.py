@@ -50,7 +50,7 @@ from kvretention.dataplane.frontend.openai_shared import (
     tool_name,
     unknown_tool,
 )
-from kvretention.dataplane.frontend.resume import Resumer, context_bytes, first_marked
+from kvretention.dataplane.frontend.resume import Resumer, context_bytes
 from kvretention.dataplane.protocol import (
     ChatMessage,
     ContentPart,
@@ -319,7 +319,8 @@ def _fold(
         scope="responses.input",
         # what an item reads besides earlier items: the names tools are seen by
         context=context_bytes([[*key, name] for key, name in visible.items()]),
-        limit=first_marked(marks, "input["),
+        marks=marks,
+        prefix="input[",
         start=lambda: _Conversation([], marks=marks, visible=visible),
         step=step,
         copy=copy,

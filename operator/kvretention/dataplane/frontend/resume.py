@@ -9,10 +9,10 @@ body whose first ``n`` items encode to the same bytes, read in the same context 
 parser's mode), resumes from the checkpoint and parses only the rest. Bytes, not dict equality:
 ``1 == 1.0 == True`` and key order would hide differences a full parse sees.
 
-A checkpoint never covers an item that carries a breakpoint (the TTL is the normalizer's, from the
-whole body), so the items it covers parse the same whatever marks the new body has elsewhere. The
-parse is a deterministic function of the context and the items, so the resumed result equals a full
-parse (``tests/unit/dataplane/test_frontend_resume.py`` checks it on every recorded client shape and
+A checkpoint also records the breakpoints (paths and TTLs, the normalizer's, from the whole body)
+on the items it covers, and serves only a body with the same ones there. The parse is a
+deterministic function of the context, the items and their marks, so the resumed result equals a
+full parse (``tests/unit/dataplane/test_frontend_resume.py`` checks it on every recorded client shape and
 on the agent sessions' consecutive turns). Entries are found by the first item's bytes and bounded
 (LRU), so a session's next turn finds its last one without knowing its session key.
 """
@@ -45,6 +45,8 @@ class _Checkpoint(Generic[_S]):
     items: int
     state: _S
     ignored: tuple[str, ...]
+    marks: tuple[tuple[str, int], ...]
+    """The breakpoints on the items it covers."""
 
 
 @dataclass(frozen=True)
@@ -75,23 +77,25 @@ class Resumer:
         *,
         scope: Hashable,
         context: bytes | None,
-        limit: int,
+        marks: Mapping[str, int],
+        prefix: str,
         start: Callable[[], _S],
         step: Callable[[_S, int, Any], None],
         copy: Callable[[_S], _S],
     ) -> _S:
         """``step(state, i, items[i])`` for every item from ``start()``, or from the latest
-        checkpoint whose items this body repeats; only items before ``limit`` (the first one
-        with a breakpoint) are checkpointed. ``copy`` must copy a state deeply enough that later
+        checkpoint whose items (and breakpoints: ``marks`` keyed by path, the item's index
+        after ``prefix``) this body repeats. ``copy`` must copy a state deeply enough that later
         steps do not change the copy. Raises what ``step`` raises (and then remembers nothing)."""
         encoded = [_encoded(item) for item in items] if context is not None else []
         if not encoded or any(e is None for e in encoded):
             return _run(items, start(), step)
         blobs: list[bytes] = encoded  # type: ignore[assignment]  # no None left
         key = (scope, blobs[0])
-        found, kept = self._find(key, context=context, encoded=blobs, limit=limit)
-        limit = min(limit, len(blobs))
-        wanted = {n for n in range(limit - BACK, limit + 1) if n >= 1}
+        marked = _marked(marks, prefix)
+        found, kept = self._find(key, context=context, encoded=blobs, marked=marked)
+        n = len(blobs)
+        wanted = {b for b in range(n - BACK, n + 1) if b >= 1}
         checkpoints: list[_Checkpoint[_S]] = []
         with compat.collecting() as ignored:
             if found is not None:
@@ -106,7 +110,8 @@ class Resumer:
             for i in range(first, len(items)):
                 step(state, i, items[i])
                 if i + 1 in wanted:
-                    checkpoints.append(_Checkpoint(i + 1, copy(state), tuple(ignored)))
+                    before = _before(marked, i + 1)
+                    checkpoints.append(_Checkpoint(i + 1, copy(state), tuple(ignored), before))
         compat.record(ignored)
         if checkpoints and context is not None:
             checkpoints.sort(key=lambda c: c.items, reverse=True)
@@ -114,7 +119,12 @@ class Resumer:
         return state
 
     def _find(
-        self, key: Hashable, *, context: bytes | None, encoded: list[bytes], limit: int
+        self,
+        key: Hashable,
+        *,
+        context: bytes | None,
+        encoded: list[bytes],
+        marked: list[tuple[int, str, int]],
     ) -> tuple[_Checkpoint[Any] | None, list[_Checkpoint[Any]]]:
         """The longest checkpoint this body repeats, and its entry's checkpoints up to it (still
         valid for the new body)."""
@@ -129,9 +139,11 @@ class Resumer:
         for entry in candidates:
             if entry.context != context:
                 continue
-            same = _common(entry.encoded, encoded, upto=min(limit, entry.checkpoints[0].items))
+            same = _common(entry.encoded, encoded, upto=entry.checkpoints[0].items)
             for j, checkpoint in enumerate(entry.checkpoints):
-                if checkpoint.items <= same:
+                if checkpoint.items <= same and checkpoint.marks == _before(
+                    marked, checkpoint.items
+                ):
                     if best is None or checkpoint.items > best.items:
                         best, kept = checkpoint, list(entry.checkpoints[j:])
                     break
@@ -153,19 +165,24 @@ def context_bytes(*parts: object) -> bytes | None:
     return _encoded(parts)
 
 
-def first_marked(marks: Mapping[str, int], prefix: str) -> int:
-    """The index of the first item with a breakpoint (``prefix`` is ``"messages."``,
-    ``"messages["`` or ``"input["``), or a number past every item."""
-    first = 1 << 62
+def _marked(marks: Mapping[str, int], prefix: str) -> list[tuple[int, str, int]]:
+    """``(item index, path, ttl)`` of each breakpoint on an item (``prefix`` is ``"messages."``,
+    ``"messages["`` or ``"input["``), in order."""
+    out = []
     start = len(prefix)
-    for path in marks:
+    for path, ttl in marks.items():
         if path.startswith(prefix):
             end = start
             while end < len(path) and path[end].isdigit():
                 end += 1
             if end > start:
-                first = min(first, int(path[start:end]))
-    return first
+                out.append((int(path[start:end]), path, ttl))
+    out.sort()
+    return out
+
+
+def _before(marked: list[tuple[int, str, int]], items: int) -> tuple[tuple[str, int], ...]:
+    return tuple((path, ttl) for index, path, ttl in marked if index < items)
 
 
 def _encoded(item: Any) -> bytes | None:

@@ -1,0 +1,138 @@
+"""``spec.frontend.auth`` rendered: the Secrets mounted into the frontend, its flags, the tenants'
+share of the pin budget in the workers' Mooncake config, and the spec's own checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvretention.api.models import KvRetentionDeployment, SpecError
+from kvretention.controller.resources import build_children, build_mooncake_client_config
+from kvretention.dataplane.frontend.limits import parse_limits, parse_tenant_limits
+
+Body = dict[str, Any]
+
+
+def body(auth: Body | None) -> Body:
+    spec: Body = {"model": {"name": "m", "path": "org/m"}}
+    if auth is not None:
+        spec["frontend"] = {"auth": auth}
+    return {
+        "apiVersion": "kvretention.io/v1alpha1",
+        "kind": "KvRetentionDeployment",
+        "metadata": {"name": "f", "namespace": "ns", "uid": "u-1"},
+        "spec": spec,
+    }
+
+
+def frontend_pod(auth: Body | None) -> Body:
+    cr = KvRetentionDeployment.from_k8s(body(auth))
+    (deployment,) = [
+        m
+        for m in build_children(cr)
+        if m["kind"] == "Deployment" and m["metadata"]["name"].endswith("-frontend")
+    ]
+    pod: Body = deployment["spec"]["template"]["spec"]
+    return pod
+
+
+TWO_SECRETS = {
+    "secretRefs": [{"name": "team-keys"}, {"name": "partner-keys"}],
+    "limits": {"requestsPerSecond": 2.5, "concurrency": 8},
+    "tenants": [{"name": "team-a", "requestsPerSecond": 50, "burst": 100}],
+    "pinShare": 0.25,
+}
+
+CASES = [
+    pytest.param(None, [], [], [], id="auth-off"),
+    pytest.param(
+        {"secretRefs": [{"name": "keys"}]},
+        [{"name": "auth-keys-0", "secret": {"secretName": "keys", "defaultMode": 0o444}}],
+        [{"name": "auth-keys-0", "mountPath": "/etc/kvretention/auth/keys", "readOnly": True}],
+        ["--auth-keys-dir=/etc/kvretention/auth/keys"],
+        id="one-secret-no-limits",
+    ),
+    pytest.param(
+        TWO_SECRETS,
+        [
+            {"name": "auth-keys-0", "secret": {"secretName": "team-keys", "defaultMode": 0o444}},
+            {"name": "auth-keys-1", "secret": {"secretName": "partner-keys", "defaultMode": 0o444}},
+        ],
+        [
+            {
+                "name": "auth-keys-0",
+                "mountPath": "/etc/kvretention/auth/team-keys",
+                "readOnly": True,
+            },
+            {
+                "name": "auth-keys-1",
+                "mountPath": "/etc/kvretention/auth/partner-keys",
+                "readOnly": True,
+            },
+        ],
+        [
+            "--auth-keys-dir=/etc/kvretention/auth/team-keys",
+            "--auth-keys-dir=/etc/kvretention/auth/partner-keys",
+            "--tenant-limits=rps=2.5,concurrency=8",
+            "--tenant-limit=team-a:rps=50,burst=100",
+        ],
+        id="two-secrets-limits-overrides",
+    ),
+]
+
+
+@pytest.mark.parametrize(("auth", "volumes", "mounts", "args"), CASES)
+def test_the_frontend_mounts_each_secret_and_gets_its_flags(
+    auth: Body | None, volumes: list[Body], mounts: list[Body], args: list[str]
+) -> None:
+    pod = frontend_pod(auth)
+    (container,) = pod["containers"]
+    assert pod.get("volumes", []) == volumes
+    assert container.get("volumeMounts", []) == mounts
+    command = container["command"]
+    assert [a for a in command if a.startswith(("--auth", "--tenant"))] == args
+    # what the operator renders, the frontend's own parsers accept as the spec says
+    defaults = [a.partition("=")[2] for a in command if a.startswith("--tenant-limits=")]
+    overrides = tuple(a.partition("=")[2] for a in command if a.startswith("--tenant-limit="))
+    if auth is not None:
+        spec_limits = auth.get("limits", {})
+        parsed = parse_limits(defaults[0] if defaults else "")
+        assert parsed.requests_per_second == spec_limits.get("requestsPerSecond")
+        assert parsed.concurrency == spec_limits.get("concurrency")
+        tenants = parse_tenant_limits(overrides)
+        assert sorted(tenants) == sorted(t["name"] for t in auth.get("tenants", []))
+
+
+@pytest.mark.parametrize(
+    ("auth", "share"),
+    [(None, None), ({"secretRefs": [{"name": "k"}]}, None), (TWO_SECRETS, 0.25)],
+)
+def test_the_tenants_pin_share_reaches_the_workers_mooncake_config(
+    auth: Body | None, share: float | None
+) -> None:
+    cr = KvRetentionDeployment.from_k8s(body(auth))
+    section = build_mooncake_client_config(cr.spec, master_host="m")["kvretention"]
+    assert section.get("tenant_pin_share") == share
+
+
+@pytest.mark.parametrize(
+    ("auth", "problem"),
+    [
+        pytest.param({"secretRefs": []}, "secretRefs", id="no-secret"),
+        pytest.param(
+            {"secretRefs": [{"name": "k"}], "tenants": [{"name": "Team A"}]},
+            "tenants",
+            id="tenant-not-a-name",
+        ),
+        pytest.param(
+            {"secretRefs": [{"name": "k"}], "limits": {"requestsPerSecond": 0}},
+            "requestsPerSecond",
+            id="zero-rate",
+        ),
+        pytest.param({"secretRefs": [{"name": "k"}], "pinShare": 1.5}, "pinShare", id="share"),
+    ],
+)
+def test_a_malformed_auth_spec_is_refused(auth: Body, problem: str) -> None:
+    with pytest.raises(SpecError, match=problem):
+        KvRetentionDeployment.from_k8s(body(auth))
