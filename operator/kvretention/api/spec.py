@@ -29,6 +29,7 @@ __all__ = [
     "LARGEST_HINT_TTL_SECONDS",
     "MASTER_PORT_MESSAGE",
     "MAX_NAME_LENGTH",
+    "MAX_NODES_PER_REPLICA",
     "MAX_SOFT_PIN_TTL_SECONDS",
     "MAX_STARTUP_TIMEOUT_SECONDS",
     "MIN_STARTUP_TIMEOUT_SECONDS",
@@ -639,6 +640,29 @@ class RouterSpec(WireModel):
 
 # --- workers --------------------------------------------------------------------------------------
 
+MAX_NODES_PER_REPLICA: Final = 64
+"""Most nodes one multinode worker (a LeaderWorkerSet group) may span."""
+
+
+def _tp_divisible_rule(pool: str, *, always: bool) -> str:
+    """CEL: pool ``pool``'s tensorParallelSize is a multiple of its nodes per replica (its own
+    ``nodesPerReplica``, else ``workers.nodesPerReplica``). ``always``: an omitted pool has the
+    defaults (the aggregated pool), so it must then be one node."""
+    tp = f"self.{pool}.tensorParallelSize"
+    nodes = (
+        f"(has(self.{pool}.nodesPerReplica) ? self.{pool}.nodesPerReplica : self.nodesPerReplica)"
+    )
+    missing = "self.nodesPerReplica == 1" if always else "true"
+    return f"(has(self.{pool}) ? {tp} % {nodes} == 0 : {missing})"
+
+
+def tp_divisible_message(pool: str) -> str:
+    return (
+        f"workers.{pool}.tensorParallelSize must be a multiple of its nodesPerReplica "
+        "(each node of a multinode worker runs tensorParallelSize / nodesPerReplica ranks)"
+    )
+
+
 ExtraArg = Annotated[str, Field(max_length=4096, description="One SGLang server argument.")]
 
 
@@ -659,6 +683,16 @@ class WorkerPoolSpec(WireModel):
         default_factory=list,
         max_length=128,
         description="Extra SGLang server arguments appended after the ones the operator renders.",
+    )
+    nodes_per_replica: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_NODES_PER_REPLICA,
+        description=(
+            "Nodes one worker of this pool spans (overrides workers.nodesPerReplica). Above 1 "
+            "each worker is a LeaderWorkerSet group of this many pods, one per node, each running "
+            "tensorParallelSize / nodesPerReplica ranks (needs the LeaderWorkerSet controller)."
+        ),
     )
 
 
@@ -852,6 +886,12 @@ class WorkersSpec(WireModel):
                 "workers.mode disaggregated takes workers.prefill/decode, not aggregated",
             ),
             (_DEADLINE_AFTER_STARTUP, _DEADLINE_AFTER_STARTUP_MESSAGE),
+            (
+                "self.mode != 'aggregated' || " + _tp_divisible_rule("aggregated", always=True),
+                tp_divisible_message("aggregated"),
+            ),
+            (_tp_divisible_rule("prefill", always=False), tp_divisible_message("prefill")),
+            (_tp_divisible_rule("decode", always=False), tp_divisible_message("decode")),
         )
     )
 
@@ -909,6 +949,19 @@ class WorkersSpec(WireModel):
         ),
     )
 
+    nodes_per_replica: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_NODES_PER_REPLICA,
+        description=(
+            "Nodes each worker spans (each pool may override it). 1: a worker is one pod, and "
+            "the pools are Deployments. Above 1: each worker is a LeaderWorkerSet group of this "
+            "many pods, one per node, with SGLang's --nnodes/--node-rank/--dist-init-addr; "
+            "tensorParallelSize must be a multiple of it. Needs the LeaderWorkerSet controller "
+            "(leaderworkerset.x-k8s.io) in the cluster."
+        ),
+    )
+
     startup_timeout_seconds: int = Field(
         default=1800,
         ge=MIN_STARTUP_TIMEOUT_SECONDS,
@@ -945,7 +998,22 @@ class WorkersSpec(WireModel):
             deadline is None or deadline > self.startup_timeout_seconds,
             _DEADLINE_AFTER_STARTUP_MESSAGE,
         )
+        pools = {"aggregated": self.aggregated, "prefill": self.prefill, "decode": self.decode}
+        for name, pool in pools.items():
+            if pool is None and name == "aggregated" and self.mode == "aggregated":
+                pool = WorkerPoolSpec()
+            if pool is None or (name == "aggregated" and self.mode != "aggregated"):
+                continue
+            require(
+                pool.tensor_parallel_size % self.nodes_for(pool) == 0, tp_divisible_message(name)
+            )
         return self
+
+    def nodes_for(self, pool: WorkerPoolSpec) -> int:
+        """Nodes one worker of ``pool`` spans: its own ``nodesPerReplica``, else the fleet's."""
+        return (
+            pool.nodes_per_replica if pool.nodes_per_replica is not None else self.nodes_per_replica
+        )
 
 
 # --- kvStore --------------------------------------------------------------------------------------

@@ -57,7 +57,13 @@ class ListedView:
         fleet = await self.kube.get_or_none(CR_KIND, namespace, name)
         children: dict[ChildKey, Mapping[str, Any]] = {}
         for kind in k.CHILD_KINDS:
-            for item in await self.kube.list(kind, namespace, selector=f"{_INSTANCE}={name}"):
+            try:
+                items = await self.kube.list(kind, namespace, selector=f"{_INSTANCE}={name}")
+            except (k.NotFound, k.ApiError):
+                if kind not in k.OPTIONAL_KINDS:
+                    raise
+                items = []  # its API is absent or not granted: none exist for us
+            for item in items:
                 children[(kind.kind, item["metadata"]["name"])] = item
         pods = await self.kube.list(k.POD, namespace, selector=selector)
         return Snapshot(fleet=fleet, children=children, pods=list(pods))

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from kvretention.api.names import LABEL_COMPONENT as COMPONENT_LABEL
+from kvretention.api.names import LABEL_INSTANCE, LABEL_NAME
 
 SCALED_TO_ZERO: Final = "ScaledToZero"
 """A component asked for 0 replicas: not ready, but on purpose (a Normal Event, not a Warning)."""
@@ -71,6 +72,10 @@ class Workload:
     name: str
     component: str
     desired: int
+    kind: str = "Deployment"
+    """``Deployment``, or ``LeaderWorkerSet`` for a multinode pool (``desired`` counts groups)."""
+    unserved: str | None = None
+    """Why the workload cannot exist: the API server does not serve its kind (a CRD missing)."""
     selector: Mapping[str, str] = field(default_factory=dict)
     """The Deployment's ``matchLabels``: which pods are its own."""
     exists: bool = False
@@ -162,6 +167,45 @@ def observe_workload(desired: Mapping[str, Any], live: Mapping[str, Any] | None)
             and progressing.get("reason") == PROGRESS_DEADLINE_EXCEEDED
             else None
         ),
+    )
+
+
+LEADER_WORKER_SET: Final = "LeaderWorkerSet"
+LEADER_WORKER_SET_MISSING: Final = "LeaderWorkerSetMissing"
+"""A multinode pool's LeaderWorkerSet cannot be created: the LWS CRD is not installed."""
+_SELECTOR_KEYS: Final = (LABEL_NAME, LABEL_INSTANCE, COMPONENT_LABEL)
+
+
+def observe_group_workload(desired: Mapping[str, Any], live: Mapping[str, Any] | None) -> Workload:
+    """Pair a desired LeaderWorkerSet with the live one: counts are groups, and the LWS
+    controller counts a group ready only when every one of its pods is."""
+    meta = desired["metadata"]
+    spec = desired.get("spec") or {}
+    template = (spec.get("leaderWorkerTemplate") or {}).get("leaderTemplate") or {}
+    template_labels = (template.get("metadata") or {}).get("labels") or {}
+    replicas = spec.get("replicas")
+    base = Workload(
+        name=meta["name"],
+        component=(meta.get("labels") or {}).get(COMPONENT_LABEL, ""),
+        desired=1 if replicas is None else int(replicas),
+        kind=LEADER_WORKER_SET,
+        selector={k: template_labels[k] for k in _SELECTOR_KEYS if k in template_labels},
+    )
+    if live is None:
+        return base
+    status = live.get("status") or {}
+    ready = int(status.get("readyReplicas") or 0)
+    # The LWS controller writes no observedGeneration: a status it has written counts as current.
+    seen = bool(status.get("conditions")) or "replicas" in status
+    return replace(
+        base,
+        exists=True,
+        replicas=int(status.get("replicas") or 0),
+        ready=ready,
+        updated=int(status.get("updatedReplicas") or 0),
+        available=ready,
+        current_generation=seen or base.desired == 0,
+        synced=seen,
     )
 
 

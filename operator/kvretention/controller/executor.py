@@ -15,7 +15,7 @@ import time
 from collections import ChainMap
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any, Final, TypeVar, cast
 
 from kvretention.api.models import KvRetentionDeployment
 from kvretention.api.names import APP_NAME, LABEL_INSTANCE, LABEL_NAME
@@ -69,6 +69,7 @@ from kvretention.controller.planner import (
 from kvretention.controller.resources.common import service_host
 from kvretention.controller.resources.mooncake import MASTER_SUFFIX, uses_mooncake
 from kvretention.controller.status import (
+    WORKLOAD_KINDS,
     Observed,
     compute_invalid_status,
     compute_status,
@@ -77,6 +78,8 @@ from kvretention.controller.workqueue import WorkQueue, backoff_delay
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+UNSERVED_RETRY_S: Final = 30.0
+"""How soon a fleet whose child kind is not served (the LWS CRD missing) is reconciled again."""
 
 
 def fleet_pods_selector(name: str) -> str:
@@ -289,6 +292,7 @@ class Controller:
         ours = [m for m in plan.desired if child_key(m) not in taken and child_key(m) not in holds]
         observed_deployments: dict[str, Mapping[str, Any]] = {}
         refused: list[str] = []
+        unserved: set[str] = set()
         # Children are independent objects: apply them concurrently (server-side apply needs no
         # order; a pod waits for its ConfigMap by itself).
         results = await asyncio.gather(
@@ -304,14 +308,17 @@ class Controller:
             if isinstance(result, k.ApiError) and result.status in REFUSED_STATUSES:
                 refused.append(refused_message(manifest, result.message))
                 current = live.get(child_key(manifest))
+            elif isinstance(result, k.NotFound) and k.kind_of(manifest) in k.OPTIONAL_KINDS:
+                unserved.add(str(manifest["kind"]))  # its CRD is not installed: status says so
+                current = None
             elif isinstance(result, BaseException):
                 raise result
             else:
                 current = result
-            if manifest["kind"] == "Deployment" and current is not None:
+            if manifest["kind"] in WORKLOAD_KINDS and current is not None:
                 observed_deployments[manifest["metadata"]["name"]] = current
         for ck in holds:
-            if ck[0] == "Deployment" and ck in live:
+            if ck[0] in WORKLOAD_KINDS and ck in live:
                 observed_deployments[ck[1]] = live[ck]
         if not refused:
             await self._prune(namespace, plan_prune(plan.desired, live, uid=plan.uid))
@@ -326,12 +333,19 @@ class Controller:
             conflicts=conflicts,
             taken=frozenset(taken),
             held=dict(zip(holds, held, strict=True)),
+            unserved_kinds=frozenset(unserved),
         )
         status = compute_status(plan.fleet, observed, previous=previous, now=self.clock())
         await self._write_status(body, previous, status)
         if refused:
             # Said so in status; now fail so the queue retries with backoff.
             raise k.RetryLater("the API server refused: " + "; ".join(refused))
+        if unserved:
+            # Said so in status; look again until the CRD is installed.
+            raise k.RetryLater(
+                "the API server does not serve " + ", ".join(sorted(unserved)),
+                delay=UNSERVED_RETRY_S,
+            )
         return "ok"
 
     async def _live_children(

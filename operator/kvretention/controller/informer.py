@@ -40,6 +40,8 @@ LIST_PAGE: Final = 250
 WATCH_TIMEOUT_S: Final = 300
 """The API server ends each watch after this long; the informer resumes from the last version."""
 RETRY_S: Final = 2.0
+OPTIONAL_RETRY_S: Final = 30.0
+"""How often an informer of an optional kind whose API is absent looks for it again."""
 
 MANAGED_SELECTOR: Final = f"{LABEL_MANAGED_BY}={FIELD_MANAGER}"
 POD_SELECTOR: Final = f"{LABEL_NAME}={APP_NAME},{LABEL_INSTANCE}"
@@ -140,9 +142,29 @@ class Informer:
                 raise
             except Gone:
                 log.debug("%s watch expired: listing again", self.index)
+            except (k.NotFound, k.ApiError) as exc:
+                if self.kind not in k.OPTIONAL_KINDS:
+                    log.warning(
+                        "%s informer: %s (listing again in %.0fs)", self.index, exc, RETRY_S
+                    )
+                    await asyncio.sleep(RETRY_S)
+                    continue
+                # The kind's API is not served (its CRD is absent) or not granted: nothing of it
+                # exists for us, so the reconciles go on without it; look again now and then.
+                self._absent(exc)
+                await asyncio.sleep(OPTIONAL_RETRY_S)
             except Exception as exc:
                 log.warning("%s informer: %s (listing again in %.0fs)", self.index, exc, RETRY_S)
                 await asyncio.sleep(RETRY_S)
+
+    def _absent(self, exc: BaseException) -> None:
+        if not self.synced.is_set():
+            log.info("%s are not served here (%s); fleets that need them say so", self.index, exc)
+        gone = self.store.keys()
+        self.store = Store()
+        for key in gone:
+            self.notify(key, "", None)
+        self.synced.set()
 
     async def _relist(self) -> str:
         fresh = Store()

@@ -65,6 +65,10 @@ EVENT: Final = ResourceKind("v1", "Event", "events")
 LEASE: Final = ResourceKind("coordination.k8s.io/v1", "Lease", "leases")
 PDB: Final = ResourceKind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets")
 NETWORK_POLICY: Final = ResourceKind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies")
+LEADER_WORKER_SET: Final = ResourceKind(
+    "leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets"
+)
+"""Multinode worker pools; its CRD comes with the LWS controller, which only such fleets need."""
 
 CHILD_KINDS: Final[tuple[ResourceKind, ...]] = (
     DEPLOYMENT,
@@ -72,8 +76,12 @@ CHILD_KINDS: Final[tuple[ResourceKind, ...]] = (
     CONFIGMAP,
     PDB,
     NETWORK_POLICY,
+    LEADER_WORKER_SET,
 )
 """The kinds the operator owns. A builder emitting another kind fails loudly in :func:`kind_of`."""
+OPTIONAL_KINDS: Final = frozenset({LEADER_WORKER_SET})
+"""Child kinds whose API may be absent (a CRD not installed) or not granted: reading them finds
+nothing then, and only a fleet that wants one says so in its status."""
 
 _KINDS: Final = {(k.api_version, k.kind): k for k in (*CHILD_KINDS, POD, EVENT, LEASE)}
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
 from kvretention.api.models import (
@@ -51,6 +51,8 @@ from kvretention.api.probe_report import (
     parse_report,
 )
 from kvretention.controller.diagnosis import (
+    LEADER_WORKER_SET,
+    LEADER_WORKER_SET_MISSING,
     POD_PROBLEMS,
     PODS_NOT_READY,
     PODS_STARTING,
@@ -62,6 +64,7 @@ from kvretention.controller.diagnosis import (
     clip,
     diagnose_pods,
     live_pods,
+    observe_group_workload,
     observe_workload,
     pods_of,
 )
@@ -76,6 +79,10 @@ from kvretention.retention import EVICTION_POLICY
 CondStatus = Literal["True", "False", "Unknown"]
 
 WORKER_COMPONENTS: Final = ("worker", "worker-prefill", "worker-decode")
+WORKLOAD_KINDS: Final = frozenset({"Deployment", LEADER_WORKER_SET})
+LWS_LEADER_SELECTOR: Final = ("leaderworkerset.sigs.k8s.io/worker-index", "0")
+"""The label of a LeaderWorkerSet group's leader pod (rank 0)."""
+"""Children that run pods: a Deployment, or a multinode pool's LeaderWorkerSet."""
 
 STATUS_KEYS: Final = frozenset(
     {
@@ -137,6 +144,7 @@ PROBLEM_REASONS: Final = frozenset(
         PROGRESS_DEADLINE_EXCEEDED,
         "ApplyFailed",
         CHILD_CONFLICT,
+        LEADER_WORKER_SET_MISSING,
         "InvalidSpec",
         "EngineLacksKvHints",
         "EngineUnusableForHints",
@@ -225,6 +233,8 @@ class Observed:
     """The (kind, name) of each child in ``conflicts``."""
     held: Mapping[tuple[str, str], str] = field(default_factory=dict)
     """Children not created or updated while a name they depend on is taken, and why."""
+    unserved_kinds: frozenset[str] = frozenset()
+    """Child kinds the API server does not serve (the LeaderWorkerSet CRD not installed)."""
 
 
 # -- checks ------------------------------------------------------------------------------------
@@ -260,7 +270,7 @@ def diagnose_workload(
             Verdict(
                 "False",
                 SCALED_TO_ZERO,
-                f"Deployment {w.name} is scaled to 0 replicas: no {what} serves",
+                f"{w.kind} {w.name} is scaled to 0 replicas: no {what} serves",
             )
             if w.desired == 0
             else None
@@ -269,12 +279,17 @@ def diagnose_workload(
             Verdict("False", CHILD_CONFLICT, hold) if hold is not None and not w.exists else None
         ),
         lambda: (
-            None
-            if w.exists
-            else Verdict("False", "NotCreated", f"Deployment {w.name} does not exist yet")
+            Verdict("False", LEADER_WORKER_SET_MISSING, w.unserved)
+            if w.unserved is not None and not w.exists
+            else None
         ),
         lambda: (
-            Verdict("True", "PodsReady", f"Deployment {w.name}: {w.ready}/{w.desired} ready")
+            None
+            if w.exists
+            else Verdict("False", "NotCreated", f"{w.kind} {w.name} does not exist yet")
+        ),
+        lambda: (
+            Verdict("True", "PodsReady", f"{w.kind} {w.name}: {w.ready}/{w.desired} ready")
             if w.healthy
             else None
         ),
@@ -282,7 +297,7 @@ def diagnose_workload(
             Verdict(
                 "False",
                 REPLICA_FAILURE,
-                f"Deployment {w.name} cannot create pods ({w.ready}/{w.desired} ready): "
+                f"{w.kind} {w.name} cannot create pods ({w.ready}/{w.desired} ready): "
                 f"{w.replica_failure}",
             )
             if w.replica_failure
@@ -292,7 +307,7 @@ def diagnose_workload(
             Verdict(
                 "False",
                 PROGRESS_DEADLINE_EXCEEDED,
-                f"Deployment {w.name} ({w.progress}): {w.deadline_exceeded}{doing}",
+                f"{w.kind} {w.name} ({w.progress}): {w.deadline_exceeded}{doing}",
             )
             if w.deadline_exceeded
             else None
@@ -301,7 +316,7 @@ def diagnose_workload(
             Verdict(
                 "False",
                 problem.reason,
-                f"Deployment {w.name} ({w.ready}/{w.desired} ready): {problem.message}",
+                f"{w.kind} {w.name} ({w.ready}/{w.desired} ready): {problem.message}",
             )
             if problem is not None
             else None
@@ -309,17 +324,17 @@ def diagnose_workload(
         lambda: (
             None
             if w.current_generation
-            else Verdict("False", ROLLING_OUT, f"Deployment {w.name}: spec change not seen yet")
+            else Verdict("False", ROLLING_OUT, f"{w.kind} {w.name}: spec change not seen yet")
         ),
         lambda: (
             None
             if w.updated_all
-            else Verdict("False", ROLLING_OUT, f"Deployment {w.name}: {w.progress}{doing}")
+            else Verdict("False", ROLLING_OUT, f"{w.kind} {w.name}: {w.progress}{doing}")
         ),
         lambda: Verdict(
             "False",
             PODS_STARTING if issue is not None else PODS_NOT_READY,
-            f"Deployment {w.name}: {w.progress}{doing}",
+            f"{w.kind} {w.name}: {w.progress}{doing}",
         ),
     ]
     for rank, check in enumerate(chain):
@@ -701,11 +716,27 @@ def build_conditions(
 def _components(fleet: Fleet, observed: Observed) -> dict[str, list[Workload]]:
     groups: dict[str, list[Workload]] = {}
     for manifest in fleet.desired:
-        if manifest.get("kind") != "Deployment":
+        kind = manifest.get("kind")
+        if kind not in WORKLOAD_KINDS:
             continue
-        w = observe_workload(manifest, observed.deployments.get(manifest["metadata"]["name"]))
+        live = observed.deployments.get(manifest["metadata"]["name"])
+        if kind == LEADER_WORKER_SET:
+            w = observe_group_workload(manifest, live)
+            if kind in observed.unserved_kinds:
+                w = replace(w, unserved=lws_missing_message(w.name))
+        else:
+            w = observe_workload(manifest, live)
         groups.setdefault(w.component, []).append(w)
     return groups
+
+
+def lws_missing_message(name: str) -> str:
+    return (
+        f"LeaderWorkerSet {name} cannot be created: the API server does not serve "
+        "leaderworkerset.x-k8s.io/v1 (the LeaderWorkerSet CRD is not installed). Install the "
+        "LeaderWorkerSet controller (sigs.k8s.io/lws), a prerequisite only for multinode "
+        "fleets (workers.nodesPerReplica > 1)"
+    )
 
 
 def _count(workloads: Sequence[Workload]) -> dict[str, int]:
@@ -779,12 +810,14 @@ def _scale(fleet: Fleet, observed: Observed) -> tuple[int, str] | None:
     by_component = {
         (m["metadata"].get("labels") or {}).get(COMPONENT_LABEL): m
         for m in fleet.desired
-        if m.get("kind") == "Deployment"
+        if m.get("kind") in WORKLOAD_KINDS
     }
     target = by_component.get("worker-decode") or by_component.get("worker")
     if target is None:
         return None
     match = ((target.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+    if target.get("kind") == LEADER_WORKER_SET:  # one leader pod per replica (a group)
+        match = {**observe_group_workload(target, None).selector, LWS_LEADER_SELECTOR[0]: "0"}
     selector = ",".join(f"{k}={v}" for k, v in sorted(match.items()))
     live = observed.deployments.get(target["metadata"]["name"]) or {}
     return int((live.get("status") or {}).get("replicas") or 0), selector

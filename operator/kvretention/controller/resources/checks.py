@@ -190,9 +190,11 @@ def check_gpus(cr: KvRetentionDeployment) -> list[str]:
                 count = parse_quantity(given[gpu])
             except ValueError:
                 continue  # reported by check_quantities
-            if count != pool.tensor_parallel_size:
+            nodes = cr.spec.workers.nodes_for(pool)
+            if count * nodes != pool.tensor_parallel_size:
+                across = f" across {nodes} nodes ({count * nodes} in all)" if nodes > 1 else ""
                 problems.append(
-                    f"{_pool_path(role)}.resources.{kind}.{gpu} is {given[gpu]} but "
+                    f"{_pool_path(role)}.resources.{kind}.{gpu} is {given[gpu]}{across} but "
                     f"tensorParallelSize is {pool.tensor_parallel_size}: SGLang needs one GPU "
                     "per rank"
                 )
@@ -235,8 +237,11 @@ def check_host_memory(cr: KvRetentionDeployment) -> list[str]:
             limit = parse_quantity(limits["memory"])
         except ValueError:
             continue
+        nodes = spec.workers.nodes_for(pool)
+        ranks_per_pod = pool.tensor_parallel_size // nodes
+        ranks = "tensorParallelSize" + (" / nodesPerReplica" if nodes > 1 else "")
         host_pool = (
-            Decimal(hicache.size_gib * pool.tensor_parallel_size) * GIB
+            Decimal(hicache.size_gib * ranks_per_pod) * GIB
             if hicache.enabled and hicache.size_gib is not None
             else Decimal(0)
         )
@@ -244,7 +249,7 @@ def check_host_memory(cr: KvRetentionDeployment) -> list[str]:
             problems.append(
                 f"{_pool_path(role)}.resources.limits.memory {limits['memory']} is below the "
                 f"{(host_pool + segment) / GIB:.0f}Gi the worker needs for its HiCache host pool "
-                "(hicache.sizeGiB x tensorParallelSize) plus its Mooncake segment "
+                f"(hicache.sizeGiB x {ranks}) plus its Mooncake segment "
                 "(kvStore.mooncake.transfer.globalSegmentSize)"
             )
     return problems
@@ -366,6 +371,26 @@ def check_pod_options(cr: KvRetentionDeployment) -> list[str]:
     return problems
 
 
+def check_multinode_names(cr: KvRetentionDeployment) -> list[str]:
+    """A multinode pool's pod names are hostnames: the longest must stay a DNS label."""
+    from kvretention.controller.resources.lws import MAX_LABEL_LENGTH, longest_pod_hostname
+    from kvretention.controller.resources.workers import nodes_per_replica
+
+    problems = []
+    for role in worker_roles(cr):
+        if nodes_per_replica(cr, role) < 2:
+            continue
+        hostname = longest_pod_hostname(cr, role)
+        if len(hostname) > MAX_LABEL_LENGTH:
+            problems.append(
+                f"metadata.name: {cr.name!r} is too long for a multinode {role} pool: its "
+                f"LeaderWorkerSet pod {hostname} ({len(hostname)} characters) would exceed the "
+                f"{MAX_LABEL_LENGTH} characters of a hostname; shorten the name by "
+                f"{len(hostname) - MAX_LABEL_LENGTH}"
+            )
+    return problems
+
+
 CHECKS: Final[tuple[Callable[[KvRetentionDeployment], list[str]], ...]] = (
     check_quantities,
     check_extra_args,
@@ -375,6 +400,7 @@ CHECKS: Final[tuple[Callable[[KvRetentionDeployment], list[str]], ...]] = (
     check_master_ports,
     check_worker_pod,
     check_pod_options,
+    check_multinode_names,
 )
 
 

@@ -65,6 +65,10 @@ MANAGED_FLAGS: Final = frozenset(
         "--disaggregation-ib-device",
         "--tool-call-parser",
         "--reasoning-parser",
+        "--nnodes",
+        "--node-rank",
+        "--dist-init-addr",
+        "--nccl-init-addr",
     }
 )
 """Flags the operator renders from the spec, or the worker adds for its role (``--disaggregation-*``);

@@ -205,14 +205,15 @@ def _env(cr: KvRetentionDeployment, role: Role) -> list[dict[str, Any]]:
     return env
 
 
-def build_worker_pool(cr: KvRetentionDeployment, role: Role) -> list[Manifest]:
-    """Headless Service + Deployment of one role."""
+def build_worker_container(
+    cr: KvRetentionDeployment, role: Role, *, command: list[str] | None = None
+) -> dict[str, Any]:
+    """The worker container of a pool: the engine behind the worker's HTTP port."""
     workers = cr.spec.workers
     pool = pool_for(cr.spec, role)
-    name = child_name(cr, ROLE_SUFFIX[role])
-    component = ROLE_COMPONENT[role]
-    gpu_limits = {workers.gpu_resource: pool.tensor_parallel_size} if workers.gpu_resource else {}
-    volumes, mounts = _volumes(cr, role)
+    gpus = pool.tensor_parallel_size // workers.nodes_for(pool)
+    gpu_limits = {workers.gpu_resource: gpus} if workers.gpu_resource else {}
+    _, mounts = _volumes(cr, role)
     ports = [{"name": "http", "containerPort": WORKER_PORT, "protocol": "TCP"}]
     if role == "prefill":
         ports.append(
@@ -221,7 +222,7 @@ def build_worker_pool(cr: KvRetentionDeployment, role: Role) -> list[Manifest]:
     container: dict[str, Any] = {
         "name": WORKER_CONTAINER,
         "image": workers.image,
-        "command": build_worker_command(cr, role),
+        "command": command if command is not None else build_worker_command(cr, role),
         "env": _env(cr, role),
         "ports": ports,
         **http_probes(WORKER_PORT),
@@ -238,25 +239,58 @@ def build_worker_pool(cr: KvRetentionDeployment, role: Role) -> list[Manifest]:
     resources = resources_dict(pool.resources, extra_limits=gpu_limits)
     if resources:
         container["resources"] = resources
-    annotations = (
-        {CONFIG_HASH_ANNOTATION: config_hash(cr)} if role_mounts_mooncake(cr, role) else None
-    )
+    return container
+
+
+def build_worker_pod_spec(
+    cr: KvRetentionDeployment, role: Role, container: dict[str, Any]
+) -> dict[str, Any]:
+    """A worker pod: the probe init container first, then ``container``, and the volumes."""
+    volumes, _ = _volumes(cr, role)
+    return {
+        "initContainers": [build_probe_container(cr)],
+        "containers": [container],
+        "volumes": volumes,
+        "terminationGracePeriodSeconds": termination_grace_seconds(cr),
+    }
+
+
+def worker_template_annotations(cr: KvRetentionDeployment, role: Role) -> dict[str, str] | None:
+    """The config hash of the mounted Mooncake config, so a change rolls the pool's pods."""
+    return {CONFIG_HASH_ANNOTATION: config_hash(cr)} if role_mounts_mooncake(cr, role) else None
+
+
+def build_worker_service(
+    cr: KvRetentionDeployment, role: Role, *, extra_selector: dict[str, str] | None = None
+) -> Manifest:
+    """The pool's headless Service: the router discovers the pool's workers through its DNS."""
     service_ports = [("http", WORKER_PORT, WORKER_PORT)]
     if role == "prefill":
-        service_ports.append(("bootstrap", workers.bootstrap_port, workers.bootstrap_port))
-    service = build_service(cr, name=name, component=component, ports=service_ports, headless=True)
+        port = cr.spec.workers.bootstrap_port
+        service_ports.append(("bootstrap", port, port))
+    service = build_service(
+        cr,
+        name=child_name(cr, ROLE_SUFFIX[role]),
+        component=ROLE_COMPONENT[role],
+        ports=service_ports,
+        headless=True,
+    )
+    if extra_selector:
+        service["spec"]["selector"] = {**service["spec"]["selector"], **extra_selector}
+    return service
+
+
+def build_worker_pool(cr: KvRetentionDeployment, role: Role) -> list[Manifest]:
+    """Headless Service + Deployment of one role."""
+    workers = cr.spec.workers
+    name = child_name(cr, ROLE_SUFFIX[role])
     deployment = build_deployment(
         cr,
         name=name,
-        component=component,
+        component=ROLE_COMPONENT[role],
         replicas=role_replicas(cr, role),
-        pod_spec={
-            "initContainers": [build_probe_container(cr)],
-            "containers": [container],
-            "volumes": volumes,
-            "terminationGracePeriodSeconds": termination_grace_seconds(cr),
-        },
-        annotations=annotations,
+        pod_spec=build_worker_pod_spec(cr, role, build_worker_container(cr, role)),
+        annotations=worker_template_annotations(cr, role),
         strategy={
             "type": "RollingUpdate",
             "rollingUpdate": {
@@ -266,11 +300,27 @@ def build_worker_pool(cr: KvRetentionDeployment, role: Role) -> list[Manifest]:
         },
         progress_deadline_seconds=progress_deadline_seconds(cr),
     )
-    return [service, deployment, build_worker_pdb(cr, role)]
+    return [build_worker_service(cr, role), deployment, build_worker_pdb(cr, role)]
+
+
+def nodes_per_replica(cr: KvRetentionDeployment, role: Role) -> int:
+    """Nodes one worker of the role's pool spans (1: a Deployment pod)."""
+    return cr.spec.workers.nodes_for(pool_for(cr.spec, role))
 
 
 def build_workers(cr: KvRetentionDeployment) -> list[Manifest]:
-    return [m for role in worker_roles(cr) for m in build_worker_pool(cr, role)]
+    """Each pool: Deployments for one-node workers, LeaderWorkerSets for multinode ones."""
+    from kvretention.controller.resources.lws import build_multinode_pool
+
+    return [
+        m
+        for role in worker_roles(cr)
+        for m in (
+            build_multinode_pool(cr, role)
+            if nodes_per_replica(cr, role) > 1
+            else build_worker_pool(cr, role)
+        )
+    ]
 
 
 def scaled_role(cr: KvRetentionDeployment) -> Role:

@@ -209,6 +209,12 @@ def _load_sglang(server_argv: Sequence[str]) -> LoadedEngine:  # pragma: no cove
     except ImportError as exc:
         raise EngineLoadError(f"--engine sglang needs SGLang installed: {exc}") from exc
     engine = sglang.Engine(server_args=server_args)
+    node_rank = int(getattr(server_args, "node_rank", 0) or 0)
+    if node_rank >= 1:
+        # A non-zero rank of a multinode worker: SGLang's engine served its own health endpoint
+        # and blocked in its schedulers until they exited (the leader went away). Exit, so the
+        # group is recreated as a whole (LeaderWorkerSet RecreateGroupOnPodRestart).
+        raise EngineLoadError(f"node rank {node_rank}: SGLang's schedulers exited")
     dialect = detect_dialect(
         parameter_names(engine.async_generate), has_versioned_decoder=has_versioned_decoder()
     )
