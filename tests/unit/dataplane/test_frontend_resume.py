@@ -213,3 +213,19 @@ def test_the_same_items_with_other_breakpoints_are_parsed_again() -> None:
     assert parsed == parse_chat(body, hints=False)
     assert resumer.resumed_items <= 1  # at most the system message, before the breakpoint
     assert all(isinstance(m.content, str) for m in parsed.messages)  # no retain_ttl part
+
+
+def test_conversations_remembered_are_bounded() -> None:
+    resumer = Resumer(capacity=3)
+    bodies = _chat_session(3)
+    for n in range(5):  # five conversations, each its own first message
+        for body in bodies:
+            body = copy.deepcopy(body)
+            body["messages"][0]["content"] = f"agent {n}"
+            parse_chat(body, resumer=resumer)
+        assert len(resumer) == min(n + 1, 3)
+    body = copy.deepcopy(bodies[-1])
+    body["messages"][0]["content"] = "agent 4"
+    resumed = resumer.resumed_items
+    parse_chat(body, resumer=resumer)  # the newest is still there
+    assert resumer.resumed_items > resumed

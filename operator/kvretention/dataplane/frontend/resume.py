@@ -31,12 +31,14 @@ from kvretention.dataplane.frontend import compat
 
 _S = TypeVar("_S")
 
-CAPACITY: Final = 64
-"""Conversations remembered (each about one body's bytes plus its neutral messages)."""
+CAPACITY: Final = 32
+"""Conversations remembered, least recently used out first: about 2.4 MB each for a 200 KB agent
+body (its items' bytes, the neutral messages, the checkpoints; benchmarks/README.md)."""
 PER_HEAD: Final = 4
 """Conversations remembered per first item (sub-agents and retries often share it)."""
-BACK: Final = 3
-"""Checkpoints before the last reusable item, for a client that rewrote its newest items."""
+BACK: Final = 2
+"""Checkpoints before the last item, for a client that rewrote its newest items (Claude Code
+moves its newest breakpoint, so the last item comes back changed)."""
 _ENCODE: Final = msgspec.json.Encoder().encode
 
 
@@ -63,6 +65,7 @@ class Resumer:
     def __init__(self, capacity: int = CAPACITY) -> None:
         self._capacity = capacity
         self._entries: OrderedDict[Hashable, list[_Entry]] = OrderedDict()
+        self._count = 0
         self._lock = threading.Lock()
         self.resumed_items = 0
         """Items taken from checkpoints so far (for tests and benchmarks)."""
@@ -70,6 +73,7 @@ class Resumer:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._count = 0
 
     def fold(
         self,
@@ -153,10 +157,16 @@ class Resumer:
         with self._lock:
             entries = self._entries.pop(key, [])
             # the new entry replaces any it extends (same context, a prefix of its items)
-            entries = [e for e in entries if not _extends(entry, e)][: PER_HEAD - 1]
-            self._entries[key] = [entry, *entries]
-            while len(self._entries) > self._capacity:
-                self._entries.popitem(last=False)
+            kept = [e for e in entries if not _extends(entry, e)][: PER_HEAD - 1]
+            self._count += len(kept) + 1 - len(entries)
+            self._entries[key] = [entry, *kept]
+            while self._count > self._capacity:
+                _, dropped = self._entries.popitem(last=False)
+                self._count -= len(dropped)
+
+    def __len__(self) -> int:
+        """Conversations remembered."""
+        return self._count
 
 
 def context_bytes(*parts: object) -> bytes | None:
