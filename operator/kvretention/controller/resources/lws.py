@@ -114,7 +114,7 @@ def _one_rank_per_node() -> dict[str, Any]:
             "requiredDuringSchedulingIgnoredDuringExecution": [
                 {
                     "labelSelector": {
-                        "matchExpressions": [{"key": GROUP_KEY_LABEL, "operator": "Exists"}]
+                        "matchExpressions": [{"key": LWS_NAME_LABEL, "operator": "Exists"}]
                     },
                     "matchLabelKeys": [GROUP_KEY_LABEL],
                     "topologyKey": HOSTNAME_KEY,
