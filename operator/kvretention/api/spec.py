@@ -13,9 +13,22 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import AliasChoices, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from kvretention.api.base import WireModel, cel_rules, nested, require
+from kvretention.api.quantity import (
+    QUANTITY_MAX_LENGTH,
+    QUANTITY_MESSAGE,
+    QUANTITY_RULE,
+    quantity_problem,
+)
 from kvretention.dataplane.protocol import DEFAULT_SESSION_KEYS
 from kvretention.dataplane.tenancy import TENANT_PATTERN
 from kvretention.hints import LONGEST_EMITTED_TTL_SECONDS
@@ -87,26 +100,85 @@ MAX_SOFT_PIN_TTL_SECONDS: Final = 86_400
 
 Quantity = Annotated[
     int | str,
-    Field(description="A Kubernetes resource quantity, such as 2, 500m or 16Gi."),
+    Field(
+        description="A Kubernetes resource quantity, such as 2, 500m or 16Gi.",
+        json_schema_extra={"maxLength": QUANTITY_MAX_LENGTH},
+    ),
 ]
+
+_DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_PATTERN: Final = (
+    # distribution/reference's grammar, [domain[:port]/]path[:tag][@digest], where a first
+    # component is a domain only with a dot, a port, or as localhost (else it is a path part)
+    rf"^(?:(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})+(?::[0-9]+)?|{_DOMAIN_PART}:[0-9]+|localhost)/)?"
+    rf"{_PATH_PART}(?:/{_PATH_PART})*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
+)
+"""An image reference a Pod accepts and a runtime can pull: no spaces, a lowercase path."""
+_IMAGE: Final = re.compile(IMAGE_PATTERN)
+IMAGE_RULE: Final = "self.matches('" + IMAGE_PATTERN.replace("\\", "\\\\") + "')"
+IMAGE_MESSAGE: Final = (
+    "must be an image reference such as ghcr.io/org/name:tag or name@sha256:<hex>: no spaces, "
+    "a lowercase repository path, a tag of letters, digits, '_', '.' and '-'"
+)
+
+
+def _check_image(value: str) -> str:
+    require(_IMAGE.fullmatch(value) is not None, IMAGE_MESSAGE)
+    return value
+
+
+Image = Annotated[
+    str,
+    AfterValidator(_check_image),
+    Field(min_length=1, max_length=1024, json_schema_extra=cel_rules((IMAGE_RULE, IMAGE_MESSAGE))),
+]
+"""A container image reference, checked at admission (CEL) and by ``render`` alike."""
 
 
 # --- shared ---------------------------------------------------------------------------------------
 
 
+_QUANTITIES: Final[dict[str, Any]] = {
+    "maxProperties": 16,
+    "x-kubernetes-validations": [
+        {
+            "rule": QUANTITY_RULE,
+            "message": QUANTITY_MESSAGE,
+        }
+    ],
+}
+
+
 class ResourceRequirements(WireModel):
-    """Container CPU/memory/accelerator requests and limits (the Kubernetes shape)."""
+    """Container CPU/memory/accelerator requests and limits (the Kubernetes shape).
+
+    Every value is a quantity within what one node can have (:data:`NODE_BOUNDS`): CEL at
+    admission, the same table's check here."""
 
     requests: dict[str, Quantity] | None = Field(
         default=None,
         description="Minimum resources the scheduler reserves, e.g. {cpu: 2, memory: 8Gi}.",
-        json_schema_extra={"maxProperties": 16},
+        json_schema_extra=_QUANTITIES,
     )
     limits: dict[str, Quantity] | None = Field(
         default=None,
         description="Maximum resources the container may use, e.g. {nvidia.com/gpu: 1}.",
-        json_schema_extra={"maxProperties": 16},
+        json_schema_extra=_QUANTITIES,
     )
+
+    @field_validator("requests", "limits")
+    @classmethod
+    def _within_a_node(cls, value: dict[str, int | str] | None) -> dict[str, int | str] | None:
+        problems = [
+            problem
+            for key, quantity in sorted((value or {}).items())
+            if (problem := quantity_problem(key, quantity)) is not None
+        ]
+        require(not problems, "; ".join(problems))
+        return value
 
 
 class Toleration(WireModel):
@@ -549,9 +621,7 @@ class FrontendSpec(WireModel):
     """The OpenAI/Anthropic-compatible HTTP frontend."""
 
     replicas: int = Field(default=1, ge=0, le=1000, description="Frontend pods.")
-    image: str = Field(
-        default=DEFAULT_IMAGE, min_length=1, max_length=1024, description="kvretention image."
-    )
+    image: Image = Field(default=DEFAULT_IMAGE, description="kvretention image.")
     resources: ResourceRequirements | None = Field(
         default=None, description="Frontend container resources."
     )
@@ -600,9 +670,7 @@ class RouterSpec(WireModel):
     """The router: picks workers, pairs prefill and decode, never reads kv_hints."""
 
     replicas: int = Field(default=1, ge=0, le=1000, description="Router pods.")
-    image: str = Field(
-        default=DEFAULT_IMAGE, min_length=1, max_length=1024, description="kvretention image."
-    )
+    image: Image = Field(default=DEFAULT_IMAGE, description="kvretention image.")
     resources: ResourceRequirements | None = Field(
         default=None, description="Router container resources."
     )
@@ -895,10 +963,8 @@ class WorkersSpec(WireModel):
         )
     )
 
-    image: str = Field(
+    image: Image = Field(
         default=DEFAULT_WORKER_IMAGE,
-        min_length=1,
-        max_length=1024,
         description="An SGLang image with this package's worker and Mooncake installed.",
     )
     mode: Literal["aggregated", "disaggregated"] = Field(
@@ -1133,10 +1199,8 @@ class MooncakeMasterSpec(WireModel):
         json_schema_extra=cel_rules((_BUDGET_BELOW_WATERMARK, _BUDGET_BELOW_WATERMARK_MESSAGE))
     )
 
-    image: str = Field(
+    image: Image = Field(
         default=DEFAULT_WORKER_IMAGE,
-        min_length=1,
-        max_length=1024,
         description="Image with the mooncake_master binary (the worker image ships it).",
     )
     resources: ResourceRequirements | None = Field(

@@ -19,6 +19,7 @@ from kvretention.api.models import (
     is_extended_resource,
 )
 from kvretention.api.names import Role
+from kvretention.api.quantity import GIB, parse_quantity
 from kvretention.controller.resources.common import (
     CONFIG_HASH_ANNOTATION,
     LABEL_COMPONENT,
@@ -41,26 +42,6 @@ from kvretention.controller.resources.sglang_cli import (
 )
 from kvretention.controller.resources.workers import worker_roles
 
-_QUANTITY: Final = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$")
-_SUFFIX: Final[dict[str, Decimal]] = {
-    "": Decimal(1),
-    "n": Decimal("1e-9"),
-    "u": Decimal("1e-6"),
-    "m": Decimal("1e-3"),
-    "k": Decimal(10**3),
-    "M": Decimal(10**6),
-    "G": Decimal(10**9),
-    "T": Decimal(10**12),
-    "P": Decimal(10**15),
-    "E": Decimal(10**18),
-    "Ki": Decimal(2**10),
-    "Mi": Decimal(2**20),
-    "Gi": Decimal(2**30),
-    "Ti": Decimal(2**40),
-    "Pi": Decimal(2**50),
-    "Ei": Decimal(2**60),
-}
-GIB: Final = Decimal(2**30)
 _DNS_SUBDOMAIN: Final = re.compile(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 )
@@ -73,23 +54,6 @@ def is_resource_name(name: str) -> bool:
     if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
         return False
     return len(part) <= 63 and _NAME_PART.match(part) is not None
-
-
-def parse_quantity(value: int | str) -> Decimal:
-    """A Kubernetes quantity as a number (``16Gi`` -> 17179869184); ``ValueError`` if malformed."""
-    if isinstance(value, int):
-        return Decimal(value)
-    match = _QUANTITY.match(value.strip())
-    if match is None:
-        raise ValueError(f"{value!r} is not a Kubernetes quantity")
-    number, suffix = match.group(1), match.group(2) or ""
-    try:
-        base = Decimal(number)
-        if suffix[:1] in ("e", "E") and len(suffix) > 1:
-            return base * Decimal(10) ** int(suffix[1:])
-        return base * _SUFFIX[suffix]
-    except (ArithmeticError, ValueError):  # "1.2.3", "1e999999999", an exponent of 5000 digits
-        raise ValueError(f"{value!r} is not a Kubernetes quantity") from None
 
 
 def segment_bytes(size: str) -> Decimal:
@@ -111,7 +75,7 @@ def _resources(cr: KvRetentionDeployment) -> Iterator[tuple[str, ResourceRequire
 
 
 def check_quantities(cr: KvRetentionDeployment) -> list[str]:
-    """Every quantity parses, and no request exceeds its limit."""
+    """Every resource name is valid, and no request exceeds its limit."""
     problems = []
     for path, res in _resources(cr):
         if res is None:
@@ -122,13 +86,8 @@ def check_quantities(cr: KvRetentionDeployment) -> list[str]:
                 if not is_resource_name(key):  # the API server would refuse the whole Deployment
                     problems.append(f"{path}.{kind}: {key!r} is not a valid resource name")
                     continue
-                try:
-                    parsed[kind][key] = quantity = parse_quantity(value)
-                except ValueError as exc:
-                    problems.append(f"{path}.{kind}.{key}: {exc}")
-                    continue
-                if quantity < 0:  # the API server refuses negative requests and limits
-                    problems.append(f"{path}.{kind}.{key}: {value!r} must not be negative")
+                # The model checked each is a quantity within a node (api.quantity, also CEL).
+                parsed[kind][key] = parse_quantity(value)
         for key, request in parsed["requests"].items():
             limit = parsed["limits"].get(key)
             if limit is not None and request > limit:
