@@ -87,6 +87,19 @@ def cluster() -> None:
 @click.option(
     "--foreground", is_flag=True, help="Stay attached; Ctrl-C or SIGTERM stops the plane."
 )
+@click.option(
+    "--real-node",
+    is_flag=True,
+    help="Run pods for real on this machine (root): containerd, the kubelet, kube-proxy, CoreDNS "
+    "and a CNI bridge instead of kwok Nodes; `down` restores every sysctl, iptables rule and mount "
+    "it changed. Needs scripts/install-node.sh, scripts/build-node.sh, scripts/build-images.sh.",
+)
+@click.option(
+    "--node-bin-dir",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="kubelet, kube-proxy, coredns (default: $KVR_NODE_BIN or scripts/build-node.sh's cache).",
+)
 def up_cmd(
     state_dir: Path,
     bin_dir: Path | None,
@@ -95,6 +108,8 @@ def up_cmd(
     gpus_per_node: int,
     timeout_s: float,
     foreground: bool,
+    real_node: bool,
+    node_bin_dir: Path | None,
 ) -> None:
     """Start the plane (or report the running one) and write its kubeconfig."""
     began = time.monotonic()
@@ -107,6 +122,8 @@ def up_cmd(
             gpus_per_node=gpus_per_node,
             timeout_s=timeout_s,
             echo=_note,
+            real_node=real_node,
+            node_bin_dir=node_bin_dir,
         )
     except ClusterError as err:
         raise click.ClickException(str(err)) from err
@@ -123,7 +140,10 @@ def up_cmd(
 @state_dir_option
 def down_cmd(state_dir: Path) -> None:
     """Stop every process of the plane by pid (data, keys and logs stay for inspection)."""
-    stopped = down(state_dir, echo=_note)
+    try:
+        stopped = down(state_dir, echo=_note)
+    except ClusterError as err:
+        raise click.ClickException(str(err)) from err
     _note("stopped" if stopped else f"nothing running in {state_dir}")
 
 
@@ -139,7 +159,7 @@ def status_cmd(state_dir: Path, as_json: bool) -> None:
         click.echo(f"not running (no state in {state_dir})")
     else:
         click.echo(f"{'ready' if info['running'] else 'NOT READY'}  {info['server']}")
-        for name, comp in info["components"].items():
+        for name, comp in {**info["components"], **info.get("node", {})}.items():
             click.echo(f"  {name:<24} pid {comp['pid']!s:<8} {'up' if comp['alive'] else 'DOWN'}")
         click.echo(f"kubeconfig: {info['kubeconfig']}")
     if not info["running"]:

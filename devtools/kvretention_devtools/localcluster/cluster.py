@@ -22,6 +22,8 @@ from kvretention_devtools.localcluster.binaries import resolve_bin_dir
 from kvretention_devtools.localcluster.components import ORDER, Layout, Ports
 from kvretention_devtools.localcluster.errors import ClusterError
 from kvretention_devtools.localcluster.httpjson import request
+from kvretention_devtools.localcluster.realnode import config as node_config
+from kvretention_devtools.localcluster.realnode import node as realnode
 
 Echo = Callable[[str], None]
 
@@ -89,7 +91,8 @@ def load_state(state_dir: Path) -> ClusterState | None:
 
 def is_ready(state: ClusterState) -> bool:
     status, _ = request("GET", f"{state.server}/readyz", token=state.token, timeout_s=3)
-    return all(state.alive().values()) and status == 200
+    node_up = all(realnode.node_alive(state.state_dir).values())
+    return all(state.alive().values()) and node_up and status == 200
 
 
 def up(
@@ -101,13 +104,22 @@ def up(
     gpus_per_node: int = 8,
     timeout_s: float = 180.0,
     echo: Echo = lambda _: None,
+    real_node: bool = False,
+    node_bin_dir: Path | None = None,
 ) -> tuple[ClusterState, bool]:
-    """Start a fresh plane, or return the running one; the bool says whether it was started now."""
+    """Start a fresh plane, or return the running one; the bool says whether it was started now.
+    ``real_node``: no kwok Nodes; a real node (``realnode``) runs the pods on this machine."""
     state_dir = state_dir.resolve()
     with _locked(state_dir):
         existing = load_state(state_dir)
         if existing is not None:
             if is_ready(existing):
+                if real_node != (realnode.load_node(state_dir) is not None):
+                    kind = "a real node" if not real_node else "kwok Nodes only"
+                    raise ClusterError(
+                        f"a plane with {kind} runs in {state_dir}; stop it first "
+                        "(kvretention cluster down)"
+                    )
                 return existing, False
             echo(f"found a stale or partly running plane in {state_dir}; stopping it")
             _stop_all(state_dir, echo)
@@ -119,6 +131,8 @@ def up(
             gpus_per_node=gpus_per_node,
             timeout_s=timeout_s,
             echo=echo,
+            real_node=real_node,
+            node_bin_dir=node_bin_dir,
         )
 
 
@@ -131,11 +145,18 @@ def _fresh(
     gpus_per_node: int,
     timeout_s: float,
     echo: Echo,
+    real_node: bool = False,
+    node_bin_dir: Path | None = None,
 ) -> tuple[ClusterState, bool]:
     bins = resolve_bin_dir(bin_dir)
+    node = realnode.check_prerequisites(node_bin_dir) if real_node else None
     ports = _allocate_ports(apiserver_port)
     layout = Layout(state_dir)
     _reset(layout)
+    server = components.server_url(ports)
+    if node is not None:
+        nodes = 0  # the real node registers itself; no kwok Node would run a process
+        server = f"https://{node_config.GATEWAY}:{ports.apiserver}"
     token = pki.new_token()
     pki.generate_service_account_keys(layout.sa_key, layout.sa_pub)
     layout.token_file.write_text(pki.build_token_file(token))
@@ -143,7 +164,7 @@ def _fresh(
     state = ClusterState(
         state_dir=state_dir,
         bin_dir=bins,
-        server=components.server_url(ports),
+        server=server,
         kubeconfig=layout.kubeconfig,
         token=token,
         ports=ports,
@@ -152,9 +173,31 @@ def _fresh(
         started_at=time.time(),
     )
     try:
-        return _start(
-            state, layout, gpus_per_node=gpus_per_node, timeout_s=timeout_s, echo=echo
-        ), True
+        if node is not None:
+            realnode.prepare_host(state_dir, echo=echo)
+        started = _start(
+            state,
+            layout,
+            gpus_per_node=gpus_per_node,
+            timeout_s=timeout_s,
+            echo=echo,
+            real_node=node is not None,
+        )
+        if node is not None:
+            realnode.start_node(
+                state_dir,
+                bin_dir=node[0],
+                images=node[1],
+                kubeconfig=layout.kubeconfig,
+                server=state.server,
+                token=token,
+                ca_pem=layout.serving_cert.read_bytes(),
+                apiserver_port=ports.apiserver,
+                gpus=gpus_per_node,
+                timeout_s=timeout_s,
+                echo=echo,
+            )
+        return started, True
     except BaseException:
         _stop_all(state_dir, echo)
         raise
@@ -179,8 +222,11 @@ def _locked(state_dir: Path) -> Iterator[None]:
 
 
 def _stop_all(state_dir: Path, echo: Echo) -> list[str]:
+    left = realnode.stop_node(state_dir, echo=echo)
     state = load_state(state_dir)
     if state is None:
+        if left:
+            raise ClusterError("the real node left the host changed:\n  " + "\n  ".join(left))
         return []
     stopped = []
     for name in reversed(ORDER):
@@ -189,6 +235,8 @@ def _stop_all(state_dir: Path, echo: Echo) -> list[str]:
             echo(f"stopped {name} (pid {pid})")
             stopped.append(name)
     Layout(state_dir).state_file.unlink(missing_ok=True)
+    if left:
+        raise ClusterError("the real node left the host changed:\n  " + "\n  ".join(left))
     return stopped
 
 
@@ -205,17 +253,34 @@ def cluster_status(state_dir: Path) -> dict[str, Any]:
         "kubeconfig": str(state.kubeconfig),
         "bin_dir": str(state.bin_dir),
         "components": {name: {"pid": state.pids.get(name), "alive": alive[name]} for name in ORDER},
+        **_node_status(state_dir.resolve()),
     }
 
 
+def _node_status(state_dir: Path) -> dict[str, Any]:
+    node = realnode.load_node(state_dir)
+    if node is None:
+        return {}
+    alive = realnode.node_alive(state_dir)
+    return {"node": {name: {"pid": node.pids.get(name), "alive": up} for name, up in alive.items()}}
+
+
 def _start(
-    state: ClusterState, layout: Layout, *, gpus_per_node: int, timeout_s: float, echo: Echo
+    state: ClusterState,
+    layout: Layout,
+    *,
+    gpus_per_node: int,
+    timeout_s: float,
+    echo: Echo,
+    real_node: bool = False,
 ) -> ClusterState:
     deadline = time.monotonic() + timeout_s
     pids: dict[str, int] = {}
 
     def start(name: str, env: Mapping[str, str] | None = None) -> None:
         argv = components.build_argv(name, state.bin_dir, layout, state.ports)
+        if real_node and name == "kube-apiserver":
+            argv += node_config.build_apiserver_extra_args()
         pids[name] = process.spawn(argv, log=layout.log(name), env=env)
         _save(state, pids)
         echo(f"started {name} (pid {pids[name]}, log {layout.log(name)})")

@@ -17,13 +17,14 @@ def request(
     body: Any = None,
     ca_pem: bytes | None = None,
     timeout_s: float = 5.0,
+    content_type: str = "application/json",
 ) -> tuple[int, Any]:
     """(status, decoded body); connection errors come back as status 0 so callers can poll."""
     headers = {"Accept": "application/json"}
     data = None
     if body is not None:
         data = json.dumps(body).encode()
-        headers["Content-Type"] = "application/json"
+        headers["Content-Type"] = content_type
     if token:
         headers["Authorization"] = f"Bearer {token}"
     req = urllib.request.Request(url, data=data, headers=headers, method=method)
