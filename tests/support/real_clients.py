@@ -156,14 +156,20 @@ def _base_env(home: Path) -> dict[str, str]:
 
 
 def run_claude(
-    client: Client, prompt: str, *, base_url: str, workdir: Path, home: Path
+    client: Client,
+    prompt: str,
+    *,
+    base_url: str,
+    workdir: Path,
+    home: Path,
+    key: str = "kvretention-test",
 ) -> subprocess.CompletedProcess[str]:
     """``claude -p PROMPT`` with Claude Code's defaults, against ``base_url``."""
     env = {
         **_base_env(home),
         **CLAUDE_OFFLINE,
         "ANTHROPIC_BASE_URL": base_url,
-        "ANTHROPIC_API_KEY": "kvretention-test",
+        "ANTHROPIC_API_KEY": key,
     }
     return subprocess.run(
         [str(client.binary), "-p", prompt],
@@ -190,13 +196,19 @@ def codex_config(base_url: str) -> str:
 
 
 def run_codex(
-    client: Client, prompt: str, *, base_url: str, workdir: Path, home: Path
+    client: Client,
+    prompt: str,
+    *,
+    base_url: str,
+    workdir: Path,
+    home: Path,
+    key: str = "kvretention-test",
 ) -> subprocess.CompletedProcess[str]:
     """``codex exec PROMPT`` with Codex's defaults (model, tools, sandbox), against ``base_url``."""
     codex_home = home / "codex"
     codex_home.mkdir(parents=True, exist_ok=True)
     (codex_home / "config.toml").write_text(codex_config(base_url))
-    env = {**_base_env(home), "CODEX_HOME": str(codex_home), CODEX_KEY_ENV: "kvretention-test"}
+    env = {**_base_env(home), "CODEX_HOME": str(codex_home), CODEX_KEY_ENV: key}
     return subprocess.run(
         [str(client.binary), "exec", "--skip-git-repo-check", prompt],
         cwd=workdir,

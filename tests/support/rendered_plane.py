@@ -7,7 +7,8 @@ runs them as local processes, changing only what a pod would get from the cluste
 frontend's ``--router-url``, the worker's ``--engine sglang`` (the stand-in that records its calls,
 ``sglang.Engine.async_generate``'s signature), its ``--model-path`` (the test tokenizer with a
 Qwen-style tool-aware template, ``support.chat_tokenizer``) and ``--drain-seconds 0`` (no
-Endpoints controller to wait for when the test stops it). One worker per rendered replica.
+Endpoints controller to wait for when the test stops it), and with ``secrets`` each auth Secret's
+mount path (a local directory laid out as the kubelet mounts it). One worker per rendered replica.
 Every other flag (aliases, session keys, hint policy, parsers, ...) is what a pod would run.
 """
 
@@ -120,6 +121,13 @@ def _without(argv: list[str], *flags: str) -> list[str]:
     return out
 
 
+def _mounted(argv: list[str], mount: str, directory: Path) -> list[str]:
+    """``--auth-keys-dir=MOUNT`` pointed at the local directory; the flag must be there."""
+    flag = f"--auth-keys-dir={mount}"
+    assert flag in argv, f"{flag} is not in the rendered command {argv}"
+    return [f"--auth-keys-dir={directory}" if a == flag else a for a in argv]
+
+
 def _subcommand(command: list[str]) -> list[str]:
     """The arguments after ``kvretention`` (the image's entry point), without the pod's address."""
     assert command[0] == "kvretention", command
@@ -127,9 +135,12 @@ def _subcommand(command: list[str]) -> list[str]:
     return [*_without(command[1:cut], "--host", "--port"), *command[cut:]]
 
 
-def start_rendered_plane(example: Path, *, start: Start, tmp: Path) -> RenderedPlane:
+def start_rendered_plane(
+    example: Path, *, start: Start, tmp: Path, secrets: dict[str, Path] | None = None
+) -> RenderedPlane:
     """Start the example's workers (in parallel: each imports SGLang's parsers), router and
-    frontend with ``start`` (a process fixture)."""
+    frontend with ``start`` (a process fixture); ``secrets``: Secret name -> the local directory
+    that stands for its mount."""
     commands, replicas = rendered_commands(example)
     tokenizer = save(tmp / "tokenizer")
     worker = _set(_subcommand(commands["worker"]), "--engine", STANDIN)
@@ -148,6 +159,8 @@ def start_rendered_plane(example: Path, *, start: Start, tmp: Path) -> RenderedP
     router = start([*router_args, *(a for w in workers.values() for a in ("--worker", w.base_url))])
     trace = tmp / "frontend-trace.jsonl"
     frontend_args = _set(_subcommand(commands["frontend"]), "--router-url", router.base_url)
+    for name, directory in (secrets or {}).items():
+        frontend_args = _mounted(frontend_args, f"/etc/kvretention/auth/{name}", directory)
     frontend = start([*frontend_args, "--trace-file", str(trace)])
     return RenderedPlane(
         frontend=frontend,

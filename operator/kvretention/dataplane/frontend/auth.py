@@ -24,7 +24,6 @@ import contextlib
 import hashlib
 import hmac
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -150,21 +149,6 @@ def load_keys(directories: Sequence[Path]) -> KeyTable:
     return KeyTable(table)
 
 
-def fingerprint(directories: Sequence[Path]) -> tuple[tuple[str, int, int, int], ...]:
-    """What changes when a mounted Secret changes: each tenant file's path, inode, size and
-    mtime (the kubelet writes a new file and swaps a link, so all of them move)."""
-    out: list[tuple[str, int, int, int]] = []
-    for directory in directories:
-        with contextlib.suppress(OSError):
-            for entry in sorted(os.scandir(directory), key=lambda e: e.name):
-                if entry.name.startswith("."):
-                    continue
-                with contextlib.suppress(OSError):
-                    st = entry.stat()  # follows the ..data link to the file in force
-                    out.append((entry.path, st.st_ino, st.st_size, st.st_mtime_ns))
-    return tuple(out)
-
-
 class AuthMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.refusals = Counter(
@@ -216,7 +200,7 @@ class KeyStore:
         self.directories = tuple(directories)
         self.reload_s = reload_s
         self.table = load_keys(self.directories)  # raises at start: a bad Secret stops it
-        self._seen = fingerprint(self.directories)
+        self._problem: str | None = None
         self.metrics: AuthMetrics | None = None
         log.info(
             "auth on: %d keys for %d tenants from %s",
@@ -226,24 +210,25 @@ class KeyStore:
         )
 
     def refresh(self) -> bool:
-        """Re-read the files if they changed; True when a new table is in force. A set that
-        cannot be used is logged (files, not keys) and the previous table kept."""
-        seen = fingerprint(self.directories)
-        if seen == self._seen:
-            return False
-        self._seen = seen
+        """Re-read the files; True when a new table is in force. A set that cannot be used is
+        logged once per distinct problem (files, never keys) and the previous table kept. The
+        files are a few lines each: reading them is cheaper than trusting modification times."""
         try:
             table = load_keys(self.directories)
         except KeysError as exc:
-            log.error("auth keys not reloaded, the previous keys stay in force: %s", exc)
-            self._count("error")
+            problem = str(exc)
+            if problem != self._problem:
+                self._problem = problem
+                log.error("auth keys not reloaded, the previous keys stay in force: %s", problem)
+                self._count("error")
             return False
-        changed = table.by_digest != self.table.by_digest
+        self._problem = None
+        if table.by_digest == self.table.by_digest:
+            return False
         self.table = table
         self._count("ok")
-        if changed:
-            log.info("auth keys reloaded: %d keys for %d tenants", len(table), len(table.tenants))
-        return changed
+        log.info("auth keys reloaded: %d keys for %d tenants", len(table), len(table.tenants))
+        return True
 
     def _count(self, outcome: str) -> None:
         if self.metrics is not None:

@@ -1,0 +1,149 @@
+"""Claude Code and Codex with their own API-key headers, against the agents fleet with auth on.
+
+The plane is rendered from ``examples/agents.yaml`` plus ``frontend.auth`` naming one Secret; a
+local directory stands for its mount (one file per tenant, as the kubelet lays a Secret out).
+Claude Code sends ``ANTHROPIC_API_KEY`` as ``x-api-key``, Codex its provider's ``env_key`` as
+``Authorization: Bearer``: each finishes with its key, every request it made is served as its own
+tenant (the frontend's trace) and reaches the engine with that tenant's ``cache_salt``; with a
+wrong key Claude Code's requests are refused with Anthropic's 401 and nothing reaches an engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from subprocess import CompletedProcess
+from typing import Any
+
+import pytest
+import yaml
+
+from kvretention.dataplane.tenancy import cache_salt_for
+from support.processes import StartKvretention
+from support.real_clients import Client, Exchange, Recorder, run_claude, run_codex
+from support.rendered_plane import RenderedPlane, start_rendered_plane
+from support.worker_client import wait_for
+
+pytestmark = pytest.mark.clients
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "agents.yaml"
+ANSWER = "Hello from the kvretention stand-in."
+SECRET = "agent-keys"
+KEYS = {
+    "claude-team": "sk-claude-team-5c1e0b7d2a4c68f9",
+    "codex-team": "sk-codex-team-8a71d2c4e9f05b36",
+}
+GENERATE_PATHS = ("/v1/messages", "/v1/responses", "/v1/chat/completions")
+
+
+@dataclass
+class Fleet:
+    plane: RenderedPlane
+    recorder: Recorder
+
+
+@pytest.fixture(scope="module")
+def fleet(start: StartKvretention, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    tmp = tmp_path_factory.mktemp("auth-plane")
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"].setdefault("frontend", {})["auth"] = {"secretRefs": [{"name": SECRET}]}
+    example = tmp / "agents-auth.yaml"
+    example.write_text(yaml.safe_dump(doc))
+    mount = tmp / "secret"
+    mount.mkdir()
+    for tenant, key in KEYS.items():
+        (mount / tenant).write_text(key + "\n")
+    plane = start_rendered_plane(example, start=start, tmp=tmp, secrets={SECRET: mount})
+    assert f"--auth-keys-dir=/etc/kvretention/auth/{SECRET}" in plane.commands["frontend"]
+    recorder = Recorder(plane.frontend.base_url)
+    recorder.start()
+    yield Fleet(plane, recorder)
+    recorder.stop()
+
+
+@dataclass
+class Run:
+    result: CompletedProcess[str]
+    exchanges: list[Exchange]
+    trace: list[dict[str, Any]]
+    calls: list[dict[str, Any]]
+
+    def failure(self) -> str:
+        refused = [(e.path, e.status, e.answer[:300]) for e in self.exchanges if e.refused]
+        return (
+            f"exit {self.result.returncode}\nstdout: {self.result.stdout[-1500:]}\n"
+            f"stderr: {self.result.stderr[-1500:]}\nrefused: {refused}"
+        )
+
+
+def _generations(exchanges: list[Exchange]) -> list[Exchange]:
+    return [e for e in exchanges if e.method == "POST" and e.path.split("?")[0] in GENERATE_PATHS]
+
+
+def _run(fleet: Fleet, launch: Any, client: Client, key: str, tmp: Path) -> Run:
+    plane, recorder = fleet.plane, fleet.recorder
+    mark, trace_mark = recorder.mark(), len(plane.trace())
+    workdir = tmp / "work"
+    workdir.mkdir()
+    result = launch(
+        client,
+        "Say hello.",
+        base_url=recorder.base_url,
+        workdir=workdir,
+        home=tmp / "home",
+        key=key,
+    )
+    exchanges = recorder.since(mark)
+    served = sum(not e.refused for e in _generations(exchanges))
+
+    def settled() -> tuple[list[dict[str, Any]]] | None:
+        trace = plane.trace()[trace_mark:]
+        return (trace,) if sum(e["status"] == 200 for e in trace) >= served else None
+
+    (trace,) = wait_for(settled, timeout=10.0)
+    engine = plane.engine_calls()
+    calls = [engine[e["request_id"]][1] for e in trace if e["request_id"] in engine]
+    return Run(result, exchanges, trace, calls)
+
+
+@pytest.mark.parametrize(
+    ("name", "tenant", "header"),
+    [("claude", "claude-team", "x-api-key"), ("codex", "codex-team", "authorization")],
+)
+def test_each_cli_works_with_its_own_key_header_as_its_own_tenant(
+    fleet: Fleet,
+    clients: dict[str, Client],
+    tmp_path: Path,
+    name: str,
+    tenant: str,
+    header: str,
+) -> None:
+    launch = run_claude if name == "claude" else run_codex
+    run = _run(fleet, launch, clients[name], KEYS[tenant], tmp_path)
+    assert run.result.returncode == 0, run.failure()
+    assert ANSWER in run.result.stdout, run.failure()
+    generations = _generations(run.exchanges)
+    assert generations and not any(e.refused for e in generations), run.failure()
+    for e in generations:
+        sent = {k.lower(): v for k, v in e.headers.items()}[header]
+        assert KEYS[tenant] in sent
+    assert run.trace and {e.get("tenant") for e in run.trace} == {tenant}
+    assert run.calls and {c["kwargs"].get("cache_salt") for c in run.calls} == {
+        cache_salt_for(tenant)
+    }
+    for entry in run.trace:
+        assert KEYS[tenant] not in str(entry)
+
+
+def test_claude_code_with_a_wrong_key_is_refused_with_anthropics_401(
+    fleet: Fleet, clients: dict[str, Client], tmp_path: Path
+) -> None:
+    run = _run(fleet, run_claude, clients["claude"], "sk-not-a-fleet-key-00000000", tmp_path)
+    assert run.result.returncode != 0, run.failure()
+    generations = _generations(run.exchanges)
+    assert generations, run.failure()
+    assert {e.status for e in generations} == {401}
+    assert all('"authentication_error"' in e.answer for e in generations)
+    assert run.calls == []
