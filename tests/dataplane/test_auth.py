@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from kvretention.dataplane.frontend.auth import Gate, KeyStore
 from kvretention.dataplane.frontend.limits import LimitPolicy, Limits
 from kvretention.dataplane.tenancy import HEADER_TENANT
 from support.router_standin import RouterStandIn
+from support.secret_mount import write_secret
 
 KEY_A = "sk-tenant-a-0123456789abcdef"
 KEY_A2 = "sk-tenant-a-rotated-fedcba9876"
@@ -45,27 +45,6 @@ def messages(word: str) -> dict[str, Any]:
 
 
 BODIES = {CHAT: chat, RESPONSES: responses, MESSAGES: messages}
-
-
-def write_secret(root: Path, files: Mapping[str, str]) -> None:
-    """Lay the files out as the kubelet mounts a Secret: a timestamped directory, a ``..data``
-    link to it, and one link per key; a rewrite swaps ``..data`` atomically."""
-    root.mkdir(parents=True, exist_ok=True)
-    stamp = f"..2026_{len(list(root.glob('..2026_*')))}"
-    data_dir = root / stamp
-    data_dir.mkdir()
-    for name, text in files.items():
-        (data_dir / name).write_text(text)
-    tmp = root / "..data_tmp"
-    tmp.symlink_to(stamp)
-    tmp.replace(root / "..data")
-    for name in files:
-        link = root / name
-        if not link.is_symlink():
-            link.symlink_to(f"..data/{name}")
-    for stale in root.iterdir():
-        if stale.is_symlink() and not stale.name.startswith(".") and stale.name not in files:
-            stale.unlink()
 
 
 @pytest.fixture
