@@ -43,6 +43,7 @@ RECONCILE_RULES = (
         for group, resource in (
             ("policy", "poddisruptionbudgets"),
             ("networking.k8s.io", "networkpolicies"),
+            ("autoscaling", "horizontalpodautoscalers"),
         )
         for verb in ("get", "list", "watch", "create", "patch", "update", "delete")
     }

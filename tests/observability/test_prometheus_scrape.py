@@ -6,6 +6,7 @@ run gives it nothing to show (named below, with why)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 import urllib.parse
@@ -19,7 +20,7 @@ import anthropic
 import openai
 import pytest
 import yaml
-from promlib import Query, load_dashboards, prometheus, queries
+from promlib import ROOT, Query, load_dashboards, prometheus, queries
 
 from support.processes import KvrProcess, StartKvretention, free_port, http_ok, started_in_module
 
@@ -221,3 +222,30 @@ def test_a_fleet_the_plane_is_not_returns_nothing(scraped: Prometheus) -> None:
     other = {**VARIABLES, "$fleet": "another-fleet"}
     assert scraped.query(query.concrete(other))["data"]["result"] == []
     assert scraped.query(query.concrete(VARIABLES))["data"]["result"]
+
+
+ADAPTER_VALUES = ROOT / "deploy" / "prometheus-adapter" / "values.yaml"
+
+
+def test_the_adapter_rule_serves_the_metric_the_hpas_read() -> None:
+    from kvretention.controller.resources.autoscaling import EXTERNAL_METRIC, ROUTER_SERIES
+
+    (rule,) = yaml.safe_load(ADAPTER_VALUES.read_text())["rules"]["external"]
+    assert rule["seriesQuery"].startswith(ROUTER_SERIES + "{")
+    assert re.fullmatch(rule["name"]["matches"], ROUTER_SERIES)
+    assert rule["name"]["as"] == EXTERNAL_METRIC
+    assert rule["resources"]["overrides"] == {"fleet_namespace": {"resource": "namespace"}}
+
+
+@pytest.mark.parametrize("role", ["aggregated", "prefill", "decode"])
+def test_the_adapter_query_answers_one_value_per_pool(scraped: Prometheus, role: str) -> None:
+    """What prometheus-adapter asks Prometheus for an HPA in namespace NS selecting
+    fleet=FLEET, role=ROLE (its <<.Series>> and <<.LabelMatchers>> filled in as it does): one
+    value, 0 once the traffic has been answered."""
+    (rule,) = yaml.safe_load(ADAPTER_VALUES.read_text())["rules"]["external"]
+    series = rule["seriesQuery"].split("{")[0]
+    matchers = f'fleet="{FLEET}",role="{role}",fleet_namespace="{NS}"'
+    query = rule["metricsQuery"].replace("<<.Series>>", series)
+    query = query.replace("<<.LabelMatchers>>", matchers)
+    (sample,) = scraped.query(query)["data"]["result"]
+    assert float(sample["value"][1]) == 0

@@ -65,6 +65,7 @@ __all__ = [
     "MooncakeSpec",
     "NetworkPolicySpec",
     "PodOptions",
+    "PoolAutoscalingSpec",
     "PrefillPoolSpec",
     "Quantity",
     "ReasoningParserName",
@@ -764,10 +765,60 @@ class WorkerPoolSpec(WireModel):
     )
 
 
+class PoolAutoscalingSpec(WireModel):
+    """A HorizontalPodAutoscaler for one worker pool, on the router's count of the pool's
+    outstanding requests (an External metric, served by prometheus-adapter; docs/observability.md)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            (
+                "self.minReplicas <= self.maxReplicas",
+                "autoscaling.minReplicas must not exceed maxReplicas",
+            ),
+        )
+    )
+
+    min_replicas: int = Field(
+        default=1,
+        ge=0,
+        le=1000,
+        description=(
+            "Fewest workers. 0 (scale to zero) drops every prefix the pool retains with its last "
+            "worker, so a retaining pool needs allowScaleToZero, and the cluster needs the "
+            "HPAScaleToZero feature gate."
+        ),
+    )
+    max_replicas: int = Field(ge=1, le=1000, description="Most workers.")
+    target: int = Field(
+        ge=1,
+        le=100_000,
+        description=(
+            "Outstanding requests per worker the autoscaler holds the pool to (the router's "
+            "kvretention_router_pool_outstanding_requests divided by the pool's replicas)."
+        ),
+    )
+    allow_scale_to_zero: bool = Field(
+        default=False,
+        description="Let minReplicas be 0 while hints are retained (every retained prefix is lost at 0).",
+    )
+
+    @model_validator(mode="after")
+    def _check_cel_equivalents(self) -> PoolAutoscalingSpec:
+        require(
+            self.min_replicas <= self.max_replicas,
+            "autoscaling.minReplicas must not exceed maxReplicas",
+        )
+        return self
+
+
 class PrefillPoolSpec(WorkerPoolSpec):
     """The prefill pool of a disaggregated fleet; sized on its own."""
 
     replicas: int = Field(default=1, ge=0, le=1000, description="Prefill workers.")
+    autoscaling: PoolAutoscalingSpec | None = Field(
+        default=None,
+        description="Size the prefill pool with a HorizontalPodAutoscaler instead of replicas.",
+    )
 
 
 class HiCacheSpec(WireModel):
@@ -975,6 +1026,13 @@ class WorkersSpec(WireModel):
         ge=0,
         le=1000,
         description="Workers in the aggregated pool, or the decode pool when disaggregated (scale subresource).",
+    )
+    autoscaling: PoolAutoscalingSpec | None = Field(
+        default=None,
+        description=(
+            "Size the aggregated pool (the decode pool when disaggregated) with a "
+            "HorizontalPodAutoscaler instead of replicas."
+        ),
     )
     gpu_resource: str = Field(
         default="nvidia.com/gpu",
@@ -1418,6 +1476,22 @@ _DEFAULT_TTL_FITS_MESSAGE: Final = (
 )
 
 
+_ZERO_ALLOWED = "!has({a}) || {a}.minReplicas > 0 || {a}.allowScaleToZero"
+_NO_ZERO_WHILE_RETAINED = (
+    "(self.hints.policy != 'Required' && !self.hints.providers.openai && "
+    "!self.hints.providers.anthropic && !has(self.hints.defaultTtlSeconds)) || ("
+    "(self.workers.mode != 'aggregated' || "
+    + _ZERO_ALLOWED.format(a="self.workers.autoscaling")
+    + ") && (!has(self.workers.prefill) || "
+    + _ZERO_ALLOWED.format(a="self.workers.prefill.autoscaling")
+    + "))"
+)
+_NO_ZERO_WHILE_RETAINED_MESSAGE = (
+    "autoscaling.minReplicas 0 on a pool that retains hinted prefixes (aggregated or prefill) "
+    "drops them all with its last worker: set autoscaling.allowScaleToZero to accept that"
+)
+
+
 class KvRetentionDeploymentSpec(WireModel):
     """A hinted SGLang/Mooncake fleet: frontend, router, workers and the KV store."""
 
@@ -1425,6 +1499,7 @@ class KvRetentionDeploymentSpec(WireModel):
         json_schema_extra=cel_rules(
             (_HINTS_NEED_L3, _HINTS_NEED_L3_MESSAGE),
             (_DEFAULT_TTL_FITS, _DEFAULT_TTL_FITS_MESSAGE),
+            (_NO_ZERO_WHILE_RETAINED, _NO_ZERO_WHILE_RETAINED_MESSAGE),
         )
     )
 
@@ -1447,5 +1522,14 @@ class KvRetentionDeploymentSpec(WireModel):
         require(
             ttl is None or ttl <= self.kv_store.mooncake.master.soft_pin.max_ttl_seconds,
             _DEFAULT_TTL_FITS_MESSAGE,
+        )
+        retaining = [self.workers.prefill.autoscaling if self.workers.prefill else None]
+        if self.workers.mode == "aggregated":
+            retaining.append(self.workers.autoscaling)
+        hints_on = self.hints.active() or self.hints.default_ttl_seconds is not None
+        require(
+            not hints_on
+            or all(a is None or a.min_replicas > 0 or a.allow_scale_to_zero for a in retaining),
+            _NO_ZERO_WHILE_RETAINED_MESSAGE,
         )
         return self

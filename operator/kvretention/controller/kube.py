@@ -65,6 +65,7 @@ EVENT: Final = ResourceKind("v1", "Event", "events")
 LEASE: Final = ResourceKind("coordination.k8s.io/v1", "Lease", "leases")
 PDB: Final = ResourceKind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets")
 NETWORK_POLICY: Final = ResourceKind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies")
+HPA: Final = ResourceKind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers")
 LEADER_WORKER_SET: Final = ResourceKind(
     "leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets"
 )
@@ -76,6 +77,7 @@ CHILD_KINDS: Final[tuple[ResourceKind, ...]] = (
     CONFIGMAP,
     PDB,
     NETWORK_POLICY,
+    HPA,
     LEADER_WORKER_SET,
 )
 """The kinds the operator owns. A builder emitting another kind fails loudly in :func:`kind_of`."""

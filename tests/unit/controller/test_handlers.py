@@ -230,6 +230,7 @@ def test_child_watches_are_filtered_by_the_api_server() -> None:
         ("ConfigMap", managed),
         ("PodDisruptionBudget", managed),
         ("NetworkPolicy", managed),
+        ("HorizontalPodAutoscaler", managed),
         ("LeaderWorkerSet", managed),
         ("Pod", "app.kubernetes.io/name=kvretention,app.kubernetes.io/instance"),
     }

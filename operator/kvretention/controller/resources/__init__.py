@@ -7,6 +7,7 @@ operator's reconcile both call :func:`build_children`.
 from __future__ import annotations
 
 from kvretention.api.models import KvRetentionDeployment
+from kvretention.controller.resources.autoscaling import with_autoscalers
 from kvretention.controller.resources.checks import check_spec
 from kvretention.controller.resources.common import Manifest
 from kvretention.controller.resources.frontend import build_frontend, frontend_endpoint
@@ -36,11 +37,11 @@ __all__ = [
 
 
 def build_children(cr: KvRetentionDeployment) -> list[Manifest]:
-    """Every child manifest, in apply order: KV store, workers, router, frontend, then the
-    NetworkPolicies that let each be reached only by its callers."""
+    """Every child manifest, in apply order: KV store, workers (and autoscaled pools' HPAs),
+    router, frontend, then the NetworkPolicies that let each be reached only by its callers."""
     children: list[Manifest] = []
     if uses_mooncake(cr.spec):
         children.append(build_mooncake_configmap(cr))
         children += build_mooncake_master(cr)
-    children += build_workers(cr) + build_router(cr) + build_frontend(cr)
+    children += with_autoscalers(cr, build_workers(cr)) + build_router(cr) + build_frontend(cr)
     return children + build_network_policies(cr)
