@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# Build (or reuse) the images a real local node runs (`kvretention cluster up --real-node`, the
+# pods tier): pause (the pod sandbox), operator, runtime (frontend/router) and the stand-in worker.
+# With buildah (vfs storage, --network none) from the repo's Dockerfiles on a local Debian bookworm
+# base made with debootstrap, and pip wheels prepared here (the build itself is offline). Each
+# image is written as a docker-archive that containerd imports, all cached outside the repo
+# (~/.cache/kvretention/images) keyed by a hash of what goes in, so a second run is instant.
+#
+# Usage: scripts/build-images.sh           # progress on stderr, the cache dir last on stdout
+#        scripts/build-images.sh --check   # print the cache dir if every image is built, else exit 3
+# The cache dir holds images.json: {"pause": {"ref": ..., "archive": ...}, "operator": ..., ...}.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cache="${KVR_CACHE:-$HOME/.cache/kvretention}/images"
+venv="${KVR_VENV:-$root/.venv}"
+suite=bookworm
+mirror="${KVR_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+# python3-venv: the images' virtualenvs; libibverbs1, libcurl4, libnuma1: mooncake_master (the
+# stand-in worker image runs the managed Mooncake master); ca-certificates: TLS.
+base_packages=python3,python3-venv,python-is-python3,libibverbs1,libcurl4,libnuma1,ca-certificates
+base_ref=localhost/kvretention/python:3.11.11-slim-bookworm
+k8s_version=$(sed -n 's/^KUBE_VERSION=//p' "$root/hack/node/versions.env")
+bflags=(--root "$cache/buildah/root" --runroot "$cache/buildah/run" --storage-driver vfs)
+
+log() { printf '[build-images %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+sha() { sha256sum | cut -c1-12; }
+files_hash() { # the content of the given paths (tracked or new, not ignored) and their names
+  (cd "$root" && git ls-files -co --exclude-standard -z -- "$@" | LC_ALL=C sort -z |
+    xargs -0 sha256sum) | sha
+}
+
+base_key=$(printf '%s\n' "$suite" "$base_packages" "$(sed -n '/^# --- base/,/^# --- end base/p' "$0")" | sha)
+pause_src="$(go env GOMODCACHE 2>/dev/null)/k8s.io/kubernetes@$k8s_version/build/pause/linux/pause.c"
+pause_key=$( { cat "$pause_src" 2>/dev/null; gcc --version 2>/dev/null | head -1; } | sha)
+wheel_reqs=(setuptools'>=77' msgspec 'transformers==5.19.0' 'tokenizers==0.23.2' jinja2)
+nodeps_reqs=('sglang==0.5.23' 'mooncake-transfer-engine==0.3.13.post1')
+wheels_key=$( { cat "$root/pyproject.toml"; printf '%s\n' "${wheel_reqs[@]}" "${nodeps_reqs[@]}"; } | sha)
+src_key=$(files_hash pyproject.toml README.md operator)
+declare -A keys=(
+  [pause]=$pause_key
+  [operator]=$( { echo "$base_key $wheels_key $src_key"; cat "$root/images/operator/Dockerfile"; } | sha)
+  [runtime]=$( { echo "$base_key $wheels_key $src_key"; cat "$root/images/runtime/Dockerfile"; } | sha)
+  [worker]=$( { echo "$base_key $wheels_key $src_key"; cat "$root/images/worker/Dockerfile.standin" \
+    "$root/images/worker/standin-kvretention" "$root/tests/support/chat_tokenizer.py"; } | sha)
+)
+declare -A repos=(
+  [pause]=localhost/kvretention/pause
+  [operator]=localhost/kvretention/operator
+  [runtime]=localhost/kvretention/kvretention
+  [worker]=localhost/kvretention/worker-standin
+)
+names=(pause operator runtime worker)
+archive() { echo "$cache/$1-${keys[$1]}.tar"; }
+
+write_list() {
+  local name sep="" out="{"
+  for name in "${names[@]}"; do
+    out+="$sep\"$name\": {\"ref\": \"${repos[$name]}:${keys[$name]}\", \"archive\": \"$(archive "$name")\"}"
+    sep=", "
+  done
+  echo "$out}" >"$cache/images.json.tmp"
+  mv "$cache/images.json.tmp" "$cache/images.json"
+}
+
+have_all() {
+  local name
+  for name in "${names[@]}"; do [[ -s "$(archive "$name")" ]] || return 1; done
+}
+
+mkdir -p "$cache"
+if have_all; then
+  write_list
+  [[ "${1:-}" == --check ]] || log "reusing images in $cache"
+  echo "$cache"
+  exit 0
+fi
+if [[ "${1:-}" == --check ]]; then
+  log "not built yet: images in $cache (run scripts/build-images.sh)"
+  exit 3
+fi
+for cmd in buildah debootstrap gcc go; do
+  command -v "$cmd" >/dev/null || { log "error: $cmd is missing (scripts/install-node.sh)"; exit 1; }
+done
+[[ -x "$venv/bin/pip" ]] || { log "error: no $venv (make bootstrap)"; exit 1; }
+exec 9>"$cache/.lock"
+flock 9
+total=$SECONDS
+
+# --- base: a minimal Debian bookworm with Debian's python3, the images' FROM ---
+base_tar="$cache/base-$base_key.tar"
+if [[ ! -s "$base_tar" ]]; then
+  log "debootstrap $suite ($base_packages) from $mirror"
+  rootfs="$(mktemp -d "$cache/.rootfs.XXXXXX")"
+  trap 'rm -rf "$rootfs"' EXIT
+  if ! debootstrap --variant=minbase --include="$base_packages" "$suite" "$rootfs" "$mirror" \
+    >"$cache/debootstrap.log" 2>&1; then
+    tail -20 "$cache/debootstrap.log" >&2
+    log "error: debootstrap failed (log: $cache/debootstrap.log)"
+    exit 1
+  fi
+  rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/* \
+    "$rootfs"/usr/share/doc/* "$rootfs"/usr/share/man/* "$rootfs"/usr/share/locale/*
+  tar --numeric-owner -C "$rootfs" -cf "$base_tar.tmp" .
+  mv "$base_tar.tmp" "$base_tar"
+  rm -rf "$rootfs"
+  trap - EXIT
+fi
+# --- end base ---
+if [[ "$(buildah "${bflags[@]}" inspect --format '{{index .ImageAnnotations "kvr.base"}}' "$base_ref" 2>/dev/null || true)" != "$base_key" ]]; then
+  log "importing the base as $base_ref"
+  ctr=$(buildah "${bflags[@]}" from scratch)
+  buildah "${bflags[@]}" add "$ctr" "$base_tar" / >/dev/null
+  buildah "${bflags[@]}" config --env LANG=C.UTF-8 \
+    --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    --annotation "kvr.base=$base_key" --cmd python3 "$ctr"
+  buildah "${bflags[@]}" commit --rm "$ctr" "$base_ref" >/dev/null
+fi
+
+# --- wheels: everything pip installs inside the (offline) builds ---
+wheels="$cache/wheels-$wheels_key"
+if [[ ! -f "$wheels/.done" ]]; then
+  log "collecting wheels into $wheels"
+  mkdir -p "$wheels"
+  (cd "$root" && "$venv/bin/pip" wheel -q --wheel-dir "$wheels" . "${wheel_reqs[@]}")
+  "$venv/bin/pip" download -q --no-deps --dest "$wheels" "${nodeps_reqs[@]}"
+  rm -f "$wheels"/kvretention-*.whl  # built from the source in each image, not from here
+  touch "$wheels/.done"
+fi
+
+build_pause() {
+  local stage ctr
+  stage="$(mktemp -d)"
+  gcc -Os -static -Wall -Werror -DVERSION="kvr-$k8s_version" -o "$stage/pause" "$pause_src"
+  strip "$stage/pause"
+  ctr=$(buildah "${bflags[@]}" from scratch)
+  buildah "${bflags[@]}" copy "$ctr" "$stage/pause" /pause >/dev/null
+  buildah "${bflags[@]}" config --entrypoint '["/pause"]' --user 65535:65535 "$ctr"
+  buildah "${bflags[@]}" commit --rm "$ctr" "$1" >/dev/null
+  rm -rf "$stage"
+}
+
+build_dockerfile() { # build_dockerfile <Dockerfile> <ref>
+  (cd "$root" && buildah "${bflags[@]}" bud --quiet --network none --layers=false \
+    --build-arg BASE_REGISTRY=localhost/kvretention/ --build-arg PIP_NO_INDEX=1 \
+    --build-arg PIP_FIND_LINKS=/wheels --volume "$wheels:/wheels:ro" \
+    -f "$1" -t "$2" . >&2)
+}
+
+declare -A dockerfiles=(
+  [operator]=images/operator/Dockerfile
+  [runtime]=images/runtime/Dockerfile
+  [worker]=images/worker/Dockerfile.standin
+)
+for name in "${names[@]}"; do
+  out="$(archive "$name")"
+  [[ -s "$out" ]] && continue
+  ref="${repos[$name]}:${keys[$name]}"
+  start=$SECONDS
+  log "building $ref"
+  if [[ $name == pause ]]; then build_pause "$ref"; else build_dockerfile "${dockerfiles[$name]}" "$ref"; fi
+  rm -f "$cache/$name"-*.tar
+  buildah "${bflags[@]}" push --quiet "$ref" "docker-archive:$out.tmp:$ref" >&2
+  mv "$out.tmp" "$out"
+  log "built $ref in $((SECONDS - start))s ($(du -h "$out" | cut -f1))"
+done
+buildah "${bflags[@]}" rmi --prune >/dev/null 2>&1 || true
+# Older bases and wheelhouses (their keys changed) are not used again.
+find "$cache" -maxdepth 1 \( -name 'base-*.tar' ! -name "base-$base_key.tar" \
+  -o -name 'wheels-*' ! -name "wheels-$wheels_key" \) -exec rm -rf {} +
+write_list
+log "done in $((SECONDS - total))s"
+echo "$cache"
