@@ -113,6 +113,20 @@ def test_each_autoscaled_pool_gets_an_hpa_on_its_own_workload(
         assert selector["app.kubernetes.io/component"] == component
 
 
+def test_a_multinode_pool_is_scaled_through_its_leaderworkerset() -> None:
+    workers = {"nodesPerReplica": 2, "aggregated": {"tensorParallelSize": 4}, "autoscaling": SCALED}
+    children = build_children(cr(workers))
+    (lws,) = [c for c in children if c["kind"] == "LeaderWorkerSet"]
+    assert "replicas" not in lws["spec"]
+    (hpa,) = by_kind(children, "HorizontalPodAutoscaler").values()
+    assert hpa["metadata"]["name"] == "chat-worker"
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "name": lws["metadata"]["name"],
+    }
+
+
 def test_hpas_follow_their_workloads_in_apply_order() -> None:
     children = build_children(
         cr({"mode": "disaggregated", "autoscaling": SCALED, "prefill": {}, "decode": {}})

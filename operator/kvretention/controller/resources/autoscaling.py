@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from kvretention.api.models import KvRetentionDeployment, PoolAutoscalingSpec
-from kvretention.api.names import Role
+from kvretention.api.names import LABEL_COMPONENT, Role
 from kvretention.controller.resources.common import Manifest, child_name, object_meta
 from kvretention.controller.resources.workers import ROLE_COMPONENT, ROLE_SUFFIX, worker_roles
 
@@ -94,8 +94,7 @@ def with_autoscalers(cr: KvRetentionDeployment, workers: list[Manifest]) -> list
     out = [dict(m) for m in workers]
     autoscalers: list[Manifest] = []
     for role in autoscaled_roles(cr):
-        name = child_name(cr, ROLE_SUFFIX[role])
-        index = _workload_index(out, name)
+        index = _workload_index(out, ROLE_COMPONENT[role])
         spec: dict[str, Any] = dict(out[index]["spec"])
         spec.pop("replicas", None)
         out[index] = {**out[index], "spec": spec}
@@ -103,9 +102,11 @@ def with_autoscalers(cr: KvRetentionDeployment, workers: list[Manifest]) -> list
     return out + autoscalers
 
 
-def _workload_index(manifests: list[Manifest], name: str) -> int:
+def _workload_index(manifests: list[Manifest], component: str) -> int:
+    """The pool's workload: its Deployment, or its LeaderWorkerSet for multinode workers."""
     for index, manifest in enumerate(manifests):
         kind = (manifest["apiVersion"], manifest["kind"])
-        if kind in SCALABLE_KINDS and manifest["metadata"]["name"] == name:
+        labels = manifest["metadata"].get("labels", {})
+        if kind in SCALABLE_KINDS and labels.get(LABEL_COMPONENT) == component:
             return index
-    raise ValueError(f"no scalable workload named {name} among the worker manifests")
+    raise ValueError(f"no scalable workload of component {component} among the worker manifests")
