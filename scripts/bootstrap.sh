@@ -58,6 +58,10 @@ if [ -x scripts/build-kube.sh ]; then
   scripts/build-kube.sh >/dev/null
 fi
 
+# Prometheus and promtool for the observability tier and the chart's alert tests (Debian's
+# `prometheus` package where apt has it, else built from the Go module proxy into the cache).
+scripts/install-prometheus.sh >/dev/null
+
 # The pinned Claude Code and Codex CLIs for tests/clients, from npm (cached in
 # ~/.cache/kvretention/clients, keyed by version).
 scripts/install-clients.sh >/dev/null
