@@ -26,6 +26,7 @@ local permanent = {
   EvictionPolicyOverridden = true,
   ProbeReportInvalid = true,
   ReplicaFailure = true,
+  LeaderWorkerSetMissing = true,
   ProgressDeadlineExceeded = true,
   ErrImagePull = true,
   ImagePullBackOff = true,

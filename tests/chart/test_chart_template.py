@@ -44,6 +44,7 @@ RECONCILE_RULES = (
             ("policy", "poddisruptionbudgets"),
             ("networking.k8s.io", "networkpolicies"),
             ("autoscaling", "horizontalpodautoscalers"),
+            ("leaderworkerset.x-k8s.io", "leaderworkersets"),
         )
         for verb in ("get", "list", "watch", "create", "patch", "update", "delete")
     }

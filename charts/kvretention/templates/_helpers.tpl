@@ -102,4 +102,8 @@ events. The Lease for leader election is granted separately, in the release name
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
+# Multinode worker pools (workers.nodesPerReplica > 1); harmless where the LWS CRD is absent.
+- apiGroups: ["leaderworkerset.x-k8s.io"]
+  resources: ["leaderworkersets"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
 {{- end }}

@@ -11,6 +11,7 @@ from typing import Final
 
 import click
 
+from kvretention_devtools.localcluster import lws
 from kvretention_devtools.localcluster.binaries import repo_root
 from kvretention_devtools.localcluster.cluster import (
     ClusterState,
@@ -20,6 +21,7 @@ from kvretention_devtools.localcluster.cluster import (
     up,
 )
 from kvretention_devtools.localcluster.cluster import load_state as _load_state
+from kvretention_devtools.localcluster.components import Layout
 from kvretention_devtools.localcluster.errors import ClusterError
 
 STATE_ENV: Final = "KVR_CLUSTER_DIR"
@@ -100,6 +102,19 @@ def cluster() -> None:
     default=None,
     help="kubelet, kube-proxy, coredns (default: $KVR_NODE_BIN or scripts/build-node.sh's cache).",
 )
+@click.option(
+    "--lws",
+    "with_lws",
+    is_flag=True,
+    help="Also run the LeaderWorkerSet controller (multinode fleets): its CRD, the controller as a "
+    "process and its webhooks (scripts/build-lws.sh builds it; `down` stops it).",
+)
+@click.option(
+    "--lws-dir",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="lws-controller-manager and crds.yaml (default: $KVR_LWS_DIR or build-lws.sh's cache).",
+)
 def up_cmd(
     state_dir: Path,
     bin_dir: Path | None,
@@ -110,6 +125,8 @@ def up_cmd(
     foreground: bool,
     real_node: bool,
     node_bin_dir: Path | None,
+    with_lws: bool,
+    lws_dir: Path | None,
 ) -> None:
     """Start the plane (or report the running one) and write its kubeconfig."""
     began = time.monotonic()
@@ -127,6 +144,19 @@ def up_cmd(
         )
     except ClusterError as err:
         raise click.ClickException(str(err)) from err
+    if with_lws:
+        try:
+            lws.start(
+                state.state_dir,
+                server=state.server,
+                token=state.token,
+                ca_pem=Layout(state.state_dir).serving_cert.read_bytes(),
+                kubeconfig=state.kubeconfig,
+                lws_dir=lws_dir,
+                echo=_note,
+            )
+        except ClusterError as err:
+            raise click.ClickException(str(err)) from err
     if started:
         _note(f"ready in {time.monotonic() - began:.1f}s")
     else:

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from kvretention_devtools.localcluster import components, pki, process
+from kvretention_devtools.localcluster import components, lws, pki, process
 from kvretention_devtools.localcluster.binaries import resolve_bin_dir
 from kvretention_devtools.localcluster.components import ORDER, Layout, Ports
 from kvretention_devtools.localcluster.errors import ClusterError
@@ -222,6 +222,8 @@ def _locked(state_dir: Path) -> Iterator[None]:
 
 
 def _stop_all(state_dir: Path, echo: Echo) -> list[str]:
+    if lws.stop(state_dir):
+        echo("stopped lws-controller-manager")
     left = realnode.stop_node(state_dir, echo=echo)
     state = load_state(state_dir)
     if state is None:
