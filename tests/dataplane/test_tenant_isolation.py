@@ -115,6 +115,7 @@ def plane(kvretention_process: StartKvretention, tmp_path_factory: pytest.TempPa
         [
             *("worker", "--engine", "standin:versioned"),
             *("--model-path", str(save(d / "tokenizer"))),
+            *("--trace-file", str(d / "worker-trace.jsonl")),
         ],
         env={"KVR_STANDIN_RECORD": str(record)},
         timeout=90.0,
@@ -126,12 +127,20 @@ def plane(kvretention_process: StartKvretention, tmp_path_factory: pytest.TempPa
     return frontend.base_url, record
 
 
-def chat(base_url: str, tenant: str, prompt: str) -> dict[str, Any]:
+def chat(
+    base_url: str,
+    tenant: str,
+    prompt: str,
+    *,
+    history: list[dict[str, str]] | None = None,
+    system: str = "You are a careful assistant. " * 8,
+) -> dict[str, Any]:
     body = {
         "model": "m",
         "max_tokens": 2,
         "messages": [
-            {"role": "system", "content": "You are a careful assistant. " * 8},
+            {"role": "system", "content": system},
+            *(history or []),
             {"role": "user", "content": prompt},
         ],
     }
@@ -171,3 +180,35 @@ def test_two_tenants_same_prompt_get_separate_cache_entries_and_each_shares_its_
     assert salts == [cache_salt_for(t) for t, _, _ in CACHE]
     for entry in engine:
         assert not any(key in json.dumps(entry) for key in KEYS.values())
+
+
+# (tenant, turns of the conversation, whether the worker reused an earlier prompt's tokens)
+RENDER: list[tuple[str, int, bool]] = [
+    ("team-a", 1, False),
+    ("team-b", 2, False),  # team-a's first turn is a prefix of it, but not team-b's
+    ("team-a", 2, True),  # its own first turn
+    ("team-b", 3, True),
+]
+
+
+def test_the_workers_render_cache_is_per_tenant(plane: Any) -> None:
+    """The worker tokenizes only what is new since a conversation's previous prompt; another
+    tenant's prompt must not lend it tokens (the time saved would tell that it was sent)."""
+    base_url, record = plane
+    trace = record.parent / "worker-trace.jsonl"
+    turns = [("Plan the release.", "Step one."), ("Go on.", "Step two."), ("Finish.", "Done.")]
+    for tenant, count, reused in RENDER:
+        history = [
+            message
+            for question, answer in turns[: count - 1]
+            for message in (
+                {"role": "user", "content": question},
+                {"role": "assistant", "content": answer},
+            )
+        ]
+        mark = len(trace.read_text().splitlines()) if trace.exists() else 0
+        chat(base_url, tenant, turns[count - 1][0], history=history, system="Release manager.")
+        (entry,) = wait_for(lambda mark=mark: trace.read_text().splitlines()[mark:] or None)
+        found = json.loads(entry)
+        assert found["tenant"] == tenant
+        assert (found["prompt_tokens_reused"] > 0) is reused, (tenant, count, found)

@@ -61,6 +61,8 @@ from kvretention.dataplane.tenancy import (
     CACHE_SALT_PARAM,
     TenantIsolationUnavailable,
     engine_kwargs,
+    scoped_chain,
+    scoped_session,
     tenant_of_headers,
     tenant_of_salt,
 )
@@ -254,12 +256,18 @@ def plan_call(
             ) from None
     prefixes = envelope.prefix_count if hinted and envelope is not None else 0
     try:
+        tenant = tenant_of_headers(headers)
+    except ValueError as exc:
+        raise RequestRejected(ErrorCode.INVALID_REQUEST, str(exc)) from None
+    # The render cache per tenant too: no tokenization-time probe of another tenant's prompts.
+    request.session_id = scoped_session(tenant, request.session_id)
+    try:
         prompt = build_engine_prompt(
             request,
             tokenizer=engine.tokenizer,
             with_offsets=prefixes > 0,
             cache=cache,
-            chain=parse_prefix_header(headers.get(HEADER_PREFIX)),
+            chain=scoped_chain(tenant, parse_prefix_header(headers.get(HEADER_PREFIX))),
         )
         if request.count_only:
             return PlannedCall(
@@ -306,11 +314,9 @@ def plan_call(
         require_reasoning=output.thinking,
     )
     try:  # the tenant's cache_salt: its own radix namespace and storage keys
-        kwargs.update(engine_kwargs(tenant_of_headers(headers), engine.engine.async_generate))
+        kwargs.update(engine_kwargs(tenant, engine.engine.async_generate))
     except TenantIsolationUnavailable as exc:
         raise RequestRejected(ErrorCode.ENGINE_ERROR, str(exc)) from None
-    except ValueError as exc:
-        raise RequestRejected(ErrorCode.INVALID_REQUEST, str(exc)) from None
     return PlannedCall(
         request=request,
         role=role,
