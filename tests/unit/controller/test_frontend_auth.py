@@ -9,6 +9,7 @@ import pytest
 
 from kvretention.api.models import KvRetentionDeployment, SpecError
 from kvretention.controller.resources import build_children, build_mooncake_client_config
+from kvretention.controller.resources.checks import check_spec
 from kvretention.dataplane.frontend.limits import parse_limits, parse_tenant_limits
 
 Body = dict[str, Any]
@@ -136,3 +137,44 @@ def test_the_tenants_pin_share_reaches_the_workers_mooncake_config(
 def test_a_malformed_auth_spec_is_refused(auth: Body, problem: str) -> None:
     with pytest.raises(SpecError, match=problem):
         KvRetentionDeployment.from_k8s(body(auth))
+
+
+@pytest.mark.parametrize(
+    ("pod", "problems"),
+    [
+        pytest.param({"volumes": [{"name": "cache", "emptyDir": {}}]}, [], id="other-volume"),
+        pytest.param(
+            {"volumes": [{"name": "auth-keys-0", "emptyDir": {}}]},
+            ["spec.frontend.pod.volumes[0]: the name auth-keys-0 is used by the operator"],
+            id="volume-name",
+        ),
+        pytest.param(
+            {"volumeMounts": [{"name": "v", "mountPath": "/etc/kvretention/"}]},
+            [
+                "spec.frontend.pod.volumeMounts[0]: /etc/kvretention/ would hide the auth "
+                "Secrets mounted under /etc/kvretention/auth"
+            ],
+            id="mount-over",
+        ),
+        pytest.param(
+            {"volumeMounts": [{"name": "v", "mountPath": "/etc/kvretention/auth/keys/x"}]},
+            [
+                "spec.frontend.pod.volumeMounts[0]: /etc/kvretention/auth/keys/x would hide "
+                "the auth Secrets mounted under /etc/kvretention/auth"
+            ],
+            id="mount-under",
+        ),
+        pytest.param(
+            {"volumeMounts": [{"name": "v", "mountPath": "/etc/kvretention-other"}]},
+            [],
+            id="a-sibling",
+        ),
+    ],
+)
+def test_frontend_pod_options_may_not_take_the_auth_mounts(pod: Body, problems: list[str]) -> None:
+    spec = body({"secretRefs": [{"name": "keys"}]})
+    spec["spec"]["frontend"]["pod"] = pod
+    assert check_spec(KvRetentionDeployment.from_k8s(spec)) == problems
+    without = body(None)
+    without["spec"]["frontend"] = {"pod": pod}
+    assert check_spec(KvRetentionDeployment.from_k8s(without)) == []

@@ -330,6 +330,35 @@ def check_pod_options(cr: KvRetentionDeployment) -> list[str]:
     return problems
 
 
+def check_frontend_auth(cr: KvRetentionDeployment) -> list[str]:
+    """With auth on, the frontend's pod options may not take the Secrets' volume names or mount
+    them over (the API server would refuse a repeated volume name; a mount over the keys would
+    hide them)."""
+    from kvretention.controller.resources.frontend import AUTH_MOUNT, AUTH_VOLUME_PREFIX
+
+    options = cr.spec.frontend.pod
+    if cr.spec.frontend.auth is None or options is None:
+        return []
+    problems = []
+    path = "spec.frontend.pod"
+    for index, volume in enumerate(options.volumes):
+        name = volume.get("name")
+        if isinstance(name, str) and name.startswith(AUTH_VOLUME_PREFIX):
+            problems.append(f"{path}.volumes[{index}]: the name {name} is used by the operator")
+    for index, mount in enumerate(options.volume_mounts):
+        mount_path = mount.get("mountPath")
+        if not isinstance(mount_path, str):
+            continue
+        normal = posixpath.normpath(mount_path)
+        under = normal.startswith(AUTH_MOUNT + "/")
+        if under or (AUTH_MOUNT + "/").startswith(normal.rstrip("/") + "/"):
+            problems.append(
+                f"{path}.volumeMounts[{index}]: {mount_path} would hide the auth Secrets "
+                f"mounted under {AUTH_MOUNT}"
+            )
+    return problems
+
+
 def check_multinode_names(cr: KvRetentionDeployment) -> list[str]:
     """A multinode pool's pod names are hostnames: the longest must stay a DNS label."""
     from kvretention.controller.resources.lws import MAX_LABEL_LENGTH, longest_pod_hostname
@@ -359,6 +388,7 @@ CHECKS: Final[tuple[Callable[[KvRetentionDeployment], list[str]], ...]] = (
     check_master_ports,
     check_worker_pod,
     check_pod_options,
+    check_frontend_auth,
     check_multinode_names,
 )
 

@@ -23,6 +23,7 @@ from kvretention.controller.resources.router import router_url
 FRONTEND_SUFFIX: Final = "frontend"
 AUTH_MOUNT: Final = "/etc/kvretention/auth"
 """Where each auth Secret is mounted in the frontend: ``<AUTH_MOUNT>/<secret name>``."""
+AUTH_VOLUME_PREFIX: Final = "auth-keys-"
 
 
 def frontend_endpoint(cr: KvRetentionDeployment) -> str:
@@ -77,7 +78,7 @@ def build_auth_volumes(cr: KvRetentionDeployment) -> tuple[list[Manifest], list[
     volumes: list[Manifest] = []
     mounts: list[Manifest] = []
     for i, ref in enumerate(auth.secret_refs):
-        volume = f"auth-keys-{i}"
+        volume = f"{AUTH_VOLUME_PREFIX}{i}"
         volumes.append({"name": volume, "secret": {"secretName": ref.name, "defaultMode": 0o444}})
         mounts.append({"name": volume, "mountPath": f"{AUTH_MOUNT}/{ref.name}", "readOnly": True})
     return volumes, mounts
