@@ -517,3 +517,33 @@ async def test_large_bodies_are_parsed_off_the_event_loop(
     (ran_on,) = threads
     assert ran_on.startswith(thread)
     assert waited == ([True] if large else [])
+
+
+async def test_a_conversations_next_large_body_is_parsed_on_the_loop(
+    router_standin: RouterStandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first 200 KB body of a conversation is parsed off the loop; its next one, which
+    resumes that parse (about a millisecond), right on the loop, without the hand-off."""
+    real, threads = frontend_app.decode_json_body, []
+
+    def recorded(raw: bytes) -> dict[str, Any]:
+        threads.append(threading.current_thread().name)
+        return real(raw)
+
+    monkeypatch.setattr(frontend_app, "decode_json_body", recorded)
+    app = create_app(FrontendConfig(router_url=router_standin.base_url))
+    client = await _client(app)
+    history = [
+        {"role": "user", "content": "x" * 100_000},
+        {"role": "assistant", "content": "y" * 100_000},
+    ]
+    try:
+        for turn in range(2):
+            messages = [*history, {"role": "user", "content": f"turn {turn}"}]
+            body = {"model": "m", "max_tokens": 4, "messages": messages}
+            assert (await client.post("/v1/messages", json=body)).status == 200
+            history = [*messages, {"role": "assistant", "content": f"answer {turn}"}]
+    finally:
+        await client.close()
+    assert threads[0].startswith("kvr-parse") and threads[1] == "MainThread"
+    assert app[frontend_app.STATE].resumer.resumed_items == 3  # turn 0 whole

@@ -366,9 +366,13 @@ async def admit(request: web.Request, api: Endpoint, *, state: FrontendState) ->
         except ClientError as exc:
             raise errors.from_client_error(exc) from None
         check_model(parsed.model, config=state.config)
+        state.resumer.parsed(raw)
         return parsed, body
 
-    parsed, body = await off_loop(state, len(raw), check)
+    # a conversation's next body resumes its last parse (~1 ms for 200 KB): cheaper right here
+    # than the hand-off to the parse thread
+    size = 0 if state.resumer.resumes(raw) else len(raw)
+    parsed, body = await off_loop(state, size, check)
     return Admitted(parsed, session_of(request, body, keys=state.config.session_keys), len(raw))
 
 

@@ -39,6 +39,8 @@ PER_HEAD: Final = 4
 BACK: Final = 2
 """Checkpoints before the last item, for a client that rewrote its newest items (Claude Code
 moves its newest breakpoint, so the last item comes back changed)."""
+HEAD_BYTES: Final = 4096
+"""How much of a raw body :meth:`Resumer.resumes` compares."""
 _ENCODE: Final = msgspec.json.Encoder().encode
 
 
@@ -66,13 +68,31 @@ class Resumer:
         self._capacity = capacity
         self._entries: OrderedDict[Hashable, list[_Entry]] = OrderedDict()
         self._count = 0
+        self._heads: OrderedDict[bytes, None] = OrderedDict()
         self._lock = threading.Lock()
         self.resumed_items = 0
         """Items taken from checkpoints so far (for tests and benchmarks)."""
 
+    def resumes(self, raw: bytes) -> bool:
+        """Whether a body that starts like ``raw`` (its first :data:`HEAD_BYTES`) was parsed
+        lately: its parse will likely resume, cheaply enough for the event loop. A guess for
+        scheduling only; :meth:`fold` decides what is reused."""
+        with self._lock:
+            return raw[:HEAD_BYTES] in self._heads
+
+    def parsed(self, raw: bytes) -> None:
+        """Note that a body starting like ``raw`` was parsed (see :meth:`resumes`)."""
+        head = raw[:HEAD_BYTES]
+        with self._lock:
+            self._heads[head] = None
+            self._heads.move_to_end(head)
+            while len(self._heads) > self._capacity * PER_HEAD:
+                self._heads.popitem(last=False)
+
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._heads.clear()
             self._count = 0
 
     def fold(
