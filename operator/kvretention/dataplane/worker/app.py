@@ -313,10 +313,11 @@ def plan_call(
         bootstrap=bootstrap,
         require_reasoning=output.thinking,
     )
-    try:  # the tenant's cache_salt: its own radix namespace and storage keys
-        kwargs.update(engine_kwargs(tenant, engine.engine.async_generate))
-    except TenantIsolationUnavailable as exc:
-        raise RequestRejected(ErrorCode.ENGINE_ERROR, str(exc)) from None
+    if tenant is not None:  # the tenant's cache_salt: its own radix namespace and storage keys
+        try:
+            kwargs.update(engine_kwargs(tenant, engine.engine.async_generate))
+        except TenantIsolationUnavailable as exc:
+            raise RequestRejected(ErrorCode.ENGINE_ERROR, str(exc)) from None
     return PlannedCall(
         request=request,
         role=role,
