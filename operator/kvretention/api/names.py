@@ -4,6 +4,7 @@ Defined here once; every other module, the data plane's included, imports them."
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final, Literal
 
 APP_NAME: Final = "kvretention"
@@ -15,6 +16,33 @@ LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 FIELD_MANAGER: Final = "kvretention-operator"
 """The one server-side-apply field manager the operator writes with (also its Events' source and
 the value of ``app.kubernetes.io/managed-by`` on every child)."""
+
+HEALTH_PATH: Final = "/healthz"
+"""Liveness: every kvretention process (frontend, router, worker, operator) answers 200 here."""
+READY_PATH: Final = "/readyz"
+"""Readiness: 2xx only while the process can serve (the router: while a worker is ready)."""
+METRICS_PATH: Final = "/metrics"
+
+FLEET_PODS_SELECTOR: Final = f"{LABEL_NAME}={APP_NAME},{LABEL_INSTANCE}"
+"""Every fleet's pods: they carry their workload's selector labels (immutable), not the managed-by
+label."""
+
+
+def fleet_pods_selector(name: str) -> str:
+    """The label selector of every pod of fleet ``name``."""
+    return f"{LABEL_NAME}={APP_NAME},{LABEL_INSTANCE}={name}"
+
+
+def pod_selector_labels(instance: str, component: str) -> dict[str, str]:
+    """The labels a workload or Service of fleet ``instance`` selects its pods by (immutable
+    once created)."""
+    return {LABEL_NAME: APP_NAME, LABEL_INSTANCE: instance, LABEL_COMPONENT: component}
+
+
+def label_selector(labels: Mapping[str, str]) -> str:
+    """A label selector string matching ``labels`` (keys sorted: one spelling per selector)."""
+    return ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
+
 
 MANIFEST_HASH_ANNOTATION: Final = "kvretention.io/manifest-hash"
 """On every child the operator applies: the hash of the manifest it applied, so a restarted

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar, cast
 
 from kvretention.api.models import KvRetentionDeployment
-from kvretention.api.names import APP_NAME, LABEL_INSTANCE, LABEL_NAME
+from kvretention.api.names import fleet_pods_selector
 from kvretention.controller import kube as k
 from kvretention.controller.cache import (
     CR_KIND,
@@ -80,12 +80,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 UNSERVED_RETRY_S: Final = 30.0
 """How soon a fleet whose child kind is not served (the LWS CRD missing) is reconciled again."""
-
-
-def fleet_pods_selector(name: str) -> str:
-    """The label selector of every pod of fleet ``name`` (the Deployments' immutable selector
-    labels, so pods made before a label change still match)."""
-    return f"{LABEL_NAME}={APP_NAME},{LABEL_INSTANCE}={name}"
 
 
 async def _outcome(call: Awaitable[T]) -> T | Exception:

@@ -23,11 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from kvretention.api.names import (
-    APP_NAME,
     FIELD_MANAGER,
-    LABEL_INSTANCE,
+    FLEET_PODS_SELECTOR,
     LABEL_MANAGED_BY,
-    LABEL_NAME,
 )
 from kvretention.controller import kube as k
 from kvretention.controller.cache import PODS_INDEX, index_by_instance
@@ -44,8 +42,7 @@ OPTIONAL_RETRY_S: Final = 30.0
 """How often an informer of an optional kind whose API is absent looks for it again."""
 
 MANAGED_SELECTOR: Final = f"{LABEL_MANAGED_BY}={FIELD_MANAGER}"
-POD_SELECTOR: Final = f"{LABEL_NAME}={APP_NAME},{LABEL_INSTANCE}"
-"""Fleet pods carry their Deployment's selector labels (immutable), not the managed-by label."""
+POD_SELECTOR: Final = FLEET_PODS_SELECTOR
 WATCHED: Final[tuple[tuple[str, k.ResourceKind, str], ...]] = (
     *((kind.plural, kind, MANAGED_SELECTOR) for kind in k.CHILD_KINDS),
     (PODS_INDEX, k.POD, POD_SELECTOR),

@@ -36,6 +36,7 @@ from kvretention.api.names import (
     RETENTION_BUDGET,
     ROUTER_READY,
     WORKERS_READY,
+    label_selector,
 )
 from kvretention.api.names import LABEL_COMPONENT as COMPONENT_LABEL
 from kvretention.api.probe_report import (
@@ -818,7 +819,7 @@ def _scale(fleet: Fleet, observed: Observed) -> tuple[int, str] | None:
     match = ((target.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
     if target.get("kind") == LEADER_WORKER_SET:  # one leader pod per replica (a group)
         match = {**observe_group_workload(target, None).selector, LWS_LEADER_SELECTOR[0]: "0"}
-    selector = ",".join(f"{k}={v}" for k, v in sorted(match.items()))
+    selector = label_selector(match)
     live = observed.deployments.get(target["metadata"]["name"]) or {}
     return int((live.get("status") or {}).get("replicas") or 0), selector
 

@@ -18,9 +18,8 @@ from typing import Any, Final
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-HEALTH_PATH: Final = "/healthz"
-READY_PATH: Final = "/readyz"
-METRICS_PATH: Final = "/metrics"
+from kvretention.api.names import HEALTH_PATH, METRICS_PATH, READY_PATH
+
 METRICS_CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
 STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
 

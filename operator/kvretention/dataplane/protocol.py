@@ -23,8 +23,6 @@ from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler
 from pydantic_core import to_json
 
 GENERATE_PATH: Final = "/v1/generate"
-READY_PATH: Final = "/readyz"
-"""The router answers 2xx here only while at least one worker is ready (the frontend's readiness)."""
 NDJSON: Final = "application/x-ndjson"
 
 # Per-hop placement headers set by the router; the body is never changed.

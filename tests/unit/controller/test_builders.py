@@ -554,7 +554,7 @@ def test_scale_selector_matches_the_scaled_pool(workers: Body, role: str, deploy
     cr = KvRetentionDeployment.from_k8s(base(workers=workers))
     assert scaled_role(cr) == role
     match_labels = children(base(workers=workers))[deployment]["spec"]["selector"]["matchLabels"]
-    assert scale_selector(cr) == ",".join(f"{k}={v}" for k, v in match_labels.items())
+    assert scale_selector(cr) == ",".join(f"{k}={v}" for k, v in sorted(match_labels.items()))
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from kvretention.api.models import (
     is_extended_resource,
 )
 from kvretention.api.names import APP_NAME as APP_NAME
-from kvretention.api.names import FIELD_MANAGER
+from kvretention.api.names import FIELD_MANAGER, HEALTH_PATH, READY_PATH, pod_selector_labels
 from kvretention.api.names import LABEL_COMPONENT as LABEL_COMPONENT
 from kvretention.api.names import LABEL_INSTANCE as LABEL_INSTANCE
 from kvretention.api.names import LABEL_MANAGED_BY as LABEL_MANAGED_BY
@@ -49,7 +49,7 @@ def service_host(cr: KvRetentionDeployment, suffix: str) -> str:
 
 def selector_labels(cr: KvRetentionDeployment, component: str) -> dict[str, str]:
     """The labels a Deployment/Service selects its pods by (immutable once created)."""
-    return {LABEL_NAME: APP_NAME, LABEL_INSTANCE: cr.name, LABEL_COMPONENT: component}
+    return pod_selector_labels(cr.name, component)
 
 
 def labels(cr: KvRetentionDeployment, component: str) -> dict[str, str]:
@@ -118,12 +118,12 @@ def http_probes(port: int) -> dict[str, Any]:
     """Liveness on ``/healthz`` and readiness on ``/readyz``: every kvretention process serves both."""
     return {
         "livenessProbe": {
-            "httpGet": {"path": "/healthz", "port": port},
+            "httpGet": {"path": HEALTH_PATH, "port": port},
             "periodSeconds": 10,
             "failureThreshold": 3,
         },
         "readinessProbe": {
-            "httpGet": {"path": "/readyz", "port": port},
+            "httpGet": {"path": READY_PATH, "port": port},
             "periodSeconds": 5,
             "failureThreshold": 2,
         },

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from kvretention.api.models import STARTUP_ALLOWANCE_SECONDS, KvRetentionDeployment
-from kvretention.api.names import PROBE_CONTAINER, Role
+from kvretention.api.names import HEALTH_PATH, PROBE_CONTAINER, Role, label_selector
 from kvretention.controller.resources.common import (
     CLI,
     COMPONENT_DECODE,
@@ -228,7 +228,7 @@ def build_worker_container(
         **http_probes(WORKER_PORT),
         # Loading weights takes minutes: liveness starts only once the engine is up.
         "startupProbe": {
-            "httpGet": {"path": "/healthz", "port": WORKER_PORT},
+            "httpGet": {"path": HEALTH_PATH, "port": WORKER_PORT},
             "periodSeconds": STARTUP_PERIOD_SECONDS,
             "failureThreshold": startup_failure_threshold(cr),
         },
@@ -330,5 +330,4 @@ def scaled_role(cr: KvRetentionDeployment) -> Role:
 
 def scale_selector(cr: KvRetentionDeployment) -> str:
     """``status.selector`` for the scale subresource: the scaled pool's pod labels."""
-    selector = selector_labels(cr, ROLE_COMPONENT[scaled_role(cr)])
-    return ",".join(f"{key}={value}" for key, value in selector.items())
+    return label_selector(selector_labels(cr, ROLE_COMPONENT[scaled_role(cr)]))

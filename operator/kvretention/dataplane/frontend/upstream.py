@@ -19,11 +19,11 @@ from typing import Final
 import aiohttp
 from pydantic import ValidationError
 
+from kvretention.api.names import READY_PATH
 from kvretention.dataplane.frontend import errors
 from kvretention.dataplane.frontend.errors import FrontendError
 from kvretention.dataplane.protocol import (
     GENERATE_PATH,
-    READY_PATH,
     ErrorLine,
     GenerateChunk,
     PreprocessedRequest,

@@ -27,6 +27,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from kvretention.api.names import READY_PATH
 from kvretention.dataplane.http import Readiness, add_metrics, add_probes
 from kvretention.dataplane.protocol import (
     ERROR_STATUS,
@@ -55,6 +56,7 @@ from kvretention.dataplane.router.health import (
 )
 from kvretention.dataplane.router.placement import (
     DEFAULT_MAX_PREFIXES,
+    DEFAULT_MAX_SESSIONS,
     Balance,
     Choice,
     Policy,
@@ -76,7 +78,6 @@ from kvretention.dataplane.tenancy import (
 log = logging.getLogger(__name__)
 
 INFO_PATH: Final = "/v1/info"
-HEALTH_PATH: Final = "/readyz"
 """Polled on each worker: readiness, so a draining worker stops getting new requests."""
 
 
@@ -92,7 +93,7 @@ class RouterConfig:
     """Longest gap between two streamed chunks before the request fails with ``upstream_timeout``."""
     bootstrap_port: int | None = None
     """Prefill bootstrap port when a prefill worker's ``/v1/info`` does not say."""
-    max_sessions: int = 100_000
+    max_sessions: int = DEFAULT_MAX_SESSIONS
     policy: Policy = "cache-aware"
     """Placement of requests without a session pin: longest prefix match, or least outstanding."""
     max_prefixes: int = DEFAULT_MAX_PREFIXES
@@ -290,7 +291,7 @@ async def check_worker(state: RouterState, worker: Worker) -> None:
     timeout = aiohttp.ClientTimeout(total=state.config.health_timeout_s)
     evidence: Evidence
     try:
-        async with session.get(worker.url + HEALTH_PATH, timeout=timeout) as resp:
+        async with session.get(worker.url + READY_PATH, timeout=timeout) as resp:
             evidence = (
                 "ok" if resp.status == 200 else "not_ready" if resp.status == 503 else "error"
             )

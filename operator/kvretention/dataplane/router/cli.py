@@ -23,7 +23,12 @@ from kvretention.dataplane.http import serve_until_signal
 from kvretention.dataplane.router.app import RouterConfig, RouterState, build_app
 from kvretention.dataplane.router.discovery import DiscoveryError, build_sources
 from kvretention.dataplane.router.health import DEFAULT_EJECT_AFTER
-from kvretention.dataplane.router.placement import DEFAULT_MAX_PREFIXES, POLICIES, Policy
+from kvretention.dataplane.router.placement import (
+    DEFAULT_MAX_PREFIXES,
+    DEFAULT_MAX_SESSIONS,
+    POLICIES,
+    Policy,
+)
 from kvretention.ports import ROUTER_PORT
 
 log = logging.getLogger("kvretention.router")
@@ -66,7 +71,7 @@ log = logging.getLogger("kvretention.router")
     show_default=True,
     help="Longest silence between two streamed chunks before the request fails.",
 )
-@click.option("--max-sessions", type=int, default=100_000, show_default=True)
+@click.option("--max-sessions", type=int, default=DEFAULT_MAX_SESSIONS, show_default=True)
 @click.option(
     "--policy",
     type=click.Choice(POLICIES),
