@@ -9,15 +9,13 @@ wiring between the operator, the LWS controller (and its webhooks), the schedule
 
 from __future__ import annotations
 
-import base64
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
-from kubernetes.client.rest import ApiException
+from lws_fixtures import GROUP, lws_running, second_node
 from operator_fixtures import (
     GOOD_REPORT,
     Fleets,
@@ -28,13 +26,9 @@ from operator_fixtures import (
 )
 
 from kvretention.api.names import FIELD_MANAGER
-from kvretention_devtools.localcluster import lws
-from kvretention_devtools.localcluster.components import build_node
 from support.controlplane import Cluster, wait_until
 
 RESYNC_S = 30.0
-SECOND_NODE = "kvr-node-lws-1"
-GROUP = "leaderworkerset.x-k8s.io"
 WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
 
@@ -44,30 +38,8 @@ def lws_controller(
     cluster: Cluster, k8s: client.ApiClient, tmp_path_factory: Any
 ) -> Iterator[None]:
     """The LWS controller and a second kwok node (one rank per node), for this module only."""
-    kubeconfig = yaml.safe_load(cluster.kubeconfig.read_text())
-    token = kubeconfig["users"][0]["user"]["token"]
-    ca_pem = base64.b64decode(kubeconfig["clusters"][0]["cluster"]["certificate-authority-data"])
-    state_dir = cluster.state_dir or tmp_path_factory.mktemp("lws")
-    core = client.CoreV1Api(k8s)
-    try:
-        core.create_node(build_node(SECOND_NODE, gpus=8))
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-    lws.start(
-        state_dir, server=cluster.server, token=token, ca_pem=ca_pem, kubeconfig=cluster.kubeconfig
-    )
-    try:
-        wait_until(f"Node {SECOND_NODE} Ready", lambda: _node_ready(core, SECOND_NODE))
+    with second_node(k8s), lws_running(cluster, tmp_path_factory):
         yield
-    finally:
-        lws.stop(state_dir, server=cluster.server, token=token, ca_pem=ca_pem)
-        core.delete_node(SECOND_NODE)
-
-
-def _node_ready(core: client.CoreV1Api, name: str) -> bool:
-    conditions = core.read_node(name).status.conditions or []
-    return any(c.type == "Ready" and c.status == "True" for c in conditions)
 
 
 # The LWS controller is started (above) before the operator, so its informer finds the CRD.
