@@ -17,7 +17,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar, cast
 
-from kvretention.api.models import KvRetentionDeployment
 from kvretention.api.names import fleet_pods_selector
 from kvretention.controller import kube as k
 from kvretention.controller.cache import (
@@ -34,7 +33,6 @@ from kvretention.controller.kvstore_client import read_master_metrics
 from kvretention.controller.kvstore_metrics import (
     KvStoreReading,
     keep_unchanged,
-    master_metrics_url,
     plan_metrics_read,
     reading_from_status,
 )
@@ -66,8 +64,6 @@ from kvretention.controller.planner import (
     uid_of,
     worker_pods,
 )
-from kvretention.controller.resources.common import service_host
-from kvretention.controller.resources.mooncake import MASTER_SUFFIX, uses_mooncake
 from kvretention.controller.status import (
     WORKLOAD_KINDS,
     Observed,
@@ -275,7 +271,7 @@ class Controller:
             return "invalid"
         # The master's /metrics is read alongside the applies (bounded, never raises), so a slow
         # or absent master delays nothing else.
-        kvstore_read = asyncio.ensure_future(self._kvstore_reading(plan.cr, previous))
+        kvstore_read = asyncio.ensure_future(self._kvstore_reading(plan, previous))
         live = await self._live_children(namespace, plan, snapshot)
         taken = plan_conflicts(plan.desired, live, uid=plan.uid)
         conflicts = [
@@ -368,26 +364,23 @@ class Controller:
         return live
 
     async def _kvstore_reading(
-        self, cr: KvRetentionDeployment, previous: Mapping[str, Any] | None
+        self, plan: FleetPlan, previous: Mapping[str, Any] | None
     ) -> KvStoreReading | None:
         """The managed master's usage: read at most every READ_INTERVAL_SECONDS per fleet."""
-        mooncake = cr.spec.kv_store.mooncake
-        if mooncake.mode != "managed" or not uses_mooncake(cr.spec):
+        url = plan.master_metrics_url
+        if url is None:
             return None
+        cr = plan.cr
+        budget = cr.spec.kv_store.mooncake.master.soft_pin.budget_ratio
         key = (cr.namespace, cr.name)
         now = self.clock()
         last = self._kvstore_reads.get(key)
         if last is not None and not plan_metrics_read(last[0], now=now):
             reading = last[1]
         else:
-            url = master_metrics_url(
-                host=service_host(cr, MASTER_SUFFIX), port=mooncake.master.metrics_port
-            )
             reading = await self.read_kvstore(url, now=now)
             self._kvstore_reads[key] = (now, reading)
-            self.metrics.observe_kvstore(
-                *key, reading, budget=mooncake.master.soft_pin.budget_ratio
-            )
+            self.metrics.observe_kvstore(*key, reading, budget=budget)
         return keep_unchanged(reading_from_status(previous), reading)
 
     async def _ensure(

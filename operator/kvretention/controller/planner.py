@@ -19,7 +19,10 @@ from typing import Any, Final, Literal
 from kvretention.api.models import GROUP, KIND, KvRetentionDeployment, SpecError
 from kvretention.api.names import FIELD_MANAGER, LABEL_COMPONENT, LABEL_INSTANCE
 from kvretention.api.names import MANIFEST_HASH_ANNOTATION as HASH_ANNOTATION
+from kvretention.controller.kvstore_metrics import master_metrics_url
 from kvretention.controller.resources import build_children, check_spec
+from kvretention.controller.resources.common import service_host
+from kvretention.controller.resources.mooncake import MASTER_SUFFIX, uses_mooncake
 from kvretention.controller.resources.sglang_args import plan_retention
 from kvretention.controller.status import (
     WORKER_COMPONENTS,
@@ -210,6 +213,8 @@ class FleetPlan:
     uid: str
     desired: Sequence[dict[str, Any]]
     fleet: Fleet
+    master_metrics_url: str | None = None
+    """The managed Mooncake master's /metrics (its Service's metrics port); None without one."""
 
 
 def plan_fleet(body: Mapping[str, Any]) -> InvalidPlan | FleetPlan:
@@ -239,7 +244,14 @@ def plan_fleet(body: Mapping[str, Any]) -> InvalidPlan | FleetPlan:
         retention_budget=mooncake.master.soft_pin.budget_ratio,
         retention=plan_retention(cr.spec),
     )
-    return FleetPlan(cr=cr, uid=uid_of(body), desired=desired, fleet=fleet)
+    metrics_url = (
+        master_metrics_url(host=service_host(cr, MASTER_SUFFIX), port=mooncake.master.metrics_port)
+        if mooncake.mode == "managed" and uses_mooncake(cr.spec)
+        else None
+    )
+    return FleetPlan(
+        cr=cr, uid=uid_of(body), desired=desired, fleet=fleet, master_metrics_url=metrics_url
+    )
 
 
 def plan_lookups(

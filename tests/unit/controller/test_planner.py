@@ -19,9 +19,11 @@ from kvretention.controller.cache import (
     index_by_instance,
 )
 from kvretention.controller.planner import (
+    FleetPlan,
     held_message,
     manifest_hash,
     plan_child,
+    plan_fleet,
     plan_holds,
     plan_prune,
     plan_status,
@@ -425,3 +427,16 @@ def test_a_held_child_is_said_by_name_and_why() -> None:
         "Deployment w is not created or updated until the conflict is gone: it mounts "
         "ConfigMap c, which is taken"
     )
+
+
+@pytest.mark.parametrize(
+    ("example", "url"),
+    [
+        ("aggregated", "http://qwen-mooncake.ns.svc:9003/metrics"),
+        ("external-mooncake", None),  # not ours to read
+    ],
+)
+def test_the_plan_carries_the_masters_metrics_url(example: str, url: str | None) -> None:
+    plan = plan_fleet(load_example(example))
+    assert isinstance(plan, FleetPlan)
+    assert plan.master_metrics_url == url
