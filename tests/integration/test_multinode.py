@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 from lws_fixtures import GROUP, lws_running, second_node
 from operator_fixtures import (
     GOOD_REPORT,
@@ -197,3 +198,41 @@ def test_the_operator_never_writes_a_pod_the_lws_controller_owns(
     writes = operator.metric_sum("kvretention_operator_apply_writes_total")
     time.sleep(3)  # a quiet fleet: no further writes of any kind
     assert operator.metric_sum("kvretention_operator_apply_writes_total") == writes
+
+
+@pytest.mark.parametrize(
+    ("workers", "message"),
+    [
+        ({"nodesPerReplica": 2}, "workers.aggregated.tensorParallelSize must be a multiple"),
+        (
+            {"nodesPerReplica": 3, "aggregated": {"tensorParallelSize": 8}},
+            "workers.aggregated.tensorParallelSize must be a multiple",
+        ),
+        (
+            {
+                "mode": "disaggregated",
+                "prefill": {"tensorParallelSize": 4, "nodesPerReplica": 3},
+                "decode": {},
+            },
+            "workers.prefill.tensorParallelSize must be a multiple",
+        ),
+        (
+            {
+                "mode": "disaggregated",
+                "nodesPerReplica": 2,
+                "prefill": {"tensorParallelSize": 2},
+                "decode": {"tensorParallelSize": 1},
+            },
+            "workers.decode.tensorParallelSize must be a multiple",
+        ),
+    ],
+)
+def test_the_api_server_refuses_ranks_that_do_not_split_across_the_nodes(
+    operator: Operator, fleets: Fleets, workers: dict[str, Any], message: str
+) -> None:
+    body = load_example("aggregated", name="mn-bad")
+    body["spec"]["workers"] = {**body["spec"]["workers"], **workers}
+    with pytest.raises(ApiException) as err:
+        fleets.create(body)
+    assert err.value.status == 422
+    assert message in str(err.value.body)

@@ -24,6 +24,7 @@ VALID = {
     "disaggregated": ROOT / "examples" / "disaggregated.yaml",
     "external-mooncake": ROOT / "examples" / "external-mooncake.yaml",
     "agents": ROOT / "examples" / "agents.yaml",
+    "multinode": ROOT / "examples" / "multinode.yaml",
     "managed-mooncake": CASES / "managed-mooncake.yaml",
     "hints-required": CASES / "hints-required.yaml",
     "hints-optional": CASES / "hints-optional.yaml",

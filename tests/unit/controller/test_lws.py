@@ -361,3 +361,19 @@ async def test_with_the_crd_the_lws_is_applied_and_its_groups_make_the_workers_r
     assert status["workers"]["pools"][0]["name"] == "qwen-worker-lws"
     assert status["replicas"] == 2
     assert WORKER_INDEX_LABEL + "=0" in status["selector"]
+
+
+def test_render_prints_the_leader_worker_set() -> None:
+    from pathlib import Path
+
+    import yaml
+    from click.testing import CliRunner
+
+    from kvretention.cli import main
+
+    example = Path(__file__).resolve().parents[3] / "examples" / "multinode.yaml"
+    result = CliRunner().invoke(main, ["render", "-f", str(example)])
+    assert result.exit_code == 0, result.stderr
+    kinds = [(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(result.stdout)]
+    assert ("LeaderWorkerSet", "qwen-235b-worker-lws") in kinds
+    assert ("Deployment", "qwen-235b-worker") not in kinds
