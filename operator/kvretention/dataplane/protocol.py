@@ -15,7 +15,6 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 from enum import StrEnum
-from functools import partial
 from typing import Annotated, Any, ClassVar, Final, Literal, TypeVar, cast
 
 import msgspec
@@ -339,29 +338,53 @@ def message_wire(message: ChatMessage) -> dict[str, Any]:
     return out
 
 
-_WIRE: Final[dict[int, tuple[weakref.ref[ChatMessage], msgspec.Raw]]] = {}
-"""id(message) -> the message's encoded wire form, while the message lives: an agent's next
-request repeats the last one's messages as the same objects (``frontend/resume.py``), so each is
-encoded once. Entries leave with their message (the weak reference's callback)."""
+class MessageMemo(weakref.ref):  # type: ignore[type-arg]  # of ChatMessage
+    """What the frontend derives from one message object, kept while the message lives: an
+    agent's next request repeats the last one's messages as the same objects
+    (``frontend/resume.py``), so each is encoded and hashed once. A weak reference itself, so
+    one small object per message carries it all and leaves with the message."""
+
+    __slots__ = ("after", "before", "key", "wire")
+    key: int
+    wire: msgspec.Raw | None
+    """The message's router JSON."""
+    before: Any
+    """The prefix chain's hasher this message was hashed after (``frontend/affinity.py``)."""
+    after: Any
+    """The hasher once this message was hashed into ``before``."""
+
+
+_MEMOS: Final[dict[int, MessageMemo]] = {}
+
+
+def memo_of(message: ChatMessage) -> MessageMemo:
+    """The message's memo (a new, empty one the first time)."""
+    key = id(message)
+    memo = _MEMOS.get(key)
+    if memo is not None and memo() is message:
+        return memo
+    memo = MessageMemo(message, _forget)
+    memo.key, memo.wire, memo.before, memo.after = key, None, None, None
+    _MEMOS[key] = memo
+    return memo
+
+
+def _forget(memo: MessageMemo) -> None:
+    if _MEMOS.get(memo.key) is memo:
+        del _MEMOS[memo.key]
 
 
 def _message_json(message: ChatMessage) -> msgspec.Raw | dict[str, Any]:
     """``message_wire(message)``, encoded once per message object."""
-    key = id(message)
-    hit = _WIRE.get(key)
-    if hit is not None and hit[0]() is message:
-        return hit[1]
+    memo = memo_of(message)
+    if memo.wire is not None:
+        return memo.wire
     wire = message_wire(message)
     try:
-        encoded = msgspec.Raw(_ENCODE(wire))
+        memo.wire = msgspec.Raw(_ENCODE(wire))
     except (OverflowError, TypeError, msgspec.EncodeError):
         return wire
-    _WIRE[key] = (weakref.ref(message, partial(_forget, key)), encoded)
-    return encoded
-
-
-def _forget(key: int, _: object) -> None:
-    _WIRE.pop(key, None)
+    return memo.wire
 
 
 def _part_wire(part: TextPart | ImagePart) -> dict[str, Any]:

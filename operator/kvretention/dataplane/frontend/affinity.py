@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import weakref
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from functools import partial
 from typing import Any, Final
 
 from kvretention.dataplane.protocol import (
@@ -31,6 +30,7 @@ from kvretention.dataplane.protocol import (
     ImagePart,
     TextPart,
     ToolDefinition,
+    memo_of,
 )
 
 __all__ = [
@@ -101,40 +101,39 @@ def prefix_chain(messages: Sequence[ChatMessage], tools: Sequence[ToolDefinition
     head = 0
     while head < len(messages) and messages[head].role in ("system", "developer"):
         head += 1
-    hasher = hashlib.blake2b(_head_bytes(messages[:head], tools), digest_size=8)
-    digest = hasher.hexdigest()
-    chain = [digest]
+    hasher = _head(_head_bytes(messages[:head], tools))
+    chain = [hasher.hexdigest()]
     rest = messages[head:]
     for i, message in enumerate(rest, start=1):
-        hasher, digest = _step(hasher, digest, message)
+        # each message object remembers the hasher it was hashed after and the result, so a
+        # conversation's next request (the same objects after the same head) hashes only what
+        # is new; identity, not equality, keeps this exact
+        memo = memo_of(message)
+        if memo.before is not hasher:
+            after = hasher.copy()
+            after.update(b"\x1d" + _message_bytes(message))
+            memo.before, memo.after = hasher, after
+        hasher = memo.after
         if i < FULL_CHAIN_BLOCKS or i % CHAIN_STRIDE == 0 or i == len(rest):
-            chain.append(digest)
+            chain.append(hasher.hexdigest())
     return chain
 
 
-_Hasher = Any  # hashlib's blake2b object (no public type)
-_STEPS: Final[dict[int, tuple[weakref.ref[ChatMessage], str, _Hasher, str]]] = {}
-"""id(message) -> (the message, the chain's digest before it, the hasher and digest after it),
-while the message lives: an agent's next request repeats the last one's messages as the same
-objects (``frontend/resume.py``), so each is hashed once where it follows the same prefix."""
+_HEADS: Final[OrderedDict[bytes, Any]] = OrderedDict()
+"""Head block bytes -> its hasher, for the most recent heads (one object per head, so the
+messages after it find the hasher they were hashed after)."""
+MAX_HEADS: Final = 256
 
 
-def _step(hasher: _Hasher, digest: str, message: ChatMessage) -> tuple[_Hasher, str]:
-    """The chain one message further: ``hasher`` (the state whose hex digest is ``digest``) is
-    not changed; what is returned must not be either."""
-    key = id(message)
-    hit = _STEPS.get(key)
-    if hit is not None and hit[0]() is message and hit[1] == digest:
-        return hit[2], hit[3]
-    after = hasher.copy()
-    after.update(b"\x1d" + _message_bytes(message))
-    after_digest: str = after.hexdigest()
-    _STEPS[key] = (weakref.ref(message, partial(_forget, key)), digest, after, after_digest)
-    return after, after_digest
-
-
-def _forget(key: int, _: object) -> None:
-    _STEPS.pop(key, None)
+def _head(data: bytes) -> Any:
+    hasher = _HEADS.get(data)
+    if hasher is not None:
+        _HEADS.move_to_end(data)
+    else:
+        hasher = _HEADS[data] = hashlib.blake2b(data, digest_size=8)
+        while len(_HEADS) > MAX_HEADS:
+            _HEADS.popitem(last=False)
+    return hasher
 
 
 def _strip_billing_lines(text: str) -> str | None:
