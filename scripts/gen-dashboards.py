@@ -166,6 +166,7 @@ def dashboard(
 
 
 FRONTEND_REQ = "kvretention_frontend_requests_total"
+CONDITION = "kvretention_operator_fleet_condition"
 LATENCY = "kvretention_frontend_upstream_latency_seconds"
 
 
@@ -506,9 +507,40 @@ def operator() -> dict[str, Any]:
     return dashboard(
         uid="kvretention-operator",
         title="kvretention / Operator",
-        description="The operator: reconciles, writes to the API server, leadership.",
-        source_metric="kvretention_kvstore_metrics_up",
+        description="The operator: fleets' conditions, reconciles, writes to the API server, "
+        "leadership.",
+        source_metric=CONDITION,
         panels=[
+            Panel(
+                "Fleets Ready",
+                "Fleets whose Ready condition is True.",
+                (Target(f'sum({CONDITION}{{{SEL}, type="Ready", status="True"}})', "ready"),),
+                kind="stat",
+                width=6,
+            ),
+            Panel(
+                "Fleets not Ready",
+                "Fleets whose Ready condition is False or Unknown.",
+                (Target(f'sum({CONDITION}{{{SEL}, type="Ready", status!="True"}})', "not ready"),),
+                kind="stat",
+                width=6,
+            ),
+            Panel(
+                "Conditions not True, by reason",
+                "Each fleet's conditions that are False or Unknown, with the reason the operator "
+                "gave (kubectl describe shows the message).",
+                (
+                    Target(
+                        gauge(
+                            CONDITION,
+                            by="fleet_namespace, fleet, type, status, reason",
+                            where='status!="True"',
+                        ),
+                        "{{fleet_namespace}}/{{fleet}} {{type}}={{status}} {{reason}}",
+                    ),
+                ),
+                width=24,
+            ),
             Panel(
                 "Leader",
                 "1 on the replica that holds the leader Lease.",

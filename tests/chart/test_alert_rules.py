@@ -66,6 +66,22 @@ def passed(dialect: str, values: str) -> tuple[str, str]:
     return series, values
 
 
+def condition(type_: str, status: str, reason: str, values: str) -> tuple[str, str]:
+    series = (
+        f'kvretention_operator_fleet_condition{{{AT}, type="{type_}", status="{status}", '
+        f'reason="{reason}"}}'
+    )
+    return series, values
+
+
+NOT_APPLIED = {
+    "summary": f"KvRetentionDeployment {NS}/{FLEET}: retention hints are not applied",
+    "description": "The RetentionApplied condition is False: the workers take kv_hints but do not "
+    "retain what they ask for. Its reason and message say why (EvictionPolicyOverridden, "
+    "PluginNotSelected, or the plugin failed to load).",
+}
+
+
 @dataclass(frozen=True)
 class Case:
     id: str
@@ -210,6 +226,41 @@ CASES = [
         "30m",
     ),
     Case(
+        "engine-takes-no-hints",
+        "KvRetentionHintsUnsupported",
+        [condition("KvHintsSupported", "False", "NoKvHintsParameter", "1x40")],
+        "30m",
+        [firing("warning", HINTS)],
+    ),
+    Case(
+        "engine-takes-hints",
+        "KvRetentionHintsUnsupported",
+        [condition("KvHintsSupported", "True", "Supported", "1x40")],
+        "30m",
+    ),
+    Case(
+        "retention-not-applied",
+        "KvRetentionRetentionNotApplied",
+        [condition("RetentionApplied", "False", "EvictionPolicyOverridden", "1x40")],
+        "30m",
+        [firing("warning", NOT_APPLIED)],
+    ),
+    Case(
+        "retention-applied",
+        "KvRetentionRetentionNotApplied",
+        [condition("RetentionApplied", "True", "Applied", "1x40")],
+        "30m",
+    ),
+    Case(
+        "retention-not-applied-briefly",
+        "KvRetentionRetentionNotApplied",
+        [
+            condition("RetentionApplied", "False", "PluginNotSelected", "1x5"),
+            condition("RetentionApplied", "True", "Applied", "_x5 1x30"),
+        ],
+        "30m",
+    ),
+    Case(
         "no-hints-sent",
         "KvRetentionHintsUnsupported",
         [hints("0x40"), passed("versioned", "0x40")],
@@ -303,6 +354,7 @@ def test_every_alert_has_a_firing_and_a_quiet_case(rule_groups: dict[str, Any]) 
         "KvRetentionNoReadyWorkers",
         "KvRetentionErrorRatioHigh",
         "KvRetentionHintsUnsupported",
+        "KvRetentionRetentionNotApplied",
     }
     assert {c.alert for c in CASES if c.fires} == alerts
     assert {c.alert for c in CASES if not c.fires} == alerts

@@ -37,6 +37,7 @@ ALERTS = {
     "KvRetentionNoReadyWorkers",
     "KvRetentionErrorRatioHigh",
     "KvRetentionHintsUnsupported",
+    "KvRetentionRetentionNotApplied",
 }
 
 
@@ -48,6 +49,7 @@ ALERTS = {
         ("noReadyWorkersFor", "30s", "KvRetentionNoReadyWorkers", "for"),
         ("errorRatioFor", "20m", "KvRetentionErrorRatioHigh", "for"),
         ("hintsUnsupportedFor", "2h", "KvRetentionHintsUnsupported", "for"),
+        ("retentionNotAppliedFor", "45m", "KvRetentionRetentionNotApplied", "for"),
         ("criticalSeverity", "page", "KvRetentionNoReadyWorkers", "severity"),
     ],
 )

@@ -139,6 +139,13 @@ def test_an_autoscaled_aggregated_pool_is_scaled_by_its_hpa(
     # Resyncs later the operator still leaves the HPA's count alone.
     time.sleep(2 * RESYNC_S)
     assert fleets.deployment("scaled-worker")["spec"]["replicas"] == 2
+    # The fleet's conditions are on the operator's /metrics for the alerts and the dashboard.
+    exported = {
+        key
+        for key in operator.metrics()
+        if key.startswith("kvretention_operator_fleet_condition{") and 'fleet="scaled"' in key
+    }
+    assert any('type="Ready"' in key for key in exported), exported
 
 
 def test_prefill_and_decode_pools_get_an_hpa_each(operator: Operator, fleets: Fleets) -> None:

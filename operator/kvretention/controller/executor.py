@@ -152,6 +152,7 @@ class Controller:
             self.known.discard(key)
             self.failures.pop(key, None)
             self.metrics.forget_kvstore(*key)
+            self.metrics.forget_conditions(*key)
             self._kvstore_reads.pop(key, None)
             self._verified.pop(key, None)
             owner = uid or self._uids.get(key)
@@ -444,6 +445,10 @@ class Controller:
         status: dict[str, Any],
     ) -> None:
         """Apply the status subresource only when it changed; post an Event per flip."""
+        meta = body["metadata"]
+        self.metrics.observe_conditions(
+            meta["namespace"], meta["name"], status.get("conditions") or ()
+        )
         plan = plan_status(previous, status)
         if not plan.write:
             return

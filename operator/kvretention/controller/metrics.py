@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -18,6 +20,9 @@ class Metrics:
     """Counters a test or a dashboard can read: reconciles, writes, errors, durations."""
 
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    _conditions: dict[tuple[str, str], dict[str, tuple[str, str]]] = field(
+        default_factory=dict, repr=False
+    )
 
     def __post_init__(self) -> None:
         r = self.registry
@@ -107,6 +112,13 @@ class Metrics:
             FLEET_LABELS,
             registry=r,
         )
+        self.fleet_condition = Gauge(
+            "kvretention_operator_fleet_condition",
+            "A fleet's conditions as the operator last computed them: 1 per condition type, "
+            "labelled with its status and reason (alerts and the operator dashboard read them).",
+            [*FLEET_LABELS, "type", "status", "reason"],
+            registry=r,
+        )
         self.kvstore_over_budget = Gauge(
             "kvretention_kvstore_over_budget",
             "1 while pins hold more of the pool than softPin.budgetRatio allows, else 0.",
@@ -135,6 +147,25 @@ class Metrics:
             self.kvstore_budget_ratio.labels(*labels).set(budget)
             over = ratio is not None and ratio > budget
             self.kvstore_over_budget.labels(*labels).set(1 if over else 0)
+
+    def observe_conditions(
+        self, namespace: str, name: str, conditions: Iterable[Mapping[str, Any]]
+    ) -> None:
+        """Export a fleet's conditions: one series per type, the old one gone when it changes."""
+        key = (namespace, name)
+        current = {str(c["type"]): (str(c["status"]), str(c.get("reason", ""))) for c in conditions}
+        for type_, labels in self._conditions.get(key, {}).items():
+            if current.get(type_) != labels:
+                with contextlib.suppress(KeyError):
+                    self.fleet_condition.remove(namespace, name, type_, *labels)
+        for type_, (status, reason) in current.items():
+            self.fleet_condition.labels(namespace, name, type_, status, reason).set(1)
+        self._conditions[key] = current
+
+    def forget_conditions(self, namespace: str, name: str) -> None:
+        """Drop a deleted fleet's condition series."""
+        self.observe_conditions(namespace, name, ())
+        self._conditions.pop((namespace, name), None)
 
     def forget_kvstore(self, namespace: str, name: str) -> None:
         """Drop a deleted fleet's series."""
