@@ -745,7 +745,8 @@ class WorkerPoolSpec(WireModel):
         default=None,
         description=(
             "Worker container resources. When limits omit workers.gpuResource, "
-            "tensorParallelSize GPUs are requested."
+            "tensorParallelSize GPUs are requested (tensorParallelSize / nodesPerReplica on "
+            "each pod of a multinode worker)."
         ),
     )
     extra_args: list[ExtraArg] = Field(
