@@ -139,6 +139,10 @@ def test_an_autoscaled_aggregated_pool_is_scaled_by_its_hpa(
     # Resyncs later the operator still leaves the HPA's count alone.
     time.sleep(2 * RESYNC_S)
     assert fleets.deployment("scaled-worker")["spec"]["replicas"] == 2
+    # The fleet's status counts the pool as the HPA sized it.
+    fleets.wait_condition("scaled", "WorkersReady", "True")
+    pools = fleets.get("scaled")["status"]["workers"]["pools"]
+    assert [(p["name"], p["ready"]) for p in pools] == [("scaled-worker", 2)]
     # The fleet's conditions are on the operator's /metrics for the alerts and the dashboard.
     exported = {
         key

@@ -143,6 +143,9 @@ def observe_workload(desired: Mapping[str, Any], live: Mapping[str, Any] | None)
     if live is None:
         return base
     status = live.get("status") or {}
+    if replicas is None:
+        # An autoscaled pool's workload is applied without replicas: its HPA sizes it.
+        base = replace(base, desired=int((live.get("spec") or {}).get("replicas") or 1))
     generation = int((live.get("metadata") or {}).get("generation") or 0)
     observed_generation = int(status.get("observedGeneration") or 0)
     failure = _deployment_condition(live, "ReplicaFailure")

@@ -484,6 +484,18 @@ def test_observe_workload_defaults_replicas_to_one_and_reads_live_status() -> No
     assert (w.exists, w.ready, w.rolled_out) == (True, 2, True)
 
 
+@pytest.mark.parametrize(("live_replicas", "ready", "healthy"), [(3, 3, True), (3, 2, False)])
+def test_an_autoscaled_workload_wants_what_its_hpa_set(
+    live_replicas: int, ready: int, healthy: bool
+) -> None:
+    manifest = deployment("d", "worker")
+    del manifest["spec"]["replicas"]  # as the operator applies an autoscaled pool
+    body = live("d", replicas=live_replicas, ready=ready)
+    body["spec"] = {"replicas": live_replicas}
+    w = observe_workload(manifest, body)
+    assert (w.desired, w.healthy) == (live_replicas, healthy)
+
+
 def test_refused_writes_outrank_everything_else() -> None:
     observed = Observed(
         deployments=all_ready(AGGREGATED),
