@@ -143,6 +143,10 @@ def test_an_autoscaled_aggregated_pool_is_scaled_by_its_hpa(
     fleets.wait_condition("scaled", "WorkersReady", "True")
     pools = fleets.get("scaled")["status"]["workers"]["pools"]
     assert [(p["name"], p["ready"]) for p in pools] == [("scaled-worker", 2)]
+    # Converged: the HPA's own writes (its status, the scale) start no write loop.
+    writes = operator.writes()
+    time.sleep(3 * RESYNC_S)
+    assert operator.writes() == writes
     # The fleet's conditions are on the operator's /metrics for the alerts and the dashboard.
     exported = {
         key
