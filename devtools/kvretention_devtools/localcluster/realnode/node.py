@@ -240,6 +240,8 @@ def stop_node(state_dir: Path, *, echo: Echo) -> list[str]:
     Returns what is still different from the record (empty when the host is clean)."""
     layout = NodeLayout(state_dir)
     state = load_node(state_dir)
+    if state is None and not layout.host_record.is_file():
+        return []  # no real node in this state dir (a kwok-only plane): touch nothing
     if state is not None:
         for name in ("coredns", "kube-proxy", "kubelet"):
             pid = state.pids.get(name)
