@@ -87,9 +87,11 @@ def test_a_two_node_fleet_becomes_ready_with_one_rank_per_node(
     name = "mn"
     cr = _ready_fleet(fleets, name)
     status = cr["status"]
-    assert [(p["name"], p["reason"], p["ready"]) for p in status["workers"]["pools"]] == [
-        (f"{name}-worker-lws", "PodsReady", 2)
+    pools = [
+        (p["name"], p["reason"], p["ready"], p["nodesPerReplica"])
+        for p in status["workers"]["pools"]
     ]
+    assert pools == [(f"{name}-worker-lws", "PodsReady", 2, 2)]
     assert status["workersReady"] == "2/2"
     assert status["replicas"] == 2
     assert f"{WORKER_INDEX}=0" in status["selector"]

@@ -64,7 +64,10 @@ class ReplicaCount(_StatusModel):
 class WorkerPoolStatus(ReplicaCount):
     """One worker pool (one Deployment): its pods and why they are not ready, if they are not."""
 
-    name: str = Field(max_length=253, description="The pool's Deployment.")
+    name: str = Field(
+        max_length=253,
+        description="The pool's Deployment, or LeaderWorkerSet for a multinode pool.",
+    )
     role: str = Field(
         default="",
         max_length=63,
@@ -78,13 +81,22 @@ class WorkerPoolStatus(ReplicaCount):
             "ProgressDeadlineExceeded, Unschedulable, ErrImagePull / ImagePullBackOff (and the "
             "kubelet's other image reasons), CreateContainerConfigError (and the kubelet's other "
             "container reasons), InitContainerFailed, CrashLoopBackOff, ContainerFailed, "
-            "PodFailed, RollingOut, PodsStarting, PodsNotReady."
+            "PodFailed, RollingOut, PodsStarting, PodsNotReady, LeaderWorkerSetMissing."
         ),
     )
     message: str = Field(
         default="",
         max_length=32768,
         description="Details: the Deployment, the pod, the scheduler's or kubelet's message.",
+    )
+    nodes_per_replica: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description=(
+            "Set for a multinode pool (a LeaderWorkerSet): the pods of each worker, one per node. "
+            "The counts are then of workers (groups), each ready only when all its pods are."
+        ),
     )
 
 

@@ -76,6 +76,8 @@ class Workload:
     """``Deployment``, or ``LeaderWorkerSet`` for a multinode pool (``desired`` counts groups)."""
     unserved: str | None = None
     """Why the workload cannot exist: the API server does not serve its kind (a CRD missing)."""
+    group_size: int = 1
+    """Pods per replica: a LeaderWorkerSet's group size (1 for a Deployment)."""
     selector: Mapping[str, str] = field(default_factory=dict)
     """The Deployment's ``matchLabels``: which pods are its own."""
     exists: bool = False
@@ -193,6 +195,7 @@ def observe_group_workload(desired: Mapping[str, Any], live: Mapping[str, Any] |
         desired=1 if replicas is None else int(replicas),
         kind=LEADER_WORKER_SET,
         selector={k: template_labels[k] for k in _SELECTOR_KEYS if k in template_labels},
+        group_size=int((spec.get("leaderWorkerTemplate") or {}).get("size") or 1),
     )
     if live is None:
         return base

@@ -760,6 +760,7 @@ def _pools(
     out = []
     for w in workloads:
         _, verdict = diagnose_workload(w, pods, what="worker", held=held)
+        group = {"nodes_per_replica": w.group_size} if w.kind == LEADER_WORKER_SET else {}
         out.append(
             WorkerPoolStatus(
                 name=w.name,
@@ -767,6 +768,7 @@ def _pools(
                 **_count([w]),
                 reason=verdict.reason,
                 message=verdict.message,
+                **group,
             )
         )
     return out

@@ -358,7 +358,8 @@ async def test_with_the_crd_the_lws_is_applied_and_its_groups_make_the_workers_r
     await c.reconcile(("ns", "qwen"))
     status = fake.cr()["status"]
     assert _conditions(fake)["WorkersReady"][:2] == ("True", "PodsReady")
-    assert status["workers"]["pools"][0]["name"] == "qwen-worker-lws"
+    (pool,) = status["workers"]["pools"]
+    assert (pool["name"], pool["nodesPerReplica"], pool["ready"]) == ("qwen-worker-lws", 2, 2)
     assert status["replicas"] == 2
     assert WORKER_INDEX_LABEL + "=0" in status["selector"]
 
