@@ -111,6 +111,7 @@ def test_pins_only_retained_pages_and_they_survive_pressure(
         "pinned": 9,
         "unretained": 3 + 4 + 4 + 8,
         "over_budget": 0,
+        "over_tenant_budget": 0,
         "expired": 0,
         "pin_refused": 0,
     }
