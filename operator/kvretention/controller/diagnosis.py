@@ -200,6 +200,8 @@ def observe_group_workload(desired: Mapping[str, Any], live: Mapping[str, Any] |
     if live is None:
         return base
     status = live.get("status") or {}
+    if replicas is None:  # autoscaled: its HPA sizes the live LeaderWorkerSet
+        base = replace(base, desired=int((live.get("spec") or {}).get("replicas") or 1))
     ready = int(status.get("readyReplicas") or 0)
     # The LWS controller writes no observedGeneration: a status it has written counts as current.
     seen = bool(status.get("conditions")) or "replicas" in status

@@ -293,6 +293,19 @@ def test_a_group_counts_as_ready_only_when_the_lws_controller_says_every_rank_is
     assert says in verdict.message
 
 
+def test_an_autoscaled_multinode_pool_wants_what_its_hpa_set() -> None:
+    lws = _lws(build_children(_cr(MULTINODE)), "qwen-worker-lws")
+    spec = {k: v for k, v in lws["spec"].items() if k != "replicas"}  # applied without replicas
+    desired = {**lws, "spec": spec}
+    live = {
+        **desired,
+        "spec": {**spec, "replicas": 3},
+        "status": {"replicas": 3, "readyReplicas": 3, "updatedReplicas": 3, "conditions": [{}]},
+    }
+    w = observe_group_workload(desired, live)
+    assert (w.desired, w.healthy) == (3, True)
+
+
 # -- the executor, with and without the LWS CRD --------------------------------------------------
 
 
