@@ -4,6 +4,7 @@ out as a mounted Secret, each provider's 401, rotation without a restart, per-te
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from kvretention.dataplane.frontend.app import FrontendConfig, create_app
 from kvretention.dataplane.frontend.auth import Gate, KeyStore
 from kvretention.dataplane.frontend.limits import LimitPolicy, Limits
 from kvretention.dataplane.tenancy import HEADER_TENANT
+from kvretention.dataplane.trace import RequestTrace
 from support.router_standin import RouterStandIn
 from support.secret_mount import write_secret
 
@@ -342,3 +344,37 @@ async def test_concurrent_requests_are_limited_per_tenant(
     assert third.headers["retry-after"] == "1"
     assert other.status == 200
     assert again.status == 200
+
+
+async def test_the_trace_names_tenants_never_keys(
+    router_standin: RouterStandIn, keys_dir: Path, tmp_path: Path
+) -> None:
+    """Served, refused (401) and limited (429) requests each leave one trace record: the tenant
+    where it is known, the status and the code; no record holds a key."""
+    trace = RequestTrace(tmp_path / "trace.jsonl", component="frontend")
+    limits = LimitPolicy(tenants={"team-b": Limits(requests_per_second=1, burst=1)})
+    gate = _gate(keys_dir, limits, clock=FrozenClock())
+    app = create_app(FrontendConfig(router_url=router_standin.base_url), gate=gate, trace=trace)
+    client = await _client(app)
+    try:
+        for headers, want in [
+            ({"authorization": f"Bearer {KEY_A}"}, 200),
+            ({"authorization": "Bearer sk-wrong-000000000000"}, 401),
+            ({"authorization": f"Bearer {KEY_B}"}, 200),
+            ({"authorization": f"Bearer {KEY_B}"}, 429),
+        ]:
+            resp = await client.post(CHAT, json=chat("traced"), headers=headers)
+            assert resp.status == want
+    finally:
+        await client.close()
+    text = (tmp_path / "trace.jsonl").read_text()
+    records = [json.loads(line) for line in text.splitlines()]
+    got = [(r.get("tenant"), r["status"], r.get("error_code")) for r in records]
+    assert got == [
+        ("team-a", 200, None),
+        (None, 401, "invalid_api_key"),
+        ("team-b", 200, None),
+        ("team-b", 429, "rate_limit_exceeded"),
+    ]
+    for secret in (KEY_A, KEY_B, "sk-wrong-000000000000"):
+        assert secret not in text

@@ -163,7 +163,11 @@ def create_app(
     app.cleanup_ctx.append(_router_session)
     if gate is not None:
         gate.install(
-            app, registry=state.metrics.registry, respond=error_response, provider_for=provider_for
+            app,
+            registry=state.metrics.registry,
+            respond=error_response,
+            provider_for=provider_for,
+            trace=trace,
         )
     app.router.add_post("/v1/chat/completions", _endpoint(CHAT))
     app.router.add_post("/v1/responses", _endpoint(RESPONSES))

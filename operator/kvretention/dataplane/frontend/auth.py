@@ -25,10 +25,11 @@ import hashlib
 import hmac
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
@@ -38,6 +39,7 @@ from kvretention.dataplane.frontend import errors
 from kvretention.dataplane.frontend.errors import FrontendError, Provider
 from kvretention.dataplane.frontend.limits import LimitPolicy, Refusal, TenantLimiter
 from kvretention.dataplane.tenancy import HEADER_TENANT, TENANT_PATTERN, valid_tenant
+from kvretention.dataplane.trace import RequestTrace
 
 log = logging.getLogger("kvretention.frontend.auth")
 
@@ -270,6 +272,7 @@ class Gate:
     clock: Callable[[], float] = time.monotonic
     limiter: TenantLimiter = field(init=False)
     metrics: AuthMetrics | None = None
+    trace: RequestTrace | None = None
 
     def __post_init__(self) -> None:
         self.limiter = TenantLimiter(self.limits)
@@ -293,9 +296,12 @@ class Gate:
         registry: CollectorRegistry,
         respond: Respond,
         provider_for: Callable[[str], Provider],
+        trace: RequestTrace | None = None,
     ) -> None:
-        """Add the middleware (inside the app's error layer) and the key watcher to ``app``."""
+        """Add the middleware (inside the app's error layer) and the key watcher to ``app``;
+        refusals go to ``trace`` (the tenant when known, never a key)."""
         self.metrics = self.keys.metrics = AuthMetrics(registry)
+        self.trace = trace
         self.keys._count("ok")
         app.middlewares.append(self._middleware(respond=respond, provider_for=provider_for))
         app.cleanup_ctx.append(self._watching)
@@ -320,6 +326,7 @@ class Gate:
             if isinstance(who, FrontendError):
                 if metrics is not None:
                     metrics.refusals.labels(who.code).inc()
+                self._trace(request, who, tenant=None)
                 response = respond(who, provider)
                 response.force_close()  # the unread body is not worth reading
                 return response
@@ -331,6 +338,7 @@ class Gate:
                 err = errors.rate_limited(
                     tenant=who, kind=lease.kind, retry_after=lease.retry_after_s
                 )
+                self._trace(request, err, tenant=who)
                 return respond(err, provider)
             request[TENANT] = who
             status = 500
@@ -350,6 +358,19 @@ class Gate:
                     metrics.requests.labels(who, str(status)).inc()
 
         return gate
+
+    def _trace(self, request: web.Request, err: FrontendError, *, tenant: str | None) -> None:
+        if self.trace is None:
+            return
+        extra: dict[str, Any] = {"tenant": tenant} if tenant is not None else {}
+        self.trace.record(
+            request_id=uuid.uuid4().hex,
+            outcome="rejected",
+            path=request.path,
+            status=err.status,
+            error_code=err.code,
+            **extra,
+        )
 
 
 def tenant_of(request: web.Request) -> str | None:
