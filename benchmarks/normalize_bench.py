@@ -14,7 +14,10 @@ time, medians over repeats, every step's samples interleaved):
   ``dataplane/frontend/app.py`` calls: body to JSON (UTF-8 decode, ``json.loads``, the surrogate
   scan), the provider's ``parse_*`` into the neutral conversation (which runs the normalizer),
   the client normalisation and hint policy, ``PreprocessedRequest``, the prefix chain header and
-  the router request's serialization.
+  the router request's serialization. The three steps that remember earlier requests (the parse,
+  the chain, the serialization) are timed on fresh state: for the agent bodies as the session's
+  next turn (the turn before served first, untimed), and as its first turn
+  (``first_turn_stages_us``); for the others as a first request.
 
 Target: normalization under 20% of parse time.
 
