@@ -29,6 +29,13 @@ typecheck:
 unit: bootstrap
 	$(BIN)/pytest -q tests/unit
 
+## The pods tier (opt-in, root): a real node on this machine, every pod a real process (docs/real-node.md).
+test-pods: bootstrap
+	@scripts/install-node.sh
+	@scripts/build-node.sh >/dev/null
+	@scripts/build-images.sh >/dev/null
+	KVR_PODS_TIER=1 $(BIN)/pytest -q tests/pods
+
 ## The real-clients tier again with npm's latest Claude Code and Codex: what changed, what is refused.
 clients-latest: bootstrap
 	@scripts/clients-latest.sh

@@ -1,0 +1,387 @@
+"""Every pod a real process: the chart's operator, examples/aggregated.yaml's fleet, the probe
+init container, and agent requests through the frontend Service to a worker pod.
+
+One fleet for the module (the node starts once, pods take seconds each): the chart installs the
+operator from the image built here, the operator reconciles the example with the images built
+here (the worker image runs the engine stand-in: no GPU on this machine), and the tests read what
+the real pods did: container ids from containerd, the probe's termination message, the worker's
+recorded engine calls (``kubectl exec``), its ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from support.agent_sessions import claude_code_session, codex_session
+from support.controlplane import Cluster, wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "kvretention"
+EXAMPLE = ROOT / "examples" / "aggregated.yaml"
+RELEASE_NS = "kvr-system"
+FLEET_NS = "fleet"
+RECORD = "/tmp/standin-calls.jsonl"
+# Each stand-in token takes this long, so a stream is in flight long enough to kill its worker.
+TOKEN_DELAY_S = "0.4"
+READY_S = 240.0
+CGROUP_PIDS = Path("/sys/fs/cgroup/pids")
+
+
+def kubectl(cluster: Cluster, *args: str, stdin: str | None = None) -> str:
+    return cluster.kubectl(*args, stdin=stdin, timeout_s=120).stdout
+
+
+def get_json(cluster: Cluster, *args: str) -> dict[str, Any]:
+    out: dict[str, Any] = json.loads(kubectl(cluster, "get", *args, "-o", "json"))
+    return out
+
+
+def condition(obj: dict[str, Any], ctype: str) -> dict[str, Any]:
+    for cond in obj.get("status", {}).get("conditions") or []:
+        if cond["type"] == ctype:
+            return dict(cond)
+    return {}
+
+
+def fleet_pods(cluster: Cluster, name: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = get_json(
+        cluster, "pods", "-n", FLEET_NS, "-l", f"app.kubernetes.io/instance={name}"
+    )["items"]
+    return items
+
+
+def build_fleet(images: dict[str, str]) -> dict[str, Any]:
+    """examples/aggregated.yaml with the images built here; the stand-in records its calls."""
+    doc: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+    spec = doc["spec"]
+    spec.setdefault("frontend", {})["image"] = images["runtime"]
+    spec.setdefault("router", {})["image"] = images["runtime"]
+    workers = spec["workers"]
+    workers["image"] = images["worker"]
+    workers["pod"] = {
+        "env": [
+            {"name": "KVR_STANDIN_RECORD", "value": RECORD},
+            {"name": "KVR_STANDIN_DELAY_S", "value": TOKEN_DELAY_S},
+        ]
+    }
+    kv = spec.setdefault("kvStore", {}).setdefault("mooncake", {})
+    kv.setdefault("master", {})["image"] = images["worker"]
+    return doc
+
+
+@pytest.fixture(scope="module")
+def fleet(node_cluster: Cluster, images: dict[str, str]) -> Iterator[str]:
+    """The chart's operator (a pod) and the example fleet it reconciled; yields the fleet name."""
+    cluster = node_cluster
+    kubectl(cluster, "create", "namespace", FLEET_NS)
+    repo, _, tag = images["operator"].rpartition(":")
+    cluster_bin = cluster.bin_dir
+    helm = [
+        str(cluster_bin / "helm"),
+        f"--kubeconfig={cluster.kubeconfig}",
+        "install",
+        "kvretention",
+        str(CHART),
+        f"--namespace={RELEASE_NS}",
+        "--create-namespace",
+        f"--set=image.repository={repo}",
+        f"--set=image.tag={tag}",
+        "--set=image.pullPolicy=Never",
+        f"--set=watch.namespaces={{{FLEET_NS}}}",
+        "--wait",
+        "--timeout=3m",
+    ]
+    done = subprocess.run(helm, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = build_fleet(images)
+    kubectl(cluster, "-n", FLEET_NS, "apply", "--server-side", "-f", "-", stdin=yaml.safe_dump(doc))
+    name = doc["metadata"]["name"]
+    wait_until(
+        f"{FLEET_NS}/{name} Ready",
+        lambda: (
+            condition(get_json(cluster, "kvrd", "-n", FLEET_NS, name), "Ready").get("status")
+            == "True"
+        ),
+        timeout_s=READY_S,
+    )
+    yield name
+
+
+def test_chart_runs_the_operator_as_a_real_pod(node_cluster: Cluster, fleet: str) -> None:
+    (pod,) = get_json(
+        node_cluster, "pods", "-n", RELEASE_NS, "-l", "app.kubernetes.io/name=kvretention-operator"
+    )["items"]
+    assert pod["spec"]["nodeName"] == "kvr-real-node"
+    (status,) = pod["status"]["containerStatuses"]
+    assert status["ready"] and status["containerID"].startswith("containerd://")
+    assert "running" in status["state"]
+    # The operator in the pod reconciled the fleet: the kvrd's status carries its conditions.
+    assert condition(get_json(node_cluster, "kvrd", "-n", FLEET_NS, fleet), "Ready")
+
+
+def test_example_fleet_is_ready_with_every_pod_running(node_cluster: Cluster, fleet: str) -> None:
+    pods = fleet_pods(node_cluster, fleet)
+    components = sorted({p["metadata"]["labels"]["app.kubernetes.io/component"] for p in pods})
+    assert {"frontend", "router"} <= set(components), components
+    assert sum(1 for p in pods if "worker" in p["metadata"]["name"]) >= 2
+    for pod in pods:
+        assert pod["status"]["phase"] == "Running", pod["metadata"]["name"]
+        for status in pod["status"]["containerStatuses"]:
+            assert status["ready"], (pod["metadata"]["name"], status)
+            assert status["containerID"].startswith("containerd://")
+
+
+def test_probe_init_container_report_reaches_kv_hints_supported(
+    node_cluster: Cluster, fleet: str
+) -> None:
+    workers = [p for p in fleet_pods(node_cluster, fleet) if p["spec"].get("initContainers")]
+    assert workers
+    for pod in workers:
+        (probe,) = pod["status"]["initContainerStatuses"]
+        terminated = probe["state"]["terminated"]
+        assert terminated["exitCode"] == 0
+        report = json.loads(terminated["message"])
+        assert report["sglang_version"] == "0.5.23"
+        assert report["usable_for_hints"] is True
+    supported = condition(get_json(node_cluster, "kvrd", "-n", FLEET_NS, fleet), "KvHintsSupported")
+    assert supported["status"] == "True", supported
+
+
+def _frontend_url(cluster: Cluster, fleet: str) -> str:
+    services = get_json(cluster, "svc", "-n", FLEET_NS, "-l", f"app.kubernetes.io/instance={fleet}")
+    (svc,) = [
+        s
+        for s in services["items"]
+        if s["metadata"]["labels"].get("app.kubernetes.io/component") == "frontend"
+    ]
+    port = svc["spec"]["ports"][0]["port"]
+    return f"http://{svc['spec']['clusterIP']}:{port}"
+
+
+def _post(url: str, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+    data = json.dumps({**body, "stream": False}).encode()
+    req = urllib.request.Request(
+        url, data=data, headers={**headers, "content-type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        answer: dict[str, Any] = json.loads(resp.read())
+    return answer
+
+
+def _engine_calls(cluster: Cluster, fleet: str) -> dict[str, dict[str, Any]]:
+    """rid -> recorded generate call, from every worker pod's stand-in record."""
+    calls: dict[str, dict[str, Any]] = {}
+    for pod in fleet_pods(cluster, fleet):
+        if not pod["spec"].get("initContainers"):
+            continue
+        done = cluster.kubectl(
+            "-n",
+            FLEET_NS,
+            "exec",
+            pod["metadata"]["name"],
+            "-c",
+            "worker",
+            "--",
+            "cat",
+            RECORD,
+            check=False,
+        )
+        for line in done.stdout.splitlines():
+            call = json.loads(line)
+            if call.get("event") == "generate":
+                calls[call["rid"]] = call
+    return calls
+
+
+@pytest.mark.parametrize("agent", ["claude-code", "codex"])
+def test_agent_request_through_the_frontend_service_reaches_a_worker_pod(
+    node_cluster: Cluster, fleet: str, agent: str
+) -> None:
+    frontend = _frontend_url(node_cluster, fleet)
+    if agent == "claude-code":
+        headers, body = claude_code_session(turns=2)[-1]
+        body["model"] = "claude-haiku-4-5"
+        answer = _post(frontend + "/v1/messages", body, headers)
+        assert answer["content"], answer
+    else:
+        headers, body = codex_session(turns=2)[-1]
+        body["model"] = "gpt-5-codex"
+        answer = _post(frontend + "/v1/responses", body, headers)
+        assert answer["output"], answer
+    rid = answer["id"].partition("_")[2]
+    calls = wait_until(f"the engine call {rid}", lambda: _engine_calls(node_cluster, fleet))
+    assert rid in calls, sorted(calls)
+    if agent == "claude-code":
+        # Claude Code marks cache_control: the hint reaches the engine in the worker pod.
+        assert calls[rid]["kwargs"]["kv_hints"], calls[rid]["kwargs"]
+
+
+def _worker_pods(cluster: Cluster, fleet: str) -> list[dict[str, Any]]:
+    return [p for p in fleet_pods(cluster, fleet) if p["spec"].get("initContainers")]
+
+
+def _inflight(pod: dict[str, Any]) -> float:
+    """The worker's ``kvretention_worker_inflight``, read from its pod IP (the host is on the
+    pods' bridge)."""
+    url = f"http://{pod['status']['podIP']}:8002/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=3) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return 0.0
+    for line in text.splitlines():
+        if line.startswith("kvretention_worker_inflight "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def _kill_container(pod: dict[str, Any], container: str) -> int:
+    """SIGKILL every process of one container from the host (its cgroup), as an OOM kill would;
+    returns how many were killed."""
+    (status,) = [s for s in pod["status"]["containerStatuses"] if s["name"] == container]
+    cid = status["containerID"].removeprefix("containerd://")
+    uid = pod["metadata"]["uid"]
+    (procs,) = CGROUP_PIDS.glob(f"kvr-node/kubepods/*/pod{uid}/{cid}/cgroup.procs")
+    pids = [int(p) for p in procs.read_text().split()]
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    return len(pids)
+
+
+def _stream_claude_code(url: str, events: list[str], done: threading.Event) -> None:
+    headers, body = claude_code_session(turns=2)[-1]
+    body = {**body, "model": "claude-haiku-4-5", "stream": True}
+    req = urllib.request.Request(
+        url + "/v1/messages",
+        data=json.dumps(body).encode(),
+        headers={**headers, "content-type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            for raw in resp:
+                line = raw.decode().strip()
+                if line.startswith("event: "):
+                    events.append(line.removeprefix("event: "))
+    except OSError as err:
+        events.append(f"transport error: {err}")
+    finally:
+        done.set()
+
+
+def _claude_code_ok(url: str) -> bool:
+    return _claude_code_error(url) is None
+
+
+def _claude_code_error(url: str) -> str | None:
+    """None when a Claude Code-shaped request through the frontend Service succeeds, else why."""
+    headers, body = claude_code_session(turns=2)[-1]
+    body["model"] = "claude-haiku-4-5"
+    try:
+        answer = _post(url + "/v1/messages", body, headers)
+    except urllib.error.HTTPError as err:
+        return f"{err.code}: {err.read()[:300]!r}"
+    except OSError as err:
+        return f"transport: {err}"
+    if answer.get("type") == "message" and answer["content"]:
+        return None
+    return f"unexpected answer: {answer}"
+
+
+def _fleet_ready(cluster: Cluster, fleet: str) -> bool:
+    obj = get_json(cluster, "kvrd", "-n", FLEET_NS, fleet)
+    return (
+        condition(obj, "Ready").get("status") == "True"
+        and condition(obj, "Progressing").get("reason") == "Converged"
+    )
+
+
+def test_worker_killed_mid_stream_gives_a_clean_error_and_the_fleet_recovers(
+    node_cluster: Cluster, fleet: str
+) -> None:
+    frontend = _frontend_url(node_cluster, fleet)
+    events: list[str] = []
+    done = threading.Event()
+    threading.Thread(target=_stream_claude_code, args=(frontend, events, done), daemon=True).start()
+    serving = wait_until(
+        "a worker pod with the stream in flight",
+        lambda: [p for p in _worker_pods(node_cluster, fleet) if _inflight(p) >= 1],
+        timeout_s=20,
+    )
+    wait_until("the first content of the stream", lambda: "content_block_delta" in events)
+    (victim,) = serving
+    restarts = victim["status"]["containerStatuses"][0]["restartCount"]
+    assert _kill_container(victim, "worker") >= 1
+    assert done.wait(30), "the client's stream did not end after its worker died"
+    # The client got what was streamed, then one Anthropic error event: no hang, no cut socket.
+    assert "content_block_delta" in events and events[-1] == "error", events
+    assert "message_stop" not in events
+
+    # The kubelet restarts the container; the fleet is Ready again and serves.
+    name = victim["metadata"]["name"]
+    wait_until(
+        f"{name} restarted and ready",
+        lambda: any(
+            s["restartCount"] > restarts and s["ready"]
+            for s in get_json(node_cluster, "pod", "-n", FLEET_NS, name)["status"][
+                "containerStatuses"
+            ]
+        ),
+        timeout_s=120,
+    )
+    wait_until(f"{fleet} Ready again", lambda: _fleet_ready(node_cluster, fleet), timeout_s=120)
+    assert _claude_code_ok(frontend)
+
+
+def test_rolling_update_drains_workers_without_a_failed_request(
+    node_cluster: Cluster, fleet: str
+) -> None:
+    frontend = _frontend_url(node_cluster, fleet)
+    before = {p["metadata"]["name"] for p in _worker_pods(node_cluster, fleet)}
+    patch = {
+        "spec": {
+            "workers": {
+                "pod": {
+                    "env": [
+                        {"name": "KVR_STANDIN_RECORD", "value": RECORD},
+                        {"name": "KVR_STANDIN_DELAY_S", "value": TOKEN_DELAY_S},
+                        {"name": "KVR_ROLL", "value": str(time.time())},
+                    ]
+                }
+            }
+        }
+    }
+    kubectl(
+        node_cluster,
+        "-n",
+        FLEET_NS,
+        "patch",
+        "kvrd",
+        fleet,
+        "--type=merge",
+        "-p",
+        json.dumps(patch),
+    )
+    results: list[str | None] = []
+
+    def rolled() -> bool:
+        results.append(_claude_code_error(frontend))
+        now = {p["metadata"]["name"] for p in _worker_pods(node_cluster, fleet)}
+        return not (now & before) and _fleet_ready(node_cluster, fleet)
+
+    wait_until("the workers rolled to the new template", rolled, timeout_s=240)
+    assert len(results) >= 3, results
+    failed = [r for r in results if r is not None]
+    assert not failed, f"{len(failed)} of {len(results)} requests failed during the roll: {failed}"
