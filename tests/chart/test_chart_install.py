@@ -279,8 +279,9 @@ def test_helm_install_upgrade_uninstall_with_operator(
         [],
         ["--set=watch.clusterWide=true"],
         ["--set=operator.replicas=2", "--set=crds.keep=false"],
+        ["--set=metrics.dashboards.enabled=true"],
     ],
-    ids=["namespaced", "cluster-wide", "ha"],
+    ids=["namespaced", "cluster-wide", "ha", "dashboards"],
 )
 def test_rendered_chart_passes_server_side_validation(
     cluster: Cluster, helm_cluster: Helm, namespace: str, values: list[str]
