@@ -278,6 +278,8 @@ def frontend_stages(case: Case) -> dict[str, Callable[[], object]]:
 
     def policy() -> object:
         p = frontend.normalize_clients(parsed, state=state, endpoint=api.endpoint)
+        if HINT_POLICY is not None:  # the policy and the metric's TTL from one find_markers
+            return HINT_POLICY(p, config=config)
         p = frontend.apply_hint_policy(p, config=config)
         return frontend.longest_ttl(p)
 
@@ -302,6 +304,9 @@ def frontend_stages(case: Case) -> dict[str, Callable[[], object]]:
     }
 
 
+HINT_POLICY = getattr(frontend, "hint_policy", None)
+"""What the tree under test's request flow calls (older trees: ``apply_hint_policy`` then
+``longest_ttl``, two walks for markers)."""
 RESUMES: bool = "resumer" in inspect.signature(MESSAGES.parse).parameters
 """Whether the tree under test parses a session's next body from the last one's (issue 21)."""
 NEXT_TURN_SAMPLES = 25

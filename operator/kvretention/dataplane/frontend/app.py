@@ -26,7 +26,7 @@ from typing import Any, Final, TypeVar
 import msgspec
 from aiohttp import web
 
-from kvretention.dataplane.breakpoints import find_markers
+from kvretention.dataplane.breakpoints import Marker, find_markers
 from kvretention.dataplane.chat_template import TemplateInputError
 from kvretention.dataplane.frontend import errors, model_names
 from kvretention.dataplane.frontend.affinity import (
@@ -308,10 +308,9 @@ async def _generate(
     done.ignored = parsed.ignored
 
     parsed = normalize_clients(parsed, state=state, endpoint=api.endpoint, done=done)
-    parsed = apply_hint_policy(parsed, config=state.config)
+    parsed, ttl = hint_policy(parsed, config=state.config)
     done.model, done.stream = parsed.model, parsed.stream
     wire = parsed.envelope.to_wire() if parsed.envelope is not None else None
-    ttl = longest_ttl(parsed)
     if ttl is not None:
         state.metrics.hints.labels(api.endpoint, str(ttl)).inc()
     done.kv_hints = wire
@@ -610,16 +609,26 @@ def apply_hint_policy(parsed: ParsedRequest, *, config: FrontendConfig) -> Parse
     """The envelope the router gets: the breakpoint count the conversation really carries (a
     normalisation may have dropped a marked block), the fleet's priority, and its default TTL
     for a request that sent no cache control."""
+    return hint_policy(parsed, config=config)[0]
+
+
+def hint_policy(
+    parsed: ParsedRequest, *, config: FrontendConfig
+) -> tuple[ParsedRequest, int | None]:
+    """:func:`apply_hint_policy` and the result's :func:`longest_ttl`, finding the conversation's
+    markers once (a walk of every block of a 200 KB agent body)."""
     envelope = parsed.envelope
+    markers: list[Marker] | None = None
     if envelope is not None and envelope.prefix_count:
-        envelope = with_prefix_count(envelope, len(find_markers(parsed.messages, parsed.tools)))
+        markers = find_markers(parsed.messages, parsed.tools)
+        envelope = with_prefix_count(envelope, len(markers))
     hints = CacheHints(envelope=envelope, client_controls=parsed.client_controls)
     final = build_envelope(
         hints, priority=config.hint_priority, default_ttl_seconds=config.default_ttl_seconds
     )
-    if final is parsed.envelope:
-        return parsed
-    return dataclasses.replace(parsed, envelope=final)
+    if final is not parsed.envelope:
+        parsed = dataclasses.replace(parsed, envelope=final)
+    return parsed, longest_ttl(parsed, markers=markers)
 
 
 def with_prefix_count(envelope: KvHintEnvelope | None, count: int) -> KvHintEnvelope | None:
@@ -631,14 +640,17 @@ def with_prefix_count(envelope: KvHintEnvelope | None, count: int) -> KvHintEnve
     return None if updated.is_empty() else updated
 
 
-def longest_ttl(parsed: ParsedRequest) -> int | None:
-    """The longest TTL the request's envelope retains anything for (the hints metric's label)."""
+def longest_ttl(parsed: ParsedRequest, *, markers: Sequence[Marker] | None = None) -> int | None:
+    """The longest TTL the request's envelope retains anything for (the hints metric's label);
+    ``markers`` are the conversation's, when the caller found them already."""
     envelope = parsed.envelope
     if envelope is None:
         return None
     ttls = []
     if envelope.prefix_count:
-        ttls = [m.ttl_seconds for m in find_markers(parsed.messages, parsed.tools)]
+        if markers is None:
+            markers = find_markers(parsed.messages, parsed.tools)
+        ttls = [m.ttl_seconds for m in markers]
     if envelope.retain_full_prompt is not None:
         ttls.append(envelope.retain_full_prompt.ttl_seconds)
     return max(ttls, default=None)
