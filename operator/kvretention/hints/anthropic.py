@@ -20,7 +20,7 @@ Messages follow Anthropic's ``<path>: <reason>`` wording.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from kvretention.hints.envelope import KvHintEnvelope
@@ -35,6 +35,8 @@ from kvretention.hints.intent import (
 )
 
 CACHE_CONTROL: Final = "cache_control"
+_NAMED: Final = b'"cache_control"'
+"""How a compact JSON encoding of a message that holds the key (at any depth) names it."""
 
 TTLS: Final[Mapping[str, int]] = {"5m": 300, "1h": 3_600}
 DEFAULT_TTL: Final = "5m"
@@ -54,9 +56,18 @@ _ORDER_NOTE: Final = (
 
 
 def hints_from_messages(
-    body: Mapping[str, Any], *, breakpoints: BreakpointMode = "prefix"
+    body: Mapping[str, Any],
+    *,
+    breakpoints: BreakpointMode = "prefix",
+    encoded: Sequence[bytes] | None = None,
 ) -> CacheHints:
-    """A parsed ``POST /v1/messages`` body -> :class:`CacheHints`, or :class:`CacheControlError`."""
+    """A parsed ``POST /v1/messages`` body -> :class:`CacheHints`, or :class:`CacheControlError`.
+
+    ``encoded`` is each message's compact JSON encoding, when the caller has it (the frontend's
+    resumer does): a message whose bytes never name ``"cache_control"`` holds no control at any
+    depth, so its blocks are not walked. An encoder that writes keys as themselves (msgspec,
+    ``json.dumps``) makes this exact; the client's own bytes would not (a key may come ``\\u``-escaped).
+    """
     if breakpoints == "reject":
         envelope = normalize_messages(body)
         return CacheHints(envelope=envelope, client_controls=envelope is not None)
@@ -64,7 +75,7 @@ def hints_from_messages(
     top_ttl = None if top is None else _ttl_name(top, where=CACHE_CONTROL, strict=False)
     found = [
         (path, _ttl_name(control, where=_param(path), strict=False))
-        for path, control in _block_controls(body)
+        for path, control in _block_controls(body, encoded=encoded)
     ]
     if not found:
         return NO_HINTS if top_ttl is None else _FULL_PROMPT[top_ttl]
@@ -143,8 +154,11 @@ def _ttl_name(control: object, *, where: str, strict: bool) -> str:
     return ttl
 
 
-def _block_controls(body: Mapping[str, Any]) -> list[tuple[Position, object]]:
-    """Every non-null block-level ``cache_control``, in Anthropic's processing order."""
+def _block_controls(
+    body: Mapping[str, Any], *, encoded: Sequence[bytes] | None = None
+) -> list[tuple[Position, object]]:
+    """Every non-null block-level ``cache_control``, in Anthropic's processing order (messages
+    whose ``encoded`` bytes lack the key skipped: see :func:`hints_from_messages`)."""
     found: list[tuple[Position, object]] = []
     tools = body.get("tools")
     if type(tools) is list:
@@ -156,8 +170,10 @@ def _block_controls(body: Mapping[str, Any]) -> list[tuple[Position, object]]:
         _walk_blocks(system, ("system",), found)
     messages = body.get("messages")
     if type(messages) is list:
+        if encoded is not None and len(encoded) != len(messages):
+            encoded = None
         for i, message in enumerate(messages):
-            if type(message) is not dict:
+            if type(message) is not dict or (encoded is not None and _NAMED not in encoded[i]):
                 continue
             if message.get(CACHE_CONTROL) is not None:
                 raise _extra_input(_param(("messages", i)))

@@ -31,7 +31,7 @@ from kvretention.dataplane.frontend.common import (
     records_ignored,
 )
 from kvretention.dataplane.frontend.errors import FrontendError, anthropic_error_body
-from kvretention.dataplane.frontend.resume import Resumer, context_bytes
+from kvretention.dataplane.frontend.resume import Resumer, context_bytes, encode_items
 from kvretention.dataplane.frontend.validate import Fields
 from kvretention.dataplane.protocol import (
     ChatMessage,
@@ -238,7 +238,10 @@ def parse_messages(
     ``prefix`` mode each block-level ``cache_control`` puts ``retain_ttl`` on the neutral element
     made from its block; ``reject`` refuses them (v1).
     """
-    cache = hints_from_messages(body, breakpoints=breakpoints) if hints else NO_HINTS
+    encoded = _encoded_messages(body, resumer=resumer)
+    cache = (
+        hints_from_messages(body, breakpoints=breakpoints, encoded=encoded) if hints else NO_HINTS
+    )
     envelope = cache.envelope
     _check_fields(body, allowed=_HONOURED | NO_OPS.keys())
     model = F.required_str(body, "model")
@@ -246,7 +249,9 @@ def parse_messages(
         raise F.missing("max_tokens")
     max_tokens = F.opt_int(body, "max_tokens", minimum=1)
     marks = marks_of(cache, F.path)
-    conversation = _conversation(body, max_tokens=max_tokens, marks=marks, resumer=resumer)
+    conversation = _conversation(
+        body, max_tokens=max_tokens, marks=marks, resumer=resumer, encoded=encoded
+    )
     sampling = SamplingParams(
         max_new_tokens=max_tokens,
         temperature=F.opt_number(body, "temperature", minimum=0, maximum=1),
@@ -393,8 +398,19 @@ def _top_p(body: dict[str, Any]) -> float | None:
 # -- the conversation ---------------------------------------------------------------------------
 
 
+def _encoded_messages(body: dict[str, Any], *, resumer: Resumer | None) -> list[bytes] | None:
+    """The messages' encodings the resumer compares, made once for it and the hint normalizer."""
+    raw = body.get("messages")
+    return encode_items(raw) if resumer is not None and type(raw) is list else None
+
+
 def _conversation(
-    body: dict[str, Any], *, max_tokens: int | None, marks: Marks, resumer: Resumer | None
+    body: dict[str, Any],
+    *,
+    max_tokens: int | None,
+    marks: Marks,
+    resumer: Resumer | None,
+    encoded: list[bytes] | None = None,
 ) -> _Conversation:
     if "messages" not in body:
         raise F.missing("messages")
@@ -411,7 +427,14 @@ def _conversation(
     if system is not None:
         content = _system_content(system, where="system", marks=marks)
         messages.append(trusted(ChatMessage, role="system", content=content))
-    folded = _fold(raw, tools=body.get("tools"), marks=marks, catalog=catalog, resumer=resumer)
+    folded = _fold(
+        raw,
+        tools=body.get("tools"),
+        marks=marks,
+        catalog=catalog,
+        resumer=resumer,
+        encoded=encoded,
+    )
     messages += folded.messages
     catalog = folded.catalog
     declared = {t.name for t in (*tools, *deferred)}
@@ -456,6 +479,7 @@ def _fold(
     marks: Marks,
     catalog: dict[str, ToolDefinition],
     resumer: Resumer | None,
+    encoded: list[bytes] | None,
 ) -> _Fold:
     """The messages in order, resumed from the last body's parse when it repeats its start."""
 
@@ -481,6 +505,7 @@ def _fold(
         start=start,
         step=step,
         copy=_Fold.copy,
+        encoded=encoded,
     )
 
 

@@ -106,15 +106,18 @@ class Resumer:
         start: Callable[[], _S],
         step: Callable[[_S, int, Any], None],
         copy: Callable[[_S], _S],
+        encoded: Sequence[bytes] | None = None,
     ) -> _S:
         """``step(state, i, items[i])`` for every item from ``start()``, or from the latest
         checkpoint whose items (and breakpoints: ``marks`` keyed by path, the item's index
         after ``prefix``) this body repeats. ``copy`` must copy a state deeply enough that later
-        steps do not change the copy. Raises what ``step`` raises (and then remembers nothing)."""
-        encoded = [_encoded(item) for item in items] if context is not None else []
-        if not encoded or any(e is None for e in encoded):
+        steps do not change the copy. ``encoded`` is :func:`encode_items` of ``items`` when the
+        caller has it already. Raises what ``step`` raises (and then remembers nothing)."""
+        if encoded is None or len(encoded) != len(items):
+            encoded = encode_items(items) if context is not None else None
+        if context is None or not encoded:
             return _run(items, start(), step)
-        blobs: list[bytes] = encoded  # type: ignore[assignment]  # no None left
+        blobs = list(encoded)
         key = (scope, blobs[0])
         marked = _marked(marks, prefix)
         found, kept = self._find(key, context=context, encoded=blobs, marked=marked)
@@ -193,6 +196,20 @@ def context_bytes(*parts: object) -> bytes | None:
     """What a parse's items are read against (the tools...), as bytes to compare; ``None`` when
     it cannot be encoded (then nothing is resumed)."""
     return _encoded(parts)
+
+
+def encode_items(items: Sequence[Any]) -> list[bytes] | None:
+    """Each item's compact JSON (msgspec: a key is written as itself, only ``"``, ``\\`` and
+    control characters escaped), or ``None`` when one cannot be encoded (an integer past 64
+    bits: such a body is parsed whole). The hint normalizers take these too, to skip the items
+    whose bytes never name a cache control."""
+    out = []
+    for item in items:
+        blob = _encoded(item)
+        if blob is None:
+            return None
+        out.append(blob)
+    return out
 
 
 def _marked(marks: Mapping[str, int], prefix: str) -> list[tuple[int, str, int]]:
