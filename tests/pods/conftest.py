@@ -30,15 +30,23 @@ if os.environ.get(TIER_ENV) != "1":
 
 
 @pytest.fixture(scope="package")
-def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def node_cluster(
+    tmp_path_factory: pytest.TempPathFactory, images_listing: Path
+) -> Iterator[Cluster]:
     """A fresh plane with a real node; torn down (and the host checked clean) after this folder."""
     state_dir = tmp_path_factory.mktemp("kvr-real-node")
-    try:
-        bin_dir = resolve_bin_dir()
-        state, _ = up(state_dir, bin_dir=bin_dir, real_node=True, timeout_s=300.0)
-    except ClusterError as err:
+    problem = None
+    with pytest.MonkeyPatch.context() as patch:
+        # The node imports exactly the images the tests name (the ones last built).
+        patch.setenv("KVR_NODE_IMAGES", str(images_listing))
+        try:
+            bin_dir = resolve_bin_dir()
+            state, _ = up(state_dir, bin_dir=bin_dir, real_node=True, timeout_s=300.0)
+        except ClusterError as err:
+            problem = str(err)
+    if problem is not None:
         down(state_dir)
-        pytest.fail(f"real node unavailable: {err}", pytrace=False)
+        pytest.fail(f"real node unavailable: {problem}", pytrace=False)
     try:
         yield Cluster(
             kubeconfig=state.kubeconfig, server=state.server, bin_dir=bin_dir, state_dir=state_dir
@@ -56,12 +64,17 @@ def node_k8s(node_cluster: Cluster) -> Iterator[client.ApiClient]:
 
 
 @pytest.fixture(scope="package")
-def images() -> dict[str, str]:
-    """Short name (pause, operator, runtime, worker) -> the image reference containerd has."""
-    listing = Path(os.environ.get("KVR_NODE_IMAGES") or _images_dir() / "images.json")
-    return {name: v["ref"] for name, v in json.loads(listing.read_text()).items()}
-
-
-def _images_dir() -> Path:
+def images_listing() -> Path:
+    """``images.json`` as scripts/build-images.sh last wrote it (``make test-pods`` builds first,
+    so the images hold the checkout's code), or ``$KVR_NODE_IMAGES``."""
     cache = Path(os.environ.get("KVR_CACHE") or Path.home() / ".cache" / "kvretention")
-    return cache / "images"
+    listing = Path(os.environ.get("KVR_NODE_IMAGES") or cache / "images" / "images.json")
+    if not listing.is_file():
+        pytest.fail(f"no {listing}: run scripts/build-images.sh", pytrace=False)
+    return listing
+
+
+@pytest.fixture(scope="package")
+def images(images_listing: Path) -> dict[str, str]:
+    """Short name (pause, operator, runtime, worker) -> the image reference containerd has."""
+    return {name: v["ref"] for name, v in json.loads(images_listing.read_text()).items()}
