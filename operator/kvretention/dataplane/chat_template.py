@@ -28,7 +28,10 @@ The conversion follows what SGLang's OpenAI server (``serving_chat.py``, 0.5.23)
   (the two switches templates use) and ``reasoning_effort`` when an effort is given. ``None``
   leaves the template's default.
 
-Rendering is ``apply_chat_template(..., tokenize=False, add_generation_prompt=True)`` and the text
+Rendering is ``apply_chat_template(..., tokenize=False, add_generation_prompt=True)``, or the same
+template compiled by minijinja where it was shown to render identically
+(:mod:`kvretention.dataplane.compiled_template`; a template input holding a number minijinja
+formats unlike Python goes to ``apply_chat_template``), and the text
 is encoded once with ``add_special_tokens=False`` (the template already wrote the special tokens),
 as SGLang does; with breakpoints to resolve, that one encoding also returns each token's
 character span (:func:`encode_with_offsets`), and :func:`breakpoint_renderer` renders cut
@@ -42,6 +45,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from kvretention.dataplane.compiled_template import (
+    compiled_template_for,
+    has_odd_number,
+    odd_float,
+    odd_int,
+)
 from kvretention.dataplane.protocol import (
     ChatMessage,
     ImagePart,
@@ -74,6 +83,38 @@ class TemplateInput:
     tools: list[dict[str, Any]] | None
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     image_urls: list[str] = field(default_factory=list)
+    odd_numbers: bool = False
+    """Whether a tool call's arguments or a tool's schema hold a number that minijinja would
+    format unlike Python (:func:`~kvretention.dataplane.compiled_template.has_odd_number`)."""
+
+
+class _NumberWatch:
+    """A tool call's arguments decoder that notes an odd number (only numbers reach its hooks;
+    a plain ``int`` in Python is cheaper than a decoder that checks every value afterwards)."""
+
+    __slots__ = ("decoder", "odd")
+
+    def __init__(self) -> None:
+        self.odd = False
+        self.decoder = json.JSONDecoder(
+            parse_float=self._float, parse_int=self._int, parse_constant=self._constant
+        )
+
+    def _float(self, text: str) -> float:
+        value = float(text)
+        if odd_float(value):
+            self.odd = True
+        return value
+
+    def _int(self, text: str) -> int:
+        value = int(text)
+        if len(text) > 38 and odd_int(value):
+            self.odd = True
+        return value
+
+    def _constant(self, text: str) -> float:
+        self.odd = True  # NaN, Infinity, -Infinity
+        return float(text)
 
 
 @dataclass(frozen=True)
@@ -146,14 +187,16 @@ def build_template_kwargs(reasoning: ReasoningControl | None) -> dict[str, Any]:
     return kwargs
 
 
-def tool_call_arguments(call: ToolCall, *, param: str) -> dict[str, Any]:
+def tool_call_arguments(
+    call: ToolCall, *, param: str, decoder: json.JSONDecoder | None = None
+) -> dict[str, Any]:
     """A history call's arguments as the dict templates iterate over."""
     if call.kind == "custom":
         return {CUSTOM_INPUT: call.arguments}
     if not call.arguments.strip():
         return {}
     try:
-        parsed = json.loads(call.arguments)
+        parsed = json.loads(call.arguments) if decoder is None else decoder.decode(call.arguments)
     except ValueError:
         raise TemplateInputError(
             f"tool call {call.id!r} arguments must be valid JSON", param=param
@@ -181,7 +224,12 @@ def _content(message: ChatMessage, images: list[str], *, joiner: str) -> str | l
 
 
 def build_template_message(
-    message: ChatMessage, images: list[str], *, index: int, developer_role: bool
+    message: ChatMessage,
+    images: list[str],
+    *,
+    index: int,
+    developer_role: bool,
+    decoder: json.JSONDecoder | None = None,
 ) -> dict[str, Any]:
     """One neutral message as a template message; image URLs are appended to ``images``."""
     role = message.role
@@ -215,7 +263,7 @@ def build_template_message(
                 "function": {
                     "name": call.name,
                     "arguments": tool_call_arguments(
-                        call, param=f"messages.{index}.tool_calls.{n}.arguments"
+                        call, param=f"messages.{index}.tool_calls.{n}.arguments", decoder=decoder
                     ),
                 },
             }
@@ -234,23 +282,39 @@ def build_template_input(
 ) -> TemplateInput:
     """The whole conversation as ``apply_chat_template`` arguments (pure)."""
     images: list[str] = []
+    numbers = _NumberWatch()
     converted = [
-        build_template_message(m, images, index=i, developer_role=developer_role)
+        build_template_message(
+            m, images, index=i, developer_role=developer_role, decoder=numbers.decoder
+        )
         for i, m in enumerate(messages)
     ]
     shown = offered_tools(tools, tool_choice or ToolChoice())
+    schemas = [build_tool_schema(t) for t in shown]
     return TemplateInput(
         messages=converted,
-        tools=[build_tool_schema(t) for t in shown] or None,
+        tools=schemas or None,
         template_kwargs=build_template_kwargs(reasoning),
         image_urls=images,
+        odd_numbers=numbers.odd or has_odd_number(schemas),
     )
 
 
 def render_template(
     tokenizer: Any, template_input: TemplateInput, *, add_generation_prompt: bool = True
 ) -> str:
-    """Render with the tokenizer's own chat template (text, not tokens)."""
+    """Render with the tokenizer's own chat template (text, not tokens): compiled by minijinja
+    where that is exact (see the module docstring), else ``apply_chat_template``."""
+    compiled = None if template_input.odd_numbers else compiled_template_for(tokenizer)
+    if compiled is not None:
+        text = compiled.render(
+            template_input.messages,
+            template_input.tools,
+            add_generation_prompt=add_generation_prompt,
+            kwargs=template_input.template_kwargs,
+        )
+        if text is not None:
+            return text
     try:
         rendered = tokenizer.apply_chat_template(
             template_input.messages,

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from kvretention.dataplane.breakpoints import common_prefix
+from kvretention.dataplane.compiled_template import compiled_template_for
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +124,8 @@ class RenderCache:
         verify_every: int = DEFAULT_VERIFY_EVERY,
     ) -> None:
         self._tokenizer = tokenizer
+        # At load, not on the first request: check the chat template under minijinja once
+        compiled_template_for(tokenizer)
         self._cut = cut_tokens(tokenizer)
         self._max_bytes = max_bytes
         self._verify_every = verify_every

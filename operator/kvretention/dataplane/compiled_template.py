@@ -1,0 +1,430 @@
+"""The model's chat template rendered by minijinja (Rust), where it renders what transformers does.
+
+``apply_chat_template`` renders with Jinja2 in an ``ImmutableSandboxedEnvironment``: ~10 ms for
+a 200 KB agent conversation, every turn, because every turn's prompt is the whole conversation.
+minijinja renders the same template in about a fifth of that. It is used only where it is exact:
+
+- **At load, per template**: the template must compile in minijinja with transformers'
+  environment (``trim_blocks``, ``lstrip_blocks``, ``loopcontrols``, its ``tojson``,
+  ``raise_exception`` and ``strftime_now``), use none of the constructs known to behave
+  differently (:data:`DIVERGENT_CONSTRUCTS`), and render every probe conversation
+  (:func:`probe_inputs`: roles, tool calls with nested and odd-valued arguments, consecutive tool
+  results, reasoning before and after the last user turn, image parts, thinking switches, with and
+  without tools and generation prompt) byte for byte as ``apply_chat_template`` does. It must also
+  refuse wherever Jinja2 refuses. Otherwise the template is rendered by Jinja2, as before.
+- **Per request**: values minijinja formats unlike Python are not handed to it. A float that is
+  integral (``1.0`` comes back to a filter as ``1``) or that Python prints with an exponent, and an
+  integer past 128 bits, go to Jinja2 (:func:`odd_float`, :func:`odd_int`); the template input
+  says whether it holds one. A render holding U+FFFD is done again by Jinja2 (minijinja writes it
+  for a lone surrogate, which Python keeps). A template error in minijinja is rendered again by
+  Jinja2, so the request gets transformers' outcome and message.
+- **Sampled**: the first render and every ``verify_every``-th are also rendered by Jinja2; a
+  difference logs an error, serves Jinja2's text and turns minijinja off for that template.
+
+Tokenizers whose ``chat_template`` is a dict of named templates, or templates using the
+``{% generation %}`` tag (transformers' extension), stay on Jinja2.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Final
+
+log = logging.getLogger(__name__)
+
+DEFAULT_VERIFY_EVERY: Final = 128
+DIVERGENT_CONSTRUCTS: Final = (
+    "is sequence",  # Jinja2: strings and dicts are sequences; minijinja: lists only
+    "is not sequence",
+    "wordcount",  # not a minijinja filter
+)
+"""Template text that minijinja evaluates unlike Jinja2 on some inputs a probe may not reach."""
+FLOAT_SAME_MIN: Final = 1e-4
+FLOAT_SAME_MAX: Final = 1e16
+"""Python prints a float without an exponent in this range, as minijinja always does."""
+INT_SAME_MIN: Final = -(2**127)
+INT_SAME_MAX: Final = 2**128 - 1
+REPLACEMENT: Final = "\ufffd"
+"""What minijinja writes for a lone surrogate, which Python keeps as it is."""
+
+minijinja: Any
+try:  # pragma: no branch - minijinja is a dependency; without it everything renders with Jinja2
+    import minijinja
+except ImportError:  # pragma: no cover
+    minijinja = None
+
+
+def odd_float(value: float) -> bool:
+    """Whether minijinja would print or hand back ``value`` unlike Python: integral floats come
+    back to filters as ints, and outside [1e-4, 1e16) Python switches to an exponent."""
+    if value.is_integer() or not math.isfinite(value):
+        return True
+    return not FLOAT_SAME_MIN <= abs(value) < FLOAT_SAME_MAX
+
+
+def odd_int(value: int) -> bool:
+    """Whether minijinja holds ``value`` as a float (past its 128-bit integers: i128 and u128)."""
+    return not INT_SAME_MIN <= value <= INT_SAME_MAX
+
+
+def has_odd_number(value: Any) -> bool:
+    """Whether a JSON-like value holds an :func:`odd_float` or :func:`odd_int` anywhere."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is dict:
+            stack.extend(item.values())
+        elif kind is list:
+            stack.extend(item)
+        elif (kind is float and odd_float(item)) or (kind is int and odd_int(item)):
+            return True
+    return False
+
+
+def tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    """transformers' ``tojson`` (Jinja's own escapes HTML characters; this one does not)."""
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+class TemplateRaised(Exception):
+    """``raise_exception`` from the template (the message is the template's)."""
+
+
+def raise_exception(message: str) -> None:
+    raise TemplateRaised(message)
+
+
+def strftime_now(format: str) -> str:
+    return datetime.now().strftime(format)
+
+
+@dataclass(frozen=True)
+class ProbeInput:
+    """One conversation the template renders at load, with both engines."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    add_generation_prompt: bool = True
+
+
+def probe_inputs() -> list[ProbeInput]:
+    """The conversations a template must render identically before minijinja serves it."""
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "Bash",
+            "description": "Runs a command <in a shell> & returns 'its' output.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string", "description": "The command."},
+                    "timeout": {"type": "integer", "minimum": 0, "maximum": 600000},
+                    "ratio": {"type": "number", "default": 0.5},
+                    "flags": {"type": "array", "items": {"type": "string"}},
+                    "mode": {"type": "string", "enum": ["a", "b"]},
+                    "dry": {"type": "boolean", "default": False},
+                    "note": {"type": ["string", "null"]},
+                },
+                "required": ["command"],
+            },
+        },
+    }
+    edit = {
+        "type": "function",
+        "function": {
+            "name": "Edit",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}},
+                "required": ["path"],
+            },
+            "strict": True,
+        },
+    }
+    args = {
+        "command": "grep -n \"x\" a.py && echo '<ok>' \\ é 漢 \u2028",
+        "timeout": 120000,
+        "ratio": 0.25,
+        "flags": ["-n", "", "--"],
+        "dry": True,
+        "note": None,
+        "nested": {"a": [1, {"b": False}], "empty": {}, "list": []},
+    }
+    call = {"id": "call_1", "type": "function", "function": {"name": "Bash", "arguments": args}}
+    call2 = {
+        "id": "call_2",
+        "type": "function",
+        "function": {"name": "Edit", "arguments": {"path": "a.py"}},
+    }
+    empty_args = {"id": "call_3", "type": "function", "function": {"name": "Edit", "arguments": {}}}
+    system: dict[str, Any] = {"role": "system", "content": "You are a coding agent.\n\nBe brief.  "}
+    user: dict[str, Any] = {"role": "user", "content": "Fix the test.\n"}
+    agent: list[dict[str, Any]] = [
+        system,
+        user,
+        {
+            "role": "assistant",
+            "content": "",
+            "reasoning_content": "Look first.",
+            "tool_calls": [call],
+        },
+        {"role": "tool", "content": "ok\n<b>1</b>", "tool_call_id": "call_1", "name": "Bash"},
+        {
+            "role": "assistant",
+            "content": "Two edits.",
+            "reasoning_content": "Then edit.",
+            "tool_calls": [call2, empty_args],
+        },
+        {
+            "role": "tool",
+            "content": "Error: no such file",
+            "tool_call_id": "call_2",
+            "name": "Edit",
+        },
+        {"role": "tool", "content": "", "tool_call_id": "call_3", "name": "Edit"},
+        {"role": "assistant", "content": "Done. Tests pass.", "reasoning_content": "Verify."},
+        {"role": "user", "content": "Thanks; one more thing."},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "done", "tool_call_id": "call_1", "name": "Bash"},
+    ]
+    images: list[dict[str, Any]] = [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is this?"}]},
+        {"role": "assistant", "content": "A cat."},
+        {"role": "user", "content": [{"type": "text", "text": "And"}, {"type": "image"}]},
+    ]
+    chat: list[dict[str, Any]] = [
+        user,
+        {"role": "assistant", "content": "Sure.", "name": "helper"},
+        {"role": "user", "content": "  spaced  \n\n"},
+    ]
+    out = [
+        ProbeInput([user], None),
+        ProbeInput([system, user], None),
+        ProbeInput([system, user], None, add_generation_prompt=False),
+        ProbeInput(chat, None),
+        ProbeInput([{"role": "system", "content": ""}, *chat], None),
+        ProbeInput(agent, [tool, edit]),
+        ProbeInput(agent, [tool, edit], add_generation_prompt=False),
+        ProbeInput(agent[1:], [tool]),
+        ProbeInput(agent[:-2], [tool, edit]),
+        ProbeInput(agent[:3], [tool, edit]),
+        ProbeInput(agent, None),
+        ProbeInput([system, *images], None),
+    ]
+    for kwargs in (
+        {"enable_thinking": False, "thinking": False},
+        {"enable_thinking": True, "thinking": True},
+        {"enable_thinking": True, "thinking": True, "reasoning_effort": "high"},
+    ):
+        out.append(ProbeInput(agent, [tool, edit], kwargs))
+        out.append(ProbeInput([system, user], None, kwargs))
+    return out
+
+
+class CompiledTemplate:
+    """One chat template in a minijinja environment that mirrors transformers' Jinja2 one."""
+
+    def __init__(
+        self,
+        source: str,
+        *,
+        special_tokens: dict[str, Any],
+        reference: Callable[..., str],
+        verify_every: int = DEFAULT_VERIFY_EVERY,
+    ) -> None:
+        if minijinja is None:  # pragma: no cover
+            raise ValueError("minijinja is not installed")
+        self.source = source
+        self._special = dict(special_tokens)
+        self._reference = reference
+        self._verify_every = verify_every
+        self._lock = threading.Lock()
+        self._renders = 0
+        self.enabled = True
+        self.fallbacks = 0
+        self.verified = 0
+        self._env = minijinja.Environment(
+            templates={"chat": source},
+            filters={"tojson": tojson},
+            globals={"raise_exception": raise_exception, "strftime_now": strftime_now},
+            trim_blocks=True,
+            lstrip_blocks=True,
+            keep_trailing_newline=False,
+            undefined_behavior="lenient",
+            pycompat=True,
+            debug=False,
+        )
+        self._env.undeclared_variables_in_template("chat")  # parse now: a syntax error raises here
+
+    def render_compiled(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        add_generation_prompt: bool,
+        kwargs: dict[str, Any],
+    ) -> str:
+        """minijinja's rendering alone (raises minijinja's ``TemplateError``)."""
+        context = {
+            **self._special,
+            **kwargs,
+            "messages": messages,
+            "tools": tools,
+            "documents": None,
+            "add_generation_prompt": add_generation_prompt,
+        }
+        return str(self._env.render_template("chat", **context))
+
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        add_generation_prompt: bool,
+        kwargs: dict[str, Any],
+    ) -> str | None:
+        """The prompt as ``apply_chat_template`` renders it, or ``None`` where Jinja2 must render
+        (minijinja refused, or is off for this template)."""
+        if not self.enabled:
+            return None
+        try:
+            text = self.render_compiled(
+                messages, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs
+            )
+        except Exception:  # the template refused (raise_exception, bad input): Jinja2's outcome
+            self.fallbacks += 1
+            return None
+        if REPLACEMENT in text:  # maybe a lone surrogate minijinja replaced
+            self.fallbacks += 1
+            return None
+        with self._lock:
+            self._renders += 1
+            check = self._verify_every > 0 and (self._renders - 1) % self._verify_every == 0
+        if check:
+            expected = self._reference(
+                messages, tools=tools, add_generation_prompt=add_generation_prompt, **kwargs
+            )
+            self.verified += 1
+            if expected != text:
+                self.enabled = False
+                at = next(
+                    (i for i, (a, b) in enumerate(zip(expected, text, strict=False)) if a != b),
+                    min(len(expected), len(text)),
+                )
+                log.error(
+                    "minijinja rendered the chat template unlike transformers (first difference "
+                    "at character %d): rendering it with Jinja2 from now on",
+                    at,
+                )
+                return expected
+        return text
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a template stays on Jinja2."""
+
+    reason: str
+
+
+def compile_template(
+    tokenizer: Any, *, verify_every: int = DEFAULT_VERIFY_EVERY
+) -> CompiledTemplate | Refusal:
+    """The tokenizer's chat template under minijinja, if it renders every probe as
+    ``apply_chat_template`` does (see the module docstring); else why not."""
+    if minijinja is None:  # pragma: no cover
+        return Refusal("minijinja is not installed")
+    source = getattr(tokenizer, "chat_template", None)
+    if not isinstance(source, str) or not source:
+        return Refusal("the chat template is not one template string")
+    for construct in DIVERGENT_CONSTRUCTS:
+        if construct in source:
+            return Refusal(
+                f"the template uses {construct!r}, which minijinja evaluates differently"
+            )
+
+    def reference(messages: list[dict[str, Any]], **kwargs: Any) -> str:
+        return str(tokenizer.apply_chat_template(messages, tokenize=False, **kwargs))
+
+    try:
+        compiled = CompiledTemplate(
+            source,
+            special_tokens=dict(getattr(tokenizer, "special_tokens_map", {}) or {}),
+            reference=reference,
+            verify_every=verify_every,
+        )
+    except Exception as exc:  # minijinja cannot parse it ({% generation %}, Python-only syntax)
+        return Refusal(f"minijinja cannot compile the template: {exc}")
+    for n, probe in enumerate(probe_inputs()):
+        try:
+            expected: str | None = reference(
+                probe.messages,
+                tools=probe.tools,
+                add_generation_prompt=probe.add_generation_prompt,
+                **probe.kwargs,
+            )
+        except Exception:
+            expected = None
+        try:
+            got: str | None = compiled.render_compiled(
+                probe.messages,
+                probe.tools,
+                add_generation_prompt=probe.add_generation_prompt,
+                kwargs=probe.kwargs,
+            )
+        except Exception:
+            got = None
+        if got != expected:
+            what = (
+                "rendered where Jinja2 refused"
+                if expected is None
+                else "refused where Jinja2 rendered"
+                if got is None
+                else "rendered differently"
+            )
+            return Refusal(f"minijinja {what} on probe {n}")
+    return compiled
+
+
+_COMPILED: weakref.WeakKeyDictionary[Any, tuple[str, CompiledTemplate | Refusal]] = (
+    weakref.WeakKeyDictionary()
+)
+_COMPILED_LOCK = threading.Lock()
+
+
+def compiled_template_for(tokenizer: Any) -> CompiledTemplate | None:
+    """The tokenizer's compiled template (checked once per tokenizer and template text), or
+    ``None`` where Jinja2 renders it; a refusal is logged once."""
+    source = getattr(tokenizer, "chat_template", None)
+    try:
+        memo = _COMPILED.get(tokenizer)
+    except TypeError:  # not weakly referenceable: checked every time would cost more than it saves
+        return None
+    if memo is not None and memo[0] == source:
+        result = memo[1]
+        return result if isinstance(result, CompiledTemplate) else None
+    with _COMPILED_LOCK:
+        result = compile_template(tokenizer)
+        _COMPILED[tokenizer] = (str(source), result)
+    if isinstance(result, Refusal):
+        log.info("chat template rendered with Jinja2: %s", result.reason)
+        return None
+    log.info("chat template rendered with minijinja (it rendered every probe identically)")
+    return result

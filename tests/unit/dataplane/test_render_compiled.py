@@ -1,0 +1,479 @@
+"""minijinja renders a chat template only where it renders what ``apply_chat_template`` renders.
+
+A table of real templates (the two the data-plane tests serve, the default templates that
+transformers and SGLang ship in their installed packages, and templates written here in the style
+of Qwen3 / Llama 3.1 / Mistral with the helpers HF templates use) is compiled, checked with the
+probes, and then every conversation of a second table must render byte for byte as transformers
+renders it, through minijinja itself (not a fallback). Templates minijinja would render
+differently are refused at load; values it formats unlike Python go to Jinja2 per request; a
+sampled check that finds a difference turns minijinja off and serves transformers' text.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from transformers.models.llama4 import processing_llama4
+from transformers.models.qwen2_audio.processing_qwen2_audio import Qwen2AudioProcessor
+from transformers.models.smolvlm import processing_smolvlm
+
+from kvretention.dataplane import compiled_template
+from kvretention.dataplane.chat_template import build_template_input, render_template
+from kvretention.dataplane.compiled_template import (
+    CompiledTemplate,
+    Refusal,
+    compile_template,
+    compiled_template_for,
+    has_odd_number,
+    probe_inputs,
+)
+from kvretention.dataplane.protocol import (
+    ChatMessage,
+    ImagePart,
+    Reasoning,
+    ReasoningControl,
+    TextPart,
+    ToolCall,
+    ToolDefinition,
+)
+from support import chat_tokenizer, retain_tokenizer
+
+
+def _sglang_tiktoken_template() -> str:
+    """The template SGLang's tiktoken tokenizer (Grok) sets, read from the installed source."""
+    from sglang.srt.tokenizer import tiktoken_tokenizer
+
+    found = re.search(r'self\.chat_template = "(.*)"\n', inspect.getsource(tiktoken_tokenizer))
+    assert found, "sglang's tiktoken tokenizer no longer sets a chat template inline"
+    return str(found.group(1).encode().decode("unicode_escape"))
+
+
+QWEN3_STYLE = """
+{%- if tools %}
+{{- '<|im_start|>system\\n' }}
+{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}
+{{- "# Tools\\n\\n<tools>" }}
+{%- for tool in tools %}{{- "\\n" }}{{- tool | tojson }}{%- endfor %}
+{{- "\\n</tools><|im_end|>\\n" }}
+{%- elif messages[0].role == 'system' %}
+{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+{%- set index = (messages|length - 1) - loop.index0 %}
+{%- if ns.multi_step_tool and message.role == "user" and message.content is string
+      and not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
+{%- set ns.multi_step_tool = false %}{%- set ns.last_query_index = index %}
+{%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+{%- if message.content is string %}{%- set content = message.content %}{%- else %}{%- set content = '' %}{%- endif %}
+{%- if (message.role == "user") or (message.role == "system" and not loop.first) %}
+{{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>' + '\\n' }}
+{%- elif message.role == "assistant" %}
+{%- set reasoning_content = '' %}
+{%- if message.reasoning_content is string %}{%- set reasoning_content = message.reasoning_content %}
+{%- elif '</think>' in content %}
+{%- set reasoning_content = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}
+{%- set content = content.split('</think>')[-1].lstrip('\\n') %}
+{%- endif %}
+{%- if loop.index0 > ns.last_query_index %}
+{%- if loop.last or (not loop.last and reasoning_content) %}
+{{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}
+{%- else %}{{- '<|im_start|>' + message.role + '\\n' + content }}{%- endif %}
+{%- else %}{{- '<|im_start|>' + message.role + '\\n' + content }}{%- endif %}
+{%- if message.tool_calls %}
+{%- for tool_call in message.tool_calls %}
+{%- if (loop.first and content) or (not loop.first) %}{{- '\\n' }}{%- endif %}
+{%- if tool_call.function %}{%- set tool_call = tool_call.function %}{%- endif %}
+{{- '<tool_call>\\n{"name": "' }}{{- tool_call.name }}{{- '", "arguments": ' }}
+{%- if tool_call.arguments is string %}{{- tool_call.arguments }}{%- else %}{{- tool_call.arguments | tojson }}{%- endif %}
+{{- '}\\n</tool_call>' }}
+{%- endfor %}
+{%- endif %}
+{{- '<|im_end|>\\n' }}
+{%- elif message.role == "tool" %}
+{%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}{{- '<|im_start|>user' }}{%- endif %}
+{{- '\\n<tool_response>\\n' }}{{- content }}{{- '\\n</tool_response>' }}
+{%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}{{- '<|im_end|>\\n' }}{%- endif %}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+{{- '<|im_start|>assistant\\n' }}
+{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}
+{%- endif %}
+""".strip()
+
+LLAMA31_STYLE = """
+{{- bos_token }}
+{%- if not date_string is defined %}{%- set date_string = strftime_now("%Y") %}{%- endif %}
+{%- if messages[0]['role'] == 'system' %}
+{%- set system_message = messages[0]['content']|trim %}{%- set messages = messages[1:] %}
+{%- else %}{%- set system_message = "" %}{%- endif %}
+{{- "<|start_header_id|>system<|end_header_id|>\\n\\n" }}
+{%- if tools is not none %}{{- "Environment: ipython\\n" }}{%- endif %}
+{{- "Today Date: " + date_string + "\\n\\n" }}
+{%- if tools is not none %}
+{%- for t in tools %}{{- t | tojson(indent=4) }}{{- "\\n\\n" }}{%- endfor %}
+{%- endif %}
+{{- system_message }}{{- "<|eot_id|>" }}
+{%- for message in messages %}
+{%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
+{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' }}
+{%- elif 'tool_calls' in message %}
+{%- if not message.tool_calls|length >= 1 %}
+{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}
+{%- else %}
+{%- set tool_call = message.tool_calls[0].function %}
+{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}
+{{- '{"name": "' + tool_call.name + '", ' }}{{- '"parameters": ' }}{{- tool_call.arguments | tojson }}{{- "}" }}
+{{- "<|eot_id|>" }}
+{%- endif %}
+{%- elif message.role == "tool" or message.role == "ipython" %}
+{{- "<|start_header_id|>ipython<|end_header_id|>\\n\\n" }}
+{%- if message.content is mapping or message.content is iterable %}{{- message.content | tojson }}
+{%- else %}{{- message.content }}{%- endif %}
+{{- "<|eot_id|>" }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}
+""".strip()
+
+MISTRAL_STYLE = """
+{%- set user_messages = messages | selectattr("role", "equalto", "user") | list %}
+{%- set ns = namespace(seen=0) %}
+{{- bos_token }}
+{%- for message in messages | rejectattr("role", "equalto", "system") %}
+{%- if message["role"] == "user" %}
+{%- set ns.seen = ns.seen + 1 %}
+{%- if tools and ns.seen == user_messages | length %}
+{{- "[AVAILABLE_TOOLS] [" }}
+{%- for tool in tools %}{%- set tool = tool.function %}{{- '{"type": "function", "function": {' }}
+{%- for key, val in tool.items() if key != "return" %}
+{%- if val is string %}{{- '"' + key + '": "' + val + '"' }}{%- else %}{{- '"' + key + '": ' + val|tojson }}{%- endif %}
+{%- if not loop.last %}{{- ", " }}{%- endif %}
+{%- endfor %}{{- "}}" }}{%- if not loop.last %}{{- ", " }}{%- else %}{{- "]" }}{%- endif %}
+{%- endfor %}{{- "[/AVAILABLE_TOOLS]" }}
+{%- endif %}
+{{- "[INST] " + message["content"] + "[/INST]" }}
+{%- elif message.tool_calls is defined and message.tool_calls %}
+{{- "[TOOL_CALLS] [" }}
+{%- for tool_call in message.tool_calls %}
+{%- set out = tool_call.function|tojson %}{{- out[:-1] }}
+{%- if not tool_call.id is defined or tool_call.id|length < 1 %}{{- raise_exception("Tool call IDs must be set") }}{%- endif %}
+{{- ', "id": "' + tool_call.id[-9:] + '"}' }}{%- if not loop.last %}{{- ", " }}{%- else %}{{- "]" + eos_token }}{%- endif %}
+{%- endfor %}
+{%- elif message["role"] == "assistant" %}{{- " " + message["content"]|trim + eos_token }}
+{%- elif message["role"] == "tool" %}
+{{- '[TOOL_RESULTS] {"content": ' + message.content|tojson + ', "call_id": "' + message.tool_call_id[-9:] + '"}[/TOOL_RESULTS]' }}
+{%- else %}{{- raise_exception("Only user and assistant roles are supported, with the exception of an initial optional system message!") }}
+{%- endif %}
+{%- endfor %}
+""".strip()
+
+HELPERS = """
+{%- macro show(v) -%}{%- if v is mapping -%}{{ v | dictsort | map('first') | join('+') }}
+{%- elif v is string -%}{{ v | upper | replace('A', 'a') }}{%- elif v is none -%}null
+{%- elif v is iterable -%}{{ v | map('string') | join(',') | length }}{%- elif v is number -%}{{ v }}|{{ v | tojson }}{%- else -%}{{ v }}{%- endif -%}
+{%- endmacro -%}
+{%- for message in messages -%}
+{%- if loop.first and message.role not in ['system', 'user'] -%}{{ raise_exception('first message: ' ~ message.role) }}{%- endif -%}
+[{{ loop.index }}/{{ loop.length }}{{ '*' if loop.last }}] {{ message.role | capitalize }}: {{ message.content if message.content is string else message.content | selectattr('type', 'equalto', 'text') | map(attribute='text') | join(' ') }}
+{%- for call in message.tool_calls | default([]) %}
+{%- if loop.index > 3 %}{% break %}{% endif %}
+ -> {{ call.function.name }}({% for k, v in call.function.arguments | items %}{{ k }}={{ show(v) }}{{ ', ' if not loop.last }}{% endfor %})
+{%- endfor %}
+{%- if message.reasoning_content is defined %} ~{{ message.reasoning_content | length }}{% endif %}
+{% endfor -%}
+{%- if tools %}{{ tools | map(attribute='function') | map(attribute='name') | unique | list | tojson(separators=(',', ':')) }}{% endif -%}
+{%- if add_generation_prompt %}<assistant>{% if reasoning_effort is defined %}{{ reasoning_effort | default('low', true) }}{% endif %}{% endif -%}
+""".strip()
+
+TEMPLATES: dict[str, Callable[[], str]] = {
+    "tests/support/chat_tokenizer": lambda: chat_tokenizer.CHAT_TEMPLATE,
+    "tests/support/retain_tokenizer": lambda: retain_tokenizer.CHAT_TEMPLATE,
+    "transformers llama4 (installed)": lambda: processing_llama4.chat_template,
+    "transformers smolvlm (installed)": lambda: processing_smolvlm.DEFAULT_CHAT_TEMPLATE,
+    "transformers qwen2-audio (installed)": lambda: Qwen2AudioProcessor.default_chat_template.fget(
+        None
+    ),
+    "sglang tiktoken (installed)": _sglang_tiktoken_template,
+    "qwen3-style reasoning after the last user turn": lambda: QWEN3_STYLE,
+    "llama3.1-style strftime_now, tojson(indent)": lambda: LLAMA31_STYLE,
+    "mistral-style selectattr, raise_exception": lambda: MISTRAL_STYLE,
+    "helpers: macros, loop, break, dictsort, items, unique": lambda: HELPERS,
+}
+
+BASH = ToolDefinition(
+    name="Bash",
+    description="Runs a command.",
+    parameters={"type": "object", "properties": {"command": {"type": "string"}}},
+)
+
+
+def _call(n: int, arguments: str) -> ToolCall:
+    return ToolCall(id=f"call_{n:09d}", name="Bash", arguments=arguments)
+
+
+def _agent(
+    turns: int, *, text: str = "", arguments: str = '{"command": "pytest -x"}'
+) -> list[ChatMessage]:
+    messages = [
+        ChatMessage(role="system", content="You are a coding agent."),
+        ChatMessage(
+            role="user", content=[TextPart(text="Fix the test."), TextPart(text=text or "Go.")]
+        ),
+    ]
+    for t in range(turns):
+        messages.append(
+            ChatMessage(
+                role="assistant",
+                content=f"Step {t}." if t % 2 else "",
+                reasoning=Reasoning(text=f"Think {t}."),
+                tool_calls=[_call(t, arguments)],
+            )
+        )
+        messages.append(
+            ChatMessage(role="tool", tool_call_id=f"call_{t:09d}", content=f"FAILED {t}\n{text}")
+        )
+    return messages
+
+
+CONVERSATIONS: dict[str, tuple[list[ChatMessage], list[ToolDefinition], ReasoningControl | None]] = {
+    "agent, 6 rounds, tools": (_agent(6), [BASH], None),
+    "agent, new user turn": ([*_agent(3), ChatMessage(role="user", content="Docs too.")], [BASH], None),
+    "agent, thinking off": (_agent(2), [BASH], ReasoningControl(enabled=False)),
+    "agent, effort": (_agent(2), [], ReasoningControl(enabled=True, effort="high")),
+    "non-ASCII and markup": (_agent(2, text="é 漢字 🙂 <b>&amp;</b> \"q\" 'a' \\n"), [BASH], None),
+    "fine numbers": (_agent(2, arguments='{"a": 0.5, "b": -3, "c": 2e-3, "d": [true, null], "e": 12345678901234567890123}'), [BASH], None),
+    "no tools, chat": ([ChatMessage(role="user", content="Hi"), ChatMessage(role="assistant", content="Hello."), ChatMessage(role="user", content="  Bye \n")], [], None),
+    "image": ([ChatMessage(role="user", content=[ImagePart(url="data:image/png;base64,AA=="), TextPart(text="What?")])], [], None),
+    "assistant first (some templates refuse)": ([ChatMessage(role="assistant", content="Hi")], [], None),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return chat_tokenizer.build_tokenizer()
+
+
+def _with_template(tokenizer: Any, source: str) -> Any:
+    tokenizer.chat_template = source
+    return tokenizer
+
+
+def _reference(tokenizer: Any, template_input: Any, generation: bool = True) -> str | None:
+    try:
+        return str(
+            tokenizer.apply_chat_template(
+                template_input.messages,
+                tools=template_input.tools,
+                tokenize=False,
+                add_generation_prompt=generation,
+                **template_input.template_kwargs,
+            )
+        )
+    except Exception:
+        return None
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+def test_real_templates_render_byte_identical_through_minijinja(tokenizer: Any, name: str) -> None:
+    tok = _with_template(tokenizer, TEMPLATES[name]())
+    compiled = compile_template(tok, verify_every=0)
+    assert isinstance(compiled, CompiledTemplate), compiled
+    rendered = 0
+    for conversation, (messages, tools, reasoning) in CONVERSATIONS.items():
+        template_input = build_template_input(messages, tools=tools, reasoning=reasoning)
+        assert not template_input.odd_numbers, conversation
+        for generation in (True, False):
+            expected = _reference(tok, template_input, generation)
+            try:
+                got: str | None = compiled.render_compiled(
+                    template_input.messages,
+                    template_input.tools,
+                    add_generation_prompt=generation,
+                    kwargs=template_input.template_kwargs,
+                )
+            except Exception:
+                got = None
+            assert got == expected, (conversation, generation)
+            rendered += expected is not None
+    assert rendered >= 2, "the template refused nearly every conversation: the table proves nothing"
+
+
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [
+        ("{{ messages[0].content is sequence }}", "'is sequence'"),
+        ("{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}", "cannot compile"),
+        ("{{ '%s!' % messages[0].content }}", "refused where Jinja2 rendered"),
+        ("{{ 1e20 }}{{ messages | length }}", "rendered differently"),
+        ("{{ messages[0].content | wordcount }}", "'wordcount'"),
+        ("{{ messages.append(1) }}", "rendered where Jinja2 refused"),  # the sandbox is immutable
+        (  # minijinja: none is iterable
+            "{% for m in messages %}{% for c in m.tool_calls | default([]) %}"
+            "{% for k, v in c.function.arguments | items %}{{ v is iterable }}{% endfor %}"
+            "{% endfor %}{% endfor %}",
+            "rendered differently",
+        ),
+    ],
+)  # fmt: skip
+def test_templates_that_render_differently_are_refused(
+    tokenizer: Any, source: str, reason: str
+) -> None:
+    result = compile_template(_with_template(tokenizer, source))
+    assert isinstance(result, Refusal)
+    assert reason in result.reason
+
+
+def test_a_dict_of_named_templates_stays_on_jinja2(tokenizer: Any) -> None:
+    tok = _with_template(tokenizer, {"default": chat_tokenizer.CHAT_TEMPLATE})
+    assert isinstance(compile_template(tok), Refusal)
+    assert compiled_template_for(tok) is None
+
+
+@pytest.mark.parametrize(
+    ("arguments", "odd", "minijinja_differs"),
+    [
+        ('{"v": 0.5}', False, False),
+        ('{"v": -1234.5678}', False, False),
+        ('{"v": 3}', False, False),
+        ('{"v": 340282366920938463463374607431768211455}', False, False),
+        ('{"v": -170141183460469231731687303715884105728}', False, False),
+        ('{"v": [0.25, {"w": "1.0"}]}', False, False),
+        ('{"v": 1.0}', True, True),
+        ('{"v": 1e20}', True, True),
+        ('{"v": 1e-5}', True, True),
+        ('{"v": 340282366920938463463374607431768211456}', True, True),
+        ('{"v": -170141183460469231731687303715884105729}', True, True),
+        ('{"v": [1, {"w": 2.0}]}', True, False),  # containers come back to tojson as they were
+        ('{"v": -0.0}', True, None),
+        ('{"v": NaN}', True, None),
+        ('{"v": -Infinity}', True, None),
+    ],
+)
+def test_numbers_minijinja_formats_unlike_python_go_to_jinja2(
+    tokenizer: Any, arguments: str, odd: bool, minijinja_differs: bool | None
+) -> None:
+    """The template prints each argument raw, through ``| string`` and through ``| tojson`` (as
+    Qwen3-Coder and GLM templates do): whichever engine renders, the text is transformers'. The
+    guard is conservative (``None``: not asserted either way)."""
+    source = (
+        "{% for m in messages %}{% for c in m.tool_calls | default([]) %}"
+        "{% for k, v in c.function.arguments | items %}{{ k }}={{ v }}|{{ v | string }}|"
+        "{{ v | tojson }}|{% if v is iterable %}{% for x in v %}{{ x }};{{ x | tojson }}{% endfor %}"
+        "{% endif %}\n{% endfor %}{% endfor %}{% endfor %}"
+    )
+    tok = _with_template(tokenizer, source)
+    messages = [
+        ChatMessage(role="user", content="go"),
+        ChatMessage(role="assistant", tool_calls=[_call(0, arguments)]),
+    ]
+    template_input = build_template_input(messages)
+    assert template_input.odd_numbers is odd
+    expected = _reference(tok, template_input)
+    assert render_template(tok, template_input) == expected
+    compiled = compiled_template_for(tok)
+    assert compiled is not None
+    got = compiled.render_compiled(
+        template_input.messages, None, add_generation_prompt=True, kwargs={}
+    )
+    if minijinja_differs is not None:
+        assert (got != expected) is minijinja_differs  # what the guard keeps from minijinja
+
+
+@pytest.mark.parametrize(
+    ("schema", "odd"),
+    [
+        ({"type": "number", "minimum": 0, "maximum": 0.75}, False),
+        ({"type": "number", "default": 1.0}, True),
+        ({"type": "array", "items": {"enum": [1, 2.5e30]}}, True),
+    ],
+)
+def test_tool_schemas_are_checked_for_odd_numbers(schema: dict[str, Any], odd: bool) -> None:
+    tool = ToolDefinition(name="t", parameters={"type": "object", "properties": {"x": schema}})
+    assert (
+        build_template_input([ChatMessage(role="user", content="go")], tools=[tool]).odd_numbers
+        is odd
+    )
+    assert has_odd_number(schema) is odd
+
+
+def test_a_lone_surrogate_renders_as_transformers_does(tokenizer: Any) -> None:
+    tok = _with_template(tokenizer, chat_tokenizer.CHAT_TEMPLATE)
+    template_input = build_template_input([ChatMessage(role="user", content="broken \ud83d emoji")])
+    assert render_template(tok, template_input) == _reference(tok, template_input)
+
+
+def test_a_template_error_gets_transformers_error(tokenizer: Any) -> None:
+    from kvretention.dataplane.chat_template import TemplateInputError
+
+    tok = _with_template(tokenizer, MISTRAL_STYLE)
+    template_input = build_template_input([ChatMessage(role="developer", content="rules")])
+    template_input.messages[0]["role"] = "critic"
+    with pytest.raises(TemplateInputError, match="Only user and assistant roles"):
+        render_template(tok, template_input)
+
+
+def test_a_sampled_difference_serves_transformers_text_and_turns_minijinja_off() -> None:
+    calls: list[bool] = []
+
+    def reference(messages: list[dict[str, Any]], **kwargs: Any) -> str:
+        calls.append(True)
+        return "transformers' text"
+
+    compiled = CompiledTemplate(
+        "{{ messages[0].content }}", special_tokens={}, reference=reference, verify_every=3
+    )
+    messages = [{"role": "user", "content": "hi"}]
+    first = compiled.render(messages, None, add_generation_prompt=True, kwargs={})
+    assert first == "transformers' text" and calls == [True]
+    assert not compiled.enabled
+    assert compiled.render(messages, None, add_generation_prompt=True, kwargs={}) is None
+
+
+def test_renders_are_sampled_every_verify_every() -> None:
+    calls: list[bool] = []
+
+    def reference(messages: list[dict[str, Any]], **kwargs: Any) -> str:
+        calls.append(True)
+        return "hi"
+
+    compiled = CompiledTemplate(
+        "{{ messages[0].content }}", special_tokens={}, reference=reference, verify_every=3
+    )
+    for _ in range(7):
+        assert (
+            compiled.render([{"content": "hi"}], None, add_generation_prompt=True, kwargs={})
+            == "hi"
+        )
+    assert len(calls) == 3  # renders 1, 4 and 7
+    assert compiled.enabled
+
+
+def test_probes_cover_what_the_worker_hands_templates() -> None:
+    """The probes hold every role, tool calls, reasoning, image parts and the thinking switches."""
+    probes = probe_inputs()
+    messages = [m for p in probes for m in p.messages]
+    assert {m["role"] for m in messages} >= {"system", "user", "assistant", "tool"}
+    assert any("tool_calls" in m for m in messages)
+    assert any("reasoning_content" in m for m in messages)
+    assert any(isinstance(m["content"], list) for m in messages)
+    assert any(p.kwargs.get("enable_thinking") is False for p in probes)
+    assert any(not p.add_generation_prompt for p in probes)
+    assert not any(has_odd_number([p.messages, p.tools]) for p in probes)
+
+
+def test_the_compiled_template_is_checked_once_per_tokenizer_and_template(tokenizer: Any) -> None:
+    tok = _with_template(tokenizer, chat_tokenizer.CHAT_TEMPLATE)
+    first = compiled_template_for(tok)
+    assert first is not None and compiled_template_for(tok) is first
+    tok.chat_template = QWEN3_STYLE
+    second = compiled_template_for(tok)
+    assert second is not None and second is not first and second.source == QWEN3_STYLE
+    assert compiled_template.compiled_template_for(tok) is second
