@@ -6,9 +6,12 @@ the frontend forwards them (``PreprocessedRequest`` bytes and the ``x-kvr-prefix
 prepared by the worker's ``plan_call`` with a real chat template and fast tokenizer
 (``tests/support/chat_tokenizer.py``, the one the data-plane tests serve). ``before``: turn N+1
 with no render cache; ``after``: a fresh cache that served turn N, then turn N+1. Process CPU
-time, medians over repeats, the two interleaved so both see the same machine noise. The stages of
-``after`` are timed apart: decode and validate the body, render the template, encode (the cache:
-tokenize only what is new), resolve breakpoints. Cases: Claude Code on ``/v1/messages`` (its two
+time, medians over repeats, interleaved so all see the same machine noise. ``after`` is run twice:
+with the chat template rendered by Jinja2 (``apply_chat_template``, as until minijinja) and by
+minijinja where it renders identically (``dataplane/compiled_template.py``, the default now). The
+stages of ``after`` are timed apart: decode and validate the body, build the template input, render
+the template (Jinja2 and minijinja), encode (the cache: tokenize only what is new), resolve
+breakpoints. Cases: Claude Code on ``/v1/messages`` (its two
 block-level breakpoints), the same without ``cache_control`` (no breakpoints), Codex on
 ``/v1/responses``, and the Claude Code body for a worker with no chat template (the request-path
 benchmark's ``full`` target).
@@ -33,8 +36,9 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +48,9 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(HERE))
 
-from kvretention.dataplane.chat_template import render_prompt  # noqa: E402
+from kvretention.dataplane import chat_template  # noqa: E402
+from kvretention.dataplane.chat_template import build_template_input, render_template  # noqa: E402
+from kvretention.dataplane.compiled_template import compiled_template_for  # noqa: E402
 from kvretention.dataplane.frontend import app as frontend  # noqa: E402
 from kvretention.dataplane.frontend.endpoints import MESSAGES, RESPONSES, GenerateEndpoint  # noqa: E402
 from kvretention.dataplane.frontend.upstream import RouterClient  # noqa: E402
@@ -136,6 +142,16 @@ def build_cases(turns: int) -> list[Turns]:
     return cases
 
 
+@contextmanager
+def jinja2_only() -> Iterator[None]:
+    """Render with ``apply_chat_template`` alone (the worker before minijinja)."""
+    chat_template.compiled_template_for = lambda tokenizer: None
+    try:
+        yield
+    finally:
+        chat_template.compiled_template_for = compiled_template_for
+
+
 def cpu_ms(fn: Callable[[], object]) -> float:
     start = time.process_time()
     fn()
@@ -161,13 +177,17 @@ def measure(case: Turns, tokenizer: Any, *, repeats: int) -> dict[str, Any]:
         plan(cache, prev_body, prev_headers)
         return cache
 
-    before, after = [], []
+    before, after_jinja, after = [], [], []
     stages: dict[str, list[float]] = {}
     planned = plan(None)
     markers = len(planned.breakpoints.resolved) if planned.breakpoints else 0
     chain = headers.get(HEADER_PREFIX, "").split(",")
+    compiled = compiled_template_for(tokenizer) if case.templated else None
     for _ in range(repeats):
-        before.append(cpu_ms(lambda: plan(None)))
+        with jinja2_only():
+            before.append(cpu_ms(lambda: plan(None)))
+            cache = warmed()
+            after_jinja.append(cpu_ms(lambda c=cache: plan(c)))
         cache = warmed()
         after.append(cpu_ms(lambda c=cache: plan(c)))
         for stage, ms in after_stages(
@@ -183,9 +203,14 @@ def measure(case: Turns, tokenizer: Any, *, repeats: int) -> dict[str, Any]:
         "prompt_tokens": planned.prompt_tokens,
         "reused_tokens": reused,
         "breakpoints": len(planned.breakpoints.resolved) if planned.breakpoints else 0,
+        "renderer": "minijinja" if compiled is not None else "jinja2",
         "before_ms": round(statistics.median(before), 3),
+        "after_jinja2_ms": round(statistics.median(after_jinja), 3),
         "after_ms": round(statistics.median(after), 3),
         "after_over_before": round(statistics.median(after) / statistics.median(before), 3),
+        "minijinja_over_jinja2": round(
+            statistics.median(after) / statistics.median(after_jinja), 3
+        ),
         "after_stages_ms": med,
     }
 
@@ -200,13 +225,20 @@ def after_stages(
     if tokenizer is None or cache is None:
         return stages
     start = time.process_time()
-    text, _ = render_prompt(
-        tokenizer,
+    template_input = build_template_input(
         request.messages or [],
         tools=request.tools,
         tool_choice=request.tool_choice,
         reasoning=request.reasoning,
+        developer_role=chat_template.template_has_developer_role(tokenizer.chat_template),
     )
+    stages["template_input"] = (time.process_time() - start) * 1000
+    with jinja2_only():
+        start = time.process_time()
+        render_template(tokenizer, template_input)
+        stages["render_jinja2"] = (time.process_time() - start) * 1000
+    start = time.process_time()
+    text = render_template(tokenizer, template_input)
     stages["render"] = (time.process_time() - start) * 1000
     start = time.process_time()
     cache.encode(text, session=request.session_id, chain=chain)
@@ -347,17 +379,22 @@ def main(argv: list[str] | None = None) -> int:
 
 def format_table(report: dict[str, Any]) -> str:
     lines = [
-        "| case | client body | to the worker | prompt tokens | reused | breakpoints | before ms | after ms | after/before "
-        "| decode+validate | render | encode | breakpoints ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| case | client body | to the worker | prompt tokens | reused | breakpoints | before ms "
+        "| cache + Jinja2 ms | cache + minijinja ms | minijinja / Jinja2 | after/before "
+        "| decode+validate | template input | render Jinja2 | render minijinja | encode "
+        "| breakpoints ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, r in report["results"].items():
         s = r["after_stages_ms"]
         lines.append(
-            f"| {name} | {r['client_body_bytes'] / 1000:.0f} KB | {r['body_bytes'] / 1000:.0f} KB | {r['prompt_tokens']} | {r['reused_tokens']} "
-            f"| {r['breakpoints']} | {r['before_ms']:.1f} | {r['after_ms']:.1f} "
-            f"| {r['after_over_before']:.2f} | {s.get('decode_validate', 0):.1f} "
-            f"| {s.get('render', 0):.1f} | {s.get('encode', 0):.1f} | {s.get('breakpoints', 0):.1f} |"
+            f"| {name} | {r['client_body_bytes'] / 1000:.0f} KB | {r['body_bytes'] / 1000:.0f} KB "
+            f"| {r['prompt_tokens']} | {r['reused_tokens']} | {r['breakpoints']} "
+            f"| {r['before_ms']:.1f} | {r['after_jinja2_ms']:.1f} | {r['after_ms']:.1f} "
+            f"| {r['minijinja_over_jinja2']:.2f} | {r['after_over_before']:.2f} "
+            f"| {s.get('decode_validate', 0):.1f} | {s.get('template_input', 0):.1f} "
+            f"| {s.get('render_jinja2', 0):.1f} | {s.get('render', 0):.1f} "
+            f"| {s.get('encode', 0):.1f} | {s.get('breakpoints', 0):.1f} |"
         )
     for key in ("burst_baseline", "burst"):
         if key in report:

@@ -89,6 +89,9 @@ def has_odd_number(value: Any) -> bool:
     return False
 
 
+_ENCODER: Final = json.JSONEncoder(ensure_ascii=False)
+
+
 def tojson(
     value: Any,
     ensure_ascii: bool = False,
@@ -97,6 +100,8 @@ def tojson(
     sort_keys: bool = False,
 ) -> str:
     """transformers' ``tojson`` (Jinja's own escapes HTML characters; this one does not)."""
+    if not ensure_ascii and indent is None and separators is None and not sort_keys:
+        return _ENCODER.encode(value)  # what json.dumps builds per call, built once (~2 µs a call)
     return json.dumps(
         value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
     )

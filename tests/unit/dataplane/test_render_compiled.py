@@ -477,3 +477,15 @@ def test_the_compiled_template_is_checked_once_per_tokenizer_and_template(tokeni
     second = compiled_template_for(tok)
     assert second is not None and second is not first and second.source == QWEN3_STYLE
     assert compiled_template.compiled_template_for(tok) is second
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"indent": 4}, {"separators": (",", ":")}, {"sort_keys": True}, {"ensure_ascii": True}],
+)
+def test_tojson_is_transformers_tojson(kwargs: dict[str, Any]) -> None:
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    theirs = _compile_jinja_template("{{ 1 }}").environment.filters["tojson"]
+    for value in ({"b": "<é>\n", "a": [1, 0.5, None, True]}, "é\u2028", 3, [], {"x": {}}):
+        assert compiled_template.tojson(value, **kwargs) == theirs(value, **kwargs)
