@@ -5,6 +5,7 @@ namespace, and no line it logs is a failure without the API server's reason.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 
@@ -38,7 +39,15 @@ def test_a_deleted_namespace_gets_no_recreate_attempts(
     core = client.CoreV1Api(k8s)
     ns = f"doomed-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": ns}})
-    fleets = Fleets(k8s, ns)
+    try:
+        _delete_with_fleets(operator, core, Fleets(k8s, ns))
+    finally:
+        with contextlib.suppress(ApiException):  # a failure before the deletion: free the GPUs
+            core.delete_namespace(ns)
+
+
+def _delete_with_fleets(operator: Operator, core: client.CoreV1Api, fleets: Fleets) -> None:
+    ns = fleets.ns
     wait_until("ServiceAccount default", lambda: core.list_namespaced_service_account(ns).items)
     for name in ("one", "two"):
         fleets.create(load_example("aggregated", name=name))
