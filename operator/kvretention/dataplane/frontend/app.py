@@ -460,31 +460,28 @@ async def _forward(
                 frame = formatter.chunk(chunk)
                 if frame:
                     await response.write(frame)
-            await response.write(formatter.finish())
+            # the last frame and the end of the chunked body in one socket write
+            await response.write_eof(formatter.finish())
             latency.labels(api.endpoint, "total").observe(time.perf_counter() - started)
+            return response
         except ConnectionResetError:
             done.outcome, done.status, done.error_code = "client_disconnected", 499, None
             return response
         except FrontendError as err:
             done.outcome, done.error_code = "error", err.code
-            await _write_quietly(response, formatter.error(err))
+            tail = formatter.error(err)
         except Exception:
             log.exception("stream %s failed after it started", request_id)
             internal = errors.internal_error()
             done.outcome, done.error_code = "error", internal.code
-            await _write_quietly(response, formatter.error(internal))
-        await _write_eof_quietly(response)
+            tail = formatter.error(internal)
+        await _write_eof_quietly(response, tail)
         return response
 
 
-async def _write_quietly(response: web.StreamResponse, data: bytes) -> None:
+async def _write_eof_quietly(response: web.StreamResponse, data: bytes = b"") -> None:
     with contextlib.suppress(ConnectionResetError):
-        await response.write(data)
-
-
-async def _write_eof_quietly(response: web.StreamResponse) -> None:
-    with contextlib.suppress(ConnectionResetError):
-        await response.write_eof()
+        await response.write_eof(data)
 
 
 async def read_body(
