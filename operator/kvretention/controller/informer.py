@@ -226,7 +226,12 @@ class Informer:
         if kind == "ERROR":
             if obj.get("code") == 410:
                 raise Gone(obj.get("message"))
-            raise k.ApiError(int(obj.get("code") or 0), str(obj.get("message")))
+            raise k.ApiError(
+                int(obj.get("code") or 0),
+                str(obj.get("message")),
+                reason=str(obj.get("reason") or ""),
+                what=f"watch {self.kind.collection_path(self.namespace)}",
+            )
         version = str((obj.get("metadata") or {}).get("resourceVersion") or last)
         if kind not in ("ADDED", "MODIFIED", "DELETED"):
             return version, None  # BOOKMARK: only the version moves

@@ -253,3 +253,14 @@ async def test_informers_merge_namespaces_into_one_index_and_sync_together(
     assert pods.get(("c", "f")) is None
     for task in tasks:
         task.cancel()
+
+
+def test_a_watch_error_names_the_watch_and_the_servers_reason() -> None:
+    informer = informer_for(ScriptedKube(listings=[], watches=[]), Recorder())
+    error = {"kind": "Status", "code": 500, "reason": "InternalError", "message": "etcd is away"}
+    with pytest.raises(k.ApiError) as raised:
+        informer._parse(line("ERROR", error), "1")
+    assert (
+        str(raised.value)
+        == f"watch /api/v1/namespaces/{NS}/pods: HTTP 500 InternalError: etcd is away"
+    )
