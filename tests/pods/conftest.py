@@ -1,9 +1,10 @@
 """The pods tier: a real node on this machine (``kvretention cluster up --real-node``), so every
 pod is a real process from images built here (``scripts/build-images.sh``).
 
-Opt-in: it needs root, the Debian packages of ``scripts/install-node.sh`` and the node's binaries
-(``scripts/build-node.sh``), and while the node stands its iptables rules would break loopback
-tests; so it is collected only when ``KVR_PODS_TIER=1`` (``make test-pods``). The node lives for
+Opt-in: it needs root, the Debian packages of ``scripts/install-node.sh``, the node's binaries
+(``scripts/build-node.sh``) and the images (``scripts/build-images.sh``), which ``make test-pods``
+prepares (``make node``) before it sets ``KVR_PODS_TIER=1``; without it this folder is not
+collected (docs/real-node.md says why it is not in ``make test`` yet). The node lives for
 this folder only (package scope): it is torn down, and the host checked to be exactly as recorded
 (no iptables rule, sysctl, mount, link or cgroup left), before any other tier runs.
 """
