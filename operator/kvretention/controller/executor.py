@@ -297,7 +297,7 @@ class Controller:
         for manifest, result in zip(ours, results, strict=True):
             current: Mapping[str, Any] | None
             if isinstance(result, k.ApiError) and result.status in REFUSED_STATUSES:
-                refused.append(refused_message(manifest, result.message))
+                refused.append(refused_message(manifest, result.said))
                 current = live.get(child_key(manifest))
             elif isinstance(result, k.NotFound) and k.kind_of(manifest) in k.OPTIONAL_KINDS:
                 unserved.add(str(manifest["kind"]))  # its CRD is not installed: status says so

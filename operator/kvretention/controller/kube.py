@@ -148,6 +148,8 @@ class ApiError(Exception):
         if causes:
             said += f" (causes: {', '.join(causes)})"
         super().__init__(f"{what}: {said}" if what else said)
+        self.said = said
+        """The answer without the request: status, reason, message and causes."""
         self.status = status
         self.message = message
         self.reason = reason

@@ -319,17 +319,19 @@ async def test_a_refused_child_is_reported_in_status_and_retried(fake: FakeKube)
 
     async def refuse_router(manifest: Mapping[str, Any], **kwargs: Any) -> dict[str, Any]:
         if manifest["metadata"]["name"] == "qwen-router" and manifest["kind"] == "Deployment":
-            raise k.ApiError(403, 'deployments.apps "qwen-router" is forbidden')
+            raise k.ApiError(403, 'deployments.apps "qwen-router" is forbidden', reason="Forbidden")
         return await real_apply(manifest, **kwargs)
 
     fake.apply = refuse_router  # type: ignore[method-assign]
     c = controller(fake)
     c.known.add(("ns", "qwen"))
-    with pytest.raises(k.RetryLater, match="forbidden"):
+    with pytest.raises(k.RetryLater, match=r"HTTP 403 Forbidden: .* is forbidden"):
         await c.reconcile(("ns", "qwen"))
     ready = next(x for x in fake.cr()["status"]["conditions"] if x["type"] == "Ready")
     assert (ready["status"], ready["reason"]) == ("False", "ApplyFailed")
-    assert "qwen-router" in ready["message"]
+    assert ready["message"] == (
+        'Deployment qwen-router: HTTP 403 Forbidden: deployments.apps "qwen-router" is forbidden'
+    )
     assert ("deployments", "ns", "qwen-frontend") in fake.objects  # the rest still applied
 
 
