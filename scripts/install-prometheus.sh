@@ -6,6 +6,7 @@
 #
 # Usage: scripts/install-prometheus.sh    # prints the directory holding promtool on stdout
 # Env:   KVR_CACHE  cache root (default ~/.cache/kvretention)
+#        KVR_PROMETHEUS_BUILD=1  skip PATH and apt: build from the Go module proxy (checks that path)
 set -euo pipefail
 
 # The Go module version of Prometheus 2.54.1 (Prometheus tags its Go module v0.<minor>.<patch>).
@@ -15,7 +16,8 @@ bin="$cache/bin/prometheus-$PROMETHEUS_MODULE_VERSION"
 
 log() { printf '[install-prometheus] %s\n' "$*" >&2; }
 
-if command -v promtool >/dev/null && command -v prometheus >/dev/null; then
+build_only="${KVR_PROMETHEUS_BUILD:-}"
+if [[ -z "$build_only" ]] && command -v promtool >/dev/null && command -v prometheus >/dev/null; then
   dirname "$(command -v promtool)"
   exit 0
 fi
@@ -24,7 +26,7 @@ if [[ -x "$bin/promtool" && -x "$bin/prometheus" ]]; then
   exit 0
 fi
 
-if apt-cache policy prometheus 2>/dev/null | grep -q 'Candidate: [0-9]'; then
+if [[ -z "$build_only" ]] && apt-cache policy prometheus 2>/dev/null | grep -q 'Candidate: [0-9]'; then
   log "installing Debian's prometheus package (prometheus, promtool)"
   sudo=()
   [[ "$(id -u)" = 0 ]] || sudo=(sudo)

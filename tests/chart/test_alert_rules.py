@@ -8,7 +8,6 @@ tests/observability/test_dashboards.py and test_prometheus_rule.py).
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,8 @@ from typing import Any
 import pytest
 import yaml
 from chartlib import Helm, select
+
+from support.prometheus_bin import prometheus_binary
 
 NS, FLEET = "team-a", "chat"
 AT = f'fleet_namespace="{NS}", fleet="{FLEET}"'
@@ -271,9 +272,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def promtool() -> Path:
-    found = shutil.which("promtool")
-    assert found, "promtool is not installed: run scripts/install-prometheus.sh (make bootstrap)"
-    return Path(found)
+    return prometheus_binary("promtool")
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,7 @@ Import them as ``from promlib import ...`` (pytest puts this folder on sys.path)
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +17,7 @@ from typing import Any
 
 from support.metric_registries import DATA_PLANE_LABELS as DATA_PLANE_LABELS
 from support.metric_registries import exported_series as exported_series
+from support.prometheus_bin import prometheus_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = ROOT / "deploy" / "dashboards"
@@ -78,25 +77,12 @@ def grouping_labels(expr: str) -> set[str]:
     return {x.strip() for g in _GROUPING.findall(expr) for x in g.split(",") if x.strip()}
 
 
-def _binary(name: str) -> Path:
-    found = shutil.which(name)
-    if found:
-        return Path(found)
-    cache = Path(os.environ.get("KVR_CACHE", Path.home() / ".cache" / "kvretention")) / "bin"
-    for candidate in sorted(cache.glob(f"prometheus-*/{name}"), reverse=True):
-        if os.access(candidate, os.X_OK):
-            return candidate
-    raise AssertionError(
-        f"{name} is not installed: run scripts/install-prometheus.sh (make bootstrap)"
-    )
-
-
 def promtool() -> Path:
-    return _binary("promtool")
+    return prometheus_binary("promtool")
 
 
 def prometheus() -> Path:
-    return _binary("prometheus")
+    return prometheus_binary("prometheus")
 
 
 def run_promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
