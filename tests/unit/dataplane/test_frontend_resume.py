@@ -71,8 +71,24 @@ def _with_breakpoint(bodies: list[Body]) -> list[Body]:
     return out
 
 
+def _with_output_config(bodies: list[Body]) -> list[Body]:
+    """Claude Code bodies with an ``output_config`` on an early message (ignored, counted) and on
+    the last one (this turn's effort): the parse looks only at messages whose bytes name it."""
+    out = []
+    for body in bodies:
+        body = copy.deepcopy(body)
+        body["messages"][0]["output_config"] = {"effort": "low"}
+        body["messages"][-1]["output_config"] = {"effort": "high"}
+        out.append(body)
+    return out
+
+
 SESSIONS: Final[dict[str, tuple[Parse, Callable[[], list[Body]]]]] = {
     "claude-code": (parse_messages, lambda: [b for _, b in claude_code_session(turns=6)]),
+    "claude-code-output-config": (
+        parse_messages,
+        lambda: _with_output_config([b for _, b in claude_code_session(turns=6)]),
+    ),
     "codex": (parse_responses, lambda: [b for _, b in codex_session(turns=6)]),
     "chat": (parse_chat, lambda: _chat_session(6)),
     "chat-breakpoints": (parse_chat, lambda: _with_breakpoint(_chat_session(6))),
