@@ -150,6 +150,11 @@ def _fresh(
 ) -> tuple[ClusterState, bool]:
     bins = resolve_bin_dir(bin_dir)
     node = realnode.check_prerequisites(node_bin_dir) if real_node else None
+    stale = realnode.stale_node_dir() if real_node else None
+    if stale is not None and stale != state_dir:
+        echo(f"a real node of {stale} was never torn down; stopping it and restoring the host")
+        with _locked(stale):
+            _stop_all(stale, echo)
     ports = _allocate_ports(apiserver_port)
     layout = Layout(state_dir)
     _reset(layout)

@@ -34,6 +34,9 @@ Echo = Callable[[str], None]
 ORDER: Final = ("containerd", "kubelet", "kube-proxy", "coredns")
 NODE_BIN_ENV: Final = "KVR_NODE_BIN"
 IMAGES_ENV: Final = "KVR_NODE_IMAGES"
+# Which state dir holds the machine's real node (one at a time: one bridge, one cgroup root), so a
+# node whose owner died (a killed test run in a temporary dir) is found and torn down by the next.
+MARKER: Final = Path("/run/kvretention-real-node")
 CNI_BIN_DIRS: Final = (Path("/usr/lib/cni"), Path("/opt/cni/bin"))
 # Debian package that brings each command, for the error that names the fix.
 PACKAGES: Final = {
@@ -98,6 +101,18 @@ def load_node(state_dir: Path) -> NodeState | None:
         return None
 
 
+def stale_node_dir() -> Path | None:
+    """The state dir of a real node this machine still has (its host record not yet restored)."""
+    try:
+        found = Path(MARKER.read_text().strip())
+    except OSError:
+        return None
+    if not NodeLayout(found).host_record.is_file():
+        MARKER.unlink(missing_ok=True)
+        return None
+    return found
+
+
 def check_prerequisites(bin_dir: Path | None = None) -> tuple[Path, dict[str, Image]]:
     """The node's bin dir and its images (name -> OCI archive), or an error naming each fix."""
     problems = []
@@ -136,6 +151,7 @@ def prepare_host(state_dir: Path, *, echo: Echo) -> None:
         )
     rec = host.record()
     layout.host_record.write_text(rec.to_json())
+    MARKER.write_text(str(state_dir.resolve()))
     echo(f"recorded the host's sysctls, iptables and mounts in {layout.host_record}")
     _ip("link", "add", BRIDGE, "type", "bridge")
     _ip("addr", "add", f"{GATEWAY}/24", "dev", BRIDGE)
@@ -261,6 +277,8 @@ def stop_node(state_dir: Path, *, echo: Echo) -> list[str]:
         return left
     echo("restored the host's sysctls, iptables rules, mounts and links")
     layout.host_record.unlink()
+    if stale_node_dir() == state_dir.resolve():
+        MARKER.unlink(missing_ok=True)
     layout.state_file.unlink(missing_ok=True)
     shutil.rmtree(layout.dir / "containerd", ignore_errors=True)
     return []
