@@ -408,7 +408,7 @@ def compile_template(
     return compiled
 
 
-_COMPILED: weakref.WeakKeyDictionary[Any, tuple[str, CompiledTemplate | Refusal]] = (
+_COMPILED: weakref.WeakKeyDictionary[Any, tuple[Any, CompiledTemplate | Refusal]] = (
     weakref.WeakKeyDictionary()
 )
 _COMPILED_LOCK = threading.Lock()
@@ -427,7 +427,7 @@ def compiled_template_for(tokenizer: Any) -> CompiledTemplate | None:
         return result if isinstance(result, CompiledTemplate) else None
     with _COMPILED_LOCK:
         result = compile_template(tokenizer)
-        _COMPILED[tokenizer] = (str(source), result)
+        _COMPILED[tokenizer] = (source, result)
     if isinstance(result, Refusal):
         log.info("chat template rendered with Jinja2: %s", result.reason)
         return None

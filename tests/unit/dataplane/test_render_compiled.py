@@ -331,10 +331,16 @@ def test_templates_that_render_differently_are_refused(
     assert reason in result.reason
 
 
-def test_a_dict_of_named_templates_stays_on_jinja2(tokenizer: Any) -> None:
+def test_a_dict_of_named_templates_stays_on_jinja2(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     tok = _with_template(tokenizer, {"default": chat_tokenizer.CHAT_TEMPLATE})
     assert isinstance(compile_template(tok), Refusal)
     assert compiled_template_for(tok) is None
+    checks: list[Any] = []
+    monkeypatch.setattr(compiled_template, "compile_template", checks.append)
+    assert compiled_template_for(tok) is None
+    assert checks == []  # the refusal is remembered, not checked again per request
 
 
 @pytest.mark.parametrize(
