@@ -258,16 +258,11 @@ def stop_node(state_dir: Path, *, echo: Echo) -> list[str]:
     state = load_node(state_dir)
     if state is None and not layout.host_record.is_file():
         return []  # no real node in this state dir (a kwok-only plane): touch nothing
-    if state is not None:
-        for name in ("coredns", "kube-proxy", "kubelet"):
-            pid = state.pids.get(name)
-            if pid is not None and process.stop(pid, state.binary(name)):
-                echo(f"stopped {name} (pid {pid})")
-    _kill_pod_processes(layout, echo)
-    containerd = None if state is None else state.pids.get("containerd")
-    if state is not None and containerd and process.stop(containerd, state.binary("containerd")):
-        echo(f"stopped containerd (pid {containerd})")
-    _kill_shims(layout)
+    try:
+        _stop_processes(layout, state, echo)
+    except OSError as err:
+        # Whatever failed here, the host is still restored below (and checked).
+        echo(f"stopping the node's processes failed ({err}); restoring the host anyway")
     if not layout.host_record.is_file():
         return []
     rec = host.HostRecord.from_json(layout.host_record.read_text())
@@ -282,6 +277,19 @@ def stop_node(state_dir: Path, *, echo: Echo) -> list[str]:
     layout.state_file.unlink(missing_ok=True)
     shutil.rmtree(layout.dir / "containerd", ignore_errors=True)
     return []
+
+
+def _stop_processes(layout: NodeLayout, state: NodeState | None, echo: Echo) -> None:
+    if state is not None:
+        for name in ("coredns", "kube-proxy", "kubelet"):
+            pid = state.pids.get(name)
+            if pid is not None and process.stop(pid, state.binary(name)):
+                echo(f"stopped {name} (pid {pid})")
+    _kill_pod_processes(layout, echo)
+    containerd = None if state is None else state.pids.get("containerd")
+    if state is not None and containerd and process.stop(containerd, state.binary("containerd")):
+        echo(f"stopped containerd (pid {containerd})")
+    _kill_shims(layout)
 
 
 class _Api:
@@ -354,7 +362,10 @@ def _cgroup_pids() -> set[int]:
             continue
         for dirpath, _, files in os.walk(root):
             if "cgroup.procs" in files:
-                text = (Path(dirpath) / "cgroup.procs").read_text()
+                try:
+                    text = (Path(dirpath) / "cgroup.procs").read_text()
+                except OSError:
+                    continue  # the kubelet or runc removed it since the walk listed it
                 pids |= {int(p) for p in text.split()}
     return pids
 
