@@ -35,8 +35,6 @@ from kvretention.hints.intent import (
 
 OPTIONS: Final = "prompt_cache_options"
 BREAKPOINT: Final = "prompt_cache_breakpoint"
-_NAMED: Final = b'"prompt_cache_breakpoint"'
-"""How a compact JSON encoding of an item that holds the key (at any depth) names it."""
 
 CHAT_TTLS: Final[Mapping[str, int]] = {"30m": 1_800}
 """Chat Completions publishes one TTL."""
@@ -56,42 +54,26 @@ _RESPONSES_OPTION_KEYS: Final = frozenset({"mode", "ttl", "prewarm", "comparison
 
 
 def hints_from_chat_completions(
-    body: Mapping[str, Any],
-    *,
-    breakpoints: BreakpointMode = "prefix",
-    encoded: Sequence[bytes] | None = None,
+    body: Mapping[str, Any], *, breakpoints: BreakpointMode = "prefix"
 ) -> CacheHints:
-    """A parsed ``POST /v1/chat/completions`` body -> :class:`CacheHints`, or an error.
-
-    ``encoded`` is each message's compact JSON encoding, when the caller has it: a message whose
-    bytes never name ``"prompt_cache_breakpoint"`` is not walked (exact for an encoder that
-    writes keys as themselves: msgspec, ``json.dumps``).
-    """
+    """A parsed ``POST /v1/chat/completions`` body -> :class:`CacheHints`, or an error."""
     if breakpoints == "reject":
         return _v1_hints(normalize_chat_completions(body), body)
     _check_pass_through(body)
     options = _options(body, ttls=CHAT_TTLS, allowed=_CHAT_OPTION_KEYS, explicit=True)
-    found = _chat_parts(body, encoded=encoded)
-    return _prefix_hints(options, found, ttls=CHAT_TTLS, parts=CHAT_BREAKPOINT_PARTS)
+    return _prefix_hints(options, _chat_parts(body), ttls=CHAT_TTLS, parts=CHAT_BREAKPOINT_PARTS)
 
 
 def hints_from_responses(
-    body: Mapping[str, Any],
-    *,
-    breakpoints: BreakpointMode = "prefix",
-    encoded: Sequence[bytes] | None = None,
+    body: Mapping[str, Any], *, breakpoints: BreakpointMode = "prefix"
 ) -> CacheHints:
-    """A parsed ``POST /v1/responses`` body -> :class:`CacheHints`, or an error (``encoded``: each
-    ``input`` item's, as for :func:`hints_from_chat_completions`)."""
+    """A parsed ``POST /v1/responses`` body -> :class:`CacheHints`, or an error."""
     if breakpoints == "reject":
         return _v1_hints(normalize_responses(body), body)
     _check_pass_through(body)
     options = _options(body, ttls=RESPONSES_TTLS, allowed=_RESPONSES_OPTION_KEYS, explicit=True)
     return _prefix_hints(
-        options,
-        _responses_parts(body, encoded=encoded),
-        ttls=RESPONSES_TTLS,
-        parts=RESPONSES_BREAKPOINT_PARTS,
+        options, _responses_parts(body), ttls=RESPONSES_TTLS, parts=RESPONSES_BREAKPOINT_PARTS
     )
 
 
@@ -224,29 +206,23 @@ def _fast_path(options: object, *, ttls: Mapping[str, int], allowed: frozenset[s
     return None
 
 
-def _chat_parts(
-    body: Mapping[str, Any], *, encoded: Sequence[bytes] | None
-) -> list[tuple[Position, dict[str, Any]]]:
+def _chat_parts(body: Mapping[str, Any]) -> list[tuple[Position, dict[str, Any]]]:
     """Parts carrying a non-null ``prompt_cache_breakpoint``, in prompt order."""
     found: list[tuple[Position, dict[str, Any]]] = []
     messages = body.get("messages")
     if type(messages) is list:
-        named = _named(encoded, len(messages))
         for i, message in enumerate(messages):
-            if type(message) is dict and (named is None or named[i]):
+            if type(message) is dict:
                 _marked(message.get("content"), "messages", i, "content", found)
     return found
 
 
-def _responses_parts(
-    body: Mapping[str, Any], *, encoded: Sequence[bytes] | None
-) -> list[tuple[Position, dict[str, Any]]]:
+def _responses_parts(body: Mapping[str, Any]) -> list[tuple[Position, dict[str, Any]]]:
     found: list[tuple[Position, dict[str, Any]]] = []
     items = body.get("input")
     if type(items) is list:
-        named = _named(encoded, len(items))
         for i, item in enumerate(items):
-            if type(item) is not dict or (named is not None and not named[i]):
+            if type(item) is not dict:
                 continue
             if item.get(BREAKPOINT) is not None:  # a bare input_text/... part used as an item
                 found.append((("input", i), item))
@@ -254,13 +230,6 @@ def _responses_parts(
             _marked(item.get("content"), "input", i, "content", found)
             _marked(item.get("output"), "input", i, "output", found)
     return found
-
-
-def _named(encoded: Sequence[bytes] | None, n: int) -> list[bool] | None:
-    """Which of ``n`` items' encodings name the breakpoint key (``None``: walk them all)."""
-    if encoded is None or len(encoded) != n:
-        return None
-    return [_NAMED in blob for blob in encoded]
 
 
 def _marked(

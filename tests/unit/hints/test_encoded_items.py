@@ -1,6 +1,7 @@
-"""The normalizers given each item's encoding (the frontend's resumer has it) skip the items whose
-bytes never name the key, and answer exactly what a full walk answers: every v2 row of the
-contract tables, plus rows where the key sits where no walk looks (tool inputs, schemas, text)."""
+"""The Anthropic normalizer given each message's encoding (the frontend's resumer has it) skips the
+messages whose bytes never name ``cache_control``, and answers exactly what a full walk answers:
+every v2 block row of the contract table, plus rows where the key sits where no walk looks (tool
+inputs, text) or on a message."""
 
 from __future__ import annotations
 
@@ -10,19 +11,11 @@ from typing import Any
 import pytest
 from test_anthropic import CC, EPHEMERAL, STREAM_VARIANTS, TEXT, TOOL_USE, _user, body
 from test_anthropic_prefix import BLOCK_ROWS
-from test_openai_prefix import CHAT_ROWS, RESPONSES_ROWS
 
 from kvretention.dataplane.frontend.resume import encode_items
-from kvretention.hints import (
-    CacheControlError,
-    CacheHints,
-    hints_from_chat_completions,
-    hints_from_messages,
-    hints_from_responses,
-)
+from kvretention.hints import CacheControlError, CacheHints, hints_from_messages
 
 Normalizer = Callable[..., CacheHints]
-BP = "prompt_cache_breakpoint"
 
 EXTRA_MESSAGES_ROWS: list[tuple[str, dict[str, Any]]] = [
     (
@@ -33,37 +26,6 @@ EXTRA_MESSAGES_ROWS: list[tuple[str, dict[str, Any]]] = [
     ("null_control", {"messages": _user({**TEXT, CC: None})}),
     ("control_on_message", {"messages": [{"role": "user", "content": "hi", CC: EPHEMERAL}]}),
     ("non_dict_message", {"messages": ["x", *_user({**TEXT, CC: EPHEMERAL})]}),
-]
-EXTRA_OPENAI_ROWS: list[tuple[str, Normalizer, dict[str, Any]]] = [
-    (
-        "chat_key_in_tool_arguments",
-        hints_from_chat_completions,
-        {
-            "messages": [
-                {"role": "user", "content": [{"type": "text", "text": "x"}]},
-                {
-                    "role": "assistant",
-                    "tool_calls": [
-                        {
-                            "id": "c",
-                            "type": "function",
-                            "function": {"name": "f", "arguments": f'{{"{BP}": 1}}'},
-                        }
-                    ],
-                },
-            ]
-        },
-    ),
-    (
-        "responses_bare_part",
-        hints_from_responses,
-        {"input": [{"type": "input_text", "text": "x", BP: {"mode": "explicit"}}]},
-    ),
-    (
-        "responses_non_dict_item",
-        hints_from_responses,
-        {"input": [1, {"role": "user", "content": "x"}]},
-    ),
 ]
 
 
@@ -92,25 +54,6 @@ def _same(normalize: Normalizer, request: dict[str, Any], key: str) -> None:
 )
 def test_messages_rows(fields: dict[str, Any], stream: dict[str, Any]) -> None:
     _same(hints_from_messages, body(**fields, **stream), "messages")
-
-
-@pytest.mark.parametrize(
-    ("normalize", "request_body", "key"),
-    [
-        pytest.param(hints_from_chat_completions, b, "messages", id=f"chat-{n}")
-        for n, b, _ in CHAT_ROWS
-    ]
-    + [
-        pytest.param(hints_from_responses, b, "input", id=f"responses-{n}")
-        for n, b, _ in RESPONSES_ROWS
-    ]
-    + [
-        pytest.param(f, b, "messages" if f is hints_from_chat_completions else "input", id=n)
-        for n, f, b in EXTRA_OPENAI_ROWS
-    ],
-)
-def test_openai_rows(normalize: Normalizer, request_body: dict[str, Any], key: str) -> None:
-    _same(normalize, request_body, key)
 
 
 def test_a_skipped_item_is_one_whose_bytes_lack_the_key() -> None:

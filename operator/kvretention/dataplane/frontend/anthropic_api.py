@@ -441,7 +441,7 @@ def _conversation(
     deferred += [t for name, t in catalog.items() if name not in declared]  # added mid-way
     tool_choice, parallel = _tool_choice(body.get("tool_choice"), tools=[*tools, *deferred])
     effort, response_format = _output_config(body.get("output_config"))
-    turn_effort, turn_format = _turn_output_config(raw, encoded=encoded)
+    turn_effort, turn_format = _turn_output_config(raw)
     effort = turn_effort or effort
     response_format = turn_format or response_format
     thinking = body.get("thinking")
@@ -509,21 +509,13 @@ def _fold(
     )
 
 
-_OUTPUT_CONFIG: Final = b'"output_config"'
-
-
 def _turn_output_config(
-    raw: list[Any], *, encoded: list[bytes] | None = None
+    raw: list[Any],
 ) -> tuple[Literal["low", "medium", "high"] | None, ResponseFormat | None]:
     """A message's ``output_config`` (checked like the top-level one): the last message's sets
-    this turn's effort and format over the top-level ones; an earlier one is ignored (counted).
-    A message whose ``encoded`` bytes never name the key is not looked at."""
+    this turn's effort and format over the top-level ones; an earlier one is ignored (counted)."""
     found: tuple[Literal["low", "medium", "high"] | None, ResponseFormat | None] = (None, None)
-    if encoded is not None and len(encoded) != len(raw):
-        encoded = None
     for i, message in enumerate(raw):
-        if encoded is not None and _OUTPUT_CONFIG not in encoded[i]:
-            continue
         if not isinstance(message, dict) or message.get("output_config") is None:
             continue
         where = F.path("messages", i, "output_config")

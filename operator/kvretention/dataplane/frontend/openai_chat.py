@@ -48,7 +48,7 @@ from kvretention.dataplane.frontend.openai_shared import (
     tool_name,
     unknown_tool,
 )
-from kvretention.dataplane.frontend.resume import Resumer, encode_items
+from kvretention.dataplane.frontend.resume import Resumer
 from kvretention.dataplane.protocol import (
     ChatMessage,
     ContentPart,
@@ -148,13 +148,7 @@ def parse_chat(
     With ``hints=False`` the prompt-cache fields are not interpreted: accepted and ignored. In
     ``prefix`` mode a part's ``prompt_cache_breakpoint`` puts ``retain_ttl`` on that part.
     """
-    listed = body.get("messages")
-    encoded = encode_items(listed) if resumer is not None and type(listed) is list else None
-    cache = (
-        hints_from_chat_completions(body, breakpoints=breakpoints, encoded=encoded)
-        if hints
-        else NO_HINTS
-    )
+    cache = hints_from_chat_completions(body, breakpoints=breakpoints) if hints else NO_HINTS
     envelope = cache.envelope
     marks = marks_of(cache, F.path)
     model = F.required_str(body, "model")
@@ -165,7 +159,7 @@ def parse_chat(
         raise F.invalid_type("messages", raw, expected="an array")
     if not raw:
         raise F.invalid_value("messages", "[] is too short - 'messages' must not be empty.")
-    messages = _fold(raw, marks=marks, resumer=resumer, encoded=encoded)
+    messages = _fold(raw, marks=marks, resumer=resumer)
     only_keys(body, where="", allowed=FIELDS)
     refuse_set(body, REFUSED)
     _check_no_ops(body)
@@ -215,9 +209,7 @@ class _Fold:
         return _Fold(list(self.messages), dict(self.calls))
 
 
-def _fold(
-    raw: list[Any], *, marks: Marks, resumer: Resumer | None, encoded: list[bytes] | None = None
-) -> list[ChatMessage]:
+def _fold(raw: list[Any], *, marks: Marks, resumer: Resumer | None) -> list[ChatMessage]:
     """The messages in order, resumed from the last body's parse when it repeats its start."""
 
     def step(state: _Fold, i: int, message: object) -> None:
@@ -235,7 +227,6 @@ def _fold(
         start=lambda: _Fold([], {}),
         step=step,
         copy=_Fold.copy,
-        encoded=encoded,
     )
     return folded.messages
 

@@ -50,7 +50,7 @@ from kvretention.dataplane.frontend.openai_shared import (
     tool_name,
     unknown_tool,
 )
-from kvretention.dataplane.frontend.resume import Resumer, context_bytes, encode_items
+from kvretention.dataplane.frontend.resume import Resumer, context_bytes
 from kvretention.dataplane.protocol import (
     ChatMessage,
     ContentPart,
@@ -189,11 +189,7 @@ def parse_responses(
     With ``hints=False`` the prompt-cache fields are not interpreted: accepted and ignored. In
     ``prefix`` mode a part's ``prompt_cache_breakpoint`` puts ``retain_ttl`` on that part.
     """
-    listed = body.get("input")
-    encoded = encode_items(listed) if resumer is not None and type(listed) is list else None
-    cache = (
-        hints_from_responses(body, breakpoints=breakpoints, encoded=encoded) if hints else NO_HINTS
-    )
+    cache = hints_from_responses(body, breakpoints=breakpoints) if hints else NO_HINTS
     envelope = cache.envelope
     model = F.required_str(body, "model")
     only_keys(body, where="", allowed=FIELDS)
@@ -210,8 +206,7 @@ def parse_responses(
     if isinstance(items, str):
         messages.append(trusted(ChatMessage, role="user", content=items))
     elif isinstance(items, list):
-        marks = marks_of(cache, F.path)
-        messages += _fold(items, marks=marks, origin=origin, resumer=resumer, encoded=encoded)
+        messages += _fold(items, marks=marks_of(cache, F.path), origin=origin, resumer=resumer)
     else:
         raise F.invalid_type("input", items, expected="a string or an array")
     if not any(m.role != "system" for m in messages):
@@ -303,12 +298,7 @@ def _string_map(body: Mapping[str, Any], key: str) -> None:
 
 
 def _fold(
-    items: list[Any],
-    *,
-    marks: Marks,
-    origin: Mapping[str, _Origin],
-    resumer: Resumer | None,
-    encoded: list[bytes] | None = None,
+    items: list[Any], *, marks: Marks, origin: Mapping[str, _Origin], resumer: Resumer | None
 ) -> list[ChatMessage]:
     """The items folded into messages, resumed from the last body's parse when it repeats its
     start."""
@@ -334,7 +324,6 @@ def _fold(
         start=lambda: _Conversation([], marks=marks, visible=visible),
         step=step,
         copy=copy,
-        encoded=encoded,
     )
     return folded.messages
 

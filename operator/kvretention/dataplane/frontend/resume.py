@@ -201,8 +201,9 @@ def context_bytes(*parts: object) -> bytes | None:
 def encode_items(items: Sequence[Any]) -> list[bytes] | None:
     """Each item's compact JSON (msgspec: a key is written as itself, only ``"``, ``\\`` and
     control characters escaped), or ``None`` when one cannot be encoded (an integer past 64
-    bits: such a body is parsed whole). The hint normalizers take these too, to skip the items
-    whose bytes never name a cache control."""
+    bits: such a body is parsed whole). The Anthropic hint normalizer takes these too, to skip
+    the messages whose bytes never name ``cache_control`` (its recursive walk costs more than the
+    scan; the OpenAI ones look one level deep, cheaper than scanning the bytes)."""
     out = []
     for item in items:
         blob = _encoded(item)
