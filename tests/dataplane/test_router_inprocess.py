@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -14,7 +14,13 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from kvretention.dataplane.protocol import GENERATE_PATH, HEADER_SESSION
-from kvretention.dataplane.router.app import RouterConfig, RouterState, build_app, check_all
+from kvretention.dataplane.router.app import (
+    RouterConfig,
+    RouterState,
+    build_app,
+    check_all,
+    refresh_membership,
+)
 from kvretention.dataplane.router.discovery import build_sources
 
 
@@ -175,6 +181,42 @@ async def test_answered_requests_keep_a_worker_whose_polls_time_out() -> None:
         await check_all(state)
         assert not state.workers[urls[0]].healthy
         assert state.workers[urls[1]].healthy
+    finally:
+        await router.close()
+        for server in servers:
+            await server.close()
+
+
+async def test_a_swapped_last_worker_serves_until_its_replacement_is_ready() -> None:
+    """A rolling update swaps the pool's only pod in one discovery answer: the departing worker
+    keeps serving while the newcomer is not ready (no 503), and leaves once it is admitted."""
+    old, new = FakeWorker("old"), FakeWorker("new")
+    servers = [TestServer(w.app()) for w in (old, new)]
+    for server in servers:
+        await server.start_server()
+    old_url, new_url = (str(s.make_url("")).rstrip("/") for s in servers)
+    new.ready = False
+    sources = build_sources(
+        workers=[old_url], worker_dns=(), prefill=(), prefill_dns=(), decode=(), decode_dns=()
+    )
+    state = RouterState(sources, RouterConfig(health_interval_s=3600.0, health_timeout_s=0.5))
+    router: TestClient[Any, Any] = TestClient(TestServer(build_app(state)))
+    await router.start_server()
+    try:
+        assert state.workers[old_url].healthy
+        state.sources[0] = replace(state.sources[0], static=(new_url,))
+        await refresh_membership(state)
+        assert set(state.workers) == {old_url, new_url}
+        resp = await router.post(GENERATE_PATH, data=_body("during"))
+        assert resp.status == 200 and json.loads(await resp.text())["text"] == "old"
+        new.ready = True
+        await refresh_membership(state)
+        assert set(state.workers) == {old_url, new_url}  # not admitted until its next poll
+        await check_all(state)
+        await refresh_membership(state)
+        assert set(state.workers) == {new_url}
+        resp = await router.post(GENERATE_PATH, data=_body("after"))
+        assert resp.status == 200 and json.loads(await resp.text())["text"] == "new"
     finally:
         await router.close()
         for server in servers:

@@ -8,6 +8,7 @@ from kvretention.dataplane.router.app import is_terminal, plan_bootstrap
 from kvretention.dataplane.router.discovery import (
     DiscoveryError,
     build_sources,
+    held_departing,
     normalize_url,
     plan_membership,
     split_dns,
@@ -133,6 +134,30 @@ def test_split_dns_and_url_for() -> None:
             split_dns(bad)
     assert url_for("10.0.0.1", 80) == "http://10.0.0.1:80"
     assert url_for("fd00::1", 80) == "http://[fd00::1]:80"
+
+
+@pytest.mark.parametrize(
+    ("removed", "staying", "healthy", "held"),
+    [
+        # a rolling update's swap: the new pod is not admitted yet, the old one still serves
+        ((A,), (B,), {A: True, B: False}, (A,)),
+        # the newcomer is admitted: the departing one goes
+        ((A,), (B,), {A: True, B: True}, ()),
+        # a departing worker that fails its checks is not kept
+        ((A,), (B,), {A: False, B: False}, ()),
+        # another staying worker serves: nothing to hold
+        ((A,), (B, C), {A: True, B: False, C: True}, ()),
+        # the pool shrinks to nothing: the healthy departing ones drain, the broken one goes
+        ((A, B), (), {A: True, B: False}, (A,)),
+    ],
+)
+def test_held_departing(
+    removed: tuple[str, ...],
+    staying: tuple[str, ...],
+    healthy: dict[str, bool],
+    held: tuple[str, ...],
+) -> None:
+    assert held_departing(removed, staying, healthy) == held
 
 
 def test_plan_membership() -> None:

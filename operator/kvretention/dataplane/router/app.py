@@ -46,6 +46,7 @@ from kvretention.dataplane.router.discovery import (
     PoolRole,
     Source,
     discover,
+    held_departing,
     plan_membership,
 )
 from kvretention.dataplane.router.health import (
@@ -275,10 +276,19 @@ async def refresh_membership(state: RouterState) -> None:
             continue
         current = [w.url for w in state.pool(source.role)]
         change = plan_membership(current, found)
-        for url in change.added:
-            state.workers[url] = Worker(url=url, role=source.role)
-            log.info("discovered %s worker %s", source.role, url)
-        for url in change.removed:
+        newcomers = [Worker(url=url, role=source.role) for url in change.added]
+        for worker in newcomers:
+            state.workers[worker.url] = worker
+            log.info("discovered %s worker %s", source.role, worker.url)
+        if newcomers and state.health_session is not None:
+            await asyncio.gather(*(check_worker(state, w) for w in newcomers))
+        healthy = {w.url: w.healthy for w in state.pool(source.role)}
+        held = held_departing(change.removed, found, healthy)
+        for url in held:
+            log.info(
+                "%s worker %s left discovery; serving until another is ready", source.role, url
+            )
+        for url in (u for u in change.removed if u not in held):
             state.workers.pop(url, None)
             state.prefixes.forget(url)
             log.info("%s worker %s left discovery", source.role, url)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kvretention.api.names import Role
@@ -66,6 +66,21 @@ def plan_membership(current: Iterable[str], discovered: Iterable[str]) -> Member
     """What to add and remove so the pool equals what discovery found now."""
     now, found = set(current), set(discovered)
     return Membership(added=tuple(sorted(found - now)), removed=tuple(sorted(now - found)))
+
+
+def held_departing(
+    removed: Iterable[str], staying: Iterable[str], healthy: Mapping[str, bool]
+) -> tuple[str, ...]:
+    """Of the workers discovery dropped, those that keep serving for now.
+
+    A rolling update swaps a pool's last pod for a new one in one DNS answer, and the new pod is
+    admitted only after a readiness poll: dropping the old one at once leaves the pool empty (503)
+    while it still serves through its preStop drain. So while no staying worker is healthy, the
+    healthy departing ones stay; they go once a newcomer is admitted or their own checks fail.
+    """
+    if any(healthy.get(url, False) for url in staying):
+        return ()
+    return tuple(url for url in removed if healthy.get(url, False))
 
 
 async def resolve(name: str) -> list[str]:
