@@ -4,6 +4,8 @@ worker exits when SGLang's engine returns (its schedulers ended), so the group i
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -16,7 +18,7 @@ from kvretention.api.models import KvRetentionDeployment
 from kvretention.controller.resources import build_children
 from kvretention.controller.resources.lws import DIST_INIT_PORT
 from kvretention.dataplane.worker import engine as worker_engine
-from kvretention.dataplane.worker.engine import EngineLoadError, parse_server_args
+from kvretention.dataplane.worker.engine import EngineLoadError
 from kvretention.dataplane.worker.sglang_source import locate_sglang
 from kvretention.ports import WORKER_PORT
 
@@ -38,11 +40,35 @@ def _sglang_argv(template: str, *, rank: int) -> list[str]:
     return argv
 
 
+_PARSE = """
+import json, sys
+from kvretention.dataplane.worker.engine import parse_server_args
+a = parse_server_args(json.loads(sys.argv[1]))
+print(json.dumps({k: getattr(a, k) for k in ("nnodes", "node_rank", "tp_size", "dist_init_addr",
+                                             "host", "port")}))
+"""
+
+
+def _parsed_in_own_process(argv: list[str]) -> types.SimpleNamespace:
+    """SGLang's ServerArgs for ``argv``, parsed in a process of its own as a worker does: SGLang's
+    plugin loader runs once per process, so parsing here would decide for later tests which
+    plugins that process loaded."""
+    out = subprocess.run(
+        [sys.executable, "-c", _PARSE, json.dumps(argv)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return types.SimpleNamespace(**json.loads(out.stdout.strip().splitlines()[-1]))
+
+
 @pytest.mark.parametrize(("template", "rank"), [("leaderTemplate", 0), ("workerTemplate", 1)])
 def test_sglang_reads_each_ranks_multinode_flags(template: str, rank: int) -> None:
     if locate_sglang() is None:
         pytest.fail("sglang 0.5.23 is not installed (make bootstrap installs it)")
-    args = parse_server_args(_sglang_argv(template, rank=rank))
+    args = _parsed_in_own_process(_sglang_argv(template, rank=rank))
     assert (args.nnodes, args.node_rank, args.tp_size) == (2, rank, 16)
     assert args.dist_init_addr == f"{LEADER}:{DIST_INIT_PORT}"
     if rank:  # SGLang's own health server on a non-zero rank answers the pod's probes
