@@ -8,8 +8,8 @@
 # Prints one NAME VERSION BINARY line per CLI on stdout; progress goes to stderr.
 set -euo pipefail
 
-CLAUDE_CODE_VERSION=2.1.328
-CODEX_VERSION=0.169.0
+CLAUDE_CODE_VERSION=2.1.332
+CODEX_VERSION=0.171.0
 CACHE="${KVR_CLIENTS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kvretention/clients}"
 
 log() { printf '[install-clients] %s\n' "$*" >&2; }
