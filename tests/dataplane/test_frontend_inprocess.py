@@ -489,12 +489,12 @@ async def test_large_bodies_are_parsed_off_the_event_loop(
     large = padding > frontend_app.OFF_LOOP_BYTES
     waited: list[bool] = []
 
-    def held(raw: bytes) -> dict[str, Any]:
+    def held(raw: bytes, **kwargs: Any) -> dict[str, Any]:
         threads.append(threading.current_thread().name)
         if large:
             parsing.set()
             waited.append(release.wait(timeout=10))  # False: nothing could answer meanwhile
-        return real(raw)
+        return real(raw, **kwargs)
 
     monkeypatch.setattr(frontend_app, "decode_json_body", held)
     client = await _client(create_app(FrontendConfig(router_url=router_standin.base_url)))
@@ -526,9 +526,9 @@ async def test_a_conversations_next_large_body_is_parsed_on_the_loop(
     resumes that parse (about a millisecond), right on the loop, without the hand-off."""
     real, threads = frontend_app.decode_json_body, []
 
-    def recorded(raw: bytes) -> dict[str, Any]:
+    def recorded(raw: bytes, **kwargs: Any) -> dict[str, Any]:
         threads.append(threading.current_thread().name)
-        return real(raw)
+        return real(raw, **kwargs)
 
     monkeypatch.setattr(frontend_app, "decode_json_body", recorded)
     app = create_app(FrontendConfig(router_url=router_standin.base_url))
@@ -547,3 +547,4 @@ async def test_a_conversations_next_large_body_is_parsed_on_the_loop(
         await client.close()
     assert threads[0].startswith("kvr-parse") and threads[1] == "MainThread"
     assert app[frontend_app.STATE].resumer.resumed_items == 3  # turn 0 whole
+    assert app[frontend_app.STATE].resumer.reused_items == 3  # and not decoded again

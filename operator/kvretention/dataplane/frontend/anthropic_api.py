@@ -31,7 +31,7 @@ from kvretention.dataplane.frontend.common import (
     records_ignored,
 )
 from kvretention.dataplane.frontend.errors import FrontendError, anthropic_error_body
-from kvretention.dataplane.frontend.resume import Resumer, context_bytes, encode_items
+from kvretention.dataplane.frontend.resume import Resumer, context_bytes
 from kvretention.dataplane.frontend.validate import Fields
 from kvretention.dataplane.protocol import (
     ChatMessage,
@@ -401,7 +401,7 @@ def _top_p(body: dict[str, Any]) -> float | None:
 def _encoded_messages(body: dict[str, Any], *, resumer: Resumer | None) -> list[bytes] | None:
     """The messages' encodings the resumer compares, made once for it and the hint normalizer."""
     raw = body.get("messages")
-    return encode_items(raw) if resumer is not None and type(raw) is list else None
+    return resumer.encode_items(raw) if resumer is not None and type(raw) is list else None
 
 
 def _conversation(

@@ -15,6 +15,12 @@ deterministic function of the context, the items and their marks, so the resumed
 full parse (``tests/unit/dataplane/test_frontend_resume.py`` checks it on every recorded client shape and
 on the agent sessions' consecutive turns). Entries are found by the first item's bytes and bounded
 (LRU), so a session's next turn finds its last one without knowing its session key.
+
+The same memory decodes a large body item by item (:meth:`Resumer.decode`): msgspec reads the
+message list as each item's raw bytes (a fifth of a full decode), and an item whose bytes equal the
+same item of the conversation's last body is that body's decoded value, not decoded again; nor
+encoded again for the comparison above (:meth:`Resumer.encode_items`). The same bytes decode to
+the same value, and nothing downstream changes a decoded body, so the body equals a full decode.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar, Union
 
 import msgspec
 
@@ -42,6 +48,14 @@ moves its newest breakpoint, so the last item comes back changed)."""
 HEAD_BYTES: Final = 4096
 """How much of a raw body :meth:`Resumer.resumes` compares."""
 _ENCODE: Final = msgspec.json.Encoder().encode
+_DECODE: Final = msgspec.json.Decoder().decode
+_DECODE_TOP: Final = msgspec.json.Decoder(
+    dict[str, Union[list[msgspec.Raw], dict[str, Any], str, int, float, bool, None]]  # noqa: UP007
+).decode
+"""A JSON object whose arrays stay raw, one ``Raw`` per element (every JSON value is one of
+these types, each decoded as an untyped decode would)."""
+ITEM_KEYS: Final = frozenset({"messages", "input"})
+"""The body fields whose items :meth:`Resumer.decode` takes from the last body."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +65,15 @@ class _Checkpoint(Generic[_S]):
     ignored: tuple[str, ...]
     marks: tuple[tuple[str, int], ...]
     """The breakpoints on the items it covers."""
+
+
+@dataclass(frozen=True)
+class _Items:
+    """A body's item list: each item's raw bytes, its decoded value, its encoding once made."""
+
+    raws: list[msgspec.Raw]
+    values: list[Any]
+    blobs: list[bytes | None]
 
 
 @dataclass(frozen=True)
@@ -70,8 +93,74 @@ class Resumer:
         self._count = 0
         self._heads: OrderedDict[bytes, None] = OrderedDict()
         self._lock = threading.Lock()
+        self._items: OrderedDict[tuple[str, bytes], _Items] = OrderedDict()
+        """The last body's items per list and first item's bytes (LRU, ``capacity`` of them)."""
+        self._by_list: dict[int, _Items] = {}
+        """The same, by the identity of the decoded list a body holds (for :meth:`encode_items`)."""
         self.resumed_items = 0
         """Items taken from checkpoints so far (for tests and benchmarks)."""
+        self.reused_items = 0
+        """Items taken already decoded from an earlier body so far (for tests and benchmarks)."""
+
+    def decode(self, text: str) -> dict[str, Any] | None:
+        """The JSON object ``text`` as an untyped msgspec decode gives it, its item lists
+        (:data:`ITEM_KEYS`) decoded only past what the conversation's last body repeats byte for
+        byte (the rest is that body's values, shared: read-only). ``None`` when msgspec refuses
+        the text or it is not an object: the caller decodes it whole and answers its own error."""
+        try:
+            body = _DECODE_TOP(text)
+            for key, value in body.items():
+                if type(value) is list:
+                    if key in ITEM_KEYS and value:
+                        body[key] = self._decoded_items(key, value)
+                    else:
+                        body[key] = [_DECODE(item) for item in value]
+        except (msgspec.DecodeError, RecursionError):
+            return None
+        return body
+
+    def _decoded_items(self, key: str, raws: list[msgspec.Raw]) -> list[Any]:
+        mkey = (key, bytes(raws[0]))
+        with self._lock:
+            last = self._items.get(mkey)
+        same = 0 if last is None else _common(last.raws, raws, upto=len(last.raws))
+        if last is not None and same:
+            values = last.values[:same]
+            blobs = last.blobs[:same]
+        else:
+            values, blobs = [], []
+        values += [_DECODE(raw) for raw in raws[same:]]
+        blobs += [None] * (len(raws) - same)
+        items = _Items(raws, values, blobs)
+        with self._lock:
+            self.reused_items += same
+            old = self._items.pop(mkey, None)
+            if old is not None:
+                self._by_list.pop(id(old.values), None)
+            self._items[mkey] = items
+            self._by_list[id(values)] = items
+            while len(self._items) > self._capacity:
+                _, dropped = self._items.popitem(last=False)
+                self._by_list.pop(id(dropped.values), None)
+        return values
+
+    def encode_items(self, items: Sequence[Any]) -> list[bytes] | None:
+        """:func:`encode_items`, with the encodings of items :meth:`decode` took from an earlier
+        body taken from there too."""
+        known = self._by_list.get(id(items))
+        if known is None or known.values is not items:
+            return encode_items(items)
+        blobs = known.blobs
+        out = []
+        for i, item in enumerate(items):
+            blob = blobs[i]
+            if blob is None:
+                blob = _encoded(item)
+                if blob is None:
+                    return None
+                blobs[i] = blob
+            out.append(blob)
+        return out
 
     def resumes(self, raw: bytes) -> bool:
         """Whether a body that starts like ``raw`` (its first :data:`HEAD_BYTES`) was parsed
@@ -93,6 +182,8 @@ class Resumer:
         with self._lock:
             self._entries.clear()
             self._heads.clear()
+            self._items.clear()
+            self._by_list.clear()
             self._count = 0
 
     def fold(
@@ -114,7 +205,7 @@ class Resumer:
         steps do not change the copy. ``encoded`` is :func:`encode_items` of ``items`` when the
         caller has it already. Raises what ``step`` raises (and then remembers nothing)."""
         if encoded is None or len(encoded) != len(items):
-            encoded = encode_items(items) if context is not None else None
+            encoded = self.encode_items(items) if context is not None else None
         if context is None or not encoded:
             return _run(items, start(), step)
         blobs = list(encoded)
@@ -246,7 +337,7 @@ def _run(items: Sequence[Any], state: _S, step: Callable[[_S, int, Any], None]) 
     return state
 
 
-def _common(a: list[bytes], b: list[bytes], *, upto: int) -> int:
+def _common(a: Sequence[object], b: Sequence[object], *, upto: int) -> int:
     """How many leading items ``a`` and ``b`` share, up to ``upto``."""
     n = min(len(a), len(b), upto)
     if a[:n] == b[:n]:

@@ -1,0 +1,155 @@
+"""A large body's message items decoded only past what its conversation's last body repeats
+byte for byte (``Resumer.decode`` through ``decode_json_body``): every body decodes to what
+``json.loads`` gives, or to the same 400, whatever came before it; and the parse of such a body
+equals a full parse."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from typing import Any, Final
+
+import pytest
+
+from kvretention.dataplane.frontend import app as frontend_app
+from kvretention.dataplane.frontend.anthropic_api import parse_messages
+from kvretention.dataplane.frontend.app import ITEMWISE_BYTES, decode_json_body
+from kvretention.dataplane.frontend.common import ParsedRequest
+from kvretention.dataplane.frontend.errors import FrontendError
+from kvretention.dataplane.frontend.openai_api import parse_chat, parse_responses
+from kvretention.dataplane.frontend.resume import Resumer, encode_items
+from support.agent_sessions import claude_code_session, codex_session
+
+Body = dict[str, Any]
+Parse = Callable[..., ParsedRequest]
+
+
+def _chat(bodies: list[Body]) -> list[Body]:
+    """The Claude Code conversation as Chat Completions messages (text only, enough to repeat)."""
+    out = []
+    for body in bodies:
+        messages = [
+            {"role": m["role"], "content": json.dumps(m["content"])} for m in body["messages"]
+        ]
+        out.append({"model": "m", "messages": messages})
+    return out
+
+
+SESSIONS: Final[dict[str, tuple[Parse, Callable[[], list[Body]]]]] = {
+    "claude-code": (parse_messages, lambda: [b for _, b in claude_code_session(turns=8)]),
+    "codex": (parse_responses, lambda: [b for _, b in codex_session(turns=8)]),
+    "chat": (parse_chat, lambda: _chat([b for _, b in claude_code_session(turns=8)])),
+}
+
+
+def _reference(raw: bytes) -> str | None:
+    """``json.loads``'s value (as its repr: ``1 == 1.0 == True`` would hide a change), or
+    ``None`` where the frontend answers 400."""
+    try:
+        body = json.loads(raw.decode("utf-8-sig"))
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(body, dict) or "\\ud800" in raw.decode():
+        return None  # the frontend refuses a lone surrogate json.loads accepts
+    return repr(body)
+
+
+def _decoded(raw: bytes, resumer: Resumer) -> str | None:
+    try:
+        return repr(decode_json_body(raw, resumer=resumer))
+    except FrontendError as err:
+        assert err.status == 400
+        return None
+
+
+@pytest.mark.parametrize("name", SESSIONS)
+def test_each_turn_decodes_and_parses_as_a_full_decode(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(frontend_app, "ITEMWISE_BYTES", 0)  # the sessions are 5-40 KB
+    parse, session = SESSIONS[name]
+    resumer = Resumer()
+    bodies = [json.dumps(b).encode() for b in session()]
+    for raw in bodies:
+        body = decode_json_body(raw, resumer=resumer)
+        assert repr(body) == repr(json.loads(raw))
+        assert parse(body, resumer=resumer) == parse(json.loads(raw))
+        key = "messages" if "messages" in body else "input"
+        assert resumer.encode_items(body[key]) == encode_items(body[key])
+    assert resumer.reused_items > 0
+
+
+def _padded(item: bytes, *, first: bytes = b'{"role": "user", "content": "start"}') -> bytes:
+    """A body past :data:`ITEMWISE_BYTES` whose third message is ``item``."""
+    pad = json.dumps({"role": "user", "content": "x" * ITEMWISE_BYTES}).encode()
+    return b'{"model": "m", "messages": [' + first + b", " + pad + b", " + item + b"]}"
+
+
+ITEMS: Final[dict[str, bytes]] = {
+    "true": b'{"role": "user", "content": "a", "flag": true}',
+    "1 for true": b'{"role": "user", "content": "a", "flag": 1}',
+    "1.0 for 1": b'{"role": "user", "content": "a", "flag": 1.0}',
+    "keys reordered": b'{"content": "a", "role": "user", "flag": true}',
+    "an escaped key": b'{"role": "user", "\\u0063ontent": "a", "flag": true}',
+    "duplicate keys": b'{"role": "user", "content": "a", "content": "b"}',
+    "integer past 64 bits": b'{"role": "user", "content": 123456789012345678901234567890}',
+    "a float past the double range": b'{"role": "user", "content": 1e400}',
+    "NaN": b'{"role": "user", "content": NaN}',
+    "a surrogate pair": b'{"role": "user", "content": "\\ud83d\\ude00"}',
+    "a lone surrogate escape": b'{"role": "user", "content": "\\ud800"}',
+    "invalid JSON inside": b'{"role": "user", "content": tru}',
+    "a control character": b'{"role": "user", "content": "\x01"}',
+    "nested deeply": b'{"role": "user", "content": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+}
+
+
+@pytest.mark.parametrize("previous", ["true", "1 for true"])
+@pytest.mark.parametrize("name", ITEMS)
+def test_an_item_decodes_as_json_loads_whatever_came_before(previous: str, name: str) -> None:
+    """The conversation's last body had ``previous`` there; the next has ``name``: the same
+    values or the same 400 as a full decode (bytes, not values, decide what is reused)."""
+    resumer = Resumer()
+    assert _decoded(_padded(ITEMS[previous]), resumer) == _reference(_padded(ITEMS[previous]))
+    raw = _padded(ITEMS[name])
+    assert _decoded(raw, resumer) == _reference(raw)
+    assert _decoded(raw, resumer) == _reference(raw)  # and once more, from itself
+
+
+def test_a_changed_item_is_decoded_again_and_later_ones_too() -> None:
+    resumer = Resumer()
+    decode_json_body(_padded(ITEMS["true"]), resumer=resumer)
+    assert resumer.reused_items == 0
+    body = decode_json_body(_padded(ITEMS["1 for true"]), resumer=resumer)
+    assert resumer.reused_items == 2  # the first two messages; the third's bytes changed
+    assert body["messages"][2]["flag"] == 1 and body["messages"][2]["flag"] is not True
+
+
+def test_decoded_bodies_remembered_are_bounded() -> None:
+    resumer = Resumer(capacity=2)
+    firsts = [b'{"role": "user", "content": "start %d"}' % i for i in range(3)]
+    for first in firsts:
+        decode_json_body(_padded(ITEMS["true"], first=first), resumer=resumer)
+    decode_json_body(_padded(ITEMS["true"], first=firsts[0]), resumer=resumer)
+    assert resumer.reused_items == 0  # the oldest was forgotten
+    decode_json_body(_padded(ITEMS["true"], first=firsts[2]), resumer=resumer)
+    assert resumer.reused_items == 3
+
+
+def test_small_bodies_are_decoded_whole() -> None:
+    resumer = Resumer()
+    raw = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+    for _ in range(2):
+        assert decode_json_body(raw, resumer=resumer) == json.loads(raw)
+    assert resumer.reused_items == 0
+
+
+def test_a_body_not_an_object_is_refused_as_before() -> None:
+    raw = b"[" + json.dumps({"content": "x" * ITEMWISE_BYTES}).encode() + b"]"
+    with pytest.raises(FrontendError) as err:
+        decode_json_body(raw, resumer=Resumer())
+    assert err.value.code == "invalid_type"
+    body = copy.deepcopy(json.loads(_padded(ITEMS["true"])))
+    body["messages"] = "text"
+    raw = json.dumps(body).encode()
+    assert decode_json_body(raw, resumer=Resumer()) == body
