@@ -49,12 +49,12 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(HERE))
 
 from kvretention.dataplane import chat_template  # noqa: E402
-from kvretention.dataplane.chat_template import build_template_input, render_template  # noqa: E402
+from kvretention.dataplane.chat_template import ConvertedMessages, render_template  # noqa: E402
 from kvretention.dataplane.compiled_template import compiled_template_for  # noqa: E402
 from kvretention.dataplane.frontend import app as frontend  # noqa: E402
 from kvretention.dataplane.frontend.endpoints import MESSAGES, RESPONSES, GenerateEndpoint  # noqa: E402
 from kvretention.dataplane.frontend.upstream import RouterClient  # noqa: E402
-from kvretention.dataplane.protocol import HEADER_PREFIX, PreprocessedRequest  # noqa: E402
+from kvretention.dataplane.protocol import HEADER_PREFIX  # noqa: E402
 from kvretention.dataplane.worker import app as worker  # noqa: E402
 from kvretention.dataplane.worker.call import (  # noqa: E402
     build_engine_prompt,
@@ -63,6 +63,7 @@ from kvretention.dataplane.worker.call import (  # noqa: E402
 from kvretention.dataplane.worker.dialect import Dialect  # noqa: E402
 from kvretention.dataplane.worker.engine import LoadedEngine  # noqa: E402
 from kvretention.dataplane.worker.render_cache import RenderCache  # noqa: E402
+from kvretention.dataplane.worker.wire import ConversationMemo  # noqa: E402
 from support import chat_tokenizer  # noqa: E402
 from support.agent_sessions import claude_code_session, codex_session  # noqa: E402
 from support.processes import start_kvretention  # noqa: E402
@@ -143,6 +144,24 @@ def build_cases(turns: int) -> list[Turns]:
 
 
 @contextmanager
+def without_memo() -> Iterator[None]:
+    """The worker before it reused the previous turn's decoded and converted messages: the body
+    decoded whole (``json.loads`` + pydantic), every message converted for the template."""
+    decode, convert = worker._decode_reusing, chat_template.build_template_input
+
+    def whole(*args: Any, **kwargs: Any) -> Any:
+        return convert(*args, **{**kwargs, "converted": None})
+
+    worker._decode_reusing = lambda *args, **kwargs: None  # type: ignore[assignment]
+    chat_template.build_template_input = whole  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        worker._decode_reusing = decode  # type: ignore[assignment]
+        chat_template.build_template_input = convert  # type: ignore[assignment]
+
+
+@contextmanager
 def jinja2_only() -> Iterator[None]:
     """Render with ``apply_chat_template`` alone (the worker before minijinja)."""
     chat_template.compiled_template_for = lambda tokenizer: None
@@ -177,21 +196,38 @@ def measure(case: Turns, tokenizer: Any, *, repeats: int) -> dict[str, Any]:
         plan(cache, prev_body, prev_headers)
         return cache
 
-    before, after_jinja, after = [], [], []
+    before, after_jinja, after_minijinja, after = [], [], [], []
     stages: dict[str, list[float]] = {}
     planned = plan(None)
     markers = len(planned.breakpoints.resolved) if planned.breakpoints else 0
     chain = headers.get(HEADER_PREFIX, "").split(",")
     compiled = compiled_template_for(tokenizer) if case.templated else None
     for _ in range(repeats):
-        with jinja2_only():
-            before.append(cpu_ms(lambda: plan(None)))
+        with without_memo():
+            with jinja2_only():
+                before.append(cpu_ms(lambda: plan(None)))
+                cache = warmed()
+                after_jinja.append(cpu_ms(lambda c=cache: plan(c)))
             cache = warmed()
-            after_jinja.append(cpu_ms(lambda c=cache: plan(c)))
+            after_minijinja.append(cpu_ms(lambda c=cache: plan(c)))
+            for stage, ms in after_stages(
+                body,
+                tokenizer if case.templated else None,
+                warmed(),
+                chain=chain,
+                markers=markers,
+                headers=headers,
+            ).items():
+                stages.setdefault(f"{stage}_before", []).append(ms)
         cache = warmed()
         after.append(cpu_ms(lambda c=cache: plan(c)))
         for stage, ms in after_stages(
-            body, tokenizer if case.templated else None, warmed(), chain=chain, markers=markers
+            body,
+            tokenizer if case.templated else None,
+            warmed(),
+            chain=chain,
+            markers=markers,
+            headers=headers,
         ).items():
             stages.setdefault(stage, []).append(ms)
     fresh = warmed()
@@ -206,31 +242,50 @@ def measure(case: Turns, tokenizer: Any, *, repeats: int) -> dict[str, Any]:
         "renderer": "minijinja" if compiled is not None else "jinja2",
         "before_ms": round(statistics.median(before), 3),
         "after_jinja2_ms": round(statistics.median(after_jinja), 3),
+        "after_minijinja_ms": round(statistics.median(after_minijinja), 3),
         "after_ms": round(statistics.median(after), 3),
         "after_over_before": round(statistics.median(after) / statistics.median(before), 3),
         "minijinja_over_jinja2": round(
-            statistics.median(after) / statistics.median(after_jinja), 3
+            statistics.median(after_minijinja) / statistics.median(after_jinja), 3
+        ),
+        "memo_over_minijinja": round(
+            statistics.median(after) / statistics.median(after_minijinja), 3
         ),
         "after_stages_ms": med,
     }
 
 
 def after_stages(
-    body: bytes, tokenizer: Any, cache: RenderCache | None, *, chain: list[str], markers: int
+    body: bytes,
+    tokenizer: Any,
+    cache: RenderCache | None,
+    *,
+    chain: list[str],
+    markers: int,
+    headers: dict[str, str],
 ) -> dict[str, float]:
-    """``plan_call``'s main steps one by one, on a cache that served the previous turn."""
+    """``plan_call``'s main steps one by one, on a cache that served the previous turn (its
+    memo too, unless run under :func:`without_memo`)."""
+    memo = ConversationMemo() if cache is not None else None
     start = time.process_time()
-    request = PreprocessedRequest.model_validate(json.loads(body))
+    decoded = worker._decode_reusing(body, headers=headers, cache=cache, memo=memo)
+    if decoded is None:
+        memo = None
+        request, _ = worker._decode(body)
+    else:
+        request, _ = decoded
     stages = {"decode_validate": (time.process_time() - start) * 1000}
     if tokenizer is None or cache is None:
         return stages
+    converted = memo.converted if memo is not None else ConvertedMessages()
     start = time.process_time()
-    template_input = build_template_input(
+    template_input = chat_template.build_template_input(
         request.messages or [],
         tools=request.tools,
         tool_choice=request.tool_choice,
         reasoning=request.reasoning,
         developer_role=chat_template.template_has_developer_role(tokenizer.chat_template),
+        converted=converted,
     )
     stages["template_input"] = (time.process_time() - start) * 1000
     with jinja2_only():
@@ -244,7 +299,9 @@ def after_stages(
     cache.encode(text, session=request.session_id, chain=chain)
     stages["encode"] = (time.process_time() - start) * 1000
     if markers:
-        prompt = build_engine_prompt(request, tokenizer=tokenizer, cache=cache, chain=chain)
+        prompt = build_engine_prompt(
+            request, tokenizer=tokenizer, cache=cache, chain=chain, memo=memo
+        )
         start = time.process_time()
         resolve_prompt_breakpoints(request, prompt, tokenizer=tokenizer, expected=markers)
         stages["breakpoints"] = (time.process_time() - start) * 1000
@@ -379,22 +436,29 @@ def main(argv: list[str] | None = None) -> int:
 
 def format_table(report: dict[str, Any]) -> str:
     lines = [
-        "| case | client body | to the worker | prompt tokens | reused | breakpoints | before ms "
-        "| cache + Jinja2 ms | cache + minijinja ms | minijinja / Jinja2 | after/before "
-        "| decode+validate | template input | render Jinja2 | render minijinja | encode "
+        "| case | client body | to the worker | prompt tokens | reused | breakpoints "
+        "| no cache ms | cache + Jinja2 ms | cache + minijinja ms (before) | + memo ms (after) "
+        "| after / before | decode+validate | template input | render minijinja | encode "
         "| breakpoints ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+
+    def pair(s: dict[str, float], stage: str) -> str:
+        if stage not in s:
+            return ""
+        return f"{s.get(stage + '_before', 0):.1f} → {s[stage]:.1f}"
+
     for name, r in report["results"].items():
         s = r["after_stages_ms"]
         lines.append(
             f"| {name} | {r['client_body_bytes'] / 1000:.0f} KB | {r['body_bytes'] / 1000:.0f} KB "
             f"| {r['prompt_tokens']} | {r['reused_tokens']} | {r['breakpoints']} "
-            f"| {r['before_ms']:.1f} | {r['after_jinja2_ms']:.1f} | {r['after_ms']:.1f} "
-            f"| {r['minijinja_over_jinja2']:.2f} | {r['after_over_before']:.2f} "
-            f"| {s.get('decode_validate', 0):.1f} | {s.get('template_input', 0):.1f} "
-            f"| {s.get('render_jinja2', 0):.1f} | {s.get('render', 0):.1f} "
-            f"| {s.get('encode', 0):.1f} | {s.get('breakpoints', 0):.1f} |"
+            f"| {r['before_ms']:.1f} | {r['after_jinja2_ms']:.1f} "
+            f"| {r['after_minijinja_ms']:.1f} | **{r['after_ms']:.1f}** "
+            f"| **{r['memo_over_minijinja']:.2f}** "
+            f"| {pair(s, 'decode_validate')} | {pair(s, 'template_input')} "
+            f"| {s.get('render', 0):.1f} | {s.get('encode', 0):.1f} "
+            f"| {pair(s, 'breakpoints')} |"
         )
     for key in ("burst_baseline", "burst"):
         if key in report:

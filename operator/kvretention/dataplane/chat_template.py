@@ -41,7 +41,7 @@ conversations the same way without the generation prompt.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -272,6 +272,63 @@ def build_template_message(
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class Converted:
+    """One message as :func:`build_template_message` converted it (never mutated: templates only
+    read it), with its image URLs and whether its tool calls hold an odd number."""
+
+    message: ChatMessage
+    """Held so the ``id`` this is found by stays this message's."""
+    developer_role: bool
+    template: dict[str, Any]
+    images: tuple[str, ...]
+    odd: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ConvertedTool:
+    """One tool as :func:`build_tool_schema` converted it (never mutated), and whether its schema
+    holds an odd number."""
+
+    tool: ToolDefinition
+    schema: dict[str, Any]
+    odd: bool
+
+
+@dataclass
+class ConvertedMessages:
+    """Template messages already converted, by the ``id`` of the message object they came from:
+    the worker decodes a message its conversation's previous turn held to that turn's very
+    object (:mod:`kvretention.dataplane.worker.wire`), so a turn converts only its new messages.
+    ``earlier`` is the previous turn's (read); ``current`` collects this turn's."""
+
+    earlier: Mapping[int, Converted] = field(default_factory=dict)
+    current: dict[int, Converted] = field(default_factory=dict)
+    earlier_tools: Mapping[int, ConvertedTool] = field(default_factory=dict)
+    tools: dict[int, ConvertedTool] = field(default_factory=dict)
+    """The same for tool schemas, by the ``id`` of the tool definition."""
+
+    def after(self) -> ConvertedMessages:
+        """The next turn's: this turn's conversions become its earlier ones."""
+        return ConvertedMessages(earlier=self.current, earlier_tools=self.tools)
+
+    def tool_schema(self, tool: ToolDefinition) -> ConvertedTool:
+        key = id(tool)
+        found = self.tools.get(key) or self.earlier_tools.get(key)
+        if found is None or found.tool is not tool:
+            schema = build_tool_schema(tool)
+            found = ConvertedTool(tool, schema, has_odd_number(schema))
+        self.tools[key] = found
+        return found
+
+    def get(self, message: ChatMessage, *, developer_role: bool) -> Converted | None:
+        key = id(message)
+        found = self.current.get(key) or self.earlier.get(key)
+        if found is None or found.message is not message or found.developer_role != developer_role:
+            return None
+        return found
+
+
 def build_template_input(
     messages: Sequence[ChatMessage],
     *,
@@ -279,25 +336,68 @@ def build_template_input(
     tool_choice: ToolChoice | None = None,
     reasoning: ReasoningControl | None = None,
     developer_role: bool = False,
+    converted: ConvertedMessages | None = None,
+    keep: bool = True,
 ) -> TemplateInput:
-    """The whole conversation as ``apply_chat_template`` arguments (pure)."""
-    images: list[str] = []
-    numbers = _NumberWatch()
-    converted = [
-        build_template_message(
-            m, images, index=i, developer_role=developer_role, decoder=numbers.decoder
+    """The whole conversation as ``apply_chat_template`` arguments (pure). With ``converted``,
+    a message converted before is taken from it, and (``keep``) every message of this one is
+    recorded in its ``current``; the result equals a conversion without it."""
+    if converted is None:
+        images: list[str] = []
+        numbers = _NumberWatch()
+        out = [
+            build_template_message(
+                m, images, index=i, developer_role=developer_role, decoder=numbers.decoder
+            )
+            for i, m in enumerate(messages)
+        ]
+        odd = numbers.odd
+    else:
+        out, images, odd = _convert_reusing(
+            messages, converted, developer_role=developer_role, keep=keep
         )
-        for i, m in enumerate(messages)
-    ]
     shown = offered_tools(tools, tool_choice or ToolChoice())
-    schemas = [build_tool_schema(t) for t in shown]
+    if converted is None:
+        schemas = [build_tool_schema(t) for t in shown]
+        odd = odd or has_odd_number(schemas)
+    else:
+        found = [converted.tool_schema(t) for t in shown]
+        schemas = [f.schema for f in found]
+        odd = odd or any(f.odd for f in found)
     return TemplateInput(
-        messages=converted,
+        messages=out,
         tools=schemas or None,
         template_kwargs=build_template_kwargs(reasoning),
         image_urls=images,
-        odd_numbers=numbers.odd or has_odd_number(schemas),
+        odd_numbers=odd,
     )
+
+
+def _convert_reusing(
+    messages: Sequence[ChatMessage],
+    converted: ConvertedMessages,
+    *,
+    developer_role: bool,
+    keep: bool,
+) -> tuple[list[dict[str, Any]], list[str], bool]:
+    out: list[dict[str, Any]] = []
+    images: list[str] = []
+    odd = False
+    for i, message in enumerate(messages):
+        found = converted.get(message, developer_role=developer_role)
+        if found is None:
+            own: list[str] = []
+            numbers = _NumberWatch()
+            template = build_template_message(
+                message, own, index=i, developer_role=developer_role, decoder=numbers.decoder
+            )
+            found = Converted(message, developer_role, template, tuple(own), numbers.odd)
+        if keep:
+            converted.current[id(message)] = found
+        out.append(found.template)
+        images.extend(found.images)
+        odd = odd or found.odd
+    return out, images, odd
 
 
 def render_template(
@@ -358,9 +458,11 @@ def breakpoint_renderer(
     *,
     tool_choice: ToolChoice | None = None,
     reasoning: ReasoningControl | None = None,
+    converted: ConvertedMessages | None = None,
 ) -> Callable[[Sequence[ChatMessage], Sequence[ToolDefinition]], str]:
     """Renders a cut conversation as the prompt was rendered, without the generation prompt
-    (what :func:`kvretention.dataplane.breakpoints.resolve_breakpoints` compares)."""
+    (what :func:`kvretention.dataplane.breakpoints.resolve_breakpoints` compares). ``converted``:
+    the prompt's converted messages, reused (the cut's own copies are not kept)."""
     developer_role = template_has_developer_role(getattr(tokenizer, "chat_template", None))
 
     def render(messages: Sequence[ChatMessage], tools: Sequence[ToolDefinition]) -> str:
@@ -370,6 +472,8 @@ def breakpoint_renderer(
             tool_choice=tool_choice,
             reasoning=reasoning,
             developer_role=developer_role,
+            converted=converted,
+            keep=False,
         )
         return render_template(tokenizer, template_input, add_generation_prompt=False)
 
@@ -389,14 +493,17 @@ def render_prompt(
     tools: Sequence[ToolDefinition] = (),
     tool_choice: ToolChoice | None = None,
     reasoning: ReasoningControl | None = None,
+    converted: ConvertedMessages | None = None,
 ) -> tuple[str, list[str]]:
-    """Convert and render with the model's template: the prompt text and its image URLs."""
+    """Convert and render with the model's template: the prompt text and its image URLs
+    (``converted``: messages converted before, see :class:`ConvertedMessages`)."""
     template_input = build_template_input(
         messages,
         tools=tools,
         tool_choice=tool_choice,
         reasoning=reasoning,
         developer_role=template_has_developer_role(getattr(tokenizer, "chat_template", None)),
+        converted=converted,
     )
     return render_template(tokenizer, template_input), template_input.image_urls
 

@@ -107,6 +107,47 @@ def tojson(
     )
 
 
+JSON_MEMO_BYTES: Final = 64 * 1024 * 1024
+"""The cap on the ``tojson`` results a template keeps (cleared whole when passed)."""
+
+
+class JsonMemo:
+    """``tojson`` that remembers its result per value object: an agent's conversation hands the
+    template the same tool-call argument dicts turn after turn (the worker keeps each converted
+    message, :class:`~kvretention.dataplane.chat_template.ConvertedMessages`), so each is encoded
+    once. Exact because the result is a pure function of the value and the options, a hit needs
+    the very object (held here, so its ``id`` cannot name another object), and nothing mutates a
+    template input once built (templates only read; the worker never writes a converted message)."""
+
+    __slots__ = ("_bytes", "_max_bytes", "_memo")
+
+    def __init__(self, *, max_bytes: int = JSON_MEMO_BYTES) -> None:
+        self._memo: dict[int, tuple[Any, tuple[Any, ...], str]] = {}
+        self._bytes = 0
+        self._max_bytes = max_bytes
+
+    def tojson(
+        self,
+        value: Any,
+        ensure_ascii: bool = False,
+        indent: int | None = None,
+        separators: tuple[str, str] | None = None,
+        sort_keys: bool = False,
+    ) -> str:
+        options = (ensure_ascii, indent, separators, sort_keys)
+        key = id(value)
+        found = self._memo.get(key)
+        if found is not None and found[0] is value and found[1] == options:
+            return found[2]
+        text = tojson(value, *options)
+        if self._bytes > self._max_bytes:
+            self._memo.clear()
+            self._bytes = 0
+        self._memo[key] = (value, options, text)
+        self._bytes += 2 * len(text) + 200  # the text and (about) the value it holds
+        return text
+
+
 class TemplateRaised(Exception):
     """``raise_exception`` from the template (the message is the template's)."""
 
@@ -267,7 +308,7 @@ class CompiledTemplate:
         self.verified = 0
         self._env = minijinja.Environment(
             templates={"chat": source},
-            filters={"tojson": tojson},
+            filters={"tojson": JsonMemo().tojson},
             globals={"raise_exception": raise_exception, "strftime_now": strftime_now},
             trim_blocks=True,
             lstrip_blocks=True,

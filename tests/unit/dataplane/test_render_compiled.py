@@ -12,6 +12,7 @@ sampled check that finds a difference turns minijinja off and serves transformer
 from __future__ import annotations
 
 import inspect
+import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -25,11 +26,13 @@ from kvretention.dataplane import compiled_template
 from kvretention.dataplane.chat_template import build_template_input, render_template
 from kvretention.dataplane.compiled_template import (
     CompiledTemplate,
+    JsonMemo,
     Refusal,
     compile_template,
     compiled_template_for,
     has_odd_number,
     probe_inputs,
+    tojson,
 )
 from kvretention.dataplane.protocol import (
     ChatMessage,
@@ -495,3 +498,26 @@ def test_tojson_is_transformers_tojson(kwargs: dict[str, Any]) -> None:
     theirs = _compile_jinja_template("{{ 1 }}").environment.filters["tojson"]
     for value in ({"b": "<é>\n", "a": [1, 0.5, None, True]}, "é\u2028", 3, [], {"x": {}}):
         assert compiled_template.tojson(value, **kwargs) == theirs(value, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("value", "options"),
+    [
+        ({"command": "ls", "n": [1, 2.5, None]}, ()),
+        ({"b": 1, "a": "é"}, (False, None, None, True)),
+        ({"a": "é"}, (True,)),
+        ([{"x": 1}], (False, 2)),
+        ("plain text", ()),
+    ],
+)
+def test_tojson_memo_answers_what_tojson_does(value: Any, options: tuple[Any, ...]) -> None:
+    memo = JsonMemo(max_bytes=64)
+    first = memo.tojson(value, *options)
+    assert first == tojson(value, *options)
+    assert memo.tojson(value, *options) is first  # the same object: remembered
+    copy = json.loads(json.dumps(value))
+    assert memo.tojson(copy, *options) == first  # an equal object: encoded again, equal
+    other = (not options[0],) if options else (True,)
+    assert memo.tojson(value, *other) == tojson(value, *other)  # other options: not the memo's
+    for n in range(20):  # past max_bytes the memo starts over, still answering right
+        assert memo.tojson({"n": n}) == tojson({"n": n})

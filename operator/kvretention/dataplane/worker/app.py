@@ -91,7 +91,13 @@ from kvretention.dataplane.worker.parsing import (
     plan_output,
 )
 from kvretention.dataplane.worker.render_cache import DEFAULT_MAX_BYTES, RenderCache
-from kvretention.hints.envelope import WIRE_KEY, InvalidKvHint, envelope_or_none
+from kvretention.dataplane.worker.wire import (
+    ConversationMemo,
+    decode_request,
+    session_of,
+    split_body,
+)
+from kvretention.hints.envelope import WIRE_KEY, InvalidKvHint, KvHintEnvelope, envelope_or_none
 
 log = logging.getLogger(__name__)
 
@@ -213,24 +219,13 @@ def plan_call(
 
     ``cache`` lends the conversation's previous prompt tokens (found by session id or by the
     ``x-kvr-prefix`` chain the router passes on)."""
-    try:
-        raw = json.loads(body)
-    except ValueError:
-        raise RequestRejected(ErrorCode.INVALID_REQUEST, "request body is not JSON") from None
-    if not isinstance(raw, dict):
-        raise RequestRejected(ErrorCode.INVALID_REQUEST, "request body must be a JSON object")
-    try:
-        envelope = envelope_or_none(raw.get(WIRE_KEY))
-    except InvalidKvHint as exc:
-        raise RequestRejected(ErrorCode.INVALID_REQUEST, str(exc), param=exc.field) from None
-    try:
-        request = PreprocessedRequest.model_validate(raw)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        raise RequestRejected(
-            ErrorCode.INVALID_REQUEST, f"invalid {loc}: {err['msg']}", param=loc
-        ) from None
+    memo = ConversationMemo() if cache is not None and cache.enabled else None
+    decoded = _decode_reusing(body, headers=headers, cache=cache, memo=memo)
+    if decoded is None:
+        memo = None  # decoded as before: the messages are new objects, nothing to lend
+        request, envelope = _decode(body)
+    else:
+        request, envelope = decoded
     if request.token_ids is None and not request.messages:
         raise RequestRejected(
             ErrorCode.INVALID_REQUEST, "one of token_ids or messages is required", param="messages"
@@ -268,6 +263,7 @@ def plan_call(
             with_offsets=prefixes > 0,
             cache=cache,
             chain=scoped_chain(tenant, parse_prefix_header(headers.get(HEADER_PREFIX))),
+            memo=memo,
         )
         if request.count_only:
             return PlannedCall(
@@ -329,6 +325,62 @@ def plan_call(
         prompt_tokens=prompt.prompt_tokens,
         reused_tokens=prompt.reused_tokens,
     )
+
+
+def _decode(body: bytes) -> tuple[PreprocessedRequest, KvHintEnvelope | None]:
+    """The whole body decoded and validated (the reference for every rejection's message)."""
+    try:
+        raw = json.loads(body)
+    except ValueError:
+        raise RequestRejected(ErrorCode.INVALID_REQUEST, "request body is not JSON") from None
+    if not isinstance(raw, dict):
+        raise RequestRejected(ErrorCode.INVALID_REQUEST, "request body must be a JSON object")
+    envelope = _envelope(raw)
+    try:
+        request = PreprocessedRequest.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise RequestRejected(
+            ErrorCode.INVALID_REQUEST, f"invalid {loc}: {err['msg']}", param=loc
+        ) from None
+    return request, envelope
+
+
+def _envelope(raw: dict[str, Any]) -> KvHintEnvelope | None:
+    try:
+        return envelope_or_none(raw.get(WIRE_KEY))
+    except InvalidKvHint as exc:
+        raise RequestRejected(ErrorCode.INVALID_REQUEST, str(exc), param=exc.field) from None
+
+
+def _decode_reusing(
+    body: bytes,
+    *,
+    headers: dict[str, str],
+    cache: RenderCache | None,
+    memo: ConversationMemo | None,
+) -> tuple[PreprocessedRequest, KvHintEnvelope | None] | None:
+    """The body decoded reusing the conversation's previous turn (:mod:`.wire`), filling
+    ``memo``; ``None`` where only :func:`_decode` can tell (every bad body lands there)."""
+    if memo is None or cache is None:
+        return None
+    top = split_body(body)
+    if top is None:
+        return None
+    try:
+        tenant = tenant_of_headers(headers)
+    except ValueError:
+        return None  # refused below, after the body's own checks, as before
+    previous = cache.memo_for(
+        session=scoped_session(tenant, session_of(top)),
+        chain=scoped_chain(tenant, parse_prefix_header(headers.get(HEADER_PREFIX))),
+    )
+    decoded = decode_request(top, previous=previous, memo=memo)
+    if decoded is None:
+        return None
+    request, rest = decoded
+    return request, _envelope(rest)
 
 
 def _role_of(headers: dict[str, str], *, default: Role) -> Role:

@@ -23,6 +23,7 @@ from kvretention.dataplane.breakpoints import (
     resolve_breakpoints,
 )
 from kvretention.dataplane.chat_template import (
+    ConvertedMessages,
     OffsetsUnavailable,
     breakpoint_renderer,
     has_chat_template,
@@ -38,6 +39,7 @@ from kvretention.dataplane.protocol import (
 )
 from kvretention.dataplane.worker.parsing import OutputParser, ParsedDelta
 from kvretention.dataplane.worker.render_cache import RenderCache
+from kvretention.dataplane.worker.wire import ConversationMemo
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,8 @@ class EnginePrompt:
     ends_ordered: bool | None = None
     reused_tokens: int = 0
     """Leading tokens taken from the conversation's previous prompt instead of tokenized again."""
+    converted: ConvertedMessages | None = None
+    """The messages as the template got them, for the breakpoints' cut renders to reuse."""
 
     @property
     def has_offsets(self) -> bool:
@@ -93,10 +97,13 @@ def build_engine_prompt(
     with_offsets: bool = False,
     cache: RenderCache | None = None,
     chain: Sequence[str] = (),
+    memo: ConversationMemo | None = None,
 ) -> EnginePrompt:
     """Render and tokenize once, or take the frontend's token ids (pure but for the tokenizer and
     the cache). With ``cache``, the conversation's previous prompt (found by session id, else by
-    the prefix-hash ``chain``) lends the tokens the new prompt shares with it."""
+    the prefix-hash ``chain``) lends the tokens the new prompt shares with it, and ``memo`` (what
+    :func:`~kvretention.dataplane.worker.wire.decode_request` filled) its converted messages; the
+    memo is kept with the prompt for the next turn."""
     messages = request.messages or []
     if request.token_ids is not None:
         images = [part.url for m in messages for part in m.images()]
@@ -110,7 +117,7 @@ def build_engine_prompt(
         )
     if has_chat_template(tokenizer):
         if cache is not None and cache.enabled:
-            return _reused_prompt(request, tokenizer=tokenizer, cache=cache, chain=chain)
+            return _reused_prompt(request, tokenizer=tokenizer, cache=cache, chain=chain, memo=memo)
         return _templated_prompt(request, tokenizer=tokenizer, with_offsets=with_offsets)
     text = render_chat_fallback(messages)
     count = len(tokenizer.encode(text)) if hasattr(tokenizer, "encode") else len(text.split())
@@ -157,18 +164,25 @@ def _templated_prompt(
 
 
 def _reused_prompt(
-    request: PreprocessedRequest, *, tokenizer: Any, cache: RenderCache, chain: Sequence[str]
+    request: PreprocessedRequest,
+    *,
+    tokenizer: Any,
+    cache: RenderCache,
+    chain: Sequence[str],
+    memo: ConversationMemo | None,
 ) -> EnginePrompt:
     """Render the whole conversation (the text is what proves the reuse exact), then tokenize
     only what follows the longest prefix it shares with the conversation's previous prompt."""
+    converted = memo.converted if memo is not None else ConvertedMessages()
     text, images = render_prompt(
         tokenizer,
         request.messages or [],
         tools=request.tools,
         tool_choice=request.tool_choice,
         reasoning=request.reasoning,
+        converted=converted,
     )
-    encoded = cache.encode(text, session=request.session_id, chain=chain)
+    encoded = cache.encode(text, session=request.session_id, chain=chain, memo=memo)
     return EnginePrompt(
         input_ids=None if images else encoded.ids,
         text=text if images else None,
@@ -183,6 +197,7 @@ def _reused_prompt(
         token_ends=None if images else encoded.ends,
         ends_ordered=encoded.ordered,
         reused_tokens=encoded.reused,
+        converted=converted,
     )
 
 
@@ -202,7 +217,10 @@ def resolve_prompt_breakpoints(
         dropped = (DroppedBreakpoint(m.element, m.ttl_seconds, prompt.no_offsets) for m in markers)
         return Resolution(resolved=(), dropped=tuple(dropped))
     render = breakpoint_renderer(
-        tokenizer, tool_choice=request.tool_choice, reasoning=request.reasoning
+        tokenizer,
+        tool_choice=request.tool_choice,
+        reasoning=request.reasoning,
+        converted=prompt.converted,
     )
     return resolve_breakpoints(
         messages,

@@ -75,10 +75,14 @@ class _Entry:
     cut_ends: list[int]
     """Where each cut token ends in the text."""
     keys: tuple[str, ...] = ()
+    memo: Any = None
+    """What the turn decoded (a :class:`~kvretention.dataplane.worker.wire.ConversationMemo`),
+    lent to the conversation's next turn."""
+    memo_bytes: int = 0
 
     @property
     def nbytes(self) -> int:
-        return sys.getsizeof(self.text) + len(self.ids) * (ID_BYTES + END_BYTES)
+        return sys.getsizeof(self.text) + len(self.ids) * (ID_BYTES + END_BYTES) + self.memo_bytes
 
 
 def cut_tokens(tokenizer: Any) -> dict[int, str]:
@@ -147,8 +151,26 @@ class RenderCache:
     def nbytes(self) -> int:
         return self._bytes
 
-    def encode(self, text: str, *, session: str | None, chain: Sequence[str] = ()) -> Encoded:
-        """``text``'s tokens, reusing the conversation's previous prompt where it is a prefix."""
+    def memo_for(self, *, session: str | None, chain: Sequence[str] = ()) -> Any:
+        """The memo the conversation's previous turn left (see :meth:`encode`), or ``None``;
+        found as :meth:`encode` finds entries, and changes nothing."""
+        if not self.enabled:
+            return None
+        keys = [f"s:{session}"] if session else []
+        keys.extend(k for k in reversed(chain) if k)
+        for key in keys:
+            entry_id = self._index.get(key)
+            if entry_id is not None:
+                memo = self._entries[entry_id].memo
+                if memo is not None:
+                    return memo
+        return None
+
+    def encode(
+        self, text: str, *, session: str | None, chain: Sequence[str] = (), memo: Any = None
+    ) -> Encoded:
+        """``text``'s tokens, reusing the conversation's previous prompt where it is a prefix.
+        ``memo`` (with an ``nbytes``) is kept with the prompt for :meth:`memo_for`."""
         keys = tuple(k for k in ((f"s:{session}" if session else None), *chain) if k)
         if not self.enabled or not keys:
             return self._full(text)
@@ -169,6 +191,8 @@ class RenderCache:
             self.hits += 1
             self.reused_tokens += encoded.reused
         if self.enabled:
+            if memo is not None:
+                fresh.memo, fresh.memo_bytes = memo, int(memo.nbytes)
             self._store(fresh, keys)
         return encoded
 
