@@ -321,13 +321,6 @@ class ConvertedMessages:
         self.tools[key] = found
         return found
 
-    def get(self, message: ChatMessage, *, developer_role: bool) -> Converted | None:
-        key = id(message)
-        found = self.current.get(key) or self.earlier.get(key)
-        if found is None or found.message is not message or found.developer_role != developer_role:
-            return None
-        return found
-
 
 def build_template_input(
     messages: Sequence[ChatMessage],
@@ -383,8 +376,14 @@ def _convert_reusing(
     out: list[dict[str, Any]] = []
     images: list[str] = []
     odd = False
-    for i, message in enumerate(messages):
-        found = converted.get(message, developer_role=developer_role)
+    current, earlier = converted.current, converted.earlier
+    for i, message in enumerate(messages):  # ~600 messages a turn: lookups inlined
+        key = id(message)
+        found = current.get(key) or earlier.get(key)
+        if found is not None and (
+            found.message is not message or found.developer_role != developer_role
+        ):
+            found = None
         if found is None:
             own: list[str] = []
             numbers = _NumberWatch()
@@ -393,10 +392,12 @@ def _convert_reusing(
             )
             found = Converted(message, developer_role, template, tuple(own), numbers.odd)
         if keep:
-            converted.current[id(message)] = found
+            current[key] = found
         out.append(found.template)
-        images.extend(found.images)
-        odd = odd or found.odd
+        if found.images:
+            images.extend(found.images)
+        if found.odd:
+            odd = True
     return out, images, odd
 
 
