@@ -41,7 +41,7 @@ declare -A keys=(
   [pause]=$pause_key
   [operator]=$( { echo "$base_key $wheels_key $src_key"; cat "$root/images/operator/Dockerfile"; } | sha)
   [runtime]=$( { echo "$base_key $wheels_key $src_key"; cat "$root/images/runtime/Dockerfile"; } | sha)
-  [worker]=$( { echo "$base_key $wheels_key $src_key"; cat "$root/images/worker/Dockerfile.standin" \
+  [worker]=$( { echo "$base_key $wheels_key $src_key"; cat "$root/images/worker/Dockerfile" \
     "$root/images/worker/standin-kvretention" "$root/tests/support/chat_tokenizer.py"; } | sha)
 )
 declare -A repos=(
@@ -140,17 +140,21 @@ build_pause() {
   rm -rf "$stage"
 }
 
-build_dockerfile() { # build_dockerfile <Dockerfile> <ref>
+build_dockerfile() { # build_dockerfile <Dockerfile> <ref> [--build-arg ...]
   (cd "$root" && buildah "${bflags[@]}" bud --quiet --network none --layers=false \
     --build-arg BASE_REGISTRY=localhost/kvretention/ --build-arg PIP_NO_INDEX=1 \
-    --build-arg PIP_FIND_LINKS=/wheels --volume "$wheels:/wheels:ro" \
+    --build-arg PIP_FIND_LINKS=/wheels --volume "$wheels:/wheels:ro" "${@:3}" \
     -f "$1" -t "$2" . >&2)
 }
 
 declare -A dockerfiles=(
   [operator]=images/operator/Dockerfile
   [runtime]=images/runtime/Dockerfile
-  [worker]=images/worker/Dockerfile.standin
+  [worker]=images/worker/Dockerfile
+)
+# The worker image's engine and base are build args (its defaults are the GPU image).
+declare -A build_args=(
+  [worker]="--build-arg ENGINE=standin --build-arg WORKER_BASE=$base_ref"
 )
 for name in "${names[@]}"; do
   out="$(archive "$name")"
@@ -158,7 +162,12 @@ for name in "${names[@]}"; do
   ref="${repos[$name]}:${keys[$name]}"
   start=$SECONDS
   log "building $ref"
-  if [[ $name == pause ]]; then build_pause "$ref"; else build_dockerfile "${dockerfiles[$name]}" "$ref"; fi
+  if [[ $name == pause ]]; then
+    build_pause "$ref"
+  else
+    read -ra extra <<<"${build_args[$name]:-}"
+    build_dockerfile "${dockerfiles[$name]}" "$ref" "${extra[@]}"
+  fi
   rm -f "$cache/$name"-*.tar
   buildah "${bflags[@]}" push --quiet "$ref" "docker-archive:$out.tmp:$ref" >&2
   mv "$out.tmp" "$out"

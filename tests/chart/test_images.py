@@ -60,10 +60,25 @@ def test_hadolint(dockerfile: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def base_images(steps: list[tuple[str, str]]) -> list[str]:
+    """Each FROM's image with the build args declared before the first FROM at their defaults
+    (what a plain ``docker build`` uses: images/worker/Dockerfile takes its base as an arg)."""
+    defaults: dict[str, str] = {}
+    froms: list[str] = []
+    for word, args in steps:
+        if word == "ARG" and not froms:
+            name, _, value = args.partition("=")
+            defaults[name] = value
+        elif word == "FROM":
+            image = args.split()[0]
+            froms.append(re.sub(r"\$\{(\w+)\}", lambda m: defaults[m.group(1)], image))
+    return froms
+
+
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
 def test_dockerfile_rules(dockerfile: Path) -> None:
     steps = instructions(dockerfile)
-    froms = [args.split()[0] for word, args in steps if word == "FROM"]
+    froms = base_images(steps)
     assert len(froms) >= 2, "multi-stage: build tools stay out of the final image"
     for image in froms:
         name, _, tag = image.partition("@")[0].rpartition(":")
