@@ -18,7 +18,7 @@ from kvretention.dataplane.frontend.app import ITEMWISE_BYTES, decode_json_body
 from kvretention.dataplane.frontend.common import ParsedRequest
 from kvretention.dataplane.frontend.errors import FrontendError
 from kvretention.dataplane.frontend.openai_api import parse_chat, parse_responses
-from kvretention.dataplane.frontend.resume import Resumer, encode_items
+from kvretention.dataplane.frontend.resume import CONTROL_KEY, Resumer, encode_items
 from support.agent_sessions import claude_code_session, codex_session
 
 Body = dict[str, Any]
@@ -76,7 +76,11 @@ def test_each_turn_decodes_and_parses_as_a_full_decode(
         assert repr(body) == repr(json.loads(raw))
         assert parse(body, resumer=resumer) == parse(json.loads(raw))
         key = "messages" if "messages" in body else "input"
-        assert resumer.encode_items(body[key]) == encode_items(body[key])
+        encoded = encode_items(body[key])
+        assert encoded is not None and resumer.encode_items(body[key]) == encoded
+        controls = resumer.control_items(body[key], encoded)
+        named = [CONTROL_KEY in blob for blob in encoded]
+        assert controls == [blob if n else b"" for blob, n in zip(encoded, named, strict=True)]
     assert resumer.reused_items > 0
 
 

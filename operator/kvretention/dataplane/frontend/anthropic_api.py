@@ -239,9 +239,10 @@ def parse_messages(
     made from its block; ``reject`` refuses them (v1).
     """
     encoded = _encoded_messages(body, resumer=resumer)
-    cache = (
-        hints_from_messages(body, breakpoints=breakpoints, encoded=encoded) if hints else NO_HINTS
-    )
+    named = encoded
+    if encoded is not None and resumer is not None:  # no scan of a message an earlier body held
+        named = resumer.control_items(body["messages"], encoded)
+    cache = hints_from_messages(body, breakpoints=breakpoints, encoded=named) if hints else NO_HINTS
     envelope = cache.envelope
     _check_fields(body, allowed=_HONOURED | NO_OPS.keys())
     model = F.required_str(body, "model")

@@ -54,6 +54,8 @@ _DECODE_TOP: Final = msgspec.json.Decoder(
 ).decode
 """A JSON object whose arrays stay raw, one ``Raw`` per element (every JSON value is one of
 these types, each decoded as an untyped decode would)."""
+CONTROL_KEY: Final = b'"cache_control"'
+"""The key :meth:`Resumer.control_items` looks for (msgspec writes a key as itself)."""
 ITEM_KEYS: Final = frozenset({"messages", "input"})
 """The body fields whose items :meth:`Resumer.decode` takes from the last body."""
 
@@ -74,6 +76,8 @@ class _Items:
     raws: list[msgspec.Raw]
     values: list[Any]
     blobs: list[bytes | None]
+    controls: list[bool | None]
+    """Whether each item's encoding names :data:`CONTROL_KEY`, once looked at."""
 
 
 @dataclass(frozen=True)
@@ -125,13 +129,13 @@ class Resumer:
             last = self._items.get(mkey)
         same = 0 if last is None else _common(last.raws, raws, upto=len(last.raws))
         if last is not None and same:
-            values = last.values[:same]
-            blobs = last.blobs[:same]
+            values, blobs, controls = last.values[:same], last.blobs[:same], last.controls[:same]
         else:
-            values, blobs = [], []
+            values, blobs, controls = [], [], []
         values += [_DECODE(raw) for raw in raws[same:]]
         blobs += [None] * (len(raws) - same)
-        items = _Items(raws, values, blobs)
+        controls += [None] * (len(raws) - same)
+        items = _Items(raws, values, blobs, controls)
         with self._lock:
             self.reused_items += same
             old = self._items.pop(mkey, None)
@@ -143,6 +147,24 @@ class Resumer:
                 _, dropped = self._items.popitem(last=False)
                 self._by_list.pop(id(dropped.values), None)
         return values
+
+    def control_items(self, items: Sequence[Any], encoded: list[bytes]) -> list[bytes]:
+        """For the Anthropic hint walk, which skips a message whose encoding lacks
+        ``"cache_control"`` (``hints_from_messages(encoded=...)``): each item's encoding
+        (``encoded``, :meth:`encode_items` of ``items``) where it names the key, ``b""`` where it
+        does not (the same skips); looked at once per item that :meth:`decode` took from an
+        earlier body, and not at all for a body it did not decode (``encoded`` as it is)."""
+        known = self._by_list.get(id(items))
+        if known is None or known.values is not items or len(encoded) != len(items):
+            return encoded
+        controls = known.controls
+        out = []
+        for i, blob in enumerate(encoded):
+            named = controls[i]
+            if named is None:
+                named = controls[i] = CONTROL_KEY in blob
+            out.append(blob if named else b"")
+        return out
 
     def encode_items(self, items: Sequence[Any]) -> list[bytes] | None:
         """:func:`encode_items`, with the encodings of items :meth:`decode` took from an earlier
