@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from kvretention.dataplane.compiled_template import (
+    CompiledTemplate,
     compiled_template_for,
     has_odd_number,
     odd_float,
@@ -401,11 +402,29 @@ def _convert_reusing(
     return out, images, odd
 
 
+@dataclass(frozen=True)
+class Rendering:
+    """A prompt minijinja rendered (with the generation prompt), and its input."""
+
+    text: str
+    template_input: TemplateInput
+    compiled: CompiledTemplate
+
+
 def render_template(
     tokenizer: Any, template_input: TemplateInput, *, add_generation_prompt: bool = True
 ) -> str:
     """Render with the tokenizer's own chat template (text, not tokens): compiled by minijinja
     where that is exact (see the module docstring), else ``apply_chat_template``."""
+    return render_template_traced(
+        tokenizer, template_input, add_generation_prompt=add_generation_prompt
+    )[0]
+
+
+def render_template_traced(
+    tokenizer: Any, template_input: TemplateInput, *, add_generation_prompt: bool = True
+) -> tuple[str, CompiledTemplate | None]:
+    """:func:`render_template`, and the compiled template when minijinja's text was served."""
     compiled = None if template_input.odd_numbers else compiled_template_for(tokenizer)
     if compiled is not None:
         text = compiled.render(
@@ -415,7 +434,7 @@ def render_template(
             kwargs=template_input.template_kwargs,
         )
         if text is not None:
-            return text
+            return text, compiled if compiled.enabled else None
     try:
         rendered = tokenizer.apply_chat_template(
             template_input.messages,
@@ -430,7 +449,7 @@ def render_template(
         raise TemplateInputError(f"the model's chat template refused the request: {exc}") from exc
     if not isinstance(rendered, str):
         raise TemplateInputError("the model's chat template did not render text")
-    return rendered
+    return rendered, None
 
 
 def encode_prompt(tokenizer: Any, text: str) -> list[int]:
@@ -460,10 +479,14 @@ def breakpoint_renderer(
     tool_choice: ToolChoice | None = None,
     reasoning: ReasoningControl | None = None,
     converted: ConvertedMessages | None = None,
+    prompt: Rendering | None = None,
 ) -> Callable[[Sequence[ChatMessage], Sequence[ToolDefinition]], str]:
     """Renders a cut conversation as the prompt was rendered, without the generation prompt
     (what :func:`kvretention.dataplane.breakpoints.resolve_breakpoints` compares). ``converted``:
-    the prompt's converted messages, reused (the cut's own copies are not kept)."""
+    the prompt's converted messages, reused (the cut's own copies are not kept). ``prompt``:
+    the prompt as minijinja rendered it; a cut equal to the whole conversation (a breakpoint on
+    the newest message) is then the prompt less its generation prompt, where the template
+    provably writes that last (:meth:`CompiledTemplate.without_generation_prompt`)."""
     developer_role = template_has_developer_role(getattr(tokenizer, "chat_template", None))
 
     def render(messages: Sequence[ChatMessage], tools: Sequence[ToolDefinition]) -> str:
@@ -476,9 +499,29 @@ def breakpoint_renderer(
             converted=converted,
             keep=False,
         )
+        if prompt is not None and same_input(template_input, prompt.template_input):
+            text = prompt.compiled.without_generation_prompt(
+                prompt.text,
+                template_input.messages,
+                template_input.tools,
+                kwargs=template_input.template_kwargs,
+            )
+            if text is not None:
+                return text
         return render_template(tokenizer, template_input, add_generation_prompt=False)
 
     return render
+
+
+def same_input(a: TemplateInput, b: TemplateInput) -> bool:
+    """Whether two template inputs are equal (the same converted objects, mostly: cheap)."""
+    return (
+        len(a.messages) == len(b.messages)
+        and all(x is y or x == y for x, y in zip(a.messages, b.messages, strict=True))
+        and a.tools == b.tools
+        and a.template_kwargs == b.template_kwargs
+        and a.odd_numbers == b.odd_numbers
+    )
 
 
 def has_chat_template(tokenizer: Any) -> bool:

@@ -37,7 +37,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
+from kvretention.dataplane.generation_block import block_reads_only_context, generation_block
+
 log = logging.getLogger(__name__)
+
+GENERATION: Final = "generation"
+"""The template's trailing generation-prompt block, alone (where it is provably last)."""
 
 DEFAULT_VERIFY_EVERY: Final = 128
 DIVERGENT_CONSTRUCTS: Final = (
@@ -318,6 +323,60 @@ class CompiledTemplate:
             debug=False,
         )
         self._env.undeclared_variables_in_template("chat")  # parse now: a syntax error raises here
+        self.generation = self._generation_block(source)
+        """Whether the template provably writes its generation prompt last
+        (:mod:`kvretention.dataplane.generation_block`; confirmed on the probes at load)."""
+
+    def _generation_block(self, source: str) -> bool:
+        block = generation_block(source)
+        if block is None:
+            return False
+        try:
+            self._env.add_template(GENERATION, block)
+            reads = self._env.undeclared_variables_in_template(GENERATION)
+        except Exception:  # the block alone does not parse: the reading above was wrong
+            return False
+        return block_reads_only_context(source, reads)
+
+    def _context(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        add_generation_prompt: bool,
+        kwargs: dict[str, Any],
+    ) -> dict[str, Any]:
+        return {
+            **self._special,
+            **kwargs,
+            "messages": messages,
+            "tools": tools,
+            "documents": None,
+            "add_generation_prompt": add_generation_prompt,
+        }
+
+    def without_generation_prompt(
+        self,
+        prompt: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        kwargs: dict[str, Any],
+    ) -> str | None:
+        """What this template renders for the input without the generation prompt, taken from
+        ``prompt`` (what minijinja rendered for it with the generation prompt): the prompt less
+        what the trailing generation block writes, rendered alone with the same context. ``None``
+        where that is not proven (see :mod:`kvretention.dataplane.generation_block`)."""
+        if not (self.generation and self.enabled):
+            return None
+        context = self._context(messages, tools, add_generation_prompt=True, kwargs=kwargs)
+        try:
+            tail = str(self._env.render_template(GENERATION, **context))
+        except Exception:
+            return None
+        if not prompt.endswith(tail):
+            return None
+        return prompt[: len(prompt) - len(tail)]
 
     def render_compiled(
         self,
@@ -328,14 +387,9 @@ class CompiledTemplate:
         kwargs: dict[str, Any],
     ) -> str:
         """minijinja's rendering alone (raises minijinja's ``TemplateError``)."""
-        context = {
-            **self._special,
-            **kwargs,
-            "messages": messages,
-            "tools": tools,
-            "documents": None,
-            "add_generation_prompt": add_generation_prompt,
-        }
+        context = self._context(
+            messages, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs
+        )
         return str(self._env.render_template("chat", **context))
 
     def render(
@@ -446,6 +500,19 @@ def compile_template(
                 else "rendered differently"
             )
             return Refusal(f"minijinja {what} on probe {n}")
+        if compiled.generation and got is not None and probe.add_generation_prompt:
+            try:
+                without: str | None = compiled.render_compiled(
+                    probe.messages, probe.tools, add_generation_prompt=False, kwargs=probe.kwargs
+                )
+            except Exception:
+                without = None
+            derived = compiled.without_generation_prompt(
+                got, probe.messages, probe.tools, kwargs=probe.kwargs
+            )
+            if without is None or derived != without:
+                log.warning("chat template: its generation prompt is not its last output")
+                compiled.generation = False
     return compiled
 
 

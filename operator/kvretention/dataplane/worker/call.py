@@ -25,10 +25,13 @@ from kvretention.dataplane.breakpoints import (
 from kvretention.dataplane.chat_template import (
     ConvertedMessages,
     OffsetsUnavailable,
+    Rendering,
     breakpoint_renderer,
+    build_template_input,
     has_chat_template,
     render_and_encode,
-    render_prompt,
+    render_template_traced,
+    template_has_developer_role,
 )
 from kvretention.dataplane.protocol import (
     ChatMessage,
@@ -84,6 +87,8 @@ class EnginePrompt:
     """Leading tokens taken from the conversation's previous prompt instead of tokenized again."""
     converted: ConvertedMessages | None = None
     """The messages as the template got them, for the breakpoints' cut renders to reuse."""
+    rendering: Rendering | None = None
+    """The prompt as minijinja rendered it, for the breakpoints' cut renders to derive from."""
 
     @property
     def has_offsets(self) -> bool:
@@ -174,14 +179,16 @@ def _reused_prompt(
     """Render the whole conversation (the text is what proves the reuse exact), then tokenize
     only what follows the longest prefix it shares with the conversation's previous prompt."""
     converted = memo.converted if memo is not None else ConvertedMessages()
-    text, images = render_prompt(
-        tokenizer,
+    template_input = build_template_input(
         request.messages or [],
         tools=request.tools,
         tool_choice=request.tool_choice,
         reasoning=request.reasoning,
+        developer_role=template_has_developer_role(getattr(tokenizer, "chat_template", None)),
         converted=converted,
     )
+    text, compiled = render_template_traced(tokenizer, template_input)
+    images = template_input.image_urls
     encoded = cache.encode(text, session=request.session_id, chain=chain, memo=memo)
     return EnginePrompt(
         input_ids=None if images else encoded.ids,
@@ -198,6 +205,7 @@ def _reused_prompt(
         ends_ordered=encoded.ordered,
         reused_tokens=encoded.reused,
         converted=converted,
+        rendering=None if compiled is None else Rendering(text, template_input, compiled),
     )
 
 
@@ -221,6 +229,7 @@ def resolve_prompt_breakpoints(
         tool_choice=request.tool_choice,
         reasoning=request.reasoning,
         converted=prompt.converted,
+        prompt=prompt.rendering,
     )
     return resolve_breakpoints(
         messages,
