@@ -23,6 +23,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from kvretention.dataplane.frontend.repeats import Walks
 from kvretention.dataplane.protocol import (
     BODY_SESSION_OBJECTS,
     DEFAULT_SESSION_KEYS,
@@ -101,22 +102,44 @@ def prefix_chain(messages: Sequence[ChatMessage], tools: Sequence[ToolDefinition
     head = 0
     while head < len(messages) and messages[head].role in ("system", "developer"):
         head += 1
-    hasher = _head(_head_bytes(messages[:head], tools))
-    chain = [hasher.hexdigest()]
+    first = _head(_head_bytes(messages[:head], tools))
     rest = messages[head:]
-    for i, message in enumerate(rest, start=1):
-        # each message object remembers the hasher it was hashed after and the result, so a
-        # conversation's next request (the same objects after the same head) hashes only what
-        # is new; identity, not equality, keeps this exact
+    # the hashers after the messages this conversation's last request had too, then the rest
+    same, after = _CHAINS.repeated(rest, context=first)
+    hasher = after[-1][0] if after else first
+    for message in rest[same:]:
+        # each message object remembers the hasher it was hashed after and the result (a
+        # conversation seen before the walk above forgot it); identity keeps this exact
         memo = memo_of(message)
         if memo.before is not hasher:
-            after = hasher.copy()
-            after.update(b"\x1d" + _message_bytes(message))
-            memo.before, memo.after = hasher, after
+            step = hasher.copy()
+            step.update(b"\x1d" + _message_bytes(message))
+            memo.before, memo.after = hasher, step
         hasher = memo.after
-        if i < FULL_CHAIN_BLOCKS or i % CHAIN_STRIDE == 0 or i == len(rest):
-            chain.append(hasher.hexdigest())
+        after.append([hasher, None])
+    _CHAINS.keep(rest, after, context=first)
+    chain = [first.hexdigest()]
+    for i in _chain_positions(len(rest)):
+        step = after[i - 1]
+        if step[1] is None:
+            step[1] = step[0].hexdigest()
+        chain.append(step[1])
     return chain
+
+
+def _chain_positions(n: int) -> list[int]:
+    """The block counts the chain has a hash for: each up to :data:`FULL_CHAIN_BLOCKS`, then
+    every :data:`CHAIN_STRIDE`-th, and ``n``."""
+    full = min(n + 1, FULL_CHAIN_BLOCKS)
+    first_stride = -(-FULL_CHAIN_BLOCKS // CHAIN_STRIDE) * CHAIN_STRIDE
+    positions = [*range(1, full), *range(first_stride, n + 1, CHAIN_STRIDE)]
+    if n and positions[-1] != n:
+        positions.append(n)
+    return positions
+
+
+_CHAINS: Final[Walks[list[Any]]] = Walks()
+"""Per conversation, ``[hasher, hex digest or None]`` after each message past the head."""
 
 
 _HEADS: Final[OrderedDict[bytes, Any]] = OrderedDict()

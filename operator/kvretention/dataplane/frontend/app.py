@@ -26,7 +26,7 @@ from typing import Any, Final, TypeVar
 import msgspec
 from aiohttp import web
 
-from kvretention.dataplane.breakpoints import Marker, find_markers
+from kvretention.dataplane.breakpoints import Marker
 from kvretention.dataplane.chat_template import TemplateInputError
 from kvretention.dataplane.frontend import errors, model_names
 from kvretention.dataplane.frontend.affinity import (
@@ -48,6 +48,7 @@ from kvretention.dataplane.frontend.endpoints import (
 )
 from kvretention.dataplane.frontend.errors import FrontendError, Provider, error_body
 from kvretention.dataplane.frontend.metrics import FrontendMetrics
+from kvretention.dataplane.frontend.repeats import conversation_markers
 from kvretention.dataplane.frontend.resume import Resumer
 from kvretention.dataplane.frontend.tokenizer import ChatTokenizer
 from kvretention.dataplane.frontend.upstream import RouterClient
@@ -627,7 +628,7 @@ def hint_policy(
     envelope = parsed.envelope
     markers: list[Marker] | None = None
     if envelope is not None and envelope.prefix_count:
-        markers = find_markers(parsed.messages, parsed.tools)
+        markers = conversation_markers(parsed.messages, parsed.tools)
         envelope = with_prefix_count(envelope, len(markers))
     hints = CacheHints(envelope=envelope, client_controls=parsed.client_controls)
     final = build_envelope(
@@ -656,7 +657,7 @@ def longest_ttl(parsed: ParsedRequest, *, markers: Sequence[Marker] | None = Non
     ttls = []
     if envelope.prefix_count:
         if markers is None:
-            markers = find_markers(parsed.messages, parsed.tools)
+            markers = conversation_markers(parsed.messages, parsed.tools)
         ttls = [m.ttl_seconds for m in markers]
     if envelope.retain_full_prompt is not None:
         ttls.append(envelope.retain_full_prompt.ttl_seconds)

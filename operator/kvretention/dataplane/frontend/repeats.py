@@ -1,0 +1,115 @@
+"""Walks over the neutral conversation that a conversation's next request need not repeat.
+
+An agent's next request holds the last one's messages as the same objects (``resume.py``), then a
+few new ones. A pass that is a function of each message and what came before it (the prefix
+chain's hashers, the breakpoint markers) keeps its last result per conversation, found by the
+identity of the conversation's first message after the head, and redoes only the positions past
+the longest run of messages equal to the last walk's. Equal, not only identical: a message equal
+to another gives the same result, so a hit is exact either way.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Generic, TypeVar
+
+from kvretention.dataplane.breakpoints import Marker, find_markers
+from kvretention.dataplane.protocol import ChatMessage, ToolDefinition
+
+_T = TypeVar("_T")
+
+CAPACITY: Final = 64
+"""Conversations remembered per walk, least recently used out first."""
+
+
+def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """How many leading elements ``a`` and ``b`` share (``==``, which C checks by identity
+    first). The first difference is usually among the last few: one slice comparison when there
+    is none, then steps back from the end and bisects, never a Python loop over every element."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    good, bad, step = 0, n, 1
+    while bad - step > good:  # a[:bad] differs; step back until a prefix agrees
+        k = bad - step
+        if a[:k] == b[:k]:
+            good = k
+            break
+        bad, step = k, step * 2
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if a[:mid] == b[:mid]:
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+@dataclass(frozen=True)
+class Walk(Generic[_T]):
+    """A walk's elements (a copy of the list) and its result after each: ``after[i]`` once
+    ``elements[: i + 1]`` were walked. ``context`` is what the walk started from."""
+
+    context: object
+    elements: list[Any]
+    after: list[_T]
+
+
+class Walks(Generic[_T]):
+    """The last walk per conversation, bounded (see the module docstring)."""
+
+    def __init__(self, capacity: int = CAPACITY) -> None:
+        self._capacity = capacity
+        self._walks: OrderedDict[int, Walk[_T]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def repeated(self, elements: Sequence[Any], *, context: object) -> tuple[int, list[_T]]:
+        """How many leading ``elements`` the last walk of this conversation (same ``context``,
+        compared with ``is``) walked too, and its results for them."""
+        if not elements:
+            return 0, []
+        with self._lock:
+            last = self._walks.get(id(elements[0]))
+        if last is None or last.context is not context or last.elements[0] is not elements[0]:
+            return 0, []
+        same = common_prefix(last.elements, elements)
+        return same, last.after[:same]
+
+    def keep(self, elements: Sequence[Any], after: list[_T], *, context: object) -> None:
+        if not elements:
+            return
+        key = id(elements[0])
+        with self._lock:
+            self._walks.pop(key, None)
+            self._walks[key] = Walk(context, list(elements), after)
+            while len(self._walks) > self._capacity:
+                self._walks.popitem(last=False)
+
+
+def conversation_markers(
+    messages: Sequence[ChatMessage], tools: Sequence[ToolDefinition]
+) -> list[Marker]:
+    """``find_markers(messages, tools)``, walking only the messages past those this
+    conversation's last request had too (and the leading system messages, rebuilt per request)."""
+    head = 0
+    while head < len(messages) and messages[head].role in ("system", "developer"):
+        head += 1
+    found = find_markers(messages[:head], tools)
+    rest = messages[head:]
+    same, after = _MARKERS.repeated(rest, context=None)
+    # after[i] = (c, walked): walked[:c] are the markers on rest[: i + 1], indexed within rest
+    walked = after[-1][1][: after[-1][0]] if after else []
+    for i in range(same, len(rest)):
+        walked += [
+            Marker(m.kind, m.index + i, m.sub, m.ttl_seconds) for m in find_markers([rest[i]], [])
+        ]
+        after.append((len(walked), walked))
+    _MARKERS.keep(rest, after, context=None)
+    found += [Marker(m.kind, m.index + head, m.sub, m.ttl_seconds) for m in walked]
+    return found
+
+
+_MARKERS: Final[Walks[tuple[int, list[Marker]]]] = Walks()

@@ -1,0 +1,126 @@
+"""The walks over the neutral conversation that remember a conversation's last request
+(``frontend/repeats.py``): the prefix chain and the breakpoint markers equal a walk from scratch
+on every turn of a session, whatever the turn changed, kept or dropped."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Final
+
+import pytest
+
+from kvretention.dataplane.breakpoints import find_markers
+from kvretention.dataplane.frontend import affinity
+from kvretention.dataplane.frontend.affinity import prefix_chain
+from kvretention.dataplane.frontend.repeats import common_prefix, conversation_markers
+from kvretention.dataplane.protocol import (
+    ChatMessage,
+    TextPart,
+    ToolCall,
+    ToolDefinition,
+)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 5, 40])
+def test_common_prefix_finds_the_first_difference_anywhere(n: int) -> None:
+    base = list(range(n))
+    assert common_prefix(base, list(base)) == n
+    assert common_prefix(base, [*base, 7]) == n
+    assert common_prefix([*base, 7], base) == n
+    for at in range(n):
+        changed = [*base[:at], -1, *base[at + 1 :]]
+        assert common_prefix(base, changed) == at
+        assert common_prefix(changed, base[: at + 1]) == at
+
+
+def _message(i: int, *, ttl: int | None = None) -> ChatMessage:
+    if i % 3 == 0:
+        return ChatMessage(role="user", content=[TextPart(text=f"ask {i}", retain_ttl=ttl)])
+    if i % 3 == 1:
+        call = ToolCall(id=f"c{i}", name="bash", arguments="{}", retain_ttl=ttl)
+        return ChatMessage(role="assistant", content=f"on it {i}", tool_calls=[call])
+    return ChatMessage(role="tool", content=f"ran {i}", tool_call_id=f"c{i - 1}", retain_ttl=ttl)
+
+
+SYSTEM: Final = ChatMessage(role="system", content="You are a coding agent.")
+TOOLS: Final = [ToolDefinition(name="bash", parameters={"type": "object"}, retain_ttl=300)]
+Turns = list[list[ChatMessage]]
+
+
+def _growing() -> Turns:
+    """Each turn the same objects, then two new messages; the newest carries the breakpoint,
+    so the last turn's newest message comes back as a new object without it."""
+    history: list[ChatMessage] = []
+    turns = []
+    for t in range(60):
+        history = (
+            [*history[:-1], _message(2 * t - 1), _message(2 * t)] if history else [_message(0)]
+        )
+        history[-1] = _message(len(history) - 1, ttl=3600)
+        turns.append([SYSTEM.model_copy(), *history])
+    return turns
+
+
+def _edited_early() -> Turns:
+    turns = _growing()[-3:]
+    edited = list(turns[-1])
+    edited[3] = _message(99, ttl=60)
+    return [*turns, edited, turns[-1]]
+
+
+def _equal_copies() -> Turns:
+    """The same values as new objects: equal, so remembered results still apply."""
+    last = _growing()[-1]
+    return [last, [m.model_copy() for m in last]]
+
+
+def _shorter() -> Turns:
+    turns = _growing()
+    return [turns[-1], turns[20], turns[-1][:5], []]
+
+
+def _another_head() -> Turns:
+    last = _growing()[-1]
+    other = ChatMessage(role="system", content="Another agent.")
+    return [last, [other, *last[1:]], last[1:], last]
+
+
+SESSIONS: Final[dict[str, Callable[[], Turns]]] = {
+    "growing": _growing,
+    "an early message edited": _edited_early,
+    "equal copies": _equal_copies,
+    "shorter, then empty": _shorter,
+    "another head, then none": _another_head,
+}
+
+
+def _chain_from_scratch(messages: list[ChatMessage], tools: list[ToolDefinition]) -> list[str]:
+    head = 0
+    while head < len(messages) and messages[head].role in ("system", "developer"):
+        head += 1
+    hasher = hashlib.blake2b(affinity._head_bytes(messages[:head], tools), digest_size=8)
+    chain = [hasher.hexdigest()]
+    rest = messages[head:]
+    for i, message in enumerate(rest, start=1):
+        hasher = hasher.copy()
+        hasher.update(b"\x1d" + affinity._message_bytes(message))
+        if i < affinity.FULL_CHAIN_BLOCKS or i % affinity.CHAIN_STRIDE == 0 or i == len(rest):
+            chain.append(hasher.hexdigest())
+    return chain
+
+
+@pytest.mark.parametrize("session", SESSIONS)
+def test_each_turns_prefix_chain_equals_one_from_scratch(session: str) -> None:
+    for tools in (TOOLS, []):
+        for messages in SESSIONS[session]():
+            assert prefix_chain(messages, tools) == _chain_from_scratch(messages, tools)
+
+
+@pytest.mark.parametrize("session", SESSIONS)
+def test_each_turns_markers_equal_a_full_walk(session: str) -> None:
+    turns = SESSIONS[session]()
+    assert any(find_markers(m, TOOLS)[1:] for m in turns)
+    for tools in (TOOLS, []):
+        for messages in turns:
+            assert conversation_markers(messages, tools) == find_markers(messages, tools)
