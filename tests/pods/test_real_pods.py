@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -61,6 +62,47 @@ def fleet_pods(cluster: Cluster, name: str) -> list[dict[str, Any]]:
         cluster, "pods", "-n", FLEET_NS, "-l", f"app.kubernetes.io/instance={name}"
     )["items"]
     return items
+
+
+def fleet_service(cluster: Cluster, fleet: str, component: str) -> dict[str, Any]:
+    services = get_json(cluster, "svc", "-n", FLEET_NS, "-l", f"app.kubernetes.io/instance={fleet}")
+    (svc,) = [
+        s
+        for s in services["items"]
+        if s["metadata"]["labels"].get("app.kubernetes.io/component") == component
+    ]
+    return svc
+
+
+def service_routes(cluster: Cluster, svc: dict[str, Any]) -> list[str]:
+    """The endpoints (``ip:port``) a Service's first port routes to on the node: each listed
+    ready in its EndpointSlices *and* programmed by kube-proxy (its iptables rule for the Service,
+    ``<ns>/<svc>:<port> -> <ip>:<port>``). Empty while either lags the pods' readiness."""
+    name, ns = svc["metadata"]["name"], svc["metadata"]["namespace"]
+    port_name = svc["spec"]["ports"][0].get("name", "")
+    slices = get_json(
+        cluster, "endpointslices", "-n", ns, "-l", f"kubernetes.io/service-name={name}"
+    )
+    ready = []
+    for piece in slices["items"]:
+        ports = [p["port"] for p in piece.get("ports") or [] if p.get("name", "") == port_name]
+        for endpoint in piece.get("endpoints") or []:
+            if endpoint.get("conditions", {}).get("ready"):
+                ready += [f"{endpoint['addresses'][0]}:{port}" for port in ports]
+    nat = subprocess.run(
+        ["iptables-save", "-t", "nat"], capture_output=True, text=True, timeout=30, check=True
+    ).stdout
+    comment = f"{ns}/{name}:{port_name}" if port_name else f"{ns}/{name}"
+    return [e for e in ready if f'"{comment} -> {e}"' in nat]
+
+
+def wait_service_routes(cluster: Cluster, svc: dict[str, Any]) -> list[str]:
+    routes: list[str] = wait_until(
+        f"Service {svc['metadata']['name']} routing to a ready pod (EndpointSlice + kube-proxy)",
+        lambda: service_routes(cluster, svc),
+        timeout_s=60,
+    )
+    return routes
 
 
 def build_fleet(images: dict[str, str]) -> dict[str, Any]:
@@ -117,6 +159,16 @@ def fleet(node_cluster: Cluster, images: dict[str, str]) -> Iterator[str]:
         ),
         timeout_s=READY_S,
     )
+    # Ready counts the Deployments' ready pods; the frontend Service carries a request only once
+    # its EndpointSlice lists the ready pod and kube-proxy has programmed that endpoint.
+    frontend = fleet_service(cluster, name, "frontend")
+    ready_at, routed_at_ready = time.monotonic(), service_routes(cluster, frontend)
+    wait_service_routes(cluster, frontend)
+    print(
+        f"frontend Service: routed at Ready: {routed_at_ready}; "
+        f"routing {time.monotonic() - ready_at:.1f}s after Ready",
+        file=sys.stderr,
+    )
     yield name
 
 
@@ -161,12 +213,7 @@ def test_probe_init_container_report_reaches_kv_hints_supported(
 
 
 def _frontend_url(cluster: Cluster, fleet: str) -> str:
-    services = get_json(cluster, "svc", "-n", FLEET_NS, "-l", f"app.kubernetes.io/instance={fleet}")
-    (svc,) = [
-        s
-        for s in services["items"]
-        if s["metadata"]["labels"].get("app.kubernetes.io/component") == "frontend"
-    ]
+    svc = fleet_service(cluster, fleet, "frontend")
     port = svc["spec"]["ports"][0]["port"]
     return f"http://{svc['spec']['clusterIP']}:{port}"
 
@@ -227,6 +274,45 @@ def test_agent_request_through_the_frontend_service_reaches_a_worker_pod(
     if agent == "claude-code":
         # Claude Code marks cache_control: the hint reaches the engine in the worker pod.
         assert calls[rid]["kwargs"]["kv_hints"], calls[rid]["kwargs"]
+
+
+# Run in a worker container: what Mooncake's transfer engine does first when SGLang's store
+# starts (it registers under a key in the metadata server), with the pod's own rendered client
+# config, so through the names it holds: cluster DNS, the master's Service, kube-proxy.
+REGISTER = """
+import json, os, sys, urllib.request
+config = json.load(open(os.environ["SGLANG_HICACHE_MOONCAKE_CONFIG_PATH"]))
+url = config["metadata_server"] + "?key=" + sys.argv[1]
+urllib.request.urlopen(urllib.request.Request(url, data=sys.argv[2].encode(), method="PUT"), timeout=10)
+print(json.dumps({"url": url, "read_back": urllib.request.urlopen(url, timeout=10).read().decode()}))
+"""
+
+
+def test_mooncake_master_pod_serves_the_worker_pods(node_cluster: Cluster, fleet: str) -> None:
+    """Each worker pod writes to the managed master through the Service its Mooncake config
+    names, and the master pod itself (read at its pod IP, not through the Service) holds it."""
+    master_svc = fleet_service(node_cluster, fleet, "mooncake-master")
+    wait_service_routes(node_cluster, master_svc)
+    (master,) = [p for p in fleet_pods(node_cluster, fleet) if "mooncake" in p["metadata"]["name"]]
+    ports = {p["name"]: p["containerPort"] for p in master["spec"]["containers"][0]["ports"]}
+    workers = _worker_pods(node_cluster, fleet)
+    assert len(workers) >= 2
+    for pod in workers:
+        name = pod["metadata"]["name"]
+        key, value = f"kvr-pods-tier/{name}", json.dumps({"pod_ip": pod["status"]["podIP"]})
+        done = node_cluster.kubectl(
+            "-n", FLEET_NS, "exec", name, "-c", "worker", "--",
+            "python3", "-c", REGISTER, key, value,
+            check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        answer = json.loads(done.stdout.splitlines()[-1])
+        host = answer["url"].split("//", 1)[1].split("/", 1)[0]
+        assert host.startswith(f"{master_svc['metadata']['name']}.{FLEET_NS}.svc:"), answer
+        assert answer["read_back"] == value
+        direct = f"http://{master['status']['podIP']}:{ports['metadata']}/metadata?key={key}"
+        with urllib.request.urlopen(direct, timeout=10) as resp:
+            assert resp.read().decode() == value, name
 
 
 def _worker_pods(cluster: Cluster, fleet: str) -> list[dict[str, Any]]:
@@ -342,6 +428,7 @@ def test_worker_killed_mid_stream_gives_a_clean_error_and_the_fleet_recovers(
         timeout_s=120,
     )
     wait_until(f"{fleet} Ready again", lambda: _fleet_ready(node_cluster, fleet), timeout_s=120)
+    wait_service_routes(node_cluster, fleet_service(node_cluster, fleet, "frontend"))
     assert _claude_code_ok(frontend)
 
 
