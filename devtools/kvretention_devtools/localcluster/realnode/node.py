@@ -21,7 +21,7 @@ import yaml
 from kvretention_devtools.localcluster import process
 from kvretention_devtools.localcluster.errors import ClusterError
 from kvretention_devtools.localcluster.httpjson import request
-from kvretention_devtools.localcluster.realnode import config, host
+from kvretention_devtools.localcluster.realnode import config, host, preflight
 from kvretention_devtools.localcluster.realnode.config import (
     BRIDGE,
     GATEWAY,
@@ -115,9 +115,7 @@ def stale_node_dir() -> Path | None:
 
 def check_prerequisites(bin_dir: Path | None = None) -> tuple[Path, dict[str, Image]]:
     """The node's bin dir and its images (name -> OCI archive), or an error naming each fix."""
-    problems = []
-    if os.geteuid() != 0:
-        problems.append("run as root (the node runs containerd, mounts and iptables)")
+    problems = preflight.machine_problems()
     missing = sorted({pkg for cmd, pkg in PACKAGES.items() if shutil.which(cmd) is None})
     if not any((d / "bridge").is_file() for d in CNI_BIN_DIRS):
         missing.append("containernetworking-plugins")
@@ -125,8 +123,6 @@ def check_prerequisites(bin_dir: Path | None = None) -> tuple[Path, dict[str, Im
         problems.append(
             f"missing Debian packages: {' '.join(missing)} (scripts/install-node.sh installs them)"
         )
-    if not Path("/proc/sys/net/bridge").is_dir():
-        problems.append("the kernel has no bridge netfilter (modprobe br_netfilter)")
     bins = _node_bin_dir(bin_dir, problems)
     images = _images(problems)
     if problems:
