@@ -6,12 +6,15 @@ the frontend forwards them (``PreprocessedRequest`` bytes and the ``x-kvr-prefix
 prepared by the worker's ``plan_call`` with a real chat template and fast tokenizer
 (``tests/support/chat_tokenizer.py``, the one the data-plane tests serve). ``before``: turn N+1
 with no render cache; ``after``: a fresh cache that served turn N, then turn N+1. Process CPU
-time, medians over repeats, interleaved so all see the same machine noise. ``after`` is run twice:
-with the chat template rendered by Jinja2 (``apply_chat_template``, as until minijinja) and by
-minijinja where it renders identically (``dataplane/compiled_template.py``, the default now). The
-stages of ``after`` are timed apart: decode and validate the body, build the template input, render
-the template (Jinja2 and minijinja), encode (the cache: tokenize only what is new), resolve
-breakpoints. Cases: Claude Code on ``/v1/messages`` (its two
+time, medians over repeats, interleaved so all see the same machine noise. ``after`` is run three
+times: with the chat template rendered by Jinja2 (``apply_chat_template``, as until minijinja); by
+minijinja where it renders identically (``dataplane/compiled_template.py``) but every turn decoded
+and converted whole (:func:`without_memo`, the worker before issue 21's worker round); and as the
+worker is now (the body decoded reusing the previous turn's messages, ``dataplane/worker/wire.py``,
+only new messages converted, the newest message's breakpoint derived from the prompt's rendering,
+``dataplane/generation_block.py``). The stages are timed apart, before and now: decode and
+validate the body, build the template input, render the template, encode (the cache: tokenize
+only what is new), resolve breakpoints. Cases: Claude Code on ``/v1/messages`` (its two
 block-level breakpoints), the same without ``cache_control`` (no breakpoints), Codex on
 ``/v1/responses``, and the Claude Code body for a worker with no chat template (the request-path
 benchmark's ``full`` target).
@@ -54,6 +57,7 @@ from kvretention.dataplane.compiled_template import compiled_template_for  # noq
 from kvretention.dataplane.frontend import app as frontend  # noqa: E402
 from kvretention.dataplane.frontend.endpoints import MESSAGES, RESPONSES, GenerateEndpoint  # noqa: E402
 from kvretention.dataplane.frontend.upstream import RouterClient  # noqa: E402
+from kvretention.dataplane.gc_tuning import tune_gc  # noqa: E402
 from kvretention.dataplane.protocol import HEADER_PREFIX  # noqa: E402
 from kvretention.dataplane.worker import app as worker  # noqa: E402
 from kvretention.dataplane.worker.call import (  # noqa: E402
@@ -146,19 +150,26 @@ def build_cases(turns: int) -> list[Turns]:
 @contextmanager
 def without_memo() -> Iterator[None]:
     """The worker before it reused the previous turn's decoded and converted messages: the body
-    decoded whole (``json.loads`` + pydantic), every message converted for the template."""
-    decode, convert = worker._decode_reusing, chat_template.build_template_input
+    decoded whole (``json.loads`` + pydantic), every message converted for the template, and a
+    breakpoint's cut conversation always rendered (never derived from the prompt's rendering)."""
+    decode, convert, same = (
+        worker._decode_reusing,
+        chat_template.build_template_input,
+        chat_template.same_input,
+    )
 
     def whole(*args: Any, **kwargs: Any) -> Any:
         return convert(*args, **{**kwargs, "converted": None})
 
     worker._decode_reusing = lambda *args, **kwargs: None  # type: ignore[assignment]
     chat_template.build_template_input = whole  # type: ignore[assignment]
+    chat_template.same_input = lambda a, b: False  # type: ignore[assignment]
     try:
         yield
     finally:
         worker._decode_reusing = decode  # type: ignore[assignment]
         chat_template.build_template_input = convert  # type: ignore[assignment]
+        chat_template.same_input = same  # type: ignore[assignment]
 
 
 @contextmanager
@@ -398,7 +409,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     tokenizer = chat_tokenizer.build_tokenizer()
     started = time.monotonic()
-    results = {c.name: measure(c, tokenizer, repeats=args.repeats) for c in build_cases(args.turns)}
+    cases = build_cases(args.turns)
+    tune_gc()  # as the worker does once loaded (``worker/cli.py``)
+    results = {c.name: measure(c, tokenizer, repeats=args.repeats) for c in cases}
     report: dict[str, Any] = {
         "benchmark": "worker_turn",
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

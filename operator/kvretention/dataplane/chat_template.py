@@ -47,6 +47,7 @@ from typing import Any, Final
 
 from kvretention.dataplane.compiled_template import (
     CompiledTemplate,
+    JsonMemo,
     compiled_template_for,
     has_odd_number,
     odd_float,
@@ -87,6 +88,8 @@ class TemplateInput:
     odd_numbers: bool = False
     """Whether a tool call's arguments or a tool's schema hold a number that minijinja would
     format unlike Python (:func:`~kvretention.dataplane.compiled_template.has_odd_number`)."""
+    json_memo: JsonMemo | None = field(default=None, compare=False)
+    """The conversation's ``tojson`` results, when converted with :class:`ConvertedMessages`."""
 
 
 class _NumberWatch:
@@ -308,10 +311,14 @@ class ConvertedMessages:
     earlier_tools: Mapping[int, ConvertedTool] = field(default_factory=dict)
     tools: dict[int, ConvertedTool] = field(default_factory=dict)
     """The same for tool schemas, by the ``id`` of the tool definition."""
+    json: JsonMemo = field(default_factory=JsonMemo)
+    """The template's ``tojson`` results over these objects."""
 
     def after(self) -> ConvertedMessages:
         """The next turn's: this turn's conversions become its earlier ones."""
-        return ConvertedMessages(earlier=self.current, earlier_tools=self.tools)
+        return ConvertedMessages(
+            earlier=self.current, earlier_tools=self.tools, json=self.json.after()
+        )
 
     def tool_schema(self, tool: ToolDefinition) -> ConvertedTool:
         key = id(tool)
@@ -364,6 +371,7 @@ def build_template_input(
         template_kwargs=build_template_kwargs(reasoning),
         image_urls=images,
         odd_numbers=odd,
+        json_memo=converted.json if converted is not None else None,
     )
 
 
@@ -432,6 +440,7 @@ def render_template_traced(
             template_input.tools,
             add_generation_prompt=add_generation_prompt,
             kwargs=template_input.template_kwargs,
+            json_memo=template_input.json_memo,
         )
         if text is not None:
             return text, compiled if compiled.enabled else None

@@ -112,45 +112,33 @@ def tojson(
     )
 
 
-JSON_MEMO_BYTES: Final = 64 * 1024 * 1024
-"""The cap on the ``tojson`` results a template keeps (cleared whole when passed)."""
-
-
 class JsonMemo:
-    """``tojson`` that remembers its result per value object: an agent's conversation hands the
-    template the same tool-call argument dicts turn after turn (the worker keeps each converted
-    message, :class:`~kvretention.dataplane.chat_template.ConvertedMessages`), so each is encoded
-    once. Exact because the result is a pure function of the value and the options, a hit needs
-    the very object (held here, so its ``id`` cannot name another object), and nothing mutates a
-    template input once built (templates only read; the worker never writes a converted message)."""
+    """``tojson`` results of one conversation's turn, by the value object: an agent's
+    conversation hands the template the same tool-call argument dicts turn after turn (the worker
+    keeps each converted message, :class:`~kvretention.dataplane.chat_template.ConvertedMessages`,
+    which carries this memo), so each is encoded once. Exact because the result is a pure function
+    of the value and the options, a hit needs the very object (held here, so its ``id`` cannot
+    name another object), and nothing mutates a template input once built (templates only read;
+    the worker never writes a converted message). ``earlier`` is the previous turn's (read);
+    ``current`` keeps what this turn used, so the memo holds no more than one turn's values."""
 
-    __slots__ = ("_bytes", "_max_bytes", "_memo")
+    __slots__ = ("current", "earlier")
 
-    def __init__(self, *, max_bytes: int = JSON_MEMO_BYTES) -> None:
-        self._memo: dict[int, tuple[Any, tuple[Any, ...], str]] = {}
-        self._bytes = 0
-        self._max_bytes = max_bytes
+    def __init__(self, earlier: dict[int, tuple[Any, tuple[Any, ...], str]] | None = None) -> None:
+        self.earlier = earlier if earlier is not None else {}
+        self.current: dict[int, tuple[Any, tuple[Any, ...], str]] = {}
 
-    def tojson(
-        self,
-        value: Any,
-        ensure_ascii: bool = False,
-        indent: int | None = None,
-        separators: tuple[str, str] | None = None,
-        sort_keys: bool = False,
-    ) -> str:
-        options = (ensure_ascii, indent, separators, sort_keys)
+    def after(self) -> JsonMemo:
+        """The next turn's memo: this turn's results become its earlier ones."""
+        return JsonMemo(self.current)
+
+    def tojson(self, value: Any, *options: Any) -> str:
         key = id(value)
-        found = self._memo.get(key)
-        if found is not None and found[0] is value and found[1] == options:
-            return found[2]
-        text = tojson(value, *options)
-        if self._bytes > self._max_bytes:
-            self._memo.clear()
-            self._bytes = 0
-        self._memo[key] = (value, options, text)
-        self._bytes += 2 * len(text) + 200  # the text and (about) the value it holds
-        return text
+        found = self.current.get(key) or self.earlier.get(key)
+        if found is None or found[0] is not value or found[1] != options:
+            found = (value, options, tojson(value, *options))
+        self.current[key] = found
+        return found[2]
 
 
 class TemplateRaised(Exception):
@@ -307,13 +295,15 @@ class CompiledTemplate:
         self._reference = reference
         self._verify_every = verify_every
         self._lock = threading.Lock()
+        self._local = threading.local()
+        """The render in progress on this thread: its :class:`JsonMemo`, if any."""
         self._renders = 0
         self.enabled = True
         self.fallbacks = 0
         self.verified = 0
         self._env = minijinja.Environment(
             templates={"chat": source},
-            filters={"tojson": JsonMemo().tojson},
+            filters={"tojson": self._tojson},
             globals={"raise_exception": raise_exception, "strftime_now": strftime_now},
             trim_blocks=True,
             lstrip_blocks=True,
@@ -337,6 +327,19 @@ class CompiledTemplate:
         except Exception:  # the block alone does not parse: the reading above was wrong
             return False
         return block_reads_only_context(source, reads)
+
+    def _tojson(
+        self,
+        value: Any,
+        ensure_ascii: bool = False,
+        indent: int | None = None,
+        separators: tuple[str, str] | None = None,
+        sort_keys: bool = False,
+    ) -> str:
+        memo: JsonMemo | None = getattr(self._local, "memo", None)
+        if memo is None:
+            return tojson(value, ensure_ascii, indent, separators, sort_keys)
+        return memo.tojson(value, ensure_ascii, indent, separators, sort_keys)
 
     def _context(
         self,
@@ -385,12 +388,18 @@ class CompiledTemplate:
         *,
         add_generation_prompt: bool,
         kwargs: dict[str, Any],
+        json_memo: JsonMemo | None = None,
     ) -> str:
-        """minijinja's rendering alone (raises minijinja's ``TemplateError``)."""
+        """minijinja's rendering alone (raises minijinja's ``TemplateError``); ``json_memo``:
+        the conversation's ``tojson`` results (see :class:`JsonMemo`)."""
         context = self._context(
             messages, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs
         )
-        return str(self._env.render_template("chat", **context))
+        self._local.memo = json_memo
+        try:
+            return str(self._env.render_template("chat", **context))
+        finally:
+            self._local.memo = None
 
     def render(
         self,
@@ -399,6 +408,7 @@ class CompiledTemplate:
         *,
         add_generation_prompt: bool,
         kwargs: dict[str, Any],
+        json_memo: JsonMemo | None = None,
     ) -> str | None:
         """The prompt as ``apply_chat_template`` renders it, or ``None`` where Jinja2 must render
         (minijinja refused, or is off for this template)."""
@@ -406,7 +416,11 @@ class CompiledTemplate:
             return None
         try:
             text = self.render_compiled(
-                messages, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs
+                messages,
+                tools,
+                add_generation_prompt=add_generation_prompt,
+                kwargs=kwargs,
+                json_memo=json_memo,
             )
         except Exception:  # the template refused (raise_exception, bad input): Jinja2's outcome
             self.fallbacks += 1

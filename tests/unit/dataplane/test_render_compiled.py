@@ -511,13 +511,15 @@ def test_tojson_is_transformers_tojson(kwargs: dict[str, Any]) -> None:
     ],
 )
 def test_tojson_memo_answers_what_tojson_does(value: Any, options: tuple[Any, ...]) -> None:
-    memo = JsonMemo(max_bytes=64)
+    memo = JsonMemo()
     first = memo.tojson(value, *options)
     assert first == tojson(value, *options)
-    assert memo.tojson(value, *options) is first  # the same object: remembered
+    later = memo.after()  # the next turn: the same object is remembered
+    assert later.tojson(value, *options) is first
     copy = json.loads(json.dumps(value))
-    assert memo.tojson(copy, *options) == first  # an equal object: encoded again, equal
+    assert later.tojson(copy, *options) == first  # an equal object: encoded again, equal
     other = (not options[0],) if options else (True,)
-    assert memo.tojson(value, *other) == tojson(value, *other)  # other options: not the memo's
-    for n in range(20):  # past max_bytes the memo starts over, still answering right
-        assert memo.tojson({"n": n}) == tojson({"n": n})
+    assert later.tojson(value, *other) == tojson(value, *other)  # other options: not the memo's
+    gone = {"n": 1}
+    memo.tojson(gone)
+    assert id(gone) not in later.after().after().current  # a value no turn used is let go
