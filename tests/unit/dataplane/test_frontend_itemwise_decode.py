@@ -13,6 +13,7 @@ from typing import Any, Final
 import pytest
 
 from kvretention.dataplane.frontend import app as frontend_app
+from kvretention.dataplane.frontend import compat
 from kvretention.dataplane.frontend.anthropic_api import parse_messages
 from kvretention.dataplane.frontend.app import ITEMWISE_BYTES, decode_json_body
 from kvretention.dataplane.frontend.common import ParsedRequest
@@ -36,8 +37,29 @@ def _chat(bodies: list[Body]) -> list[Body]:
     return out
 
 
+def _output_config(bodies: list[Body], *, early: bool) -> list[Body]:
+    """An ``output_config`` on the last message (this turn's effort) and, with ``early``, on
+    the first (ignored, counted): found by the messages' bytes."""
+    out = []
+    for body in bodies:
+        body = copy.deepcopy(body)
+        if early:
+            body["messages"][0]["output_config"] = {"effort": "low"}
+        body["messages"][-1]["output_config"] = {"effort": "high"}
+        out.append(body)
+    return out
+
+
 SESSIONS: Final[dict[str, tuple[Parse, Callable[[], list[Body]]]]] = {
     "claude-code": (parse_messages, lambda: [b for _, b in claude_code_session(turns=8)]),
+    "claude-code-output-config": (
+        parse_messages,
+        lambda: _output_config([b for _, b in claude_code_session(turns=8)], early=False),
+    ),
+    "claude-code-early-output-config": (
+        parse_messages,
+        lambda: _output_config([b for _, b in claude_code_session(turns=8)], early=True),
+    ),
     "codex": (parse_responses, lambda: [b for _, b in codex_session(turns=8)]),
     "chat": (parse_chat, lambda: _chat([b for _, b in claude_code_session(turns=8)])),
 }
@@ -74,7 +96,12 @@ def test_each_turn_decodes_and_parses_as_a_full_decode(
     for raw in bodies:
         body = decode_json_body(raw, resumer=resumer)
         assert repr(body) == repr(json.loads(raw))
-        assert parse(body, resumer=resumer) == parse(json.loads(raw))
+        with compat.collecting() as ignored:
+            got = parse(body, resumer=resumer)
+        with compat.collecting() as expected_ignored:
+            expected = parse(json.loads(raw))
+        assert got == expected
+        assert list(ignored) == list(expected_ignored)
         key = "messages" if "messages" in body else "input"
         encoded = encode_items(body[key])
         assert encoded is not None and resumer.encode_items(body[key]) == encoded

@@ -124,3 +124,23 @@ def test_each_turns_markers_equal_a_full_walk(session: str) -> None:
     for tools in (TOOLS, []):
         for messages in turns:
             assert conversation_markers(messages, tools) == find_markers(messages, tools)
+
+
+def _billing(text: str) -> ChatMessage:
+    return ChatMessage(role="system", content=f"{affinity.BILLING_HEADER} cch=1;\n{text}")
+
+
+def _billing_mid_way() -> Turns:
+    """A billing line in the leading system message each turn, then one turn adds a system
+    message with one after the history (kept in the next turns)."""
+    turns = _growing()[-4:]
+    with_head = [[_billing("You are a coding agent."), *t[1:]] for t in turns]
+    late = [*with_head[-2], _billing("late")]
+    return [*with_head[:2], late, [*late, _message(500)], with_head[-1]]
+
+
+@pytest.mark.parametrize("session", [*SESSIONS, "billing mid-way"])
+def test_each_turns_billing_header_drop_equals_a_full_walk(session: str) -> None:
+    turns = _billing_mid_way() if session == "billing mid-way" else SESSIONS[session]()
+    for messages in turns:
+        assert affinity.drop_billing_header(messages) == affinity._drop_billing_header(messages)

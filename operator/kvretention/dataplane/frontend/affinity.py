@@ -170,6 +170,27 @@ def drop_billing_header(messages: list[ChatMessage]) -> tuple[list[ChatMessage],
     """The conversation without Claude Code's billing-header line in system messages, and whether
     one was dropped. Only that line goes: the rest of the system prompt stays, and a system
     message left empty is dropped."""
+    head = 0
+    while head < len(messages) and messages[head].role == "system":
+        head += 1
+    rest = messages[head:]
+    # after[i]: whether rest[: i + 1] holds a system message (remembered per conversation)
+    same, after = _SYSTEM_AFTER_HEAD.repeated(rest, context=None)
+    seen = bool(after) and after[-1]
+    for message in rest[same:]:
+        seen = seen or message.role == "system"
+        after.append(seen)
+    _SYSTEM_AFTER_HEAD.keep(rest, after, context=None)
+    if after and after[-1]:
+        return _drop_billing_header(messages)
+    out, dropped = _drop_billing_header(messages[:head])
+    return (out + rest if dropped else list(messages)), dropped
+
+
+_SYSTEM_AFTER_HEAD: Final[Walks[bool]] = Walks()
+
+
+def _drop_billing_header(messages: list[ChatMessage]) -> tuple[list[ChatMessage], bool]:
     out: list[ChatMessage] = []
     dropped = False
     for message in messages:

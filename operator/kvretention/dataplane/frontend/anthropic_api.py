@@ -442,7 +442,8 @@ def _conversation(
     deferred += [t for name, t in catalog.items() if name not in declared]  # added mid-way
     tool_choice, parallel = _tool_choice(body.get("tool_choice"), tools=[*tools, *deferred])
     effort, response_format = _output_config(body.get("output_config"))
-    turn_effort, turn_format = _turn_output_config(raw)
+    named = None if resumer is None or not encoded else resumer.names(raw, encoded, _OUTPUT_CONFIG)
+    turn_effort, turn_format = _turn_output_config(raw, named=named)
     effort = turn_effort or effort
     response_format = turn_format or response_format
     thinking = body.get("thinking")
@@ -510,13 +511,23 @@ def _fold(
     )
 
 
+_OUTPUT_CONFIG: Final = b'"output_config"'
+
+
 def _turn_output_config(
-    raw: list[Any],
+    raw: list[Any], *, named: list[bool] | None = None
 ) -> tuple[Literal["low", "medium", "high"] | None, ResponseFormat | None]:
     """A message's ``output_config`` (checked like the top-level one): the last message's sets
-    this turn's effort and format over the top-level ones; an earlier one is ignored (counted)."""
+    this turn's effort and format over the top-level ones; an earlier one is ignored (counted).
+
+    ``named``: whether each message's encoding names the key (``Resumer.names``); when none but
+    the last does, only the last is looked at."""
     found: tuple[Literal["low", "medium", "high"] | None, ResponseFormat | None] = (None, None)
-    for i, message in enumerate(raw):
+    indices: range = range(len(raw))
+    if named is not None and len(named) == len(raw) and True not in named[:-1]:
+        indices = range(len(raw) - 1, len(raw))
+    for i in indices:
+        message = raw[i]
         if not isinstance(message, dict) or message.get("output_config") is None:
             continue
         where = F.path("messages", i, "output_config")

@@ -76,8 +76,8 @@ class _Items:
     raws: list[msgspec.Raw]
     values: list[Any]
     blobs: list[bytes | None]
-    controls: list[bool | None]
-    """Whether each item's encoding names :data:`CONTROL_KEY`, once looked at."""
+    names: dict[bytes, list[bool | None]]
+    """Per key looked for (:meth:`Resumer.names`): whether each item's encoding names it."""
 
 
 @dataclass(frozen=True)
@@ -129,13 +129,16 @@ class Resumer:
             last = self._items.get(mkey)
         same = 0 if last is None else _common(last.raws, raws, upto=len(last.raws))
         if last is not None and same:
-            values, blobs, controls = last.values[:same], last.blobs[:same], last.controls[:same]
+            values, blobs = last.values[:same], last.blobs[:same]
+            names = {key: flags[:same] for key, flags in last.names.items()}
         else:
-            values, blobs, controls = [], [], []
+            values, blobs, names = [], [], {}
+        new = len(raws) - same
         values += [_DECODE(raw) for raw in raws[same:]]
-        blobs += [None] * (len(raws) - same)
-        controls += [None] * (len(raws) - same)
-        items = _Items(raws, values, blobs, controls)
+        blobs += [None] * new
+        for flags in names.values():
+            flags += [None] * new
+        items = _Items(raws, values, blobs, names)
         with self._lock:
             self.reused_items += same
             old = self._items.pop(mkey, None)
@@ -148,23 +151,32 @@ class Resumer:
                 self._by_list.pop(id(dropped.values), None)
         return values
 
-    def control_items(self, items: Sequence[Any], encoded: list[bytes]) -> list[bytes]:
-        """For the Anthropic hint walk, which skips a message whose encoding lacks
-        ``"cache_control"`` (``hints_from_messages(encoded=...)``): each item's encoding
-        (``encoded``, :meth:`encode_items` of ``items``) where it names the key, ``b""`` where it
-        does not (the same skips); looked at once per item that :meth:`decode` took from an
-        earlier body, and not at all for a body it did not decode (``encoded`` as it is)."""
+    def names(self, items: Sequence[Any], encoded: list[bytes], key: bytes) -> list[bool] | None:
+        """Whether each item's encoding (``encoded``, :meth:`encode_items` of ``items``) holds
+        ``key``, looked at once per item that :meth:`decode` took from an earlier body; ``None``
+        for a body it did not decode. msgspec writes a key as itself, so an item whose encoding
+        lacks ``b'"name"'`` has no key ``name`` at any depth."""
         known = self._by_list.get(id(items))
         if known is None or known.values is not items or len(encoded) != len(items):
+            return None
+        flags = known.names.get(key)
+        if flags is None:
+            flags = known.names.setdefault(key, [None] * len(items))
+        if None in flags:
+            for i, blob in enumerate(encoded):
+                if flags[i] is None:
+                    flags[i] = key in blob
+        return flags  # type: ignore[return-value]  # every flag set above
+
+    def control_items(self, items: Sequence[Any], encoded: list[bytes]) -> list[bytes]:
+        """For the Anthropic hint walk, which skips a message whose encoding lacks
+        ``"cache_control"`` (``hints_from_messages(encoded=...)``): each item's encoding where it
+        names the key, ``b""`` where it does not (the same skips), from :meth:`names`; ``encoded``
+        as it is for a body :meth:`decode` did not decode."""
+        flags = self.names(items, encoded, CONTROL_KEY)
+        if flags is None:
             return encoded
-        controls = known.controls
-        out = []
-        for i, blob in enumerate(encoded):
-            named = controls[i]
-            if named is None:
-                named = controls[i] = CONTROL_KEY in blob
-            out.append(blob if named else b"")
-        return out
+        return [blob if named else b"" for blob, named in zip(encoded, flags, strict=True)]
 
     def encode_items(self, items: Sequence[Any]) -> list[bytes] | None:
         """:func:`encode_items`, with the encodings of items :meth:`decode` took from an earlier
