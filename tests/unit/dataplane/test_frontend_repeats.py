@@ -144,3 +144,13 @@ def test_each_turns_billing_header_drop_equals_a_full_walk(session: str) -> None
     turns = _billing_mid_way() if session == "billing mid-way" else SESSIONS[session]()
     for messages in turns:
         assert affinity.drop_billing_header(messages) == affinity._drop_billing_header(messages)
+
+
+def test_an_equal_message_that_is_not_the_same_object_is_walked_again() -> None:
+    """``True == 1``: a message equal to the last walk's but built apart is walked, not taken."""
+    history = [_message(i) for i in range(6)]
+    as_int = ChatMessage.model_construct(role="tool", content="ran", retain_ttl=1)
+    as_bool = ChatMessage.model_construct(role="tool", content="ran", retain_ttl=True)
+    assert as_int == as_bool
+    for messages in ([SYSTEM, *history, as_int], [SYSTEM, *history, as_bool]):
+        assert repr(conversation_markers(messages, [])) == repr(find_markers(messages, []))

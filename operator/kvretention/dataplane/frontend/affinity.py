@@ -105,7 +105,7 @@ def prefix_chain(messages: Sequence[ChatMessage], tools: Sequence[ToolDefinition
     first = _head(_head_bytes(messages[:head], tools))
     rest = messages[head:]
     # the hashers after the messages this conversation's last request had too, then the rest
-    same, after = _CHAINS.repeated(rest, context=first)
+    same, after, ids = _CHAINS.repeated(rest, context=first)
     hasher = after[-1][0] if after else first
     for message in rest[same:]:
         # each message object remembers the hasher it was hashed after and the result (a
@@ -117,7 +117,7 @@ def prefix_chain(messages: Sequence[ChatMessage], tools: Sequence[ToolDefinition
             memo.before, memo.after = hasher, step
         hasher = memo.after
         after.append([hasher, None])
-    _CHAINS.keep(rest, after, context=first)
+    _CHAINS.keep(rest, ids, after, context=first)
     chain = [first.hexdigest()]
     for i in _chain_positions(len(rest)):
         step = after[i - 1]
@@ -175,12 +175,12 @@ def drop_billing_header(messages: list[ChatMessage]) -> tuple[list[ChatMessage],
         head += 1
     rest = messages[head:]
     # after[i]: whether rest[: i + 1] holds a system message (remembered per conversation)
-    same, after = _SYSTEM_AFTER_HEAD.repeated(rest, context=None)
+    same, after, ids = _SYSTEM_AFTER_HEAD.repeated(rest, context=None)
     seen = bool(after) and after[-1]
     for message in rest[same:]:
         seen = seen or message.role == "system"
         after.append(seen)
-    _SYSTEM_AFTER_HEAD.keep(rest, after, context=None)
+    _SYSTEM_AFTER_HEAD.keep(rest, ids, after, context=None)
     if after and after[-1]:
         return _drop_billing_header(messages)
     out, dropped = _drop_billing_header(messages[:head])

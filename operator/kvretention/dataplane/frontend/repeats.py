@@ -4,8 +4,9 @@ An agent's next request holds the last one's messages as the same objects (``res
 few new ones. A pass that is a function of each message and what came before it (the prefix
 chain's hashers, the breakpoint markers) keeps its last result per conversation, found by the
 identity of the conversation's first message after the head, and redoes only the positions past
-the longest run of messages equal to the last walk's. Equal, not only identical: a message equal
-to another gives the same result, so a hit is exact either way.
+the longest run of the same message objects as the last walk's. Identity, not equality: ``1 ==
+True`` would let a message that encodes differently pass for the last one. The walk keeps its
+messages alive, so an ``id`` seen again is the same object.
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ CAPACITY: Final = 64
 
 
 def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
-    """How many leading elements ``a`` and ``b`` share (``==``, which C checks by identity
-    first). The first difference is usually among the last few: one slice comparison when there
+    """How many leading elements ``a`` and ``b`` share (``==``). The first difference is usually among the last few: one slice comparison when there
     is none, then steps back from the end and bisects, never a Python loop over every element."""
     n = min(len(a), len(b))
     if a[:n] == b[:n]:
@@ -50,11 +50,13 @@ def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
 
 @dataclass(frozen=True)
 class Walk(Generic[_T]):
-    """A walk's elements (a copy of the list) and its result after each: ``after[i]`` once
-    ``elements[: i + 1]`` were walked. ``context`` is what the walk started from."""
+    """A walk's elements (kept alive, so their ids stay theirs), their ids, and its result after
+    each: ``after[i]`` once ``elements[: i + 1]`` were walked. ``context`` is what the walk
+    started from."""
 
     context: object
     elements: list[Any]
+    ids: list[int]
     after: list[_T]
 
 
@@ -66,25 +68,30 @@ class Walks(Generic[_T]):
         self._walks: OrderedDict[int, Walk[_T]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def repeated(self, elements: Sequence[Any], *, context: object) -> tuple[int, list[_T]]:
+    def repeated(
+        self, elements: Sequence[Any], *, context: object
+    ) -> tuple[int, list[_T], list[int]]:
         """How many leading ``elements`` the last walk of this conversation (same ``context``,
-        compared with ``is``) walked too, and its results for them."""
-        if not elements:
-            return 0, []
+        compared with ``is``) walked too, its results for them, and the ids of ``elements``
+        (for :meth:`keep`)."""
+        ids = list(map(id, elements))
+        if not ids:
+            return 0, [], ids
         with self._lock:
-            last = self._walks.get(id(elements[0]))
-        if last is None or last.context is not context or last.elements[0] is not elements[0]:
-            return 0, []
-        same = common_prefix(last.elements, elements)
-        return same, last.after[:same]
+            last = self._walks.get(ids[0])
+        if last is None or last.context is not context or last.ids[0] != ids[0]:
+            return 0, [], ids
+        same = common_prefix(last.ids, ids)
+        return same, last.after[:same], ids
 
-    def keep(self, elements: Sequence[Any], after: list[_T], *, context: object) -> None:
-        if not elements:
+    def keep(
+        self, elements: Sequence[Any], ids: list[int], after: list[_T], *, context: object
+    ) -> None:
+        if not ids:
             return
-        key = id(elements[0])
         with self._lock:
-            self._walks.pop(key, None)
-            self._walks[key] = Walk(context, list(elements), after)
+            self._walks.pop(ids[0], None)
+            self._walks[ids[0]] = Walk(context, list(elements), ids, after)
             while len(self._walks) > self._capacity:
                 self._walks.popitem(last=False)
 
@@ -99,7 +106,7 @@ def conversation_markers(
         head += 1
     found = find_markers(messages[:head], tools)
     rest = messages[head:]
-    same, after = _MARKERS.repeated(rest, context=None)
+    same, after, ids = _MARKERS.repeated(rest, context=None)
     # after[i] = (c, walked): walked[:c] are the markers on rest[: i + 1], indexed within rest
     walked = after[-1][1][: after[-1][0]] if after else []
     for i in range(same, len(rest)):
@@ -107,7 +114,7 @@ def conversation_markers(
             Marker(m.kind, m.index + i, m.sub, m.ttl_seconds) for m in find_markers([rest[i]], [])
         ]
         after.append((len(walked), walked))
-    _MARKERS.keep(rest, after, context=None)
+    _MARKERS.keep(rest, ids, after, context=None)
     found += [Marker(m.kind, m.index + head, m.sub, m.ttl_seconds) for m in walked]
     return found
 

@@ -34,6 +34,7 @@ from typing import Any, Final, Generic, TypeVar, Union
 import msgspec
 
 from kvretention.dataplane.frontend import compat
+from kvretention.dataplane.frontend.repeats import common_prefix
 
 _S = TypeVar("_S")
 
@@ -373,13 +374,7 @@ def _run(items: Sequence[Any], state: _S, step: Callable[[_S, int, Any], None]) 
 
 def _common(a: Sequence[object], b: Sequence[object], *, upto: int) -> int:
     """How many leading items ``a`` and ``b`` share, up to ``upto``."""
-    n = min(len(a), len(b), upto)
-    if a[:n] == b[:n]:
-        return n
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    return common_prefix(a[:upto], b)
 
 
 def _extends(new: _Entry, old: _Entry) -> bool:
