@@ -13,7 +13,7 @@ stream starts are a non-2xx status with the same ``{"error": {...}}`` body.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Final, Literal, TypeVar, cast
 
@@ -387,6 +387,10 @@ def _message_json(message: ChatMessage) -> msgspec.Raw | dict[str, Any]:
     return memo.wire
 
 
+message_json: Final = _message_json
+"""A message's router JSON (what :meth:`PreprocessedRequest.to_json_bytes` writes for it)."""
+
+
 def _part_wire(part: TextPart | ImagePart) -> dict[str, Any]:
     if type(part) is TextPart:
         out: dict[str, Any] = {"type": part.type, "text": part.text}
@@ -504,8 +508,10 @@ class PreprocessedRequest(BaseModel):
     kv_hints: dict[str, Any] | None = None
     """The envelope's wire form, opaque to the router; absent when there is no hint."""
 
-    def to_json_bytes(self) -> bytes:
+    def to_json_bytes(self, *, messages_json: Sequence[Any] | None = None) -> bytes:
         """Serialize with absent optional keys omitted (so no ``"kv_hints": null``).
+
+        ``messages_json``: :func:`message_json` of each message, when the caller has them.
 
         The same bytes as ``model_dump_json(exclude_none=True, by_alias=True)``, built faster: an
         agent's conversation holds ~1,500 messages and parts, and pydantic's per-model Python
@@ -518,7 +524,11 @@ class PreprocessedRequest(BaseModel):
             ordered: dict[str, Any] = {}
             for key, value in data.items():
                 if key == "tools":
-                    ordered["messages"] = [_message_json(m) for m in self.messages]
+                    ordered["messages"] = (
+                        [_message_json(m) for m in self.messages]
+                        if messages_json is None or len(messages_json) != len(self.messages)
+                        else list(messages_json)
+                    )
                 ordered[key] = value
             data = ordered
         try:
