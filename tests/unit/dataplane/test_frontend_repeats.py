@@ -14,8 +14,10 @@ from kvretention.dataplane.breakpoints import find_markers
 from kvretention.dataplane.frontend import affinity
 from kvretention.dataplane.frontend.affinity import prefix_chain
 from kvretention.dataplane.frontend.repeats import common_prefix, conversation_markers
+from kvretention.dataplane.frontend.upstream import router_body
 from kvretention.dataplane.protocol import (
     ChatMessage,
+    PreprocessedRequest,
     TextPart,
     ToolCall,
     ToolDefinition,
@@ -154,3 +156,15 @@ def test_an_equal_message_that_is_not_the_same_object_is_walked_again() -> None:
     assert as_int == as_bool
     for messages in ([SYSTEM, *history, as_int], [SYSTEM, *history, as_bool]):
         assert repr(conversation_markers(messages, [])) == repr(find_markers(messages, []))
+
+
+@pytest.mark.parametrize("session", [*SESSIONS, "billing mid-way"])
+def test_each_turns_router_body_equals_a_full_serialization(session: str) -> None:
+    turns = _billing_mid_way() if session == "billing mid-way" else SESSIONS[session]()
+    for messages in turns:
+        request = PreprocessedRequest(request_id="r", model="m", messages=messages, tools=TOOLS)
+        fresh = request.model_copy(update={"messages": [m.model_copy() for m in messages]})
+        assert router_body(request) == fresh.to_json_bytes()
+    assert router_body(PreprocessedRequest(request_id="r", model="m", token_ids=[1])) == (
+        PreprocessedRequest(request_id="r", model="m", token_ids=[1]).to_json_bytes()
+    )

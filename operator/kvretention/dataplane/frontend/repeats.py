@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
 
 from kvretention.dataplane.breakpoints import Marker, find_markers
-from kvretention.dataplane.protocol import ChatMessage, ToolDefinition
+from kvretention.dataplane.protocol import ChatMessage, ToolDefinition, message_json
 
 _T = TypeVar("_T")
 
@@ -120,3 +120,19 @@ def conversation_markers(
 
 
 _MARKERS: Final[Walks[tuple[int, list[Marker]]]] = Walks()
+
+
+def router_messages(messages: Sequence[ChatMessage]) -> list[Any]:
+    """``message_json`` of each message (the router body's), taking the messages past the head
+    that this conversation's last request had too from its walk."""
+    head = 0
+    while head < len(messages) and messages[head].role in ("system", "developer"):
+        head += 1
+    rest = messages[head:]
+    same, after, ids = _WIRES.repeated(rest, context=None)
+    after += [message_json(m) for m in rest[same:]]
+    _WIRES.keep(rest, ids, after, context=None)
+    return [*(message_json(m) for m in messages[:head]), *after]
+
+
+_WIRES: Final[Walks[Any]] = Walks()

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from kvretention.api.names import READY_PATH
 from kvretention.dataplane.frontend import errors
 from kvretention.dataplane.frontend.errors import FrontendError
+from kvretention.dataplane.frontend.repeats import router_messages
 from kvretention.dataplane.protocol import (
     GENERATE_PATH,
     ErrorLine,
@@ -89,7 +90,7 @@ class RouterClient:
         try:
             resp = await self.session.post(
                 f"{self.base_url}{GENERATE_PATH}",
-                data=request.to_json_bytes(),
+                data=router_body(request),
                 headers={
                     "content-type": "application/json",
                     "x-request-id": request.request_id,
@@ -116,6 +117,14 @@ class RouterClient:
                 resp.release()
             else:
                 resp.close()
+
+
+def router_body(request: PreprocessedRequest) -> bytes:
+    """The router request's bytes: an agent's next turn takes its repeated messages' JSON from
+    its last turn (``repeats.router_messages``); the same bytes as ``to_json_bytes()``."""
+    if request.messages is None:
+        return request.to_json_bytes()
+    return request.to_json_bytes(messages_json=router_messages(request.messages))
 
 
 async def _error_from_status(
