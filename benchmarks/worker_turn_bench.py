@@ -60,6 +60,7 @@ from kvretention.dataplane.frontend.upstream import RouterClient  # noqa: E402
 from kvretention.dataplane.gc_tuning import tune_gc  # noqa: E402
 from kvretention.dataplane.protocol import HEADER_PREFIX  # noqa: E402
 from kvretention.dataplane.worker import app as worker  # noqa: E402
+from kvretention.dataplane.worker import call  # noqa: E402
 from kvretention.dataplane.worker.call import (  # noqa: E402
     build_engine_prompt,
     resolve_prompt_breakpoints,
@@ -163,12 +164,14 @@ def without_memo() -> Iterator[None]:
 
     worker._decode_reusing = lambda *args, **kwargs: None  # type: ignore[assignment]
     chat_template.build_template_input = whole  # type: ignore[assignment]
+    call.build_template_input = whole  # type: ignore[assignment]
     chat_template.same_input = lambda a, b: False  # type: ignore[assignment]
     try:
         yield
     finally:
         worker._decode_reusing = decode  # type: ignore[assignment]
         chat_template.build_template_input = convert  # type: ignore[assignment]
+        call.build_template_input = convert  # type: ignore[assignment]
         chat_template.same_input = same  # type: ignore[assignment]
 
 

@@ -386,6 +386,7 @@ def _convert_reusing(
     images: list[str] = []
     odd = False
     current, earlier = converted.current, converted.earlier
+    numbers = _NumberWatch()  # one decoder for the turn; ``odd`` is reset per message
     for i, message in enumerate(messages):  # ~600 messages a turn: lookups inlined
         key = id(message)
         found = current.get(key) or earlier.get(key)
@@ -395,7 +396,7 @@ def _convert_reusing(
             found = None
         if found is None:
             own: list[str] = []
-            numbers = _NumberWatch()
+            numbers.odd = False
             template = build_template_message(
                 message, own, index=i, developer_role=developer_role, decoder=numbers.decoder
             )
