@@ -5,6 +5,7 @@ on every turn of a session, whatever the turn changed, kept or dropped."""
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable
 from typing import Final
 
@@ -168,3 +169,25 @@ def test_each_turns_router_body_equals_a_full_serialization(session: str) -> Non
     assert router_body(PreprocessedRequest(request_id="r", model="m", token_ids=[1])) == (
         PreprocessedRequest(request_id="r", model="m", token_ids=[1]).to_json_bytes()
     )
+
+
+SCHEMAS: Final[list[dict[str, object]]] = [
+    {"type": "object", "default": 1},
+    {"type": "object", "default": True},
+    {"type": "object", "default": 1.0},
+    {"type": "object", "default": None},
+    {"type": "object", "default": float("nan")},
+    {"type": "object", "default": float("inf")},
+    {"type": "object", "default": -0.0},
+    {"type": "object", "default": 0.0},
+    {"default": 1, "type": "object"},
+    {"type": "object", "default": 2**70},
+    {"type": "object", "default": "\ud800"},
+]
+
+
+def test_a_remembered_tool_schema_text_is_json_dumps_of_that_schema() -> None:
+    """Schemas equal under ``==`` or written alike by msgspec (NaN as null) keep their own text."""
+    for _ in range(2):
+        for schema in SCHEMAS:
+            assert affinity._schema_text(schema) == json.dumps(schema, sort_keys=True)

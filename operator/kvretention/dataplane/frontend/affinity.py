@@ -23,6 +23,8 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+import msgspec
+
 from kvretention.dataplane.frontend.repeats import Walks
 from kvretention.dataplane.protocol import (
     BODY_SESSION_OBJECTS,
@@ -92,9 +94,34 @@ def _message_bytes(message: ChatMessage) -> bytes:
 def _head_bytes(system: Sequence[ChatMessage], tools: Sequence[ToolDefinition]) -> bytes:
     parts = [_message_bytes(m) for m in system]
     for tool in tools:
-        schema = json.dumps(tool.parameters, sort_keys=True) if tool.parameters else ""
+        schema = _schema_text(tool.parameters) if tool.parameters else ""
         parts.append(f"{tool.kind}\x1f{tool.name}\x1f{tool.description or ''}\x1f{schema}".encode())
     return b"\x1e".join(parts)
+
+
+def _schema_text(schema: Mapping[str, Any]) -> str:
+    """``json.dumps(schema, sort_keys=True)``, remembered by the schema's msgspec encoding: it
+    tells apart every JSON value (``1``, ``1.0`` and ``true``; each string) except NaN and the
+    infinities, which it writes as ``null`` (a schema whose encoding holds ``null`` is not
+    remembered). An agent resends the same tool schemas on every turn."""
+    try:
+        key = _ENCODE(schema)
+    except (OverflowError, TypeError, UnicodeEncodeError, msgspec.EncodeError):
+        return json.dumps(schema, sort_keys=True)
+    text = _SCHEMAS.get(key)
+    if text is None:
+        text = json.dumps(schema, sort_keys=True)
+        if b"null" not in key:
+            _SCHEMAS[key] = text
+            while len(_SCHEMAS) > MAX_SCHEMAS:
+                _SCHEMAS.pop(next(iter(_SCHEMAS)))
+    return text
+
+
+_ENCODE: Final = msgspec.json.Encoder().encode
+_SCHEMAS: Final[dict[bytes, str]] = {}
+MAX_SCHEMAS: Final = 1024
+"""Tool schemas remembered (oldest out first)."""
 
 
 def prefix_chain(messages: Sequence[ChatMessage], tools: Sequence[ToolDefinition]) -> list[str]:
