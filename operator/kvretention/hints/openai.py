@@ -35,6 +35,8 @@ from kvretention.hints.intent import (
 
 OPTIONS: Final = "prompt_cache_options"
 BREAKPOINT: Final = "prompt_cache_breakpoint"
+BREAKPOINT_KEY: Final = b'"prompt_cache_breakpoint"'
+"""How a compact JSON encoding of an item that holds the key (at any depth) names it."""
 
 CHAT_TTLS: Final[Mapping[str, int]] = {"30m": 1_800}
 """Chat Completions publishes one TTL."""
@@ -65,15 +67,27 @@ def hints_from_chat_completions(
 
 
 def hints_from_responses(
-    body: Mapping[str, Any], *, breakpoints: BreakpointMode = "prefix"
+    body: Mapping[str, Any],
+    *,
+    breakpoints: BreakpointMode = "prefix",
+    encoded: Sequence[bytes] | None = None,
 ) -> CacheHints:
-    """A parsed ``POST /v1/responses`` body -> :class:`CacheHints`, or an error."""
+    """A parsed ``POST /v1/responses`` body -> :class:`CacheHints`, or an error.
+
+    ``encoded`` is each ``input`` item's compact JSON encoding, when the caller has it: an item
+    whose bytes never name ``"prompt_cache_breakpoint"`` is not walked (exact for an encoder that
+    writes keys as themselves: msgspec, ``json.dumps``). It pays where the caller knows most
+    items' answer already (the frontend's resumer remembers it per repeated item); scanning
+    every item's bytes costs more than this walk."""
     if breakpoints == "reject":
         return _v1_hints(normalize_responses(body), body)
     _check_pass_through(body)
     options = _options(body, ttls=RESPONSES_TTLS, allowed=_RESPONSES_OPTION_KEYS, explicit=True)
     return _prefix_hints(
-        options, _responses_parts(body), ttls=RESPONSES_TTLS, parts=RESPONSES_BREAKPOINT_PARTS
+        options,
+        _responses_parts(body, encoded=encoded),
+        ttls=RESPONSES_TTLS,
+        parts=RESPONSES_BREAKPOINT_PARTS,
     )
 
 
@@ -217,12 +231,16 @@ def _chat_parts(body: Mapping[str, Any]) -> list[tuple[Position, dict[str, Any]]
     return found
 
 
-def _responses_parts(body: Mapping[str, Any]) -> list[tuple[Position, dict[str, Any]]]:
+def _responses_parts(
+    body: Mapping[str, Any], *, encoded: Sequence[bytes] | None = None
+) -> list[tuple[Position, dict[str, Any]]]:
     found: list[tuple[Position, dict[str, Any]]] = []
     items = body.get("input")
     if type(items) is list:
+        if encoded is not None and len(encoded) != len(items):
+            encoded = None
         for i, item in enumerate(items):
-            if type(item) is not dict:
+            if type(item) is not dict or (encoded is not None and BREAKPOINT_KEY not in encoded[i]):
                 continue
             if item.get(BREAKPOINT) is not None:  # a bare input_text/... part used as an item
                 found.append((("input", i), item))

@@ -50,6 +50,20 @@ def _output_config(bodies: list[Body], *, early: bool) -> list[Body]:
     return out
 
 
+def _responses_breakpoints(bodies: list[Body]) -> list[Body]:
+    """A breakpoint on the first user part (the session's stable head) and on the newest item's
+    first part when it has parts (moving with each turn)."""
+    out = []
+    for body in bodies:
+        body = copy.deepcopy(body)
+        users = [i for i in body["input"] if i.get("role") == "user"]
+        for item in (users[0], body["input"][-1]):
+            if isinstance(item.get("content"), list) and item["content"]:
+                item["content"][0]["prompt_cache_breakpoint"] = {"mode": "explicit"}
+        out.append(body)
+    return out
+
+
 SESSIONS: Final[dict[str, tuple[Parse, Callable[[], list[Body]]]]] = {
     "claude-code": (parse_messages, lambda: [b for _, b in claude_code_session(turns=8)]),
     "claude-code-output-config": (
@@ -61,6 +75,10 @@ SESSIONS: Final[dict[str, tuple[Parse, Callable[[], list[Body]]]]] = {
         lambda: _output_config([b for _, b in claude_code_session(turns=8)], early=True),
     ),
     "codex": (parse_responses, lambda: [b for _, b in codex_session(turns=8)]),
+    "codex-breakpoints": (
+        parse_responses,
+        lambda: _responses_breakpoints([b for _, b in codex_session(turns=8)]),
+    ),
     "chat": (parse_chat, lambda: _chat([b for _, b in claude_code_session(turns=8)])),
 }
 
@@ -105,9 +123,9 @@ def test_each_turn_decodes_and_parses_as_a_full_decode(
         key = "messages" if "messages" in body else "input"
         encoded = encode_items(body[key])
         assert encoded is not None and resumer.encode_items(body[key]) == encoded
-        controls = resumer.control_items(body[key], encoded)
-        named = [CONTROL_KEY in blob for blob in encoded]
-        assert controls == [blob if n else b"" for blob, n in zip(encoded, named, strict=True)]
+        for named_key in (CONTROL_KEY, b'"prompt_cache_breakpoint"'):
+            named = [named_key in blob for blob in encoded]
+            assert resumer.names(body[key], encoded, named_key) == named
     assert resumer.reused_items > 0
 
 

@@ -1,6 +1,6 @@
-"""The Anthropic normalizer given each message's encoding (the frontend's resumer has it) skips the
-messages whose bytes never name ``cache_control``, and answers exactly what a full walk answers:
-every v2 block row of the contract table, plus rows where the key sits where no walk looks (tool
+"""The Anthropic and Responses normalizers given each item's encoding (the frontend's resumer has
+it) skip the items whose bytes never name the key, and answer exactly what a full walk answers:
+every v2 block row of the contract tables, plus rows where the key sits where no walk looks (tool
 inputs, text) or on a message."""
 
 from __future__ import annotations
@@ -11,9 +11,15 @@ from typing import Any
 import pytest
 from test_anthropic import CC, EPHEMERAL, STREAM_VARIANTS, TEXT, TOOL_USE, _user, body
 from test_anthropic_prefix import BLOCK_ROWS
+from test_openai_prefix import RESPONSES_ROWS
 
 from kvretention.dataplane.frontend.resume import encode_items
-from kvretention.hints import CacheControlError, CacheHints, hints_from_messages
+from kvretention.hints import (
+    CacheControlError,
+    CacheHints,
+    hints_from_messages,
+    hints_from_responses,
+)
 
 Normalizer = Callable[..., CacheHints]
 
@@ -26,6 +32,26 @@ EXTRA_MESSAGES_ROWS: list[tuple[str, dict[str, Any]]] = [
     ("null_control", {"messages": _user({**TEXT, CC: None})}),
     ("control_on_message", {"messages": [{"role": "user", "content": "hi", CC: EPHEMERAL}]}),
     ("non_dict_message", {"messages": ["x", *_user({**TEXT, CC: EPHEMERAL})]}),
+]
+
+BP = "prompt_cache_breakpoint"
+EXTRA_RESPONSES_ROWS: list[tuple[str, dict[str, Any]]] = [
+    ("bare_part", {"input": [{"type": "input_text", "text": "x", BP: {"mode": "explicit"}}]}),
+    ("non_dict_item", {"input": [1, {"role": "user", "content": "x"}]}),
+    (
+        "key_in_tool_arguments",
+        {
+            "input": [
+                {"role": "user", "content": "x"},
+                {
+                    "type": "function_call",
+                    "call_id": "c",
+                    "name": "f",
+                    "arguments": f'{{"{BP}": 1}}',
+                },
+            ]
+        },
+    ),
 ]
 
 
@@ -56,9 +82,28 @@ def test_messages_rows(fields: dict[str, Any], stream: dict[str, Any]) -> None:
     _same(hints_from_messages, body(**fields, **stream), "messages")
 
 
+@pytest.mark.parametrize(
+    "request_body",
+    [pytest.param(b, id=n) for n, b, _ in RESPONSES_ROWS]
+    + [pytest.param(b, id=n) for n, b in EXTRA_RESPONSES_ROWS],
+)
+def test_responses_rows(request_body: dict[str, Any]) -> None:
+    _same(hints_from_responses, request_body, "input")
+
+
 def test_a_skipped_item_is_one_whose_bytes_lack_the_key() -> None:
     """The skip is real: bytes that do not name the key hide a control from the walk (the
     frontend only ever passes the items' own encodings)."""
     request = body(messages=_user({**TEXT, CC: EPHEMERAL}))
     assert hints_from_messages(request).breakpoints
     assert not hints_from_messages(request, encoded=[b"{}"]).breakpoints
+    responses = {
+        "input": [
+            {
+                "role": "user",
+                "content": [{"type": "input_text", "text": "x", BP: {"mode": "explicit"}}],
+            }
+        ]
+    }
+    assert hints_from_responses(responses).breakpoints
+    assert not hints_from_responses(responses, encoded=[b"{}"]).breakpoints

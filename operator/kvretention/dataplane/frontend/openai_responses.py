@@ -66,7 +66,7 @@ from kvretention.dataplane.protocol import (
 )
 from kvretention.hints.errors import ClientError
 from kvretention.hints.intent import NO_HINTS, BreakpointMode
-from kvretention.hints.openai import OPTIONS, hints_from_responses
+from kvretention.hints.openai import BREAKPOINT_KEY, OPTIONS, hints_from_responses
 
 HONOURED: Final = frozenset(
     {
@@ -189,7 +189,15 @@ def parse_responses(
     With ``hints=False`` the prompt-cache fields are not interpreted: accepted and ignored. In
     ``prefix`` mode a part's ``prompt_cache_breakpoint`` puts ``retain_ttl`` on that part.
     """
-    cache = hints_from_responses(body, breakpoints=breakpoints) if hints else NO_HINTS
+    listed = body.get("input")
+    encoded = resumer.encode_items(listed) if resumer is not None and type(listed) is list else None
+    cache = (
+        hints_from_responses(
+            body, breakpoints=breakpoints, encoded=_breakpoint_items(listed, encoded, resumer)
+        )
+        if hints
+        else NO_HINTS
+    )
     envelope = cache.envelope
     model = F.required_str(body, "model")
     only_keys(body, where="", allowed=FIELDS)
@@ -206,7 +214,8 @@ def parse_responses(
     if isinstance(items, str):
         messages.append(trusted(ChatMessage, role="user", content=items))
     elif isinstance(items, list):
-        messages += _fold(items, marks=marks_of(cache, F.path), origin=origin, resumer=resumer)
+        marks = marks_of(cache, F.path)
+        messages += _fold(items, marks=marks, origin=origin, resumer=resumer, encoded=encoded)
     else:
         raise F.invalid_type("input", items, expected="a string or an array")
     if not any(m.role != "system" for m in messages):
@@ -297,8 +306,27 @@ def _string_map(body: Mapping[str, Any], key: str) -> None:
             raise F.invalid_type(f"{key}.{name}", item, expected="a string")
 
 
+def _breakpoint_items(
+    items: object, encoded: list[bytes] | None, resumer: Resumer | None
+) -> list[bytes] | None:
+    """What the hint walk skips items by: each item's encoding where it names the breakpoint key,
+    ``b""`` where not, when the resumer remembers that for most items (``Resumer.names``);
+    otherwise ``None`` (walking every item costs less than scanning every item's bytes)."""
+    if resumer is None or encoded is None or type(items) is not list:
+        return None
+    flags = resumer.names(items, encoded, BREAKPOINT_KEY)
+    if flags is None:
+        return None
+    return [blob if named else b"" for blob, named in zip(encoded, flags, strict=True)]
+
+
 def _fold(
-    items: list[Any], *, marks: Marks, origin: Mapping[str, _Origin], resumer: Resumer | None
+    items: list[Any],
+    *,
+    marks: Marks,
+    origin: Mapping[str, _Origin],
+    resumer: Resumer | None,
+    encoded: list[bytes] | None = None,
 ) -> list[ChatMessage]:
     """The items folded into messages, resumed from the last body's parse when it repeats its
     start."""
@@ -324,6 +352,7 @@ def _fold(
         start=lambda: _Conversation([], marks=marks, visible=visible),
         step=step,
         copy=copy,
+        encoded=encoded,
     )
     return folded.messages
 
