@@ -246,3 +246,36 @@ def test_cut_tokens_are_the_special_tokens_that_split_cleanly() -> None:
     assert "<tool_call>" not in cuts  # added but not special: the model writes it
     assert "<|strip|>" not in cuts  # eats the whitespace before it
     assert cut_tokens(object()) == {}  # no fast tokenizer: nothing is ever reused
+
+
+def test_the_previous_ids_are_extended_in_place_only_when_nothing_else_holds_them(
+    tokenizer: Any,
+) -> None:
+    """An entry's ids list is reused for the next prompt only when the entry is the list's one
+    holder: a prompt still in flight (its ids held) is never changed under it."""
+    from kvretention.dataplane.chat_template import render_prompt
+
+    texts = [render_prompt(tokenizer, conversation(n), tools=TOOLS)[0] for n in (1, 2, 3)]
+
+    def whole(text: str) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    cache = RenderCache(tokenizer, verify_every=0)
+    held = cache.encode(texts[0], session="s")
+    before = list(held.ids)
+    second = cache.encode(texts[1], session="s")  # the first prompt's ids are still held
+    assert held.ids == before
+    assert second.reused > 0 and second.ids == whole(texts[1])
+    reusable = id(second.ids)
+    del second  # served: only the cache holds its ids now
+    third = cache.encode(texts[2], session="s")
+    assert id(third.ids) == reusable  # extended in place
+    assert third.reused > 0 and third.ids == whole(texts[2])
+    assert list(third.ends) == [
+        e
+        for _, e in tokenizer(texts[2], return_offsets_mapping=True, add_special_tokens=False)[
+            "offset_mapping"
+        ]
+    ]
+    assert held.ids == before
+    assert len(cache) == 1 and cache.nbytes == next(iter(cache._entries.values())).nbytes

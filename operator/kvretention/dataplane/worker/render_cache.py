@@ -49,6 +49,8 @@ DEFAULT_VERIFY_EVERY: Final = 256
 ID_BYTES: Final = 36
 """A list slot (8) and an int object (28) per token id: an upper bound."""
 END_BYTES: Final = 8
+_ONLY_THE_ENTRY: Final = 2
+"""``sys.getrefcount`` of a list only its cache entry holds (the entry, and the call's argument)."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,8 @@ class _Entry:
     """What the turn decoded (a :class:`~kvretention.dataplane.worker.wire.ConversationMemo`),
     lent to the conversation's next turn."""
     memo_bytes: int = 0
+    size: int = 0
+    """:attr:`nbytes` when stored (what the cache counts for it until it is dropped)."""
 
     @property
     def nbytes(self) -> int:
@@ -225,7 +229,15 @@ class RenderCache:
             return None, None, False
         at, k = entry.cuts[j], entry.cut_tokens[j]
         tail = self._full_entry(text[at:])
-        ids = entry.ids[:k] + tail.ids
+        if j == len(entry.cuts) - 1 and sys.getrefcount(entry.ids) == _ONLY_THE_ENTRY:
+            # The entry is dropped below and nothing else holds its ids (the prompt it served is
+            # done): extend them in place instead of copying ~100k ids and freeing the old list.
+            ids = entry.ids
+            del ids[k:]
+            ids.extend(tail.ids)
+            entry.ids = []
+        else:
+            ids = entry.ids[:k] + tail.ids
         ends = entry.ends[:k]
         ends.extend(e + at for e in tail.ends)
         ordered = (
@@ -300,7 +312,8 @@ class RenderCache:
         entry.keys = keys
         entry_id = next(self._ids)
         self._entries[entry_id] = entry
-        self._bytes += entry.nbytes
+        entry.size = entry.nbytes
+        self._bytes += entry.size
         for key in keys:
             old = self._index.get(key)
             self._index[key] = entry_id
@@ -321,7 +334,7 @@ class RenderCache:
         entry = self._entries.pop(entry_id, None)
         if entry is None:
             return
-        self._bytes -= entry.nbytes
+        self._bytes -= entry.size
         for key in entry.keys:
             if self._index.get(key) == entry_id:
                 del self._index[key]
