@@ -64,6 +64,40 @@ def _responses_breakpoints(bodies: list[Body]) -> list[Body]:
     return out
 
 
+ADDITIONAL_TOOLS: Final = {
+    "type": "additional_tools",
+    "role": "developer",
+    "tools": [
+        {
+            "type": "namespace",
+            "name": "extra",
+            "description": "More tools.",
+            "tools": [
+                {
+                    "type": "function",
+                    "name": "wait",
+                    "description": "Wait.",
+                    "parameters": {"type": "object", "properties": {}},
+                }
+            ],
+        }
+    ],
+}
+
+
+def _additional_tools(bodies: list[Body]) -> list[Body]:
+    """From the fourth turn on, an ``additional_tools`` item after the history so far (then
+    repeated): its tools join the tool list."""
+    out = []
+    at = len(bodies[3]["input"])
+    for t, body in enumerate(bodies):
+        body = copy.deepcopy(body)
+        if t >= 3:
+            body["input"].insert(at, copy.deepcopy(ADDITIONAL_TOOLS))
+        out.append(body)
+    return out
+
+
 SESSIONS: Final[dict[str, tuple[Parse, Callable[[], list[Body]]]]] = {
     "claude-code": (parse_messages, lambda: [b for _, b in claude_code_session(turns=8)]),
     "claude-code-output-config": (
@@ -75,6 +109,10 @@ SESSIONS: Final[dict[str, tuple[Parse, Callable[[], list[Body]]]]] = {
         lambda: _output_config([b for _, b in claude_code_session(turns=8)], early=True),
     ),
     "codex": (parse_responses, lambda: [b for _, b in codex_session(turns=8)]),
+    "codex-additional-tools": (
+        parse_responses,
+        lambda: _additional_tools([b for _, b in codex_session(turns=8)]),
+    ),
     "codex-breakpoints": (
         parse_responses,
         lambda: _responses_breakpoints([b for _, b in codex_session(turns=8)]),
@@ -123,7 +161,7 @@ def test_each_turn_decodes_and_parses_as_a_full_decode(
         key = "messages" if "messages" in body else "input"
         encoded = encode_items(body[key])
         assert encoded is not None and resumer.encode_items(body[key]) == encoded
-        for named_key in (CONTROL_KEY, b'"prompt_cache_breakpoint"'):
+        for named_key in (CONTROL_KEY, b'"prompt_cache_breakpoint"', b'"additional_tools"'):
             named = [named_key in blob for blob in encoded]
             assert resumer.names(body[key], encoded, named_key) == named
     assert resumer.reused_items > 0

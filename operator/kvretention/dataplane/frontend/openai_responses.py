@@ -203,7 +203,12 @@ def parse_responses(
     only_keys(body, where="", allowed=FIELDS)
     refuse_set(body, REFUSED)
     no_ops = _no_ops(body)
-    raw_tools, tools, origin = _all_tools(body)
+    additional = (
+        None
+        if resumer is None or encoded is None or type(listed) is not list
+        else resumer.names(listed, encoded, _ADDITIONAL_TOOLS)
+    )
+    raw_tools, tools, origin = _all_tools(body, named=additional)
     messages: list[ChatMessage] = []
     instructions = F.opt_str(body, "instructions")
     if instructions:
@@ -563,17 +568,27 @@ class _Origin:
     where: str
 
 
+_ADDITIONAL_TOOLS: Final = b'"additional_tools"'
+
+
 def _all_tools(
-    body: Mapping[str, Any],
+    body: Mapping[str, Any], *, named: list[bool] | None = None
 ) -> tuple[list[dict[str, Any]], list[ToolDefinition], dict[str, _Origin]]:
     """The ``tools`` as echoed in the response object; every tool the model sees (``tools``, then
-    each ``additional_tools`` item's, namespaces flattened); and each seen name's origin."""
+    each ``additional_tools`` item's, namespaces flattened); and each seen name's origin.
+
+    ``named``: whether each input item's encoding holds ``"additional_tools"``
+    (``Resumer.names``); when none does, no item is looked at."""
     raw = body.get("tools")
     if raw is not None and not isinstance(raw, list):
         raise F.invalid_type("tools", raw, expected="an array")
     declared = _declared(raw or [], where="tools")
     items = body.get("input")
-    for index, item in enumerate(items if isinstance(items, list) else []):
+    if not isinstance(items, list) or (
+        named is not None and len(named) == len(items) and True not in named
+    ):
+        items = []
+    for index, item in enumerate(items):
         if isinstance(item, dict) and item.get("type") == "additional_tools":
             where = F.path("input", index)
             enum(item, "role", where=where, values=("developer", "system"))
