@@ -151,7 +151,7 @@ def test_each_turns_billing_header_drop_equals_a_full_walk(session: str) -> None
 
 def test_an_equal_message_that_is_not_the_same_object_is_walked_again() -> None:
     """``True == 1``: a message equal to the last walk's but built apart is walked, not taken."""
-    history = [_message(i) for i in range(6)]
+    history = [_message(i) for i in range(20)]  # past MIN_ELEMENTS: remembered
     as_int = ChatMessage.model_construct(role="tool", content="ran", retain_ttl=1)
     as_bool = ChatMessage.model_construct(role="tool", content="ran", retain_ttl=True)
     assert as_int == as_bool

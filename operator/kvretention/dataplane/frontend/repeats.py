@@ -24,6 +24,8 @@ _T = TypeVar("_T")
 
 CAPACITY: Final = 64
 """Conversations remembered per walk, least recently used out first."""
+MIN_ELEMENTS: Final = 16
+"""Shorter conversations are walked whole, not remembered."""
 
 
 def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
@@ -73,10 +75,10 @@ class Walks(Generic[_T]):
     ) -> tuple[int, list[_T], list[int]]:
         """How many leading ``elements`` the last walk of this conversation (same ``context``,
         compared with ``is``) walked too, its results for them, and the ids of ``elements``
-        (for :meth:`keep`)."""
+        (for :meth:`keep`; none for a conversation shorter than :data:`MIN_ELEMENTS`)."""
+        if len(elements) < MIN_ELEMENTS:
+            return 0, [], []  # walked whole: cheaper than remembering (keep() keeps nothing)
         ids = list(map(id, elements))
-        if not ids:
-            return 0, [], ids
         with self._lock:
             last = self._walks.get(ids[0])
         if last is None or last.context is not context or last.ids[0] != ids[0]:
