@@ -49,8 +49,22 @@ DEFAULT_VERIFY_EVERY: Final = 256
 ID_BYTES: Final = 36
 """A list slot (8) and an int object (28) per token id: an upper bound."""
 END_BYTES: Final = 8
-_ONLY_THE_ENTRY: Final = 2
-"""``sys.getrefcount`` of a list only its cache entry holds (the entry, and the call's argument)."""
+
+
+class _Holder:
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+
+
+def _one_holder_refcount() -> int:
+    holder = _Holder()
+    return sys.getrefcount(holder.ids)
+
+
+_ONLY_THE_ENTRY: Final = _one_holder_refcount()
+"""``sys.getrefcount`` of a list that one object's attribute alone holds, as this interpreter
+counts it (measured, not assumed: how the call's own argument is counted differs between
+versions)."""
 
 
 @dataclass(frozen=True)
