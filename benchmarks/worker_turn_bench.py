@@ -154,7 +154,7 @@ def without_memo() -> Iterator[None]:
     decoded whole (``json.loads`` + pydantic), every message converted for the template, and a
     breakpoint's cut conversation always rendered (never derived from the prompt's rendering)."""
     decode, convert, same = (
-        worker._decode_reusing,
+        worker.decode_reusing,
         chat_template.build_template_input,
         chat_template.same_input,
     )
@@ -162,14 +162,14 @@ def without_memo() -> Iterator[None]:
     def whole(*args: Any, **kwargs: Any) -> Any:
         return convert(*args, **{**kwargs, "converted": None})
 
-    worker._decode_reusing = lambda *args, **kwargs: None  # type: ignore[assignment]
+    worker.decode_reusing = lambda *args, **kwargs: None  # type: ignore[assignment]
     chat_template.build_template_input = whole  # type: ignore[assignment]
     call.build_template_input = whole  # type: ignore[assignment]
     chat_template.same_input = lambda a, b: False  # type: ignore[assignment]
     try:
         yield
     finally:
-        worker._decode_reusing = decode  # type: ignore[assignment]
+        worker.decode_reusing = decode  # type: ignore[assignment]
         chat_template.build_template_input = convert  # type: ignore[assignment]
         call.build_template_input = convert  # type: ignore[assignment]
         chat_template.same_input = same  # type: ignore[assignment]
@@ -282,10 +282,10 @@ def after_stages(
     memo too, unless run under :func:`without_memo`)."""
     memo = ConversationMemo() if cache is not None else None
     start = time.process_time()
-    decoded = worker._decode_reusing(body, headers=headers, cache=cache, memo=memo)
+    decoded = worker.decode_reusing(body, headers=headers, cache=cache, memo=memo)
     if decoded is None:
         memo = None
-        request, _ = worker._decode(body)
+        request, _ = worker.decode_whole(body)
     else:
         request, _ = decoded
     stages = {"decode_validate": (time.process_time() - start) * 1000}

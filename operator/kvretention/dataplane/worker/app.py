@@ -34,7 +34,6 @@ from typing import Any, Final, cast, get_args
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from pydantic import ValidationError
 
 from kvretention.api.names import Role
 from kvretention.dataplane.breakpoints import MarkerMismatch, Resolution
@@ -93,25 +92,16 @@ from kvretention.dataplane.worker.parsing import (
 from kvretention.dataplane.worker.render_cache import DEFAULT_MAX_BYTES, RenderCache
 from kvretention.dataplane.worker.wire import (
     ConversationMemo,
-    decode_request,
-    session_of,
-    split_body,
+    RequestRejected,
+    decode_reusing,
+    decode_whole,
 )
-from kvretention.hints.envelope import WIRE_KEY, InvalidKvHint, KvHintEnvelope, envelope_or_none
+from kvretention.hints.envelope import WIRE_KEY
 
 log = logging.getLogger(__name__)
 
 INFO_PATH: Final = "/v1/info"
 ROLES: Final[tuple[str, ...]] = get_args(Role)
-
-
-class RequestRejected(Exception):
-    """A request refused before the engine is called."""
-
-    def __init__(self, code: ErrorCode, message: str, *, param: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.param = param
 
 
 @dataclass
@@ -220,10 +210,10 @@ def plan_call(
     ``cache`` lends the conversation's previous prompt tokens (found by session id or by the
     ``x-kvr-prefix`` chain the router passes on)."""
     memo = ConversationMemo() if cache is not None and cache.enabled else None
-    decoded = _decode_reusing(body, headers=headers, cache=cache, memo=memo)
+    decoded = decode_reusing(body, headers=headers, cache=cache, memo=memo)
     if decoded is None:
         memo = None  # decoded as before: the messages are new objects, nothing to lend
-        request, envelope = _decode(body)
+        request, envelope = decode_whole(body)
     else:
         request, envelope = decoded
     if request.token_ids is None and not request.messages:
@@ -325,62 +315,6 @@ def plan_call(
         prompt_tokens=prompt.prompt_tokens,
         reused_tokens=prompt.reused_tokens,
     )
-
-
-def _decode(body: bytes) -> tuple[PreprocessedRequest, KvHintEnvelope | None]:
-    """The whole body decoded and validated (the reference for every rejection's message)."""
-    try:
-        raw = json.loads(body)
-    except ValueError:
-        raise RequestRejected(ErrorCode.INVALID_REQUEST, "request body is not JSON") from None
-    if not isinstance(raw, dict):
-        raise RequestRejected(ErrorCode.INVALID_REQUEST, "request body must be a JSON object")
-    envelope = _envelope(raw)
-    try:
-        request = PreprocessedRequest.model_validate(raw)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        raise RequestRejected(
-            ErrorCode.INVALID_REQUEST, f"invalid {loc}: {err['msg']}", param=loc
-        ) from None
-    return request, envelope
-
-
-def _envelope(raw: dict[str, Any]) -> KvHintEnvelope | None:
-    try:
-        return envelope_or_none(raw.get(WIRE_KEY))
-    except InvalidKvHint as exc:
-        raise RequestRejected(ErrorCode.INVALID_REQUEST, str(exc), param=exc.field) from None
-
-
-def _decode_reusing(
-    body: bytes,
-    *,
-    headers: dict[str, str],
-    cache: RenderCache | None,
-    memo: ConversationMemo | None,
-) -> tuple[PreprocessedRequest, KvHintEnvelope | None] | None:
-    """The body decoded reusing the conversation's previous turn (:mod:`.wire`), filling
-    ``memo``; ``None`` where only :func:`_decode` can tell (every bad body lands there)."""
-    if memo is None or cache is None:
-        return None
-    top = split_body(body)
-    if top is None:
-        return None
-    try:
-        tenant = tenant_of_headers(headers)
-    except ValueError:
-        return None  # refused below, after the body's own checks, as before
-    previous = cache.memo_for(
-        session=scoped_session(tenant, session_of(top)),
-        chain=scoped_chain(tenant, parse_prefix_header(headers.get(HEADER_PREFIX))),
-    )
-    decoded = decode_request(top, previous=previous, memo=memo)
-    if decoded is None:
-        return None
-    request, rest = decoded
-    return request, _envelope(rest)
 
 
 def _role_of(headers: dict[str, str], *, default: Role) -> Role:

@@ -26,7 +26,17 @@ import msgspec
 from pydantic import TypeAdapter, ValidationError
 
 from kvretention.dataplane.chat_template import ConvertedMessages
-from kvretention.dataplane.protocol import ChatMessage, PreprocessedRequest, ToolDefinition
+from kvretention.dataplane.protocol import (
+    HEADER_PREFIX,
+    ChatMessage,
+    ErrorCode,
+    PreprocessedRequest,
+    ToolDefinition,
+)
+from kvretention.dataplane.router.placement import parse_prefix_header
+from kvretention.dataplane.tenancy import scoped_chain, scoped_session, tenant_of_headers
+from kvretention.dataplane.worker.render_cache import RenderCache
+from kvretention.hints.envelope import WIRE_KEY, InvalidKvHint, KvHintEnvelope, envelope_or_none
 
 _SPLIT: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _ITEMS: Final = msgspec.json.Decoder(list[msgspec.Raw] | None)
@@ -129,3 +139,69 @@ def _tools(
     memo.tools[key] = tools
     memo.raw_bytes += len(key)
     return list(tools)
+
+
+class RequestRejected(Exception):
+    """A request refused before the engine is called."""
+
+    def __init__(self, code: ErrorCode, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.param = param
+
+
+def decode_whole(body: bytes) -> tuple[PreprocessedRequest, KvHintEnvelope | None]:
+    """The whole body decoded and validated (the reference for every rejection's message)."""
+    try:
+        raw = json.loads(body)
+    except ValueError:
+        raise RequestRejected(ErrorCode.INVALID_REQUEST, "request body is not JSON") from None
+    if not isinstance(raw, dict):
+        raise RequestRejected(ErrorCode.INVALID_REQUEST, "request body must be a JSON object")
+    envelope = _envelope(raw)
+    try:
+        request = PreprocessedRequest.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise RequestRejected(
+            ErrorCode.INVALID_REQUEST, f"invalid {loc}: {err['msg']}", param=loc
+        ) from None
+    return request, envelope
+
+
+def _envelope(raw: dict[str, Any]) -> KvHintEnvelope | None:
+    try:
+        return envelope_or_none(raw.get(WIRE_KEY))
+    except InvalidKvHint as exc:
+        raise RequestRejected(ErrorCode.INVALID_REQUEST, str(exc), param=exc.field) from None
+
+
+def decode_reusing(
+    body: bytes,
+    *,
+    headers: dict[str, str],
+    cache: RenderCache | None,
+    memo: ConversationMemo | None,
+) -> tuple[PreprocessedRequest, KvHintEnvelope | None] | None:
+    """The body decoded reusing the conversation's previous turn (see the module docstring),
+    filling ``memo``; ``None`` where only :func:`decode_whole` can tell (every bad body lands
+    there)."""
+    if memo is None or cache is None:
+        return None
+    top = split_body(body)
+    if top is None:
+        return None
+    try:
+        tenant = tenant_of_headers(headers)
+    except ValueError:
+        return None  # refused below, after the body's own checks, as before
+    previous = cache.memo_for(
+        session=scoped_session(tenant, session_of(top)),
+        chain=scoped_chain(tenant, parse_prefix_header(headers.get(HEADER_PREFIX))),
+    )
+    decoded = decode_request(top, previous=previous, memo=memo)
+    if decoded is None:
+        return None
+    request, rest = decoded
+    return request, _envelope(rest)
