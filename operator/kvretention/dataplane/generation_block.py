@@ -13,8 +13,8 @@ nothing follows it. :func:`generation_block` finds that block by the text alone 
 (``None``) whenever the argument does not hold as stated:
 
 - the flag's name occurs exactly once, as the whole condition of an ``if`` at the top level
-  (outside every loop, macro and other block) whose ``endif`` ends the template (a single
-  newline may follow, which the environment drops);
+  (outside every loop, macro and other block) with no ``elif`` or ``else`` of its own, whose
+  ``endif`` ends the template (a single newline may follow, which the environment drops);
 - no comment or ``raw`` block could hide tags from this reading;
 - the block reads no name the template assigns (``set``, ``for``, ``macro``, ``with``, imports):
   the block alone is then rendered with the request's context and writes exactly what it wrote
@@ -53,6 +53,8 @@ def generation_block(source: str) -> str | None:
         return None
     depth, end = 0, None
     for tag in _TAG.finditer(source, found.start()):
+        if depth == 1 and tag.group(2) in ("elif", "else"):
+            return None  # a branch the template renders without the generation prompt
         depth += _step(tag)
         if depth == 0:
             end = tag.end()
