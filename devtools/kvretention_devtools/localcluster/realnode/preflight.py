@@ -2,8 +2,8 @@
 the capabilities containerd, runc and the CNI bridge use, cgroup v1 hierarchies, the kernel's
 bridge netfilter and network namespaces, and an iptables that reads the nat table.
 
-``python -m kvretention_devtools.localcluster.realnode.preflight`` prints each reason it cannot
-(exit 3) or nothing (exit 0); ``scripts/test-pods.sh`` runs it before the pods tier.
+:func:`main` prints each reason it cannot (exit 3) or nothing (exit 0): ``scripts/test-pods.sh``
+runs it before the pods tier, and ``cluster up --real-node`` checks the same.
 """
 
 from __future__ import annotations
