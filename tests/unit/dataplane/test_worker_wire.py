@@ -208,3 +208,50 @@ def test_template_input_reusing_earlier_conversions_equals_a_full_conversion(
         conversation, developer_role=not developer_role, converted=converted, keep=False
     )
     assert other == build_template_input(conversation, developer_role=not developer_role)
+
+
+def _edit(data: dict[str, Any]) -> dict[str, Any]:
+    data["messages"][3]["content"] = "an edited tool result"
+    return data
+
+
+def _compact(data: dict[str, Any]) -> dict[str, Any]:
+    messages = data["messages"]
+    data["messages"] = [messages[0], {"role": "user", "content": "Summary so far."}, messages[-1]]
+    return data
+
+
+def _fewer_tools(data: dict[str, Any]) -> dict[str, Any]:
+    data["tools"] = data["tools"][:-1]
+    return data
+
+
+def _keys_reordered(data: dict[str, Any]) -> dict[str, Any]:
+    data["messages"] = [dict(reversed(list(m.items()))) for m in data["messages"]]
+    return data
+
+
+def _thinking_off(data: dict[str, Any]) -> dict[str, Any]:
+    data["reasoning"] = {"enabled": False}
+    return data
+
+
+# (case, how the next turn's body differs from the one the memo holds)
+CHANGES = [
+    ("an earlier message edited", _edit),
+    ("history compacted", _compact),
+    ("a tool dropped", _fewer_tools),
+    ("the same messages with keys reordered (new bytes)", _keys_reordered),
+    ("thinking switched off", _thinking_off),
+]
+
+
+@pytest.mark.parametrize("change", [pytest.param(c, id=n) for n, c in CHANGES])
+def test_a_changed_conversation_plans_as_a_whole_decode(tokenizer: Any, change: Any) -> None:
+    eng, cache = engine(tokenizer), RenderCache(tokenizer, verify_every=0)
+    _, previous = claude_code_session(turns=4)[-1]
+    assert isinstance(plan(forwarded(previous), eng, cache), PlannedCall)
+    body = _raw(change(json.loads(forwarded(previous))))
+    got = plan(body, eng, cache)
+    assert isinstance(got, PlannedCall)
+    assert outcome(got) == outcome(plan(body, eng, None))
