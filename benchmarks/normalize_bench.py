@@ -49,6 +49,7 @@ from agent_bodies import (
     with_responses_hints,
 )
 from kvretention.dataplane.frontend import app as frontend
+from kvretention.dataplane.frontend import upstream
 from kvretention.dataplane.frontend.endpoints import (
     CHAT,
     MESSAGES,
@@ -309,16 +310,31 @@ HINT_POLICY = getattr(frontend, "hint_policy", None)
 ``longest_ttl``, two walks for markers)."""
 RESUMES: bool = "resumer" in inspect.signature(MESSAGES.parse).parameters
 """Whether the tree under test parses a session's next body from the last one's (issue 21)."""
+DECODES_ITEMWISE: bool = "resumer" in inspect.signature(frontend.decode_json_body).parameters
+"""Whether the tree under test decodes a session's next body only past its last one's items."""
+ROUTER_BODY: Callable[[PreprocessedRequest], bytes] | None = getattr(upstream, "router_body", None)
+"""What the tree under test sends the router (older trees: ``to_json_bytes``)."""
 NEXT_TURN_SAMPLES = 25
-NEXT_TURN_STAGES = ("parse_conversation", "prefix_chain_header", "serialize_for_router")
+NEXT_TURN_STAGES = (
+    "body_to_json",
+    "parse_conversation",
+    "prefix_chain_header",
+    "serialize_for_router",
+)
 
 
 def _serve(
-    api: GenerateEndpoint, state: frontend.FrontendState, body: dict[str, Any]
-) -> tuple[int, int, int]:
-    """One request through the frontend's steps; CPU ns of the parse, the chain, the serialization."""
+    api: GenerateEndpoint, state: frontend.FrontendState, raw: bytes
+) -> tuple[int, int, int, int]:
+    """One request through the frontend's steps; CPU ns of the decode, the parse, the chain, the
+    serialization."""
     clock, config = time.process_time_ns, state.config
     extra: dict[str, Any] = {"resumer": state.resumer} if RESUMES else {}
+    t_read = clock()
+    if DECODES_ITEMWISE:
+        body = frontend.decode_json_body(raw, resumer=state.resumer)  # type: ignore[call-arg]
+    else:
+        body = frontend.decode_json_body(raw)
     t0 = clock()
     parsed = api.parse(body, hints=True, breakpoints=config.breakpoints, **extra)
     t1 = clock()
@@ -331,9 +347,9 @@ def _serve(
     t2 = clock()
     frontend.router_headers(final, "s", config=config)
     t3 = clock()
-    upstream.to_json_bytes()
+    ROUTER_BODY(upstream) if ROUTER_BODY is not None else upstream.to_json_bytes()
     t4 = clock()
-    return t1 - t0, t3 - t2, t4 - t3
+    return t0 - t_read, t1 - t0, t3 - t2, t4 - t3
 
 
 def served_us(case: Case, *, previous: dict[str, Any] | None) -> dict[str, float]:
@@ -344,14 +360,16 @@ def served_us(case: Case, *, previous: dict[str, Any] | None) -> dict[str, float
     false) parses every body whole either way."""
     api = case.api.endpoint
     totals = dict.fromkeys(NEXT_TURN_STAGES, 0)
+    previous_raw = None if previous is None else json.dumps(previous).encode()
+    raw = json.dumps(case.body).encode()
     for _ in range(NEXT_TURN_SAMPLES):
         config = frontend.FrontendConfig(router_url="http://127.0.0.1:9")
         state = frontend.FrontendState(
             config=config, router=RouterClient(config.router_url, timeout=1)
         )
-        if previous is not None:
-            _serve(api, state, json.loads(json.dumps(previous)))
-        times = _serve(api, state, json.loads(json.dumps(case.body)))
+        if previous_raw is not None:
+            _serve(api, state, previous_raw)
+        times = _serve(api, state, raw)
         for stage, ns in zip(NEXT_TURN_STAGES, times, strict=True):
             totals[stage] += ns
     return {k: v / NEXT_TURN_SAMPLES / 1e3 for k, v in totals.items()}
