@@ -22,8 +22,9 @@ from kvretention.dataplane.protocol import ChatMessage, ToolDefinition, message_
 
 _T = TypeVar("_T")
 
-CAPACITY: Final = 64
-"""Conversations remembered per walk, least recently used out first."""
+CAPACITY: Final = 32
+"""Conversations remembered per walk, least recently used out first: as many as ``resume.py``
+remembers, since a conversation it forgot comes back as new message objects anyway."""
 MIN_ELEMENTS: Final = 16
 """Shorter conversations are walked whole, not remembered."""
 
