@@ -73,6 +73,9 @@ def test_plan_pair_needs_both_roles_and_keeps_pins() -> None:
         (b"not json", {"x-session-id": "h"}, "h"),
         (b'{"prompt_cache_key": "k"}', {}, None),
         (b"[]", {}, None),
+        # our frontend (its prefix chain) sends the session in the header whenever it has one
+        (b'{"session_id": "s1"}', {"x-kvr-prefix": "a,b"}, None),
+        (b'{"session_id": "s1"}', {"x-kvr-prefix": "a", "x-session-id": "h"}, "h"),
     ],
 )
 def test_session_of(body: bytes, headers: dict[str, str], expected: str | None) -> None:

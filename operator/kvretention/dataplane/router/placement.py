@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from kvretention.dataplane.protocol import HEADER_SESSION
+from kvretention.dataplane.protocol import HEADER_PREFIX, HEADER_SESSION
 
 DEFAULT_MAX_SESSIONS: Final = 100_000
 DEFAULT_MAX_PREFIXES: Final = 1_000_000
@@ -123,11 +123,15 @@ def session_of(body: bytes, headers: Mapping[str, str]) -> str | None:
 
     The body is parsed only when there is no header and the key is in the bytes at all (the
     frontend writes keys unescaped), so a 200 KB agent prompt is never parsed here; the
-    forwarded bytes are untouched.
+    forwarded bytes are untouched. A request with our frontend's prefix chain
+    (``x-kvr-prefix``) came from our frontend, which sends the session in the header whenever
+    it has one: its body is not even searched (~50 µs per 200 KB).
     """
     header = headers.get(HEADER_SESSION)
     if header:
         return header
+    if HEADER_PREFIX in headers:
+        return None
     raw = None
     if _SESSION_KEY in body:
         try:
