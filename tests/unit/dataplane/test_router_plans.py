@@ -226,6 +226,13 @@ def test_plan_bootstrap(
         (b'{"error":{"code":"engine_error","message":"x"}}', True),
         (b'{"text":"a"', False),
         (b"", False),
+        (b'{"text":"a","finish_reason":null}', False),
+        (b'[{"finish_reason":"stop"}]', False),
+        # what msgspec refuses, json decides as before
+        (b'{"text":NaN,"finish_reason":"stop"}', True),
+        (b'{"n":1e400,"finish_reason":"length"}', True),
+        (b'{"text":"\\ud800","finish_reason":"stop"}', True),
+        (b'{"finish_reason":"stop"} x', False),
     ],
 )
 def test_is_terminal(line: bytes, expected: bool) -> None:

@@ -24,6 +24,7 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 import aiohttp
+import msgspec
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -390,6 +391,9 @@ def error_line(code: ErrorCode, message: str) -> bytes:
     return ErrorLine(error=ErrorBody(code=code, message=message)).model_dump_json().encode() + b"\n"
 
 
+_DECODE: Final = msgspec.json.Decoder().decode
+
+
 def _complete(data: bytes) -> bool:
     """Whether ``data`` is a whole answer: whole lines, the last one terminal."""
     if not data.endswith(b"\n"):
@@ -399,11 +403,15 @@ def _complete(data: bytes) -> bool:
 
 
 def is_terminal(line: bytes) -> bool:
-    """A stream's last line must be an error line or a chunk with a finish reason."""
+    """A stream's last line must be an error line or a chunk with a finish reason (msgspec
+    reads it where it accepts it, with ``json``'s values; ``json`` decides the rest)."""
     try:
-        obj = json.loads(line)
-    except ValueError:
-        return False
+        obj = _DECODE(line)
+    except msgspec.DecodeError:
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            return False
     return isinstance(obj, dict) and ("error" in obj or obj.get("finish_reason") is not None)
 
 
