@@ -56,14 +56,19 @@ _RESPONSES_OPTION_KEYS: Final = frozenset({"mode", "ttl", "prewarm", "comparison
 
 
 def hints_from_chat_completions(
-    body: Mapping[str, Any], *, breakpoints: BreakpointMode = "prefix"
+    body: Mapping[str, Any],
+    *,
+    breakpoints: BreakpointMode = "prefix",
+    encoded: Sequence[bytes] | None = None,
 ) -> CacheHints:
-    """A parsed ``POST /v1/chat/completions`` body -> :class:`CacheHints`, or an error."""
+    """A parsed ``POST /v1/chat/completions`` body -> :class:`CacheHints`, or an error
+    (``encoded``: each message's, as for :func:`hints_from_responses`)."""
     if breakpoints == "reject":
         return _v1_hints(normalize_chat_completions(body), body)
     _check_pass_through(body)
     options = _options(body, ttls=CHAT_TTLS, allowed=_CHAT_OPTION_KEYS, explicit=True)
-    return _prefix_hints(options, _chat_parts(body), ttls=CHAT_TTLS, parts=CHAT_BREAKPOINT_PARTS)
+    found = _chat_parts(body, encoded=encoded)
+    return _prefix_hints(options, found, ttls=CHAT_TTLS, parts=CHAT_BREAKPOINT_PARTS)
 
 
 def hints_from_responses(
@@ -220,13 +225,17 @@ def _fast_path(options: object, *, ttls: Mapping[str, int], allowed: frozenset[s
     return None
 
 
-def _chat_parts(body: Mapping[str, Any]) -> list[tuple[Position, dict[str, Any]]]:
+def _chat_parts(
+    body: Mapping[str, Any], *, encoded: Sequence[bytes] | None = None
+) -> list[tuple[Position, dict[str, Any]]]:
     """Parts carrying a non-null ``prompt_cache_breakpoint``, in prompt order."""
     found: list[tuple[Position, dict[str, Any]]] = []
     messages = body.get("messages")
     if type(messages) is list:
+        if encoded is not None and len(encoded) != len(messages):
+            encoded = None
         for i, message in enumerate(messages):
-            if type(message) is dict:
+            if type(message) is dict and (encoded is None or BREAKPOINT_KEY in encoded[i]):
                 _marked(message.get("content"), "messages", i, "content", found)
     return found
 

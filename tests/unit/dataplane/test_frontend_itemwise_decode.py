@@ -50,6 +50,21 @@ def _output_config(bodies: list[Body], *, early: bool) -> list[Body]:
     return out
 
 
+def _chat_breakpoints(bodies: list[Body]) -> list[Body]:
+    """A breakpoint on the first message (stable) and on the newest one (moving)."""
+    out = []
+    for body in bodies:
+        body = copy.deepcopy(body)
+        for index in sorted({0, len(body["messages"]) - 1}):
+            message = body["messages"][index]
+            text = message["content"]
+            message["content"] = [
+                {"type": "text", "text": text, "prompt_cache_breakpoint": {"mode": "explicit"}}
+            ]
+        out.append(body)
+    return out
+
+
 def _responses_breakpoints(bodies: list[Body]) -> list[Body]:
     """A breakpoint on the first user part (the session's stable head) and on the newest item's
     first part when it has parts (moving with each turn)."""
@@ -118,6 +133,10 @@ SESSIONS: Final[dict[str, tuple[Parse, Callable[[], list[Body]]]]] = {
         lambda: _responses_breakpoints([b for _, b in codex_session(turns=8)]),
     ),
     "chat": (parse_chat, lambda: _chat([b for _, b in claude_code_session(turns=8)])),
+    "chat-breakpoints": (
+        parse_chat,
+        lambda: _chat_breakpoints(_chat([b for _, b in claude_code_session(turns=8)])),
+    ),
 }
 
 

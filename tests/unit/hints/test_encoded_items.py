@@ -1,4 +1,4 @@
-"""The Anthropic and Responses normalizers given each item's encoding (the frontend's resumer has
+"""The Anthropic, Chat and Responses normalizers given each item's encoding (the frontend's resumer has
 it) skip the items whose bytes never name the key, and answer exactly what a full walk answers:
 every v2 block row of the contract tables, plus rows where the key sits where no walk looks (tool
 inputs, text) or on a message."""
@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 from test_anthropic import CC, EPHEMERAL, STREAM_VARIANTS, TEXT, TOOL_USE, _user, body
 from test_anthropic_prefix import BLOCK_ROWS
-from test_openai_prefix import RESPONSES_ROWS
+from test_openai_prefix import CHAT_ROWS, RESPONSES_ROWS
 
 from kvretention.dataplane.frontend.resume import encode_items
 from kvretention.hints import (
     CacheControlError,
     CacheHints,
+    hints_from_chat_completions,
     hints_from_messages,
     hints_from_responses,
 )
@@ -80,6 +81,32 @@ def _same(normalize: Normalizer, request: dict[str, Any], key: str) -> None:
 )
 def test_messages_rows(fields: dict[str, Any], stream: dict[str, Any]) -> None:
     _same(hints_from_messages, body(**fields, **stream), "messages")
+
+
+CHAT_KEY_IN_ARGUMENTS: dict[str, Any] = {
+    "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "x"}]},
+        {
+            "role": "assistant",
+            "tool_calls": [
+                {
+                    "id": "c",
+                    "type": "function",
+                    "function": {"name": "f", "arguments": f'{{"{BP}": 1}}'},
+                }
+            ],
+        },
+    ]
+}
+
+
+@pytest.mark.parametrize(
+    "request_body",
+    [pytest.param(b, id=n) for n, b, _ in CHAT_ROWS]
+    + [pytest.param(CHAT_KEY_IN_ARGUMENTS, id="key_in_tool_arguments")],
+)
+def test_chat_rows(request_body: dict[str, Any]) -> None:
+    _same(hints_from_chat_completions, request_body, "messages")
 
 
 @pytest.mark.parametrize(

@@ -28,6 +28,7 @@ from kvretention.dataplane.frontend.common import (
 from kvretention.dataplane.frontend.errors import FrontendError, openai_error_body
 from kvretention.dataplane.frontend.openai_shared import (
     F,
+    breakpoint_encodings,
     chat_usage,
     enum,
     ignore_present,
@@ -148,7 +149,17 @@ def parse_chat(
     With ``hints=False`` the prompt-cache fields are not interpreted: accepted and ignored. In
     ``prefix`` mode a part's ``prompt_cache_breakpoint`` puts ``retain_ttl`` on that part.
     """
-    cache = hints_from_chat_completions(body, breakpoints=breakpoints) if hints else NO_HINTS
+    listed = body.get("messages")
+    encoded = resumer.encode_items(listed) if resumer is not None and type(listed) is list else None
+    cache = (
+        hints_from_chat_completions(
+            body,
+            breakpoints=breakpoints,
+            encoded=breakpoint_encodings(listed, encoded, resumer=resumer),
+        )
+        if hints
+        else NO_HINTS
+    )
     envelope = cache.envelope
     marks = marks_of(cache, F.path)
     model = F.required_str(body, "model")
@@ -159,7 +170,7 @@ def parse_chat(
         raise F.invalid_type("messages", raw, expected="an array")
     if not raw:
         raise F.invalid_value("messages", "[] is too short - 'messages' must not be empty.")
-    messages = _fold(raw, marks=marks, resumer=resumer)
+    messages = _fold(raw, marks=marks, resumer=resumer, encoded=encoded)
     only_keys(body, where="", allowed=FIELDS)
     refuse_set(body, REFUSED)
     _check_no_ops(body)
@@ -209,7 +220,9 @@ class _Fold:
         return _Fold(list(self.messages), dict(self.calls))
 
 
-def _fold(raw: list[Any], *, marks: Marks, resumer: Resumer | None) -> list[ChatMessage]:
+def _fold(
+    raw: list[Any], *, marks: Marks, resumer: Resumer | None, encoded: list[bytes] | None = None
+) -> list[ChatMessage]:
     """The messages in order, resumed from the last body's parse when it repeats its start."""
 
     def step(state: _Fold, i: int, message: object) -> None:
@@ -227,6 +240,7 @@ def _fold(raw: list[Any], *, marks: Marks, resumer: Resumer | None) -> list[Chat
         start=lambda: _Fold([], {}),
         step=step,
         copy=_Fold.copy,
+        encoded=encoded,
     )
     return folded.messages
 

@@ -33,6 +33,7 @@ from kvretention.dataplane.frontend.common import (
 from kvretention.dataplane.frontend.openai_shared import (
     RESPONSES_IMAGE_DETAILS,
     F,
+    breakpoint_encodings,
     enum,
     ignore_present,
     image,
@@ -66,7 +67,7 @@ from kvretention.dataplane.protocol import (
 )
 from kvretention.hints.errors import ClientError
 from kvretention.hints.intent import NO_HINTS, BreakpointMode
-from kvretention.hints.openai import BREAKPOINT_KEY, OPTIONS, hints_from_responses
+from kvretention.hints.openai import OPTIONS, hints_from_responses
 
 HONOURED: Final = frozenset(
     {
@@ -193,7 +194,9 @@ def parse_responses(
     encoded = resumer.encode_items(listed) if resumer is not None and type(listed) is list else None
     cache = (
         hints_from_responses(
-            body, breakpoints=breakpoints, encoded=_breakpoint_items(listed, encoded, resumer)
+            body,
+            breakpoints=breakpoints,
+            encoded=breakpoint_encodings(listed, encoded, resumer=resumer),
         )
         if hints
         else NO_HINTS
@@ -309,20 +312,6 @@ def _string_map(body: Mapping[str, Any], key: str) -> None:
     for name, item in value.items():
         if not isinstance(item, str):
             raise F.invalid_type(f"{key}.{name}", item, expected="a string")
-
-
-def _breakpoint_items(
-    items: object, encoded: list[bytes] | None, resumer: Resumer | None
-) -> list[bytes] | None:
-    """What the hint walk skips items by: each item's encoding where it names the breakpoint key,
-    ``b""`` where not, when the resumer remembers that for most items (``Resumer.names``);
-    otherwise ``None`` (walking every item costs less than scanning every item's bytes)."""
-    if resumer is None or encoded is None or type(items) is not list:
-        return None
-    flags = resumer.names(items, encoded, BREAKPOINT_KEY)
-    if flags is None:
-        return None
-    return [blob if named else b"" for blob, named in zip(encoded, flags, strict=True)]
 
 
 def _fold(

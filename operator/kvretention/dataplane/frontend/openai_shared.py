@@ -13,6 +13,7 @@ from collections.abc import Collection, Mapping
 from typing import Any, Final, Literal
 
 from kvretention.dataplane.frontend import compat
+from kvretention.dataplane.frontend.resume import Resumer
 from kvretention.dataplane.frontend.validate import Fields
 from kvretention.dataplane.protocol import (
     ImagePart,
@@ -22,6 +23,7 @@ from kvretention.dataplane.protocol import (
     Usage,
 )
 from kvretention.hints.errors import ClientError
+from kvretention.hints.openai import BREAKPOINT_KEY
 
 F: Final = Fields(anthropic=False)
 MAX_STOP: Final = 4
@@ -292,3 +294,15 @@ def responses_usage(usage: Usage) -> dict[str, Any]:
         "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
     }
+
+
+def breakpoint_encodings(
+    items: object, encoded: list[bytes] | None, *, resumer: Resumer | None
+) -> list[bytes] | None:
+    """What the OpenAI hint walks skip items by: each item's encoding where it names
+    ``prompt_cache_breakpoint``, ``b""`` where not, when the resumer remembers that for the
+    conversation's repeated items (``Resumer.named_encodings``); otherwise ``None`` (walking
+    every item costs less than scanning every item's bytes)."""
+    if resumer is None or encoded is None or type(items) is not list:
+        return None
+    return resumer.named_encodings(items, encoded, BREAKPOINT_KEY)

@@ -170,15 +170,24 @@ class Resumer:
                     flags[i] = key in blob
         return flags  # type: ignore[return-value]  # every flag set above
 
-    def control_items(self, items: Sequence[Any], encoded: list[bytes]) -> list[bytes]:
-        """For the Anthropic hint walk, which skips a message whose encoding lacks
-        ``"cache_control"`` (``hints_from_messages(encoded=...)``): each item's encoding where it
-        names the key, ``b""`` where it does not (the same skips), from :meth:`names`; ``encoded``
-        as it is for a body :meth:`decode` did not decode."""
-        flags = self.names(items, encoded, CONTROL_KEY)
+    def named_encodings(
+        self, items: Sequence[Any], encoded: list[bytes], key: bytes
+    ) -> list[bytes] | None:
+        """For a hint walk that skips an item whose encoding lacks ``key``
+        (``hints_from_*(encoded=...)``): each item's encoding where it names the key, ``b""``
+        where it does not (the same skips), from :meth:`names`; ``None`` for a body
+        :meth:`decode` did not decode."""
+        flags = self.names(items, encoded, key)
         if flags is None:
-            return encoded
+            return None
         return [blob if named else b"" for blob, named in zip(encoded, flags, strict=True)]
+
+    def control_items(self, items: Sequence[Any], encoded: list[bytes]) -> list[bytes]:
+        """:meth:`named_encodings` for ``"cache_control"`` (the Anthropic hint walk), or
+        ``encoded`` as it is for a body :meth:`decode` did not decode (scanning every message
+        still costs that walk less than walking it)."""
+        named = self.named_encodings(items, encoded, CONTROL_KEY)
+        return encoded if named is None else named
 
     def encode_items(self, items: Sequence[Any]) -> list[bytes] | None:
         """:func:`encode_items`, with the encodings of items :meth:`decode` took from an earlier
