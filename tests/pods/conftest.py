@@ -1,12 +1,14 @@
 """The pods tier: a real node on this machine (``kvretention cluster up --real-node``), so every
 pod is a real process from images built here (``scripts/build-images.sh``).
 
-Opt-in: it needs root, the Debian packages of ``scripts/install-node.sh``, the node's binaries
-(``scripts/build-node.sh``) and the images (``scripts/build-images.sh``), which ``make test-pods``
-prepares (``make node``) before it sets ``KVR_PODS_TIER=1``; without it this folder is not
-collected (docs/real-node.md says why it is not in ``make test`` yet). The node lives for
-this folder only (package scope): it is torn down, and the host checked to be exactly as recorded
-(no iptables rule, sysctl, mount, link or cgroup left), before any other tier runs.
+It needs root, the Debian packages of ``scripts/install-node.sh``, the node's binaries
+(``scripts/build-node.sh``) and the images (``scripts/build-images.sh``), which
+``scripts/test-pods.sh`` prepares before it sets ``KVR_PODS_TIER=1``: ``make test`` runs it after
+the other tiers, in a pytest run of its own (the node's iptables chains and sysctls must not
+overlap another tier), and says why where the machine cannot run a node. Without
+``KVR_PODS_TIER=1`` this folder is not collected. The node lives for this folder only (package
+scope): it is torn down, and the host checked to be exactly as recorded (no iptables rule, sysctl,
+mount, link or cgroup left).
 """
 
 from __future__ import annotations
