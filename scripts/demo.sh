@@ -228,6 +228,13 @@ print_probe_report() { # print_probe_report <file>
   "$PY" -c 'import json, sys; r = json.load(open(sys.argv[1])); print("\n".join(f"    {k}: {r.get(k)}" for k in ("sglang_version", "kv_hints_parameter", "dialect", "mooncake_store_importable", "mooncake_error", "usable_for_hints", "retention_plugin", "retention_error", "retention_target_problems")))' "$1" >&2
 }
 
+diagnose() { # what a stuck fleet or operator pod usually comes down to, on stderr
+  k get pods -A -o wide >&2 || true
+  # A node under pressure (disk, memory) taints itself and evicts pods: say so.
+  k get nodes -o go-template='{{range .items}}{{$n := .metadata.name}}{{range .status.conditions}}{{if and (ne .type "Ready") (eq .status "True")}}    node {{$n}}: {{.type}}: {{.message}}{{"\n"}}{{end}}{{end}}{{range .spec.taints}}    node {{$n}} taint: {{.key}}:{{.effect}}{{"\n"}}{{end}}{{end}}' >&2 || true
+  k get events -A --field-selector type=Warning --sort-by=.lastTimestamp 2>/dev/null | tail -n 8 >&2 || true
+}
+
 wait_hints_ready() { # wait_hints_ready <fleet> <what the operator reads>
   note "waiting for the operator to read $2 (KvHintsSupported=True, then Ready=True reason Ready)"
   if ! k -n "$demo_ns" wait "kvrd/$1" --timeout=120s \
@@ -245,8 +252,8 @@ wait_workers_ready() { # wait_workers_ready <fleet> <seconds>
   note "waiting up to ${2}s for KvRetentionDeployment $demo_ns/$1's workers to be ready"
   if ! k -n "$demo_ns" wait "kvrd/$1" --for=condition=WorkersReady --timeout="${2}s" >/dev/null; then
     k -n "$demo_ns" get kvrd "$1" -o yaml >&2 || true
-    k -n "$demo_ns" get pods -o wide >&2 || true
     operator_logs >&2 || true
+    diagnose
     die "the fleet's workers did not become ready in ${2}s"
   fi
   note "now: $(conditions_line "$1")"
@@ -429,7 +436,7 @@ up_real() { # up_real <bin dir>; sets fallback_reason (see fall_back) when the n
     --namespace "$system_ns" --create-namespace \
     --set "image.repository=${operator_image%:*}" --set "image.tag=${operator_image##*:}" \
     --set image.pullPolicy=Never --set "watch.namespaces={$demo_ns}" --wait --timeout 5m >/dev/null ||
-    { k -n "$system_ns" get pods -o wide >&2; die "helm install did not get the operator pod ready"; }
+    { diagnose; die "helm install did not get the operator pod ready"; }
   "$helm" list --kubeconfig "$kc" -n "$system_ns" >&2
   k -n "$system_ns" get pods -o wide >&2
   k -n "$system_ns" get pods -l app.kubernetes.io/name=kvretention-operator \
