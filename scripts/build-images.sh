@@ -36,7 +36,8 @@ pause_key=$( { cat "$pause_src" 2>/dev/null; gcc --version 2>/dev/null | head -1
 wheel_reqs=(setuptools'>=77' msgspec 'transformers==5.19.0' 'tokenizers==0.23.2' jinja2)
 nodeps_reqs=('sglang==0.5.23' 'mooncake-transfer-engine==0.3.13.post1')
 wheels_key=$( { cat "$root/pyproject.toml"; printf '%s\n' "${wheel_reqs[@]}" "${nodeps_reqs[@]}"; } | sha)
-src_key=$(files_hash pyproject.toml README.md operator)
+# README.md goes into the wheel's metadata only: an edit to it does not rebuild the images.
+src_key=$(files_hash pyproject.toml operator)
 declare -A keys=(
   [pause]=$pause_key
   [operator]=$( { echo "$base_key $wheels_key $src_key"; cat "$root/images/operator/Dockerfile"; } | sha)
@@ -173,6 +174,11 @@ for name in "${names[@]}"; do
   mv "$out.tmp" "$out"
   log "built $ref in $((SECONDS - start))s ($(du -h "$out" | cut -f1))"
 done
+# The archives are what the node imports: keep only the base (the Dockerfiles build FROM it) in
+# buildah's storage, else every source edit leaves ~1.5 GB of vfs layers behind.
+while read -r id ref; do
+  [[ "$ref" == "$base_ref" ]] || buildah "${bflags[@]}" rmi -f "$id" >/dev/null 2>&1 || true
+done < <(buildah "${bflags[@]}" images --noheading --format '{{.ID}} {{.Name}}:{{.Tag}}' 2>/dev/null || true)
 buildah "${bflags[@]}" rmi --prune >/dev/null 2>&1 || true
 # Older bases and wheelhouses (their keys changed) are not used again.
 find "$cache" -maxdepth 1 \( -name 'base-*.tar' ! -name "base-$base_key.tar" \
