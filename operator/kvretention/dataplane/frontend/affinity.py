@@ -94,8 +94,16 @@ def _message_bytes(message: ChatMessage) -> bytes:
 def _head_bytes(system: Sequence[ChatMessage], tools: Sequence[ToolDefinition]) -> bytes:
     parts = [_message_bytes(m) for m in system]
     for tool in tools:
+        known = _TOOLS.get(id(tool))
+        if known is not None and known[0] is tool:
+            parts.append(known[1])
+            continue
         schema = _schema_text(tool.parameters) if tool.parameters else ""
-        parts.append(f"{tool.kind}\x1f{tool.name}\x1f{tool.description or ''}\x1f{schema}".encode())
+        text = f"{tool.kind}\x1f{tool.name}\x1f{tool.description or ''}\x1f{schema}".encode()
+        parts.append(text)
+        _TOOLS[id(tool)] = (tool, text)  # holds the tool: its id is not reused meanwhile
+        while len(_TOOLS) > MAX_SCHEMAS:
+            _TOOLS.pop(next(iter(_TOOLS)), None)
     return b"\x1e".join(parts)
 
 
@@ -121,7 +129,11 @@ def _schema_text(schema: Mapping[str, Any]) -> str:
 _ENCODE: Final = msgspec.json.Encoder().encode
 _SCHEMAS: Final[dict[bytes, str]] = {}
 MAX_SCHEMAS: Final = 1024
-"""Tool schemas remembered (oldest out first)."""
+"""Tool schemas remembered (oldest out first); as many tools' head bytes in ``_TOOLS``."""
+_TOOLS: Final[dict[int, tuple[ToolDefinition, bytes]]] = {}
+"""A tool's part of the chain's head, by the tool object: the frontend shares one definition
+between the turns that resend its bytes (``Resumer.derived``). A ``ToolDefinition`` is frozen,
+and nothing changes its ``parameters`` in place (they are the decoded body's, read-only)."""
 
 
 def prefix_chain(messages: Sequence[ChatMessage], tools: Sequence[ToolDefinition]) -> list[str]:

@@ -272,7 +272,7 @@ async def generate(request: web.Request, api: GenerateEndpoint) -> web.StreamRes
         done.outcome, done.status, done.error_code = "client_disconnected", 499, None
         raise
     finally:
-        state.metrics.requests.labels(api.endpoint, done.outcome).inc()
+        state.metrics.requests_of(api.endpoint, done.outcome).inc()
         if state.trace is not None:
             extra: dict[str, Any] = {"endpoint": api.endpoint, "status": done.status}
             extra.update(model=done.model, stream=done.stream)
@@ -359,7 +359,7 @@ async def admit(request: web.Request, api: Endpoint, *, state: FrontendState) ->
 
     def check() -> tuple[ParsedRequest, dict[str, Any]]:
         try:
-            body = decode_json_body(raw, resumer=state.resumer)
+            body = decode_json_body(raw, resumer=state.resumer, scope=tenant_of(request))
             check_model_first(body, config=state.config)
             parsed = api.parse(
                 body,
@@ -430,19 +430,19 @@ async def _forward(
     headers: Mapping[str, str] | None = None,
 ) -> web.StreamResponse:
     request_id = upstream_request.request_id
-    latency = state.metrics.upstream_latency
+    latency = state.metrics.latency_of
     started = time.perf_counter()
     async with state.router.generate(
         upstream_request, hint_param=parsed.hint_param, headers=headers
     ) as chunks:
         first = await anext(chunks)
-        latency.labels(api.endpoint, "first_chunk").observe(time.perf_counter() - started)
+        latency(api.endpoint, "first_chunk").observe(time.perf_counter() - started)
         if not parsed.stream:
             result = Completion()
             result.add(first)
             async for chunk in chunks:
                 result.add(chunk)
-            latency.labels(api.endpoint, "total").observe(time.perf_counter() - started)
+            latency(api.endpoint, "total").observe(time.perf_counter() - started)
             payload = api.response(parsed, result, request_id=request_id)
             return web.json_response(payload, headers={REQUEST_ID_HEADER: request_id})
 
@@ -463,7 +463,7 @@ async def _forward(
                     await response.write(frame)
             # the last frame and the end of the chunked body in one socket write
             await response.write_eof(formatter.finish())
-            latency.labels(api.endpoint, "total").observe(time.perf_counter() - started)
+            latency(api.endpoint, "total").observe(time.perf_counter() - started)
             return response
         except ConnectionResetError:
             done.outcome, done.status, done.error_code = "client_disconnected", 499, None
@@ -503,17 +503,24 @@ async def read_body(
     return raw
 
 
-def decode_json_body(raw: bytes, *, resumer: Resumer | None = None) -> dict[str, Any]:
+def decode_json_body(
+    raw: bytes, *, resumer: Resumer | None = None, scope: str | None = None
+) -> dict[str, Any]:
     """The bytes as a JSON object (strict UTF-8, no lone surrogates), or a 400 ``FrontendError``.
 
     With ``resumer``, a large body's message items that its conversation's last body holds
-    byte for byte are that body's decoded values (``Resumer.decode``; the same values)."""
+    byte for byte are that body's decoded values (``Resumer.decode``; the same values), and so
+    are its tools when an earlier body of the same ``scope`` (the tenant) held their bytes."""
     try:
         text = raw.decode("utf-8-sig")  # strict: invalid UTF-8 and encoded surrogates are refused
     except UnicodeDecodeError:
         raise errors.invalid_json("the body is not valid UTF-8") from None
     try:
-        body = resumer.decode(text) if resumer is not None and len(raw) >= ITEMWISE_BYTES else None
+        body = (
+            resumer.decode(text, scope=scope)
+            if resumer is not None and len(raw) >= ITEMWISE_BYTES
+            else None
+        )
         by_json = False
         if body is None:
             body, by_json = _loads(text)
@@ -696,7 +703,7 @@ async def count_tokens(request: web.Request) -> web.Response:
         admitted = await admit(request, api, state=state)
     except FrontendError as err:
         state.metrics.rejections.labels(api.endpoint, err.reason).inc()
-        state.metrics.requests.labels(api.endpoint, "rejected").inc()
+        state.metrics.requests_of(api.endpoint, "rejected").inc()
         return error_response(err, api.provider, request_id=request_id)
     parsed, session_id = admitted.parsed, admitted.session_id
     state.metrics.count_ignored(api.endpoint, parsed.ignored)
@@ -719,7 +726,7 @@ async def count_tokens(request: web.Request) -> web.Response:
         outcome = "client_disconnected"
         raise
     finally:
-        state.metrics.requests.labels(api.endpoint, outcome).inc()
+        state.metrics.requests_of(api.endpoint, outcome).inc()
     return web.json_response(count_tokens_response(usage), headers={REQUEST_ID_HEADER: request_id})
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from kvretention.dataplane.frontend.compat import LabelBudget
+from kvretention.dataplane.labelled import Children
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -54,6 +55,9 @@ class FrontendMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        # Every request moves these; each label set is resolved once (kvretention.dataplane.labelled).
+        self.requests_of = Children(self.requests)
+        self.latency_of = Children(self.upstream_latency)
 
     def count_ignored(self, endpoint: str, fields: tuple[str, ...]) -> None:
         """One count per ignored field of one request (a bounded set of label values)."""

@@ -191,7 +191,7 @@ def parse_chat(
         )
         ignore_present(options, ("include_obfuscation",), where="stream_options")
     include_usage = bool(options and options.get("include_usage") is True)
-    tools = _tools(body)
+    tools = _tools(body, resumer=resumer)
     return ParsedRequest(
         model=model,
         messages=messages,
@@ -388,12 +388,35 @@ def _content(content: object, *, where: str, role: str, marks: Marks) -> str | l
     return joined(parts)
 
 
-def _tools(body: Mapping[str, Any]) -> list[ToolDefinition]:
+def _tools(body: Mapping[str, Any], *, resumer: Resumer | None) -> list[ToolDefinition]:
+    """The tools; parsed once per tools list the resumer shares between bodies (an agent's
+    every turn: the same bytes, the same definitions)."""
     raw = body.get("tools")
     if raw is None:
         return []
     if not isinstance(raw, list):
         raise F.invalid_type("tools", raw, expected="an array")
+    made = (
+        _parse_tools(raw) if resumer is None else resumer.derived(raw, "chat.tools", _parse_tools)
+    )
+    tools, ignored = made
+    compat.record(ignored)  # what the parse met, met again on every body that shares it
+    return list(tools)
+
+
+def _parse_tools(raw: list[Any]) -> tuple[tuple[ToolDefinition, ...], tuple[str, ...]]:
+    """The definitions, and the fields the parse recorded as ignored (in order)."""
+    ignored: dict[str, None] = {}
+    try:
+        with compat.collecting() as ignored:
+            tools = _tool_list(raw)
+    except BaseException:
+        compat.record(ignored)  # as a parse in place would have, before its error
+        raise
+    return tuple(tools), tuple(ignored)
+
+
+def _tool_list(raw: list[Any]) -> list[ToolDefinition]:
     tools: list[ToolDefinition] = []
     for i, item in enumerate(raw):
         where = f"tools[{i}]"

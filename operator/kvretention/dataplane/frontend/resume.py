@@ -60,6 +60,10 @@ CONTROL_KEY: Final = b'"cache_control"'
 """The key :meth:`Resumer.control_items` looks for (msgspec writes a key as itself)."""
 ITEM_KEYS: Final = frozenset({"messages", "input"})
 """The body fields whose items :meth:`Resumer.decode` takes from the last body."""
+SHARED_KEYS: Final = frozenset({"tools"})
+"""The body fields :meth:`Resumer.decode` takes whole from an earlier body with the same bytes
+(an agent resends the same tools on every turn), with what was derived from them
+(:meth:`Resumer.derived`)."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,15 @@ class _Items:
 
 
 @dataclass(frozen=True)
+class _Shared:
+    """A top-level list (:data:`SHARED_KEYS`) decoded once for every body that holds its bytes."""
+
+    values: list[Any]
+    derived: dict[str, Any]
+    """What :meth:`Resumer.derived` made from ``values``, by tag."""
+
+
+@dataclass(frozen=True)
 class _Entry:
     context: bytes
     encoded: list[bytes]
@@ -103,15 +116,21 @@ class Resumer:
         """The last body's items per list and first item's bytes (LRU, ``capacity`` of them)."""
         self._by_list: dict[int, _Items] = {}
         """The same, by the identity of the decoded list a body holds (for :meth:`encode_items`)."""
+        self._shared: OrderedDict[tuple[Hashable, str, bytes], _Shared] = OrderedDict()
+        """Top-level lists by scope (the tenant), field and exact bytes (LRU, ``capacity``)."""
+        self._shared_by_list: dict[int, _Shared] = {}
+        """The same, by the identity of the decoded list (for :meth:`derived`)."""
         self.resumed_items = 0
         """Items taken from checkpoints so far (for tests and benchmarks)."""
         self.reused_items = 0
         """Items taken already decoded from an earlier body so far (for tests and benchmarks)."""
 
-    def decode(self, text: str) -> dict[str, Any] | None:
+    def decode(self, text: str, *, scope: Hashable = None) -> dict[str, Any] | None:
         """The JSON object ``text`` as an untyped msgspec decode gives it, its item lists
         (:data:`ITEM_KEYS`) decoded only past what the conversation's last body repeats byte for
-        byte (the rest is that body's values, shared: read-only). ``None`` when msgspec refuses
+        byte (the rest is that body's values, shared: read-only), and a list of
+        :data:`SHARED_KEYS` whose bytes an earlier body of the same ``scope`` (the tenant) held
+        exactly taken whole from that body (shared, read-only). ``None`` when msgspec refuses
         the text or it is not an object: the caller decodes it whole and answers its own error."""
         try:
             body = _DECODE_TOP(text)
@@ -119,6 +138,8 @@ class Resumer:
                 if type(value) is list:
                     if key in ITEM_KEYS and value:
                         body[key] = self._decoded_items(key, value)
+                    elif key in SHARED_KEYS and value:
+                        body[key] = self._shared_list(scope, key, value)
                     else:
                         body[key] = [_DECODE(item) for item in value]
         except (msgspec.DecodeError, RecursionError):
@@ -152,6 +173,38 @@ class Resumer:
                 _, dropped = self._items.popitem(last=False)
                 self._by_list.pop(id(dropped.values), None)
         return values
+
+    def _shared_list(self, scope: Hashable, key: str, raws: list[msgspec.Raw]) -> list[Any]:
+        # "[" + the elements' bytes joined by "," + "]" is the list's JSON: one decoded value
+        mkey = (scope, key, b",".join(raws))
+        with self._lock:
+            known = self._shared.get(mkey)
+            if known is not None:
+                self._shared.move_to_end(mkey)
+                return known.values
+        values = [_DECODE(raw) for raw in raws]
+        shared = _Shared(values, {})
+        with self._lock:
+            self._shared[mkey] = shared
+            self._shared_by_list[id(values)] = shared
+            while len(self._shared) > self._capacity:
+                _, dropped = self._shared.popitem(last=False)
+                self._shared_by_list.pop(id(dropped.values), None)
+        return values
+
+    def derived(self, values: Any, tag: str, make: Callable[[Any], _S]) -> _S:
+        """``make(values)``, made once per list :meth:`decode` shares (:data:`SHARED_KEYS`) and
+        ``tag``, and on every call for any other value. ``make`` must be a deterministic function
+        of the list's JSON value that changes nothing, and its result is shared: read-only.
+        What ``make`` raises is raised every time (nothing is remembered)."""
+        shared = self._shared_by_list.get(id(values))
+        if shared is None or shared.values is not values:
+            return make(values)
+        try:
+            return shared.derived[tag]  # type: ignore[no-any-return]
+        except KeyError:
+            made = shared.derived[tag] = make(values)
+            return made
 
     def names(self, items: Sequence[Any], encoded: list[bytes], key: bytes) -> list[bool] | None:
         """Whether each item's encoding (``encoded``, :meth:`encode_items` of ``items``) holds
@@ -229,6 +282,8 @@ class Resumer:
             self._heads.clear()
             self._items.clear()
             self._by_list.clear()
+            self._shared.clear()
+            self._shared_by_list.clear()
             self._count = 0
 
     def fold(

@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from kvretention.api.names import READY_PATH
 from kvretention.dataplane.http import Readiness, add_metrics, add_probes
+from kvretention.dataplane.labelled import Children
 from kvretention.dataplane.protocol import (
     ERROR_STATUS,
     GENERATE_PATH,
@@ -182,6 +183,10 @@ class RouterMetrics:
             "Placements decided by a prefix match (cache-aware policy).",
             registry=self.registry,
         )
+        # Every request moves these; each label set is resolved once (kvretention.dataplane.labelled).
+        self.requests_of = Children(self.requests)
+        self.outstanding_of = Children(self.outstanding)
+        self.pool_outstanding_of = Children(self.pool_outstanding)
 
 
 @dataclass
@@ -254,13 +259,13 @@ class RouterState:
     def begin(self, worker: Worker) -> None:
         worker.outstanding += 1
         worker.served += 1
-        self.metrics.outstanding.labels(worker.role, worker.url).set(worker.outstanding)
-        self.metrics.pool_outstanding.labels(worker.role).inc()
+        self.metrics.outstanding_of(worker.role, worker.url).set(worker.outstanding)
+        self.metrics.pool_outstanding_of(worker.role).inc()
 
     def end(self, worker: Worker) -> None:
         worker.outstanding -= 1
-        self.metrics.outstanding.labels(worker.role, worker.url).set(worker.outstanding)
-        self.metrics.pool_outstanding.labels(worker.role).dec()
+        self.metrics.outstanding_of(worker.role, worker.url).set(worker.outstanding)
+        self.metrics.pool_outstanding_of(worker.role).dec()
 
 
 STATE: Final = web.AppKey("router_state", RouterState)
@@ -455,7 +460,7 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
         outcome = "cancelled"
         raise
     finally:
-        state.metrics.requests.labels(mode, outcome).inc()
+        state.metrics.requests_of(mode, outcome).inc()
 
 
 def _passed_on(request: web.Request) -> dict[str, str]:
