@@ -587,7 +587,8 @@ class ChatStream:
         self._calls: set[int] = set()
 
     def _frame(self, delta: dict[str, Any], *, finish: str | None = None) -> bytes:
-        return sse.event(
+        # strings, integers and None only: no float to write differently
+        return sse.plain_event(
             {
                 "id": self._id,
                 "object": "chat.completion.chunk",
