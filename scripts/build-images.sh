@@ -17,8 +17,9 @@ venv="${KVR_VENV:-$root/.venv}"
 suite=bookworm
 mirror="${KVR_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 # python3-venv: the images' virtualenvs; libibverbs1, libcurl4, libnuma1: mooncake_master (the
-# stand-in worker image runs the managed Mooncake master); ca-certificates: TLS.
-base_packages=python3,python3-venv,python-is-python3,libibverbs1,libcurl4,libnuma1,ca-certificates
+# stand-in worker image runs the managed Mooncake master); ibverbs-providers: libmlx5, which
+# Mooncake's store client links (the pods tier's store round trip); ca-certificates: TLS.
+base_packages=python3,python3-venv,python-is-python3,libibverbs1,ibverbs-providers,libcurl4,libnuma1,ca-certificates
 base_ref=localhost/kvretention/python:3.11.11-slim-bookworm
 k8s_version=$(sed -n 's/^KUBE_VERSION=//p' "$root/hack/node/versions.env")
 bflags=(--root "$cache/buildah/root" --runroot "$cache/buildah/run" --storage-driver vfs)
@@ -38,11 +39,22 @@ nodeps_reqs=('sglang==0.5.23' 'mooncake-transfer-engine==0.3.13.post1')
 wheels_key=$( { cat "$root/pyproject.toml"; printf '%s\n' "${wheel_reqs[@]}" "${nodeps_reqs[@]}"; } | sha)
 # README.md goes into the wheel's metadata only: an edit to it does not rebuild the images.
 src_key=$(files_hash pyproject.toml operator)
+# The stand-in worker image carries the TEST-ONLY libcuda stand-in (and PyPI's libcudart) so a real
+# Mooncake store client loads in its pods (the pods tier's store round trip); its own cached build.
+if [[ "${1:-}" == --check ]]; then
+  cuda_standin=$("$root/scripts/build-cuda-standin.sh" --check 2>/dev/null) || {
+    log "not built yet: the libcuda stand-in (run scripts/build-images.sh)"
+    exit 3
+  }
+else
+  cuda_standin=$(KVR_VENV="$venv" "$root/scripts/build-cuda-standin.sh")
+fi
+cuda_key=$(cat "$cuda_standin/libcuda.so.1" "$cuda_standin/libcudart.so.12" | sha)
 declare -A keys=(
   [pause]=$pause_key
   [operator]=$( { echo "$base_key $wheels_key $src_key"; cat "$root/images/operator/Dockerfile"; } | sha)
   [runtime]=$( { echo "$base_key $wheels_key $src_key"; cat "$root/images/runtime/Dockerfile"; } | sha)
-  [worker]=$( { echo "$base_key $wheels_key $src_key"; cat "$root/images/worker/Dockerfile" \
+  [worker]=$( { echo "$base_key $wheels_key $src_key $cuda_key"; cat "$root/images/worker/Dockerfile" \
     "$root/images/worker/standin-kvretention" "$root/tests/support/chat_tokenizer.py"; } | sha)
 )
 declare -A repos=(
@@ -153,9 +165,10 @@ declare -A dockerfiles=(
   [runtime]=images/runtime/Dockerfile
   [worker]=images/worker/Dockerfile
 )
-# The worker image's engine and base are build args (its defaults are the GPU image).
+# The worker image's engine and base are build args (its defaults are the GPU image); only the
+# stand-in build mounts the libcuda stand-in.
 declare -A build_args=(
-  [worker]="--build-arg ENGINE=standin --build-arg WORKER_BASE=$base_ref"
+  [worker]="--build-arg ENGINE=standin --build-arg WORKER_BASE=$base_ref --volume $cuda_standin:/cuda-standin:ro"
 )
 for name in "${names[@]}"; do
   out="$(archive "$name")"

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
+from kvretention.controller.kvstore_metrics import parse_master_metrics
 from support.agent_sessions import claude_code_session, codex_session
 from support.controlplane import Cluster, wait_until
 
@@ -208,8 +209,11 @@ def test_probe_init_container_report_reaches_kv_hints_supported(
         report = json.loads(terminated["message"])
         assert report["sglang_version"] == "0.5.23"
         assert report["usable_for_hints"] is True
+        # The image's libcuda stand-in lets the probe import the real Mooncake store client.
+        assert report["mooncake_store_importable"] is True, report["mooncake_error"]
     supported = condition(get_json(node_cluster, "kvrd", "-n", FLEET_NS, fleet), "KvHintsSupported")
     assert supported["status"] == "True", supported
+    assert "mooncake.store does not import" not in supported["message"], supported
 
 
 def _frontend_url(cluster: Cluster, fleet: str) -> str:
@@ -276,43 +280,147 @@ def test_agent_request_through_the_frontend_service_reaches_a_worker_pod(
         assert calls[rid]["kwargs"]["kv_hints"], calls[rid]["kwargs"]
 
 
-# Run in a worker container: what Mooncake's transfer engine does first when SGLang's store
-# starts (it registers under a key in the metadata server), with the pod's own rendered client
-# config, so through the names it holds: cluster DNS, the master's Service, kube-proxy.
-REGISTER = """
-import json, os, sys, urllib.request
+# Run in a worker container with the image's venv: the real ``MooncakeDistributedStore`` (over the
+# image's TEST-ONLY libcuda stand-in), set up from the pod's own rendered Mooncake config (the
+# master's Service name: cluster DNS, kube-proxy) and its ``MOONCAKE_LOCAL_HOSTNAME`` (the pod IP,
+# which the operator renders), protocol and device, as tests/l3 sets it up. Its segment is 16 MiB
+# (the client's minimum), not the rendered 4gb: the test only needs room for one object.
+# ``put KEY``: mount the segment, put a 64 KiB value, read it back, print, then hold the segment
+# (the object lives in it) until stdin closes. ``get KEY``: read the object (from the other pod's
+# segment, over TCP between the pods) and print its digest.
+STORE_PYTHON = "/opt/kvretention/bin/python"
+STORE = """
+import hashlib, json, os, sys
+from mooncake.store import MooncakeDistributedStore
+mode, key = sys.argv[1], sys.argv[2]
 config = json.load(open(os.environ["SGLANG_HICACHE_MOONCAKE_CONFIG_PATH"]))
-url = config["metadata_server"] + "?key=" + sys.argv[1]
-urllib.request.urlopen(urllib.request.Request(url, data=sys.argv[2].encode(), method="PUT"), timeout=10)
-print(json.dumps({"url": url, "read_back": urllib.request.urlopen(url, timeout=10).read().decode()}))
+segment = 16 * 2**20
+store = MooncakeDistributedStore()
+rc = store.setup(
+    os.environ["MOONCAKE_LOCAL_HOSTNAME"], config["metadata_server"], segment, segment,
+    config["protocol"], config["device_name"], config["master_server_address"],
+    tenant_id=config.get("tenant_id", "default"),
+)
+out = {"setup": rc, "local_hostname": os.environ["MOONCAKE_LOCAL_HOSTNAME"],
+       "master": config["master_server_address"], "metadata": config["metadata_server"]}
+digest = lambda b: hashlib.sha256(b).hexdigest()
+if rc == 0 and mode == "put":
+    value = (key.encode() + b"|") * (65536 // (len(key) + 1) + 1)
+    value = value[:65536]
+    out.update(put=store.put(key, value), digest=digest(value))
+    out["read_back"] = digest(bytes(store.get(key)))
+elif rc == 0:
+    out["got"] = digest(bytes(store.get(key)))
+print(json.dumps(out), flush=True)
+if rc == 0 and mode == "put":
+    sys.stdin.read()
+store.close()
 """
 
 
-def test_mooncake_master_pod_serves_the_worker_pods(node_cluster: Cluster, fleet: str) -> None:
-    """Each worker pod writes to the managed master through the Service its Mooncake config
-    names, and the master pod itself (read at its pod IP, not through the Service) holds it."""
+def _report(lines: list[str]) -> dict[str, Any]:
+    """The STORE script's JSON line among its output (the client may print its own lines)."""
+    for line in lines:
+        if line.startswith('{"setup"'):
+            report: dict[str, Any] = json.loads(line)
+            return report
+    return {}
+
+
+def _master_metrics(pod: dict[str, Any]) -> dict[str, float]:
+    """The master pod's own ``/metrics`` (at its pod IP), through the operator's parser."""
+    ports = {p["name"]: p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]}
+    url = f"http://{pod['status']['podIP']}:{ports['metrics']}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return parse_master_metrics(resp.read().decode())
+
+
+def test_worker_pods_round_trip_an_object_through_the_mooncake_master_pod(
+    node_cluster: Cluster, fleet: str, tmp_path: Path
+) -> None:
+    """One worker pod's real store client mounts a segment and puts an object through the managed
+    master (named by its Service in the pod's config); the master pod's metrics count the mount,
+    the put and the key; a second worker pod's client gets the object back (the master hands it
+    the first pod's segment, read over TCP between the pods)."""
     master_svc = fleet_service(node_cluster, fleet, "mooncake-master")
     wait_service_routes(node_cluster, master_svc)
     (master,) = [p for p in fleet_pods(node_cluster, fleet) if "mooncake" in p["metadata"]["name"]]
-    ports = {p["name"]: p["containerPort"] for p in master["spec"]["containers"][0]["ports"]}
-    workers = _worker_pods(node_cluster, fleet)
-    assert len(workers) >= 2
-    for pod in workers:
-        name = pod["metadata"]["name"]
-        key, value = f"kvr-pods-tier/{name}", json.dumps({"pod_ip": pod["status"]["podIP"]})
+    writer, reader, *_ = _worker_pods(node_cluster, fleet)
+    key = f"kvr-pods-tier/{writer['metadata']['name']}"
+    before = _master_metrics(master)
+    exec_store = [
+        str(node_cluster.bin_dir / "kubectl"), f"--kubeconfig={node_cluster.kubeconfig}",
+        "-n", FLEET_NS, "exec", "-i", writer["metadata"]["name"], "-c", "worker", "--",
+        STORE_PYTHON, "-c", STORE, "put", key,
+    ]  # fmt: skip
+    put_log = tmp_path / "put.stderr"
+    with put_log.open("w") as err:
+        put = subprocess.Popen(
+            exec_store, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True
+        )
+    lines: list[str] = []
+
+    def read_lines() -> None:
+        for line in put.stdout or []:
+            lines.append(line)
+
+    threading.Thread(target=read_lines, daemon=True).start()
+    try:
+        wait_until(
+            f"the store client in {writer['metadata']['name']} put {key}",
+            lambda: _report(lines) or put.poll() is not None,
+            timeout_s=90,
+        )
+        wrote = _report(lines)
+        assert wrote, f"exit {put.poll()}: {lines} {put_log.read_text()[-3000:]}"
+        assert wrote["setup"] == 0, (wrote, put_log.read_text()[-3000:])
+        svc_host = f"{master_svc['metadata']['name']}.{FLEET_NS}.svc:"
+        assert wrote["master"].startswith(svc_host), wrote
+        assert wrote["metadata"].startswith(f"http://{svc_host}"), wrote
+        assert wrote["local_hostname"] == writer["status"]["podIP"], wrote
+        assert wrote["put"] == 0, wrote
+        assert wrote["read_back"] == wrote["digest"], wrote
+
+        # The master's own count of what the writer's client did (one mount, one put, one key).
+        expected = {
+            "master_mount_segment_requests_total": 1.0,
+            "master_put_start_requests_total": 1.0,
+            "master_put_end_requests_total": 1.0,
+            "master_key_count": 1.0,
+        }
+        deadline = time.monotonic() + 20  # the gauges are sampled, the counters are not
+        while True:
+            after_put = _master_metrics(master)
+            grew = {name: after_put[name] - before[name] for name in expected}
+            if grew == expected or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert grew == expected, grew
+
         done = node_cluster.kubectl(
-            "-n", FLEET_NS, "exec", name, "-c", "worker", "--",
-            "python3", "-c", REGISTER, key, value,
-            check=False,
+            "-n", FLEET_NS, "exec", reader["metadata"]["name"], "-c", "worker", "--",
+            STORE_PYTHON, "-c", STORE, "get", key,
+            check=False, timeout_s=120,
         )  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr
-        answer = json.loads(done.stdout.splitlines()[-1])
-        host = answer["url"].split("//", 1)[1].split("/", 1)[0]
-        assert host.startswith(f"{master_svc['metadata']['name']}.{FLEET_NS}.svc:"), answer
-        assert answer["read_back"] == value
-        direct = f"http://{master['status']['podIP']}:{ports['metadata']}/metadata?key={key}"
-        with urllib.request.urlopen(direct, timeout=10) as resp:
-            assert resp.read().decode() == value, name
+        got = _report(done.stdout.splitlines())
+        assert got["local_hostname"] == reader["status"]["podIP"], got
+        assert got["setup"] == 0, (got, done.stderr[-3000:])
+        assert got["got"] == wrote["digest"], (got, done.stderr[-3000:])
+        after_get = _master_metrics(master)
+        assert (
+            after_get["master_get_replica_list_requests_total"]
+            > after_put["master_get_replica_list_requests_total"]
+        )
+    finally:
+        if put.stdin:
+            put.stdin.close()
+        try:
+            put.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            put.kill()
+            put.wait()
+    assert put.returncode == 0, put_log.read_text()[-3000:]
 
 
 def _worker_pods(cluster: Cluster, fleet: str) -> list[dict[str, Any]]:
