@@ -508,10 +508,16 @@ class PreprocessedRequest(BaseModel):
     kv_hints: dict[str, Any] | None = None
     """The envelope's wire form, opaque to the router; absent when there is no hint."""
 
-    def to_json_bytes(self, *, messages_json: Sequence[Any] | None = None) -> bytes:
+    def to_json_bytes(
+        self,
+        *,
+        messages_json: Sequence[Any] | None = None,
+        tools_json: Sequence[Any] | None = None,
+    ) -> bytes:
         """Serialize with absent optional keys omitted (so no ``"kv_hints": null``).
 
         ``messages_json``: :func:`message_json` of each message, when the caller has them.
+        ``tools_json``: each tool's ``model_dump(exclude_none=True, by_alias=True)``, likewise.
 
         The same bytes as ``model_dump_json(exclude_none=True, by_alias=True)``, built faster: an
         agent's conversation holds ~1,500 messages and parts, and pydantic's per-model Python
@@ -519,16 +525,29 @@ class PreprocessedRequest(BaseModel):
         and the whole body is encoded once by msgspec (pydantic-core for what msgspec refuses:
         integers past 64 bits in a tool schema). Only a float's exponent may be written
         differently (``1e22`` for ``1e+22``), the same number to any JSON parser."""
-        data = self.model_dump(exclude_none=True, by_alias=True, exclude={"messages"})
-        if self.messages is not None:
+        tools = (
+            list(tools_json)
+            if tools_json is not None and len(tools_json) == len(self.tools)
+            else None
+        )
+        data = self.model_dump(
+            exclude_none=True,
+            by_alias=True,
+            exclude={"messages"} if tools is None else {"messages", "tools"},
+        )
+        if self.messages is not None or tools is not None:
             ordered: dict[str, Any] = {}
+            before = "tools" if tools is None else "deferred_tools"  # both always dumped
             for key, value in data.items():
-                if key == "tools":
-                    ordered["messages"] = (
-                        [_message_json(m) for m in self.messages]
-                        if messages_json is None or len(messages_json) != len(self.messages)
-                        else list(messages_json)
-                    )
+                if key == before:
+                    if self.messages is not None:
+                        ordered["messages"] = (
+                            [_message_json(m) for m in self.messages]
+                            if messages_json is None or len(messages_json) != len(self.messages)
+                            else list(messages_json)
+                        )
+                    if tools is not None:
+                        ordered["tools"] = tools
                 ordered[key] = value
             data = ordered
         try:

@@ -16,6 +16,13 @@ from kvretention.dataplane.frontend.app import ITEMWISE_BYTES, decode_json_body
 from kvretention.dataplane.frontend.errors import FrontendError
 from kvretention.dataplane.frontend.openai_api import parse_chat
 from kvretention.dataplane.frontend.resume import Resumer
+from kvretention.dataplane.frontend.upstream import router_body
+from kvretention.dataplane.protocol import (
+    ChatMessage,
+    PreprocessedRequest,
+    ToolDefinition,
+    ToolGrammar,
+)
 from kvretention.hints.errors import ClientError
 
 PAD: Final = "x" * ITEMWISE_BYTES  # every body below is decoded item by item
@@ -157,3 +164,46 @@ def test_an_edited_tool_changes_the_chain_head() -> None:
     chain_before = affinity.prefix_chain(before.messages, before.tools)
     chain_after = affinity.prefix_chain(after.messages, after.tools)
     assert chain_before[0] != chain_after[0]
+
+
+GRAMMAR: Final = ToolGrammar(syntax="regex", definition="[a-z]+")
+
+
+@pytest.mark.parametrize(
+    "tools",
+    [
+        [ToolDefinition(name="a", parameters={"type": "object", "x": 1.0}, strict=True)],
+        [ToolDefinition(name="a", description=None, parameters=None, retain_ttl=300)],
+        [ToolDefinition(kind="custom", name="c", grammar=GRAMMAR), ToolDefinition(name="d")],
+        [],
+    ],
+    ids=["function", "breakpoint on a tool", "custom and plain", "none"],
+)
+@pytest.mark.parametrize("messages", [True, False], ids=["messages", "token ids"])
+def test_router_body_with_remembered_tool_dumps_is_the_full_serialization(
+    tools: list[ToolDefinition], messages: bool
+) -> None:
+    deferred = [ToolDefinition(name="later", description="deferred")]
+    fields: dict[str, Any] = (
+        {"messages": [ChatMessage(role="user", content="hi")]} if messages else {"token_ids": [1]}
+    )
+    for _ in range(2):  # the second time from the remembered dumps
+        request = PreprocessedRequest(
+            request_id="r", model="m", tools=tools, deferred_tools=deferred, **fields
+        )
+        assert router_body(request) == request.to_json_bytes()
+        assert (
+            router_body(request)
+            == request.model_dump_json(exclude_none=True, by_alias=True).encode()
+        )
+
+
+def test_parsed_turns_router_bodies_equal_full_serializations() -> None:
+    resumer = Resumer()
+    for turn in (1, 2, 3):
+        parsed, _ = _parse(_body(turn), resumer)
+        request = PreprocessedRequest(
+            request_id="r", model="m", messages=parsed.messages, tools=parsed.tools
+        )
+        fresh = request.model_copy(update={"tools": [t.model_copy() for t in parsed.tools]})
+        assert router_body(request) == fresh.to_json_bytes()

@@ -12,9 +12,9 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Final
+from typing import Any, Final
 
 import aiohttp
 from pydantic import ValidationError
@@ -28,6 +28,7 @@ from kvretention.dataplane.protocol import (
     ErrorLine,
     GenerateChunk,
     PreprocessedRequest,
+    ToolDefinition,
 )
 
 log = logging.getLogger("kvretention.frontend")
@@ -121,10 +122,31 @@ class RouterClient:
 
 def router_body(request: PreprocessedRequest) -> bytes:
     """The router request's bytes: an agent's next turn takes its repeated messages' JSON from
-    its last turn (``repeats.router_messages``); the same bytes as ``to_json_bytes()``."""
+    its last turn (``repeats.router_messages``) and its tools' from the same tool objects
+    (:func:`tool_dumps`); the same bytes as ``to_json_bytes()``."""
+    tools = tool_dumps(request.tools)
     if request.messages is None:
-        return request.to_json_bytes()
-    return request.to_json_bytes(messages_json=router_messages(request.messages))
+        return request.to_json_bytes(tools_json=tools)
+    return request.to_json_bytes(messages_json=router_messages(request.messages), tools_json=tools)
+
+
+def tool_dumps(tools: Sequence[ToolDefinition]) -> list[dict[str, Any]]:
+    """Each tool's router JSON, kept by the tool object: the frontend shares one definition
+    between the turns that resend its bytes (``Resumer.derived``). A ``ToolDefinition`` is
+    frozen and nothing changes its ``parameters`` in place; the dump is only encoded."""
+    out = []
+    for tool in tools:
+        known = _DUMPS.get(id(tool))
+        if known is None or known[0] is not tool:
+            known = _DUMPS[id(tool)] = (tool, tool.model_dump(exclude_none=True, by_alias=True))
+            while len(_DUMPS) > MAX_TOOL_DUMPS:  # the entry holds the tool: its id stays its own
+                _DUMPS.pop(next(iter(_DUMPS)), None)
+        out.append(known[1])
+    return out
+
+
+MAX_TOOL_DUMPS: Final = 1024
+_DUMPS: Final[dict[int, tuple[ToolDefinition, dict[str, Any]]]] = {}
 
 
 async def _error_from_status(
