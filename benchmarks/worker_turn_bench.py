@@ -216,6 +216,15 @@ def measure(case: Turns, tokenizer: Any, *, repeats: int) -> dict[str, Any]:
     markers = len(planned.breakpoints.resolved) if planned.breakpoints else 0
     chain = headers.get(HEADER_PREFIX, "").split(",")
     compiled = compiled_template_for(tokenizer) if case.templated else None
+
+    def record_stages(suffix: str) -> None:
+        """Time the cached turn's stages one by one (``suffix``: which tree's columns)."""
+        cache = warmed()
+        templated = tokenizer if case.templated else None
+        timed = after_stages(body, templated, cache, chain=chain, markers=markers, headers=headers)
+        for stage, ms in timed.items():
+            stages.setdefault(f"{stage}{suffix}", []).append(ms)
+
     for _ in range(repeats):
         with without_memo():
             with jinja2_only():
@@ -224,26 +233,10 @@ def measure(case: Turns, tokenizer: Any, *, repeats: int) -> dict[str, Any]:
                 after_jinja.append(cpu_ms(lambda c=cache: plan(c)))
             cache = warmed()
             after_minijinja.append(cpu_ms(lambda c=cache: plan(c)))
-            for stage, ms in after_stages(
-                body,
-                tokenizer if case.templated else None,
-                warmed(),
-                chain=chain,
-                markers=markers,
-                headers=headers,
-            ).items():
-                stages.setdefault(f"{stage}_before", []).append(ms)
+            record_stages("_before")
         cache = warmed()
         after.append(cpu_ms(lambda c=cache: plan(c)))
-        for stage, ms in after_stages(
-            body,
-            tokenizer if case.templated else None,
-            warmed(),
-            chain=chain,
-            markers=markers,
-            headers=headers,
-        ).items():
-            stages.setdefault(stage, []).append(ms)
+        record_stages("")
     fresh = warmed()
     reused = plan(fresh).reused_tokens if fresh is not None else 0
     med = {k: round(statistics.median(v), 3) for k, v in stages.items() if v}
