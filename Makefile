@@ -19,11 +19,11 @@ demo-down:
 	@scripts/demo.sh down
 
 ## Everything CI runs: lint, types, generated-file drift, all test tiers, then the pods tier in a
-## pytest run of its own (a real node: its host changes must not overlap another tier). Where the
-## machine cannot run a node, scripts/test-pods.sh says why and skips it; with CI set it fails.
+## pytest run of its own (a real node: its host changes must not overlap another tier), its images
+## built beside the other tiers (scripts/test.sh). Where the machine cannot run a node,
+## scripts/test-pods.sh says why and skips it; with CI set it fails.
 test: bootstrap lint typecheck
-	$(BIN)/pytest -q
-	@scripts/test-pods.sh
+	@scripts/test.sh
 
 ## What the pods tier needs: Debian packages (only those missing), kubelet/kube-proxy/CoreDNS and the
 ## images, each cached (~/.cache/kvretention).

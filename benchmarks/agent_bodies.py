@@ -169,3 +169,70 @@ def chat_agent_body(messages_body: Body) -> Body:
         "max_tokens": messages_body["max_tokens"],
         "stream": messages_body.get("stream", False),
     }
+
+
+_TRACEBACK: Final = (
+    "    def test_case_{turn}():\n        tokens = tokenize(load('case_{turn}.txt'))\n"
+    ">       assert len(tokens) == {turn}\nE       assert {turn} == {turn} + 1\n"
+    "E        +  where tokens = tokenize('...')\ntests/test_parser.py:{turn}: AssertionError\n"
+    "---------------------------- Captured stdout call ----------------------------\n"
+    "parsing case_{turn}.txt (412 bytes)\n"
+)
+
+
+def small_turns_body(turns: int, *, tag: str = "", model: str = "claude-sonnet-4-5") -> Body:
+    """A Claude Code ``/v1/messages`` body of ``turns`` small tool rounds (an assistant ``tool_use``
+    and a user ``tool_result``, a few hundred bytes each) after the task message, with one
+    block-level ``cache_control`` on the newest block (the shape of issue 32: ~400 messages,
+    ~192 KB at 200 turns). ``tag`` goes into the task message, so each tag is its own
+    conversation; ``small_turns_body(n + 1)`` is ``small_turns_body(n)`` plus one round, with the
+    breakpoint moved to the new last block, as Claude Code moves it."""
+    tools = claude_code_session(turns=1)[-1][1]["tools"]
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": [{"type": "text", "text": f"Fix the failing tests {tag}"}]}
+    ]
+    for turn in range(turns):
+        call_id = f"toolu_{turn:04d}{'x' * 18}"
+        messages.append(
+            {
+                "role": "assistant",
+                "content": [
+                    {
+                        "type": "tool_use",
+                        "id": call_id,
+                        "name": "Bash",
+                        "input": {
+                            "command": f"pytest tests/test_parser.py -k case_{turn} -q",
+                            "description": f"Run parser case {turn} to check the tokenizer "
+                            "still splits quoted strings, escapes and nested brackets",
+                        },
+                    }
+                ],
+            }
+        )
+        messages.append(
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": call_id,
+                        "content": f"F.. [100%]\nFAILED tests/test_parser.py::test_case_{turn} - "
+                        f"AssertionError: expected {turn} tokens, got {turn + 1}\n"
+                        + _TRACEBACK.format(turn=turn)
+                        + "1 failed, 2 passed in 0.31s",
+                    }
+                ],
+            }
+        )
+    messages[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
+    return {
+        "model": model,
+        "max_tokens": 32000,
+        "system": [
+            {"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude."},
+        ],
+        "messages": messages,
+        "tools": tools,
+        "stream": True,
+    }

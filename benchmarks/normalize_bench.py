@@ -49,6 +49,12 @@ from agent_bodies import (
     with_responses_hints,
 )
 from kvretention.dataplane.frontend import app as frontend
+
+try:  # the steps the request flow calls, in their own modules since the frontend's split
+    from kvretention.dataplane.frontend import body as frontend_body
+    from kvretention.dataplane.frontend import prepare
+except ImportError:  # an older tree: all in app
+    frontend_body = prepare = frontend
 from kvretention.dataplane.frontend import upstream
 from kvretention.dataplane.frontend.endpoints import (
     CHAT,
@@ -272,7 +278,7 @@ def frontend_stages(case: Case) -> dict[str, Callable[[], object]]:
     session = "session-0123456789"
 
     def read() -> object:  # what the frontend does with the bytes once they arrived
-        return frontend.decode_json_body(raw)
+        return frontend_body.decode_json_body(raw)
 
     body = json.loads(raw)
     parsed = api.parse(body, hints=True, breakpoints=config.breakpoints)
@@ -281,15 +287,15 @@ def frontend_stages(case: Case) -> dict[str, Callable[[], object]]:
         p = frontend.normalize_clients(parsed, state=state, endpoint=api.endpoint)
         if HINT_POLICY is not None:  # the policy and the metric's TTL from one find_markers
             return HINT_POLICY(p, config=config)
-        p = frontend.apply_hint_policy(p, config=config)
-        return frontend.longest_ttl(p)
+        p = prepare.apply_hint_policy(p, config=config)
+        return prepare.longest_ttl(p)
 
-    final = frontend.apply_hint_policy(
+    final = prepare.apply_hint_policy(
         frontend.normalize_clients(parsed, state=state, endpoint=api.endpoint), config=config
     )
 
     def preprocess() -> object:
-        return frontend.build_preprocessed(
+        return prepare.build_preprocessed(
             final, request_id="r" * 32, session_id=session, tokenizer=None, model=final.model
         )
 
@@ -300,17 +306,17 @@ def frontend_stages(case: Case) -> dict[str, Callable[[], object]]:
         "parse_conversation": lambda: api.parse(body, hints=True, breakpoints=config.breakpoints),
         "client_and_hint_policy": policy,
         "preprocessed_request": preprocess,
-        "prefix_chain_header": lambda: frontend.router_headers(final, session, config=config),
+        "prefix_chain_header": lambda: prepare.router_headers(final, session, config=config),
         "serialize_for_router": upstream.to_json_bytes,
     }
 
 
-HINT_POLICY = getattr(frontend, "hint_policy", None)
+HINT_POLICY = getattr(prepare, "hint_policy", None)
 """What the tree under test's request flow calls (older trees: ``apply_hint_policy`` then
 ``longest_ttl``, two walks for markers)."""
 RESUMES: bool = "resumer" in inspect.signature(MESSAGES.parse).parameters
 """Whether the tree under test parses a session's next body from the last one's (issue 21)."""
-DECODES_ITEMWISE: bool = "resumer" in inspect.signature(frontend.decode_json_body).parameters
+DECODES_ITEMWISE: bool = "resumer" in inspect.signature(frontend_body.decode_json_body).parameters
 """Whether the tree under test decodes a session's next body only past its last one's items."""
 ROUTER_BODY: Callable[[PreprocessedRequest], bytes] | None = getattr(upstream, "router_body", None)
 """What the tree under test sends the router (older trees: ``to_json_bytes``)."""
@@ -332,20 +338,20 @@ def _serve(
     extra: dict[str, Any] = {"resumer": state.resumer} if RESUMES else {}
     t_read = clock()
     if DECODES_ITEMWISE:
-        body = frontend.decode_json_body(raw, resumer=state.resumer)  # type: ignore[call-arg]
+        body = frontend_body.decode_json_body(raw, resumer=state.resumer)  # type: ignore[call-arg]
     else:
-        body = frontend.decode_json_body(raw)
+        body = frontend_body.decode_json_body(raw)
     t0 = clock()
     parsed = api.parse(body, hints=True, breakpoints=config.breakpoints, **extra)
     t1 = clock()
-    final = frontend.apply_hint_policy(
+    final = prepare.apply_hint_policy(
         frontend.normalize_clients(parsed, state=state, endpoint=api.endpoint), config=config
     )
-    upstream = frontend.build_preprocessed(
+    upstream = prepare.build_preprocessed(
         final, request_id="r" * 32, session_id="s", tokenizer=None, model=final.model
     )
     t2 = clock()
-    frontend.router_headers(final, "s", config=config)
+    prepare.router_headers(final, "s", config=config)
     t3 = clock()
     ROUTER_BODY(upstream) if ROUTER_BODY is not None else upstream.to_json_bytes()
     t4 = clock()

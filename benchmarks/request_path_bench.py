@@ -17,7 +17,8 @@ Scenarios: concurrency 1 and 64, streaming and not, a small and a ~200 KB prompt
 stream (256 chunks) that measures the per-chunk cost, plus agent-shaped ~200 KB streams
 (``agent_bodies.py``): a Claude Code Messages body with tools, thinking / tool_use / tool_result
 history and two block-level breakpoints on ``/v1/messages``, a Codex body on ``/v1/responses``, and
-the Claude Code conversation as a Chat Completions body with tools. LiteLLM bridges Messages and
+the Claude Code conversation as a Chat Completions body with tools, and issue 32's Claude Code body
+of ~400 small tool turns with one breakpoint, without a session header (``cc-turns``). LiteLLM bridges Messages and
 Responses to the stub's Chat Completions (``use_chat_completions_api``), as our frontend turns them
 into its neutral conversation; ``direct`` posts the same bytes to the stub, which reads only
 ``stream`` and the token limit; ``sglang-router`` takes Chat Completions only. Targets run interleaved inside each repeat,
@@ -61,6 +62,7 @@ from agent_bodies import (  # noqa: E402
     claude_code_headers,
     codex_body,
     codex_headers,
+    small_turns_body,
 )
 from loadgen import pin_tree, rss_bytes, tree_cpu_seconds  # noqa: E402
 from profiling import start_sampler  # noqa: E402
@@ -78,10 +80,14 @@ RESPONSES_PATH: Final = "/v1/responses"
 ALL_PATHS: Final = frozenset({CHAT_PATH, MESSAGES_PATH, RESPONSES_PATH})
 AGENT_SHAPES: Final[dict[str, str]] = {
     "claude-code": MESSAGES_PATH,
+    "cc-turns": MESSAGES_PATH,
     "codex": RESPONSES_PATH,
     "chat-agent": CHAT_PATH,
 }
-"""Agent-shaped bodies (``agent_bodies.py``) and the endpoint each is sent to."""
+"""Agent-shaped bodies (``agent_bodies.py``) and the endpoint each is sent to. ``cc-turns`` is
+sent without a session header (``agent_shapes_bench.py`` runs it and more shapes in detail)."""
+CC_TURNS: Final = 200
+"""Tool rounds of the ``cc-turns`` body: 401 messages, ~185 KB."""
 BASELINE_SCENARIO: Final = "c64-json-small"
 READY_TIMEOUT_S: Final = 90.0
 
@@ -208,6 +214,9 @@ def agent_body(scenario: Scenario) -> dict[str, Any]:
     ``max_tokens``; the thinking blocks in the history stay); Codex sends no token limit."""
     if scenario.shape == "codex":
         body = codex_body(scenario.prompt_bytes)
+    elif scenario.shape == "cc-turns":  # issue 32's: ~400 small tool turns, one breakpoint
+        body = small_turns_body(CC_TURNS)
+        body["max_tokens"] = scenario.max_tokens
     else:
         body = claude_code_body(scenario.prompt_bytes)
         body["max_tokens"] = scenario.max_tokens

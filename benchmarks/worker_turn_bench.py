@@ -55,6 +55,11 @@ from kvretention.dataplane import chat_template  # noqa: E402
 from kvretention.dataplane.chat_template import ConvertedMessages, render_template  # noqa: E402
 from kvretention.dataplane.compiled_template import compiled_template_for  # noqa: E402
 from kvretention.dataplane.frontend import app as frontend  # noqa: E402
+
+try:  # the steps the request flow calls, in their own module since the frontend's split
+    from kvretention.dataplane.frontend import prepare
+except ImportError:  # an older tree: all in app
+    prepare = frontend
 from kvretention.dataplane.frontend.endpoints import MESSAGES, RESPONSES, GenerateEndpoint  # noqa: E402
 from kvretention.dataplane.frontend.upstream import RouterClient  # noqa: E402
 from kvretention.dataplane.gc_tuning import tune_gc  # noqa: E402
@@ -105,15 +110,15 @@ def forwarded(
     config = frontend.FrontendConfig(router_url="http://127.0.0.1:9")
     state = frontend.FrontendState(config=config, router=RouterClient(config.router_url, timeout=1))
     parsed = api.parse(body, hints=True, breakpoints=config.breakpoints)
-    final = frontend.apply_hint_policy(
+    final = prepare.apply_hint_policy(
         frontend.normalize_clients(parsed, state=state, endpoint=api.endpoint), config=config
     )
     session = "session-0123456789"
-    request = frontend.build_preprocessed(
+    request = prepare.build_preprocessed(
         final, request_id=rid, session_id=session, tokenizer=None, model=final.model
     )
     headers = {
-        k.lower(): v for k, v in frontend.router_headers(final, session, config=config).items()
+        k.lower(): v for k, v in prepare.router_headers(final, session, config=config).items()
     }
     return request.to_json_bytes(), headers
 

@@ -12,11 +12,13 @@ log() { printf '[bootstrap] %s\n' "$*" >&2; }
 
 # Debian packages: openssl for the control plane's keys, libibverbs1 for mooncake_master,
 # lua5.1 to test the Argo CD health check with a real Lua, gcc for the test-only libcuda stand-in,
-# npm (with Node.js) to install the real Claude Code and Codex CLIs the client tier runs.
+# npm (with Node.js) to install the real Claude Code and Codex CLIs the client tier runs,
+# postgresql for the throwaway store `claude gateway` needs to serve its /protocol (that tier).
 need_apt=()
 command -v npm >/dev/null || need_apt+=(npm)
 command -v openssl >/dev/null || need_apt+=(openssl)
 command -v lua5.1 >/dev/null || need_apt+=(lua5.1)
+command -v initdb >/dev/null || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need_apt+=(postgresql)
 command -v gcc >/dev/null && command -v nm >/dev/null || need_apt+=(gcc binutils)
 [ -e /usr/lib/x86_64-linux-gnu/libibverbs.so.1 ] || ldconfig -p | grep -q libibverbs.so.1 || need_apt+=(libibverbs1)
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -36,8 +38,8 @@ if [ ! -e "$stamp" ]; then
   log "creating $VENV and installing Python packages (first run takes a few minutes)"
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip
-  # [test]: what SGLang's tool-call/reasoning parsers import, torch (PyPI wheel, CPU use) and
-  # transformers for the chat-template tests; about 2.9 GB of wheels, cached by pip after once.
+  # [test]: SGLang's real engine on CPU ([cpu-engine]: torch from PyPI, its parsers, radix caches,
+  # scheduler and servers) and jinja2; about 3 GB of wheels, cached by pip after once.
   "$VENV/bin/pip" install -q -e '.[dev,test]'
   # devtools/: the local control plane (`kvretention cluster`), never shipped in the package
   "$VENV/bin/pip" install -q --no-deps -e devtools

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # TEST-ONLY: build (or reuse) a stand-in libcuda.so.1 so that Mooncake's store client loads on a
 # host without a GPU driver, plus PyPI's libcudart.so.12 beside it. The GPU worker image keeps the
-# real NVIDIA driver; only the pods tier's stand-in worker image (ENGINE=standin) carries these, and
+# real NVIDIA driver; only the CPU worker image (its cpu-deps stage: the pods tier, make demo) carries these, and
 # nothing here is committed as a binary.
 #
 # Mooncake's native modules (mooncake/store.so, mooncake/engine.so) link libcuda.so.1 and

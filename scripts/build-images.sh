@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Build (or reuse) the images a real local node runs (`kvretention cluster up --real-node`, the
-# pods tier): pause (the pod sandbox), operator, runtime (frontend/router) and the stand-in worker.
+# pods tier): pause (the pod sandbox), operator, runtime (frontend/router) and the CPU worker
+# (SGLang's real engine on CPU with the project's tiny model: images/worker/Dockerfile, ENGINE=cpu).
 # With buildah (vfs storage, --network none) from the repo's Dockerfiles on a local Debian bookworm
 # base made with debootstrap, and pip wheels prepared here (the build itself is offline). Each
 # image is written as a docker-archive that containerd imports, all cached outside the repo
-# (~/.cache/kvretention/images) keyed by a hash of what goes in, so a second run is instant.
+# (~/.cache/kvretention/images) keyed by a hash of what goes in, so a second run is instant. The CPU
+# worker is built on its own dependency image (the Dockerfile's cpu-deps stage: torch and its
+# nvidia-* wheels, SGLang, Mooncake, the tiny model; ~4 GB), kept in buildah's storage and keyed
+# only by what goes into it, so an edit to operator/ rebuilds just the package layer on top.
 #
 # Usage: scripts/build-images.sh           # progress on stderr, the cache dir last on stdout
 #        scripts/build-images.sh --check   # print the cache dir if every image is built, else exit 3
@@ -17,7 +21,7 @@ venv="${KVR_VENV:-$root/.venv}"
 suite=bookworm
 mirror="${KVR_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 # python3-venv: the images' virtualenvs; libibverbs1, libcurl4, libnuma1: mooncake_master (the
-# stand-in worker image runs the managed Mooncake master); ibverbs-providers: libmlx5, which
+# CPU worker image runs the managed Mooncake master); ibverbs-providers: libmlx5, which
 # Mooncake's store client links (the pods tier's store round trip); ca-certificates: TLS.
 base_packages=python3,python3-venv,python-is-python3,libibverbs1,ibverbs-providers,libcurl4,libnuma1,ca-certificates
 base_ref=localhost/kvretention/python:3.11.11-slim-bookworm
@@ -34,12 +38,14 @@ files_hash() { # the content of the given paths (tracked or new, not ignored) an
 base_key=$(printf '%s\n' "$suite" "$base_packages" "$(sed -n '/^# --- base/,/^# --- end base/p' "$0")" | sha)
 pause_src="$(go env GOMODCACHE 2>/dev/null)/k8s.io/kubernetes@$k8s_version/build/pause/linux/pause.c"
 pause_key=$( { cat "$pause_src" 2>/dev/null; gcc --version 2>/dev/null | head -1; } | sha)
-wheel_reqs=(setuptools'>=77' msgspec 'transformers==5.19.0' 'tokenizers==0.23.2' jinja2)
+# The CPU worker's whole dependency set (the [cpu-engine] extra, ~3 GB of wheels with torch's
+# nvidia-* ones); the operator and runtime images take the package's own dependencies from it.
+wheel_reqs=(setuptools'>=77' '.[cpu-engine]' 'jinja2==3.1.6')
 nodeps_reqs=('sglang==0.5.23' 'mooncake-transfer-engine==0.3.13.post1')
 wheels_key=$( { cat "$root/pyproject.toml"; printf '%s\n' "${wheel_reqs[@]}" "${nodeps_reqs[@]}"; } | sha)
 # README.md goes into the wheel's metadata only: an edit to it does not rebuild the images.
 src_key=$(files_hash pyproject.toml operator)
-# The stand-in worker image carries the TEST-ONLY libcuda stand-in (and PyPI's libcudart) so a real
+# The CPU worker image carries the TEST-ONLY libcuda stand-in (and PyPI's libcudart) so a real
 # Mooncake store client loads in its pods (the pods tier's store round trip); its own cached build.
 if [[ "${1:-}" == --check ]]; then
   cuda_standin=$("$root/scripts/build-cuda-standin.sh" --check 2>/dev/null) || {
@@ -50,18 +56,28 @@ else
   cuda_standin=$(KVR_VENV="$venv" "$root/scripts/build-cuda-standin.sh")
 fi
 cuda_key=$(cat "$cuda_standin/libcuda.so.1" "$cuda_standin/libcudart.so.12" | sha)
+worker_dockerfile="$root/images/worker/Dockerfile"
+# The CPU worker's dependency image: only what its Dockerfile stage reads (pyproject.toml, the tiny
+# model's builder, the sgl_kernel shim), the stage itself, the wheelhouse and the libcuda stand-in.
+deps_key=$( {
+  echo "$base_key $wheels_key $cuda_key"
+  files_hash pyproject.toml operator/kvretention/__init__.py operator/kvretention/dataplane/__init__.py \
+    operator/kvretention/dataplane/worker/__init__.py operator/kvretention/dataplane/worker/cpu \
+    images/worker/cpu-shim
+  sed -n '/ AS cpu-deps$/,/^# Stage 2/p' "$worker_dockerfile"
+} | sha)
+deps_ref=localhost/kvretention/worker-cpu-deps:$deps_key
 declare -A keys=(
   [pause]=$pause_key
   [operator]=$( { echo "$base_key $wheels_key $src_key"; cat "$root/images/operator/Dockerfile"; } | sha)
   [runtime]=$( { echo "$base_key $wheels_key $src_key"; cat "$root/images/runtime/Dockerfile"; } | sha)
-  [worker]=$( { echo "$base_key $wheels_key $src_key $cuda_key"; cat "$root/images/worker/Dockerfile" \
-    "$root/images/worker/standin-kvretention" "$root/tests/support/chat_tokenizer.py"; } | sha)
+  [worker]=$( { echo "$deps_key $src_key"; cat "$worker_dockerfile"; } | sha)
 )
 declare -A repos=(
   [pause]=localhost/kvretention/pause
   [operator]=localhost/kvretention/operator
   [runtime]=localhost/kvretention/kvretention
-  [worker]=localhost/kvretention/worker-standin
+  [worker]=localhost/kvretention/worker-cpu
 )
 names=(pause operator runtime worker)
 archive() { echo "$cache/$1-${keys[$1]}.tar"; }
@@ -165,11 +181,21 @@ declare -A dockerfiles=(
   [runtime]=images/runtime/Dockerfile
   [worker]=images/worker/Dockerfile
 )
-# The worker image's engine and base are build args (its defaults are the GPU image); only the
-# stand-in build mounts the libcuda stand-in.
+# The worker image's engine and base are build args (its defaults are the GPU image): the CPU
+# engine on its dependency image, built first (only its build mounts the libcuda stand-in).
 declare -A build_args=(
-  [worker]="--build-arg ENGINE=standin --build-arg WORKER_BASE=$base_ref --volume $cuda_standin:/cuda-standin:ro"
+  [worker]="--build-arg ENGINE=cpu --build-arg WORKER_BASE=$deps_ref"
 )
+build_cpu_deps() {
+  if [[ "$(buildah "${bflags[@]}" inspect --format '{{index .ImageAnnotations "kvr.deps"}}' "$deps_ref" 2>/dev/null || true)" == "$deps_key" ]]; then
+    return
+  fi
+  local start=$SECONDS
+  log "building $deps_ref (torch, SGLang, Mooncake, the tiny model: once per dependency change)"
+  build_dockerfile images/worker/Dockerfile "$deps_ref" --target cpu-deps \
+    --annotation "kvr.deps=$deps_key" --volume "$cuda_standin:/cuda-standin:ro"
+  log "built $deps_ref in $((SECONDS - start))s"
+}
 for name in "${names[@]}"; do
   out="$(archive "$name")"
   [[ -s "$out" ]] && continue
@@ -179,6 +205,7 @@ for name in "${names[@]}"; do
   if [[ $name == pause ]]; then
     build_pause "$ref"
   else
+    [[ $name == worker ]] && build_cpu_deps
     read -ra extra <<<"${build_args[$name]:-}"
     build_dockerfile "${dockerfiles[$name]}" "$ref" "${extra[@]}"
   fi
@@ -187,10 +214,11 @@ for name in "${names[@]}"; do
   mv "$out.tmp" "$out"
   log "built $ref in $((SECONDS - start))s ($(du -h "$out" | cut -f1))"
 done
-# The archives are what the node imports: keep only the base (the Dockerfiles build FROM it) in
-# buildah's storage, else every source edit leaves ~1.5 GB of vfs layers behind.
+# The archives are what the node imports: keep only the base and the CPU worker's dependency image
+# (the Dockerfiles build FROM them) in buildah's storage, else every source edit leaves GBs of vfs
+# layers behind.
 while read -r id ref; do
-  [[ "$ref" == "$base_ref" ]] || buildah "${bflags[@]}" rmi -f "$id" >/dev/null 2>&1 || true
+  [[ "$ref" == "$base_ref" || "$ref" == "$deps_ref" ]] || buildah "${bflags[@]}" rmi -f "$id" >/dev/null 2>&1 || true
 done < <(buildah "${bflags[@]}" images --noheading --format '{{.ID}} {{.Name}}:{{.Tag}}' 2>/dev/null || true)
 buildah "${bflags[@]}" rmi --prune >/dev/null 2>&1 || true
 # Older bases and wheelhouses (their keys changed) are not used again.

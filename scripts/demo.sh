@@ -16,8 +16,10 @@
 #   `probe` init container runs `kvretention probe --report-only` and the kubelet keeps its report
 #   as the container's termination message (KvHintsSupported comes from it), and the agent
 #   requests go to the frontend Service's ClusterIP, which kube-proxy routes from this machine; the
-#   hint is read back from the worker pod that served it. The worker image runs the engine
-#   stand-in (no GPU here). It needs root, writable cgroups, bridge netfilter and CAP_NET_ADMIN;
+#   hint is read back from the worker pod that served it (its request trace). The worker image runs
+#   SGLang's real engine on CPU (no GPU here) serving the project's tiny model: the agents get
+#   SGLang's answers, SGLang's cached_tokens on a second turn, tool calls parsed by SGLang, and the
+#   fleet shows RetentionApplied=True. It needs root, writable cgroups, bridge netfilter and CAP_NET_ADMIN;
 #   `down` restores every sysctl, iptables rule, mount and link the node changed, and checks.
 #
 # kwok (the fallback, or chosen): these pods run no process. The chart's operator Deployment gets
@@ -27,7 +29,8 @@
 #   container runs either, so the demo runs the probe's own command here and writes its output
 #   into the worker pods' status, where the kubelet would (scripts/inject_probe_report.py), saying
 #   so; and it runs the rendered frontend, router and worker commands on loopback for the agent
-#   requests (scripts/demo_agent_request.py).
+#   requests (scripts/demo_agent_request.py), the worker with SGLang's real engine on CPU and the
+#   tiny model built here (cached in ~/.cache/kvretention/tiny-model).
 #
 # auto takes real where the machine allows it and says exactly why not otherwise (not root, a
 # read-only cgroup fs, no bridge netfilter, no CAP_NET_ADMIN, missing Debian packages with no apt,
@@ -35,8 +38,8 @@
 # instead of falling back.
 #
 # Env: KVR_DEMO_NODE (auto), KVR_CLUSTER_DIR (default .kvr-cluster), KVR_DEMO_EXAMPLE (default
-#      examples/aggregated.yaml), KVR_DEMO_TIMEOUT seconds to wait for Ready (default 180 on kwok,
-#      300 on a real node).
+#      examples/cpu-tiny.yaml: the tiny model the CPU worker image carries), KVR_DEMO_TIMEOUT
+#      seconds to wait for Ready (default 180 on kwok, 600 on a real node: SGLang's engines start).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -45,14 +48,15 @@ KVR="$root/.venv/bin/kvretention"
 PY="$root/.venv/bin/python"
 state_dir="$(realpath -m "${KVR_CLUSTER_DIR:-$root/.kvr-cluster}")"
 demo_dir="$state_dir/demo"
-example="${KVR_DEMO_EXAMPLE:-examples/aggregated.yaml}"
+example="${KVR_DEMO_EXAMPLE:-examples/cpu-tiny.yaml}"
 node_choice="${KVR_DEMO_NODE:-auto}"
 system_ns=kvretention-system
 demo_ns=demo
 release=kvretention
 sa=kvretention-operator
-# The worker pods' engine stand-in appends each call it gets here (read back with kubectl exec).
-pod_record=/tmp/standin-calls.jsonl
+# The worker pods' request trace (KVR_REQUEST_TRACE: what each worker passed SGLang), read back with
+# kubectl exec.
+pod_trace=/tmp/kvr-request-trace.jsonl
 real_node_marker=/run/kvretention-real-node
 
 step() { printf '\n\033[1m==> %s\033[0m\n' "$*" >&2; }
@@ -365,10 +369,10 @@ up_kwok() { # up_kwok <bin dir>
 
   show_fleet "$name" "Children (kwok pods: Running with no kubelet, no process)"
 
-  step "An agent request through the fleet's data plane (the engine is a STAND-IN: no GPU here)"
+  step "Agent requests through the fleet's data plane (SGLang's real engine on CPU: no GPU here)"
   note "kwok pods run no process, so the frontend, router and worker commands rendered above run"
-  note "here on loopback; the worker's --engine sglang becomes the stand-in, which has"
-  note "sglang.Engine.async_generate's signature and records what it is called with"
+  note "here on loopback; the worker runs SGLang's real engine on CPU (--device cpu) with the tiny"
+  note "model built here, and keeps a request trace of what it passed SGLang"
   "$PY" "$root/scripts/demo_agent_request.py" --deployments "$demo_dir/deployments.json" \
     --out-dir "$demo_dir/dataplane" ||
     die "the agent request did not go through; logs in $demo_dir/dataplane/"
@@ -404,7 +408,7 @@ up_real() { # up_real <bin dir>; sets fallback_reason (see fall_back) when the n
   fi
   node_bin="$(cached_build build-node.sh "the kubelet, kube-proxy and CoreDNS (cold: about 17 min on 2 cores)")" ||
     { fall_back "scripts/build-node.sh failed: $(tail -n 3 "$demo_dir/build-node.sh.log")"; return; }
-  images_dir="$(cached_build build-images.sh "the images: pause, operator, runtime, stand-in worker (cold: about 7 min)")" ||
+  images_dir="$(cached_build build-images.sh "the images: pause, operator, runtime, CPU worker (cold: about 20 min)")" ||
     { fall_back "scripts/build-images.sh failed: $(tail -n 3 "$demo_dir/build-images.sh.log")"; return; }
   listing="$images_dir/images.json"
   note "node binaries: $node_bin"
@@ -449,10 +453,10 @@ up_real() { # up_real <bin dir>; sets fallback_reason (see fall_back) when the n
   local name
   name="$(fleet_name)"
   step "Sample fleet: $example -> namespace $demo_ns, with the images built here"
-  note "frontend/router: the runtime image; workers and the Mooncake master: the stand-in worker image"
-  note "(no GPU here: its engine is the stand-in, and SGLang 0.5.23's source serves the probe);"
-  note "workers.pod.env KVR_STANDIN_RECORD=$pod_record: the engine records each call in its pod"
-  "$PY" - "$example" "$listing" "$pod_record" >"$demo_dir/fleet.yaml" <<'PY'
+  note "frontend/router: the runtime image; workers and the Mooncake master: the CPU worker image"
+  note "(no GPU here: SGLang's real engine on CPU serving the tiny model built into the image);"
+  note "workers.pod.env KVR_REQUEST_TRACE=$pod_trace: each worker traces what it passed SGLang"
+  "$PY" - "$example" "$listing" "$pod_trace" >"$demo_dir/fleet.yaml" <<'PY'
 import json, sys, yaml
 doc = yaml.safe_load(open(sys.argv[1]))
 images = {k: v["ref"] for k, v in json.load(open(sys.argv[2])).items()}
@@ -461,12 +465,12 @@ spec.setdefault("frontend", {})["image"] = images["runtime"]
 spec.setdefault("router", {})["image"] = images["runtime"]
 spec["workers"]["image"] = images["worker"]
 env = spec["workers"].setdefault("pod", {}).setdefault("env", [])
-env.append({"name": "KVR_STANDIN_RECORD", "value": sys.argv[3]})
+env.append({"name": "KVR_REQUEST_TRACE", "value": sys.argv[3]})
 spec.setdefault("kvStore", {}).setdefault("mooncake", {}).setdefault("master", {})["image"] = images["worker"]
 yaml.safe_dump(doc, sys.stdout, sort_keys=False)
 PY
   k apply --server-side -n "$demo_ns" -f "$demo_dir/fleet.yaml" >&2
-  wait_workers_ready "$name" "${KVR_DEMO_TIMEOUT:-300}"
+  wait_workers_ready "$name" "${KVR_DEMO_TIMEOUT:-600}"
 
   step "Capability probe: the worker pods' probe init container ran (the kubelet kept its report)"
   local pod
@@ -489,15 +493,18 @@ PY
     -o jsonpath='{.items[0].metadata.name}')"
   url="http://$(k -n "$demo_ns" get svc "$svc" -o jsonpath='{.spec.clusterIP}:{.spec.ports[0].port}')"
   step "Agent requests through the frontend Service $demo_ns/$svc ($url, routed by kube-proxy)"
-  note "every hop is a pod: Service -> frontend pod -> router Service/pod -> worker pod, whose engine"
-  note "is the STAND-IN (no GPU here); the hint is read back from the worker pod that served it"
+  note "every hop is a pod: Service -> frontend pod -> router Service/pod -> worker pod, which embeds"
+  note "SGLang's real engine on CPU (tiny model: its answers are noise, their shape and SGLang's"
+  note "token counts are the point); the hint is read back from the worker pod's request trace"
   wait_for "the frontend Service" 60 "$PY" -c 'import sys, urllib.request
 urllib.request.urlopen(sys.argv[1], timeout=2)' "$url/readyz" ||
     die "the frontend Service $url does not answer /readyz"
   "$PY" "$root/scripts/demo_agent_request.py" --deployments "$demo_dir/deployments.json" \
     --service "$url" --kubectl "$kubectl" --kubeconfig "$kc" --namespace "$demo_ns" \
-    --fleet "$name" --record "$pod_record" ||
+    --fleet "$name" --trace "$pod_trace" ||
     die "the agent request did not go through the Service"
+  step "Retention: SGLang in every worker pod loads the retention plugin"
+  k -n "$demo_ns" get kvrd "$name" -o go-template='{{range .status.conditions}}{{if eq .type "RetentionApplied"}}RetentionApplied={{.status}} {{.reason}}: {{.message}}{{"\n"}}{{end}}{{end}}'
 
   step "Done: every pod is a real process (make demo-down stops them and restores the host)"
   cat >&2 <<MSG

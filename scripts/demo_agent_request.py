@@ -1,30 +1,32 @@
 #!/usr/bin/env python3
-"""Send the fleet one Claude Code- and one Codex-shaped request: what the agent gets back, and
-what the worker's engine was called with.
+"""Send the fleet Claude Code- and Codex-shaped requests: the real engine's answers, SGLang's own
+cached-token count on a second turn of the same conversation, a tool call parsed by SGLang, and what
+the worker passed SGLang (its request trace).
 
 usage: demo_agent_request.py --deployments FILE --out-dir DIR
        demo_agent_request.py --deployments FILE --service URL --kubectl BIN --kubeconfig KC
-                             --namespace NS --fleet NAME --record PATH
+                             --namespace NS --fleet NAME --trace PATH
 
 FILE is ``kubectl get deploy -l app.kubernetes.io/instance=<fleet> -o json``: the frontend, router
 and worker commands exactly as the operator rendered them (the frontend's model aliases come from
 it in both forms).
 
+The engine is SGLang 0.5.23's real ``sglang.Engine`` on CPU serving the project's tiny random Llama
+(``kvretention tiny-model``): its answers are noise, so what the demo shows is their shape, the
+token counts SGLang reports (``cached_tokens``: the prompt's prefix read from SGLang's radix cache)
+and tool calls that SGLang's ``qwen25`` parser turned into ``tool_use`` / ``function_call``
+objects (a forced ``tool_choice``: SGLang constrains the output to the tool's schema).
+
 With ``--service`` (``make demo`` on real pods) every pod is a real process: the requests go to the
-frontend Service's URL (its ClusterIP, which kube-proxy routes from this machine), and the engine
-calls are read from the worker pods themselves (``kubectl exec <pod> -c worker -- cat PATH``: the
-stand-in image's engine appends each call it gets to ``$KVR_STANDIN_RECORD``, set to PATH in the
-fleet's worker pods). That image leaves out SGLang's tool-call and reasoning parsers (they import
-torch), so the model's native tool call comes back in the text, unparsed: the script says so.
+frontend Service's URL (its ClusterIP, which kube-proxy routes from this machine), and what the
+worker passed SGLang is read from the worker pods themselves (``kubectl exec <pod> -c worker -- cat
+PATH``: the worker's request trace, ``$KVR_REQUEST_TRACE``, set to PATH in the fleet's worker pods).
 
 With ``--out-dir`` (``make demo`` on kwok, whose pods run no process) it runs those same commands
 as local processes on loopback, changing only what a pod would get from the cluster (addresses,
-ports, Service DNS) and, because no GPU is here, the worker's engine: ``--engine sglang`` becomes
-``--engine standin:versioned`` (``sglang.Engine.async_generate``'s signature, SGLang 0.5.23's
-kv_hints dialect, recording every call), and the model path becomes a small local tokenizer with a
-tool-aware Qwen-style chat template (``tests/support/chat_tokenizer.py``; no model hub is
-reachable). SGLang's own tool-call and reasoning parsers, named by the rendered
-``--tool-call-parser`` / ``--reasoning-parser``, parse what the stand-in writes.
+ports, Service DNS), the model path (the tiny model, built here once and cached:
+``tests/support/cpu_engine.py``) and ``--device cpu``, with the ``sgl_kernel`` import shim on
+``PYTHONPATH`` as the CPU worker image has it.
 """
 
 from __future__ import annotations
@@ -32,11 +34,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -45,17 +47,21 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from support.agent_sessions import claude_code_session, codex_session
-from support.chat_tokenizer import save
+from support.cpu_engine import SHIM_DIR, tiny_model_dir
 from support.processes import free_port, http_ok
 
-TOOL_MARKER = "[[standin:reasoning]] [[standin:tool_call:Bash]]"
-"""Asks the stand-in to think, then call Bash, in Qwen's native format (see its docstring)."""
-STANDIN = "standin:versioned"
-NATIVE_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-CALL_WAIT_S = 30.0
+TRACE_WAIT_S = 30.0
+ENGINE_READY_S = 300.0
+"""SGLang's CPU engine starts in 25-45 s on two quiet cores; a loaded machine takes longer."""
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 12}},
+    "required": ["city"],
+}
+"""A small tool schema: a forced call fits in a few dozen tokens of the tiny model."""
 
-EngineCall = Callable[[str], tuple[str, dict[str, Any]]]
-"""rid -> (where the engine ran, the call it recorded)."""
+TraceLookup = Callable[[str], tuple[str, dict[str, Any]]]
+"""request id -> (where the worker ran, its request trace record)."""
 
 
 def _command(deployments: dict[str, Any], component: str) -> list[str]:
@@ -122,32 +128,39 @@ def _post(url: str, body: dict[str, Any], headers: dict[str, str]) -> dict[str, 
     request = urllib.request.Request(
         url, data=data, headers={**headers, "content-type": "application/json"}
     )
-    with urllib.request.urlopen(request, timeout=60) as response:
-        answer: dict[str, Any] = json.loads(response.read())
-        return answer
+    try:
+        with urllib.request.urlopen(request, timeout=300) as response:
+            answer: dict[str, Any] = json.loads(response.read())
+            return answer
+    except urllib.error.HTTPError as err:
+        raise SystemExit(f"POST {url}: {err.code} {err.read()[:1000]!r}") from err
 
 
-def _generate_calls(lines: str) -> dict[str, dict[str, Any]]:
-    calls = {}
+def _trace_records(lines: str) -> dict[str, dict[str, Any]]:
+    records = {}
     for line in lines.splitlines():
-        call = json.loads(line)
-        if call.get("event") == "generate":
-            calls[call["rid"]] = call
-    return calls
+        record = json.loads(line)
+        if record.get("component") == "worker":
+            records[record["request_id"]] = record
+    return records
 
 
-def _local_engine(record: Path) -> EngineCall:
+def _local_trace(trace: Path) -> TraceLookup:
     def find(rid: str) -> tuple[str, dict[str, Any]]:
-        calls = _generate_calls(record.read_text()) if record.is_file() else {}
-        if rid not in calls:
-            raise SystemExit(f"the engine stand-in recorded no call for {rid}")
-        return "the local worker process", calls[rid]
+        deadline = time.monotonic() + TRACE_WAIT_S
+        while True:
+            records = _trace_records(trace.read_text()) if trace.is_file() else {}
+            if rid in records:
+                return "the local worker process", records[rid]
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the worker's request trace has no record of {rid}")
+            time.sleep(0.5)
 
     return find
 
 
-def _pod_engine(kubectl: list[str], namespace: str, fleet: str, record: str) -> EngineCall:
-    """Each worker pod's own record, read inside the pod (``kubectl exec``)."""
+def _pod_trace(kubectl: list[str], namespace: str, fleet: str, trace: str) -> TraceLookup:
+    """Each worker pod's own request trace, read inside the pod (``kubectl exec``)."""
 
     def worker_pods() -> list[str]:
         done = subprocess.run(
@@ -158,18 +171,18 @@ def _pod_engine(kubectl: list[str], namespace: str, fleet: str, record: str) -> 
         return [p["metadata"]["name"] for p in json.loads(done.stdout)["items"]]
 
     def find(rid: str) -> tuple[str, dict[str, Any]]:
-        deadline = time.monotonic() + CALL_WAIT_S
+        deadline = time.monotonic() + TRACE_WAIT_S
         while True:
             for pod in worker_pods():
                 done = subprocess.run(
-                    [*kubectl, "-n", namespace, "exec", pod, "-c", "worker", "--", "cat", record],
+                    [*kubectl, "-n", namespace, "exec", pod, "-c", "worker", "--", "cat", trace],
                     capture_output=True, text=True, check=False, timeout=60,
                 )  # fmt: skip
-                calls = _generate_calls(done.stdout) if done.returncode == 0 else {}
-                if rid in calls:
-                    return f"worker pod {pod}", calls[rid]
+                records = _trace_records(done.stdout) if done.returncode == 0 else {}
+                if rid in records:
+                    return f"worker pod {pod}", records[rid]
             if time.monotonic() > deadline:
-                raise SystemExit(f"no worker pod's engine recorded a call for {rid}")
+                raise SystemExit(f"no worker pod's request trace has a record of {rid}")
             time.sleep(1.0)
 
     return find
@@ -179,127 +192,139 @@ def _show(label: str, value: Any) -> None:
     print(f"    {label}: {json.dumps(value, separators=(', ', ': '))}")
 
 
-def _show_native_calls(text: str) -> None:
-    """A tool call left in the text (no SGLang parser in the stand-in worker image)."""
-    found = NATIVE_CALL.findall(text)
-    if not found:
-        _show("answer text", text[-300:])
-        return
-    for raw in found:
-        _show("tool call, in the text (Qwen's native <tool_call>)", json.loads(raw))
+def _show_trace(where: str, record: dict[str, Any]) -> None:
+    print(f"    the worker in {where} passed SGLang (its request trace):")
+    _show("  kv_hints", record.get("kv_hints", "(none: the request asked for no retention)"))
+    _show("  outcome", record["outcome"])
+
+
+def _claude_code(frontend: str, trace: TraceLookup, alias: str) -> None:
+    *_, first, second = claude_code_session(turns=2)
     print(
-        "    (the stand-in worker image leaves out SGLang's parsers, which import torch: the GPU"
-        " image's qwen25 parser turns this into a tool call object)"
+        f"\n  Claude Code-shaped POST {frontend}/v1/messages, two turns of one conversation: model "
+        f"{alias!r} (an alias), {len(second[1]['tools'])} tools, {len(second[1]['messages'])} "
+        "messages with tool_use/tool_result and thinking history, cache_control on the last "
+        "system block and the newest block"
     )
-
-
-def _show_engine(where: str, call: dict[str, Any], *, tokens: bool) -> None:
-    print(f"    ENGINE STAND-IN (no GPU here) in {where} was called with:")
-    if tokens:
-        _show(
-            "  input_ids",
-            f"{len(call['kwargs']['input_ids'])} tokens, rendered with the chat template and the "
-            "tools",
+    for turn, (headers, body) in enumerate((first, second), start=1):
+        answer = _post(frontend + "/v1/messages", {**body, "model": alias}, headers)
+        usage = answer["usage"]
+        print(
+            f"    turn {turn}: stop_reason {answer['stop_reason']}, "
+            f"{len(answer['content'])} content block(s) from SGLang, input_tokens "
+            f"{usage['input_tokens']}, cache_read_input_tokens (SGLang's cached_tokens) "
+            f"{usage.get('cache_read_input_tokens')}"
         )
-    _show(
-        "  kv_hints", call["kwargs"].get("kv_hints", "(none: the request asked for no retention)")
-    )
+    if not usage.get("cache_read_input_tokens"):
+        raise SystemExit("the second turn read nothing from SGLang's radix cache")
+    _show_trace(*trace(answer["id"].partition("_")[2]))
 
 
-def _claude_code(frontend: str, engine: EngineCall, alias: str) -> None:
-    headers, body = claude_code_session(turns=2, marker=TOOL_MARKER, result_marker=TOOL_MARKER)[-1]
-    body["model"] = alias
+def _codex(frontend: str, trace: TraceLookup, alias: str) -> None:
+    *_, first, second = codex_session(turns=2)
     print(
-        f"\n  Claude Code-shaped POST {frontend}/v1/messages: model {alias!r} (an alias), "
-        f"{len(body['tools'])} tools, {len(body['messages'])} messages with tool_use/tool_result "
-        "and thinking history, cache_control on the last system block and the newest block"
+        f"\n  Codex-shaped POST {frontend}/v1/responses, two turns of one conversation: model "
+        f"{alias!r}, {len(second[1]['tools'])} tools (apply_patch a custom grammar tool), "
+        "reasoning/function_call history, no cache control"
     )
-    answer = _post(frontend + "/v1/messages", body, headers)
-    blocks = answer["content"]
-    if any(b["type"] == "tool_use" for b in blocks):
-        _show(
-            "answer content",
-            [
-                {
-                    "type": b["type"],
-                    **({"name": b["name"], "input": b["input"]} if b["type"] == "tool_use" else {}),
-                }
-                for b in blocks
-            ],
+    for turn, (headers, body) in enumerate((first, second), start=1):
+        answer = _post(frontend + "/v1/responses", {**body, "model": alias}, headers)
+        usage = answer["usage"]
+        cached = (usage.get("input_tokens_details") or {}).get("cached_tokens")
+        print(
+            f"    turn {turn}: status {answer['status']}, {len(answer['output'])} output item(s) "
+            f"from SGLang, input_tokens {usage['input_tokens']}, cached_tokens (SGLang's) {cached}"
         )
-    else:
-        _show_native_calls("".join(b.get("text", "") for b in blocks if b["type"] == "text"))
-    _show("stop_reason", answer["stop_reason"])
-    _show("usage", answer["usage"])
-    where, call = engine(answer["id"].partition("_")[2])
-    _show_engine(where, call, tokens=True)
+    if not cached:
+        raise SystemExit("the second turn read nothing from SGLang's radix cache")
+    _show_trace(*trace(answer["id"].partition("_")[2]))
 
 
-def _codex(frontend: str, engine: EngineCall, alias: str) -> None:
-    headers, body = codex_session(turns=2, result_marker="[[standin:tool_call:shell]]")[-1]
-    body["model"] = alias
+def _tool_calls(frontend: str, alias: str, codex_alias: str) -> None:
     print(
-        f"\n  Codex-shaped POST {frontend}/v1/responses: model {alias!r}, {len(body['tools'])} tools "
-        "(apply_patch a custom grammar tool), reasoning/function_call history, no cache control"
+        "\n  Forced tool calls (tool_choice): SGLang constrains the tiny model's output to the "
+        "tool's schema and its qwen25 parser turns it into the provider's object"
     )
-    answer = _post(frontend + "/v1/responses", body, headers)
+    message = _post(
+        frontend + "/v1/messages",
+        {
+            "model": alias,
+            "max_tokens": 64,
+            "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+            "tools": [{"name": "get_weather", "input_schema": WEATHER}],
+            "tool_choice": {"type": "tool", "name": "get_weather"},
+        },
+        {"anthropic-version": "2023-06-01"},
+    )
+    uses = [
+        {"type": b["type"], "id": b["id"], "name": b["name"], "input": b["input"]}
+        for b in message["content"]
+        if b["type"] == "tool_use"
+    ]
+    _show("Anthropic /v1/messages content", uses)
+    response = _post(
+        frontend + "/v1/responses",
+        {
+            "model": codex_alias,
+            "max_output_tokens": 64,
+            "input": "What is the weather in Paris?",
+            "tools": [{"type": "function", "name": "get_weather", "parameters": WEATHER}],
+            "tool_choice": "required",
+        },
+        {},
+    )
     calls = [
-        {"type": o["type"], "name": o["name"], "arguments": o["arguments"]}
-        for o in answer["output"]
+        {"type": o["type"], "call_id": o["call_id"], "name": o["name"], "arguments": o["arguments"]}
+        for o in response["output"]
         if o["type"] == "function_call"
     ]
-    if calls:
-        _show("answer output", calls)
-    else:
-        _show_native_calls(
-            "".join(
-                part.get("text", "")
-                for o in answer["output"]
-                if o["type"] == "message"
-                for part in o["content"]
-            )
-        )
-    where, call = engine(answer["id"].partition("_")[2])
-    _show_engine(where, call, tokens=False)
+    _show("OpenAI /v1/responses output", calls)
+    if not uses or not calls:
+        raise SystemExit("a forced tool call did not come back as a parsed tool call object")
 
 
-def _send(frontend: str, engine: EngineCall, aliases: list[str]) -> None:
+def _send(frontend: str, trace: TraceLookup, aliases: list[str]) -> None:
     claude_alias = next((a for a in aliases if a.startswith("claude")), aliases[0])
     codex_alias = next((a for a in aliases if not a.startswith("claude")), aliases[0])
-    _claude_code(frontend, engine, claude_alias)
-    _codex(frontend, engine, codex_alias)
+    _claude_code(frontend, trace, claude_alias)
+    _codex(frontend, trace, codex_alias)
+    _tool_calls(frontend, claude_alias, codex_alias)
 
 
 def _on_loopback(deployments: dict[str, Any], out: Path, aliases: list[str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     ports = {name: free_port() for name in ("worker", "router", "frontend")}
     urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
-    record = out / "engine-calls.jsonl"
-    record.unlink(missing_ok=True)
+    trace = out / "worker-trace.jsonl"
+    trace.unlink(missing_ok=True)
 
-    worker = _set(_local(_command(deployments, "worker"), ports["worker"]), "--engine", STANDIN)
-    worker = _set(worker, "--model-path", str(save(out / "tokenizer")))
-    router = _local(_command(deployments, "router"), ports["router"])
+    worker = _local(_command(deployments, "worker"), ports["worker"])
+    worker = _set(_without(worker, "--metrics-port"), "--model-path", str(tiny_model_dir()))
+    split = worker.index("--")
+    worker = [*worker[:split], "--device", "cpu", "--trace-file", str(trace), *worker[split:]]
+    router = _without(_local(_command(deployments, "router"), ports["router"]), "--metrics-port")
     router = [*_without(router, "--worker-dns"), "--worker", urls["worker"]]
     frontend = _local(_command(deployments, "frontend"), ports["frontend"])
-    frontend = _set(frontend, "--router-url", urls["router"])
+    frontend = _set(_without(frontend, "--metrics-port"), "--router-url", urls["router"])
+    python_path = os.pathsep.join(p for p in (str(SHIM_DIR), os.environ.get("PYTHONPATH")) if p)
+    env = {"PYTHONPATH": python_path, "OMP_NUM_THREADS": "1"}
 
-    print("  the rendered commands, run on loopback (engine and model path swapped as described):")
+    print("  the rendered commands, run on loopback (model path and device set as described):")
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for name, argv in (("worker", worker), ("router", router), ("frontend", frontend)):
             print(f"    {name}: kvretention {' '.join(argv[3:])}")
             log = out / f"{name}.log"
-            procs.append(_start(argv, log=log, env={"KVR_STANDIN_RECORD": str(record)}))
-            _wait(urls[name] + "/healthz", procs[-1], log)
-        _wait(urls["frontend"] + "/readyz", procs[-1], out / "frontend.log")
-        _send(urls["frontend"], _local_engine(record), aliases)
+            procs.append(_start(argv, log=log, env=env))
+            ready = ENGINE_READY_S if name == "worker" else 90.0
+            _wait(urls[name] + "/readyz", procs[-1], log, timeout=ready)
+        _send(urls["frontend"], _local_trace(trace), aliases)
     finally:
         for proc in reversed(procs):
             proc.send_signal(signal.SIGTERM)
         for proc in procs:
             try:
-                proc.wait(timeout=10)
+                proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
 
@@ -314,7 +339,7 @@ def main() -> int:
     parser.add_argument("--kubeconfig", help="with --service")
     parser.add_argument("--namespace", help="with --service: the fleet's namespace")
     parser.add_argument("--fleet", help="with --service: the KvRetentionDeployment's name")
-    parser.add_argument("--record", help="with --service: $KVR_STANDIN_RECORD in the worker pods")
+    parser.add_argument("--trace", help="with --service: $KVR_REQUEST_TRACE in the worker pods")
     args = parser.parse_args()
     deployments = json.loads(args.deployments.read_text())
 
@@ -326,11 +351,11 @@ def main() -> int:
     if args.out_dir is not None:
         _on_loopback(deployments, args.out_dir, aliases)
         return 0
-    needed = ("kubectl", "kubeconfig", "namespace", "fleet", "record")
+    needed = ("kubectl", "kubeconfig", "namespace", "fleet", "trace")
     if missing := [f"--{n}" for n in needed if getattr(args, n) is None]:
         parser.error(f"--service needs {' '.join(missing)}")
     kubectl = [args.kubectl, "--kubeconfig", args.kubeconfig]
-    _send(args.service, _pod_engine(kubectl, args.namespace, args.fleet, args.record), aliases)
+    _send(args.service, _pod_trace(kubectl, args.namespace, args.fleet, args.trace), aliases)
     return 0
 
 

@@ -306,6 +306,19 @@ def retention() -> dict[str, Any]:
                 unit="short",
             ),
             Panel(
+                "Workers by radix-tree core",
+                "Worker pods by the radix-tree core SGLang's unified cache runs on and its "
+                "--radix-eviction-policy: kvretain runs on the python core (the Rust core cannot "
+                "lower a hold), every other policy on SGLang's default, rust (docs/retention.md).",
+                (
+                    Target(
+                        gauge("kvretention_worker_radix_core_info", by="core, policy"),
+                        "{{core}} ({{policy}})",
+                    ),
+                ),
+                kind="stat",
+            ),
+            Panel(
                 "Pinned share of the L3 pool vs budget",
                 "Soft pins' estimated share of the Mooncake pool and softPin.budgetRatio.",
                 (
@@ -394,6 +407,33 @@ def kvstore() -> dict[str, Any]:
                 "Bytes evicted per second.",
                 (Target(rate("kvretention_kvstore_evicted_bytes", by=fleet), "{{fleet}}"),),
                 unit="Bps",
+            ),
+            Panel(
+                "Pages the workers put, by outcome",
+                "The retention plugin's L3 hook on the workers: retained pages pinned, and those "
+                "written unpinned (over_budget, over_tenant_budget, expired, pin_refused).",
+                (Target(rate("kvretention_l3_pages_total", by="outcome"), "{{outcome}}"),),
+                unit="ops",
+            ),
+            Panel(
+                "Workers' pins vs their budget",
+                "What the workers' ledgers count pinned (and per tenant), and their pin budget.",
+                (
+                    Target(gauge("kvretention_l3_pinned_bytes", by=fleet), "{{fleet}} pinned"),
+                    Target(gauge("kvretention_l3_pin_budget_bytes", by=fleet), "{{fleet}} budget"),
+                    Target(gauge("kvretention_l3_tenant_pinned_bytes", by="tenant"), "{{tenant}}"),
+                ),
+                unit="bytes",
+            ),
+            Panel(
+                "Master restarts seen by the workers",
+                "Restarts of the master the workers saw in its /metrics (one per store client), "
+                "and the pinned pages they lost (pinned again only when written again).",
+                (
+                    Target(rate("kvretention_l3_master_restarts_total", by=fleet), "{{fleet}}"),
+                    Target(rate("kvretention_l3_pins_lost_total", by=fleet), "{{fleet}} pins"),
+                ),
+                unit="ops",
             ),
         ],
     )
@@ -491,6 +531,23 @@ def routing() -> dict[str, Any]:
                     Target(
                         rate("kvretention_router_worker_kept_total", by="role, why"),
                         "{{role}} {{why}}",
+                    ),
+                ),
+                unit="ops",
+            ),
+            Panel(
+                "Hop refusals (unsigned or forged tenant)",
+                "Requests that reached a router or worker without the frontend's signature on "
+                "their tenant (--hop-key-file), by reason: a peer inside the cluster, or keys "
+                "out of step between components.",
+                (
+                    Target(
+                        rate("kvretention_router_hop_refusals_total", by="reason"),
+                        "router {{reason}}",
+                    ),
+                    Target(
+                        rate("kvretention_worker_hop_refusals_total", by="reason"),
+                        "worker {{reason}}",
                     ),
                 ),
                 unit="ops",

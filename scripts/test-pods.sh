@@ -11,6 +11,8 @@
 # cached: ~/.cache/kvretention) and runs the tier holding $KVR_REALNODE_LOCK (one node a machine).
 #
 # Usage: scripts/test-pods.sh [pytest args]
+#        scripts/test-pods.sh --prepare   (the checks, packages, binaries and images only: what
+#                                          scripts/test.sh runs beside the other tiers)
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -44,6 +46,7 @@ scripts/install-node.sh
 scripts/build-node.sh >/dev/null
 scripts/build-images.sh >/dev/null
 log "node binaries and images ready in $((SECONDS - start))s"
+[[ "${1:-}" == --prepare ]] && exit 0
 start=$SECONDS
 # Under `flock $lock make test-pods` the lock is held already (its fd inherited): locking again
 # from here would wait for ourselves.

@@ -16,3 +16,8 @@ OPERATOR_HEALTH_PORT: Final = 8080
 """``kvretention operator``: ``/healthz`` and ``/readyz``."""
 OPERATOR_METRICS_PORT: Final = 9090
 """``kvretention operator``: Prometheus ``/metrics``."""
+METRICS_PORT: Final = 9100
+"""``--metrics-port`` of the frontend, router and worker in a pod: Prometheus ``/metrics`` and
+nothing else, so a scraper that ``networkPolicy.metricsFrom`` lets in reaches no API route and
+needs no key. The CLIs open no such port unless told (several processes on one host would
+collide on a fixed default); their ``/metrics`` on the client port stays as it was."""

@@ -22,7 +22,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Final
@@ -30,6 +30,7 @@ from typing import Any, Final
 import click
 
 from kvretention.api.probe_report import (
+    DEVICES,
     PLUGIN_LOAD_FAILED,
     PLUGIN_LOADED,
     PLUGIN_NOT_INSTALLED,
@@ -48,6 +49,8 @@ from kvretention.dataplane.worker.sglang_source import (
     locate_sglang,
     read_version,
 )
+from kvretention.retention import EVICTION_POLICY
+from kvretention.retention.tree_core import plan_tree_core
 
 EXIT_USABLE: Final = 0
 EXIT_NO_HINTS: Final = 3
@@ -56,6 +59,7 @@ MOONCAKE_IMPORT: Final = "from mooncake.store import MooncakeDistributedStore"
 MOONCAKE_TIMEOUT_S: Final = 60.0
 ERROR_CHARS: Final = 400
 TARGET_CHARS: Final = 200
+TREE_CORE_CHARS: Final = 40
 PLUGINS_GROUP: Final = "sglang.srt.plugins"
 """SGLang's entry-point group for general plugins (``GENERAL_PLUGINS_GROUP``)."""
 PLUGINS_ENV: Final = "SGLANG_PLUGINS"
@@ -75,9 +79,20 @@ class RetentionFinding:
     state: str
     error: str | None = None
     target_problems: tuple[str, ...] = ()
+    device: str | None = None
+    """``cuda`` or ``cpu``: what torch sees in the same interpreter SGLang loaded in."""
+    tree_core: str | None = None
+    """SGLang's default radix-tree core here
+    (:func:`~kvretention.retention.tree_core.sglang_default_core`)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"state": self.state, "error": self.error, "targets": list(self.target_problems)}
+        return {
+            "state": self.state,
+            "error": self.error,
+            "targets": list(self.target_problems),
+            "device": self.device,
+            "tree_core": self.tree_core,
+        }
 
 
 def _last_line(text: str) -> str:
@@ -172,9 +187,23 @@ def find_retention_plugin() -> RetentionFinding:
     )
 
 
+def engine_device() -> str | None:
+    """Where the worker's ``--device auto`` puts the engine: the GPU when torch sees one."""
+    try:
+        import torch
+    except Exception:  # no torch, or one that cannot load: the engine cannot run either way
+        return None
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def print_retention_check() -> None:
     """The child's entry: its finding as one JSON line on stdout (SGLang logs go to stderr)."""
-    print(json.dumps(find_retention_plugin().to_json()))
+    from kvretention.retention.tree_core import sglang_default_core
+
+    finding = replace(
+        find_retention_plugin(), device=engine_device(), tree_core=sglang_default_core()
+    )
+    print(json.dumps(finding.to_json()))
 
 
 def parse_retention_check(stdout: str) -> RetentionFinding | None:
@@ -190,8 +219,21 @@ def parse_retention_check(stdout: str) -> RetentionFinding | None:
     targets = data.get("targets") or []
     if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
         return None
+    device = data.get("device")
+    tree_core = data.get("tree_core")
     return RetentionFinding(
-        str(data["state"]), str(error) if error is not None else None, tuple(targets)
+        str(data["state"]),
+        str(error) if error is not None else None,
+        tuple(targets),
+        device=device if device in DEVICES else None,
+        tree_core=tree_core[:TREE_CORE_CHARS] if isinstance(tree_core, str) else None,
+    )
+
+
+def _run_python(python: str, code: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """``python -c code`` in a fresh interpreter, its output captured; raises on the timeout."""
+    return subprocess.run(
+        [python, "-c", code], capture_output=True, text=True, timeout=timeout_s, check=False
     )
 
 
@@ -200,13 +242,7 @@ def check_retention(
 ) -> RetentionFinding:
     """The retention plugin as SGLang's loader sees it, from a fresh interpreter."""
     try:
-        done = subprocess.run(
-            [python, "-c", RETENTION_CHECK],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-        )
+        done = _run_python(python, RETENTION_CHECK, timeout_s)
     except subprocess.TimeoutExpired:
         return RetentionFinding(
             PLUGIN_LOAD_FAILED, f"checking the retention plugin took over {timeout_s:.0f}s"
@@ -257,7 +293,24 @@ def build_report(
         retention_plugin=retention.state if retention is not None else None,
         retention_error=retention.error if retention is not None else None,
         retention_target_problems=retention.target_problems if retention is not None else (),
+        engine_device=retention.device if retention is not None else None,
+        **tree_cores(retention),
     )
+
+
+def tree_cores(retention: RetentionFinding | None) -> dict[str, str | None]:
+    """The report's tree-core fields: SGLang's default core (what a worker runs under any policy
+    but ``kvretain``) and, with the plugin loaded, the core under ``kvretain``."""
+    default = retention.tree_core if retention is not None else None
+    loaded = retention is not None and retention.state == PLUGIN_LOADED
+    return {
+        "radix_tree_core": default,
+        "radix_tree_core_kvretain": (
+            plan_tree_core(EVICTION_POLICY, default=default)
+            if loaded and default is not None
+            else None
+        ),
+    }
 
 
 def exit_code_of(report: ProbeReport) -> int:
@@ -271,13 +324,7 @@ def check_mooncake(
 ) -> str | None:
     """None when the Mooncake store imports in a fresh interpreter, else why not (shortened)."""
     try:
-        done = subprocess.run(
-            [python, "-c", MOONCAKE_IMPORT],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-        )
+        done = _run_python(python, MOONCAKE_IMPORT, timeout_s)
     except subprocess.TimeoutExpired:
         return f"importing mooncake.store took over {timeout_s:.0f}s"
     if done.returncode == 0:

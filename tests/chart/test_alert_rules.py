@@ -83,6 +83,55 @@ NOT_APPLIED = {
 }
 
 
+def hook_failures(hook: str, fallback: str, values: str) -> tuple[str, str]:
+    series = (
+        f'kvretention_retention_hook_failures_total{{{AT}, component="worker", hook="{hook}", '
+        f'fallback="{fallback}"}}'
+    )
+    return series, values
+
+
+HOOK_FAILURES = {
+    "summary": f"KvRetentionDeployment {NS}/{FLEET}: the retention plugin's hooks fail and fall "
+    "back",
+    "description": "Requests are served, but kv.retain is not applied to them: their KV is evicted "
+    "as plain LRU or written to Mooncake unpinned. kvretention_retention_hook_failures_total on "
+    "the workers says which hook; the worker log has the exception.",
+}
+
+
+def master_restarts(values: str) -> tuple[str, str]:
+    return f'kvretention_l3_master_restarts_total{{{AT}, component="worker"}}', values
+
+
+MASTER_RESTARTED = {
+    "summary": f"KvRetentionDeployment {NS}/{FLEET}: its Mooncake master restarted and the soft "
+    "pins are lost",
+    "description": "The workers saw the master's counters go back: every object and soft pin "
+    "written before is gone (kvretention_l3_pins_lost_total counts the pinned pages). Prefixes "
+    "the workers still hold in GPU or host memory are not written to Mooncake again until SGLang "
+    "computes them anew. See the master pod's restarts and the RetentionBudget condition.",
+}
+
+
+def hop_refusals(component: str, reason: str, values: str) -> tuple[str, str]:
+    return (
+        f'kvretention_{component}_hop_refusals_total{{{AT}, component="{component}", '
+        f'reason="{reason}"}}',
+        values,
+    )
+
+
+HOP_REFUSED = {
+    "summary": f"KvRetentionDeployment {NS}/{FLEET}: requests reached a router or worker without "
+    "the frontend's signature on their tenant",
+    "description": "kvretention_router_hop_refusals_total / kvretention_worker_hop_refusals_total "
+    "by reason: missing or invalid means a peer inside the cluster called the router or a worker "
+    "directly (or a frontend without the hop key); stale means a clock more than 60 s off; "
+    "invalid on every request means keys out of step (docs/auth.md, rotating the hop key).",
+}
+
+
 @dataclass(frozen=True)
 class Case:
     id: str
@@ -262,6 +311,64 @@ CASES = [
         "30m",
     ),
     Case(
+        "checkpoint-hook-fails",
+        "KvRetentionHookFailures",
+        [hook_failures("checkpoint", "unretained", "0x5 0+2x20")],
+        "20m",
+        [firing("warning", HOOK_FAILURES)],
+    ),
+    Case(
+        "hook-failed-once-long-ago",
+        "KvRetentionHookFailures",
+        [hook_failures("l3_put", "unpinned", "0x5 1x40")],
+        "40m",
+    ),
+    Case(
+        "no-hook-fails",
+        "KvRetentionHookFailures",
+        [hook_failures("checkpoint", "unretained", "0x40")],
+        "30m",
+    ),
+    Case(
+        "master-restarted",
+        "KvRetentionMooncakeMasterRestarted",
+        [master_restarts("0x5 1x10")],
+        "10m",
+        [firing("warning", MASTER_RESTARTED)],
+    ),
+    Case(
+        "master-restarted-long-ago",
+        "KvRetentionMooncakeMasterRestarted",
+        [master_restarts("0x5 1x40")],
+        "40m",
+    ),
+    Case(
+        "master-never-restarted",
+        "KvRetentionMooncakeMasterRestarted",
+        [master_restarts("0x40")],
+        "30m",
+    ),
+    Case(
+        "forged-tenant-at-a-worker",
+        "KvRetentionHopRefusals",
+        [hop_refusals("worker", "invalid", "0x5 1x10")],
+        "10m",
+        [firing("warning", HOP_REFUSED)],
+    ),
+    Case(
+        "unsigned-at-the-router",
+        "KvRetentionHopRefusals",
+        [hop_refusals("router", "missing", "0x5 3x10")],
+        "10m",
+        [firing("warning", HOP_REFUSED)],
+    ),
+    Case(
+        "no-hop-refusals",
+        "KvRetentionHopRefusals",
+        [hop_refusals("router", "missing", "0x40"), hop_refusals("worker", "stale", "0x40")],
+        "30m",
+    ),
+    Case(
         "no-hints-sent",
         "KvRetentionHintsUnsupported",
         [hints("0x40"), passed("versioned", "0x40")],
@@ -354,6 +461,9 @@ def test_every_alert_has_a_firing_and_a_quiet_case(rule_groups: dict[str, Any]) 
         "KvRetentionErrorRatioHigh",
         "KvRetentionHintsUnsupported",
         "KvRetentionRetentionNotApplied",
+        "KvRetentionHookFailures",
+        "KvRetentionMooncakeMasterRestarted",
+        "KvRetentionHopRefusals",
     }
     assert {c.alert for c in CASES if c.fires} == alerts
     assert {c.alert for c in CASES if not c.fires} == alerts

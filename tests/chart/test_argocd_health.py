@@ -16,8 +16,12 @@ from typing import Any
 import pytest
 from chartlib import ROOT
 
+from kvretention.controller.conditions import (
+    INFERENCE_POOL_CRD_MISSING,
+    INFERENCE_POOL_NOT_ACCEPTED,
+    PROBLEM_REASONS,
+)
 from kvretention.controller.diagnosis import UNSCHEDULABLE
-from kvretention.controller.status import PROBLEM_REASONS
 
 SCRIPT = ROOT / "deploy" / "argocd" / "health-kvretention.lua"
 
@@ -338,6 +342,12 @@ def test_degraded_means_what_the_operator_warns_about() -> None:
     table = SCRIPT.read_text().split("local permanent = {", 1)[1].split("}", 1)[0]
     degraded = set(re.findall(r"^\s*(\w+) = true,$", table, flags=re.M))
     waiting_for_a_node = {UNSCHEDULABLE, "SchedulingGated"}
-    not_on_ready = {"OverBudget"}  # the retention budget has its own condition
+    # The retention budget and the InferencePool have conditions of their own, not part of Ready.
+    not_on_ready = {
+        "OverBudget",
+        "PinsLost",
+        INFERENCE_POOL_CRD_MISSING,
+        INFERENCE_POOL_NOT_ACCEPTED,
+    }
     expected = PROBLEM_REASONS - waiting_for_a_node - not_on_ready
     assert degraded == expected

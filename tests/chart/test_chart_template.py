@@ -19,6 +19,8 @@ from chartlib import (
     select,
 )
 
+from kvretention.api.names import OPERATOR_POD_LABELS
+
 # Exactly what the operator uses (the contract in docs/install.md); nothing more may appear.
 RECONCILE_RULES = (
     {
@@ -45,10 +47,12 @@ RECONCILE_RULES = (
             ("networking.k8s.io", "networkpolicies"),
             ("autoscaling", "horizontalpodautoscalers"),
             ("leaderworkerset.x-k8s.io", "leaderworkersets"),
+            ("inference.networking.k8s.io", "inferencepools"),
         )
         for verb in ("get", "list", "watch", "create", "patch", "update", "delete")
     }
     | {("", "pods", "*", verb) for verb in ("get", "list", "watch")}
+    | {("", "secrets", "*", verb) for verb in ("get", "create")}
     | {
         (group, "events", "*", verb)
         for group in ("", "events.k8s.io")
@@ -177,6 +181,18 @@ def test_operator_deployment_defaults(helm: Helm) -> None:
     selector = deploy["spec"]["selector"]["matchLabels"]
     assert selector["app.kubernetes.io/name"] != FLEET_NAME_LABEL
     assert selector.items() <= deploy["spec"]["template"]["metadata"]["labels"].items()
+
+
+@pytest.mark.parametrize(
+    "values", [{}, {"nameOverride": "kvr", "fullnameOverride": "x", "podLabels": {"a": "b"}}]
+)
+def test_operator_pods_carry_the_labels_fleet_network_policies_let_in(
+    helm: Helm, values: dict[str, Any]
+) -> None:
+    """A fleet's NetworkPolicies let the operator's pods read the workers' and the master's
+    metrics ports by these labels; a name override must not drop them."""
+    labels = one(helm.template(values), "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert OPERATOR_POD_LABELS.items() <= labels.items()
 
 
 def test_secure_pod_defaults(helm: Helm) -> None:

@@ -10,13 +10,17 @@ from typing import Any
 import pytest
 from chartlib import CHART, RELEASE_NAMESPACE, Helm, select
 
+from kvretention.api.models import KvRetentionDeployment
 from kvretention.api.names import APP_NAME, FIELD_MANAGER, LABEL_MANAGED_BY, LABEL_NAME
+from kvretention.controller.resources import build_children
 from kvretention.controller.resources.common import (
     COMPONENT_DECODE,
     COMPONENT_FRONTEND,
     COMPONENT_PREFILL,
     COMPONENT_ROUTER,
     COMPONENT_WORKER,
+    METRICS_PORT,
+    METRICS_PORT_NAME,
 )
 from support.metric_registries import DATA_PLANE_LABELS
 
@@ -96,11 +100,57 @@ def test_pod_monitor_selects_the_data_plane_pods_and_names_their_fleet(helm: Hel
         COMPONENT_DECODE,
     }
     (endpoint,) = spec["podMetricsEndpoints"]
-    assert (endpoint["port"], endpoint["path"], endpoint["interval"]) == ("http", "/metrics", "15s")
+    assert (endpoint["port"], endpoint["path"], endpoint["interval"]) == (
+        METRICS_PORT_NAME,
+        "/metrics",
+        "15s",
+    )
     targets = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
     assert tuple(targets) == DATA_PLANE_LABELS
     assert targets["fleet"] == ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"]
     assert targets["component"] == ["__meta_kubernetes_pod_label_app_kubernetes_io_component"]
+
+
+@pytest.mark.parametrize(
+    "workers",
+    [{}, {"mode": "disaggregated", "prefill": {}, "decode": {}}],
+    ids=["aggregated", "disaggregated"],
+)
+def test_every_pod_the_pod_monitor_selects_declares_its_metrics_port(
+    helm: Helm, workers: dict[str, Any]
+) -> None:
+    """The PodMonitor scrapes the port named ``metrics``, not ``http``: with ``frontend.auth`` the
+    frontend's ``http`` port answers ``/metrics`` only with a key, and ``metricsFrom`` opens no
+    other port. Each data-plane pod the operator renders serves its ``/metrics`` there."""
+    values = {"podMonitor": {"enabled": True}}
+    (monitor,) = select(helm.template({"metrics": values}), "PodMonitor")
+    (expression,) = monitor["spec"]["selector"]["matchExpressions"]
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    cr = KvRetentionDeployment.from_k8s(
+        {
+            "apiVersion": "kvretention.io/v1alpha1",
+            "kind": "KvRetentionDeployment",
+            "metadata": {"name": "f", "namespace": "ns"},
+            "spec": {
+                "model": {"name": "m", "path": "p"},
+                "workers": workers,
+                "frontend": {"auth": {"secretRefs": [{"name": "keys"}]}},
+            },
+        }
+    )
+    scraped = {}
+    for manifest in build_children(cr):
+        if manifest["kind"] != "Deployment":
+            continue
+        template = manifest["spec"]["template"]
+        if template["metadata"]["labels"]["app.kubernetes.io/component"] in expression["values"]:
+            (container,) = template["spec"]["containers"]
+            command = container["command"]
+            ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+            flag = int(command[command.index("--metrics-port") + 1])
+            scraped[manifest["metadata"]["name"]] = (ports.get(endpoint["port"]), flag)
+    expected = ["f-frontend", "f-router", *(["f-prefill", "f-decode"] if workers else ["f-worker"])]
+    assert scraped == {name: (METRICS_PORT, METRICS_PORT) for name in expected}
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,9 @@ ALERTS = {
     "KvRetentionErrorRatioHigh",
     "KvRetentionHintsUnsupported",
     "KvRetentionRetentionNotApplied",
+    "KvRetentionHookFailures",
+    "KvRetentionMooncakeMasterRestarted",
+    "KvRetentionHopRefusals",
 }
 
 
@@ -50,6 +53,7 @@ ALERTS = {
         ("errorRatioFor", "20m", "KvRetentionErrorRatioHigh", "for"),
         ("hintsUnsupportedFor", "2h", "KvRetentionHintsUnsupported", "for"),
         ("retentionNotAppliedFor", "45m", "KvRetentionRetentionNotApplied", "for"),
+        ("hookFailuresFor", "20m", "KvRetentionHookFailures", "for"),
         ("criticalSeverity", "page", "KvRetentionNoReadyWorkers", "severity"),
     ],
 )
@@ -77,7 +81,7 @@ def test_alerts_use_only_series_the_processes_export(helm: Helm) -> None:
     rules = _rules(helm.template({"metrics": {"prometheusRule": {"enabled": True}}}))
     exported = exported_series()
     for rule in rules.values():
-        names = set(re.findall(r"\bkvretention_[a-z_]+", rule["expr"]))
+        names = set(re.findall(r"\bkvretention_[a-z0-9_]+", rule["expr"]))
         assert names and names <= set(exported), rule["expr"]
         for grouping in re.findall(r"(?:by|on) \(([^)]*)\)", rule["expr"]):
             assert tuple(x.strip() for x in grouping.split(",")) == FLEET_LABELS

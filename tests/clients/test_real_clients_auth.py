@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kvretention.dataplane.tenancy import cache_salt_for
+from kvretention.common.tenancy import cache_salt_for
 from support.processes import StartKvretention
 from support.real_clients import Client, Exchange, Recorder, run_claude, run_codex
 from support.rendered_plane import RenderedPlane, start_rendered_plane

@@ -6,18 +6,23 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from kvretention.dataplane.frontend.app import FrontendConfig, create_app
+from kvretention.common.tenancy import HEADER_TENANT
+from kvretention.common.trace import RequestTrace
+from kvretention.dataplane.frontend.app import create_app
 from kvretention.dataplane.frontend.auth import Gate, KeyStore
+from kvretention.dataplane.frontend.config import FrontendConfig
 from kvretention.dataplane.frontend.limits import LimitPolicy, Limits
-from kvretention.dataplane.tenancy import HEADER_TENANT
-from kvretention.dataplane.trace import RequestTrace
+from kvretention.dataplane.http import serve_until_signal
+from support.processes import free_port
 from support.router_standin import RouterStandIn
 from support.secret_mount import write_secret
 
@@ -165,7 +170,7 @@ async def test_a_valid_key_names_its_tenant_to_the_router(
             path, json=BODIES[path]("ok"), headers={**headers, HEADER_TENANT: "team-evil"}
         )
         assert resp.status == 200, await resp.text()
-        metrics = await (await client.get("/metrics")).text()
+        metrics = await (await client.get("/metrics", headers={"x-api-key": KEY_A})).text()
     finally:
         await client.close()
     [received] = router_standin.received
@@ -192,15 +197,68 @@ async def test_without_auth_nothing_is_checked_and_no_tenant_travels(
     assert HEADER_TENANT not in {k.lower() for k in received.headers}
 
 
-async def test_probes_and_metrics_need_no_key(
+async def test_probes_need_no_key_and_metrics_do(
     router_standin: RouterStandIn, keys_dir: Path
 ) -> None:
+    """``/metrics`` names every tenant and its traffic: a client without a key must not read it."""
     client = await _client(_app(router_standin, _gate(keys_dir)))
     try:
-        for path in ("/healthz", "/readyz", "/metrics"):
+        await client.post(CHAT, json=chat("counted"), headers={"x-api-key": KEY_A})
+        for path in ("/healthz", "/readyz"):
             assert (await client.get(path)).status == 200, path
+        refused = await client.get("/metrics")
+        refused_text = await refused.text()
+        keyed = await client.get("/metrics", headers={"authorization": f"Bearer {KEY_A}"})
+        keyed_text = await keyed.text()
     finally:
         await client.close()
+    assert refused.status == 401
+    assert "team-a" not in refused_text
+    assert keyed.status == 200
+    assert 'tenant="team-a"' in keyed_text
+
+
+async def test_the_metrics_port_needs_no_key_and_serves_no_api(
+    router_standin: RouterStandIn, keys_dir: Path
+) -> None:
+    """With auth on, scrapers read ``--metrics-port`` without a key (the port a NetworkPolicy's
+    ``metricsFrom`` opens, and nothing else); ``/metrics`` on the client port still needs one."""
+    port, metrics_port = free_port(), free_port()
+    listening = asyncio.Event()
+    server = asyncio.create_task(
+        serve_until_signal(
+            _app(router_standin, _gate(keys_dir)),
+            host="127.0.0.1",
+            port=port,
+            metrics_port=metrics_port,
+            shutdown_timeout=1.0,
+            on_listening=listening.set,
+        )
+    )
+    try:
+        await asyncio.wait_for(listening.wait(), timeout=5)
+        client, scraper = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}"
+        async with aiohttp.ClientSession() as http:
+            keyed = {"x-api-key": KEY_A}
+            async with http.post(client + CHAT, json=chat("counted"), headers=keyed) as resp:
+                assert resp.status == 200, await resp.text()
+            async with http.get(scraper + "/metrics") as scraped:
+                scraped_text = await scraped.text()
+            async with http.get(client + "/metrics") as refused:
+                refused_text = await refused.text()
+            async with http.post(scraper + CHAT, json=chat("x"), headers=keyed) as api:
+                api_status = api.status
+    finally:
+        if listening.is_set():  # the stop-signal handler is in place from then on
+            signal.raise_signal(signal.SIGTERM)
+        else:
+            server.cancel()
+        await asyncio.wait_for(server, timeout=5)
+    assert scraped.status == 200
+    assert 'tenant="team-a"' in scraped_text
+    assert refused.status == 401
+    assert "team-a" not in refused_text
+    assert api_status == 404
 
 
 async def _wait_until(check: Any) -> None:
@@ -231,14 +289,15 @@ async def test_a_rotated_key_takes_effect_without_a_restart(
         await _wait_until(lambda: _is(status(KEY_A), 401))
         assert await status(KEY_A2) == 200
         assert await status(KEY_B) == 200
-        # a broken set (one key for two tenants) keeps the keys in force
-        write_secret(keys_dir, {"team-a": KEY_A2, "team-b": f"{KEY_B}\n{KEY_A2}\n"})
+        # team-b's file gone while a line of team-a's is malformed: the removal applies
+        write_secret(keys_dir, {"team-a": f"{KEY_A2}\nnot a key\n"})
+        await _wait_until(lambda: _is(status(KEY_B), 401))
+        assert await status(KEY_A2) == 200
+        assert "team-a line 2" in caplog.text
+        # a garbled set (no usable key) keeps the keys in force
+        write_secret(keys_dir, {"team-a": "garbled whole\n"})
         await _wait_until(lambda: _logged(caplog, "auth keys not reloaded"))
         assert await status(KEY_A2) == 200
-        assert await status(KEY_B) == 200
-        # team-b's file gone: its key refused
-        write_secret(keys_dir, {"team-a": KEY_A2})
-        await _wait_until(lambda: _is(status(KEY_B), 401))
     finally:
         await client.close()
     for secret in (KEY_A, KEY_A2, KEY_B):
@@ -378,3 +437,148 @@ async def test_the_trace_names_tenants_never_keys(
     ]
     for secret in (KEY_A, KEY_B, "sk-wrong-000000000000"):
         assert secret not in text
+
+
+async def test_a_client_that_hangs_up_is_counted_499_for_its_tenant(
+    router_standin: RouterStandIn, keys_dir: Path, tmp_path: Path
+) -> None:
+    """The per-tenant counter and the trace agree: a request its client abandoned is a 499."""
+    import aiohttp
+
+    from kvretention.dataplane.http import start_site
+
+    trace = RequestTrace(tmp_path / "trace.jsonl", component="frontend")
+    gate = _gate(keys_dir)
+    app = create_app(FrontendConfig(router_url=router_standin.base_url), gate=gate, trace=trace)
+    runner = await start_site(
+        app, host="127.0.0.1", port=0, shutdown_timeout=0.5, handler_cancellation=True
+    )
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}{CHAT}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            call = asyncio.create_task(
+                session.post(url, json=chat("[[hang]]"), headers={"x-api-key": KEY_A})
+            )
+            async with asyncio.timeout(5):
+                while gate.limiter.in_flight("team-a") < 1:  # noqa: ASYNC110 - another task's
+                    await asyncio.sleep(0.02)
+            call.cancel()
+            await asyncio.gather(call, return_exceptions=True)
+        async with asyncio.timeout(5):
+            while gate.limiter.in_flight("team-a") > 0:  # noqa: ASYNC110 - another task's
+                await asyncio.sleep(0.02)
+    finally:
+        await runner.cleanup()
+    assert gate.metrics is not None
+    counted = {
+        sample.labels["status"]: sample.value
+        for metric in gate.metrics.requests.collect()
+        for sample in metric.samples
+        if sample.name.endswith("_total") and sample.labels["tenant"] == "team-a"
+    }
+    assert counted == {"499": 1.0}
+    [record] = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
+    assert record["status"] == 499
+
+
+async def test_one_tenants_parse_memory_never_serves_another(
+    router_standin: RouterStandIn, keys_dir: Path
+) -> None:
+    """Finding 2 of issue 31: the frontend remembered parses by bytes alone, so tenant B sending
+    tenant A's recent conversation was served faster, confirming a guess of it. Now B's identical
+    body misses every memory: nothing resumed, nothing reused, no head or tools remembered."""
+    from kvretention.dataplane.frontend import affinity
+    from kvretention.dataplane.frontend.app import STATE
+
+    app = create_app(
+        FrontendConfig(router_url=router_standin.base_url, prefix_routing=True),
+        gate=_gate(keys_dir),
+    )
+    client = await _client(app)
+    resumer = app[STATE].resumer
+    tools = [{"name": "edit", "input_schema": {"type": "object", "properties": {}}}]
+    history = [
+        {"role": "user", "content": "x" * 100_000},
+        {"role": "assistant", "content": "y" * 100_000},
+        {"role": "user", "content": "the secret question"},
+    ]
+    body = {"model": "m", "max_tokens": 4, "system": "s", "tools": tools, "messages": history}
+
+    async def send(key: str) -> None:
+        resp = await client.post(MESSAGES, json=body, headers={"x-api-key": key})
+        assert resp.status == 200
+
+    try:
+        await send(KEY_A)
+        await send(KEY_A)
+        assert resumer.resumed_items > 0 and resumer.reused_items > 0  # A's own memory works
+        before = (resumer.resumed_items, resumer.reused_items)
+        await send(KEY_B)
+        assert (resumer.resumed_items, resumer.reused_items) == before
+        assert not resumer.scoped("team-c").resumes(json.dumps(body).encode())
+        await send(KEY_B)  # B's own next turn does find B's memory
+        assert resumer.resumed_items > before[0]
+    finally:
+        await client.close()
+    heads = {key[0] for key in affinity._HEADS}
+    assert {"team-a", "team-b"} <= heads
+
+
+async def _closed_within(reader: asyncio.StreamReader, seconds: float) -> bool:
+    try:
+        async with asyncio.timeout(seconds):
+            while await reader.read(1024):
+                pass
+    except TimeoutError:
+        return False
+    return True
+
+
+async def test_silent_and_half_sent_connections_are_closed_and_keyed_clients_still_served(
+    router_standin: RouterStandIn, keys_dir: Path
+) -> None:
+    """Finding 3 of issue 31: connections that send nothing, or half a head, stayed open for an
+    hour (aiohttp's idle timeout) and could use up the open files; now they are closed within the
+    bound, whatever they trickle, and a client with a key is served meanwhile."""
+    from kvretention.dataplane.http import start_site
+
+    app = create_app(FrontendConfig(router_url=router_standin.base_url), gate=_gate(keys_dir))
+    runner = await start_site(
+        app, host="127.0.0.1", port=0, shutdown_timeout=0.5, idle_timeout=0.6, head_timeout=0.6
+    )
+    port = runner.addresses[0][1]
+    try:
+        silent = await asyncio.open_connection("127.0.0.1", port)
+        half = await asyncio.open_connection("127.0.0.1", port)
+        half[1].write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        slow = await asyncio.open_connection("127.0.0.1", port)
+
+        async def trickle() -> None:
+            for byte in b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 200:
+                slow[1].write(bytes([byte]))
+                await asyncio.sleep(0.05)
+
+        trickling = asyncio.create_task(trickle())
+        async with aiohttp.ClientSession() as session:
+            resp = await session.post(
+                f"http://127.0.0.1:{port}{CHAT}", json=chat("ok"), headers={"x-api-key": KEY_A}
+            )
+            assert resp.status == 200
+        closed = await asyncio.gather(
+            *(_closed_within(reader, 3.0) for reader, _ in (silent, half, slow))
+        )
+        trickling.cancel()
+        await asyncio.gather(trickling, return_exceptions=True)
+        assert closed == [True, True, True]
+        # a keep-alive connection is served for as many requests as it sends in time
+        async with aiohttp.ClientSession() as session:
+            for _ in range(3):
+                resp = await session.post(
+                    f"http://127.0.0.1:{port}{CHAT}", json=chat("ok"), headers={"x-api-key": KEY_B}
+                )
+                assert resp.status == 200
+                await asyncio.sleep(0.3)
+    finally:
+        for _, writer in (silent, half, slow):
+            writer.close()
+        await runner.cleanup()

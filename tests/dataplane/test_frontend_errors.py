@@ -125,6 +125,142 @@ def test_malformed_bodies_are_400(frontend: Any, provider: Provider, raw: bytes,
 
 @BOTH
 @pytest.mark.parametrize(
+    ("encoding", "raw"),
+    [
+        pytest.param("gzip", b'{"model": "m"}', id="gzip_not_gzip"),
+        pytest.param("deflate", b"\x00\x01not deflate", id="deflate_not_deflate"),
+        pytest.param("br", b"\x00\x01not brotli", id="br"),
+    ],
+)
+def test_a_body_not_in_its_content_encoding_is_400(
+    frontend: Any, provider: Provider, encoding: str, raw: bytes
+) -> None:
+    status, headers, body = request(
+        frontend.base_url + PATHS[provider], body=raw, headers={"content-encoding": encoding}
+    )
+    assert status == 400
+    assert headers["content-type"].startswith("application/json")
+    assert headers["x-should-retry"] == "false"
+    assert_error(provider, body, status=400, code="invalid_content_encoding")
+
+
+DEEP_ARGUMENTS = "[" * 1_000 + "]" * 1_000
+
+
+def _chat_call(arguments: str) -> dict[str, Any]:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    return {
+        "model": "m",
+        "messages": [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "done"},
+        ],
+    }
+
+
+def _responses_call(arguments: str) -> dict[str, Any]:
+    return {
+        "model": "m",
+        "input": [
+            {"role": "user", "content": "go"},
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": arguments},
+            {"type": "function_call_output", "call_id": "c1", "output": "done"},
+        ],
+    }
+
+
+def _tag(body: dict[str, Any]) -> str:
+    """Put a fresh word where the router stand-in looks for it (the last message's text)."""
+    word = uuid.uuid4().hex
+    last = body["messages"][-1] if "messages" in body else body["input"][-1]
+    last["output" if "output" in last else "content"] = word
+    return word
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        pytest.param(
+            "/v1/chat/completions",
+            _chat_call(DEEP_ARGUMENTS),
+            "messages[1].tool_calls[0].function.arguments",
+            id="chat_deep_arguments",
+        ),
+        pytest.param(
+            "/v1/chat/completions",
+            _chat_call('{"a": ' * 200 + "1" + "}" * 200),
+            "messages[1].tool_calls[0].function.arguments",
+            id="chat_deep_objects",
+        ),
+        pytest.param(
+            "/v1/responses", _responses_call(DEEP_ARGUMENTS), "input[1].arguments", id="responses"
+        ),
+        pytest.param(
+            "/v1/chat/completions",
+            {**_chat_call("{}"), "max_tokens": 2**64 + 1},
+            "max_tokens",
+            id="chat_max_tokens",
+        ),
+        pytest.param(
+            "/v1/chat/completions",
+            {**_chat_call("{}"), "max_completion_tokens": 2**31},
+            "max_completion_tokens",
+            id="chat_max_completion_tokens",
+        ),
+        pytest.param(
+            "/v1/responses",
+            {**_responses_call("{}"), "max_output_tokens": 2**64 + 1},
+            "max_output_tokens",
+            id="responses_max_output_tokens",
+        ),
+        pytest.param(
+            "/v1/messages",
+            {**body_for(Provider.ANTHROPIC, "hi"), "max_tokens": 2**64 + 1},
+            "max_tokens",
+            id="messages_max_tokens",
+        ),
+        pytest.param(
+            "/v1/chat/completions",
+            {**_chat_call("{}"), "seed": 2**64 + 1},
+            "seed",
+            id="chat_seed",
+        ),
+    ],
+)
+def test_out_of_range_fields_are_400_naming_the_field(
+    frontend: Any, router_standin: RouterStandIn, path: str, body: dict[str, Any], param: str
+) -> None:
+    """Nesting a worker's parser cannot take (it answered 502) and integers no engine takes
+    (they reached it unchanged) are the client's 400, never forwarded."""
+    word = _tag(body)
+    status, headers, raw = request(frontend.base_url + path, body=json.dumps(body).encode())
+    provider = Provider.ANTHROPIC if path == "/v1/messages" else Provider.OPENAI
+    assert status == 400, raw
+    assert headers["x-should-retry"] == "false"
+    error = assert_error(provider, raw, status=400, code="invalid_value")
+    if provider is Provider.OPENAI:
+        assert error["param"] == param
+    else:
+        assert param in error["message"]
+    assert router_standin.bodies_for(word) == []
+
+
+def test_reasonable_arguments_and_brackets_in_strings_are_forwarded(
+    frontend: Any, router_standin: RouterStandIn
+) -> None:
+    arguments = json.dumps({"code": "[" * 500, "deep": json.loads("[" * 100 + "]" * 100)})
+    body = _chat_call(arguments)
+    word = _tag(body)
+    status, _, raw = request(
+        frontend.base_url + "/v1/chat/completions", body=json.dumps(body).encode()
+    )
+    assert status == 200, raw
+    assert len(router_standin.bodies_for(word)) == 1
+
+
+@BOTH
+@pytest.mark.parametrize(
     ("fields", "code", "param"),
     [
         pytest.param({"model": None}, "invalid_type", "model", id="model_null"),
@@ -360,6 +496,8 @@ class RouterDouble:
 
     def __init__(self) -> None:
         self.ready = True
+        self.readyz_delay = 0.0
+        """Seconds ``/readyz`` takes to answer (a router on a busy node)."""
         self.started = threading.Event()
         self.cancelled = threading.Event()
         self._loop = asyncio.new_event_loop()
@@ -388,6 +526,7 @@ class RouterDouble:
         self._thread.join(timeout=10)
 
     async def _readyz(self, request: web.Request) -> web.Response:
+        await asyncio.sleep(self.readyz_delay)
         status = 200 if self.ready else 503
         return web.json_response({"status": "ready" if self.ready else "no_workers"}, status=status)
 
@@ -434,6 +573,41 @@ def test_readyz_follows_the_routers_workers(
         "reason": "the router reports no ready worker",
     }
     assert router_double.base_url.split("//")[1] not in raw.decode()
+
+
+SLOW_S = 2.0
+"""Longer than the frontend's 1 s readiness poll of the router."""
+
+
+@pytest.mark.parametrize(
+    ("steps", "expected"),
+    [
+        pytest.param([(True, 0.0), (True, SLOW_S)], [200, 200], id="slow_after_ready_stays_ready"),
+        pytest.param([(True, 0.0), (False, SLOW_S)], [200, 200], id="slow_no_is_no_verdict"),
+        pytest.param([(False, 0.0), (True, SLOW_S)], [503, 503], id="slow_after_not_ready_stays"),
+        pytest.param([(True, SLOW_S)], [503], id="slow_before_any_answer_is_not_ready"),
+        pytest.param([(True, 0.0), (False, 0.0)], [200, 503], id="a_prompt_no_takes_it_out"),
+    ],
+)
+def test_a_slow_router_keeps_the_frontends_last_readiness(
+    router_double: RouterDouble,
+    kvretention_process: Any,
+    steps: list[tuple[bool, float]],
+    expected: list[int],
+) -> None:
+    """A router that answers its readiness poll late (a node busy prefilling) is no verdict: the
+    frontend keeps the last one rather than leave its Service and refuse clients' connections."""
+    frontend = kvretention_process(["frontend", "--router-url", router_double.base_url])
+    seen = []
+    try:
+        for ready, delay in steps:
+            router_double.ready, router_double.readyz_delay = ready, delay
+            status, _, _ = request(frontend.base_url + "/readyz", method="GET")
+            seen.append(status)
+    finally:
+        router_double.ready, router_double.readyz_delay = True, 0.0
+        frontend.stop()
+    assert seen == expected
 
 
 @BOTH

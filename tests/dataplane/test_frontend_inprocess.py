@@ -14,7 +14,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from kvretention.dataplane.frontend import app as frontend_app
-from kvretention.dataplane.frontend.app import FrontendConfig, create_app
+from kvretention.dataplane.frontend.app import create_app
+from kvretention.dataplane.frontend.config import FrontendConfig
 from kvretention.dataplane.frontend.errors import Provider
 from kvretention.dataplane.protocol import ChatMessage, PreprocessedRequest
 from support.router_standin import RouterStandIn, parse_sse
@@ -442,7 +443,7 @@ async def test_router_gets_session_and_prefix_chain_in_headers(
 async def test_billing_header_is_dropped_counted_and_traced(
     router_standin: RouterStandIn, tmp_path: Any
 ) -> None:
-    from kvretention.dataplane.trace import RequestTrace
+    from kvretention.common.trace import RequestTrace
 
     router_standin.clear()
     trace_path = tmp_path / "trace.jsonl"
@@ -470,6 +471,67 @@ async def test_billing_header_is_dropped_counted_and_traced(
             assert "kvretention_frontend_normalized_total{" not in metrics
     [record] = [json.loads(line) for line in trace_path.read_text().splitlines()]
     assert record["normalized"] == ["billing_header"]
+
+
+@pytest.mark.parametrize("tokenizer", [None, FakeTokenizer()], ids=["messages", "token-ids"])
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        pytest.param(
+            "/v1/chat/completions",
+            {
+                "model": "m",
+                "messages": [{"role": "user", "content": "hi"}],
+                "prompt_cache_options": {},
+            },
+            id="chat",
+        ),
+        pytest.param(
+            "/v1/messages",
+            {
+                "model": "m",
+                "max_tokens": 4,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "a", "cache_control": {"type": "ephemeral"}},
+                            {"type": "text", "text": "b"},
+                        ],
+                    }
+                ],
+            },
+            id="messages-breakpoint",
+        ),
+        pytest.param("/v1/responses", {"model": "m", "input": "hi"}, id="responses-unhinted"),
+    ],
+)
+async def test_the_trace_records_the_hint_the_router_gets(
+    router_standin: RouterStandIn,
+    tmp_path: Any,
+    path: str,
+    body: dict[str, Any],
+    tokenizer: FakeTokenizer | None,
+) -> None:
+    """The envelope's wire form is made once per request: the trace's ``kv_hints`` is the
+    router request's, hinted or not, with or without token ids."""
+    from kvretention.common.trace import RequestTrace
+
+    router_standin.clear()
+    trace_path = tmp_path / "trace.jsonl"
+    trace = RequestTrace(str(trace_path), component="frontend")
+    app = create_app(
+        FrontendConfig(router_url=router_standin.base_url), trace=trace, tokenizer=tokenizer
+    )
+    client = await _client(app)
+    try:
+        assert (await client.post(path, json=body)).status == 200
+    finally:
+        await client.close()
+    [record] = [json.loads(line) for line in trace_path.read_text().splitlines()]
+    sent = router_standin.received[-1].body.get("kv_hints")
+    assert record.get("kv_hints") == sent
+    assert (sent is None) == (path == "/v1/responses")
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from kvretention.dataplane.frontend.app import FrontendConfig, create_app
+from kvretention.dataplane.frontend.app import create_app
+from kvretention.dataplane.frontend.config import FrontendConfig
 from support.router_standin import RouterStandIn
 
 SERVED = "qwen3-0.6b"

@@ -24,9 +24,10 @@ from typing import Any, Final
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from kvretention.dataplane.frontend.app import FrontendConfig, create_app
+from kvretention.common.trace import RequestTrace
+from kvretention.dataplane.frontend.app import create_app
+from kvretention.dataplane.frontend.config import FrontendConfig
 from kvretention.dataplane.protocol import HEADER_SESSION
-from kvretention.dataplane.trace import RequestTrace
 from support.agent_sessions import claude_code_session, codex_session
 from support.openai_shapes import APPLY_PATCH, SHELL, codex_body
 from support.router_standin import RouterStandIn, parse_sse
@@ -869,16 +870,24 @@ MESSAGES_ROWS: Final = [
         check=_deferred(["DeferredToolPlaceholder", "CronCreate"]),
     ),
     Shape(
-        "claude-code-thinking-updates-and-safeguards",
-        "Claude Code 2.1.328 cli.js: thinking {display: 'updates'}, "
-        "safeguards [{type: 'dangerous_tool_use', classifier_context}] in auto mode",
+        "claude-code-thinking-updates",
+        "Claude Code 2.1.328 cli.js: thinking {display: 'updates'}",
+        CLAUDE_CODE["path"],
+        _claude_code(thinking={"type": "adaptive", "display": "updates"}),
+        headers=CLAUDE_CODE["headers"],
+        hinted=True,
+    ),
+    Shape(
+        "claude-code-auto-mode-safeguards",
+        "Claude Code 2.1.332 in auto mode: safeguards [{type: 'dangerous_tool_use', "
+        "classifier_context}]; its gateway contract (/protocol) asks a server without the "
+        "safety check for a 400 naming safeguards, after which it runs the check itself",
         CLAUDE_CODE["path"],
         _claude_code(
-            thinking={"type": "adaptive", "display": "updates"},
             safeguards=[{"type": "dangerous_tool_use", "classifier_context": "auto mode"}],
         ),
         headers=CLAUDE_CODE["headers"],
-        hinted=True,
+        refused="safeguards",
     ),
     Shape(
         "claude-code-session-turn",
@@ -1128,10 +1137,7 @@ async def test_ignored_fields_are_counted_and_traced(
     """What the pinned Claude Code sends that nothing here acts on is counted per field on
     ``/metrics`` and named in the request's trace record; the request is served."""
     trace = RequestTrace(tmp_path / "trace.jsonl", component="frontend")
-    body = _claude_code(
-        safeguards=[{"type": "dangerous_tool_use", "classifier_context": "auto mode"}],
-        messages=[*CLAUDE_CODE["body"]["messages"], *CLAUDE_CODE["tool_turn"]],
-    )
+    body = _claude_code(messages=[*CLAUDE_CODE["body"]["messages"], *CLAUDE_CODE["tool_turn"]])
     client: TestClient[Any, Any] = TestClient(TestServer(create_app(app_config, trace=trace)))
     await client.start_server()
     try:
@@ -1141,7 +1147,7 @@ async def test_ignored_fields_are_counted_and_traced(
         metrics = await (await client.get("/metrics")).text()
     finally:
         await client.close()
-    expected = ["context_management", "safeguards", "messages.*.output_config"]
+    expected = ["context_management", "messages.*.output_config"]
     for name in expected:
         line = (
             f'kvretention_frontend_ignored_fields_total{{endpoint="messages",field="{name}"}} 1.0'

@@ -16,8 +16,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvretention.dataplane.protocol import GENERATE_PATH
-from kvretention.dataplane.router.app import RouterConfig, RouterState, Worker, build_app
+from kvretention.dataplane.router.app import RouterConfig, RouterState, build_app
 from kvretention.dataplane.router.discovery import build_sources
+from kvretention.dataplane.router.state import Worker
 
 POOL = "kvretention_router_pool_outstanding_requests"
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from kvretention.common.tenancy import HEADER_TENANT, cache_salt_for
 from kvretention.dataplane.protocol import HEADER_PREFIX, HEADER_SESSION
-from kvretention.dataplane.tenancy import HEADER_TENANT, cache_salt_for
 from support.chat_tokenizer import save
 from support.processes import StartKvretention
 from support.worker_client import calls, post, request_body, wait_for

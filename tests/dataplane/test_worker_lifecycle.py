@@ -95,6 +95,28 @@ def test_drain_deadline_aborts_what_is_left(
     assert calls(record, "slow-1", event="abort")
 
 
+@pytest.mark.parametrize("engine", ["standin:flat", "standin:versioned"])
+def test_sigterm_with_no_drain_time_refuses_new_work_and_exits_at_once(
+    kvretention_process: StartKvretention, tmp_path: Path, engine: str
+) -> None:
+    """``--drain-seconds 0``: SIGTERM still stops the worker, promptly, cutting what is in flight
+    (before: a second of shutdown grace on top, past twice that under load)."""
+    record = tmp_path / "calls.jsonl"
+    proc = kvretention_process(
+        ["worker", "--engine", engine, "--drain-seconds", "0"],
+        env={"KVR_STANDIN_RECORD": str(record), "KVR_STANDIN_DELAY_S": "9.0"},
+    )
+    client = threading.Thread(target=post_ignoring_errors, args=(proc.base_url, "slow-1"))
+    client.start()
+    wait_for(lambda: calls(record, "slow-1"))
+    started = time.monotonic()
+    proc.proc.send_signal(signal.SIGTERM)
+    assert proc.proc.wait(timeout=15) == 0
+    assert time.monotonic() - started < 1.5
+    client.join(timeout=10)
+    assert calls(record, "slow-1", event="abort")
+
+
 def test_client_disconnect_aborts_the_engine_request(
     kvretention_process: StartKvretention, tmp_path: Path
 ) -> None:

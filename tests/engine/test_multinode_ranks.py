@@ -103,7 +103,7 @@ def test_a_non_zero_rank_exits_when_its_engine_returns(
 
     monkeypatch.setattr(worker_engine, "has_versioned_decoder", dialect_check)
     with pytest.raises(EngineLoadError if exits else RuntimeError) as err:
-        worker_engine._load_sglang(["--node-rank", str(rank)])
+        worker_engine._load_sglang(["--node-rank", str(rank)], device="cuda")
     if exits:
         assert "node rank 1: SGLang's schedulers exited" in str(err.value)
     else:

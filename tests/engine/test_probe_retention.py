@@ -52,6 +52,10 @@ def test_the_probe_sees_sglang_load_the_plugin_and_find_its_targets() -> None:
     assert report["retention_error"] is None
     assert report["retention_target_problems"] == []
     assert report["usable_for_hints"] is True
+    # torch in the same interpreter as SGLang: this machine has no GPU, so the CPU engine.
+    import torch
+
+    assert report["engine_device"] == ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 @needs_sglang

@@ -35,17 +35,17 @@ from kvretention.api.models import (
     KvRetentionDeploymentStatus,
     SpecError,
 )
-from kvretention.controller.resources import build_children, check_spec
+from kvretention.controller.probe_reports import PodReport, ProbeFailure, parse_probe_report
+from kvretention.controller.resources import (
+    build_children,
+    check_spec,
+    frontend_endpoint,
+    scale_selector,
+    scaled_workload,
+)
 from kvretention.controller.resources.checks import parse_quantity
 from kvretention.controller.resources.common import LABEL_MANAGED_BY
-from kvretention.controller.status import (
-    Fleet,
-    Observed,
-    PodReport,
-    ProbeFailure,
-    compute_status,
-    parse_probe_report,
-)
+from kvretention.controller.status import Endpoint, Fleet, Observed, Scale, compute_status
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
 EXAMPLES: list[dict[str, Any]] = [
@@ -343,6 +343,8 @@ FLEET = Fleet(
     generation=1,
     hints_required=True,
     desired=build_children(FLEET_CR),
+    endpoint=Endpoint(service="f-frontend", url=frontend_endpoint(FLEET_CR)),
+    scale=Scale(workload=scaled_workload(FLEET_CR), selector=scale_selector(FLEET_CR)),
 )
 
 

@@ -35,7 +35,8 @@ from hypothesis import strategies as st
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 
-from kvretention.dataplane.frontend.app import FrontendConfig, create_app
+from kvretention.dataplane.frontend.app import create_app
+from kvretention.dataplane.frontend.config import FrontendConfig
 from kvretention.dataplane.frontend.errors import Provider
 from kvretention.hints import (
     KvHintEnvelope,

@@ -28,10 +28,10 @@ from fuzz_strategies import (
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvretention.dataplane.frontend.anthropic_api import parse_messages
-from kvretention.dataplane.frontend.app import build_preprocessed
+from kvretention.dataplane.frontend.anthropic import parse_messages
 from kvretention.dataplane.frontend.common import ParsedRequest
-from kvretention.dataplane.frontend.openai_api import parse_chat, parse_responses
+from kvretention.dataplane.frontend.openai import parse_chat, parse_responses
+from kvretention.dataplane.frontend.prepare import build_preprocessed
 from kvretention.hints import (
     CacheControlError,
     ClientError,

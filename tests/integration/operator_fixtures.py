@@ -73,7 +73,9 @@ def free_port() -> int:
 
 
 class Operator:
-    """``python -m kvretention operator`` as a real process, with its ports."""
+    """``python -m kvretention operator`` as a real process, with its ports; with
+    ``hold_after_applies=N``, :mod:`support.held_operator` instead (every child apply after the
+    first N held forever)."""
 
     def __init__(
         self,
@@ -82,14 +84,19 @@ class Operator:
         *args: str,
         name: str = "operator",
         env: Mapping[str, str] | None = None,
+        hold_after_applies: int | None = None,
     ) -> None:
         self.health_port = free_port()
         self.metrics_port = free_port()
+        if hold_after_applies is None:
+            command = ["kvretention", "operator"]
+        else:
+            command = ["support.held_operator", str(hold_after_applies)]
+            env = {**(env or {}), "PYTHONPATH": _with_tests(os.environ.get("PYTHONPATH"))}
         self.argv = [
             sys.executable,
             "-m",
-            "kvretention",
-            "operator",
+            *command,
             f"--health-port={self.health_port}",
             f"--metrics-port={self.metrics_port}",
             *args,
@@ -151,6 +158,11 @@ class Operator:
     def kill(self) -> None:
         self.process.proc.kill()
         self.process.proc.wait()
+
+
+def _with_tests(pythonpath: str | None) -> str:
+    """``PYTHONPATH`` with ``tests`` first, so ``python -m support...`` finds the test helpers."""
+    return os.pathsep.join([str(REPO / "tests"), *([pythonpath] if pythonpath else [])])
 
 
 def load_example(example: str, **overrides: Any) -> dict[str, Any]:
@@ -284,8 +296,11 @@ def start_operator(
     *args: str,
     name: str = "operator",
     env: Mapping[str, str] | None = None,
+    hold_after_applies: int | None = None,
 ) -> Operator:
-    return Operator(cluster, log_dir, *args, name=name, env=env)
+    return Operator(
+        cluster, log_dir, *args, name=name, env=env, hold_after_applies=hold_after_applies
+    )
 
 
 def stopping(operators: list[Operator]) -> Iterator[None]:
@@ -322,8 +337,12 @@ def operator_fixture(*, resync_s: float) -> Any:
             yield op
         finally:
             code = op.stop()
-            print(f"--- operator (exit {code}):\n{op.process.log()[-4000:]}")
+            log = op.process.log()
+            print(f"--- operator (exit {code}):\n{log[-4000:]}")
             assert code == 0, "the operator must exit 0 on SIGTERM"
+            # The operator's own handler took SIGTERM (its tasks stop before kopf's), not kopf's.
+            assert "Signal SIGTERM is received" not in log
+            assert "Stop-flag is set" in log
 
     return operator
 

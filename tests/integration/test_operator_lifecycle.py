@@ -21,14 +21,15 @@ from operator_fixtures import (
 )
 
 from kvretention.api.models import KvRetentionDeployment
-from kvretention.controller.operator import HOLD_AFTER_APPLIES_ENV
 from kvretention.controller.resources import build_children
 from support.controlplane import ApplyCrd, Cluster, wait_until
+from support.held_operator import HOLD_LOG
 
 pytestmark = pytest.mark.integration
 
 HELD = 4
-"""Applies the first operator gets through before its test hook holds the rest."""
+"""Applies the first operator gets through before its launcher (support.held_operator) holds the
+rest."""
 
 
 @pytest.fixture
@@ -56,17 +57,15 @@ def test_sigkill_mid_reconcile_then_restart_converges_without_duplicates(
     cluster: Cluster, fleets: Fleets, operators: list[Operator], tmp_path: Path
 ) -> None:
     args = (f"--namespace={fleets.ns}", "--no-leader-elect", "--resync-seconds=3")
-    # The operator's test hook lets exactly HELD applies through and holds every later one, so the
-    # kill lands mid-reconcile by construction (seen in the API server), not by timing.
-    first = start_operator(
-        cluster, tmp_path, *args, name="first", env={HOLD_AFTER_APPLIES_ENV: str(HELD)}
-    )
+    # The held operator lets exactly HELD applies through and holds every later one, so the kill
+    # lands mid-reconcile by construction (seen in the API server), not by timing.
+    first = start_operator(cluster, tmp_path, *args, name="first", hold_after_applies=HELD)
     operators.append(first)
     first.wait_ready()
     names = ["kill-a", "kill-b", "kill-c"]
     for name in names:
         fleets.create(load_example("aggregated", name=name))
-    first.process.wait_for_log(r"test hook: holding the apply", timeout_s=30)
+    first.process.wait_for_log(HOLD_LOG, timeout_s=30)
     wait_until(
         f"{HELD} children in the cluster",
         lambda: sum(len(fleets.children(n)) for n in names) == HELD,

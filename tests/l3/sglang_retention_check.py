@@ -21,6 +21,7 @@ import json
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -129,6 +130,7 @@ def main() -> None:
     pool = HostPool(torch, slots=scenario["slots"], page_size=page_size, object_bytes=object_bytes)
     store.register_mem_pool_host(pool)
     l3.POOL_READ_S = scenario.get("pool_read_s", l3.POOL_READ_S)  # type: ignore[misc]
+    l3.MASTER_READ_S = scenario.get("master_read_s", l3.MASTER_READ_S)  # type: ignore[misc]
 
     def start_ledger() -> None:
         """A new ledger, as a worker process starts with: wait until it has read the pool
@@ -164,6 +166,10 @@ def main() -> None:
     expected: dict[str, bytes] = {}
     slot = 0
     for request in scenario["requests"]:
+        if request["rid"] in scenario.get("restart_master_before", ()):
+            report.setdefault("master_restarts", []).append(
+                _restart_master(scenario, l3.client_state(store), l3.STATS)
+            )
         if request["rid"] in scenario.get("restart_before", ()):
             # A worker restart, as the plugin sees it: a new process has a new ledger while the
             # pins the earlier one wrote stay in the pool (here: on the same segment).
@@ -244,6 +250,52 @@ def main() -> None:
     report["contract"] = [p for t in l3.L3_HOOK_TARGETS if (p := check_target(t)) is not None]
     recorder._client.close()
     print(json.dumps(report))
+
+
+def _until(done: Callable[[], bool], timeout_s: float = 30.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or done}")
+        time.sleep(0.02)
+
+
+def _sample(url: str, name: str) -> float | None:
+    """One unlabelled sample of the master's /metrics; None while it cannot be read."""
+    try:
+        text = _metrics(url)
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+def _restart_master(scenario: dict[str, Any], state: Any, stats: Any) -> dict[str, Any]:
+    """Have the test restart the master while this worker process stays up; wait until the
+    plugin's watch has seen the restart and the store client has mounted its segment again."""
+    url, signal = scenario["metrics_url"], Path(scenario["signal_dir"])
+    reads = state.master_reads
+    # A reading of the old master after the writes: the counters the new one starts below.
+    _until(lambda: state.master_reads >= reads + 2, what="two readings of the old master")
+    before = {
+        "ledger_pinned_bytes": state.ledger.pinned_bytes,
+        "pool_pinned_keys": _pinned_keys(url),
+        "restarts_seen": stats.master_restarts,
+    }
+    (signal / "restart-master").touch()
+    _until(lambda: (signal / "master-restarted").exists(), 120, "the test's master restart")
+    (signal / "master-restarted").unlink()
+    _until(lambda: stats.master_restarts > before["restarts_seen"], what="the watch")
+    _until(lambda: (_sample(url, "master_total_capacity_bytes") or 0) > 0, what="the remount")
+    return {
+        "before": before,
+        "ledger_pinned_bytes": state.ledger.pinned_bytes,
+        "pool_pinned_keys": _pinned_keys(url),
+        "restarts_seen": stats.master_restarts,
+        "pins_lost": stats.pins_lost,
+    }
 
 
 def _pinned_keys(url: str) -> int:

@@ -11,6 +11,7 @@ press on the 16 MiB pool. What Mooncake was asked to pin is recorded at the clie
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -18,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mooncake_harness import SEGMENT_BYTES, MasterFactory
+from mooncake_harness import SEGMENT_BYTES, MasterFactory, running_master
 from retention_runner import OBJECT_BYTES, Request, Scenario, retain, run_scenario
 
+from kvretention.controller.conditions import check_retention_budget
 from kvretention.controller.kvstore_metrics import KvStoreReading, parse_usage
-from kvretention.controller.status import check_retention_budget
 
 pytestmark = pytest.mark.l3
 
@@ -261,3 +262,66 @@ def test_a_restarted_worker_keeps_the_pool_within_the_budget(
     assert over[0]["reserved_bytes"] == int(budget * SEGMENT_BYTES)
     assert pinned_keys == 2 * share_pages
     assert pinned_keys * OBJECT_BYTES <= budget * SEGMENT_BYTES
+
+
+def test_a_master_restart_frees_the_share_and_the_next_put_pins_again(
+    torch_imports: None, start_master: MasterFactory, tmp_path: Path
+) -> None:
+    """budgetRatio 0.25: a worker pins its whole share (32 pages); the master is killed and
+    started again on the same ports while the worker stays up. The plugin's watch sees the
+    restart (the master's counters went back): it counts it and stops counting the 32 lost pins,
+    so 16 new retained pages are pinned; and 16 of the lost pages, written again (as HiCache does
+    after computing a prefix anew), are pinned again by the hold the plugin still tracks. Without
+    the watch the ledger would count the lost pins until their TTLs end: the 16 new pages would
+    go over budget."""
+    budget = 0.25
+    share_pages = int(budget * SEGMENT_BYTES) // PAGE_BYTES
+    requests = (
+        Request("before", share_pages, 0, retain({"priority": 50, "duration": 600})),
+        Request("after", 16, 10_000, retain({"priority": 90, "duration": 600})),
+        Request("again", 16, 0),  # the first 16 pages of "before", unhinted: the same keys
+    )
+    scenario = Scenario(
+        requests,
+        plugin=True,
+        pressure_pages=0,
+        restart_master_before=("after",),
+        extra={"master_read_s": 0.2},
+    )
+    with start_master(master=master_spec(budget=budget)) as master, contextlib.ExitStack() as up:
+
+        def restart() -> None:
+            master.process.kill()  # as a crash or an OOM kill: nothing is written anywhere
+            master.process.wait(timeout=10)
+            up.enter_context(running_master(master.cr, tmp_path / "master-restarted"))
+
+        report = run_scenario(master, scenario, tmp_path / "run", restart_master=restart)
+    [seen] = report["master_restarts"]
+    page_bytes = PAGE_BYTES
+    assert seen["before"] == {
+        "ledger_pinned_bytes": share_pages * page_bytes,
+        "pool_pinned_keys": 2 * share_pages,
+        "restarts_seen": 0,
+    }
+    assert (seen["restarts_seen"], seen["pins_lost"]) == (1, share_pages)
+    assert seen["ledger_pinned_bytes"] == 0 and seen["pool_pinned_keys"] == 0
+    restarts = [t for t in report["trace"] if t["outcome"] == "l3_master_restart"]
+    assert [(t["pins_lost"], t["bytes_lost"]) for t in restarts] == [
+        (share_pages, share_pages * page_bytes)
+    ]
+    assert "restarted between" in report["stderr"]
+    requests_out = report["requests"]
+    assert requests_out["after"]["written"] == [True] * 16
+    assert requests_out["again"]["written"] == [True] * 16
+    assert requests_out["again"]["keys"] == requests_out["before"]["keys"][:16]
+    assert all(ttl is not None and ttl >= 590_000 for ttl in page_pins(report, "after"))
+    # The last put of each re-written page is pinned again, for what is left of its hold.
+    assert all(ttl is not None and ttl >= 590_000 for ttl in page_pins(report, "again"))
+    assert report["stats"]["over_budget"] == 0
+    assert report["stats"]["pinned"] == share_pages + 16 + 16
+    assert parse_usage(report["metrics_after_writes"]).pinned_keys == 2 * (16 + 16)
+    # What the worker's /metrics serves of it, counted in SGLang's process.
+    served = report["worker_l3_numbers"]
+    assert (served["master_restarts"], served["pins_lost"]) == (1, share_pages)
+    assert served["pages"]["pinned"] == share_pages + 16 + 16
+    assert served["pinned_bytes"] == 32 * page_bytes

@@ -16,8 +16,8 @@ from mooncake_harness import SEGMENT_BYTES, MasterFactory
 from retention_runner import OBJECT_BYTES, Request, Scenario, retain, run_scenario
 from test_l3_retention import MAX_TTL_S, master_spec, page_pins, torch_imports  # noqa: F401
 
+from kvretention.common.tenancy import cache_salt_for
 from kvretention.controller.kvstore_metrics import parse_usage
-from kvretention.dataplane.tenancy import cache_salt_for
 
 pytestmark = pytest.mark.l3
 

@@ -9,8 +9,8 @@ from collections.abc import Callable
 import pytest
 from mooncake_harness import OK, SEGMENT_BYTES, Master, MasterFactory, Store, value_for
 
+from kvretention.controller.conditions import check_retention_budget
 from kvretention.controller.kvstore_client import read_master_metrics
-from kvretention.controller.status import check_retention_budget
 
 pytestmark = pytest.mark.l3
 

@@ -1,5 +1,5 @@
 """A real Prometheus scrapes a real data plane (frontend -> router -> two workers, the engine a
-stand-in) labelled as the chart's PodMonitor labels it, and every query of the request-path,
+stand-in) on each process's ``--metrics-port``, labelled as the chart's PodMonitor labels it, and every query of the request-path,
 retention and routing dashboards runs on it: each is accepted, and each returns data unless the
 run gives it nothing to show (named below, with why)."""
 
@@ -66,9 +66,16 @@ class Plane:
     frontend: KvrProcess
     router: KvrProcess
     workers: list[KvrProcess]
+    metrics_ports: dict[int, int]
+    """Each process's ``--metrics-port`` by its client port: what the PodMonitor scrapes."""
 
-    def targets(self) -> dict[str, list[KvrProcess]]:
-        return {"frontend": [self.frontend], "router": [self.router], "worker": self.workers}
+    def targets(self) -> dict[str, list[str]]:
+        """Per component, the ``host:port`` of each process's metrics port."""
+        procs = {"frontend": [self.frontend], "router": [self.router], "worker": self.workers}
+        return {
+            component: [f"127.0.0.1:{self.metrics_ports[p.port]}" for p in members]
+            for component, members in procs.items()
+        }
 
 
 @pytest.fixture(scope="module")
@@ -79,17 +86,25 @@ def start(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StartKvretention
 @pytest.fixture(scope="module")
 def plane(start: StartKvretention, tmp_path_factory: pytest.TempPathFactory) -> Plane:
     tmp = tmp_path_factory.mktemp("plane")
+    metrics_ports: dict[int, int] = {}
+
+    def start_scraped(args: list[str], **kwargs: Any) -> KvrProcess:
+        port = free_port()
+        process = start([*args, "--metrics-port", str(port)], **kwargs)
+        metrics_ports[process.port] = port
+        return process
+
     workers = [
-        start(
+        start_scraped(
             ["worker", "--engine", "standin:versioned"],
             env={"KVR_STANDIN_RECORD": str(tmp / f"w{i}.jsonl")},
         )
         for i in range(2)
     ]
     urls = [a for w in workers for a in ("--worker", w.base_url)]
-    router = start(["router", *urls, "--health-interval", "0.3"])
-    frontend = start(["frontend", "--router-url", router.base_url, "--model", "standin"])
-    return Plane(frontend, router, workers)
+    router = start_scraped(["router", *urls, "--health-interval", "0.3"])
+    frontend = start_scraped(["frontend", "--router-url", router.base_url, "--model", "standin"])
+    return Plane(frontend, router, workers, metrics_ports)
 
 
 @pytest.fixture(scope="module")
@@ -102,13 +117,13 @@ def prom(plane: Plane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pro
                 "job_name": component,
                 "static_configs": [
                     {
-                        "targets": [p.base_url.removeprefix("http://") for p in procs],
+                        "targets": targets,
                         # What the chart's PodMonitor relabelings add to every data-plane series.
                         "labels": {"fleet_namespace": NS, "fleet": FLEET, "component": component},
                     }
                 ],
             }
-            for component, procs in plane.targets().items()
+            for component, targets in plane.targets().items()
         ],
     }
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))

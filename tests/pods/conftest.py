@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -30,6 +30,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 if os.environ.get(TIER_ENV) != "1":
     collect_ignore_glob = ["test_*.py"]
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Keep each phase's report on the item, so a fixture's teardown can tell that its test
+    failed (and dump the fleet's state while it is still there)."""
+    report = yield
+    setattr(item, f"report_{call.when}", report)
+    return report
 
 
 @pytest.fixture(scope="package")

@@ -15,11 +15,10 @@ from typing import Any
 
 import pytest
 
-from conftest import FakeClock
 from kvretention.retention import EVICTION_POLICY, HOLD_UNTIL_ATTR, radix
 from kvretention.retention.contract import HOOK_TARGETS
 from kvretention.retention.plugin import RetainStrategy
-from support.sglang_radix import RadixTree, TreeSpec, retain, retain_hints
+from support.sglang_radix import FakeClock, RadixTree, TreeSpec, retain, retain_hints
 
 pytestmark = pytest.mark.retention
 

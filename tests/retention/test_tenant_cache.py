@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvretention.dataplane.tenancy import cache_salt_for
+from kvretention.common.tenancy import cache_salt_for
 from kvretention.retention import l3
 from support.sglang_radix import RadixTree, TreeSpec
 

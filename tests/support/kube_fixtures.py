@@ -20,6 +20,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from kvretention.api.models import GROUP, PLURAL, VERSION
 from kvretention_devtools.localcluster import ClusterError, down, up
 from kvretention_devtools.localcluster.binaries import resolve_bin_dir
 from support.controlplane import ApplyCrd, Cluster, RunningProcess, StartProcess, wait_until
@@ -77,7 +78,20 @@ def namespace(k8s: client.ApiClient, request: pytest.FixtureRequest) -> Iterator
 
     wait_until(f"ServiceAccount {name}/default", has_default_sa)
     yield name
+    _delete_fleets(k8s, name)
     core.delete_namespace(name)
+
+
+def _delete_fleets(k8s: client.ApiClient, namespace: str) -> None:
+    """Delete the namespace's fleets first (no finalizers: gone at once), so the operator of a later
+    module never reconciles a fleet left in a namespace that takes a while to terminate."""
+    try:
+        client.CustomObjectsApi(k8s).delete_collection_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL
+        )
+    except ApiException as err:
+        if err.status != 404:  # 404: the tier never installed the CRD
+            raise
 
 
 def _crd_established(api: client.ApiextensionsV1Api, name: str) -> bool:

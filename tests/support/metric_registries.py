@@ -4,6 +4,8 @@ queries with it."""
 
 from __future__ import annotations
 
+import tempfile
+
 from prometheus_client import CollectorRegistry
 
 DATA_PLANE_LABELS = ("fleet_namespace", "fleet", "component")
@@ -15,14 +17,15 @@ def registries() -> dict[str, CollectorRegistry]:
     """One fresh registry per process kind, built by the same classes the processes use."""
     from kvretention.controller.metrics import Metrics
     from kvretention.dataplane.frontend.metrics import FrontendMetrics
-    from kvretention.dataplane.router.app import RouterMetrics
+    from kvretention.dataplane.router.state import RouterMetrics
     from kvretention.dataplane.worker.app import WorkerMetrics
 
     return {
         "operator": Metrics().registry,
         "frontend": FrontendMetrics().registry,
         "router": RouterMetrics().registry,
-        "worker": WorkerMetrics().registry,
+        # With the directory a worker names for SGLang's scheduler: the retention plugin's counts.
+        "worker": WorkerMetrics(retention_stats_dir=tempfile.mkdtemp()).registry,
     }
 
 
@@ -42,6 +45,15 @@ def exported_series() -> dict[str, frozenset[str]]:
     out: dict[str, frozenset[str]] = {}
     for registry in registries().values():
         for collector in list(registry._collector_to_names):
+            if not hasattr(collector, "_name"):  # a custom collector: its samples name the labels
+                for family in collector.collect():
+                    for sample in family.samples:
+                        out[sample.name] = frozenset(sample.labels)
+                    if not family.samples:  # served with no sample yet: its name and labels
+                        labels = frozenset(getattr(family, "_labelnames", ()))
+                        for suffix in _SUFFIXES[family.type][:1]:
+                            out[family.name + suffix] = labels
+                continue
             name, kind = collector._name, collector._type  # type: ignore[attr-defined]
             labels = frozenset(collector._labelnames)  # type: ignore[attr-defined]
             for suffix in _SUFFIXES[kind]:

@@ -17,8 +17,10 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kvretention.api.names import LABEL_COMPONENT as COMPONENT_LABEL
+from kvretention.api.names import PROBE_CONTAINER
 from kvretention.api.probe_report import ProbeReport, render_report
-from kvretention.controller.status import COMPONENT_LABEL, PROBE_CONTAINER, WORKER_COMPONENTS
+from kvretention.controller.status import WORKER_COMPONENTS
 
 INSTANCE = "app.kubernetes.io/instance"
 

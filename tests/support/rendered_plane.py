@@ -3,31 +3,36 @@
 ``start_rendered_plane(example)`` renders a ``KvRetentionDeployment`` file with the operator's own
 builders (no cluster), takes the frontend, router and worker commands from the Deployments, and
 runs them as local processes, changing only what a pod would get from the cluster and the GPU:
-``--host``/``--port`` (loopback), the router's ``--worker-dns`` (the workers' URLs instead), the
+``--host``/``--port`` (loopback; ``--metrics-port`` left out), the router's ``--worker-dns`` (the workers' URLs instead), the
 frontend's ``--router-url``, the worker's ``--engine sglang`` (the stand-in that records its calls,
 ``sglang.Engine.async_generate``'s signature), its ``--model-path`` (the test tokenizer with a
 Qwen-style tool-aware template, ``support.chat_tokenizer``) and ``--drain-seconds 0`` (no
 Endpoints controller to wait for when the test stops it), and with ``secrets`` each auth Secret's
-mount path (a local directory laid out as the kubelet mounts it). One worker per rendered replica.
+mount path (a local directory laid out as the kubelet mounts it) and the hop key's (one random key
+file the components share). One worker per rendered replica.
 Every other flag (aliases, session keys, hint policy, parsers, ...) is what a pod would run.
 """
 
 from __future__ import annotations
 
 import json
+import secrets as secrets_module
 import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from kvretention.controller.render import load_documents, parse_cr
 from kvretention.controller.resources import build_children
 from support.chat_tokenizer import save
+from support.cpu_engine import ENGINE_READY_S, cpu_engine_env, tiny_model_dir
 from support.processes import KvrProcess
 
 STANDIN = "standin:versioned"
+CPU_ENGINE_POOL = ("--context-length", "65536", "--max-total-tokens", "131072")
+"""Room for an agent's whole prompt (Claude Code's tools and system prompt) in the KV pool."""
 Start = Callable[..., KvrProcess]
 
 
@@ -128,37 +133,74 @@ def _mounted(argv: list[str], mount: str, directory: Path) -> list[str]:
     return [f"--auth-keys-dir={directory}" if a == flag else a for a in argv]
 
 
+def _hop_key(argv: list[str], key_file: Path) -> list[str]:
+    """``--hop-key-file`` (an auth fleet's mounted hop-key Secret) pointed at a local key file that
+    every component of the plane shares; unchanged without the flag."""
+    flag = "--hop-key-file"
+    return [f"{flag}={key_file}" if a.startswith(flag + "=") else a for a in argv]
+
+
 def _subcommand(command: list[str]) -> list[str]:
-    """The arguments after ``kvretention`` (the image's entry point), without the pod's address."""
+    """The arguments after ``kvretention`` (the image's entry point), without the pod's address
+    and its metrics port (every process here shares one host: a fixed port would collide)."""
     assert command[0] == "kvretention", command
     cut = command.index("--") if "--" in command else len(command)
-    return [*_without(command[1:cut], "--host", "--port"), *command[cut:]]
+    pod_address = ("--host", "--port", "--metrics-port")
+    return [*_without(command[1:cut], *pod_address), *command[cut:]]
+
+
+def _cpu_engine_worker(worker: list[str]) -> list[str]:
+    """The rendered worker on SGLang's real CPU engine with the tiny model: one rank (SGLang's CPU
+    engine runs one here), no ``--reasoning-parser`` (the tiny model has no reasoning format)."""
+    worker = _set(_set(worker, "--model-path", str(tiny_model_dir())), "--tp-size", "1")
+    worker = _without(worker, "--reasoning-parser")
+    cut = worker.index("--")
+    return [*worker[:cut], "--device", "cpu", *worker[cut:], *CPU_ENGINE_POOL]
 
 
 def start_rendered_plane(
-    example: Path, *, start: Start, tmp: Path, secrets: dict[str, Path] | None = None
+    example: Path,
+    *,
+    start: Start,
+    tmp: Path,
+    secrets: dict[str, Path] | None = None,
+    engine: Literal["standin", "cpu"] = "standin",
 ) -> RenderedPlane:
     """Start the example's workers (in parallel: each imports SGLang's parsers), router and
     frontend with ``start`` (a process fixture); ``secrets``: Secret name -> the local directory
-    that stands for its mount."""
+    that stands for its mount. ``engine="cpu"``: one worker on SGLang's real engine on CPU serving
+    the tiny model (``support.cpu_engine``), in place of the stand-in workers; ``engine_records``
+    is then empty and the workers' traces say what they served."""
     commands, replicas = rendered_commands(example)
-    tokenizer = save(tmp / "tokenizer")
-    worker = _set(_subcommand(commands["worker"]), "--engine", STANDIN)
-    worker = _set(_set(worker, "--model-path", str(tokenizer)), "--drain-seconds", "0")
+    hop_key = tmp / "hop-key"
+    hop_key.write_text(secrets_module.token_hex(32) + "\n")
+    worker = _hop_key(_subcommand(commands["worker"]), hop_key)
+    worker = _set(worker, "--drain-seconds", "0")
+    if engine == "cpu":
+        worker, replicas = _cpu_engine_worker(worker), 1
+    else:
+        tokenizer = save(tmp / "tokenizer")
+        worker = _set(_set(worker, "--engine", STANDIN), "--model-path", str(tokenizer))
     cut = worker.index("--")
     records = {f"w{i}": tmp / f"w{i}-engine.jsonl" for i in range(replicas)}
 
     def start_worker(name: str) -> KvrProcess:
         trace = ["--trace-file", str(tmp / f"{name}-trace.jsonl")]
+        if engine == "cpu":
+            env = cpu_engine_env(tmp / f"{name}-shim-calls.txt")
+            argv = [*worker[:cut], *trace, *worker[cut:]]
+            return start(argv, env=env, timeout=ENGINE_READY_S)
         env = {"KVR_STANDIN_RECORD": str(records[name])}
         return start([*worker[:cut], *trace, *worker[cut:]], env=env, timeout=120.0)
 
     with ThreadPoolExecutor(max_workers=replicas) as pool:
         workers = dict(zip(records, pool.map(start_worker, records), strict=True))
-    router_args = _without(_subcommand(commands["router"]), "--worker-dns")
+    router_args = _without(_hop_key(_subcommand(commands["router"]), hop_key), "--worker-dns")
     router = start([*router_args, *(a for w in workers.values() for a in ("--worker", w.base_url))])
     trace = tmp / "frontend-trace.jsonl"
-    frontend_args = _set(_subcommand(commands["frontend"]), "--router-url", router.base_url)
+    frontend_args = _set(
+        _hop_key(_subcommand(commands["frontend"]), hop_key), "--router-url", router.base_url
+    )
     for name, directory in (secrets or {}).items():
         frontend_args = _mounted(frontend_args, f"/etc/kvretention/auth/{name}", directory)
     frontend = start([*frontend_args, "--trace-file", str(trace)])
@@ -167,6 +209,6 @@ def start_rendered_plane(
         router=router,
         workers=workers,
         frontend_trace=trace,
-        engine_records=records,
+        engine_records={} if engine == "cpu" else records,
         commands=commands,
     )

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import tempfile
+
 import pytest
 from prometheus_client import CollectorRegistry
 
 from kvretention.controller.metrics import Metrics
 from kvretention.dataplane.frontend.metrics import FrontendMetrics
-from kvretention.dataplane.router.app import RouterMetrics
+from kvretention.dataplane.router.state import RouterMetrics
 from kvretention.dataplane.worker.app import WorkerMetrics
 
 
@@ -22,9 +24,14 @@ def _names(registry: CollectorRegistry) -> list[str]:
         (FrontendMetrics().registry, ("kvretention_frontend_",)),
         (RouterMetrics().registry, ("kvretention_router_",)),
         (WorkerMetrics().registry, ("kvretention_worker_",)),
+        (
+            WorkerMetrics(retention_stats_dir=tempfile.mkdtemp()).registry,
+            # the plugin's, from SGLang's child
+            ("kvretention_worker_", "kvretention_retention_", "kvretention_l3_"),
+        ),
         (Metrics().registry, ("kvretention_operator_", "kvretention_kvstore_")),
     ],
-    ids=["frontend", "router", "worker", "operator"],
+    ids=["frontend", "router", "worker", "worker-with-plugin", "operator"],
 )
 def test_every_series_has_the_component_prefix(
     registry: CollectorRegistry, prefixes: tuple[str, ...]

@@ -9,8 +9,8 @@ from typing import Any, Final
 
 import pytest
 
-from kvretention.dataplane.frontend.app import build_preprocessed
 from kvretention.dataplane.frontend.endpoints import CHAT, MESSAGES, RESPONSES
+from kvretention.dataplane.frontend.prepare import build_preprocessed
 from kvretention.dataplane.protocol import (
     ChatMessage,
     ImagePart,

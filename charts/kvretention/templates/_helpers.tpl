@@ -68,8 +68,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/*
 The rules the operator needs to reconcile KvRetentionDeployments, exactly what it uses: its own
-objects and their status, the children it server-side-applies, probe reports from worker pods, and
-events. The Lease for leader election is granted separately, in the release namespace only.
+objects and their status, the children it server-side-applies, probe reports from worker pods,
+whether the auth Secrets a fleet names exist (get, read as metadata only), and events. The Lease
+for leader election is granted separately, in the release namespace only.
 */}}
 {{- define "kvretention.reconcileRules" -}}
 - apiGroups: ["kvretention.io"]
@@ -96,6 +97,11 @@ events. The Lease for leader election is granted separately, in the release name
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"]
+# Whether each auth Secret a fleet names exists, and the fleet's hop key made when absent (a
+# metadata-only read and a create; never listed, watched, updated or read whole).
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "create"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
@@ -105,5 +111,9 @@ events. The Lease for leader election is granted separately, in the release name
 # Multinode worker pools (workers.nodesPerReplica > 1); harmless where the LWS CRD is absent.
 - apiGroups: ["leaderworkerset.x-k8s.io"]
   resources: ["leaderworkersets"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+# A fleet's InferencePool (spec.gateway.inferencePool); harmless where its CRD is absent.
+- apiGroups: ["inference.networking.k8s.io"]
+  resources: ["inferencepools"]
   verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
 {{- end }}

@@ -21,7 +21,7 @@ from kvretention_devtools.localcluster import components, lws, pki, process
 from kvretention_devtools.localcluster.binaries import resolve_bin_dir
 from kvretention_devtools.localcluster.components import ORDER, Layout, Ports
 from kvretention_devtools.localcluster.errors import ClusterError
-from kvretention_devtools.localcluster.httpjson import request
+from kvretention_devtools.localcluster.httpjson import request, write
 from kvretention_devtools.localcluster.realnode import config as node_config
 from kvretention_devtools.localcluster.realnode import node as realnode
 
@@ -293,7 +293,11 @@ def _start(
         echo(f"started {name} (pid {pids[name]}, log {layout.log(name)})")
 
     def wait(what: str, check: Callable[[], bool]) -> None:
-        _wait_for(what, check, state, pids, layout, deadline)
+        watched = {
+            name: process.Watched(pid, state.binary(name), layout.log(name))
+            for name, pid in pids.items()
+        }
+        process.wait_until(what, check, watched=watched, deadline=deadline)
 
     start("etcd")
     etcd = components.etcd_url(state.ports)
@@ -322,29 +326,6 @@ def _start(
     return _save(state, pids)
 
 
-def _wait_for(
-    what: str,
-    check: Callable[[], bool],
-    state: ClusterState,
-    pids: Mapping[str, int],
-    layout: Layout,
-    deadline: float,
-) -> None:
-    """Poll ``check``; fail fast with the log tail when a started component has exited."""
-    while True:
-        if check():
-            return
-        for name, pid in pids.items():
-            if not process.is_alive(pid, state.binary(name)):
-                raise ClusterError(
-                    f"{name} exited while waiting for {what}; last lines of {layout.log(name)}:\n"
-                    f"{process.tail(layout.log(name))}"
-                )
-        if time.monotonic() > deadline:
-            raise ClusterError(f"timed out waiting for {what}; logs are in {layout.logs}")
-        time.sleep(0.2)
-
-
 def _healthy(url: str) -> bool:
     return request("GET", url)[0] == 200
 
@@ -354,7 +335,7 @@ def _ok(state: ClusterState, path: str, ca_pem: bytes | None = None) -> bool:
 
 
 def _create_node(state: ClusterState, ca_pem: bytes, node: dict[str, Any]) -> None:
-    status, body = request(
+    status, body = write(
         "POST", f"{state.server}/api/v1/nodes", token=state.token, body=node, ca_pem=ca_pem
     )
     if status not in (201, 409):

@@ -18,6 +18,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -27,7 +28,7 @@ import yaml
 from kvretention_devtools.localcluster import process
 from kvretention_devtools.localcluster.binaries import repo_root
 from kvretention_devtools.localcluster.errors import ClusterError
-from kvretention_devtools.localcluster.httpjson import request
+from kvretention_devtools.localcluster.httpjson import request, write
 
 LWS_ENV: Final = "KVR_LWS_DIR"
 """A folder with ``lws-controller-manager`` and ``crds.yaml`` (default: scripts/build-lws.sh's)."""
@@ -192,7 +193,7 @@ def build_webhook_configurations(*, webhook_port: int, ca_pem: bytes) -> list[di
 
 
 def _apply(server: str, token: str, ca_pem: bytes, path: str, body: dict[str, Any]) -> None:
-    status, answer = request(
+    status, answer = write(
         "PATCH",
         f"{server}{path}?fieldManager={FIELD_MANAGER}&force=true",
         token=token,
@@ -260,15 +261,9 @@ def start(
     echo(f"started lws-controller-manager (pid {pid}, log {log})")
     deadline = time.monotonic() + timeout_s
 
-    def wait(what: str, check: Any) -> None:
-        while not check():
-            if not process.is_alive(pid, binary):
-                raise ClusterError(
-                    f"LWS controller exited; last lines of {log}:\n{process.tail(log)}"
-                )
-            if time.monotonic() > deadline:
-                raise ClusterError(f"timed out waiting for {what}; see {log}")
-            time.sleep(0.2)
+    def wait(what: str, check: Callable[[], bool]) -> None:
+        watched = {"lws-controller-manager": process.Watched(pid, binary, log)}
+        process.wait_until(what, check, watched=watched, deadline=deadline)
 
     wait("the LWS CRD", lambda: _established(server, token, ca_pem))
     wait(

@@ -37,6 +37,22 @@ def nested(factory: type[WireModel], description: str) -> Any:
     )
 
 
+def port_field(default: int | None, description: str) -> Any:
+    """A TCP port field (1-65535)."""
+    return Field(default=default, ge=1, le=65535, description=description)
+
+
+def list_field(max_length: int, description: str, **extra: Any) -> Any:
+    """A list that defaults to empty and holds at most ``max_length`` items (``extra``: more
+    ``Field`` arguments)."""
+    return Field(default_factory=list, max_length=max_length, description=description, **extra)
+
+
+def cel_config(*rules: tuple[str, str]) -> ConfigDict:
+    """A model's config that adds these (CEL rule, message) validations to its schema."""
+    return ConfigDict(json_schema_extra=cel_rules(*rules))
+
+
 def cel_rules(*rules: tuple[str, str]) -> dict[str, Any]:
     """``x-kubernetes-validations`` for a model: (CEL rule, message) pairs."""
     return {"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]}

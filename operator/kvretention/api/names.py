@@ -13,6 +13,11 @@ LABEL_INSTANCE: Final = "app.kubernetes.io/instance"
 LABEL_COMPONENT: Final = "app.kubernetes.io/component"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 
+LABEL_PART_OF: Final = "app.kubernetes.io/part-of"
+OPERATOR_POD_LABELS: Final = {LABEL_PART_OF: APP_NAME, LABEL_COMPONENT: "operator"}
+"""Labels the chart puts on the operator's pods whatever its release name or ``nameOverride``:
+a fleet's NetworkPolicies let pods with them (in any namespace) read its metrics ports."""
+
 FIELD_MANAGER: Final = "kvretention-operator"
 """The one server-side-apply field manager the operator writes with (also its Events' source and
 the value of ``app.kubernetes.io/managed-by`` on every child)."""
@@ -85,3 +90,8 @@ CONDITION_TYPES: Final[tuple[str, ...]] = (
     PROGRESSING,
 )
 """Every condition type in ``status.conditions``, in the order they are written."""
+INFERENCE_POOL_ACCEPTED: Final = "InferencePoolAccepted"
+"""A Gateway accepted the fleet's InferencePool (``spec.gateway.inferencePool``; not part of
+Ready). Written after :data:`CONDITION_TYPES`, and only while the option is on."""
+OPTIONAL_CONDITION_TYPES: Final[tuple[str, ...]] = (INFERENCE_POOL_ACCEPTED,)
+"""Condition types a status carries only when the spec asks for what they report on."""

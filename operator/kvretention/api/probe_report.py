@@ -27,6 +27,8 @@ TERMINATION_LOG_LIMIT: Final = 4096
 """Kubernetes keeps at most 4 KiB of a termination message."""
 DIALECTS: Final = frozenset({"none", "flat", "versioned"})
 """The dialects a probe names (``kvretention.dataplane.worker.dialect.Dialect``)."""
+DEVICES: Final = frozenset({"cuda", "cpu"})
+"""Where a probe says the engine runs (``kvretention.dataplane.worker.cpu.flags.Device``)."""
 PLUGIN_LOADED: Final = "loaded"
 PLUGIN_NOT_INSTALLED: Final = "not_installed"
 PLUGIN_NOT_SELECTED: Final = "not_selected"
@@ -84,6 +86,16 @@ class ProbeReport(BaseModel):
     retention_target_problems: tuple[StrictStr, ...] = Field(default=(), strict=False)
     """Hook targets the plugin needs that this SGLang lacks or has changed, one line each naming the
     target (empty: every one found as the plugin expects it)."""
+    engine_device: str | None = None
+    """Where the worker's engine will run in this pod: ``cuda`` when torch sees a GPU, else ``cpu``
+    (SGLang's CPU engine: one rank, no HiCache; ``docs/cpu-engine.md``). None: not measured."""
+    radix_tree_core: str | None = None
+    """SGLang's default radix-tree core in this image (``rust`` in 0.5.23, unless
+    ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND`` says otherwise): the core a worker runs under any
+    ``--radix-eviction-policy`` but ``kvretain``. None: not measured."""
+    radix_tree_core_kvretain: str | None = None
+    """The core a worker runs under ``--radix-eviction-policy kvretain`` (``python``: the policy
+    moves it there); None without the loaded plugin."""
 
     @field_validator(
         "sglang_installed",

@@ -119,6 +119,17 @@ class KvStoreStatus(ReplicaCount):
             "same numbers leaves status unchanged."
         ),
     )
+    stale_since: str | None = Field(
+        default=None,
+        description=(
+            "Set while reads of the master's /metrics fail but not yet for 60 s (RFC 3339: when "
+            "the first failed): the numbers below are the last good reading, if any. Past 60 s "
+            "RetentionBudget reads Unknown/MetricsUnavailable and this goes."
+        ),
+    )
+    stale_reason: str | None = Field(
+        default=None, description="Why the first of those reads failed (with staleSince)."
+    )
     capacity_bytes: int | None = Field(
         default=None, ge=0, description="Pool capacity: the segments workers mounted."
     )
@@ -185,6 +196,14 @@ class EngineStatus(_StatusModel):
     hook_target_problems: list[str] = Field(
         default_factory=list,
         description="SGLang targets the loaded plugin hooks that are missing or changed.",
+    )
+    device: Literal["cuda", "cpu"] | None = Field(
+        default=None,
+        description=(
+            "Where the workers' engine runs, as the probe found it in a worker pod: cuda, or cpu "
+            "(SGLang's CPU engine where torch sees no GPU: one rank and no HiCache, the worker "
+            "leaves the HiCache flags out). Absent: not measured."
+        ),
     )
 
 

@@ -1,1 +1,2 @@
-"""The control plane: kopf handlers, pure builders, status computation and the API client."""
+"""The control plane: the watches, the planner and its pure builders, status computation, the
+executor and the API client."""

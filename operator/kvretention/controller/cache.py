@@ -1,9 +1,8 @@
 """What the reconcile knows without asking the API server: the in-memory indexes of the watched
 objects, the operator's own recent writes on top of them, and the applied-state cache.
 
-kopf fills the fleets' index (``@kopf.index`` in :mod:`kvretention.controller.handlers`) and the
-informers (:mod:`kvretention.controller.informer`) those of the children and pods, all with
-:func:`index_by_instance` entries. kopf calls no event handler before its index has its initial
+kopf fills the fleets' index and the informers those of the children and pods (both wired in
+:mod:`kvretention.controller.watch`), all with :func:`index_by_instance` entries. kopf calls no event handler before its index has its initial
 list, and the reconcile workers wait for every informer's; the controller only learns of a fleet
 from such a handler, so no reconcile reads a half-filled index. A later kopf re-list of the fleets
 (after the watch's resourceVersion expired) can leave an entry of a fleet deleted in between;
@@ -24,7 +23,14 @@ from typing import Any, Final
 from kvretention.api.models import GROUP, KIND, PLURAL, VERSION
 from kvretention.api.names import LABEL_INSTANCE as _INSTANCE
 from kvretention.controller import kube as k
-from kvretention.controller.planner import ChildKey, Key, Stamp, resource_version, uid_of
+from kvretention.controller.objects import (
+    ChildKey,
+    Key,
+    Stamp,
+    instance_key,
+    resource_version,
+    uid_of,
+)
 
 CR_KIND: Final = k.custom_kind(group=GROUP, version=VERSION, kind=KIND, plural=PLURAL)
 FLEETS_INDEX: Final = "fleets"
@@ -209,16 +215,12 @@ def index_by_instance(
     body: Mapping[str, Any], *, fleet: bool = False, pod: bool = False
 ) -> dict[Key, Any] | None:
     """The value of every index: the object's body (as :func:`encode_entry` stores it) under
-    (namespace, fleet name). A fleet is
-    indexed under its own name; a child or pod under its ``app.kubernetes.io/instance`` label
-    (what the Deployments select their pods by, and what the operator's LISTs used). Field
-    managers are kept only in the slim form the restart check needs, and not at all for pods."""
-    meta = body.get("metadata") or {}
-    namespace = meta.get("namespace")
-    name = meta.get("name") if fleet else (meta.get("labels") or {}).get(_INSTANCE)
-    if not namespace or not name:
-        return None
-    return {(str(namespace), str(name)): slim_entry(body, pod=pod)}
+    its fleet's key (:func:`~kvretention.controller.objects.instance_key`: a fleet under its own
+    name, a child or pod under its ``app.kubernetes.io/instance`` label, what the operator's
+    LISTs use too). Field managers are kept only in the slim form the restart check needs, and
+    not at all for pods."""
+    key = instance_key(body, fleet=fleet)
+    return None if key is None else {key: slim_entry(body, pod=pod)}
 
 
 def slim_entry(body: Mapping[str, Any], *, pod: bool = False) -> bytes:

@@ -1,6 +1,6 @@
 """Pure diagnosis of one workload (a Deployment) and its pods: the first thing the scheduler, the
 kubelet or the ReplicaSet controller has to say about why they are not ready, as a reason and a
-message. :mod:`kvretention.controller.status` turns these into conditions."""
+message. :mod:`kvretention.controller.conditions` turns these into conditions."""
 
 from __future__ import annotations
 

@@ -13,12 +13,13 @@ import datetime as dt
 import logging
 import time
 from collections import ChainMap
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar, cast
 
 from kvretention.api.names import fleet_pods_selector
 from kvretention.controller import kube as k
+from kvretention.controller import named_objects as named
 from kvretention.controller.cache import (
     CR_KIND,
     AppliedState,
@@ -29,21 +30,22 @@ from kvretention.controller.cache import (
     Snapshot,
     Tombstones,
 )
-from kvretention.controller.kvstore_client import read_master_metrics
+from kvretention.controller.kvstore_client import read_master_metrics, read_worker_failures
 from kvretention.controller.kvstore_metrics import (
+    READ_INTERVAL_SECONDS,
     KvStoreReading,
-    keep_unchanged,
     plan_metrics_read,
+    plan_read_interval,
+    plan_reading,
     reading_from_status,
 )
 from kvretention.controller.metrics import Metrics
+from kvretention.controller.objects import ChildKey, Key, child_key, uid_of
 from kvretention.controller.planner import (
     REFUSED_STATUSES,
     FleetPlan,
     InvalidPlan,
-    Key,
     Prune,
-    child_key,
     conflict_message,
     dry_run_saw_stale_copy,
     event_message,
@@ -61,7 +63,6 @@ from kvretention.controller.planner import (
     refused_message,
     stamp_of,
     status_patch,
-    uid_of,
     worker_pods,
 )
 from kvretention.controller.status import (
@@ -70,12 +71,33 @@ from kvretention.controller.status import (
     compute_invalid_status,
     compute_status,
 )
+from kvretention.controller.worker_metrics import (
+    SCRAPES_AT_ONCE,
+    FleetFailures,
+    PodFailures,
+    plan_failures,
+    scrape_targets,
+)
 from kvretention.controller.workqueue import WorkQueue, backoff_delay
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 UNSERVED_RETRY_S: Final = 30.0
 """How soon a fleet whose child kind is not served (the LWS CRD missing) is reconciled again."""
+
+
+@dataclass(frozen=True)
+class _SideReads:
+    """The reads a reconcile runs alongside its applies (metrics, Secrets); each never raises."""
+
+    kvstore: asyncio.Future[KvStoreReading | None]
+    failures: asyncio.Future[FleetFailures]
+    secrets: asyncio.Future[list[str]]
+    codex: asyncio.Future[str | None]
+
+    def cancel(self) -> None:
+        for read in (self.kvstore, self.failures, self.secrets, self.codex):
+            read.cancel()
 
 
 async def _outcome(call: Awaitable[T]) -> T | Exception:
@@ -89,6 +111,43 @@ async def _outcome(call: Awaitable[T]) -> T | Exception:
         return await call
     except Exception as exc:
         return exc
+
+
+@dataclass
+class _Applies:
+    """What the applies of one reconcile showed: the workloads, the InferencePool, the refusals
+    and the kinds the API server does not serve."""
+
+    deployments: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    inference_pool: Mapping[str, Any] | None = None
+    refused: list[str] = field(default_factory=list)
+    unserved: set[str] = field(default_factory=set)
+
+
+def _read_applies(
+    ours: Sequence[Mapping[str, Any]],
+    results: Sequence[Mapping[str, Any] | BaseException],
+    live: Mapping[ChildKey, Mapping[str, Any]],
+) -> _Applies:
+    """Sort each apply's result; an error that is neither a refusal nor an unserved kind raises."""
+    applies = _Applies()
+    for manifest, result in zip(ours, results, strict=True):
+        current: Mapping[str, Any] | None
+        if isinstance(result, k.ApiError) and result.status in REFUSED_STATUSES:
+            applies.refused.append(refused_message(manifest, result.said))
+            current = live.get(child_key(manifest))
+        elif isinstance(result, k.NotFound) and k.kind_of(manifest) in k.OPTIONAL_KINDS:
+            applies.unserved.add(str(manifest["kind"]))  # its CRD is not installed: status says so
+            current = None
+        elif isinstance(result, BaseException):
+            raise result
+        else:
+            current = result
+        if manifest["kind"] in WORKLOAD_KINDS and current is not None:
+            applies.deployments[manifest["metadata"]["name"]] = current
+        if k.kind_of(manifest) is k.INFERENCE_POOL:
+            applies.inference_pool = current  # its status.parents: which Gateways accepted it
+    return applies
 
 
 def _uids(snapshot: Snapshot) -> set[str]:
@@ -109,8 +168,8 @@ class Controller:
     clock: Callable[[], dt.datetime] = field(default=lambda: dt.datetime.now(dt.UTC))
     read_kvstore: Callable[..., Awaitable[KvStoreReading]] = read_master_metrics
     """Reads a managed master's /metrics (bounded, never raises); tests inject a fake."""
-    hold_after_applies: int | None = None
-    """Test hook: after this many applies, hold every later one forever (see ``_gate``)."""
+    read_worker: Callable[..., Awaitable[PodFailures]] = read_worker_failures
+    """Reads one worker pod's hook failure counts (bounded, never raises); tests inject a fake."""
     indices: Mapping[str, Any] | None = None
     """kopf's index of the fleets plus ``children`` (bound by the first handler call); None:
     read from the API server."""
@@ -132,7 +191,11 @@ class Controller:
         self._uids: dict[Key, str] = {}
         self._kvstore_reads: dict[Key, tuple[dt.datetime, KvStoreReading]] = {}
         """Each fleet's last read of its master's /metrics, and when (rate-limits the reads)."""
-        self._applies_started = 0
+        self._worker_reads: dict[Key, tuple[dt.datetime, FleetFailures]] = {}
+        """Each fleet's last read of its workers' hook failures, and when (the baseline of the
+        next read's increases, and its rate limit)."""
+        self._hop_keys: set[tuple[str, str]] = set()
+        """(fleet uid, Secret) of the hop keys made sure of since the operator started."""
         self.terminating: set[str] = set()
         """Namespaces being deleted: nothing is applied there (every create would be refused)
         until the last fleet in one is gone (a namespace of that name made later is new)."""
@@ -154,6 +217,7 @@ class Controller:
             self.metrics.forget_kvstore(*key)
             self.metrics.forget_conditions(*key)
             self._kvstore_reads.pop(key, None)
+            self._worker_reads.pop(key, None)
             self._verified.pop(key, None)
             owner = uid or self._uids.get(key)
             if owner is not None:
@@ -251,7 +315,7 @@ class Controller:
 
     async def reconcile(self, key: Key) -> str:
         """One level-based pass over one object. Returns ``ok``, ``invalid`` or ``gone``."""
-        namespace, name = key
+        namespace = key[0]
         snapshot = await self._snapshot(key)
         body = self.own_writes.resolve(CR_KIND.kind, key, snapshot.fleet)
         if body is None or body["metadata"].get("deletionTimestamp"):
@@ -272,7 +336,28 @@ class Controller:
             return "invalid"
         # The master's /metrics is read alongside the applies (bounded, never raises), so a slow
         # or absent master delays nothing else.
-        kvstore_read = asyncio.ensure_future(self._kvstore_reading(plan, previous))
+        reads = _SideReads(
+            kvstore=asyncio.ensure_future(self._kvstore_reading(plan, previous)),
+            failures=asyncio.ensure_future(self._hook_failures(plan, snapshot.pods)),
+            secrets=asyncio.ensure_future(self._missing_secrets(plan, previous)),
+            codex=asyncio.ensure_future(self._missing_codex_instructions(plan, previous)),
+        )
+        try:
+            return await self._apply(key, body, plan, snapshot, reads)
+        finally:
+            reads.cancel()  # a reconcile that failed or was cancelled leaves no read running
+
+    async def _apply(
+        self,
+        key: Key,
+        body: Mapping[str, Any],
+        plan: FleetPlan,
+        snapshot: Snapshot,
+        reads: _SideReads,
+    ) -> str:
+        """Apply the plan's children and write the status they and the side reads show."""
+        namespace, name = key
+        previous = body.get("status")
         live = await self._live_children(namespace, plan, snapshot)
         taken = plan_conflicts(plan.desired, live, uid=plan.uid)
         conflicts = [
@@ -281,9 +366,6 @@ class Controller:
         holds = plan_holds(plan.desired, taken)
         held = [held_message(ck, why) for ck, why in holds.items()]
         ours = [m for m in plan.desired if child_key(m) not in taken and child_key(m) not in holds]
-        observed_deployments: dict[str, Mapping[str, Any]] = {}
-        refused: list[str] = []
-        unserved: set[str] = set()
         # Children are independent objects: apply them concurrently (server-side apply needs no
         # order; a pod waits for its ConfigMap by itself).
         results = await asyncio.gather(
@@ -294,23 +376,13 @@ class Controller:
             self.terminating.add(namespace)
             log.info("namespace %s is being deleted: leaving %s to it", namespace, name)
             return "terminating"
-        for manifest, result in zip(ours, results, strict=True):
-            current: Mapping[str, Any] | None
-            if isinstance(result, k.ApiError) and result.status in REFUSED_STATUSES:
-                refused.append(refused_message(manifest, result.said))
-                current = live.get(child_key(manifest))
-            elif isinstance(result, k.NotFound) and k.kind_of(manifest) in k.OPTIONAL_KINDS:
-                unserved.add(str(manifest["kind"]))  # its CRD is not installed: status says so
-                current = None
-            elif isinstance(result, BaseException):
-                raise result
-            else:
-                current = result
-            if manifest["kind"] in WORKLOAD_KINDS and current is not None:
-                observed_deployments[manifest["metadata"]["name"]] = current
+        applies = _read_applies(ours, results, live)
+        observed_deployments, inference_pool = applies.deployments, applies.inference_pool
+        refused, unserved = applies.refused, applies.unserved
         for ck in holds:
             if ck[0] in WORKLOAD_KINDS and ck in live:
                 observed_deployments[ck[1]] = live[ck]
+        refused += await self._hop_key(plan, previous)
         if not refused:
             await self._prune(namespace, plan_prune(plan.desired, live, uid=plan.uid))
         # Every pod of the fleet: worker pods carry the probe reports, and any pod that is not
@@ -320,11 +392,15 @@ class Controller:
             worker_pods=worker_pods(snapshot.pods),
             pods=snapshot.pods,
             apply_errors=refused,
-            kvstore=await kvstore_read,
+            kvstore=await reads.kvstore,
+            hook_failures=(await reads.failures).increases,
+            missing_secrets=await reads.secrets,
+            missing_codex_instructions=await reads.codex,
             conflicts=conflicts,
             taken=frozenset(taken),
             held=dict(zip(holds, held, strict=True)),
             unserved_kinds=frozenset(unserved),
+            inference_pool=inference_pool,
         )
         status = compute_status(plan.fleet, observed, previous=previous, now=self.clock())
         await self._write_status(body, previous, status)
@@ -341,11 +417,11 @@ class Controller:
 
     async def _live_children(
         self, namespace: str, plan: FleetPlan, snapshot: Snapshot
-    ) -> dict[tuple[str, str], Mapping[str, Any]]:
+    ) -> dict[ChildKey, Mapping[str, Any]]:
         """The fleet's children: the snapshot's, the operator's own fresher writes, and desired
         children the watches do not show read by name (only a fleet's first reconcile, or one
         after a child was deleted, pays a read per child)."""
-        live: dict[tuple[str, str], Mapping[str, Any]] = {}
+        live: dict[ChildKey, Mapping[str, Any]] = {}
         for ck in {*snapshot.children, *(child_key(m) for m in plan.desired)}:
             obj = self.own_writes.resolve(ck[0], (namespace, ck[1]), snapshot.children.get(ck))
             if obj is not None:
@@ -367,22 +443,75 @@ class Controller:
     async def _kvstore_reading(
         self, plan: FleetPlan, previous: Mapping[str, Any] | None
     ) -> KvStoreReading | None:
-        """The managed master's usage: read at most every READ_INTERVAL_SECONDS per fleet."""
+        """The managed master's usage: read at most every READ_INTERVAL_SECONDS per fleet, and
+        every RETRY_SECONDS while a failure is still within the grace period (the fleet is
+        queued again for that: nothing else may come to reconcile it)."""
         url = plan.master_metrics_url
         if url is None:
             return None
-        cr = plan.cr
-        budget = cr.spec.kv_store.mooncake.master.soft_pin.budget_ratio
-        key = (cr.namespace, cr.name)
+        budget = plan.fleet.retention_budget
+        key = plan.key
         now = self.clock()
+        recorded = reading_from_status(previous)
+        interval = plan_read_interval(recorded)
         last = self._kvstore_reads.get(key)
-        if last is not None and not plan_metrics_read(last[0], now=now):
+        if last is not None and not plan_metrics_read(last[0], now=now, interval_seconds=interval):
             reading = last[1]
         else:
             reading = await self.read_kvstore(url, now=now)
             self._kvstore_reads[key] = (now, reading)
             self.metrics.observe_kvstore(*key, reading, budget=budget)
-        return keep_unchanged(reading_from_status(previous), reading)
+        shown = plan_reading(recorded, reading, now=now)
+        if shown.stale_since is not None:
+            self.queue.add_after(key, plan_read_interval(shown))
+        return shown
+
+    async def _hook_failures(
+        self, plan: FleetPlan, pods: Sequence[Mapping[str, Any]]
+    ) -> FleetFailures:
+        """The retention hook failures the ready worker pods report since the last read: read at
+        most every READ_INTERVAL_SECONDS per fleet (the same reading in between), at most
+        SCRAPES_AT_ONCE pods at a time, each read time-bounded. Only with hints on: without them
+        no hook has anything to do. While a read shows failures, the fleet is queued again for
+        the next one, so a counter that stays flat clears the condition without other events."""
+        if not plan.fleet.retention.hints:
+            return FleetFailures()
+        key = plan.key
+        now = self.clock()
+        last = self._worker_reads.get(key)
+        if last is not None and not plan_metrics_read(last[0], now=now):
+            return last[1]
+        gate = asyncio.Semaphore(SCRAPES_AT_ONCE)
+
+        async def read(pod: str, url: str) -> PodFailures:
+            async with gate:
+                return await self.read_worker(pod, url)
+
+        targets = scrape_targets(worker_pods(pods))
+        reads = await asyncio.gather(*(read(pod, url) for pod, url in targets))
+        reading = plan_failures(last[1] if last is not None else None, reads)
+        self._worker_reads[key] = (now, reading)
+        for r in reads:
+            if r.error is not None:
+                log.debug("hook failures of %s/%s not read: %s", key[0], r.pod, r.error)
+        if reading.increases:
+            self.queue.add_after(key, READ_INTERVAL_SECONDS)
+        return reading
+
+    async def _missing_secrets(
+        self, plan: FleetPlan, previous: Mapping[str, Any] | None
+    ) -> list[str]:
+        return await named.missing_secrets(self.kube, plan, previous)
+
+    async def _missing_codex_instructions(
+        self, plan: FleetPlan, previous: Mapping[str, Any] | None
+    ) -> str | None:
+        return await named.missing_codex_instructions(self.kube, plan, previous)
+
+    async def _hop_key(self, plan: FleetPlan, previous: Mapping[str, Any] | None) -> list[str]:
+        return await named.ensure_hop_key(
+            self.kube, plan, previous, ensured=self._hop_keys, writes=self.metrics.apply_writes
+        )
 
     async def _ensure(
         self, owner_uid: str, manifest: Mapping[str, Any], live: Mapping[str, Any] | None
@@ -405,30 +534,12 @@ class Controller:
             if live and plan_after_dry_run(dry, live) == "keep":
                 self.applied.remember(owner_uid, ck, stamp_of(live, manifest, digest=digest))
                 return live
-        await self._gate(kind.kind, meta)
         result = await self.kube.apply(manifest)
         self.metrics.apply_writes.labels(kind.kind).inc()
         log.info("applied %s %s/%s", kind.kind, meta.get("namespace"), meta["name"])
         self.own_writes.record(kind.kind, live or None, result)
         self.applied.remember(owner_uid, ck, stamp_of(result, manifest, digest=digest))
         return result
-
-    async def _gate(self, kind: str, meta: Mapping[str, Any]) -> None:
-        """The test hook that makes "killed mid-reconcile" deterministic.
-
-        With ``hold_after_applies=N`` exactly N applies reach the API server; every later one
-        waits forever, so a test can see N children in the cluster, know the reconcile is stuck
-        half-way, and SIGKILL the process there instead of racing it.
-        """
-        if self.hold_after_applies is None:
-            return
-        if self._applies_started < self.hold_after_applies:
-            self._applies_started += 1
-            return
-        log.warning(
-            "test hook: holding the apply of %s %s/%s", kind, meta.get("namespace"), meta["name"]
-        )
-        await asyncio.Event().wait()
 
     async def _prune(self, namespace: str, prunes: list[Prune]) -> None:
         """Delete children this object controls that the spec no longer wants (mode changes)."""

@@ -5,7 +5,8 @@ kopf would keep every watched object's full body alive while it waits for all it
 objects it had seen at once, not what it keeps. Here each object is slimmed the moment it is
 parsed (:func:`~kvretention.controller.cache.index_by_instance`, client-go's "transform" step),
 lists come in pages, and a re-list replaces a kind's store as a whole, so an object deleted while
-the watch was down cannot linger. The custom resources themselves stay with kopf.
+the watch was down cannot linger. The custom resources themselves stay with kopf; both are wired
+to the controller in :mod:`kvretention.controller.watch`.
 
 Watches block on a socket, so each runs in a daemon thread of its own, never in the thread pool
 the reconciles' API calls share; the thread hands slim events to the event loop.
@@ -29,7 +30,7 @@ from kvretention.api.names import (
 )
 from kvretention.controller import kube as k
 from kvretention.controller.cache import PODS_INDEX, index_by_instance
-from kvretention.controller.planner import Key, owner_key
+from kvretention.controller.objects import Key, owner_key, uid_of
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +66,7 @@ def slim(body: Mapping[str, Any], *, pod: bool) -> Slim:
     """The entry an index keeps for ``body`` (parsed once, then dropped)."""
     indexed = index_by_instance(body, pod=pod)
     key, entry = next(iter(indexed.items())) if indexed else (None, b"")
-    meta = body.get("metadata") or {}
-    return Slim(uid=str(meta.get("uid")), key=key, owner=owner_key(body), entry=entry)
+    return Slim(uid=uid_of(body), key=key, owner=owner_key(body), entry=entry)
 
 
 class Gone(Exception):

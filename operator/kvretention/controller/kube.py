@@ -28,6 +28,9 @@ from kvretention.api.names import FIELD_MANAGER
 log = logging.getLogger(__name__)
 
 APPLY_CONTENT_TYPE: Final = "application/apply-patch+yaml"
+METADATA_ONLY: Final = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+"""Accept header for a read that returns an object's metadata alone (no Secret data leaves the
+API server)."""
 
 RETRY_STATUSES: Final = frozenset({409, 429, 500, 502, 503, 504})
 """HTTP statuses worth retrying: conflicts, throttling and server-side trouble."""
@@ -63,6 +66,10 @@ CONFIGMAP: Final = ResourceKind("v1", "ConfigMap", "configmaps")
 POD: Final = ResourceKind("v1", "Pod", "pods")
 EVENT: Final = ResourceKind("v1", "Event", "events")
 LEASE: Final = ResourceKind("coordination.k8s.io/v1", "Lease", "leases")
+SECRET: Final = ResourceKind("v1", "Secret", "secrets")
+"""Read for existence only (:meth:`Kube.exists`): the frontend's auth Secrets and the fleet's hop
+key, which is created when absent (:meth:`Kube.create_if_absent`) and never read or written
+after."""
 PDB: Final = ResourceKind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets")
 NETWORK_POLICY: Final = ResourceKind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies")
 HPA: Final = ResourceKind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers")
@@ -70,6 +77,11 @@ LEADER_WORKER_SET: Final = ResourceKind(
     "leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets"
 )
 """Multinode worker pools; its CRD comes with the LWS controller, which only such fleets need."""
+INFERENCE_POOL: Final = ResourceKind(
+    "inference.networking.k8s.io/v1", "InferencePool", "inferencepools"
+)
+"""A Gateway's backend (``spec.gateway.inferencePool``); its CRD comes with the cluster's Gateway
+stack (Gateway API Inference Extension), which only fleets with the option need."""
 
 CHILD_KINDS: Final[tuple[ResourceKind, ...]] = (
     DEPLOYMENT,
@@ -79,9 +91,10 @@ CHILD_KINDS: Final[tuple[ResourceKind, ...]] = (
     NETWORK_POLICY,
     HPA,
     LEADER_WORKER_SET,
+    INFERENCE_POOL,
 )
 """The kinds the operator owns. A builder emitting another kind fails loudly in :func:`kind_of`."""
-OPTIONAL_KINDS: Final = frozenset({LEADER_WORKER_SET})
+OPTIONAL_KINDS: Final = frozenset({LEADER_WORKER_SET, INFERENCE_POOL})
 """Child kinds whose API may be absent (a CRD not installed) or not granted: reading them finds
 nothing then, and only a fleet that wants one says so in its status."""
 
@@ -111,6 +124,7 @@ class _Call:
     query: tuple[tuple[str, str], ...]
     body: Any
     content_type: str
+    accept: str = "application/json"
 
 
 class RetryLater(Exception):
@@ -255,7 +269,7 @@ class Kube:
     # -- raw transport -------------------------------------------------------------------------
 
     def _request_sync(self, call: _Call) -> dict[str, Any]:
-        headers = {"Accept": "application/json", "Content-Type": call.content_type}
+        headers = {"Accept": call.accept, "Content-Type": call.content_type}
         request = self._api.param_serialize(
             method=call.method,
             resource_path=call.path,
@@ -281,10 +295,11 @@ class Kube:
         query: Iterable[tuple[str, str]] = (),
         body: Any = None,
         content_type: str = "application/json",
+        accept: str = "application/json",
         retry: bool = True,
     ) -> dict[str, Any]:
         """One API call in a thread; 404 -> NotFound, other hard errors -> ApiError."""
-        call = _Call(method, path, tuple(query), body, content_type)
+        call = _Call(method, path, tuple(query), body, content_type, accept)
 
         async def once() -> dict[str, Any]:
             return await asyncio.to_thread(self._request_sync, call)
@@ -317,6 +332,15 @@ class Kube:
             return await self.get(kind, namespace, name)
         except NotFound:
             return None
+
+    async def exists(self, kind: ResourceKind, namespace: str | None, name: str) -> bool:
+        """Whether the object exists: a metadata-only read (``get`` in RBAC), so a Secret's
+        data never reaches the operator."""
+        try:
+            await self.request("GET", kind.object_path(namespace, name), accept=METADATA_ONLY)
+        except NotFound:
+            return False
+        return True
 
     async def list(
         self, kind: ResourceKind, namespace: str | None, *, selector: str = ""
@@ -415,6 +439,22 @@ class Kube:
 
     async def create(self, kind: ResourceKind, namespace: str, body: Mapping[str, Any]) -> Any:
         return await self.request("POST", kind.collection_path(namespace), body=body)
+
+    async def create_if_absent(
+        self, kind: ResourceKind, namespace: str, body: Mapping[str, Any]
+    ) -> bool:
+        """Create ``body`` unless an object of its name exists (looked for first, and the API
+        server's 409 AlreadyExists for a create that lost a race): True when this call made it.
+        An object that exists is never read or changed."""
+        if await self.exists(kind, namespace, body["metadata"]["name"]):
+            return False
+        try:
+            await self.request("POST", kind.collection_path(namespace), body=body, retry=False)
+        except ApiError as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
 
     async def post_event(
         self,

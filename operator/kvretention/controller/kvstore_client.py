@@ -1,8 +1,9 @@
-"""I/O: read the managed Mooncake master's ``/metrics`` for the reconcile, bounded and failure-proof.
+"""I/O: read the managed Mooncake master's and the workers' ``/metrics`` for the reconcile, bounded
+and failure-proof.
 
-The only network call the operator makes outside the API server. It never raises (a master that is
-down, slow or not yet scheduled becomes a reading with an error) and never blocks the event loop:
-the HTTP GET runs in a thread under a hard timeout.
+The only network calls the operator makes outside the API server. They never raise (a master or a
+worker that is down, slow or not yet scheduled becomes a reading with an error) and never block the
+event loop: the HTTP GET runs in a thread under a hard timeout.
 """
 
 from __future__ import annotations
@@ -19,18 +20,32 @@ from kvretention.controller.kvstore_metrics import (
     format_time,
     parse_usage,
 )
+from kvretention.controller.worker_metrics import PodFailures, parse_hook_failures
 
 TIMEOUT_SECONDS: Final = 2.0
 MAX_BYTES: Final = 4 * 1024 * 1024
-"""A master's /metrics is about 40 KiB; refuse anything absurd rather than buffer it."""
+"""A master's /metrics is about 40 KiB (a worker's less); refuse anything absurd rather than
+buffer it."""
 
 
-def _get(url: str, timeout: float) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        body: bytes = response.read(MAX_BYTES + 1)
+def _get(url: str, timeout: float) -> str | Exception:
+    """The body, or the exception as a value: the thread's task must never end with one, since
+    kopf re-raises, when it stops, the exception of every task in the loop that did."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            body: bytes = response.read(MAX_BYTES + 1)
+    except (OSError, ValueError, http.client.HTTPException) as err:
+        return err
     if len(body) > MAX_BYTES:
-        raise MetricsFormatError(f"{url} returned more than {MAX_BYTES} bytes")
+        return MetricsFormatError(f"{url} returned more than {MAX_BYTES} bytes")
     return body.decode("utf-8", errors="replace")
+
+
+async def _fetch(url: str, limit_seconds: float) -> str:
+    got = await asyncio.wait_for(asyncio.to_thread(_get, url, limit_seconds), limit_seconds + 0.5)
+    if isinstance(got, Exception):
+        raise got
+    return got
 
 
 async def read_master_metrics(
@@ -39,9 +54,7 @@ async def read_master_metrics(
     """The master's usage, or why it could not be read within ``limit_seconds``."""
     observed_at = format_time(now)
     try:
-        text = await asyncio.wait_for(
-            asyncio.to_thread(_get, url, limit_seconds), limit_seconds + 0.5
-        )
+        text = await _fetch(url, limit_seconds)
         return KvStoreReading(observed_at, usage=parse_usage(text))
     except TimeoutError:
         return KvStoreReading(observed_at, error=f"{url}: no answer within {limit_seconds:g}s")
@@ -49,3 +62,16 @@ async def read_master_metrics(
         return KvStoreReading(observed_at, error=f"{url}: {err}")
     except (OSError, ValueError, http.client.HTTPException) as err:
         return KvStoreReading(observed_at, error=f"{url}: {err}")
+
+
+async def read_worker_failures(
+    pod: str, url: str, *, limit_seconds: float = TIMEOUT_SECONDS
+) -> PodFailures:
+    """A worker pod's retention hook failure counts, or why they could not be read in time."""
+    try:
+        text = await _fetch(url, limit_seconds)
+        return PodFailures(pod, counts=parse_hook_failures(text))
+    except TimeoutError:
+        return PodFailures(pod, error=f"{url}: no answer within {limit_seconds:g}s")
+    except (OSError, ValueError, http.client.HTTPException) as err:
+        return PodFailures(pod, error=f"{url}: {err}")

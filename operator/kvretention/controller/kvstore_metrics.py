@@ -1,121 +1,42 @@
-"""Pure: the Mooncake master's ``/metrics`` text in, the managed store's capacity and retention out.
-
-The names are the ones ``mooncake_master`` 0.3.13.post1 exposes (checked by running it; the L3 tier
-reads a real master through this parser). The master counts soft-pinned *keys* but not pinned
-*bytes*, so the pinned share of the pool is estimated from the mean object size: exact when objects
-have one size, as HiCache's KV pages do (one page of one model), approximate otherwise.
+"""Pure: what the operator makes of the Mooncake master's store numbers over time (the reading that
+``status.kvStore`` carries, when to read again); the ``/metrics`` parser itself is on the ground
+floor (:mod:`kvretention.common.kvstore_metrics`), where the retention plugin reads it too.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
-CAPACITY: Final = "master_total_capacity_bytes"
-USED: Final = "master_allocated_bytes"
-KEYS: Final = "master_key_count"
-PINNED_KEYS: Final = "master_soft_pin_key_count"
-EVICTED_KEYS: Final = "master_evicted_key_count"
-EVICTED_BYTES: Final = "master_evicted_size_bytes"
-EVICTIONS: Final = "master_successful_evictions_total"
-REQUIRED: Final = (CAPACITY, USED, KEYS, PINNED_KEYS, EVICTED_KEYS, EVICTED_BYTES, EVICTIONS)
+from kvretention.common.kvstore_metrics import (
+    REQUIRED,
+    KvStoreUsage,
+    MetricsFormatError,
+    parse_master_metrics,
+    parse_usage,
+    read_usage,
+)
 
-
-class MetricsFormatError(ValueError):
-    """The text is not what a Mooncake master serves (missing names, unparsable numbers)."""
-
-
-def parse_master_metrics(text: str) -> dict[str, float]:
-    """Unlabelled samples of a Prometheus text exposition, by name (labelled ones are skipped).
-
-    The master's store-wide gauges carry no labels; skipping labelled series keeps this parser
-    small and still exact for them.
-    """
-    samples: dict[str, float] = {}
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        parts = line.split()
-        if len(parts) < 2 or "{" in parts[0]:
-            continue
-        try:
-            value = float(parts[1])
-        except ValueError as err:
-            raise MetricsFormatError(f"sample {parts[0]!r} has no number: {parts[1]!r}") from err
-        samples[parts[0]] = value
-    return samples
-
-
-@dataclass(frozen=True)
-class KvStoreUsage:
-    """The managed pool as its master reports it."""
-
-    capacity_bytes: int
-    used_bytes: int
-    keys: int
-    pinned_keys: int
-    evicted_keys: int
-    evicted_bytes: int
-    evictions: int
-
-    @property
-    def pinned_bytes(self) -> int:
-        """Estimated pinned bytes: pinned keys times the mean object size (see module note)."""
-        if self.keys <= 0:
-            return 0
-        return round(self.used_bytes * min(self.pinned_keys, self.keys) / self.keys)
-
-    @property
-    def pinned_ratio(self) -> float | None:
-        """Estimated share of the pool's capacity that pins hold; None before any segment."""
-        if self.capacity_bytes <= 0:
-            return None
-        return self.pinned_bytes / self.capacity_bytes
-
-    def to_status(self) -> dict[str, int]:
-        """The numbers as ``status.kvStore`` carries them (camelCase)."""
-        return {
-            "capacityBytes": self.capacity_bytes,
-            "usedBytes": self.used_bytes,
-            "objects": self.keys,
-            "pinnedObjects": self.pinned_keys,
-            "pinnedBytesEstimate": self.pinned_bytes,
-            "evictedObjects": self.evicted_keys,
-            "evictedBytes": self.evicted_bytes,
-            "evictions": self.evictions,
-        }
-
-
-def _count(samples: dict[str, float], name: str) -> int:
-    value = samples[name]
-    if not math.isfinite(value) or value < 0:
-        raise MetricsFormatError(f"{name} is {value}, not a count")
-    return int(value)
-
-
-def read_usage(samples: dict[str, float]) -> KvStoreUsage:
-    """The usage numbers from parsed samples; every required name must be present."""
-    missing = [name for name in REQUIRED if name not in samples]
-    if missing:
-        raise MetricsFormatError("not a Mooncake master's metrics: missing " + ", ".join(missing))
-    return KvStoreUsage(
-        capacity_bytes=_count(samples, CAPACITY),
-        used_bytes=_count(samples, USED),
-        keys=_count(samples, KEYS),
-        pinned_keys=_count(samples, PINNED_KEYS),
-        evicted_keys=_count(samples, EVICTED_KEYS),
-        evicted_bytes=_count(samples, EVICTED_BYTES),
-        evictions=_count(samples, EVICTIONS),
-    )
-
-
-def parse_usage(text: str) -> KvStoreUsage:
-    """``/metrics`` text straight to usage numbers."""
-    return read_usage(parse_master_metrics(text))
+__all__ = [
+    "GRACE_SECONDS",
+    "READ_INTERVAL_SECONDS",
+    "REQUIRED",
+    "RETRY_SECONDS",
+    "KvStoreReading",
+    "KvStoreUsage",
+    "MetricsFormatError",
+    "format_time",
+    "master_metrics_url",
+    "parse_master_metrics",
+    "parse_usage",
+    "plan_metrics_read",
+    "plan_read_interval",
+    "plan_reading",
+    "read_usage",
+    "reading_from_status",
+]
 
 
 _STATUS_FIELDS: Final = {
@@ -137,12 +58,24 @@ class KvStoreReading:
     """RFC 3339, UTC."""
     usage: KvStoreUsage | None = None
     error: str | None = None
+    stale_since: str | None = None
+    """Set while reads fail but not yet for ``GRACE_SECONDS``: when the first of them failed
+    (RFC 3339, UTC). ``usage`` is then the last good reading (None when there was none) and
+    ``error`` why the first failed read failed."""
 
 
 READ_INTERVAL_SECONDS: Final = 30.0
 """Read a master's metrics at most this often per fleet. A changed reading changes status, and a
 status write triggers a reconcile: reading on every reconcile would write as fast as the pool's
 numbers move."""
+
+GRACE_SECONDS: Final = 2 * READ_INTERVAL_SECONDS
+"""How long reads may fail before the master counts as unreadable. Right after the master's pod is
+Ready its Service name may not resolve yet (CoreDNS lists it a few seconds later): a failure that
+does not outlast this is transient, and status keeps the last reading, marked stale."""
+
+RETRY_SECONDS: Final = 5.0
+"""While reads fail within the grace period, read again this soon (not every READ_INTERVAL)."""
 
 
 def format_time(now: dt.datetime) -> str:
@@ -156,10 +89,17 @@ def reading_from_status(status: Mapping[str, Any] | None) -> KvStoreReading | No
     observed_at = kv_store.get("observedAt")
     if not isinstance(observed_at, str):
         return None
-    values = {attr: kv_store.get(key) for key, attr in _STATUS_FIELDS.items()}
-    counts = {attr: v for attr, v in values.items() if type(v) is int and v >= 0}
-    if len(counts) == len(values):
-        return KvStoreReading(observed_at, usage=KvStoreUsage(**counts))
+    stale_since = kv_store.get("staleSince")
+    if isinstance(stale_since, str):
+        return KvStoreReading(
+            observed_at,
+            usage=_usage_from_status(kv_store),
+            error=str(kv_store.get("staleReason") or "not read"),
+            stale_since=stale_since,
+        )
+    usage = _usage_from_status(kv_store)
+    if usage is not None:
+        return KvStoreReading(observed_at, usage=usage)
     condition: Mapping[str, Any] = next(
         (c for c in (status or {}).get("conditions") or [] if c.get("type") == "RetentionBudget"),
         {},
@@ -167,18 +107,67 @@ def reading_from_status(status: Mapping[str, Any] | None) -> KvStoreReading | No
     return KvStoreReading(observed_at, error=str(condition.get("message") or "not read"))
 
 
-def keep_unchanged(previous: KvStoreReading | None, current: KvStoreReading) -> KvStoreReading:
-    """``previous`` when ``current`` says the same thing, else ``current``: ``observedAt`` is when
-    the master first reported these numbers, so a pool at rest leaves status a fixed point (no
-    status write per read).
+def _usage_from_status(kv_store: Mapping[str, Any]) -> KvStoreUsage | None:
+    values = {attr: kv_store.get(key) for key, attr in _STATUS_FIELDS.items()}
+    counts = {attr: v for attr, v in values.items() if type(v) is int and v >= 0}
+    return KvStoreUsage(**counts) if len(counts) == len(values) else None
 
-    An unreadable master is one state whatever the error: one that does not answer flips between
-    "Name or service not known" and "no answer within 2s", and each flip would be a status write.
-    The condition keeps naming the error that made the master unreadable first.
+
+def _parse_time(stamp: str) -> dt.datetime | None:
+    try:
+        return dt.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+    except ValueError:
+        return None
+
+
+def plan_reading(
+    previous: KvStoreReading | None,
+    current: KvStoreReading,
+    *,
+    now: dt.datetime,
+    grace_seconds: float = GRACE_SECONDS,
+) -> KvStoreReading:
+    """What status says after ``current``, given what it said before (``previous``).
+
+    - Numbers: ``previous`` when they are the same (``observedAt`` is when the master first
+      reported them, so a pool at rest leaves status a fixed point), else ``current``.
+    - A failed read after numbers, or before any: transient until reads have failed for
+      ``grace_seconds``; status keeps the last numbers (if any) marked ``stale_since`` the first
+      failure, with its error. A Service name that does not resolve yet right after the master's
+      pod is Ready is such a failure.
+    - Failing past the grace period: unreadable (``usage`` and ``stale_since`` None), dated from
+      the first failure. An unreadable master is one state whatever the error: one that does not
+      answer flips between "Name or service not known" and "no answer within 2s", and each flip
+      would be a status write; the first error is the one kept.
     """
-    if previous is not None and previous.usage == current.usage:  # both None: unreadable twice
+    if current.usage is not None:
+        if previous is not None and previous.usage == current.usage:
+            return replace(previous, error=None, stale_since=None)
+        return current
+    if previous is not None and previous.usage is None and previous.stale_since is None:
+        return previous  # unreadable already
+    if previous is None or previous.stale_since is None:
+        if grace_seconds <= 0:
+            return current
+        return KvStoreReading(
+            previous.observed_at if previous is not None else format_time(now),
+            usage=previous.usage if previous is not None else None,
+            error=current.error,
+            stale_since=format_time(now),
+        )
+    since = _parse_time(previous.stale_since)
+    age = (now - since).total_seconds() if since is not None else None
+    if age is not None and 0 <= age < grace_seconds:
         return previous
-    return current
+    # Past the grace period (or a stale mark this operator did not write, or from the future).
+    return KvStoreReading(previous.stale_since, error=previous.error)
+
+
+def plan_read_interval(reading: KvStoreReading | None) -> float:
+    """How soon the master's metrics are read again: sooner while a failure is still transient."""
+    if reading is not None and reading.stale_since is not None:
+        return RETRY_SECONDS
+    return READ_INTERVAL_SECONDS
 
 
 def plan_metrics_read(

@@ -7,9 +7,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Gauge, Histogram
 
 from kvretention.controller.kvstore_metrics import KvStoreReading
+from kvretention.dataplane.metric_decl import counter, gauge
 
 FLEET_LABELS = ("fleet_namespace", "fleet")
 """Not ``namespace``: Prometheus sets that target label to the operator's own namespace."""
@@ -25,67 +26,71 @@ class Metrics:
     )
 
     def __post_init__(self) -> None:
-        r = self.registry
-        self.reconciles = Counter(
+        self._add_operator_metrics(self.registry)
+        self._add_fleet_metrics(self.registry)
+
+    def _add_operator_metrics(self, r: CollectorRegistry) -> None:
+        """The operator's own work: reconciles, writes, Events, errors, leadership."""
+        self.reconciles = counter(
+            r,
             "kvretention_operator_reconciles",
             "Reconciles run, by result (ok, invalid, gone, terminating, error).",
-            ["result"],
-            registry=r,
+            "result",
         )
         self.reconcile_seconds = Histogram(
             "kvretention_operator_reconcile_duration_seconds",
             "Wall time of one reconcile.",
             registry=r,
         )
-        self.apply_writes = Counter(
+        self.apply_writes = counter(
+            r,
             "kvretention_operator_apply_writes",
             "Server-side applies that changed (or created) a child, by kind.",
-            ["kind"],
-            registry=r,
+            "kind",
         )
-        self.dry_runs = Counter(
+        self.dry_runs = counter(
+            r,
             "kvretention_operator_dry_runs",
             "Dry-run applies used to detect drift, by kind.",
-            ["kind"],
-            registry=r,
+            "kind",
         )
-        self.deletes = Counter(
+        self.deletes = counter(
+            r,
             "kvretention_operator_deletes",
             "Children deleted because the spec no longer wants them, by kind.",
-            ["kind"],
-            registry=r,
+            "kind",
         )
-        self.status_writes = Counter(
+        self.status_writes = counter(
+            r,
             "kvretention_operator_status_writes",
             "Status subresource writes (only when the computed status changed).",
-            registry=r,
         )
-        self.events = Counter(
-            "kvretention_operator_events",
-            "Kubernetes Events posted on condition transitions.",
-            registry=r,
+        self.events = counter(
+            r, "kvretention_operator_events", "Kubernetes Events posted on condition transitions."
         )
-        self.errors = Counter(
+        self.errors = counter(
+            r,
             "kvretention_operator_errors",
             "Reconciles that failed and were requeued with backoff.",
-            registry=r,
         )
-        self.leader = Gauge(
+        self.leader = gauge(
+            r,
             "kvretention_operator_leader",
             "1 while this process holds the leader Lease (or runs without election).",
-            registry=r,
         )
-        self.watched_objects = Gauge(
+        self.watched_objects = gauge(
+            r,
             "kvretention_operator_watched_objects",
             "KvRetentionDeployments this process knows about.",
-            registry=r,
         )
 
-        self.kvstore_up = Gauge(
+    def _add_fleet_metrics(self, r: CollectorRegistry) -> None:
+        """Per fleet: its managed master's numbers and its conditions."""
+        self.kvstore_up = gauge(
+            r,
             "kvretention_kvstore_metrics_up",
             "1 when the last read of the managed Mooncake master's /metrics succeeded, else 0.",
-            FLEET_LABELS,
-            registry=r,
+            *FLEET_LABELS,
         )
         self.kvstore_gauges = {
             attr: Gauge(f"kvretention_kvstore_{metric}", help_, FLEET_LABELS, registry=r)
@@ -100,17 +105,17 @@ class Metrics:
                 ("evictions", "evictions", "Eviction rounds since the master started."),
             )
         }
-        self.kvstore_pinned_ratio = Gauge(
+        self.kvstore_pinned_ratio = gauge(
+            r,
             "kvretention_kvstore_pinned_ratio",
             "Estimated share of the pool's capacity that soft pins hold.",
-            FLEET_LABELS,
-            registry=r,
+            *FLEET_LABELS,
         )
-        self.kvstore_budget_ratio = Gauge(
+        self.kvstore_budget_ratio = gauge(
+            r,
             "kvretention_kvstore_budget_ratio",
             "softPin.budgetRatio: the share of the pool pins may hold (absent: no budget).",
-            FLEET_LABELS,
-            registry=r,
+            *FLEET_LABELS,
         )
         self.fleet_condition = Gauge(
             "kvretention_operator_fleet_condition",
@@ -119,11 +124,11 @@ class Metrics:
             [*FLEET_LABELS, "type", "status", "reason"],
             registry=r,
         )
-        self.kvstore_over_budget = Gauge(
+        self.kvstore_over_budget = gauge(
+            r,
             "kvretention_kvstore_over_budget",
             "1 while pins hold more of the pool than softPin.budgetRatio allows, else 0.",
-            FLEET_LABELS,
-            registry=r,
+            *FLEET_LABELS,
         )
 
     def observe_kvstore(
@@ -135,8 +140,8 @@ class Metrics:
         self.kvstore_up.labels(*labels).set(0 if usage is None else 1)
         if usage is None:
             return
-        for attr, gauge in self.kvstore_gauges.items():
-            gauge.labels(*labels).set(getattr(usage, attr))
+        for attr, metric in self.kvstore_gauges.items():
+            metric.labels(*labels).set(getattr(usage, attr))
         ratio = usage.pinned_ratio
         if ratio is not None:
             self.kvstore_pinned_ratio.labels(*labels).set(ratio)
@@ -177,8 +182,8 @@ class Metrics:
             self.kvstore_over_budget,
             *self.kvstore_gauges.values(),
         ]
-        for gauge in gauges:
-            self._remove(gauge, labels)
+        for each in gauges:
+            self._remove(each, labels)
 
     @staticmethod
     def _remove(gauge: Gauge, labels: tuple[str, str]) -> None:

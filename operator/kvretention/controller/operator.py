@@ -1,8 +1,8 @@
 """``kvretention operator``: the operator process.
 
 Starts health and metrics endpoints, waits for the leader Lease (unless ``--no-leader-elect``),
-waits for the CRD to be served, then runs kopf (standalone: no peering objects) with the handlers of
-:mod:`kvretention.controller.handlers` and the reconcile work queue. Losing the Lease exits with
+waits for the CRD to be served, then runs the watches of :mod:`kvretention.controller.watch` (kopf
+for the custom resources, the informers for their children and pods) and the reconcile work queue. Losing the Lease exits with
 status 1 so Kubernetes restarts the pod as a standby; SIGTERM releases the Lease and exits 0.
 """
 
@@ -20,13 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import click
-import kopf
 from aiohttp import web
 
 from kvretention.api.models import GROUP, PLURAL, VERSION
 from kvretention.controller.executor import Controller
-from kvretention.controller.handlers import build_registry
-from kvretention.controller.informer import Informers
 from kvretention.controller.kube import Kube, load_config
 from kvretention.controller.leader import (
     DEFAULT_LEASE_DURATION_S,
@@ -36,6 +33,7 @@ from kvretention.controller.leader import (
     election_timings,
 )
 from kvretention.controller.metrics import Metrics
+from kvretention.controller.watch import Watches
 from kvretention.dataplane.http import Readiness, add_metrics, add_probes, start_site
 from kvretention.ports import OPERATOR_HEALTH_PORT, OPERATOR_METRICS_PORT
 
@@ -44,8 +42,6 @@ log = logging.getLogger("kvretention.operator")
 CRD_POLL_SECONDS = 2.0
 KOPF_STOP_TIMEOUT_S = 10.0
 DEFAULT_WORKERS = 8
-HOLD_AFTER_APPLIES_ENV = "KVRETENTION_TEST_HOLD_AFTER_APPLIES"
-"""Test hook (integration tests only): hold every apply after the first N, forever."""
 API_PING_AFTER_S = 5.0
 """Ask the API server for ``/version`` when nothing else has reached it for this long (the Lease
 renewal every 2 s and the reconciles usually have, so an idle operator costs one request in 5 s)."""
@@ -61,6 +57,7 @@ class OperatorConfig:
     """The command line, validated."""
 
     namespaces: tuple[str, ...] = ()
+    """The watched namespaces; none: every namespace."""
     health_port: int = OPERATOR_HEALTH_PORT
     metrics_port: int = OPERATOR_METRICS_PORT
     leader_elect: bool = True
@@ -69,11 +66,6 @@ class OperatorConfig:
     resync_seconds: float = 60.0
     workers: int = DEFAULT_WORKERS
     identity: str = field(default_factory=default_identity)
-    hold_after_applies: int | None = None
-
-    @property
-    def clusterwide(self) -> bool:
-        return not self.namespaces
 
 
 def api_reachable(seconds_since_answer: float | None, *, stale_after: float) -> bool:
@@ -233,7 +225,7 @@ async def _lead(
     stop: asyncio.Event,
     elector: LeaderElector | None,
 ) -> int:
-    """kopf + the reconcile queue (+ Lease renewal) until one of them ends."""
+    """The watches + the reconcile queue (+ Lease renewal) until one of them ends."""
     asyncio.get_running_loop().set_default_executor(
         ThreadPoolExecutor(max_workers=KUBE_THREADS, thread_name_prefix="kube")
     )
@@ -242,26 +234,15 @@ async def _lead(
         metrics=metrics,
         resync_seconds=cfg.resync_seconds,
         workers=cfg.workers,
-        hold_after_applies=cfg.hold_after_applies,
     )
-    informers = Informers.build(kube, namespaces=cfg.namespaces, notify=controller.informed)
-    controller.children = informers.indices()
-    controller.synced = informers.wait_synced
+    watches = Watches.build(kube, controller, namespaces=cfg.namespaces)
     kopf_stop = asyncio.Event()
+    signals = _own_signals_once(state.kopf_ready, stop)
     kopf_task = asyncio.create_task(
-        kopf.operator(
-            registry=build_registry(),
-            standalone=True,
-            clusterwide=cfg.clusterwide,
-            namespaces=list(cfg.namespaces),
-            memo=kopf.Memo(controller=controller),
-            ready_flag=state.kopf_ready,
-            stop_flag=kopf_stop,
-        ),
-        name="kopf",
+        watches.run_kopf(ready=state.kopf_ready, stop=kopf_stop), name="kopf"
     )
     others = [
-        *informers.run(),
+        *watches.run_informers(),
         asyncio.create_task(controller.run(), name="controller"),
         asyncio.create_task(stop.wait(), name="stop"),
     ]
@@ -279,29 +260,31 @@ async def _lead(
         elif exc is not None:
             log.error("%s failed: %r", task.get_name(), exc)
             code = 1
+    # Ours stop first, then kopf: kopf re-raises, when it stops, the exception of every task in
+    # the loop that ended with one, ours included; none of ours is left running by then.
+    await _cancel([*others, signals])
     kopf_stop.set()
-    await _cancel(others)
     if not kopf_task.done():
         try:
             await asyncio.wait_for(kopf_task, KOPF_STOP_TIMEOUT_S)
-        except BaseException:
+        except TimeoutError:
             log.warning("kopf did not stop in %.0fs", KOPF_STOP_TIMEOUT_S)
+        except Exception as exc:  # asked to stop: what kopf re-raises on the way out is no failure
+            log.warning("kopf stopped with %r", exc)
     return code
 
 
-def _hold_after_applies(raw: str | None) -> int | None:
-    if not raw:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise click.UsageError(
-            f"{HOLD_AFTER_APPLIES_ENV} must be an integer, not {raw!r}"
-        ) from None
-    if value < 0:
-        raise click.UsageError(f"{HOLD_AFTER_APPLIES_ENV} must be >= 0, not {value}")
-    log.warning("%s=%d: a test hook that holds applies is on", HOLD_AFTER_APPLIES_ENV, value)
-    return value
+def _own_signals_once(kopf_ready: asyncio.Event, stop: asyncio.Event) -> asyncio.Task[None]:
+    """Take SIGINT/SIGTERM back once kopf has installed its own handlers (it does so on start,
+    replacing ours), so a signal stops the operator's own tasks before kopf's."""
+    loop = asyncio.get_running_loop()
+
+    async def take_back() -> None:
+        await kopf_ready.wait()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+
+    return loop.create_task(take_back(), name="signals")
 
 
 @click.command("operator")
@@ -383,6 +366,5 @@ def operator_cmd(
         lease_duration_seconds=lease_duration_seconds,
         resync_seconds=resync_seconds,
         workers=workers,
-        hold_after_applies=_hold_after_applies(os.environ.get(HOLD_AFTER_APPLIES_ENV)),
     )
     sys.exit(asyncio.run(run_operator(cfg)))

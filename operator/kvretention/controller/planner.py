@@ -16,28 +16,43 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from kvretention.api.models import GROUP, KIND, KvRetentionDeployment, SpecError
-from kvretention.api.names import FIELD_MANAGER, LABEL_COMPONENT, LABEL_INSTANCE
+from kvretention.api.models import KIND, KvRetentionDeployment, SpecError
+from kvretention.api.names import FIELD_MANAGER, FRONTEND_READY
 from kvretention.api.names import MANIFEST_HASH_ANNOTATION as HASH_ANNOTATION
 from kvretention.controller.kvstore_metrics import master_metrics_url
-from kvretention.controller.resources import build_children, check_spec
-from kvretention.controller.resources.common import service_host
+from kvretention.controller.objects import (
+    ChildKey,
+    Key,
+    Stamp,
+    child_key,
+    component_of,
+    is_controlled_by,
+    meta_of,
+    resource_version,
+    uid_of,
+)
+from kvretention.controller.resources import (
+    build_children,
+    check_spec,
+    frontend_endpoint,
+    scale_selector,
+    scaled_workload,
+)
+from kvretention.controller.resources.common import child_name, service_host
+from kvretention.controller.resources.frontend import FRONTEND_SUFFIX
+from kvretention.controller.resources.hop_key import hop_key_secret
+from kvretention.controller.resources.inference_pool import inference_pool_name
 from kvretention.controller.resources.mooncake import MASTER_SUFFIX, uses_mooncake
 from kvretention.controller.resources.sglang_args import plan_retention
 from kvretention.controller.status import (
     WORKER_COMPONENTS,
+    Endpoint,
     Fleet,
+    Scale,
     is_problem,
     owned_part,
     transitions,
 )
-
-Key = tuple[str, str]
-"""(namespace, name) of a KvRetentionDeployment."""
-ChildKey = tuple[str, str]
-"""(kind, name) of a child."""
-Stamp = tuple[str, str, str, str]
-"""What must stay the same for a live child to still match what was applied (:func:`stamp_of`)."""
 
 REFUSED_STATUSES: Final = frozenset({400, 403, 422})
 """Apply failures worth telling the user in status (RBAC, admission, a bad manifest)."""
@@ -62,48 +77,9 @@ def comparable(obj: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta: Mapping[str, Any] = obj.get("metadata") or {}
-    return meta
-
-
-def resource_version(obj: Mapping[str, Any]) -> str:
-    return str(_meta(obj).get("resourceVersion"))
-
-
-def uid_of(obj: Mapping[str, Any]) -> str:
-    return str(_meta(obj).get("uid"))
-
-
-def owner_key(body: Mapping[str, Any]) -> Key | None:
-    """The KvRetentionDeployment that owns a child: its controller reference, else its labels."""
-    meta = _meta(body)
-    namespace = meta.get("namespace")
-    if not namespace:
-        return None
-    for ref in meta.get("ownerReferences") or []:
-        if ref.get("kind") == KIND and str(ref.get("apiVersion", "")).startswith(f"{GROUP}/"):
-            return (namespace, ref["name"])
-    instance = (meta.get("labels") or {}).get(LABEL_INSTANCE)
-    return (namespace, instance) if instance else None
-
-
-def child_key(manifest: Mapping[str, Any]) -> ChildKey:
-    return (str(manifest["kind"]), str(manifest["metadata"]["name"]))
-
-
-def is_controlled_by(child: Mapping[str, Any], uid: str) -> bool:
-    refs = _meta(child).get("ownerReferences") or []
-    return any(r.get("uid") == uid and r.get("controller") for r in refs)
-
-
-def component_of(obj: Mapping[str, Any]) -> str | None:
-    return (_meta(obj).get("labels") or {}).get(LABEL_COMPONENT)
-
-
 def conflict_message(kind: str, obj: Mapping[str, Any], *, owner: str) -> str:
     """Why a child was not created: its name is taken by an object we do not control."""
-    meta = _meta(obj)
+    meta = meta_of(obj)
     return (
         f"{kind} {meta.get('namespace')}/{meta.get('name')} already exists and is not "
         f"controlled by {KIND} {owner}; the operator does not adopt objects it did not create: "
@@ -125,7 +101,7 @@ def stamp_of(live: Mapping[str, Any], manifest: Mapping[str, Any], *, digest: st
     edit of the spec bumps the generation, and one of our labels, annotations or owner
     references changes the metadata part. Objects without one fall back to ``resourceVersion``.
     """
-    meta = _meta(live)
+    meta = meta_of(live)
     generation = meta.get("generation")
     version = f"g{generation}" if generation is not None else f"rv{meta.get('resourceVersion')}"
     want = manifest.get("metadata") or {}
@@ -176,7 +152,7 @@ def trusted_by_annotation(live: Mapping[str, Any], manifest: Mapping[str, Any]) 
     of our labels each leave a managedFields entry of their own). Status and other subresources
     the operator never writes are not looked at.
     """
-    meta = _meta(live)
+    meta = meta_of(live)
     want = manifest.get("metadata") or {}
     wanted_hash = (want.get("annotations") or {}).get(HASH_ANNOTATION)
     if wanted_hash is None or (meta.get("annotations") or {}).get(HASH_ANNOTATION) != wanted_hash:
@@ -215,11 +191,25 @@ class FleetPlan:
     fleet: Fleet
     master_metrics_url: str | None = None
     """The managed Mooncake master's /metrics (its Service's metrics port); None without one."""
+    auth_secrets: tuple[str, ...] = ()
+    """The Secrets ``spec.frontend.auth`` names (in the fleet's namespace): the frontend mounts
+    them, so one that is missing keeps its pods from starting."""
+    hop_key_secret: str | None = None
+    """The fleet's hop-key Secret (auth fleets): created with a random key when absent, never
+    rewritten (:mod:`kvretention.controller.resources.hop_key`)."""
+    codex_instructions: tuple[str, str] | None = None
+    """The (ConfigMap, key) ``spec.frontend.codexInstructions`` names: the frontend mounts the key,
+    so a ConfigMap or key that is missing keeps its pods from starting."""
+
+    @property
+    def key(self) -> Key:
+        """The fleet's (namespace, name), as the controller files it."""
+        return (self.cr.namespace, self.cr.name)
 
 
 def plan_fleet(body: Mapping[str, Any]) -> InvalidPlan | FleetPlan:
     """Parse and check the custom resource, and build every child it wants (pure builders)."""
-    generation = int(_meta(body).get("generation") or 0)
+    generation = int(meta_of(body).get("generation") or 0)
     spec_only = {key: v for key, v in body.items() if key != "status"}
     try:
         cr = KvRetentionDeployment.from_k8s(spec_only)
@@ -242,16 +232,65 @@ def plan_fleet(body: Mapping[str, Any]) -> InvalidPlan | FleetPlan:
             else None
         ),
         retention_budget=mooncake.master.soft_pin.budget_ratio,
+        longest_pin_s=mooncake.master.soft_pin.max_ttl_seconds,
         retention=plan_retention(cr.spec),
+        endpoint=Endpoint(service=child_name(cr, FRONTEND_SUFFIX), url=frontend_endpoint(cr)),
+        scale=Scale(workload=scaled_workload(cr), selector=scale_selector(cr)),
+        inference_pool=(
+            inference_pool_name(cr) if cr.spec.gateway.inference_pool.enabled else None
+        ),
     )
     metrics_url = (
         master_metrics_url(host=service_host(cr, MASTER_SUFFIX), port=mooncake.master.metrics_port)
         if mooncake.mode == "managed" and uses_mooncake(cr.spec)
         else None
     )
+    auth = cr.spec.frontend.auth
     return FleetPlan(
-        cr=cr, uid=uid_of(body), desired=desired, fleet=fleet, master_metrics_url=metrics_url
+        cr=cr,
+        uid=uid_of(body),
+        desired=desired,
+        fleet=fleet,
+        master_metrics_url=metrics_url,
+        auth_secrets=tuple(ref.name for ref in auth.secret_refs) if auth is not None else (),
+        hop_key_secret=hop_key_secret(cr),
+        codex_instructions=(
+            (codex.config_map_key_ref.name, codex.config_map_key_ref.key)
+            if (codex := cr.spec.frontend.codex_instructions) is not None
+            else None
+        ),
     )
+
+
+def plan_secret_reads(plan: FleetPlan, previous: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """The auth Secrets to look up this reconcile: all of them while the frontend is not known to
+    be ready (the first reconcile, or a previous status that says it is not), none once it is. A
+    missing Secret only matters while it keeps frontend pods from starting, and a fleet at rest
+    then reads nothing."""
+    return () if _frontend_ready(previous) else plan.auth_secrets
+
+
+def plan_codex_read(plan: FleetPlan, previous: Mapping[str, Any] | None) -> tuple[str, str] | None:
+    """The codexInstructions (ConfigMap, key) to look up this reconcile: as the auth Secrets,
+    only while the frontend is not known to be ready."""
+    return None if _frontend_ready(previous) else plan.codex_instructions
+
+
+def _frontend_ready(previous: Mapping[str, Any] | None) -> bool:
+    """Whether the previous status says the frontend is ready."""
+    conditions = (previous or {}).get("conditions") or []
+    return any(c.get("type") == FRONTEND_READY and c.get("status") == "True" for c in conditions)
+
+
+def plan_hop_key(
+    plan: FleetPlan, previous: Mapping[str, Any] | None, *, ensured: bool
+) -> str | None:
+    """The hop-key Secret to create if it is absent this reconcile: the first time the operator
+    sees the fleet (``ensured``: it made sure of it since it started), then again only while the
+    frontend is not known to be ready (a deleted Secret keeps new pods from starting)."""
+    if ensured and _frontend_ready(previous):
+        return None
+    return plan.hop_key_secret
 
 
 def plan_lookups(

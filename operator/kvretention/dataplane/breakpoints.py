@@ -54,6 +54,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from kvretention.common.kv_retain import MAX_DIRECTIVES as MAX_DIRECTIVES
+from kvretention.common.kv_retain import MAX_DURATION_SECONDS as MAX_DURATION_SECONDS
+from kvretention.common.kv_retain import MAX_PRIORITY
 from kvretention.dataplane.protocol import (
     ChatMessage,
     ImagePart,
@@ -66,12 +69,6 @@ Render = Callable[[Sequence[ChatMessage], Sequence[ToolDefinition]], str]
 """Render messages and tools exactly as the prompt was rendered (same conversion, tool choice and
 template kwargs), except ``add_generation_prompt=False``; returns the text. A ``ValueError`` it
 raises drops that one marker (reported), it does not fail the request."""
-
-MAX_DIRECTIVES: Final = 128
-"""``kv.retain`` 1.0: at most 128 directives per envelope."""
-MAX_DURATION_SECONDS: Final = 2_592_000
-"""``kv.retain`` 1.0: a duration is at most 30 days."""
-MAX_PRIORITY: Final = 100
 
 _SENTINEL: Final = "kvr-breakpoint-sentinel"
 SENTINEL_TOOL: Final = ToolDefinition(

@@ -205,6 +205,10 @@ def tool_call_arguments(
         raise TemplateInputError(
             f"tool call {call.id!r} arguments must be valid JSON", param=param
         ) from None
+    except RecursionError:
+        raise TemplateInputError(
+            f"tool call {call.id!r} arguments nest JSON too deeply", param=param
+        ) from None
     if not isinstance(parsed, dict):
         raise TemplateInputError(
             f"tool call {call.id!r} arguments must be a JSON object", param=param

@@ -163,8 +163,8 @@ class ProbeInput:
     add_generation_prompt: bool = True
 
 
-def probe_inputs() -> list[ProbeInput]:
-    """The conversations a template must render identically before minijinja serves it."""
+def _probe_tools() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The probes' two tools: a schema of every JSON type, and a strict one."""
     tool = {
         "type": "function",
         "function": {
@@ -197,6 +197,11 @@ def probe_inputs() -> list[ProbeInput]:
             "strict": True,
         },
     }
+    return tool, edit
+
+
+def _probe_agent(system: dict[str, Any], user: dict[str, Any]) -> list[dict[str, Any]]:
+    """An agent's conversation: reasoning, parallel tool calls, a failed and an empty result."""
     args = {
         "command": "grep -n \"x\" a.py && echo '<ok>' \\ é 漢 \u2028",
         "timeout": 120000,
@@ -213,8 +218,6 @@ def probe_inputs() -> list[ProbeInput]:
         "function": {"name": "Edit", "arguments": {"path": "a.py"}},
     }
     empty_args = {"id": "call_3", "type": "function", "function": {"name": "Edit", "arguments": {}}}
-    system: dict[str, Any] = {"role": "system", "content": "You are a coding agent.\n\nBe brief.  "}
-    user: dict[str, Any] = {"role": "user", "content": "Fix the test.\n"}
     agent: list[dict[str, Any]] = [
         system,
         user,
@@ -243,6 +246,15 @@ def probe_inputs() -> list[ProbeInput]:
         {"role": "assistant", "content": "", "tool_calls": [call]},
         {"role": "tool", "content": "done", "tool_call_id": "call_1", "name": "Bash"},
     ]
+    return agent
+
+
+def probe_inputs() -> list[ProbeInput]:
+    """The conversations a template must render identically before minijinja serves it."""
+    system: dict[str, Any] = {"role": "system", "content": "You are a coding agent.\n\nBe brief.  "}
+    user: dict[str, Any] = {"role": "user", "content": "Fix the test.\n"}
+    tool, edit = _probe_tools()
+    agent = _probe_agent(system, user)
     images: list[dict[str, Any]] = [
         {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is this?"}]},
         {"role": "assistant", "content": "A cat."},

@@ -21,6 +21,9 @@ import msgspec
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 from pydantic_core import to_json
 
+from kvretention.common.sessions import DEFAULT_SESSION_KEYS as DEFAULT_SESSION_KEYS
+from kvretention.common.sessions import HEADER_SESSION as HEADER_SESSION
+
 GENERATE_PATH: Final = "/v1/generate"
 NDJSON: Final = "application/x-ndjson"
 
@@ -29,30 +32,14 @@ HEADER_ROLE: Final = "x-kvr-role"  # "aggregated" | "prefill" | "decode"
 HEADER_BOOTSTRAP_HOST: Final = "x-kvr-bootstrap-host"
 HEADER_BOOTSTRAP_PORT: Final = "x-kvr-bootstrap-port"
 HEADER_BOOTSTRAP_ROOM: Final = "x-kvr-bootstrap-room"
-HEADER_SESSION: Final = "x-session-id"
-"""Client-facing sticky-session header (the frontend copies it into ``session_id``)."""
-DEFAULT_SESSION_KEYS: Final[tuple[str, ...]] = (
-    HEADER_SESSION,
-    "x-dynamo-session-id",
-    "thread-id",
-    "session-id",
-    "session_id",
-    "x-claude-code-session-id",
-    "client_metadata.session_id",
-    "metadata.user_id",
-)
-"""Where the frontend looks for a session, in order: header names, or ``metadata.<field>`` /
-``client_metadata.<field>`` of the body. Explicit keys first (``x-session-id``, and
-``X-Dynamo-Session-ID`` that Dynamo-style gateways set); then Codex 0.169's ``thread-id`` (one
-conversation: a sub-agent has its own) and ``session-id`` headers, older Codex's ``session_id``;
-Claude Code's ``X-Claude-Code-Session-Id``; Codex's body ``client_metadata.session_id``; Claude
-Code's ``metadata.user_id`` (a JSON string that holds its session id). ``spec.router.sessionKeys``
-overrides it per fleet."""
 BODY_SESSION_OBJECTS: Final = ("metadata", "client_metadata")
 """The body objects a session key may name a field of (``metadata.<field>``)."""
 _ENCODE: Final = msgspec.json.Encoder().encode
 HEADER_PREFIX: Final = "x-kvr-prefix"
 """Frontend -> router: the prompt's prefix-hash chain for cache-aware placement (no body parse)."""
+MAX_PREFIX_HASHES: Final = 448
+"""The most hashes ``x-kvr-prefix`` carries and the router and workers read: 448 of 16 hex digits and
+their commas are 7,615 bytes, under aiohttp's 8,190 for a header value (a longer one is refused)."""
 
 
 class ErrorCode(StrEnum):
@@ -65,6 +52,7 @@ class ErrorCode(StrEnum):
     UPSTREAM_TIMEOUT = "upstream_timeout"
     ENGINE_ERROR = "engine_error"
     DRAINING = "draining"
+    HOP_UNAUTHENTICATED = "hop_unauthenticated"  # a tenant the fleet's frontend did not sign
 
 
 ERROR_STATUS: Final[dict[ErrorCode, int]] = {
@@ -75,6 +63,7 @@ ERROR_STATUS: Final[dict[ErrorCode, int]] = {
     ErrorCode.UPSTREAM_TIMEOUT: 504,
     ErrorCode.ENGINE_ERROR: 500,
     ErrorCode.DRAINING: 503,
+    ErrorCode.HOP_UNAUTHENTICATED: 403,
 }
 """HTTP status used between our own processes for each error code."""
 

@@ -21,6 +21,7 @@ Messages follow Anthropic's ``<path>: <reason>`` wording.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from itertools import compress, count
 from typing import Any, Final
 
 from kvretention.hints.envelope import KvHintEnvelope
@@ -172,7 +173,10 @@ def _block_controls(
     if type(messages) is list:
         if encoded is not None and len(encoded) != len(messages):
             encoded = None
-        for i, message in enumerate(messages):
+        # an empty encoding never names the key: those positions are skipped in C
+        positions = range(len(messages)) if encoded is None else compress(count(), encoded)
+        for i in positions:
+            message = messages[i]
             if type(message) is not dict or (encoded is not None and _NAMED not in encoded[i]):
                 continue
             if message.get(CACHE_CONTROL) is not None:

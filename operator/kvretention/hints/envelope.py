@@ -22,6 +22,8 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
+from kvretention.common.kv_retain import MAX_PRIORITY
+
 MAX_TTL_SECONDS: Final = 86_400
 """One day: the longest retention any supported provider can ask for, and Mooncake's max soft pin."""
 
@@ -30,7 +32,6 @@ WIRE_KEY: Final = "kv_hints"
 
 DEFAULT_PRIORITY: Final = 50
 """The ``kv.retain`` priority when the fleet sets none (``spec.hints.priority``)."""
-MAX_PRIORITY: Final = 100
 
 
 class InvalidKvHint(ValueError):

@@ -8,6 +8,7 @@ style (OpenAI ``messages[0].content[1].prompt_cache_breakpoint``, Anthropic
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Final
 
 
 class ClientErrorCode(StrEnum):
@@ -40,20 +41,20 @@ class CacheControlError(ClientError):
     """A prompt-cache control that is malformed or that v1 does not support (never widened)."""
 
 
+_JSON_TYPES: Final = (
+    (type(None), "null"),
+    (bool, "boolean"),  # before int: a bool is an int to isinstance
+    (int, "integer"),
+    (float, "number"),
+    (str, "string"),
+    (list, "array"),
+    (dict, "object"),
+)
+
+
 def json_type(value: object) -> str:
     """The JSON name of a parsed value's type, for error messages."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
+    for kind, name in _JSON_TYPES:
+        if isinstance(value, kind):
+            return name
     return type(value).__name__

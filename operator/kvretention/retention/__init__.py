@@ -14,5 +14,6 @@ EVICTION_POLICY = "kvretain"
 """The ``--radix-eviction-policy`` the plugin adds: retained and unexpired nodes are evicted last."""
 
 HOLD_UNTIL_ATTR = "kvr_hold_until"
-"""Attribute the plugin sets on a radix ``TreeNode``: wall-clock expiry (``time.time()``) of its hold,
-or ``None`` for a hold that never expires; absent on nodes no directive covers."""
+"""Attribute the plugin sets on a radix ``TreeNode``: expiry of its hold by the plugin's monotonic
+clock (``radix.clock``, ``time.monotonic()``), or ``None`` for a hold that never expires; absent on
+nodes no directive covers."""

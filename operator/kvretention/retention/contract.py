@@ -28,7 +28,7 @@ class HookTarget:
 EVICTION_CHOICES: Final = "sglang.srt.arg_groups.choices.add_radix_eviction_policy_choices"
 """SGLang's own way to add a ``--radix-eviction-policy`` choice (called, not hooked)."""
 
-HOOK_TARGETS: Final = (  # the radix tiers'; l3.L3_HOOK_TARGETS has the Mooncake tier's
+HOOK_TARGETS: Final = (  # the radix tiers'; L3_HOOK_TARGETS has the Mooncake tier's
     HookTarget(
         "sglang.srt.mem_cache.utils.get_eviction_strategy",
         ("eviction_policy", "config"),
@@ -72,6 +72,27 @@ HOOK_TARGETS: Final = (  # the radix tiers'; l3.L3_HOOK_TARGETS has the Mooncake
         "a split keeps the holds on the new parent",
     ),
 )
+
+
+L3_HOOK_TARGETS: Final = (
+    HookTarget(
+        "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.checkpoint_into_tree",
+        ("self", "req", "up_to", "kwargs"),
+        "_before_unified_checkpoint",
+        "BEFORE",
+        "remembers the storage keys of a request's retained pages before HiCache writes them",
+    ),
+    HookTarget(
+        "sglang.srt.mem_cache.storage.mooncake_store.mooncake_store.MooncakeStore"
+        "._put_batch_zero_copy_impl",
+        ("self", "key_strs", "buffer_ptrs", "buffer_sizes", "group_ids", "session_ids"),
+        "_put_with_pins",
+        "AROUND",
+        "the one place MooncakeStore puts pages: retained ones get a soft pin",
+    ),
+)
+"""What the L3 hooks (:mod:`kvretention.retention.l3`) rely on in SGLang 0.5.23 (checked by the
+contract test)."""
 
 
 CALLED_TARGETS: Final = (
@@ -128,8 +149,6 @@ def check_target(target: HookTarget) -> str | None:
 
 def plugin_targets() -> tuple[HookTarget, ...]:
     """Everything the plugin hooks: the radix tiers' targets and the L3 (Mooncake) ones."""
-    from kvretention.retention.l3 import L3_HOOK_TARGETS  # l3 builds on this module
-
     return (*HOOK_TARGETS, *L3_HOOK_TARGETS)
 
 

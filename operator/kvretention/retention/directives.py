@@ -13,15 +13,14 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-ACTION_TYPE: Final = "kv.retain"
-ACTION_VERSION: Final = "1.0"
-MAX_ACTIONS: Final = 16
-"""kv.retain 1.0: at most 16 ``kv.retain`` actions per envelope (later ones are skipped)."""
-MAX_DIRECTIVES: Final = 128
-"""kv.retain 1.0: at most 128 directives per envelope (an action past the cap is skipped)."""
-MAX_PRIORITY: Final = 100
-MAX_DURATION: Final = 2_592_000
-"""kv.retain 1.0: a duration is at most 30 days (seconds)."""
+from kvretention.common.kv_retain import (
+    ACTION_TYPE,
+    ACTION_VERSION,
+    MAX_ACTIONS,
+    MAX_DIRECTIVES,
+    MAX_DURATION_SECONDS,
+    MAX_PRIORITY,
+)
 
 _RANGE_KEYS: Final = frozenset({"start", "end", "priority", "duration"})
 _OUTPUT_KEYS: Final = frozenset({"covers_output", "priority", "duration"})
@@ -50,8 +49,9 @@ class RetainPlan:
 
 @dataclass(frozen=True, slots=True)
 class Hold:
-    """Keep tokens ``[start, end)`` (whole pages) at ``priority`` until ``until`` (``time.time()``
-    clock; None = no expiry). Priority 0 releases the scope's hold on these tokens."""
+    """Keep tokens ``[start, end)`` (whole pages) at ``priority`` until ``until`` (by the clock
+    of the ``now`` it was made with: the radix tree's monotonic one, L3's wall clock; None = no
+    expiry). Priority 0 releases the scope's hold on these tokens."""
 
     start: int
     end: int
@@ -82,7 +82,7 @@ def _directive(raw: object) -> Directive | None:
     if not isinstance(raw, Mapping):
         return None
     priority = _bounded_int(raw.get("priority"), 0, MAX_PRIORITY)
-    duration = _bounded_int(raw.get("duration"), 0, MAX_DURATION)
+    duration = _bounded_int(raw.get("duration"), 0, MAX_DURATION_SECONDS)
     if priority is None or (duration is None and raw.get("duration") is not None):
         return None
     if "covers_output" in raw:
@@ -183,7 +183,7 @@ def holds_for(
     A range is cut to the sequence, then rounded to whole pages inwards (start up, end down) so a
     hold never covers a token the directive did not name; a range left empty holds nothing.
     ``end`` None runs to ``seq_len``; ``covers_output`` covers ``[prompt_len, seq_len)``
-    (``prompt_len`` None = no output known yet). ``until`` is ``now + duration`` (``time.time()``
+    (``prompt_len`` None = no output known yet). ``until`` is ``now + duration`` (``now``'s
     clock) or None; priority-0 holds are releases and are returned too.
     """
     if page_size < 1:

@@ -28,669 +28,112 @@ path reads the managed master's ``/metrics`` to shrink the reservation to the po
 objects (an upper bound of what an earlier self can still hold) until it reaches 0, or the
 longest pin has passed since the start (:func:`client_state`).
 
-Import-light above the SGLang glue: the pure parts run in the unit and L3 tests without SGLang.
+The same thread keeps reading the master (every :data:`MASTER_READ_S`) to see it restart: the
+master keeps objects and pins in memory only, so a restart loses them all and tells no one. A
+counter lower than at the previous reading is the sign (:mod:`~kvretention.retention.l3_master`);
+the ledger then stops counting the pins written before (:meth:`PinLedger.drop_written_before`),
+the restart is counted (``kvretention_l3_master_restarts_total``, ``kvretention_l3_pins_lost_total``),
+logged once as a WARNING and traced (``l3_master_restart``). Pins are re-established only where
+SGLang writes the page again: the retained pages stay in :class:`RetainedPages`, and the put hook
+pins a page whose hold is live whenever it is put. SGLang 0.5.23 does not write them again by
+itself: ``UnifiedRadixCache.write_backup_storage`` (a node's one backup to storage) has a single
+caller, ``_finish_write_through_ack``, i.e. a node is backed up once, when its KV is first written
+through to host memory; and ``MooncakeStore``'s set path asks ``_batch_exist`` first. So a
+retained prefix still held in GPU or host memory stays unpinned and absent from Mooncake after a
+master restart; it is written (and pinned) again only after the tree has evicted it from host
+memory and a later request computes it anew (its L3 lookup now misses). The plugin cannot re-put
+the pages itself: the put hook sees keys and buffers only while SGLang writes them.
+
+This module is the SGLang glue and names the whole half. The pure parts are import-light and run in
+the unit and L3 tests without SGLang: the settings (:mod:`~kvretention.retention.l3_settings`), the
+retained pages (:mod:`~kvretention.retention.l3_pages`), the budget and each put's decision
+(:mod:`~kvretention.retention.l3_budget`), and the metrics and trace
+(:mod:`~kvretention.retention.l3_stats`).
 """
 
 from __future__ import annotations
 
-import heapq
-import json
 import logging
-import math
-import os
 import threading
 import time
 import urllib.request
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Final, Literal
+from typing import Any, Final
 
-from kvretention.dataplane.tenancy import tenant_of_salt
-from kvretention.retention.contract import HookTarget
-from kvretention.retention.directives import Hold, holds_for, read_retain
+from kvretention.common.kvstore_metrics import parse_usage
+from kvretention.common.tenancy import tenant_of_salt
+from kvretention.retention.contract import L3_HOOK_TARGETS
+from kvretention.retention.failures import COUNTS
+from kvretention.retention.l3_budget import (
+    OUTCOMES,
+    Outcome,
+    PagePut,
+    PinLedger,
+    client_budget_bytes,
+    page_of,
+    plan_puts,
+)
+from kvretention.retention.l3_master import MasterReading, detect_restart, read_master
+from kvretention.retention.l3_pages import (
+    MAX_TRACKED_PAGES,
+    PageHold,
+    RetainedPages,
+    page_holds,
+    page_keys,
+    record_request,
+)
+from kvretention.retention.l3_settings import (
+    CONFIG_PATH_ENV,
+    DEFAULT_MAX_PIN_TTL_MS,
+    SETTINGS_KEY,
+    L3Settings,
+    master_metrics_url,
+    read_settings,
+)
+from kvretention.retention.l3_stats import (
+    INDEX,
+    STATS,
+    L3Stats,
+    report_master_restart,
+    report_over_budget,
+)
+
+__all__ = [
+    "CONFIG_PATH_ENV",
+    "DEFAULT_MAX_PIN_TTL_MS",
+    "INDEX",
+    "L3_HOOK_TARGETS",
+    "MAX_TRACKED_PAGES",
+    "OUTCOMES",
+    "SETTINGS_KEY",
+    "STATS",
+    "L3Settings",
+    "L3Stats",
+    "Outcome",
+    "PageHold",
+    "PagePut",
+    "PinLedger",
+    "RetainedPages",
+    "client_budget_bytes",
+    "client_state",
+    "master_metrics_url",
+    "namespace_seed",
+    "page_holds",
+    "page_keys",
+    "page_of",
+    "plan_puts",
+    "pool_pinned_keys",
+    "put_with_pins",
+    "read_settings",
+    "record_request",
+    "register_l3_hooks",
+    "remember_request",
+    "report_over_budget",
+]
+
 
 logger = logging.getLogger(__name__)
-
-SETTINGS_KEY: Final = "kvretention"
-"""Section of the worker's Mooncake config file (``mooncake.json``) the plugin reads; SGLang's
-``MooncakeStoreConfig.from_file`` ignores keys it does not know."""
-CONFIG_PATH_ENV: Final = "SGLANG_HICACHE_MOONCAKE_CONFIG_PATH"
-DEFAULT_MAX_PIN_TTL_MS: Final = 86_400_000
-"""``mooncake_master``'s own default ``--max_kv_soft_pin_ttl`` (24 h)."""
-MAX_TRACKED_PAGES: Final = 200_000
-"""Retained page keys remembered per process (about 500 bytes each, so about 100 MB at most;
-12.8 M tokens at 64-token pages); the least recently recorded go first."""
-
-Outcome = Literal[
-    "pinned", "unretained", "over_budget", "over_tenant_budget", "expired", "pin_refused"
-]
-OUTCOMES: Final[tuple[Outcome, ...]] = (
-    "pinned",
-    "unretained",
-    "over_budget",
-    "over_tenant_budget",
-    "expired",
-    "pin_refused",
-)
-
-L3_HOOK_TARGETS: Final = (
-    HookTarget(
-        "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.checkpoint_into_tree",
-        ("self", "req", "up_to", "kwargs"),
-        "_before_unified_checkpoint",
-        "BEFORE",
-        "remembers the storage keys of a request's retained pages before HiCache writes them",
-    ),
-    HookTarget(
-        "sglang.srt.mem_cache.storage.mooncake_store.mooncake_store.MooncakeStore"
-        "._put_batch_zero_copy_impl",
-        ("self", "key_strs", "buffer_ptrs", "buffer_sizes", "group_ids", "session_ids"),
-        "_put_with_pins",
-        "AROUND",
-        "the one place MooncakeStore puts pages: retained ones get a soft pin",
-    ),
-)
-"""What the L3 hooks rely on in SGLang 0.5.23 (checked by the contract test)."""
-
-
-# -- settings --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class L3Settings:
-    """What the operator renders for the plugin beside SGLang's Mooncake config."""
-
-    budget_ratio: float | None = None
-    """Share of its own segment a store client may hold pinned; None: no budget."""
-    max_pin_ttl_ms: int = DEFAULT_MAX_PIN_TTL_MS
-    """The master's ``--max_kv_soft_pin_ttl``: a longer pin would be refused, so pins are capped."""
-    metrics_url: str | None = None
-    """The managed master's ``/metrics`` (from the file's ``master_server_address`` host and
-    ``master_metrics_port``); None for an external master without ``external.metricsPort``."""
-    tenant_share: float | None = None
-    """Share of the client's budget one tenant may hold pinned; None: no per-tenant cap."""
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> L3Settings:
-        """From a parsed ``mooncake.json``; a missing or malformed section keeps the defaults (the
-        plugin must never stop a worker from serving)."""
-        url = master_metrics_url(config)
-        section = config.get(SETTINGS_KEY)
-        if not isinstance(section, Mapping):
-            return cls(metrics_url=url)
-        ratio = section.get("pin_budget_ratio")
-        ttl = section.get("max_pin_ttl_ms")
-        share = section.get("tenant_pin_share")
-        budget = float(ratio) if isinstance(ratio, int | float) and 0 <= ratio <= 1 else None
-        max_ttl = ttl if isinstance(ttl, int) and ttl > 0 else DEFAULT_MAX_PIN_TTL_MS
-        tenant_share = float(share) if isinstance(share, int | float) and 0 < share <= 1 else None
-        return cls(
-            budget_ratio=budget, max_pin_ttl_ms=max_ttl, metrics_url=url, tenant_share=tenant_share
-        )
-
-    def to_config(self) -> dict[str, Any]:
-        """The ``kvretention`` section as the operator renders it."""
-        out: dict[str, Any] = {"max_pin_ttl_ms": self.max_pin_ttl_ms}
-        if self.budget_ratio is not None:
-            out["pin_budget_ratio"] = self.budget_ratio
-        if self.tenant_share is not None:
-            out["tenant_pin_share"] = self.tenant_share
-        return out
-
-
-def master_metrics_url(config: Mapping[str, Any]) -> str | None:
-    """``http://<master host>:<master_metrics_port>/metrics``, as the operator renders a managed
-    master's client config; None when either is missing or malformed."""
-    address = config.get("master_server_address")
-    port = config.get("master_metrics_port")
-    if not isinstance(address, str) or not isinstance(port, int) or isinstance(port, bool):
-        return None
-    host = address.rsplit(":", 1)[0] if ":" in address else address
-    if not host or not 0 < port < 65536:
-        return None
-    return f"http://{host}:{port}/metrics"
-
-
-def read_settings(environ: Mapping[str, str] | None = None) -> L3Settings:
-    """The settings from the file SGLang's Mooncake backend reads (``CONFIG_PATH_ENV``)."""
-    path = (os.environ if environ is None else environ).get(CONFIG_PATH_ENV)
-    if not path:
-        return L3Settings()
-    try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
-    except (OSError, ValueError) as err:
-        logger.warning("kvretention: cannot read %s (%s); L3 pins use defaults", path, err)
-        return L3Settings()
-    return L3Settings.from_config(config if isinstance(config, Mapping) else {})
-
-
-# -- retained pages --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class PageHold:
-    """What holds one stored page: the latest expiry (``time.time()``; None: none) among its
-    scopes' unexpired holds, and the request that set it (for the trace)."""
-
-    until: float | None
-    rid: str | None
-    tenant: str | None = None
-    """Whose namespace the page is in (its key is seeded by the tenant's ``cache_salt``)."""
-
-
-def page_holds(holds: Sequence[Hold], *, pages: int, page_size: int) -> list[Hold | None]:
-    """Per page ``i`` (tokens ``[i*page_size, (i+1)*page_size)``) of one request: its merged hold
-    (highest priority, latest expiry), a release (priority 0) when only releases cover it, or None
-    when no hold covers it whole. Holds are page-aligned already (``holds_for``)."""
-    out: list[Hold | None] = []
-    for i in range(pages):
-        start, end = i * page_size, (i + 1) * page_size
-        covering = [h for h in holds if h.start <= start and end <= h.end]
-        if not covering:
-            out.append(None)
-            continue
-        kept = [h for h in covering if not h.releases]
-        if not kept:
-            out.append(Hold(start, end, 0, None))
-            continue
-        untils = [h.until for h in kept]
-        until = None if None in untils else max(u for u in untils if u is not None)
-        out.append(Hold(start, end, max(h.priority for h in kept), until))
-    return out
-
-
-def _outlasts(until: float | None, other: float | None) -> bool:
-    """Whether a hold ending at ``until`` (None: never) lasts at least as long as ``other``."""
-    return until is None or (other is not None and until >= other)
-
-
-@dataclass
-class RetainedPages:
-    """Storage keys of retained pages -> per-scope ``(until, rid)``: what the put hook pins.
-
-    Shared by the scheduler thread (which records holds) and HiCache's backup thread (which
-    reads them); a lock keeps the two consistent. Bounded: the least recently recorded keys go
-    first past ``capacity``, and expired holds are dropped as they are read.
-    """
-
-    capacity: int = MAX_TRACKED_PAGES
-    _pages: OrderedDict[str, dict[str | None, tuple[float | None, str | None]]] = field(
-        default_factory=OrderedDict
-    )
-    _tenants: dict[str, str] = field(default_factory=dict)
-    """Page key -> its tenant (a key is in one tenant's namespace: its chain's seed says whose)."""
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def record(
-        self,
-        keys: Sequence[str],
-        holds: Sequence[Hold | None],
-        *,
-        scope: str | None,
-        rid: str | None,
-        tenant: str | None = None,
-    ) -> int:
-        """Set (or release, for priority 0) ``scope``'s hold on each key; the number changed. A
-        named scope's new hold replaces its earlier one; an unscoped one only ever extends."""
-        changed = 0
-        with self._lock:
-            for key, hold in zip(keys, holds, strict=True):
-                if hold is None:
-                    continue
-                if tenant is not None:
-                    self._tenants[key] = tenant
-                scopes = self._pages.get(key)
-                if hold.releases:
-                    if scopes is not None and scopes.pop(scope, None) is not None:
-                        changed += 1
-                        if not scopes:
-                            self._drop(key)
-                    continue
-                if scopes is None:
-                    scopes = self._pages[key] = {}
-                earlier = scopes.get(scope)
-                if scope is None and earlier is not None and _outlasts(earlier[0], hold.until):
-                    # Unscoped holds come from unrelated requests (the worker sends scope null):
-                    # one never shortens another's, as on the radix tree.
-                    self._pages.move_to_end(key)
-                    continue
-                scopes[scope] = (hold.until, rid)
-                self._pages.move_to_end(key)
-                changed += 1
-            while len(self._pages) > self.capacity:
-                oldest, _ = self._pages.popitem(last=False)
-                self._tenants.pop(oldest, None)
-            for key in [k for k in self._tenants if k not in self._pages]:
-                del self._tenants[key]  # a release of a key never held
-        return changed
-
-    def _drop(self, key: str) -> None:
-        del self._pages[key]
-        self._tenants.pop(key, None)
-
-    def hold(self, key: str, now: float) -> PageHold | None:
-        """The unexpired hold on ``key`` at ``now`` (latest expiry across scopes), or None."""
-        with self._lock:
-            scopes = self._pages.get(key)
-            if not scopes:
-                return None
-            live = {s: h for s, h in scopes.items() if h[0] is None or h[0] > now}
-            if not live:
-                self._drop(key)
-                return None
-            if len(live) != len(scopes):
-                self._pages[key] = live
-            tenant = self._tenants.get(key)
-        forever = [h for h in live.values() if h[0] is None]
-        if forever:
-            return PageHold(None, forever[0][1], tenant)
-        until, rid = max(live.values(), key=lambda h: h[0] or 0.0)
-        return PageHold(until, rid, tenant)
-
-    def __len__(self) -> int:
-        return len(self._pages)
-
-
-def page_keys(
-    tokens: Sequence[int],
-    *,
-    pages: int,
-    page_size: int,
-    seed: str | None,
-    hash_pages: Callable[[Sequence[int], str | None, int], list[str]],
-) -> list[str]:
-    """The storage keys of the first ``pages`` whole pages of ``tokens``: HiCache's chain, each
-    page's key hashing its tokens and the key before it, the first seeded by ``seed``."""
-    if pages <= 0:
-        return []
-    keys = hash_pages(tokens[: pages * page_size], seed, page_size)
-    if len(keys) != pages:
-        raise ValueError(f"the page hash gave {len(keys)} keys for {pages} pages")
-    return list(keys)
-
-
-def record_request(
-    index: RetainedPages,
-    *,
-    kv_hints: object,
-    tokens: Sequence[int],
-    prompt_len: int,
-    page_size: int,
-    seed: str | None,
-    rid: str | None,
-    now: float,
-    hash_pages: Callable[[Sequence[int], str | None, int], list[str]],
-    tenant: str | None = None,
-) -> int:
-    """Remember the storage keys of the pages ``kv_hints`` retains in ``tokens`` (``seed``:
-    the request's namespace, its tenant's when it has one); the number of keys changed (0 for
-    an unhinted request, and nothing is hashed then)."""
-    plan = read_retain(kv_hints)
-    if plan is None:
-        return 0
-    holds = holds_for(
-        plan, seq_len=len(tokens), page_size=page_size, now=now, prompt_len=prompt_len
-    )
-    if not holds:
-        return 0
-    pages = max(h.end for h in holds) // page_size
-    per_page = page_holds(holds, pages=pages, page_size=page_size)
-    keys = page_keys(tokens, pages=pages, page_size=page_size, seed=seed, hash_pages=hash_pages)
-    return index.record(keys, per_page, scope=plan.scope, rid=rid, tenant=tenant)
-
-
-# -- the budget ------------------------------------------------------------------------------
-
-
-@dataclass
-class PinLedger:
-    """The pins one store client has written and when each ends: its share of the budget.
-
-    ``capacity_bytes`` None means no budget. Counts a pin from its write to its TTL's end, whether
-    or not the master still holds it (a pin evicted early or dropped by a master restart stays
-    counted until then), so the count is an upper bound and the budget is never overrun.
-
-    A reservation stands for pins an earlier process of the same worker wrote (which this ledger
-    never saw): :meth:`reserve_share` reserves the whole share until the longest pin has passed,
-    :meth:`observe_pool` lowers it to the pool's pinned objects (the master counts objects, not
-    bytes) times the largest object this client puts (:meth:`note_objects`; one model and layout,
-    so the earlier process's objects were no larger). It only ever shrinks.
-    """
-
-    capacity_bytes: int | None
-    reserved_keys: int | None = 0
-    """Pinned objects held back for an earlier process; None: the whole share (no reading yet)."""
-    reserved_until: float = 0.0
-    """``time.time()`` when every pin an earlier process wrote has ended (its TTLs were capped)."""
-    object_bytes: int = 0
-    """The largest object this client has put."""
-    tenant_share: float | None = None
-    """Share of ``capacity_bytes`` one tenant may hold; None: no per-tenant cap."""
-    _live: dict[str, tuple[float, int]] = field(default_factory=dict)
-    _owners: dict[str, str] = field(default_factory=dict)
-    _tenant_bytes: dict[str, int] = field(default_factory=dict)
-    _ends: list[tuple[float, str]] = field(default_factory=list)
-    _bytes: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    @property
-    def pinned_bytes(self) -> int:
-        return self._bytes
-
-    def tenant_bytes(self) -> dict[str, int]:
-        """Bytes each tenant holds pinned (0 for one whose pins have all ended)."""
-        with self._lock:
-            return dict(self._tenant_bytes)
-
-    def tenant_capacity(self) -> int | None:
-        """What one tenant may hold: ``tenant_share`` of the client's share."""
-        if self.capacity_bytes is None or self.tenant_share is None:
-            return None
-        return math.floor(self.tenant_share * self.capacity_bytes)
-
-    def reserve_share(self, *, until: float) -> None:
-        """Hold the whole share back until ``until`` or a reading of the pool shows less."""
-        with self._lock:
-            self.reserved_keys, self.reserved_until = None, until
-
-    def observe_pool(self, pinned_keys: int) -> None:
-        """The pool holds ``pinned_keys`` pinned objects now; an earlier process's pins are among
-        them and only end from here on, so the reservation never needs to be larger."""
-        with self._lock:
-            count = max(0, pinned_keys)
-            self.reserved_keys = (
-                count if self.reserved_keys is None else min(self.reserved_keys, count)
-            )
-
-    def note_objects(self, sizes: Iterable[int]) -> None:
-        """Objects this client is about to put: the size the reservation counts pins in."""
-        self.object_bytes = max(self.object_bytes, *sizes, 0)
-
-    def reserved(self, now: float) -> int:
-        """The bytes reserved at ``now`` (0 once the longest pin has passed, or without a budget)."""
-        if self.capacity_bytes is None or self.reserved_keys == 0 or now >= self.reserved_until:
-            return 0
-        if self.reserved_keys is None:
-            return self.capacity_bytes
-        return min(self.reserved_keys * self.object_bytes, self.capacity_bytes)
-
-    def reservation_settled(self, now: float) -> bool:
-        """Whether the reservation is over for good (nothing left to read the pool for)."""
-        return self.reserved_keys == 0 or now >= self.reserved_until
-
-    def _expire(self, now: float) -> None:
-        while self._ends and self._ends[0][0] <= now:
-            end, key = heapq.heappop(self._ends)
-            entry = self._live.get(key)
-            if entry is not None and entry[0] == end:
-                del self._live[key]
-                self._bytes -= entry[1]
-                self._unown(key, entry[1])
-
-    def _unown(self, key: str, nbytes: int) -> None:
-        tenant = self._owners.pop(key, None)
-        if tenant is not None:
-            self._tenant_bytes[tenant] -= nbytes
-
-    def forget(self, key: str) -> None:
-        """A pin that was not written after all (the master refused it): no longer counted."""
-        with self._lock:
-            entry = self._live.pop(key, None)
-            if entry is not None:
-                self._bytes -= entry[1]
-                self._unown(key, entry[1])
-
-    def admit(
-        self, key: str, nbytes: int, *, ends: float, now: float, tenant: str | None = None
-    ) -> bool:
-        """Count a pin of ``nbytes`` on ``key`` until ``ends`` if it fits the share (and its
-        tenant's); False (and nothing counted) when it would pass it."""
-        return self.place(key, nbytes, ends=ends, now=now, tenant=tenant) == "pinned"
-
-    def place(
-        self, key: str, nbytes: int, *, ends: float, now: float, tenant: str | None = None
-    ) -> Literal["pinned", "over_budget", "over_tenant_budget"]:
-        """:meth:`admit`, saying which budget refused: the client's, or the tenant's part."""
-        with self._lock:
-            self._expire(now)
-            previous = self._live.get(key)
-            held = self._bytes - (previous[1] if previous else 0)
-            if (
-                self.capacity_bytes is not None
-                and held + self.reserved(now) + nbytes > self.capacity_bytes
-            ):
-                return "over_budget"
-            cap = self.tenant_capacity()
-            if tenant is not None and cap is not None:
-                own = self._tenant_bytes.get(tenant, 0)
-                if previous is not None and self._owners.get(key) == tenant:
-                    own -= previous[1]
-                if own + nbytes > cap:
-                    return "over_tenant_budget"
-            if previous is not None:
-                self._unown(key, previous[1])
-            self._live[key] = (ends, nbytes)
-            self._bytes = held + nbytes
-            if tenant is not None:
-                self._owners[key] = tenant
-                self._tenant_bytes[tenant] = self._tenant_bytes.get(tenant, 0) + nbytes
-            heapq.heappush(self._ends, (ends, key))
-            return "pinned"
-
-
-# -- deciding each put -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class PagePut:
-    """How one page's objects are put: pinned for ``ttl_ms``, or unpinned and why."""
-
-    page: str
-    outcome: Outcome
-    ttl_ms: int | None = None
-    rid: str | None = None
-    tenant: str | None = None
-
-
-MIN_PIN_TTL_MS: Final = 1_000
-"""A hold with less than a second left is written unpinned (``expired``): not worth a pin."""
-
-
-def page_of(key_str: str, prefix: str | None) -> str:
-    """The page key inside a Mooncake object key: ``[prefix_]<page>_<rank suffix>_<k|v>``
-    (MooncakeStore's ``_tag_keys`` and buffer-meta naming); page keys are hex, with no ``_``."""
-    if prefix is not None and key_str.startswith(prefix + "_"):
-        key_str = key_str[len(prefix) + 1 :]
-    return key_str.split("_", 1)[0]
-
-
-def plan_puts(
-    key_strs: Sequence[str],
-    sizes: Sequence[int],
-    *,
-    prefix: str | None,
-    index: RetainedPages,
-    ledger: PinLedger,
-    settings: L3Settings,
-    now: float,
-) -> list[PagePut]:
-    """One decision per object key (the objects of one page share it): pin a retained page for
-    its hold's remaining time capped by the master's maximum, whole seconds, if the client's
-    budget share has room for all of the page's objects; otherwise unpinned, with the reason."""
-    page_bytes: dict[str, int] = {}
-    pages = [page_of(k, prefix) for k in key_strs]
-    for page, size in zip(pages, sizes, strict=True):
-        page_bytes[page] = page_bytes.get(page, 0) + size
-    decided: dict[str, PagePut] = {}
-    for page in pages:
-        if page in decided:
-            continue
-        hold = index.hold(page, now)
-        if hold is None:
-            decided[page] = PagePut(page, "unretained")
-            continue
-        remaining = settings.max_pin_ttl_ms if hold.until is None else (hold.until - now) * 1000
-        ttl_ms = int(min(remaining, settings.max_pin_ttl_ms)) // 1000 * 1000
-        if ttl_ms < MIN_PIN_TTL_MS:
-            decided[page] = PagePut(page, "expired", rid=hold.rid, tenant=hold.tenant)
-            continue
-        placed = ledger.place(
-            page, page_bytes[page], ends=now + ttl_ms / 1000, now=now, tenant=hold.tenant
-        )
-        if placed == "pinned":
-            decided[page] = PagePut(page, "pinned", ttl_ms, hold.rid, hold.tenant)
-        else:
-            decided[page] = PagePut(page, placed, rid=hold.rid, tenant=hold.tenant)
-    return [decided[p] for p in pages]
-
-
-def client_budget_bytes(settings: L3Settings, segment_bytes: int) -> int | None:
-    """This client's share of the budget: ``budget_ratio`` x the segment it contributes."""
-    if settings.budget_ratio is None:
-        return None
-    return math.floor(settings.budget_ratio * segment_bytes)
-
-
-# -- accounting: metrics and trace ---------------------------------------------------------
-
-
-class L3Stats:
-    """Counters of what the put hook decided (also exported as ``kvretention_l3_*`` metrics in
-    the worker's Prometheus registry when ``prometheus_client`` is importable)."""
-
-    def __init__(self) -> None:
-        self.pages: dict[Outcome, int] = dict.fromkeys(OUTCOMES, 0)
-        self.hook_failures = 0
-        self._lock = threading.Lock()
-        self._pages_metric: Any = None
-        self._failures_metric: Any = None
-        self._pinned_metric: Any = None
-        self._budget_metric: Any = None
-        self._tenant_metric: Any = None
-        try:
-            from prometheus_client import Counter, Gauge
-
-            self._pages_metric = Counter(
-                "kvretention_l3_pages",
-                "Pages put to Mooncake by the retention plugin, by outcome "
-                "(pinned, unretained, over_budget: retained but written unpinned past the pin "
-                "budget, expired: the hold ended before the write, pin_refused: the master "
-                "refused the pin and the page was written unpinned).",
-                ["outcome"],
-            )
-            self._failures_metric = Counter(
-                "kvretention_l3_hook_failures",
-                "Put batches the retention plugin's L3 hook failed on and handed to SGLang's own "
-                "unpinned put (the worker log has the exception).",
-            )
-            self._pinned_metric = Gauge(
-                "kvretention_l3_pinned_bytes",
-                "Bytes this worker's Mooncake client holds soft-pinned (pins counted to their TTL).",
-                multiprocess_mode="livesum",
-            )
-            self._budget_metric = Gauge(
-                "kvretention_l3_pin_budget_bytes",
-                "This worker's pin budget: softPin.budgetRatio x its Mooncake segment.",
-                multiprocess_mode="livesum",
-            )
-            self._tenant_metric = Gauge(
-                "kvretention_l3_tenant_pinned_bytes",
-                "Bytes this worker's Mooncake client holds soft-pinned per tenant.",
-                ["tenant"],
-                multiprocess_mode="livesum",
-            )
-        except (ImportError, ValueError):  # no client, or registered twice in one process
-            pass
-
-    def count(self, outcome: Outcome, pages: int = 1) -> None:
-        with self._lock:
-            self.pages[outcome] += pages
-        if self._pages_metric is not None:
-            self._pages_metric.labels(outcome=outcome).inc(pages)
-
-    def failed(self) -> None:
-        with self._lock:
-            self.hook_failures += 1
-        if self._failures_metric is not None:
-            self._failures_metric.inc()
-
-    def set_pinned(
-        self, pinned: int, budget: int | None, tenants: Mapping[str, int] | None = None
-    ) -> None:
-        if self._tenant_metric is not None:
-            for tenant, held in (tenants or {}).items():
-                self._tenant_metric.labels(tenant=tenant).set(held)
-        if self._pinned_metric is not None:
-            self._pinned_metric.set(pinned)
-        if self._budget_metric is not None and budget is not None:
-            self._budget_metric.set(budget)
-
-
-STATS: Final = L3Stats()
-INDEX: Final = RetainedPages()
-
-
-def _trace(record: Mapping[str, Any]) -> None:
-    """One line in the request trace (``KVR_REQUEST_TRACE``), when the worker keeps one."""
-    from kvretention.dataplane.trace import TRACE_ENV
-
-    path = os.environ.get(TRACE_ENV)
-    if not path:
-        return
-    line = json.dumps({"ts": round(time.time(), 6), **record}, separators=(",", ":"))
-    try:
-        with open(path, "a", encoding="utf-8") as f:  # one short O_APPEND write per line
-            f.write(line + "\n")
-    except OSError as err:
-        logger.warning("kvretention: cannot append to the trace %s: %s", path, err)
-
-
-_OVER_BUDGET_LOGGED = [0]
-"""Over-budget batches seen by this process: the first and every thousandth is logged."""
-
-
-def report_over_budget(puts: Iterable[PagePut], *, ledger: PinLedger) -> None:
-    """Name the retained pages written unpinned past the budget, per request: one trace record
-    each (the request id and its page keys) and, at most every thousandth time, a warning."""
-    by_request: dict[tuple[str | None, str | None, str], list[str]] = {}
-    for put in puts:
-        if put.outcome in ("over_budget", "over_tenant_budget"):
-            by_request.setdefault((put.rid, put.tenant, put.outcome), []).append(put.page)
-    for (rid, tenant, outcome), pages in by_request.items():
-        if _OVER_BUDGET_LOGGED[0] % 1000 == 0:
-            logger.warning(
-                "kvretention: L3 pin budget full (%d of %s bytes pinned, %d reserved for pins an "
-                "earlier process may have left): %d retained pages of "
-                "request %s written unpinned (logged once per 1000 times; all counted in "
-                "kvretention_l3_pages_total and traced)",
-                ledger.pinned_bytes,
-                ledger.capacity_bytes,
-                ledger.reserved(time.time()),
-                len(pages),
-                rid,
-            )
-        _OVER_BUDGET_LOGGED[0] += 1
-        record: dict[str, Any] = {
-            "component": "engine",
-            "request_id": rid,
-            "outcome": f"l3_pin_{outcome}",
-            "pages": pages,
-            "pinned_bytes": ledger.pinned_bytes,
-            "reserved_bytes": ledger.reserved(time.time()),
-            "budget_bytes": ledger.capacity_bytes,
-        }
-        if tenant is not None:
-            record.update(
-                tenant=tenant,
-                tenant_pinned_bytes=ledger.tenant_bytes().get(tenant, 0),
-                tenant_budget_bytes=ledger.tenant_capacity(),
-            )
-        _trace(record)
-
-
-# -- SGLang glue -----------------------------------------------------------------------------
 
 
 def _hash_pages(tokens: Sequence[int], seed: str | None, page_size: int) -> list[str]:
@@ -771,6 +214,7 @@ def _before_unified_checkpoint(cache: Any, req: Any, *args: Any, **kwargs: Any) 
     try:
         remember_request(req, up_to=int(kwargs["up_to"]), page_size=int(cache.page_size))
     except Exception:  # a hint must never fail a request
+        COUNTS.count("l3_record")
         logger.exception("kvretention: could not record the L3 holds of request %s", req.rid)
 
 
@@ -781,15 +225,15 @@ place, so a new ``budgetRatio`` reaches running workers without a restart."""
 
 POOL_READ_S: Final = 5.0
 """How often a new ledger reads the master's ``/metrics`` while part of its share is reserved."""
+MASTER_READ_S: Final = 10.0
+"""How often a store client reads the master's ``/metrics`` after that: the watch for a restart."""
 POOL_READ_TIMEOUT_S: Final = 2.0
 POOL_READ_MAX_BYTES: Final = 4 * 1024 * 1024
 
 
 def pool_pinned_keys(metrics_text: str) -> int:
     """The objects the pool holds soft-pinned (``master_soft_pin_key_count``), through the
-    operator's own parser; raises on text that is not a master's metrics."""
-    from kvretention.controller.kvstore_metrics import parse_usage
-
+    ground floor's parser (the operator reads the master through it too); raises on text that is not a master's metrics."""
     return parse_usage(metrics_text).pinned_keys
 
 
@@ -809,30 +253,52 @@ class _ClientState:
     read_at: float
     pool_read: threading.Event = field(default_factory=threading.Event)
     """Set once the pool's pinned objects have been read (tests wait on it)."""
+    closed: threading.Event = field(default_factory=threading.Event)
+    """Set to end the master watch (tests; a worker's watch lives as long as its process)."""
+    master_reads: int = 0
+    """Readings of the master so far (tests wait on it)."""
 
 
 def _watch_pool(state: _ClientState, url: str) -> None:
-    """Off the write path: read the pool's pinned objects every :data:`POOL_READ_S` into the
-    ledger's reservation until it is settled. An unreadable master keeps the reservation (the
-    budget holds; pins wait), logged once."""
+    """Off the write path, for the client's life: read the master's ``/metrics`` every
+    :data:`POOL_READ_S` while part of the share is reserved (into the ledger's reservation),
+    every :data:`MASTER_READ_S` after, and on a restart (:func:`detect_restart`) stop counting
+    the pins it dropped. An unreadable master keeps the reservation (the budget holds; pins
+    wait), logged once per outage."""
     warned = False
-    while not state.ledger.reservation_settled(time.time()):
+    last: MasterReading | None = None
+    while not state.closed.is_set():
+        at = time.time()
         try:
-            pinned = pool_pinned_keys(_read_metrics(url))
+            reading = read_master(_read_metrics(url), at=at)
         except Exception as err:  # any failure keeps the reservation; never raise in a thread
             if not warned:
                 logger.warning(
-                    "kvretention: cannot read the master's pinned objects at %s (%s); this "
-                    "worker's L3 pin share stays reserved until it can",
+                    "kvretention: cannot read the master's metrics at %s (%s); %s",
                     url,
                     err,
+                    "a restart is seen once it can"
+                    if state.ledger.reservation_settled(time.time())
+                    else "this worker's L3 pin share stays reserved until it can",
                 )
                 warned = True
         else:
-            state.ledger.observe_pool(pinned)
+            warned = False
+            restart = None if last is None else detect_restart(last, reading)
+            if restart is not None:
+                pins, nbytes = state.ledger.drop_written_before(restart.lost_before)
+                report_master_restart(
+                    restart, url=url, pins=pins, nbytes=nbytes, ledger=state.ledger
+                )
+            last = reading
+            state.ledger.observe_pool(reading.pinned_keys)
+            state.master_reads += 1
             state.pool_read.set()
-        time.sleep(POOL_READ_S)
-    state.pool_read.set()
+        STATS.publish(force=True)  # what the write path's last batches left for the worker
+        settled = state.ledger.reservation_settled(time.time())
+        if settled:
+            state.pool_read.set()
+        state.closed.wait(MASTER_READ_S if settled else POOL_READ_S)
 
 
 _CLIENTS: dict[int, _ClientState] = {}
@@ -924,6 +390,9 @@ def put_with_pins(
     for put, rc in zip(puts, results, strict=True):
         if rc == 0:
             pages.setdefault(put.page, put)
+    state.ledger.confirm_written(
+        [put.page for put in pages.values() if put.outcome == "pinned"], at=time.time()
+    )
     for put in pages.values():
         STATS.count(put.outcome)
     STATS.set_pinned(
@@ -1005,6 +474,7 @@ def _put_with_pins(
     except Exception:
         logger.exception("kvretention: L3 pin hook failed; writing these pages unpinned")
         STATS.failed()
+        COUNTS.count("l3_put")  # what the worker's /metrics exports, across processes
         return original(store, *args, **kwargs)
 
 

@@ -11,22 +11,29 @@ in every process before server args are parsed. It adds the ``kvretain`` choice 
   get its scope's hold (priority, ``now + duration``); priority 0 releases it; the tree is split
   at hold edges so no node is half retained;
 - a node split copies the holds to the new parent;
-- ``kvretain`` runs on SGLang's Python TreeCore (the Rust core keeps nodes out of reach);
+- ``kvretain`` runs on SGLang's Python TreeCore: the default Rust core takes policy names only and
+  never lowers a node's priority, so a hold could neither expire nor be released there
+  (docs/retention.md, "Which tree core"); the core each tree resolves to is recorded for the
+  worker's ``/metrics`` (:mod:`kvretention.retention.tree_core`);
 - and :func:`kvretention.retention.l3.register_l3_hooks`: HiCache's Mooncake writes of retained
   pages carry a soft pin, within the budget.
 
 Radix holds apply only on a tree whose policy is ``kvretain``; anything else is left as SGLang has
-it.
+it. The checkpoint hook fails open: whatever it raises is logged, counted in
+:data:`kvretention.retention.failures.COUNTS` (the worker's ``/metrics`` exports it as
+``kvretention_retention_hook_failures_total``) and the request is served unretained.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
-from kvretention.retention import EVICTION_POLICY, PLUGIN_NAME, radix
+from kvretention.retention import EVICTION_POLICY, PLUGIN_NAME, radix, tree_core
 from kvretention.retention.contract import HOOK_TARGETS
 from kvretention.retention.directives import Hold, holds_for, read_retain
+from kvretention.retention.failures import COUNTS
 
 logger = logging.getLogger(__name__)
 
@@ -35,19 +42,40 @@ class RetainStrategy:
     """SGLang eviction strategy for ``--radix-eviction-policy kvretain`` (duck-typed like
     ``evict_policy.EvictionStrategy``: only ``get_priority`` is called).
 
-    Holds expire by the wall clock; a tree spread over several ranks (tensor or pipeline
-    parallel) expires them by ``agreed_now`` instead, the time all ranks agreed on at the last
-    checkpoint, so every rank evicts the same nodes.
+    Holds expire by the monotonic clock (:data:`radix.clock`); a tree spread over several ranks
+    (tensor or pipeline parallel) expires them by ``agreed_now`` instead, the time all ranks agreed
+    on at the last checkpoint that had a hold at stake, so every rank evicts the same nodes.
     """
 
     def __init__(self) -> None:
         self.agreed_now: float | None = None
+        self.held_until: float | None = None
+        """The latest expiry of any hold set on this tree (``inf``: one never expires); None
+        before the first. Every rank sets the same holds at the same agreed time, so every rank
+        reads the same value here."""
 
     def now(self) -> float:
         return radix.clock() if self.agreed_now is None else self.agreed_now
 
-    def get_priority(self, node: Any) -> tuple[int, float]:
-        return radix.eviction_rank(node, self.now())
+    def note(self, holds: tuple[Hold, ...]) -> None:
+        """Holds about to be set: what :meth:`at_stake` reads later."""
+        untils = [float("inf") if h.until is None else h.until for h in holds if not h.releases]
+        if untils:
+            self.held_until = max(self.held_until or 0.0, *untils)
+
+    def at_stake(self, *, hinted: bool) -> bool:
+        """Whether a checkpoint needs the ranks' agreed time: a hinted request may set holds, and
+        holds set earlier may still be live (by :meth:`now`: on several ranks, the last agreed
+        time, set by the hinted request that set the first hold). Same answer on every rank: the
+        requests, the holds and the agreed time are the same everywhere."""
+        return hinted or (self.held_until is not None and self.held_until > self.now())
+
+    def get_priority(self, node: Any) -> float:
+        # An eviction pass ranks every evictable leaf, most of them held by nothing: those cost
+        # one attribute read more than LRU, and no clock read.
+        if not hasattr(node, radix.RANK_ATTR):
+            return node.last_access_time  # type: ignore[no-any-return]
+        return radix.eviction_key(node, self.now())
 
 
 def _eviction_strategy(original: Any, eviction_policy: str, config: Any = None) -> Any:
@@ -62,10 +90,15 @@ def _eviction_strategy(original: Any, eviction_policy: str, config: Any = None) 
 
 
 def _tree_core_backend(original: Any, name: str, params: Any) -> Any:
-    if name == "rust" and str(params.eviction_policy).lower() == EVICTION_POLICY:
+    policy = str(params.eviction_policy)
+    core = tree_core.plan_tree_core(policy, default=name)
+    if core != name:
         logger.info("kvretention: %s runs on SGLang's Python TreeCore", EVICTION_POLICY)
-        return "python"
-    return original(name, params)
+    else:
+        core = original(name, params)
+    # For the worker's /metrics (kvretention_worker_radix_core_info): the core this tree runs.
+    tree_core.record_tree_core(core=str(core), policy=policy.lower())
+    return core
 
 
 def _bigram(holds: tuple[Hold, ...], page_size: int) -> tuple[Hold, ...]:
@@ -95,9 +128,16 @@ def _multi_rank(cache: Any) -> bool:
 def agree_on_now(cache: Any, strategy: RetainStrategy) -> float:
     """The time this checkpoint sets holds by and later evictions expire them by.
 
-    One rank: the wall clock. Several ranks: the earliest of their clocks, reduced with SGLang's
-    own ``UnifiedRadixCache._all_reduce`` (every rank checkpoints the same requests in the same
-    order, so every rank reaches this reduction), so a hold expires on the same pass everywhere.
+    One rank: its monotonic clock. Several ranks: the earliest of their clocks, reduced with
+    SGLang's own ``UnifiedRadixCache._all_reduce`` (every rank checkpoints the same requests in
+    the same order and asks :meth:`RetainStrategy.at_stake` the same question, so every rank
+    reaches this reduction or none does), so a hold expires on the same pass everywhere.
+
+    The clocks are monotonic, and the minimum still compares like with like: ranks on one host
+    read one ``CLOCK_MONOTONIC``; ranks on several hosts (multinode) read clocks with different
+    origins, but each is ``t + c_host``, so their minimum is ``t + min(c)``, itself a monotonic
+    clock that ticks in seconds. Holds are set and expired by that one agreed value only, never
+    by a rank's own reading, so the origin never shows.
     """
     if not _multi_rank(cache):
         return radix.clock()
@@ -110,10 +150,17 @@ def agree_on_now(cache: Any, strategy: RetainStrategy) -> float:
 
 
 def hold_request(
-    cache: Any, req: Any, *, tokens: Any, leaf: Any, is_bigram: bool, now: float
+    cache: Any,
+    req: Any,
+    *,
+    tokens: Any,
+    leaf: Any,
+    is_bigram: bool,
+    now: float,
+    strategy: RetainStrategy | None = None,
 ) -> int:
     """Apply ``req``'s ``kv.retain`` holds to the path its KV occupies in ``cache``; the number
-    of nodes changed (0 for an unhinted request)."""
+    of nodes changed (0 for an unhinted request). ``strategy`` notes the holds set."""
     plan = read_retain(getattr(req, "kv_hints", None))
     if plan is None:
         return 0
@@ -129,6 +176,8 @@ def hold_request(
         holds = _bigram(holds, page_size)
     if not holds:
         return 0
+    if strategy is not None:
+        strategy.note(holds)
     from sglang.srt.mem_cache.radix_cache import RadixKey
 
     extra = 1 if is_bigram else 0
@@ -140,24 +189,33 @@ def hold_request(
     return radix.apply_holds(radix.path_spans(leaf()), holds, scope=plan.scope, now=now)
 
 
-hold_failures = 0
-"""Checkpoints whose holds could not be applied (logged; the request is served regardless)."""
-
-
-def _hold_or_log(cache: Any, req: Any, **kwargs: Any) -> None:
-    """Apply the holds, failing open: a retention bug must never take the scheduler down."""
-    global hold_failures
+def _hold_or_log(cache: Any, req: Any, *, now: Callable[[], float], **kwargs: Any) -> bool:
+    """Apply the holds, failing open: a retention bug must never take the scheduler down. The
+    time (``now``: the ranks' agreement included) is taken inside the guard. False when the holds
+    were not applied: the failure is counted for the worker's ``/metrics`` and logged (the first
+    and every thousandth time)."""
     try:
-        hold_request(cache, req, **kwargs)
+        hold_request(cache, req, now=now(), **kwargs)
     except Exception:
-        hold_failures += 1
-        if hold_failures == 1 or hold_failures % 1000 == 0:
+        failures = COUNTS.count("checkpoint")
+        if failures == 1 or failures % 1000 == 0:
             logger.exception(
                 "%s: kv.retain not applied to request %s (%d so far); serving goes on",
                 PLUGIN_NAME,
                 getattr(req, "rid", "?"),
-                hold_failures,
+                failures,
             )
+        return False
+    return True
+
+
+def _unified_now(cache: Any, req: Any, strategy: RetainStrategy) -> float:
+    """The checkpoint's time: the ranks agree on it only when a hold is at stake (no all-reduce
+    for an unhinted request on a tree with no live hold)."""
+    hinted = getattr(req, "kv_hints", None) is not None
+    if strategy.at_stake(hinted=hinted):
+        return agree_on_now(cache, strategy)
+    return strategy.now()  # unhinted: read by no hold
 
 
 def _after_unified_checkpoint(_result: Any, cache: Any, req: Any, *, up_to: int, **_: Any) -> None:
@@ -165,14 +223,14 @@ def _after_unified_checkpoint(_result: Any, cache: Any, req: Any, *, up_to: int,
     strategy = getattr(core, "eviction_strategy", None)
     if cache.disable or not isinstance(strategy, RetainStrategy):
         return
-    now = agree_on_now(cache, strategy)  # on every checkpoint, hinted or not: time moves on
     _hold_or_log(
         cache,
         req,
         tokens=req.full_untruncated_fill_ids[:up_to],
         leaf=lambda: cache.resolve_node_handle(req.last_node),
         is_bigram=bool(core.is_eagle),
-        now=now,
+        now=lambda: _unified_now(cache, req, strategy),
+        strategy=strategy,
     )
 
 
@@ -185,7 +243,8 @@ def _after_radix_checkpoint(_result: Any, cache: Any, req: Any, *, up_to: int) -
         tokens=req.full_untruncated_fill_ids[:up_to],
         leaf=lambda: req.last_node,
         is_bigram=bool(cache.is_eagle),
-        now=radix.clock(),  # the classic tree has no ranks to agree with
+        now=radix.clock,  # the classic tree has no ranks to agree with
+        strategy=cache.eviction_strategy,
     )
 
 

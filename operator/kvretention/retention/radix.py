@@ -10,6 +10,7 @@ scopes.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
@@ -20,8 +21,17 @@ from kvretention.retention.directives import Hold
 HOLDS_ATTR: Final = "kvr_holds"
 """Per-node ``{scope: (priority, until)}`` of the holds that cover the node (absent: none)."""
 
-clock: Callable[[], float] = time.time
-"""The wall clock holds are set and expire by (``time.time()``); tests put a fake one here."""
+RANK_ATTR: Final = "kvr_rank"
+"""Per-node ``((priority, until), ...)`` of the same holds, highest priority first (``until`` inf:
+no expiry; absent: none), written with :data:`HOLDS_ATTR`. What the eviction order reads: an
+eviction pass ranks every evictable leaf, so ranking a node nothing holds is one attribute read,
+and a held one stops at its first unexpired hold."""
+
+clock: Callable[[], float] = time.monotonic
+"""The clock holds are set and expire by: monotonic, so a wall-clock step (NTP, a VM resumed)
+neither expires every hold at once nor keeps one past its duration. Holds never leave the
+process (the L3 pins carry TTLs, not times), so no other process needs to read it. Tests put a
+fake one here."""
 
 Holds = dict[str | None, tuple[int, float | None]]
 
@@ -32,7 +42,11 @@ def _active(holds: Holds | None, now: float) -> Iterable[tuple[int, float | None
 
 def retained_priority(node: Any, now: float) -> int:
     """The highest priority of the node's unexpired holds; 0 when none holds it."""
-    return max((p for p, _ in _active(getattr(node, HOLDS_ATTR, None), now)), default=0)
+    ranked: tuple[tuple[int, float], ...] = getattr(node, RANK_ATTR, ())
+    for priority, until in ranked:
+        if until > now:
+            return priority
+    return 0
 
 
 def active_hold(node: Any, now: float) -> tuple[int, float | None] | None:
@@ -47,10 +61,19 @@ def active_hold(node: Any, now: float) -> tuple[int, float | None] | None:
     return max(p for p, _ in active), until
 
 
-def eviction_rank(node: Any, now: float) -> tuple[int, float]:
+RANK_STEP: Final = 2.0**45
+"""One hold priority in :func:`eviction_key`: above any ``last_access_time`` SGLang's trees write
+(the unified tree's is a float counter bumped per access, the classic tree's monotonic seconds),
+and small enough that ``MAX_PRIORITY * RANK_STEP`` plus a counter stays exact in a float."""
+
+
+def eviction_key(node: Any, now: float) -> float:
     """What the ``kvretain`` policy evicts by, lowest first: unretained and expired nodes (0)
-    before held ones, by hold priority, and by recency among equals."""
-    return retained_priority(node, now), node.last_access_time
+    before held ones, by hold priority, and by recency among equals; the order of
+    ``(retained_priority, last_access_time)`` as one float, so an eviction pass ranks an unheld
+    leaf as cheaply as LRU does (its ``last_access_time``, nothing allocated)."""
+    last_access: float = node.last_access_time
+    return retained_priority(node, now) * RANK_STEP + last_access
 
 
 def path_spans(leaf: Any) -> list[tuple[Any, int, int]]:
@@ -129,15 +152,23 @@ def _longest(a: tuple[int, float | None], b: tuple[int, float | None]) -> tuple[
     return max(a[0], b[0]), until
 
 
+def _ranked(holds: Holds) -> tuple[tuple[int, float], ...]:
+    """:data:`RANK_ATTR` of ``holds``: ``(priority, until)`` highest priority first."""
+    return tuple(
+        sorted(((p, math.inf if u is None else u) for p, u in holds.values()), reverse=True)
+    )
+
+
 def _store(node: Any, holds: Holds) -> None:
     """Write the scope holds and their summary: SGLang's ``node.priority`` (raised to the highest
     hold, so the stock ``priority`` order agrees) and :data:`HOLD_UNTIL_ATTR` (latest expiry)."""
     if not holds:
-        for attr in (HOLDS_ATTR, HOLD_UNTIL_ATTR):
+        for attr in (HOLDS_ATTR, RANK_ATTR, HOLD_UNTIL_ATTR):
             if hasattr(node, attr):
                 delattr(node, attr)
         return
     setattr(node, HOLDS_ATTR, holds)
+    setattr(node, RANK_ATTR, _ranked(holds))
     node.priority = max(node.priority, *(p for p, _ in holds.values()))
     untils = [u for _, u in holds.values()]
     setattr(
@@ -150,4 +181,5 @@ def copy_holds(source: Any, target: Any) -> None:
     holds = getattr(source, HOLDS_ATTR, None)
     if holds:
         setattr(target, HOLDS_ATTR, dict(holds))
+        setattr(target, RANK_ATTR, _ranked(holds))
         setattr(target, HOLD_UNTIL_ATTR, getattr(source, HOLD_UNTIL_ATTR, None))

@@ -115,6 +115,7 @@ def test_status_shape_for_the_operator() -> None:
         "mooncakeImportable",
         "retentionPlugin",
         "hookTargetProblems",
+        "device",
     }
     assert status["engine"]["properties"]["retentionPlugin"]["enum"] == [
         "loaded",

@@ -33,8 +33,18 @@ GOOD: dict[str, Any] = {
     "retention_error": None,
     "retention_plugin": "loaded",
     "retention_target_problems": [],
+    "engine_device": "cuda",
+    "radix_tree_core": "rust",
+    "radix_tree_core_kvretain": "python",
 }
-RETENTION_KEYS = ("retention_plugin", "retention_error", "retention_target_problems")
+RETENTION_KEYS = (
+    "retention_plugin",
+    "retention_error",
+    "retention_target_problems",
+    "engine_device",
+    "radix_tree_core",
+    "radix_tree_core_kvretain",
+)
 OLD = {k: v for k, v in GOOD.items() if k not in RETENTION_KEYS}
 """A report from a probe that predates the retention plugin."""
 EMPTY = ProbeReport()

@@ -31,6 +31,7 @@ from kvretention.controller.cache import (
 from kvretention.controller.executor import Controller
 from kvretention.controller.kvstore_metrics import KvStoreReading, format_time
 from kvretention.controller.planner import comparable
+from kvretention.controller.worker_metrics import PodFailures
 
 EXAMPLES = Path(__file__).parents[3] / "examples"
 NOW = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
@@ -62,6 +63,24 @@ class FakeKube:
         self._rv = itertools.count(1)
         self._uid = itertools.count(1)
 
+    def unserve(self, kind: k.ResourceKind) -> None:
+        """The API server does not serve ``kind`` (its CRD is not installed): applies and lists of
+        it are 404s, as the real server answers them."""
+        real_apply, real_list = self.apply, self.list
+
+        async def apply(manifest: Any, **kwargs: Any) -> dict[str, Any]:
+            if manifest.get("kind") == kind.kind:
+                raise k.NotFound(kind.collection_path(manifest["metadata"].get("namespace")))
+            return await real_apply(manifest, **kwargs)
+
+        async def list_(of: k.ResourceKind, ns: str, **kwargs: Any) -> Any:
+            if of is kind:
+                raise k.NotFound(of.collection_path(ns))
+            return await real_list(of, ns, **kwargs)
+
+        self.apply = apply  # type: ignore[method-assign]
+        self.list = list_  # type: ignore[method-assign]
+
     def put(self, kind: k.ResourceKind, body: dict[str, Any]) -> dict[str, Any]:
         body = copy.deepcopy(body)
         meta = body.setdefault("metadata", {})
@@ -75,6 +94,18 @@ class FakeKube:
         self.reads.append(("GET", kind.plural))
         obj = self.objects.get((kind.plural, ns, name))
         return copy.deepcopy(obj) if obj else None
+
+    async def exists(self, kind: k.ResourceKind, ns: str, name: str) -> bool:
+        self.reads.append(("GET", kind.plural))
+        return (kind.plural, ns, name) in self.objects
+
+    async def create_if_absent(self, kind: k.ResourceKind, ns: str, body: Any) -> bool:
+        name = body["metadata"]["name"]
+        if await self.exists(kind, ns, name):
+            return False
+        self.writes.append(("create " + kind.kind, name))
+        self.put(kind, body)
+        return True
 
     async def list(self, kind: k.ResourceKind, ns: str, *, selector: str = "") -> Any:
         self.reads.append(("LIST", kind.plural))
@@ -176,8 +207,29 @@ class FakeMaster:
         return self.reading or KvStoreReading(format_time(now), error=f"{url}: unreachable")
 
 
-def controller(fake: FakeKube, master: FakeMaster | None = None) -> Controller:
-    return Controller(fake, clock=lambda: NOW, read_kvstore=master or FakeMaster())  # type: ignore[arg-type]
+class FakeWorkers:
+    """Stands in for the worker pods' /metrics: each pod's hook failure counts (unset: unread)."""
+
+    def __init__(self, counts: dict[str, dict[str, int]] | None = None) -> None:
+        self.counts = counts or {}
+        self.urls: list[str] = []
+
+    async def __call__(self, pod: str, url: str) -> PodFailures:
+        self.urls.append(url)
+        if pod not in self.counts:
+            return PodFailures(pod, error=f"{url}: unreachable")
+        return PodFailures(pod, counts=dict(self.counts[pod]))
+
+
+def controller(
+    fake: FakeKube, master: FakeMaster | None = None, workers: FakeWorkers | None = None
+) -> Controller:
+    return Controller(
+        fake,  # type: ignore[arg-type]
+        clock=lambda: NOW,
+        read_kvstore=master or FakeMaster(),
+        read_worker=workers or FakeWorkers(),
+    )
 
 
 def make_ready(fake: FakeKube) -> None:

@@ -266,7 +266,7 @@ def test_disaggregated_wiring() -> None:
     kids = children(base(workers=PD))
     prefill = _container(kids["Deployment/f-prefill"], "worker")["command"]
     decode = _container(kids["Deployment/f-decode"], "worker")["command"]
-    assert prefill[:12] == [
+    assert prefill[:14] == [
         "kvretention",
         "worker",
         "--engine",
@@ -277,6 +277,8 @@ def test_disaggregated_wiring() -> None:
         "0.0.0.0",
         "--port",
         "8002",
+        "--metrics-port",
+        "9100",
         "--bootstrap-port",
         "8998",
     ]
@@ -582,6 +584,41 @@ def test_extended_resource_requests_get_an_equal_limit(resources: Body, expected
         pool["resources"] = resources
     deployment = children(base(workers={"aggregated": pool}))["Deployment/f-worker"]
     container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"] == expected
+
+
+SERVICE_PODS = {
+    "frontend": ("frontend", "Deployment/f-frontend"),
+    "router": ("router", "Deployment/f-router"),
+    "master": ("kvStore", "Deployment/f-mooncake"),
+}
+
+
+def _service_spec(component: str, resources: Body) -> Body:
+    field, _ = SERVICE_PODS[component]
+    if component == "master":
+        return {field: {"mooncake": {"master": {"resources": resources}}}}
+    return {field: {"resources": resources}}
+
+
+@pytest.mark.parametrize("component", sorted(SERVICE_PODS))
+@pytest.mark.parametrize(
+    ("resources", "expected"),
+    [
+        (None, {"requests": {"cpu": "100m", "memory": "128Mi"}}),
+        ({"requests": {"cpu": 2}}, {"requests": {"cpu": 2}}),
+        ({"limits": {"memory": "1Gi"}}, {"limits": {"memory": "1Gi"}}),
+    ],
+    ids=["unset-is-never-best-effort", "requests-given", "limits-given"],
+)
+def test_service_pods_request_cpu_unless_the_user_says(
+    component: str, resources: Body | None, expected: Body
+) -> None:
+    """A frontend, router or master that requests nothing would be BestEffort: the last to get
+    CPU on a busy node (probes time out, it leaves its Service), the first evicted."""
+    body = base(**_service_spec(component, resources)) if resources is not None else base()
+    deployment = children(body)[SERVICE_PODS[component][1]]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["resources"] == expected
 
 

@@ -29,6 +29,9 @@ VALID = {
     "hints-required": CASES / "hints-required.yaml",
     "hints-optional": CASES / "hints-optional.yaml",
     "no-hints": CASES / "no-hints.yaml",
+    "inference-pool": CASES / "inference-pool.yaml",
+    "gateway-features": CASES / "gateway-features.yaml",
+    "auth": CASES / "auth.yaml",
 }
 INVALID = sorted(p.stem for p in CASES.glob("invalid-*.yaml"))
 

@@ -54,6 +54,14 @@ PD = {"mode": "disaggregated", "prefill": {}, "decode": {}}
             ],
         ),
         (
+            {"workers": {**PD, "bootstrapPort": 8002}},
+            ["spec.workers.bootstrapPort: 8002 is the worker's HTTP port; choose another"],
+        ),
+        (
+            {"workers": {**PD, "bootstrapPort": 9100}},
+            ["spec.workers.bootstrapPort: 9100 is the worker's metrics port; choose another"],
+        ),
+        (
             {"frontend": {"resources": {"requests": {"cpu": 2}, "limits": {"cpu": "1500m"}}}},
             ["spec.frontend.resources: requests.cpu exceeds limits.cpu"],
         ),

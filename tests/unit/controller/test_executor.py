@@ -5,15 +5,28 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import datetime as dt
+import json
 from typing import Any
 
 import pytest
-from fake_kube import NOW, FakeIndices, FakeKube, FakeMaster, fake, load_example, make_ready
+from fake_kube import (
+    NOW,
+    FakeIndices,
+    FakeKube,
+    FakeMaster,
+    FakeWorkers,
+    fake,
+    load_example,
+    make_ready,
+)
 
 from kvretention.api.names import FIELD_MANAGER
 from kvretention.controller import kube as k
 from kvretention.controller.cache import CR_KIND, encode_entry
 from kvretention.controller.executor import Controller
+from kvretention.controller.kvstore_metrics import READ_INTERVAL_SECONDS
+from support.loop_tasks import ended_with_exception, recording_tasks
 
 __all__ = ["fake"]
 
@@ -208,17 +221,7 @@ async def test_no_task_of_a_refused_reconcile_ends_with_an_exception(fake: FakeK
         raise k.ApiError(500, "etcd is sad")
 
     fake.apply = refuse  # type: ignore[method-assign]
-    loop = asyncio.get_running_loop()
-    created: list[asyncio.Task[Any]] = []
-
-    def record(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
-        task = asyncio.Task(coro, loop=loop, **kwargs)
-        created.append(task)
-        return task
-
-    previous = loop.get_task_factory()
-    loop.set_task_factory(record)
-    try:
+    with recording_tasks() as created:
         c = _indexed(fake)
         with pytest.raises(k.RetryLater, match="terminated"):
             await c.reconcile(("ns", "qwen"))
@@ -226,10 +229,33 @@ async def test_no_task_of_a_refused_reconcile_ends_with_an_exception(fake: FakeK
         with pytest.raises(k.ApiError, match="sad"):
             await _indexed(fake).reconcile(("ns", "qwen"))
         await asyncio.sleep(0)
-    finally:
-        loop.set_task_factory(previous)
     assert created
-    assert [t for t in created if t.done() and not t.cancelled() and t.exception()] == []
+    assert ended_with_exception(created) == []
+
+
+async def test_a_failed_reconcile_leaves_no_side_read_running(fake: FakeKube) -> None:
+    """The master's metrics read runs alongside the applies; a reconcile that fails stops it, so
+    nothing of that reconcile is left for kopf to find (and re-raise) when it stops."""
+    fake.put(CR_KIND, load_example("aggregated"))
+    started = asyncio.Event()
+
+    async def hang(url: str, *, now: dt.datetime) -> Any:
+        started.set()
+        await asyncio.Event().wait()
+
+    async def fail_get(*_: Any) -> Any:
+        await started.wait()
+        raise k.ApiError(500, "etcd is sad")
+
+    fake.get_or_none = fail_get  # type: ignore[method-assign]
+    with recording_tasks() as created:
+        c = Controller(fake, clock=lambda: NOW, read_kvstore=hang)  # type: ignore[arg-type]
+        c.bind(FakeIndices(fake))
+        with pytest.raises(k.ApiError, match="sad"):
+            await c.reconcile(("ns", "qwen"))
+        await asyncio.sleep(0)
+    assert started.is_set()
+    assert created and [t for t in created if not t.done()] == []
 
 
 async def test_a_namespace_being_deleted_gets_no_recreate_attempts(fake: FakeKube) -> None:
@@ -280,3 +306,116 @@ async def test_a_status_write_for_a_fleet_deleted_meanwhile_is_no_failure(fake: 
 
     fake.apply = gone  # type: ignore[method-assign]
     assert await _indexed(fake).reconcile(("ns", "qwen")) == "ok"
+
+
+def _worker_pod(name: str, *, ip: str) -> dict[str, Any]:
+    report = {
+        "schema": 1,
+        "sglang_version": "0.5.23",
+        "kv_hints_parameter": True,
+        "dialect": "versioned",
+        "usable_for_hints": True,
+        "retention_plugin": "loaded",
+        "retention_target_problems": [],
+    }
+    probe = {
+        "name": "probe",
+        "state": {"terminated": {"exitCode": 0, "message": json.dumps(report)}},
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "labels": {
+                "app.kubernetes.io/name": "kvretention",
+                "app.kubernetes.io/instance": "qwen",
+                "app.kubernetes.io/component": "worker",
+            },
+        },
+        "status": {
+            "podIP": ip,
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "initContainerStatuses": [probe],
+        },
+    }
+
+
+def _condition(fake: FakeKube, type_: str) -> tuple[str, str, str]:
+    c = next(c for c in fake.cr()["status"]["conditions"] if c["type"] == type_)
+    return c["status"], c["reason"], c["message"]
+
+
+async def test_hook_failures_read_from_the_workers_turn_into_a_condition_and_an_event(
+    fake: FakeKube,
+) -> None:
+    """The workers' counters are read at most every READ_INTERVAL; an increase since the last
+    read is HookFailures (a Warning Event), the counter staying flat is Applied again."""
+    fake.put(CR_KIND, load_example("aggregated"))  # hints.policy Optional
+    fake.put(k.POD, _worker_pod("qwen-worker-a", ip="10.0.0.7"))
+    workers = FakeWorkers({"qwen-worker-a": {"checkpoint": 4}})
+    now = [NOW]
+    c = Controller(fake, clock=lambda: now[0], read_kvstore=FakeMaster(), read_worker=workers)  # type: ignore[arg-type]
+    await _converge(c, fake, "qwen")
+    assert workers.urls == ["http://10.0.0.7:9100/metrics"]  # one read in the interval
+    assert _condition(fake, "RetentionApplied")[:2] == ("True", "Applied")  # a baseline
+    fake.events.clear()
+
+    workers.counts["qwen-worker-a"] = {"checkpoint": 6, "l3_put": 1}
+    await c.reconcile(("ns", "qwen"))
+    assert len(workers.urls) == 1  # not yet: the same reading
+    now[0] += dt.timedelta(seconds=READ_INTERVAL_SECONDS)
+    await c.reconcile(("ns", "qwen"))
+    assert len(workers.urls) == 2
+    status, reason, message = _condition(fake, "RetentionApplied")
+    assert (status, reason) == ("False", "HookFailures")
+    assert "pod qwen-worker-a: checkpoint 2 (KV left unretained), l3_put 1" in message
+    assert _condition(fake, "Ready")[:2] == ("True", "Ready")  # Optional: still serving
+    assert ("Warning", "HookFailures") in fake.events
+
+    now[0] += dt.timedelta(seconds=READ_INTERVAL_SECONDS)
+    await c.reconcile(("ns", "qwen"))
+    assert _condition(fake, "RetentionApplied")[:2] == ("True", "Applied")  # flat: healthy
+
+
+async def test_a_missing_auth_secret_is_named_until_the_frontend_is_ready(fake: FakeKube) -> None:
+    body = load_example("aggregated")
+    body["spec"].setdefault("frontend", {})["auth"] = {"secretRefs": [{"name": "fleet-keys"}]}
+    fake.put(CR_KIND, body)
+    c = Controller(fake, clock=lambda: NOW, read_kvstore=FakeMaster(), read_worker=FakeWorkers())  # type: ignore[arg-type]
+    await c.reconcile(("ns", "qwen"))
+    status, reason, message = _condition(fake, "FrontendReady")
+    assert (status, reason) == ("False", "AuthSecretMissing")
+    assert "Secret fleet-keys not found in namespace ns" in message
+    assert ("GET", "secrets") in fake.reads
+
+    fake.put(k.SECRET, {"metadata": {"name": "fleet-keys", "namespace": "ns"}})
+    await c.reconcile(("ns", "qwen"))
+    assert _condition(fake, "FrontendReady")[1] != "AuthSecretMissing"
+    make_ready(fake)
+    await c.reconcile(("ns", "qwen"))
+    assert _condition(fake, "FrontendReady")[:2] == ("True", "PodsReady")
+    fake.reads.clear()
+    del fake.objects[("secrets", "ns", "fleet-keys")]
+    await c.reconcile(("ns", "qwen"))
+    assert ("GET", "secrets") not in fake.reads  # a ready frontend: no Secret is read
+
+
+async def test_an_unreadable_secret_leaves_the_frontend_reason_alone(fake: FakeKube) -> None:
+    """Without get on Secrets (an older chart's RBAC) the check says nothing."""
+    body = load_example("aggregated")
+    body["spec"].setdefault("frontend", {})["auth"] = {"secretRefs": [{"name": "fleet-keys"}]}
+    fake.put(CR_KIND, body)
+
+    readable = fake.exists
+
+    async def forbidden(kind: k.ResourceKind, ns: str, name: str) -> bool:
+        if name != "fleet-keys":  # the fleet's hop key (test_executor_hop_key.py)
+            return await readable(kind, ns, name)
+        raise k.ApiError(403, "secrets is forbidden", what="GET secrets")
+
+    fake.exists = forbidden  # type: ignore[method-assign]
+    c = Controller(fake, clock=lambda: NOW, read_kvstore=FakeMaster(), read_worker=FakeWorkers())  # type: ignore[arg-type]
+    assert await c.reconcile(("ns", "qwen")) == "ok"
+    assert _condition(fake, "FrontendReady")[1] != "AuthSecretMissing"

@@ -10,6 +10,7 @@ import pytest
 from kvretention.api.models import KvRetentionDeployment, SpecError
 from kvretention.controller.resources import build_children, build_mooncake_client_config
 from kvretention.controller.resources.checks import check_spec
+from kvretention.controller.resources.hop_key import HOP_KEY_VOLUME
 from kvretention.dataplane.frontend.limits import parse_limits, parse_tenant_limits
 
 Body = dict[str, Any]
@@ -89,8 +90,9 @@ def test_the_frontend_mounts_each_secret_and_gets_its_flags(
 ) -> None:
     pod = frontend_pod(auth)
     (container,) = pod["containers"]
-    assert pod.get("volumes", []) == volumes
-    assert container.get("volumeMounts", []) == mounts
+    # the hop key's volume is test_hop_key_secret.py's
+    assert [v for v in pod.get("volumes", []) if v["name"] != HOP_KEY_VOLUME] == volumes
+    assert [m for m in container.get("volumeMounts", []) if m["name"] != HOP_KEY_VOLUME] == mounts
     command = container["command"]
     assert [a for a in command if a.startswith(("--auth", "--tenant"))] == args
     # what the operator renders, the frontend's own parsers accept as the spec says
@@ -178,3 +180,39 @@ def test_frontend_pod_options_may_not_take_the_auth_mounts(pod: Body, problems: 
     without = body(None)
     without["spec"]["frontend"] = {"pod": pod}
     assert check_spec(KvRetentionDeployment.from_k8s(without)) == []
+
+
+@pytest.mark.parametrize(
+    ("replicas", "default", "override"),
+    [
+        (1, "rps=30,burst=12,concurrency=9", "team-a:rps=5"),
+        (3, "rps=10,burst=4,concurrency=3", "team-a:rps=1.66667"),
+        (4, "rps=7.5,burst=3,concurrency=2", "team-a:rps=1.25"),
+        (20, "rps=1.5,burst=1,concurrency=1", "team-a:rps=0.25"),  # each pod keeps at least 1
+        (0, "rps=30,burst=12,concurrency=9", "team-a:rps=5"),  # no pods: nothing to divide
+    ],
+    ids=["one-pod", "three", "four", "more-pods-than-the-limit", "scaled-to-zero"],
+)
+def test_each_frontend_pod_gets_its_share_of_the_fleet_wide_limits(
+    replicas: int, default: str, override: str
+) -> None:
+    """The frontend pods share no state: N pods each enforcing the spec's limits would let a
+    tenant through N times over, so each pod gets the spec's limits divided by N."""
+    auth = {
+        "secretRefs": [{"name": "keys"}],
+        "limits": {"requestsPerSecond": 30, "burst": 12, "concurrency": 9},
+        "tenants": [{"name": "team-a", "requestsPerSecond": 5}],
+    }
+    cr_body = body(auth)
+    cr_body["spec"]["frontend"]["replicas"] = replicas
+    cr = KvRetentionDeployment.from_k8s(cr_body)
+    (deployment,) = [
+        m
+        for m in build_children(cr)
+        if m["kind"] == "Deployment" and m["metadata"]["name"].endswith("-frontend")
+    ]
+    command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert f"--tenant-limits={default}" in command
+    assert f"--tenant-limit={override}" in command
+    parse_limits(default)  # the frontend takes what the operator renders
+    parse_tenant_limits((override,))

@@ -29,10 +29,11 @@ from kvretention.api.models import KIND
 from kvretention.controller import kube as k
 from kvretention.controller.cache import CHILD_INDEXES, CR_KIND, FLEETS_INDEX, PODS_INDEX
 from kvretention.controller.executor import Controller
-from kvretention.controller.handlers import build_registry
-from kvretention.controller.informer import WATCHED, Informers
+from kvretention.controller.informer import WATCHED
 from kvretention.controller.kvstore_metrics import KvStoreReading, KvStoreUsage
-from kvretention.controller.planner import event_type, owner_key
+from kvretention.controller.objects import owner_key
+from kvretention.controller.planner import event_type
+from kvretention.controller.watch import INDEX_IDS, Watches, build_registry
 from kvretention.controller.workqueue import WorkQueue, backoff_delay
 
 __all__ = ["fake"]  # the fixture
@@ -232,6 +233,7 @@ def test_child_watches_are_filtered_by_the_api_server() -> None:
         ("NetworkPolicy", managed),
         ("HorizontalPodAutoscaler", managed),
         ("LeaderWorkerSet", managed),
+        ("InferencePool", managed),
         ("Pod", "app.kubernetes.io/name=kvretention,app.kubernetes.io/instance"),
     }
     # The custom resource itself is watched whole (by kopf): users do not label their fleets.
@@ -381,7 +383,7 @@ def _dry_runs(c: Controller) -> dict[str, float]:
 @pytest.mark.parametrize(
     ("reading", "status", "reason"),
     [
-        (None, "Unknown", "MetricsUnavailable"),
+        (None, "Unknown", "NotMeasured"),  # a first failed read is transient (stale)
         (
             KvStoreReading("2025-01-01T00:00:00Z", usage=KvStoreUsage(100, 80, 8, 1, 3, 30, 1)),
             "True",
@@ -456,7 +458,7 @@ async def test_reads_are_rate_limited_and_an_unchanged_pool_writes_no_status(
     )
 
 
-async def test_a_master_that_stays_unreadable_writes_status_once_whatever_the_error(
+async def test_a_master_that_stays_unreadable_is_stale_then_unavailable_once(
     fake: FakeKube,
 ) -> None:
     body = load_example("disaggregated")
@@ -466,26 +468,74 @@ async def test_a_master_that_stays_unreadable_writes_status_once_whatever_the_er
     url = f"http://{name}-mooncake.ns.svc:9003/metrics"
     master = FakeMaster(KvStoreReading("t0", error=f"{url}: [Errno -2] Name or service not known"))
     c = Controller(fake, clock=lambda: now[0], read_kvstore=master)  # type: ignore[arg-type]
+
+    def budget() -> dict[str, Any]:
+        conditions = fake.cr(name)["status"]["conditions"]
+        return next(x for x in conditions if x["type"] == "RetentionBudget")
+
+    # Right after Ready the Service name may not resolve yet: a note, not a state.
     await c.reconcile(("ns", name))
+    stamp = NOW.strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert (budget()["status"], budget()["reason"]) == ("Unknown", "NotMeasured")
+    assert "Name or service not known" in budget()["message"]
+    assert fake.cr(name)["status"]["kvStore"]["staleSince"] == stamp
+    stale = copy.deepcopy(fake.cr(name)["status"])
+    writes = len(fake.writes)
+    # Retried every 5 s inside the grace period; a changed error writes nothing.
+    for i, error in enumerate(["no answer within 2s", "Connection refused"] * 5):
+        master.reading = KvStoreReading(f"t{i + 1}", error=f"{url}: {error}")
+        now[0] += dt.timedelta(seconds=5)
+        await c.reconcile(("ns", name))
+    assert len(master.urls) == 11
+    assert len(fake.writes) == writes
+    assert fake.cr(name)["status"] == stale
+    # Past the grace period: unavailable, naming the first error, dated from the first failure.
+    now[0] = NOW + dt.timedelta(seconds=61)
+    await c.reconcile(("ns", name))
+    assert (budget()["status"], budget()["reason"]) == ("Unknown", "MetricsUnavailable")
+    assert budget()["message"] == f"{url}: [Errno -2] Name or service not known"
+    assert fake.cr(name)["status"]["kvStore"]["observedAt"] == stamp
+    assert "staleSince" not in fake.cr(name)["status"]["kvStore"]
     first = copy.deepcopy(fake.cr(name)["status"])
     writes = len(fake.writes)
-    for i, error in enumerate(["no answer within 2s", "Connection refused", "no answer within 2s"]):
-        master.reading = KvStoreReading(f"t{i + 1}", error=f"{url}: {error}")
-        now[0] += dt.timedelta(seconds=31)  # due: read again, the error text differs
+    for i, error in enumerate(["no answer within 2s", "Connection refused", "no answer"]):
+        master.reading = KvStoreReading(f"u{i}", error=f"{url}: {error}")
+        now[0] += dt.timedelta(seconds=31)  # back to the normal interval
         await c.reconcile(("ns", name))
-    assert len(master.urls) == 4
     assert len(fake.writes) == writes
     assert fake.cr(name)["status"] == first
-    budget = next(x for x in first["conditions"] if x["type"] == "RetentionBudget")
-    assert (budget["status"], budget["reason"]) == ("Unknown", "MetricsUnavailable")
-    assert budget["message"] == f"{url}: [Errno -2] Name or service not known"
     master.reading = KvStoreReading("t9", usage=KvStoreUsage(100, 80, 8, 1, 3, 30, 1))
     now[0] += dt.timedelta(seconds=31)  # readable again: a new state, written
     await c.reconcile(("ns", name))
     status = fake.cr(name)["status"]
     assert status["kvStore"]["observedAt"] == "t9"
+    assert (budget()["status"], budget()["reason"]) == ("True", "WithinBudget")
+
+
+async def test_a_read_lost_after_numbers_keeps_them_marked_stale(fake: FakeKube) -> None:
+    body = load_example("disaggregated")
+    name = body["metadata"]["name"]
+    fake.put(CR_KIND, body)
+    now = [NOW]
+    master = FakeMaster(KvStoreReading("t0", usage=KvStoreUsage(100, 80, 8, 1, 3, 30, 1)))
+    c = Controller(fake, clock=lambda: now[0], read_kvstore=master)  # type: ignore[arg-type]
+    await c.reconcile(("ns", name))
+    master.reading = KvStoreReading("t1", error="dns")
+    now[0] += dt.timedelta(seconds=31)
+    await c.reconcile(("ns", name))
+    status = fake.cr(name)["status"]
     budget = next(x for x in status["conditions"] if x["type"] == "RetentionBudget")
     assert (budget["status"], budget["reason"]) == ("True", "WithinBudget")
+    assert "stale: the numbers are from t0" in budget["message"]
+    assert status["kvStore"]["pinnedObjects"] == 1
+    assert status["kvStore"]["staleReason"] == "dns"
+    master.reading = KvStoreReading("t2", usage=KvStoreUsage(100, 80, 8, 1, 3, 30, 1))
+    now[0] += dt.timedelta(seconds=5)  # retried at the short interval: recovered
+    await c.reconcile(("ns", name))
+    status = fake.cr(name)["status"]
+    assert len(master.urls) == 3
+    assert "staleSince" not in status["kvStore"]
+    assert status["kvStore"]["observedAt"] == "t0"
 
 
 @pytest.mark.parametrize(
@@ -605,12 +655,12 @@ def test_event_type(condition: dict[str, str], expected: str) -> None:
 
 
 def test_every_watched_kind_fills_an_index_the_reconcile_reads() -> None:
-    from kvretention.controller.handlers import INDEX_IDS
-
     registry = build_registry()
     ids = sorted(str(h.id) for h in registry._indexing.get_all_handlers())
     assert ids == sorted(INDEX_IDS) == [FLEETS_INDEX]
-    informed = Informers.build(FakeKube(), namespaces=("a", "b"), notify=lambda *_: None)
+    c = Controller(FakeKube())
+    watches = Watches.build(FakeKube(), c, namespaces=("a", "b"))
     # the index ids IndexedView reads: every child kind and the pods, across both namespaces
-    assert set(informed.indices()) == {*CHILD_INDEXES, PODS_INDEX}
-    assert len(informed.members) == 2 * len(WATCHED)
+    assert c.children is not None and set(c.children) == {*CHILD_INDEXES, PODS_INDEX}
+    assert len(watches.informers.members) == 2 * len(WATCHED)
+    assert c.synced == watches.informers.wait_synced

@@ -15,7 +15,7 @@ import pytest
 from kvretention.controller import kube as k
 from kvretention.controller.cache import PODS_INDEX, decode_entry
 from kvretention.controller.informer import POD_SELECTOR, Informer, Informers
-from kvretention.controller.planner import Key
+from kvretention.controller.objects import Key
 
 NS = "ns"
 

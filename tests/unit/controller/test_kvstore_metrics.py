@@ -12,20 +12,22 @@ from typing import Any
 
 import pytest
 
-from kvretention.controller.kvstore_client import read_master_metrics
+from kvretention.controller.conditions import Verdict, budget_enforced, check_retention_budget
+from kvretention.controller.kvstore_client import read_master_metrics, read_worker_failures
 from kvretention.controller.kvstore_metrics import (
     REQUIRED,
     KvStoreReading,
     KvStoreUsage,
     MetricsFormatError,
-    keep_unchanged,
     parse_master_metrics,
     parse_usage,
     plan_metrics_read,
+    plan_read_interval,
+    plan_reading,
     reading_from_status,
 )
 from kvretention.controller.metrics import Metrics
-from kvretention.controller.status import Verdict, budget_enforced, check_retention_budget
+from support.loop_tasks import ended_with_exception, recording_tasks
 
 REAL_DUMP = Path(__file__).parents[2] / "fixtures" / "mooncake_master_metrics.prom"
 """A real mooncake_master 0.3.13.post1 /metrics after 8 pinned and 80 pressure writes of 256 KiB
@@ -172,49 +174,155 @@ def test_plan_metrics_read(last_read: dt.datetime | None, due: bool) -> None:
 
 
 EARLIER = "2026-12-01T11:00:00Z"
+GRACE = 60.0
+
+
+def _at(seconds: float) -> dt.datetime:
+    return NOW + dt.timedelta(seconds=seconds)
+
+
+def _stamp(seconds: float) -> str:
+    return _at(seconds).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+STALE = KvStoreReading(EARLIER, usage=usage(), error="dns", stale_since=STAMP)
+"""Numbers read at EARLIER, reads failing since NOW."""
+NEVER_READ = KvStoreReading(STAMP, error="dns", stale_since=STAMP)
+"""Reads failing since NOW, no numbers before."""
 
 
 @pytest.mark.parametrize(
-    ("previous", "current", "expected"),
+    ("previous", "current", "at", "expected"),
     [
-        (None, KvStoreReading(STAMP, usage=usage()), KvStoreReading(STAMP, usage=usage())),
+        (None, KvStoreReading(STAMP, usage=usage()), 0, KvStoreReading(STAMP, usage=usage())),
         (
             KvStoreReading(EARLIER, usage=usage()),
             KvStoreReading(STAMP, usage=usage()),
+            0,
             KvStoreReading(EARLIER, usage=usage()),
         ),
         (
             KvStoreReading(EARLIER, usage=usage()),
             KvStoreReading(STAMP, usage=usage(pinned_keys=21)),
+            0,
             KvStoreReading(STAMP, usage=usage(pinned_keys=21)),
         ),
+        # The first read right after the master became ready: its name does not resolve yet.
+        (None, KvStoreReading(STAMP, error="dns"), 0, NEVER_READ),
+        # A good reading, then a failed read: the numbers stay, marked stale, not unavailable.
         (
-            KvStoreReading(EARLIER, error="down"),
-            KvStoreReading(STAMP, error="down"),
-            KvStoreReading(EARLIER, error="down"),
+            KvStoreReading(EARLIER, usage=usage()),
+            KvStoreReading(STAMP, error="dns"),
+            0,
+            STALE,
         ),
+        # Still failing inside the grace period: unchanged (no status write), the first error kept.
+        (STALE, KvStoreReading(_stamp(55), error="refused"), 55, STALE),
+        (NEVER_READ, KvStoreReading(_stamp(30), error="refused"), 30, NEVER_READ),
+        # Recovered inside the grace period: fresh again, the numbers' own time kept.
+        (
+            STALE,
+            KvStoreReading(_stamp(10), usage=usage()),
+            10,
+            KvStoreReading(EARLIER, usage=usage()),
+        ),
+        (
+            NEVER_READ,
+            KvStoreReading(_stamp(10), usage=usage()),
+            10,
+            KvStoreReading(_stamp(10), usage=usage()),
+        ),
+        # Failing past the grace period: unreadable, dated from the first failure.
+        (
+            STALE,
+            KvStoreReading(_stamp(GRACE), error="refused"),
+            GRACE,
+            KvStoreReading(STAMP, error="dns"),
+        ),
+        (
+            NEVER_READ,
+            KvStoreReading(_stamp(90), error="refused"),
+            90,
+            KvStoreReading(STAMP, error="dns"),
+        ),
+        # A stale mark from the future (the clock jumped back) or not ours: not held forever.
+        (STALE, KvStoreReading(_stamp(-600), error="x"), -600, KvStoreReading(STAMP, error="dns")),
+        (
+            KvStoreReading(EARLIER, usage=usage(), error="dns", stale_since="yesterday"),
+            KvStoreReading(STAMP, error="x"),
+            0,
+            KvStoreReading("yesterday", error="dns"),
+        ),
+        # Unreadable already: one state whatever the error.
         (
             KvStoreReading(EARLIER, error="down: Name or service not known"),
             KvStoreReading(STAMP, error="down: no answer within 2s"),
+            0,
             KvStoreReading(EARLIER, error="down: Name or service not known"),
         ),
         (
             KvStoreReading(EARLIER, error="down"),
             KvStoreReading(STAMP, usage=usage()),
+            0,
             KvStoreReading(STAMP, usage=usage()),
         ),
-        (
-            KvStoreReading(EARLIER, usage=usage()),
-            KvStoreReading(STAMP, error="down"),
-            KvStoreReading(STAMP, error="down"),
-        ),
     ],
-    ids=["first", "same-numbers", "new-numbers", "same-error", "other-error", "recovered", "lost"],
+    ids=[
+        "first",
+        "same-numbers",
+        "new-numbers",
+        "first-read-fails",
+        "lost-after-numbers",
+        "still-failing",
+        "still-failing-never-read",
+        "recovered-same-numbers",
+        "recovered-first-numbers",
+        "past-grace",
+        "past-grace-never-read",
+        "stale-from-the-future",
+        "stale-mark-unparsable",
+        "unreadable-other-error",
+        "unreadable-recovered",
+    ],
 )
-def test_an_unchanged_reading_keeps_its_time(
-    previous: KvStoreReading | None, current: KvStoreReading, expected: KvStoreReading
+def test_a_failed_read_is_stale_until_the_grace_period_passes(
+    previous: KvStoreReading | None, current: KvStoreReading, at: float, expected: KvStoreReading
 ) -> None:
-    assert keep_unchanged(previous, current) == expected
+    assert plan_reading(previous, current, now=_at(at), grace_seconds=GRACE) == expected
+
+
+def test_without_a_grace_period_a_failed_read_is_unreadable_at_once() -> None:
+    current = KvStoreReading(STAMP, error="dns")
+    got = plan_reading(KvStoreReading(EARLIER, usage=usage()), current, now=NOW, grace_seconds=0)
+    assert got == current
+
+
+@pytest.mark.parametrize(
+    ("reading", "interval"),
+    [(None, 30.0), (KvStoreReading(STAMP, usage=usage()), 30.0), (STALE, 5.0), (NEVER_READ, 5.0)],
+    ids=["none", "fresh", "stale", "never-read"],
+)
+def test_a_stale_reading_is_retried_sooner(reading: KvStoreReading | None, interval: float) -> None:
+    assert plan_read_interval(reading) == interval
+
+
+@pytest.mark.parametrize(
+    ("reading", "expected", "says"),
+    [
+        (STALE, ("True", "WithinBudget"), f"stale: the numbers are from {EARLIER}"),
+        (NEVER_READ, ("Unknown", "NotMeasured"), "not been read yet: reads failing since"),
+        (KvStoreReading(STAMP, error="dns"), ("Unknown", "MetricsUnavailable"), "dns"),
+    ],
+    ids=["stale-numbers", "stale-never-read", "unreadable"],
+)
+def test_a_stale_reading_keeps_its_verdict_and_says_so(
+    reading: KvStoreReading, expected: tuple[str, str], says: str
+) -> None:
+    verdict = check_retention_budget(reading, budget=0.5, external=None)
+    assert (verdict.status, verdict.reason) == expected
+    assert says in verdict.message
+    if reading.stale_since is not None:
+        assert f"since {STAMP} (dns)" in verdict.message
 
 
 @pytest.mark.parametrize(
@@ -237,8 +345,31 @@ def test_an_unchanged_reading_keeps_its_time(
             {"kvStore": {"observedAt": STAMP, **usage().to_status(), "objects": "many"}},
             KvStoreReading(STAMP, error="not read"),
         ),
+        (
+            {
+                "kvStore": {
+                    "observedAt": EARLIER,
+                    **usage().to_status(),
+                    "staleSince": STAMP,
+                    "staleReason": "dns",
+                },
+            },
+            STALE,
+        ),
+        (
+            {"kvStore": {"observedAt": STAMP, "staleSince": STAMP, "staleReason": "dns"}},
+            NEVER_READ,
+        ),
     ],
-    ids=["no-status", "never-read", "numbers", "error-from-condition", "tampered"],
+    ids=[
+        "no-status",
+        "never-read",
+        "numbers",
+        "error-from-condition",
+        "tampered",
+        "stale",
+        "stale-never-read",
+    ],
 )
 def test_reading_round_trips_through_status(
     status: dict[str, Any] | None, expected: KvStoreReading | None
@@ -351,6 +482,35 @@ async def test_nothing_listening_is_a_reading_with_an_error() -> None:
     reading = await read_master_metrics("http://127.0.0.1:1/metrics", now=NOW)
     assert reading.observed_at == STAMP
     assert reading.usage is None and "127.0.0.1:1" in (reading.error or "")
+
+
+@pytest.mark.parametrize(
+    ("body", "delay", "promised", "listening"),
+    [
+        (b"master_key_count x\n", 0.0, 0, True),
+        (b"master_key_count 1\n", 0.0, 1000, True),
+        (b"master_key_count 1\n", 5.0, 0, True),
+        (b"", 0.0, 0, False),
+    ],
+    ids=["garbage", "cut-short", "slow", "nothing-listening"],
+)
+async def test_no_task_of_a_failed_read_ends_with_an_exception(
+    server: tuple[str, type[_Handler]], body: bytes, delay: float, promised: int, listening: bool
+) -> None:
+    """kopf re-raises, when it stops, the exception of every task in the loop that ended with
+    one, handled or not: a read that failed while SIGTERM was handled made the operator exit 1."""
+    url, handler = server
+    handler.body, handler.delay, handler.promised = body, delay, promised
+    if not listening:
+        url = "http://127.0.0.1:1/metrics"
+    with recording_tasks() as created:
+        reading = await read_master_metrics(url, now=NOW, limit_seconds=0.3)
+        failures = await read_worker_failures("w-0", url, limit_seconds=0.3)
+        await asyncio.sleep(0.5)  # a timed-out thread finishes meanwhile
+    assert reading.error is not None
+    assert failures.error is not None or body  # a worker's parser skips lines it cannot read
+    assert created  # the reads run in tasks: the property below is about them
+    assert ended_with_exception(created) == []
 
 
 @pytest.mark.parametrize(

@@ -12,11 +12,12 @@ from fake_kube import NOW, FakeKube, FakeMaster, fake, load_example, make_ready
 from kvretention.api.models import KvRetentionDeployment, SpecError
 from kvretention.controller import kube as k
 from kvretention.controller.cache import CR_KIND
+from kvretention.controller.conditions import check_workloads
 from kvretention.controller.diagnosis import LEADER_WORKER_SET_MISSING, observe_group_workload
 from kvretention.controller.executor import Controller
 from kvretention.controller.resources import build_children, check_spec
 from kvretention.controller.resources.lws import DIST_INIT_PORT, WORKER_INDEX_LABEL
-from kvretention.controller.status import check_workloads, lws_missing_message
+from kvretention.controller.status import lws_missing_message
 
 __all__ = ["fake"]
 
@@ -191,6 +192,17 @@ def test_only_the_leader_serves_the_workers_http_and_the_other_ranks_report_sgla
         assert rank[probe]["httpGet"] == {"path": "/health", "port": 8002}
 
 
+def test_only_the_leader_declares_a_metrics_port() -> None:
+    """The PodMonitor scrapes the port named ``metrics``: a rank whose worker never serves it
+    (it stays in SGLang's schedulers) declares none, so it is no failing target."""
+    lws = _lws(build_children(_cr(MULTINODE)), "qwen-worker-lws")
+    template = lws["spec"]["leaderWorkerTemplate"]
+    leader = template["leaderTemplate"]["spec"]["containers"][0]
+    rank = template["workerTemplate"]["spec"]["containers"][0]
+    assert [p["name"] for p in leader["ports"]] == ["http", "metrics"]
+    assert [p["name"] for p in rank["ports"]] == ["http"]
+
+
 def test_pools_choose_their_own_nodes_per_replica() -> None:
     cr = _cr(
         {
@@ -330,20 +342,7 @@ async def test_without_the_lws_crd_status_says_so_and_the_rest_of_the_fleet_is_a
     fake: FakeKube,
 ) -> None:
     _multinode_fleet(fake)
-    real_apply, real_list = fake.apply, fake.list
-
-    async def apply(manifest: Any, **kwargs: Any) -> dict[str, Any]:
-        if manifest.get("kind") == "LeaderWorkerSet":
-            raise k.NotFound("/apis/leaderworkerset.x-k8s.io/v1/...")
-        return await real_apply(manifest, **kwargs)
-
-    async def list_(kind: k.ResourceKind, ns: str, **kwargs: Any) -> Any:
-        if kind is k.LEADER_WORKER_SET:
-            raise k.NotFound(kind.collection_path(ns))
-        return await real_list(kind, ns, **kwargs)
-
-    fake.apply = apply  # type: ignore[method-assign]
-    fake.list = list_  # type: ignore[method-assign]
+    fake.unserve(k.LEADER_WORKER_SET)
     c = _controller(fake)
     for _ in range(2):  # the second time with the other children ready
         with pytest.raises(k.RetryLater, match="does not serve LeaderWorkerSet"):

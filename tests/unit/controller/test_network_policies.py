@@ -18,6 +18,13 @@ from kvretention.controller.resources import build_children
 Labels = Mapping[str, str]
 OUTSIDE: Labels = {"app": "somebody-else"}
 MONITORING: Labels = {"app": "prometheus"}
+OPERATOR: Labels = {
+    "app.kubernetes.io/name": "kvretention-operator",
+    "app.kubernetes.io/instance": "kvr",
+    "app.kubernetes.io/component": "operator",
+    "app.kubernetes.io/part-of": "kvretention",
+}
+"""The operator's pod as the chart labels it (tests/chart checks the chart still does)."""
 
 
 def pod(component: str, instance: str = "f") -> Labels:
@@ -40,6 +47,8 @@ def selects(selector: Mapping[str, Any], labels: Labels) -> bool:
 
 def peer_allows(peer: Mapping[str, Any], source: Labels) -> bool:
     if "podSelector" in peer and "namespaceSelector" not in peer:
+        return selects(peer["podSelector"], source)
+    if peer.get("namespaceSelector") == {} and "podSelector" in peer:  # any namespace
         return selects(peer["podSelector"], source)
     return source is MONITORING  # the only other peer the tests configure: metricsFrom
 
@@ -73,6 +82,7 @@ def policies(**spec: Any) -> list[dict[str, Any]]:
 
 PD = {"mode": "disaggregated", "prefill": {}, "decode": {}}
 METRICS = {"metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]}
+GATEWAY = {"clientsFrom": [{"podSelector": {"matchLabels": {"app": "gateway"}}}]}
 
 # (case, spec, source, destination, port, allowed)
 TABLE: list[tuple[str, dict[str, Any], Labels, Labels, int, bool]] = [
@@ -125,13 +135,80 @@ TABLE: list[tuple[str, dict[str, Any], Labels, Labels, int, bool]] = [
         True,
     ),
     ("clients cannot reach prefill", {"workers": PD}, OUTSIDE, pod("worker-prefill"), 8998, False),
+    *[
+        # A scraper reaches the metrics port only, never the port serving /v1/generate (where
+        # only the frontend's signed x-kvr-tenant is taken) nor the client port.
+        (
+            f"monitoring scrapes the {component}{when}",
+            {"networkPolicy": policy},
+            MONITORING,
+            pod(component),
+            9100,
+            True,
+        )
+        for component in ("frontend", "router", "worker")
+        for when, policy in (("", METRICS), (" with clientsFrom", {**METRICS, **GATEWAY}))
+    ],
     (
-        "monitoring scrapes workers",
+        "monitoring cannot call workers",
         {"networkPolicy": METRICS},
         MONITORING,
         pod("worker"),
         8002,
+        False,
+    ),
+    (
+        "monitoring cannot call the router",
+        {"networkPolicy": METRICS},
+        MONITORING,
+        pod("router"),
+        8001,
+        False,
+    ),
+    (
+        "monitoring cannot call prefill workers",
+        {"workers": PD, "networkPolicy": METRICS},
+        MONITORING,
+        pod("worker-prefill"),
+        8002,
+        False,
+    ),
+    (
+        "monitoring is no client when clientsFrom is set",
+        {"networkPolicy": {**METRICS, **GATEWAY}},
+        MONITORING,
+        pod("frontend"),
+        8000,
+        False,
+    ),
+    ("metrics ports closed by default", {}, MONITORING, pod("worker"), 9100, False),
+    ("the operator reads the workers' metrics", {}, OPERATOR, pod("worker"), 9100, True),
+    (
+        "the operator reads a prefill worker's metrics",
+        {"workers": PD},
+        OPERATOR,
+        pod("worker-prefill"),
+        9100,
         True,
+    ),
+    ("the operator reads the master's metrics", {}, OPERATOR, pod("mooncake-master"), 9003, True),
+    ("the operator cannot call a worker", {}, OPERATOR, pod("worker"), 8002, False),
+    (
+        "the operator cannot reach the master's RPC",
+        {},
+        OPERATOR,
+        pod("mooncake-master"),
+        50051,
+        False,
+    ),
+    ("the operator does not read the router's metrics", {}, OPERATOR, pod("router"), 9100, False),
+    (
+        "a pod with only the operator's component label is not the operator",
+        {},
+        {"app.kubernetes.io/component": "operator"},
+        pod("worker"),
+        9100,
+        False,
     ),
     (
         "monitoring scrapes the master",
@@ -148,14 +225,6 @@ TABLE: list[tuple[str, dict[str, Any], Labels, Labels, int, bool]] = [
         pod("mooncake-master"),
         50051,
         False,
-    ),
-    (
-        "monitoring scrapes the router",
-        {"networkPolicy": METRICS},
-        MONITORING,
-        pod("router"),
-        8001,
-        True,
     ),
     (
         "clientsFrom narrows the frontend",
@@ -209,3 +278,18 @@ def test_one_policy_per_deployment(spec: dict[str, Any], expected: set[str]) -> 
     assert {p["metadata"]["name"] for p in policies(**spec)} == expected
     for policy in policies(**spec):
         assert policy["spec"]["policyTypes"] == ["Ingress"]
+
+
+@pytest.mark.parametrize("spec", [{}, {"workers": PD}], ids=["aggregated", "disaggregated"])
+def test_the_scrapers_rule_names_only_the_metrics_port(spec: dict[str, Any]) -> None:
+    """Every rule that lets ``metricsFrom`` in opens the metrics port and nothing else."""
+    metrics_from = METRICS["metricsFrom"]
+    rendered = policies(**spec, networkPolicy=METRICS)
+    ports = {
+        p["metadata"]["name"]: [port["port"] for port in rule["ports"]]
+        for p in rendered
+        for rule in p["spec"]["ingress"]
+        if rule.get("from") == metrics_from
+    }
+    expected = {name: [9100] for name in {p["metadata"]["name"] for p in rendered}}
+    assert ports == {**expected, "f-mooncake": [9003]}

@@ -440,3 +440,36 @@ def test_the_plan_carries_the_masters_metrics_url(example: str, url: str | None)
     plan = plan_fleet(load_example(example))
     assert isinstance(plan, FleetPlan)
     assert plan.master_metrics_url == url
+
+
+@pytest.mark.parametrize(
+    "example", ["aggregated", "disaggregated", "multinode", "external-mooncake", "agents"]
+)
+def test_the_plans_endpoint_and_scale_are_those_of_its_manifests(example: str) -> None:
+    """Status reads the endpoint and the scale from the plan: they name the frontend Service
+    (its first port) and the scaled pool's workload as rendered, and select that pool's pods
+    (a LeaderWorkerSet's leaders only)."""
+    plan = plan_fleet(load_example(example))
+    assert isinstance(plan, FleetPlan)
+    fleet, kids = plan.fleet, {(m["kind"], m["metadata"]["name"]): m for m in plan.desired}
+    assert fleet.endpoint is not None and fleet.scale is not None
+    service = kids[("Service", fleet.endpoint.service)]
+    assert service["metadata"]["labels"]["app.kubernetes.io/component"] == "frontend"
+    port = service["spec"]["ports"][0]["port"]
+    assert fleet.endpoint.url == f"http://{fleet.endpoint.service}.ns.svc:{port}"
+    (pool,) = [
+        m
+        for (kind, name), m in kids.items()
+        if kind in ("Deployment", "LeaderWorkerSet") and name == fleet.scale.workload
+    ]
+    component = pool["metadata"]["labels"]["app.kubernetes.io/component"]
+    scaled = "worker-decode" if plan.cr.spec.workers.mode == "disaggregated" else "worker"
+    assert component == scaled
+    if pool["kind"] == "LeaderWorkerSet":  # its leaders: one pod per replica (a group)
+        leader = pool["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["metadata"]["labels"]
+        keys = [f"app.kubernetes.io/{key}" for key in ("name", "instance", "component")]
+        match = {key: leader[key] for key in keys}
+        match["leaderworkerset.sigs.k8s.io/worker-index"] = "0"
+    else:
+        match = pool["spec"]["selector"]["matchLabels"]
+    assert fleet.scale.selector == ",".join(f"{k}={v}" for k, v in sorted(match.items()))

@@ -9,17 +9,21 @@ from typing import Any
 import pytest
 
 from kvretention.api.models import KvRetentionDeploymentStatus
+from kvretention.api.names import CONDITION_TYPES
 from kvretention.controller.diagnosis import observe_workload
-from kvretention.controller.status import (
-    CONDITION_TYPES,
-    Fleet,
-    Observed,
+from kvretention.controller.probe_reports import (
     PodReport,
     ProbeFailure,
     check_kv_hints,
+    parse_probe_report,
+)
+from kvretention.controller.status import (
+    Endpoint,
+    Fleet,
+    Observed,
+    Scale,
     compute_invalid_status,
     compute_status,
-    parse_probe_report,
     transitions,
 )
 
@@ -111,6 +115,13 @@ DISAGGREGATED = [
 ]
 
 
+WORKER_SELECTOR = "app.kubernetes.io/component=worker,app.kubernetes.io/instance=f"
+DECODE_SELECTOR = "app.kubernetes.io/component=worker-decode,app.kubernetes.io/instance=f"
+FRONTEND = Endpoint(service="f-frontend", url="http://f-frontend.ns.svc:8000")
+"""What the builders say of AGGREGATED's frontend Service (the planner's tests check they agree)."""
+WORKERS = Scale(workload="f-worker", selector=WORKER_SELECTOR)
+
+
 def all_ready(manifests: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     out = {}
     for m in manifests:
@@ -126,6 +137,8 @@ def fleet(
     required: bool = True,
     external: str | None = None,
     generation: int = 1,
+    endpoint: Endpoint | None = FRONTEND,
+    scale: Scale | None = WORKERS,
 ) -> Fleet:
     return Fleet(
         name="f",
@@ -134,6 +147,8 @@ def fleet(
         hints_required=required,
         desired=desired,
         kvstore_external=external,
+        endpoint=endpoint,
+        scale=scale,
     )
 
 
@@ -357,18 +372,18 @@ def test_counts_endpoint_engine_and_scale() -> None:
         "mooncakeImportable": True,
     }
     assert status["replicas"] == 2
-    assert status["selector"] == "app.kubernetes.io/component=worker,app.kubernetes.io/instance=f"
+    assert status["selector"] == WORKER_SELECTOR
 
 
 def test_scale_targets_the_decode_pool_when_disaggregated() -> None:
     status = compute_status(
-        fleet(DISAGGREGATED, external="m:1"),
+        fleet(DISAGGREGATED, external="m:1", scale=Scale("f-decode", DECODE_SELECTOR)),
         Observed(deployments=all_ready(DISAGGREGATED)),
         previous=None,
         now=T0,
     )
     assert status["replicas"] == 3
-    assert "worker-decode" in status["selector"]
+    assert status["selector"] == DECODE_SELECTOR
     workers = status["workers"]
     assert {k: workers[k] for k in ("ready", "desired", "updated", "available")} == {
         "ready": 4,
@@ -517,3 +532,21 @@ def test_mooncake_import_failure_is_named_in_the_message() -> None:
     verdict = check_kv_hints([parsed])
     assert verdict.status == "True"
     assert "mooncake.store does not import in pod f-worker-a: no libcuda" in verdict.message
+
+
+@pytest.mark.parametrize(
+    ("reported", "shown"),
+    [("cpu", "cpu"), ("cuda", "cuda"), ("tpu", None), (None, None)],
+    ids=["cpu", "cuda", "unknown-device", "not-measured"],
+)
+def test_engine_says_where_the_workers_engine_runs(reported: str | None, shown: str | None) -> None:
+    report = {**GOOD_REPORT, "engine_device": reported}
+    pods = [pod("f-worker-a", json.dumps(report))]
+    status = compute_status(
+        fleet(),
+        Observed(deployments=all_ready(AGGREGATED), worker_pods=pods),
+        previous=None,
+        now=T0,
+    )
+    assert status["engine"].get("device") == shown
+    KvRetentionDeploymentStatus.model_validate(status)

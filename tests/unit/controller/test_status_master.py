@@ -14,17 +14,10 @@ from typing import Any
 import pytest
 
 from kvretention.api.models import KvRetentionDeploymentStatus
+from kvretention.controller.conditions import MASTER_RESTARTING, Verdict, check_kvstore
 from kvretention.controller.diagnosis import observe_workload
 from kvretention.controller.planner import event_type
-from kvretention.controller.status import (
-    MASTER_RESTARTING,
-    Fleet,
-    Observed,
-    Verdict,
-    check_kvstore,
-    compute_status,
-    transitions,
-)
+from kvretention.controller.status import Fleet, Observed, compute_status, transitions
 
 T0 = dt.datetime(2025, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
 COMPONENT = "app.kubernetes.io/component"

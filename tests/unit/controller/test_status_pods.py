@@ -13,15 +13,9 @@ from typing import Any
 import pytest
 
 from kvretention.api.models import KvRetentionDeploymentStatus
+from kvretention.controller.conditions import PROBLEM_REASONS
 from kvretention.controller.diagnosis import diagnose_pods
-from kvretention.controller.status import (
-    PROBLEM_REASONS,
-    Fleet,
-    Observed,
-    compute_status,
-    is_problem,
-    transitions,
-)
+from kvretention.controller.status import Fleet, Observed, compute_status, is_problem, transitions
 
 T0 = dt.datetime(2025, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
 T1 = T0 + dt.timedelta(minutes=1)

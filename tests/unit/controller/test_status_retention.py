@@ -11,16 +11,11 @@ from typing import Any
 import pytest
 
 from kvretention.api.models import KvRetentionDeploymentStatus
+from kvretention.controller.conditions import PROBLEM_REASONS
+from kvretention.controller.probe_reports import check_retention_applied, parse_probe_report
 from kvretention.controller.resources.sglang_args import RetentionWiring
-from kvretention.controller.status import (
-    PROBLEM_REASONS,
-    Fleet,
-    Observed,
-    check_retention_applied,
-    compute_status,
-    parse_probe_report,
-    transitions,
-)
+from kvretention.controller.status import Fleet, Observed, compute_status, transitions
+from kvretention.controller.worker_metrics import HookIncrease
 
 T0 = dt.datetime(2025, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
 T1 = T0 + dt.timedelta(minutes=5)
@@ -333,3 +328,90 @@ def test_kvstore_status_says_whether_the_budget_is_enforced_or_observed(
     )
     assert status["kvStore"].get("budgetEnforced") == enforced
     KvRetentionDeploymentStatus.model_validate(status)
+
+
+CHECKPOINT_FAILED = (HookIncrease("f-worker-0", "checkpoint", 2),)
+
+
+@pytest.mark.parametrize(
+    ("wiring", "required", "reports", "failures", "ready", "retention"),
+    [
+        (
+            HINTS_ON,
+            False,
+            [LOADED],
+            CHECKPOINT_FAILED,
+            ("True", "Ready"),
+            ("False", "HookFailures"),
+        ),
+        (
+            HINTS_ON,
+            True,
+            [LOADED],
+            CHECKPOINT_FAILED,
+            ("False", "HookFailures"),
+            ("False", "HookFailures"),
+        ),
+        # Flat counters (no increase since the last reading): applied again.
+        (HINTS_ON, False, [LOADED], (), ("True", "Ready"), ("True", "Applied")),
+        # A plugin that is not applied says so first: its failures are beside the point.
+        (
+            HINTS_ON,
+            False,
+            [NOT_INSTALLED],
+            CHECKPOINT_FAILED,
+            ("True", "Ready"),
+            ("False", "TransportOnly"),
+        ),
+        (HINTS_OFF, False, [LOADED], CHECKPOINT_FAILED, ("True", "Ready"), ("False", "HintsOff")),
+    ],
+    ids=["optional", "required", "flat", "not-applied-first", "hints-off"],
+)
+def test_hook_failures_since_the_last_reading(
+    wiring: RetentionWiring,
+    required: bool,
+    reports: list[dict[str, Any]],
+    failures: tuple[HookIncrease, ...],
+    ready: tuple[str, str],
+    retention: tuple[str, str],
+) -> None:
+    observed = Observed(deployments=ALL_READY, worker_pods=pods(*reports), hook_failures=failures)
+    status = compute_status(fleet(wiring, required=required), observed, previous=None, now=T0)
+    got = conditions(status)
+    assert got["Ready"] == ready
+    assert got["RetentionApplied"] == retention
+    KvRetentionDeploymentStatus.model_validate(status)
+
+
+def test_hook_failures_name_pods_and_hooks_and_warn_once() -> None:
+    failing = Observed(
+        deployments=ALL_READY,
+        worker_pods=pods(LOADED, LOADED),
+        hook_failures=(
+            HookIncrease("f-worker-0", "checkpoint", 2),
+            HookIncrease("f-worker-1", "l3_put", 1),
+        ),
+    )
+    healthy = Observed(deployments=ALL_READY, worker_pods=pods(LOADED, LOADED))
+    budgeted = replace(fleet(HINTS_ON, required=False), retention_budget=0.5)
+    first = compute_status(budgeted, healthy, previous=None, now=T0)
+    failed = compute_status(budgeted, failing, previous=first, now=T1)
+    applied = next(c for c in failed["conditions"] if c["type"] == "RetentionApplied")
+    assert "pod f-worker-0: checkpoint 2 (KV left unretained)" in applied["message"]
+    assert "pod f-worker-1: l3_put 1 (pages written unpinned)" in applied["message"]
+    ready = next(c for c in failed["conditions"] if c["type"] == "Ready")
+    assert ready["message"].endswith("(RetentionApplied HookFailures)")
+    assert [(c["type"], c["reason"]) for c in transitions(first, failed)] == [
+        ("RetentionApplied", "HookFailures")
+    ]
+    # The budget stays enforced: the plugin is wired and loaded, its guard only fell back.
+    assert failed["kvStore"]["budgetEnforced"] is True
+    again = compute_status(budgeted, healthy, previous=failed, now=T1)
+    assert conditions(again)["RetentionApplied"] == ("True", "Applied")
+    assert [(c["type"], c["reason"]) for c in transitions(failed, again)] == [
+        ("RetentionApplied", "Applied")
+    ]
+
+
+def test_hook_failures_warn() -> None:
+    assert "HookFailures" in PROBLEM_REASONS

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kvretention.dataplane.frontend.anthropic_api import (
+from kvretention.dataplane.frontend.anthropic import (
     MessagesStream,
     messages_response,
     parse_messages,

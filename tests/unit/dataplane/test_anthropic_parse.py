@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from kvretention.dataplane.breakpoints import find_markers
-from kvretention.dataplane.frontend.anthropic_api import (
+from kvretention.dataplane.frontend.anthropic import (
     NO_OPS,
     REFUSED,
     parse_count_tokens,
@@ -254,7 +254,6 @@ _TEXT = {"type": "text", "text": "hi"}
 IGNORED = [
     # (fields, the ignored field's label): accepted, counted, and the request is otherwise the same
     ({"frobnicate": 1}, "frobnicate"),
-    ({"safeguards": [{"type": "dangerous_tool_use", "classifier_context": "x"}]}, "safeguards"),
     ({"diagnostics": {"cache_miss": True}}, "diagnostics"),
     ({"fallbacks": [{"model": "other"}]}, "fallbacks"),
     ({"tools": [{**WEATHER, "nope": 1}]}, "tools.*.nope"),
@@ -291,9 +290,7 @@ def test_unknown_keys_are_ignored_and_counted(fields: dict[str, Any], label: str
     parsed = parse_messages(body(**fields))
     assert parsed.ignored == (label,)
     without = {
-        k: v
-        for k, v in fields.items()
-        if k not in ("frobnicate", "safeguards", "diagnostics", "fallbacks")
+        k: v for k, v in fields.items() if k not in ("frobnicate", "diagnostics", "fallbacks")
     }
     plain = parse_messages(body(**without)) if without != fields else None
     if plain is not None and "output_config" not in label:

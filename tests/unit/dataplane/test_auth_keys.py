@@ -2,17 +2,32 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import click
 import pytest
+from prometheus_client import CollectorRegistry
 
+from kvretention.common.tenancy import (
+    TenantIsolationUnavailable,
+    cache_salt_for,
+    engine_kwargs,
+    scoped_chain,
+    scoped_session,
+    tenant_of_headers,
+    tenant_of_salt,
+    valid_tenant,
+)
 from kvretention.dataplane.frontend.auth import (
+    AuthMetrics,
     KeysError,
     KeyStore,
     load_keys,
     parse_key_lines,
     presented_keys,
+    usable_keys,
 )
 from kvretention.dataplane.frontend.cli import build_gate
 from kvretention.dataplane.frontend.errors import Provider
@@ -24,68 +39,136 @@ from kvretention.dataplane.frontend.limits import (
     parse_limits,
     parse_tenant_limits,
 )
-from kvretention.dataplane.tenancy import (
-    TenantIsolationUnavailable,
-    cache_salt_for,
-    engine_kwargs,
-    scoped_chain,
-    scoped_session,
-    tenant_of_headers,
-    tenant_of_salt,
-    valid_tenant,
-)
 
 KEY = "sk-0123456789abcdef"
 
 
-def _dir(root: Path, files: dict[str, str]) -> Path:
+def _dir(root: Path, files: Mapping[str, str | bytes]) -> Path:
     root.mkdir(parents=True, exist_ok=True)
+    for old in root.iterdir():
+        old.unlink()
     for name, text in files.items():
-        (root / name).write_text(text)
+        (root / name).write_bytes(text if isinstance(text, bytes) else text.encode())
     return root
 
 
+OTHER = "sk-ffffffffffffffff"
+
+
 @pytest.mark.parametrize(
-    ("files", "problem"),
+    ("files", "problem", "tenants"),
     [
-        pytest.param({"Team-A": KEY}, "not a tenant name", id="upper-case-name"),
-        pytest.param({"a": "short"}, "at least 16", id="short-key"),
-        pytest.param({"a": "sk-has a space-000000"}, "at least 16", id="space-in-key"),
-        pytest.param({"a": KEY, "b": f"# b\n{KEY}\n"}, "also a key of tenant a", id="shared-key"),
+        pytest.param({"Team-A": KEY, "b": OTHER}, "Team-A: the file name is not", {OTHER: "b"}),
+        pytest.param(
+            {"a": f"{KEY}\nshort\n", "b": OTHER},
+            "a line 2: a key is at least 16",
+            {KEY: "a", OTHER: "b"},
+            id="short-key",
+        ),
+        pytest.param(
+            {"a": f"# a\nsk-has a space-000000\n{KEY}"}, "a line 2", {KEY: "a"}, id="space-in-key"
+        ),
+        pytest.param(
+            {"a": b"\xff" + b"sk-aaaaaaaaaaaaaaaa\n" + KEY.encode()},
+            "a line 1",
+            {KEY: "a", "sk-aaaaaaaaaaaaaaaa": None},
+            id="not-utf8-line",
+        ),
+        pytest.param(
+            {"a": KEY, "b": f"# b\n{KEY}\n{OTHER}"},
+            "also a key of tenant a",
+            {KEY: None, OTHER: "b"},
+            id="shared-key-refused-for-both",
+        ),
     ],
 )
-def test_a_key_set_that_cannot_be_used_is_refused_naming_files_not_keys(
-    tmp_path: Path, files: dict[str, str], problem: str
+def test_a_broken_line_is_skipped_and_reported_by_file_and_line_never_by_key(
+    tmp_path: Path, files: dict[str, str | bytes], problem: str, tenants: dict[str, str | None]
 ) -> None:
-    with pytest.raises(KeysError, match=problem) as caught:
-        load_keys([_dir(tmp_path / "k", files)])
+    loaded = load_keys([_dir(tmp_path / "k", files)])
+    [reported] = loaded.problems
+    assert problem in reported
+    for key, tenant in tenants.items():
+        assert loaded.table.tenant_for(key) == tenant
+        assert key not in reported
+
+
+def test_a_set_that_cannot_be_read_is_refused_whole(tmp_path: Path) -> None:
+    with pytest.raises(KeysError, match="cannot list"):
+        usable_keys([tmp_path / "missing"])
+    with pytest.raises(KeysError, match=r"no usable key: .*a line 1") as caught:
+        usable_keys([_dir(tmp_path / "garbled", {"a": "x" * 8 + " " + KEY})])
     assert KEY not in str(caught.value)
+    assert not usable_keys([_dir(tmp_path / "empty", {"a": "# revoked\n"})]).table
 
 
 def test_key_files_comments_blank_lines_hidden_entries_and_several_dirs(tmp_path: Path) -> None:
     one = _dir(tmp_path / "one", {"a": f"# rotating\n\n{KEY}\n  {KEY}-next  \n", ".hidden": KEY})
     (one / "..data").mkdir()
     two = _dir(tmp_path / "two", {"b": "sk-ffffffffffffffff", "a": "sk-aaaaaaaaaaaaaaaa"})
-    table = load_keys([one, two])
+    loaded = load_keys([one, two])
+    assert loaded.problems == ()
+    table = loaded.table
     assert table.tenants == {"a", "b"}
     assert len(table) == 4
     assert table.tenant_for(KEY) == "a"
     assert table.tenant_for(f"{KEY}-next") == "a"
     assert table.tenant_for("sk-aaaaaaaaaaaaaaaa") == "a"
     assert table.tenant_for(KEY[:-1]) is None
-    assert parse_key_lines("#only a comment\n", source="x") == []
+    assert parse_key_lines("#only a comment\n", source="x") == ([], [])
 
 
-def test_a_store_keeps_its_keys_when_the_new_set_is_broken(tmp_path: Path) -> None:
+def _reload_metrics(store: KeyStore) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    store.metrics = AuthMetrics(registry)
+    return registry
+
+
+def test_a_reload_removes_a_key_though_another_line_is_malformed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Finding 9 of issue 31: one malformed line anywhere refused the whole update, so a key the
+    update removed kept working. Now the removal applies and the line is reported."""
+    root = _dir(tmp_path / "k", {"a": f"{KEY}\n{KEY}-old\n", "b": OTHER})
+    store = KeyStore([root])
+    registry = _reload_metrics(store)
+    _dir(root, {"a": KEY, "b": f"{OTHER}\n# next\nnot a key\n"})
+    assert store.refresh()
+    assert store.table.tenant_for(f"{KEY}-old") is None
+    assert store.table.tenant_for(KEY) == "a" and store.table.tenant_for(OTHER) == "b"
+    assert registry.get_sample_value("kvretention_frontend_auth_key_problems") == 1
+    assert registry.get_sample_value("kvretention_frontend_auth_reloads_total", {"outcome": "ok"})
+    assert f"{root / 'b'} line 3" in caplog.text
+    assert "not a key" not in caplog.text and KEY not in caplog.text
+    _dir(root, {"b": OTHER})
+    assert store.refresh()
+    assert registry.get_sample_value("kvretention_frontend_auth_key_problems") == 0
+
+
+def test_a_store_keeps_its_keys_when_the_new_set_cannot_be_read(tmp_path: Path) -> None:
     root = _dir(tmp_path / "k", {"a": KEY})
     store = KeyStore([root])
+    registry = _reload_metrics(store)
     assert not store.refresh()  # nothing changed
-    (root / "b").write_text(KEY)  # now shared by a and b
+    (root / "a").write_text("garbled whole\n")
     assert not store.refresh()
     assert store.table.tenant_for(KEY) == "a"
-    (root / "b").write_text("sk-bbbbbbbbbbbbbbbb")
+    (root / "a").chmod(0)
+    if not os.access(root / "a", os.R_OK):  # root reads it anyway
+        assert not store.refresh()
+        assert store.table.tenant_for(KEY) == "a"
+    (root / "a").chmod(0o600)
+    assert registry.get_sample_value(
+        "kvretention_frontend_auth_reloads_total", {"outcome": "error"}
+    )
+    (root / "b").write_text(KEY)  # now shared by a and b: refused for both
+    (root / "a").write_text(f"{KEY}\n{KEY}-a2")
     assert store.refresh()
-    assert store.table.tenant_for("sk-bbbbbbbbbbbbbbbb") == "b"
+    assert store.table.tenant_for(KEY) is None
+    assert store.table.tenant_for(f"{KEY}-a2") == "a"
+    (root / "b").write_text(OTHER)
+    assert store.refresh()
+    assert store.table.tenant_for(KEY) == "a" and store.table.tenant_for(OTHER) == "b"
 
 
 @pytest.mark.parametrize(
@@ -183,3 +266,35 @@ def test_engine_kwargs_need_an_engine_with_cache_salt() -> None:
     assert engine_kwargs("a", _with_salt) == {"cache_salt": cache_salt_for("a")}
     with pytest.raises(TenantIsolationUnavailable):
         engine_kwargs("a", _without_salt)
+
+
+def test_each_pod_exports_the_limits_it_enforces(tmp_path: Path) -> None:
+    """The operator renders each frontend pod its share of the fleet's limits; the pod says which
+    (``kvretention_frontend_tenant_limit``) so N pods' shares can be summed against the spec."""
+    from aiohttp import web
+    from prometheus_client import CollectorRegistry
+
+    gate = build_gate(
+        (_dir(tmp_path / "ok", {"a": KEY, "b": KEY + "-b"}),),
+        reload_s=1,
+        default_limits="rps=2.5,concurrency=3",
+        overrides=("a:rps=10,burst=4",),
+    )
+    assert gate is not None
+    registry = CollectorRegistry()
+    gate.install(
+        web.Application(),
+        registry=registry,
+        respond=lambda *_: web.Response(),  # type: ignore[arg-type,return-value]
+        provider_for=lambda _: "openai",  # type: ignore[arg-type,return-value]
+    )
+
+    def limit(tenant: str, name: str) -> float | None:
+        labels = {"tenant": tenant, "limit": name}
+        return registry.get_sample_value("kvretention_frontend_tenant_limit", labels)
+
+    assert limit("*", "requests_per_second") == 2.5
+    assert limit("*", "burst") == 3  # the rate rounded up: the default bucket
+    assert limit("*", "concurrency") == 3
+    assert limit("a", "requests_per_second") == 10 and limit("a", "burst") == 4
+    assert limit("a", "concurrency") is None  # an override's unset field: unlimited

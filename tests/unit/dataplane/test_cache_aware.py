@@ -15,6 +15,7 @@ from kvretention.dataplane.frontend.affinity import (
 )
 from kvretention.dataplane.protocol import (
     DEFAULT_SESSION_KEYS,
+    MAX_PREFIX_HASHES,
     ChatMessage,
     TextPart,
     ToolDefinition,
@@ -225,6 +226,21 @@ def test_prefix_chain_of_a_long_conversation_keeps_stable_positions() -> None:
     # 201 blocks: the first 32, then 32, 40, ..., 200 (which is also the last)
     assert len(long) == FULL_CHAIN_BLOCKS + len(range(FULL_CHAIN_BLOCKS, 201, CHAIN_STRIDE)) == 54
     assert long[:-1] == longer[: len(long) - 1]  # every sampled position but the last is shared
+
+
+@pytest.mark.parametrize("turns", [1_800, 2_000, 5_000])
+def test_prefix_chain_of_a_very_long_conversation_fits_the_routers_header_limit(
+    turns: int,
+) -> None:
+    """From ~3,600 blocks the whole chain would pass the 8,190 bytes a header may have (the
+    router refused it: a 502 the SDKs retried); the capped chain still places the next turn."""
+    chain = prefix_chain(_conversation(turns), TOOLS)
+    following = prefix_chain(_conversation(turns + 1), TOOLS)
+    assert len(chain) <= MAX_PREFIX_HASHES
+    assert len(",".join(chain)) <= 8190
+    assert parse_prefix_header(",".join(chain)) == chain
+    assert chain[:-1] == following[: len(chain) - 1]  # the next turn matches the served worker
+    assert chain[-1] != following[-1]  # and the last hash is still the whole conversation's
 
 
 def test_prefix_chain_of_the_same_message_objects_follows_their_prefix() -> None:

@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 
 from kvretention.dataplane.frontend.affinity import drop_billing_header
-from kvretention.dataplane.frontend.anthropic_api import parse_messages
-from kvretention.dataplane.frontend.app import FrontendConfig, apply_hint_policy
-from kvretention.dataplane.frontend.openai_chat import parse_chat
-from kvretention.dataplane.frontend.openai_responses import parse_responses
+from kvretention.dataplane.frontend.anthropic import parse_messages
+from kvretention.dataplane.frontend.config import FrontendConfig
+from kvretention.dataplane.frontend.openai.chat_request import parse_chat
+from kvretention.dataplane.frontend.openai.responses_request import parse_responses
+from kvretention.dataplane.frontend.prepare import apply_hint_policy
 
 USER = [{"role": "user", "content": "hi"}]
 BILLING = {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.0.14; cch=ab12c;"}

@@ -12,13 +12,13 @@ from typing import Any, Final
 
 import pytest
 
-from kvretention.dataplane.frontend import app as frontend_app
+from kvretention.dataplane.frontend import body as frontend_body
 from kvretention.dataplane.frontend import compat
-from kvretention.dataplane.frontend.anthropic_api import parse_messages
-from kvretention.dataplane.frontend.app import ITEMWISE_BYTES, decode_json_body
+from kvretention.dataplane.frontend.anthropic import parse_messages
+from kvretention.dataplane.frontend.body import ITEMWISE_BYTES, decode_json_body
 from kvretention.dataplane.frontend.common import ParsedRequest
 from kvretention.dataplane.frontend.errors import FrontendError
-from kvretention.dataplane.frontend.openai_api import parse_chat, parse_responses
+from kvretention.dataplane.frontend.openai import parse_chat, parse_responses
 from kvretention.dataplane.frontend.resume import CONTROL_KEY, Resumer, encode_items
 from support.agent_sessions import claude_code_session, codex_session
 
@@ -164,7 +164,7 @@ def _decoded(raw: bytes, resumer: Resumer) -> str | None:
 def test_each_turn_decodes_and_parses_as_a_full_decode(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(frontend_app, "ITEMWISE_BYTES", 0)  # the sessions are 5-40 KB
+    monkeypatch.setattr(frontend_body, "ITEMWISE_BYTES", 0)  # the sessions are 5-40 KB
     parse, session = SESSIONS[name]
     resumer = Resumer()
     bodies = [json.dumps(b).encode() for b in session()]

@@ -8,7 +8,7 @@ from typing import Any, Final
 
 import pytest
 
-from kvretention.dataplane.frontend.app import decode_json_body
+from kvretention.dataplane.frontend.body import decode_json_body
 from kvretention.dataplane.frontend.errors import FrontendError
 
 BODIES: Final[dict[str, bytes]] = {

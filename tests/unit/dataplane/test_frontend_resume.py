@@ -16,9 +16,9 @@ from typing import Any, Final
 
 import pytest
 
-from kvretention.dataplane.frontend.anthropic_api import parse_messages
+from kvretention.dataplane.frontend.anthropic import parse_messages
 from kvretention.dataplane.frontend.common import ParsedRequest
-from kvretention.dataplane.frontend.openai_api import parse_chat, parse_responses
+from kvretention.dataplane.frontend.openai import parse_chat, parse_responses
 from kvretention.dataplane.frontend.resume import Resumer
 from kvretention.hints.errors import ClientError
 from support.agent_sessions import claude_code_session, codex_session
@@ -245,3 +245,24 @@ def test_conversations_remembered_are_bounded() -> None:
     resumed = resumer.resumed_items
     parse_chat(body, resumer=resumer)  # the newest is still there
     assert resumer.resumed_items > resumed
+
+
+def test_growing_conversations_round_robin_each_hold_one_entry() -> None:
+    """Claude Code moves its newest breakpoint, so each turn rewrites the last turn's last
+    item; the new turn still supersedes the last one. As many conversations as the memory holds,
+    served in turn (as concurrent clients are), each resume every turn after their first."""
+    capacity = 4
+    resumer = Resumer(capacity=capacity)
+    sessions = [claude_code_session(turns=6, marker=f"agent {n}")[1:] for n in range(capacity)]
+    for turn in range(6):
+        resumed = resumer.resumed_items
+        for session in sessions:
+            body = session[turn][1]
+            parsed = parse_messages(copy.deepcopy(body), resumer=resumer)
+            assert parsed == parse_messages(copy.deepcopy(body))
+        assert len(resumer) == capacity
+        if turn:  # every conversation resumed its last turn
+            assert (
+                resumer.resumed_items - resumed
+                >= capacity * len(session[turn - 1][1]["messages"]) - capacity * 2
+            )

@@ -12,9 +12,9 @@ import msgspec
 import pytest
 
 from kvretention.dataplane.frontend import affinity
-from kvretention.dataplane.frontend.app import ITEMWISE_BYTES, decode_json_body
+from kvretention.dataplane.frontend.body import ITEMWISE_BYTES, decode_json_body
 from kvretention.dataplane.frontend.errors import FrontendError
-from kvretention.dataplane.frontend.openai_api import parse_chat
+from kvretention.dataplane.frontend.openai import parse_chat
 from kvretention.dataplane.frontend.resume import Resumer
 from kvretention.dataplane.frontend.upstream import router_body
 from kvretention.dataplane.protocol import (
@@ -52,16 +52,17 @@ def _body(turn: int, tools: Any = TOOLS) -> bytes:
 
 
 def _parse(raw: bytes, resumer: Resumer | None, scope: str | None = None) -> tuple[Any, list[str]]:
-    body = decode_json_body(raw, resumer=resumer, scope=scope)
-    parsed = parse_chat(body, resumer=resumer)
+    scoped = None if resumer is None else resumer.scoped(scope)
+    body = decode_json_body(raw, resumer=scoped)
+    parsed = parse_chat(body, resumer=scoped)
     return parsed, list(parsed.ignored)
 
 
 def test_same_tools_bytes_decode_and_parse_once_per_tenant() -> None:
     resumer = Resumer()
-    first = decode_json_body(_body(1), resumer=resumer, scope="a")
-    second = decode_json_body(_body(2), resumer=resumer, scope="a")
-    other = decode_json_body(_body(2), resumer=resumer, scope="b")
+    first = decode_json_body(_body(1), resumer=resumer.scoped("a"))
+    second = decode_json_body(_body(2), resumer=resumer.scoped("a"))
+    other = decode_json_body(_body(2), resumer=resumer.scoped("b"))
     assert first["tools"] is second["tools"]
     assert other["tools"] is not first["tools"]  # another tenant never shares a decoded value
     assert other["tools"] == first["tools"] == json.loads(_body(1))["tools"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from kvretention.dataplane.labelled import Children
-from kvretention.dataplane.router.app import RouterMetrics, RouterState, Worker
+from kvretention.dataplane.router.state import RouterMetrics, RouterState, Worker
 
 
 def test_children_are_the_metrics_own() -> None:

@@ -13,8 +13,8 @@ import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from kvretention.dataplane.frontend.common import Completion
-from kvretention.dataplane.frontend.openai_api import ChatStream, chat_response, parse_chat
-from kvretention.dataplane.frontend.openai_chat import FIELDS, NO_OP, REFUSED
+from kvretention.dataplane.frontend.openai import ChatStream, chat_response, parse_chat
+from kvretention.dataplane.frontend.openai.chat_request import FIELDS, NO_OP, REFUSED
 from kvretention.dataplane.protocol import (
     GenerateChunk,
     ImagePart,

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from kvretention.dataplane.frontend.app import build_preprocessed
 from kvretention.dataplane.frontend.common import ParsedRequest
-from kvretention.dataplane.frontend.openai_api import parse_chat, parse_responses
+from kvretention.dataplane.frontend.openai import parse_chat, parse_responses
+from kvretention.dataplane.frontend.prepare import build_preprocessed
 from kvretention.hints.errors import ClientError
 from support.openai_shapes import codex_body
 

@@ -16,12 +16,12 @@ from pydantic import TypeAdapter
 
 from kvretention.dataplane.frontend.common import Completion
 from kvretention.dataplane.frontend.errors import FrontendError
-from kvretention.dataplane.frontend.openai_api import (
+from kvretention.dataplane.frontend.openai import (
     ResponsesStream,
     parse_responses,
     responses_response,
 )
-from kvretention.dataplane.frontend.openai_responses import FIELDS, NO_OP, REFUSED
+from kvretention.dataplane.frontend.openai.responses_request import FIELDS, NO_OP, REFUSED
 from kvretention.dataplane.protocol import (
     ChatMessage,
     GenerateChunk,

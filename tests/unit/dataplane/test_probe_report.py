@@ -80,6 +80,9 @@ def test_the_printed_report_is_schema_1_with_sorted_keys() -> None:
         "retention_plugin",
         "retention_error",
         "retention_target_problems",
+        "engine_device",
+        "radix_tree_core",
+        "radix_tree_core_kvretain",
     }
     assert text == json.dumps(wire, separators=(",", ":"), sort_keys=True)
     assert wire["schema"] == 1
@@ -305,3 +308,41 @@ def test_skip_retention_reads_as_a_probe_that_predates_it(monkeypatch: pytest.Mo
     done = CliRunner().invoke(probe_cmd, ["--skip-mooncake", "--skip-retention"])
     assert done.exit_code == EXIT_NO_HINTS, done.output
     assert parse_report(done.output.strip()).retention_plugin is None
+
+
+@pytest.mark.parametrize(
+    ("device", "read"),
+    [('"cpu"', "cpu"), ('"cuda"', "cuda"), ('"gpu"', None), ("null", None)],
+)
+def test_the_childs_engine_device_reaches_the_report(device: str, read: str | None) -> None:
+    finding = parse_retention_check(f'{{"state": "loaded", "targets": [], "device": {device}}}')
+    assert finding is not None and finding.device == read
+    report = build_report(sglang_root=None, mooncake_error=None, retention=finding)
+    assert report.engine_device == read
+    assert parse_report(render_report(report)).engine_device == read
+
+
+@pytest.mark.parametrize(
+    ("child", "default", "kvretain"),
+    [
+        ('"state": "loaded", "tree_core": "rust"', "rust", "python"),
+        ('"state": "loaded", "tree_core": "python"', "python", "python"),
+        ('"state": "not_selected", "tree_core": "rust"', "rust", None),
+        ('"state": "loaded", "tree_core": 3', None, None),
+        ('"state": "loaded"', None, None),  # a child that predates the field
+    ],
+    ids=["rust-default", "python-default", "plugin-not-loaded", "not-a-name", "absent"],
+)
+def test_the_childs_tree_core_reaches_the_report(
+    child: str, default: str | None, kvretain: str | None
+) -> None:
+    finding = parse_retention_check(f'{{"targets": [], {child}}}')
+    assert finding is not None
+    report = build_report(sglang_root=None, mooncake_error=None, retention=finding)
+    assert (report.radix_tree_core, report.radix_tree_core_kvretain) == (default, kvretain)
+    assert parse_report(render_report(report)) == report
+
+
+def test_a_report_without_tree_cores_still_parses() -> None:
+    report = parse_report('{"schema": 1, "sglang_installed": true}')
+    assert (report.radix_tree_core, report.radix_tree_core_kvretain) == (None, None)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from kvretention.dataplane.router.app import is_terminal, plan_bootstrap
 from kvretention.dataplane.router.discovery import (
     DiscoveryError,
     build_sources,
@@ -21,6 +20,7 @@ from kvretention.dataplane.router.placement import (
     plan_worker,
     session_of,
 )
+from kvretention.dataplane.router.relay import is_terminal, plan_bootstrap
 
 A, B, C = "http://a:1", "http://b:1", "http://c:1"
 

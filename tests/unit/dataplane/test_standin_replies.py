@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kvretention.dataplane.worker.standin import markers_of, plan_reply
+from kvretention.dataplane.worker.standin_reply import markers_of, plan_reply
 
 BASH = {"name": "Bash", "parameters": {"type": "object", "required": ["command"]}}
 TOOLS = f"<tools>\n{json.dumps({'type': 'function', 'function': BASH})}\n</tools>"

@@ -19,9 +19,10 @@ import pytest
 
 from kvretention.dataplane.breakpoints import plan_retain_directives, resolve_breakpoints
 from kvretention.dataplane.frontend.affinity import drop_billing_header
-from kvretention.dataplane.frontend.anthropic_api import parse_messages
-from kvretention.dataplane.frontend.app import FrontendConfig, apply_hint_policy, build_preprocessed
-from kvretention.dataplane.frontend.openai_chat import parse_chat
+from kvretention.dataplane.frontend.anthropic import parse_messages
+from kvretention.dataplane.frontend.config import FrontendConfig
+from kvretention.dataplane.frontend.openai.chat_request import parse_chat
+from kvretention.dataplane.frontend.prepare import apply_hint_policy, build_preprocessed
 from kvretention.dataplane.protocol import ErrorCode
 from kvretention.dataplane.worker.app import PlannedCall, RequestRejected, plan_call
 from kvretention.dataplane.worker.dialect import Dialect

@@ -274,3 +274,23 @@ def test_sglang_argv_adds_only_missing_role_flags(
 ) -> None:
     argv = build_sglang_argv(passthrough, role=role, bootstrap_port=port, ib_device=device)
     assert argv == expected
+
+
+@pytest.mark.parametrize(
+    ("wanted", "prompt", "context", "sent"),
+    [
+        (128_000, 25_000, 65_536, 40_536),  # Claude Code's budget on a smaller context: cut
+        (100, 25_000, 65_536, 100),  # fits: unchanged
+        (100, 70_000, 65_536, 100),  # the prompt alone is too long: SGLang refuses it
+        (100, 25_000, None, 100),  # the engine does not say its context
+        (None, 25_000, 65_536, None),  # no limit asked
+    ],
+)
+def test_max_new_tokens_fits_what_the_context_leaves(
+    wanted: int | None, prompt: int, context: int | None, sent: int | None
+) -> None:
+    from kvretention.dataplane.worker.call import fit_max_new_tokens
+
+    sampling = {} if wanted is None else {"max_new_tokens": wanted}
+    fitted = fit_max_new_tokens(sampling, prompt_tokens=prompt, context_length=context)
+    assert fitted.get("max_new_tokens") == sent

@@ -180,7 +180,12 @@ def test_message_conversion(
 
 @pytest.mark.parametrize(
     ("arguments", "error"),
-    [("{not json", "valid JSON"), ("[1, 2]", "JSON object"), ('"text"', "JSON object")],
+    [
+        ("{not json", "valid JSON"),
+        ("[1, 2]", "JSON object"),
+        ('"text"', "JSON object"),
+        ('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}", "too deeply"),  # a RecursionError
+    ],
 )
 def test_history_arguments_that_are_not_a_json_object_are_refused(
     arguments: str, error: str

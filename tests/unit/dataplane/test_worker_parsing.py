@@ -18,7 +18,7 @@ from kvretention.dataplane.worker.parsing import (
     plan_output,
     thinking_requested,
 )
-from kvretention.dataplane.worker.standin import plan_reply
+from kvretention.dataplane.worker.standin_reply import plan_reply
 
 WEATHER = {
     "name": "get_weather",

@@ -19,8 +19,9 @@ import pytest
 
 from kvretention.dataplane.chat_template import ConvertedMessages, build_template_input
 from kvretention.dataplane.frontend.affinity import drop_billing_header
-from kvretention.dataplane.frontend.anthropic_api import parse_messages
-from kvretention.dataplane.frontend.app import FrontendConfig, apply_hint_policy, build_preprocessed
+from kvretention.dataplane.frontend.anthropic import parse_messages
+from kvretention.dataplane.frontend.config import FrontendConfig
+from kvretention.dataplane.frontend.prepare import apply_hint_policy, build_preprocessed
 from kvretention.dataplane.protocol import (
     ChatMessage,
     ImagePart,

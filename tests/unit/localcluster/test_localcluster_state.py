@@ -269,4 +269,6 @@ def test_a_closed_port_reads_as_status_zero_so_callers_poll() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    assert request("GET", f"https://127.0.0.1:{port}/readyz", timeout_s=1) == (0, None)
+    status, body = request("GET", f"https://127.0.0.1:{port}/readyz", timeout_s=1)
+    assert status == 0
+    assert "Connection refused" in body, "the error is the body, for a caller's message"

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from kvretention.api.probe_report import ProbeReport, render_report
-from kvretention.controller.status import PodReport, parse_probe_report
+from kvretention.controller.probe_reports import PodReport, parse_probe_report
 from support.probe_status import probe_message, probe_status_patch, report_message
 
 NOW = "2026-01-01T00:00:00Z"
@@ -31,6 +31,7 @@ REPORT: dict[str, Any] = {
     "retention_plugin": "loaded",
     "retention_error": None,
     "retention_target_problems": [],
+    "engine_device": "cpu",
 }
 POD: dict[str, Any] = {
     "metadata": {"name": "qwen-worker-0"},

@@ -483,6 +483,6 @@ def test_a_new_client_reads_the_pool_off_the_write_path(
         assert state.ledger.reserved(time.time()) == expected
     finally:
         l3._CLIENTS.pop(id(store), None)
-        state.ledger.reserved_until = 0.0  # ends the reading thread
+        state.closed.set()  # ends the reading thread
         if readable:
             server.shutdown()

@@ -140,8 +140,11 @@ def test_every_contract_target_has_its_plugin_hook() -> None:
     assert all(callable(fn) and kind in {"AROUND", "AFTER"} for fn, kind in table.values())
 
 
-def test_a_hook_failure_is_logged_and_the_request_served(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_hook_failure_is_logged_and_the_request_served(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from kvretention.retention import plugin
+    from kvretention.retention.failures import FailureCounts
 
     class Broken:
         kv_hints: ClassVar[dict[str, Any]] = {
@@ -162,9 +165,13 @@ def test_a_hook_failure_is_logged_and_the_request_served(caplog: pytest.LogCaptu
         def origin_input_ids(self) -> list[int]:
             raise RuntimeError("SGLang moved this")
 
-    before = plugin.hold_failures
-    plugin._hold_or_log(object(), Broken(), tokens=[1] * 8, leaf=None, is_bigram=False, now=0.0)
-    assert plugin.hold_failures == before + 1
+    counts = FailureCounts()
+    monkeypatch.setattr(plugin, "COUNTS", counts)
+    served = plugin._hold_or_log(
+        object(), Broken(), tokens=[1] * 8, leaf=None, is_bigram=False, now=lambda: 0.0
+    )
+    assert not served
+    assert counts.count("checkpoint") == 2  # the failure, then this read's own
     assert "kv.retain not applied to request broken" in caplog.text
 
 
@@ -175,3 +182,61 @@ def test_writing_a_hold_drops_other_scopes_expired_ones() -> None:
         radix.apply_holds(spans, [Hold(0, 8, 50, 10.0 + i)], scope=f"s{i}", now=float(i))
     assert set(getattr(node, radix.HOLDS_ATTR)) == {f"s{i}" for i in range(90, 100)}
     assert radix.active_hold(node, 99.0) == (50, 109.0)
+
+
+def test_holds_expire_by_a_monotonic_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    monkeypatch.setattr(time, "time", lambda: 4_000_000_000.0)  # the wall clock stepped
+    assert abs(radix.clock() - time.monotonic()) < 5
+
+
+# (holds on a node as (scope, priority, until); its last access; the time ranked at)
+KEY_NODES = [
+    ("unheld, old", [], 1.0, 50.0),
+    ("unheld, recent", [], 2.0**44, 50.0),
+    ("expired hold", [("a", 90, 40.0)], 3.0, 50.0),
+    ("low hold", [(None, 1, 60.0)], 0.0, 50.0),
+    ("low hold, recent", [(None, 1, 60.0)], 2.0**44, 50.0),
+    ("high hold expired, low live", [("a", 90, 40.0), ("b", 5, None)], 7.0, 50.0),
+    ("high hold, no expiry", [("a", 100, None)], 2.0**44 + 1, 50.0),
+]
+
+
+def test_the_eviction_key_orders_as_priority_then_recency() -> None:
+    """One float per node sorts exactly as ``(retained_priority, last_access_time)``, counters
+    up to 2**44 included (the unified tree's is a float counter)."""
+    nodes = []
+    for _, holds, last_access, _ in KEY_NODES:
+        (node,) = chain(8)
+        node.last_access_time = last_access
+        for scope, priority, until in holds:
+            radix.apply_holds(radix.path_spans(node), [Hold(0, 8, priority, until)], scope=scope)
+        nodes.append(node)
+    now = KEY_NODES[0][3]
+    by_key = sorted(nodes, key=lambda n: radix.eviction_key(n, now))
+    by_pair = sorted(nodes, key=lambda n: (radix.retained_priority(n, now), n.last_access_time))
+    assert by_key == by_pair
+    assert [KEY_NODES[nodes.index(n)][0] for n in by_key] == [
+        "unheld, old",
+        "expired hold",
+        "unheld, recent",
+        "low hold",
+        "low hold, recent",
+        "high hold expired, low live",
+        "high hold, no expiry",
+    ]
+
+
+def test_the_rank_summary_follows_releases_and_splits() -> None:
+    (node,) = chain(8)
+    radix.apply_holds(radix.path_spans(node), [Hold(0, 8, 30, 10.0)], scope="a")
+    radix.apply_holds(radix.path_spans(node), [Hold(0, 8, 60, None)], scope="b")
+    assert getattr(node, radix.RANK_ATTR) == ((60, float("inf")), (30, 10.0))
+    parent = Node([0] * 4)
+    radix.copy_holds(node, parent)
+    assert getattr(parent, radix.RANK_ATTR) == getattr(node, radix.RANK_ATTR)
+    radix.apply_holds(radix.path_spans(node), [Hold(0, 8, 0, None)], scope="b")
+    assert getattr(node, radix.RANK_ATTR) == ((30, 10.0),)
+    radix.apply_holds(radix.path_spans(node), [Hold(0, 8, 0, None)], scope="a")
+    assert not hasattr(node, radix.RANK_ATTR) and not hasattr(node, radix.HOLDS_ATTR)

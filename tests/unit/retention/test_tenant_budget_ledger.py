@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvretention.dataplane.tenancy import cache_salt_for
+from kvretention.common.tenancy import cache_salt_for
 from kvretention.retention import l3
 from kvretention.retention.directives import Hold
 from kvretention.retention.l3 import L3Settings, PinLedger, RetainedPages, plan_puts

@@ -20,7 +20,7 @@ import yaml
 
 from kvretention_devtools.localcluster import process
 from kvretention_devtools.localcluster.errors import ClusterError
-from kvretention_devtools.localcluster.httpjson import request
+from kvretention_devtools.localcluster.httpjson import request, write
 from kvretention_devtools.localcluster.realnode import config, host, preflight
 from kvretention_devtools.localcluster.realnode.config import (
     BRIDGE,
@@ -200,21 +200,15 @@ def start_node(
 
     def start(name: str, argv: list[str]) -> None:
         pids[name] = process.spawn(argv, log=layout.log(name))
-        _wait_exec(pids[name], state.binary(name))
         _save(layout, state, pids)
         echo(f"started {name} (pid {pids[name]}, log {layout.log(name)})")
 
     def wait(what: str, check: Callable[[], bool]) -> None:
-        while not check():
-            for name, pid in pids.items():
-                if not process.is_alive(pid, state.binary(name)):
-                    raise ClusterError(
-                        f"{name} exited while waiting for {what}; last lines of "
-                        f"{layout.log(name)}:\n{process.tail(layout.log(name))}"
-                    )
-            if time.monotonic() > deadline:
-                raise ClusterError(f"timed out waiting for {what}; logs in {layout.log('')}")
-            time.sleep(0.3)
+        watched = {
+            name: process.Watched(pid, state.binary(name), layout.log(name))
+            for name, pid in pids.items()
+        }
+        process.wait_until(what, check, watched=watched, deadline=deadline, interval_s=0.3)
 
     start("containerd", [state.binary("containerd"), "--config", str(layout.containerd_config)])
     wait("containerd's socket", lambda: _ctr_ok(layout))
@@ -292,13 +286,16 @@ class _Api:
     def __init__(self, server: str, token: str, ca_pem: bytes) -> None:
         self.server, self.token, self.ca_pem = server, token, ca_pem
 
-    def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        return request(
+    def get(self, path: str) -> tuple[int, Any]:
+        return request("GET", f"{self.server}{path}", token=self.token, ca_pem=self.ca_pem)
+
+    def write(self, method: str, path: str, body: Any) -> tuple[int, Any]:
+        return write(
             method, f"{self.server}{path}", token=self.token, body=body, ca_pem=self.ca_pem
         )
 
     def node_ready(self, name: str) -> bool:
-        status, body = self.call("GET", f"/api/v1/nodes/{name}")
+        status, body = self.get(f"/api/v1/nodes/{name}")
         if status != 200 or not isinstance(body, dict):
             return False
         conditions = body.get("status", {}).get("conditions") or []
@@ -307,7 +304,7 @@ class _Api:
         return ready and not any(t.get("key", "").startswith("node.kubernetes.io/") for t in taints)
 
     def patch_status(self, name: str, patch: list[dict[str, Any]]) -> None:
-        status, body = request(
+        status, body = write(
             "PATCH",
             f"{self.server}/api/v1/nodes/{name}/status",
             token=self.token,
@@ -320,21 +317,11 @@ class _Api:
 
     def apply_endpoints(self, endpoints: dict[str, Any]) -> None:
         path = "/api/v1/namespaces/default/endpoints"
-        status, body = self.call("POST", path, endpoints)
+        status, body = self.write("POST", path, endpoints)
         if status == 409:
-            status, body = self.call("PUT", f"{path}/kubernetes", endpoints)
+            status, body = self.write("PUT", f"{path}/kubernetes", endpoints)
         if status not in (200, 201):
             raise ClusterError(f"writing the kubernetes Endpoints failed ({status}): {body}")
-
-
-def _wait_exec(pid: int, binary: str) -> None:
-    """Until the spawned child runs ``binary`` (before its exec it is still us, and a pid check
-    by name would call it dead), or it has exited."""
-    deadline = time.monotonic() + 5.0
-    while not process.is_alive(pid, binary) and time.monotonic() < deadline:
-        if not Path(f"/proc/{pid}").exists():
-            return
-        time.sleep(0.02)
 
 
 def _kill_pod_processes(layout: NodeLayout, echo: Echo) -> None:

@@ -26,8 +26,10 @@ from kvretention.controller.resources.common import (
     LABEL_INSTANCE,
     LABEL_MANAGED_BY,
     LABEL_NAME,
+    METRICS_PORT,
     WORKER_PORT,
 )
+from kvretention.controller.resources.lws import MAX_LABEL_LENGTH, longest_pod_hostname
 from kvretention.controller.resources.mooncake import (
     CONFIG_MOUNT_DIR,
     CONFIG_PATH_ENV,
@@ -40,7 +42,7 @@ from kvretention.controller.resources.sglang_cli import (
     parse_sglang_args,
     sglang_version,
 )
-from kvretention.controller.resources.workers import worker_roles
+from kvretention.controller.resources.workers import nodes_per_replica, worker_roles
 
 _DNS_SUBDOMAIN: Final = re.compile(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -234,9 +236,11 @@ def check_worker_pod(cr: KvRetentionDeployment) -> list[str]:
     """Spec values the API server would refuse inside a worker pod or Service."""
     problems = []
     workers = cr.spec.workers
-    if workers.mode == "disaggregated" and workers.bootstrap_port == WORKER_PORT:
+    taken = {WORKER_PORT: "HTTP", METRICS_PORT: "metrics"}
+    if workers.mode == "disaggregated" and workers.bootstrap_port in taken:
+        port = workers.bootstrap_port
         problems.append(
-            f"spec.workers.bootstrapPort: {WORKER_PORT} is the worker's HTTP port; choose another"
+            f"spec.workers.bootstrapPort: {port} is the worker's {taken[port]} port; choose another"
         )
     volume = cr.spec.model.volume
     if volume is not None:
@@ -359,11 +363,35 @@ def check_frontend_auth(cr: KvRetentionDeployment) -> list[str]:
     return problems
 
 
+def check_frontend_codex(cr: KvRetentionDeployment) -> list[str]:
+    """With codexInstructions set, the frontend's pod options may not take its volume name or
+    mount over it (a repeated volume name is refused; a mount over the file would hide it)."""
+    from kvretention.controller.resources.frontend import CODEX_MOUNT, CODEX_VOLUME
+
+    options = cr.spec.frontend.pod
+    if cr.spec.frontend.codex_instructions is None or options is None:
+        return []
+    path = "spec.frontend.pod"
+    problems = [
+        f"{path}.volumes[{index}]: the name {CODEX_VOLUME} is used by the operator"
+        for index, volume in enumerate(options.volumes)
+        if volume.get("name") == CODEX_VOLUME
+    ]
+    for index, mount in enumerate(options.volume_mounts):
+        mount_path = mount.get("mountPath")
+        if not isinstance(mount_path, str):
+            continue
+        normal = posixpath.normpath(mount_path).rstrip("/") + "/"
+        if normal.startswith(CODEX_MOUNT + "/") or (CODEX_MOUNT + "/").startswith(normal):
+            problems.append(
+                f"{path}.volumeMounts[{index}]: {mount_path} would hide the codexInstructions "
+                f"mounted at {CODEX_MOUNT}"
+            )
+    return problems
+
+
 def check_multinode_names(cr: KvRetentionDeployment) -> list[str]:
     """A multinode pool's pod names are hostnames: the longest must stay a DNS label."""
-    from kvretention.controller.resources.lws import MAX_LABEL_LENGTH, longest_pod_hostname
-    from kvretention.controller.resources.workers import nodes_per_replica
-
     problems = []
     for role in worker_roles(cr):
         if nodes_per_replica(cr, role) < 2:
@@ -389,6 +417,7 @@ CHECKS: Final[tuple[Callable[[KvRetentionDeployment], list[str]], ...]] = (
     check_worker_pod,
     check_pod_options,
     check_frontend_auth,
+    check_frontend_codex,
     check_multinode_names,
 )
 

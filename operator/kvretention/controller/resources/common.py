@@ -7,6 +7,7 @@ import json
 from typing import Any, Final
 
 from kvretention.api.models import (
+    DEFAULT_SERVICE_REQUESTS,
     KvRetentionDeployment,
     PodOptions,
     ResourceRequirements,
@@ -19,6 +20,7 @@ from kvretention.api.names import LABEL_INSTANCE as LABEL_INSTANCE
 from kvretention.api.names import LABEL_MANAGED_BY as LABEL_MANAGED_BY
 from kvretention.api.names import LABEL_NAME as LABEL_NAME
 from kvretention.ports import FRONTEND_PORT as FRONTEND_PORT
+from kvretention.ports import METRICS_PORT as METRICS_PORT
 from kvretention.ports import ROUTER_PORT as ROUTER_PORT
 from kvretention.ports import WORKER_PORT as WORKER_PORT
 
@@ -114,25 +116,80 @@ def resources_dict(
     return out
 
 
-def http_probes(port: int) -> dict[str, Any]:
-    """Liveness on ``/healthz`` and readiness on ``/readyz``: every kvretention process serves both."""
+def http_probes(
+    port: int, *, health_path: str = HEALTH_PATH, ready_path: str = READY_PATH
+) -> dict[str, Any]:
+    """Liveness on ``/healthz`` and readiness on ``/readyz``: every kvretention process serves both.
+
+    The kubelet's default 1 s timeout is shorter than a Python process's answer on a node whose
+    cores are busy prefilling; a missed probe there would take a serving pod out of its Service
+    (readiness) or restart it (liveness), so each probe has seconds to answer."""
     return {
         "livenessProbe": {
-            "httpGet": {"path": HEALTH_PATH, "port": port},
+            "httpGet": {"path": health_path, "port": port},
             "periodSeconds": 10,
+            "timeoutSeconds": 5,
             "failureThreshold": 3,
         },
         "readinessProbe": {
-            "httpGet": {"path": READY_PATH, "port": port},
+            "httpGet": {"path": ready_path, "port": port},
             "periodSeconds": 5,
+            "timeoutSeconds": 3,
             "failureThreshold": 2,
         },
     }
 
 
+METRICS_PORT_NAME: Final = "metrics"
+"""The container port scrapers use (the chart's PodMonitor names it): ``/metrics`` only."""
+
+
+def metrics_args() -> list[str]:
+    """The frontend's, router's and worker's ``--metrics-port``: ``/metrics`` alone on its own
+    port, the only one ``networkPolicy.metricsFrom`` opens, so a scraper reaches no API route."""
+    return ["--metrics-port", str(METRICS_PORT)]
+
+
+def serve_command(subcommand: str, port: int) -> list[str]:
+    """``kvretention <subcommand>`` listening on every address at ``port``, metrics beside it."""
+    return [CLI, subcommand, "--host", "0.0.0.0", "--port", str(port), *metrics_args()]
+
+
+def metrics_container_port() -> dict[str, Any]:
+    return {"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT, "protocol": "TCP"}
+
+
 def container_security() -> dict[str, Any]:
     """A fresh securityContext per container (manifests never share mutable parts)."""
     return {"allowPrivilegeEscalation": False}
+
+
+def http_container(
+    name: str, image: str, command: list[str], port: int, resources: ResourceRequirements | None
+) -> dict[str, Any]:
+    """The container of a kvretention HTTP process (frontend, router): its port and the metrics
+    port, ``/healthz`` and ``/readyz`` probes, no privilege escalation, and its resources."""
+    container: dict[str, Any] = {
+        "name": name,
+        "image": image,
+        "command": command,
+        "ports": [
+            {"name": "http", "containerPort": port, "protocol": "TCP"},
+            metrics_container_port(),
+        ],
+        **http_probes(port),
+        "securityContext": container_security(),
+    }
+    container["resources"] = service_resources(resources)
+    return container
+
+
+def service_resources(resources: ResourceRequirements | None) -> dict[str, Any]:
+    """A frontend's, router's or master's ``resources``: the user's, else
+    :data:`DEFAULT_SERVICE_REQUESTS` (never BestEffort)."""
+    if resources is None:
+        return {"requests": dict(DEFAULT_SERVICE_REQUESTS)}
+    return resources_dict(resources)
 
 
 def pod_options(cr: KvRetentionDeployment, component: str) -> PodOptions | None:

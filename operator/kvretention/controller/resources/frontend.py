@@ -2,28 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
 
 from kvretention.api.models import KvRetentionDeployment, TenantLimitsSpec
 from kvretention.controller.resources.common import (
-    CLI,
     COMPONENT_FRONTEND,
     FRONTEND_PORT,
     Manifest,
     build_deployment,
     build_service,
     child_name,
-    container_security,
-    http_probes,
-    resources_dict,
+    http_container,
+    serve_command,
     service_host,
 )
+from kvretention.controller.resources.hop_key import build_hop_key_args, build_hop_key_volumes
 from kvretention.controller.resources.router import router_url
 
 FRONTEND_SUFFIX: Final = "frontend"
 AUTH_MOUNT: Final = "/etc/kvretention/auth"
 """Where each auth Secret is mounted in the frontend: ``<AUTH_MOUNT>/<secret name>``."""
 AUTH_VOLUME_PREFIX: Final = "auth-keys-"
+CODEX_MOUNT: Final = "/etc/kvretention/codex"
+"""Where ``spec.frontend.codexInstructions`` is mounted: its key as ``<CODEX_MOUNT>/<CODEX_FILE>``."""
+CODEX_FILE: Final = "instructions"
+CODEX_VOLUME: Final = "codex-instructions"
 
 
 def frontend_endpoint(cr: KvRetentionDeployment) -> str:
@@ -45,27 +48,40 @@ def build_hint_policy_args(cr: KvRetentionDeployment) -> list[str]:
     return args
 
 
-def _limits_arg(limits: TenantLimitsSpec) -> str:
+def _share(count: int, replicas: int) -> int:
+    """One pod's share of a whole-number limit: at most its part of the total, at least 1."""
+    return max(1, count // replicas)
+
+
+def _limits_arg(limits: TenantLimitsSpec, *, replicas: int) -> str:
+    """One frontend pod's limits: the spec's fleet-wide limits divided among ``replicas`` pods.
+
+    The pods share no state, so each enforces its own share; with the Service spreading clients
+    the fleet-wide total is the spec's (less, when a limit is smaller than the replica count and
+    each pod keeps 1)."""
+    n = max(1, replicas)
     parts = []
     if limits.requests_per_second is not None:
-        parts.append(f"rps={limits.requests_per_second:g}")
+        parts.append(f"rps={limits.requests_per_second / n:.6g}")
     if limits.burst is not None:
-        parts.append(f"burst={limits.burst}")
+        parts.append(f"burst={_share(limits.burst, n)}")
     if limits.concurrency is not None:
-        parts.append(f"concurrency={limits.concurrency}")
+        parts.append(f"concurrency={_share(limits.concurrency, n)}")
     return ",".join(parts)
 
 
 def build_auth_args(cr: KvRetentionDeployment) -> list[str]:
-    """``--auth-keys-dir`` per Secret and the tenants' limits; nothing with auth off."""
+    """``--auth-keys-dir`` per Secret and each pod's share of the tenants' limits; nothing with
+    auth off."""
     auth = cr.spec.frontend.auth
     if auth is None:
         return []
+    replicas = cr.spec.frontend.replicas
     args = [f"--auth-keys-dir={AUTH_MOUNT}/{ref.name}" for ref in auth.secret_refs]
-    default = _limits_arg(auth.limits)
+    default = _limits_arg(auth.limits, replicas=replicas)
     if default:
         args.append(f"--tenant-limits={default}")
-    args += [f"--tenant-limit={t.name}:{_limits_arg(t)}" for t in auth.tenants]
+    args += [f"--tenant-limit={t.name}:{_limits_arg(t, replicas=replicas)}" for t in auth.tenants]
     return args
 
 
@@ -84,17 +100,34 @@ def build_auth_volumes(cr: KvRetentionDeployment) -> tuple[list[Manifest], list[
     return volumes, mounts
 
 
+def build_codex_instructions(
+    cr: KvRetentionDeployment,
+) -> tuple[list[str], list[Manifest], list[Manifest]]:
+    """``--codex-instructions-file``, the ConfigMap key it names as a volume (one item: a missing
+    key fails the mount, so the pod never starts without the text) and its mount; nothing when
+    ``spec.frontend.codexInstructions`` is unset."""
+    spec = cr.spec.frontend.codex_instructions
+    if spec is None:
+        return [], [], []
+    ref = spec.config_map_key_ref
+    volume = {
+        "name": CODEX_VOLUME,
+        "configMap": {
+            "name": ref.name,
+            "items": [{"key": ref.key, "path": CODEX_FILE}],
+            "defaultMode": 0o444,
+        },
+    }
+    mount = {"name": CODEX_VOLUME, "mountPath": CODEX_MOUNT, "readOnly": True}
+    return [f"--codex-instructions-file={CODEX_MOUNT}/{CODEX_FILE}"], [volume], [mount]
+
+
 def build_frontend_command(cr: KvRetentionDeployment) -> list[str]:
     aliases = [f"--model-alias={alias}={cr.spec.model.name}" for alias in cr.spec.model.aliases]
     # Comma-separated, in order; an empty value turns session affinity off.
     session = f"--session-keys={','.join(cr.spec.router.session_keys)}"
     return [
-        CLI,
-        "frontend",
-        "--host",
-        "0.0.0.0",
-        "--port",
-        str(FRONTEND_PORT),
+        *serve_command("frontend", FRONTEND_PORT),
         "--router-url",
         router_url(cr),
         "--model",
@@ -106,6 +139,8 @@ def build_frontend_command(cr: KvRetentionDeployment) -> list[str]:
         *aliases,
         session,
         *build_auth_args(cr),
+        *build_hop_key_args(cr),
+        *build_codex_instructions(cr)[0],
     ]
 
 
@@ -113,18 +148,14 @@ def build_frontend(cr: KvRetentionDeployment) -> list[Manifest]:
     """Service + Deployment of the frontend."""
     spec = cr.spec.frontend
     name = child_name(cr, FRONTEND_SUFFIX)
-    container: dict[str, Any] = {
-        "name": "frontend",
-        "image": spec.image,
-        "command": build_frontend_command(cr),
-        "ports": [{"name": "http", "containerPort": FRONTEND_PORT, "protocol": "TCP"}],
-        **http_probes(FRONTEND_PORT),
-        "securityContext": container_security(),
-    }
-    resources = resources_dict(spec.resources)
-    if resources:
-        container["resources"] = resources
+    container = http_container(
+        "frontend", spec.image, build_frontend_command(cr), FRONTEND_PORT, spec.resources
+    )
     volumes, mounts = build_auth_volumes(cr)
+    hop_volumes, hop_mounts = build_hop_key_volumes(cr)
+    volumes, mounts = volumes + hop_volumes, mounts + hop_mounts
+    _, codex_volumes, codex_mounts = build_codex_instructions(cr)
+    volumes, mounts = volumes + codex_volumes, mounts + codex_mounts
     if mounts:
         container["volumeMounts"] = mounts
     service = build_service(

@@ -6,7 +6,8 @@ one per node. Every rank runs the same worker command, probe init container, HiC
 Mooncake wiring, plus SGLang's multinode flags: ``--nnodes``, ``--node-rank`` from the
 ``LWS_WORKER_INDEX`` the LWS controller injects, and ``--dist-init-addr`` at the leader's stable
 address (``LWS_LEADER_ADDRESS``). A non-zero rank runs no HTTP server of ours: SGLang's engine
-serves its own health endpoint there (``--host``/``--port`` below), which the rank's probes read.
+serves its own health endpoint there (``--host``/``--port`` below), which the rank's probes read,
+and the rank declares no metrics port for the PodMonitor to scrape.
 
 The pool's headless Service selects only leaders (``worker-index: 0``), so the router registers
 only them; a group restarts as a whole when any of its pods does (``RecreateGroupOnPodRestart``),
@@ -22,10 +23,12 @@ from typing import Any, Final
 from kvretention.api.models import KvRetentionDeployment
 from kvretention.api.names import Role
 from kvretention.controller.resources.common import (
+    METRICS_PORT_NAME,
     WORKER_PORT,
     Manifest,
     apply_pod_options,
     child_name,
+    http_probes,
     labels,
     object_meta,
     pod_options,
@@ -96,9 +99,13 @@ def _rank_container(cr: KvRetentionDeployment, role: Role, *, leader: bool) -> d
     command = [*build_worker_command(cr, role), *build_multinode_args(cr, role, leader=leader)]
     container = build_worker_container(cr, role, command=command)
     if not leader:
+        # No metrics port: the rank's worker never gets past loading the engine, so nothing
+        # would answer a scrape there.
+        container["ports"] = [p for p in container["ports"] if p["name"] != METRICS_PORT_NAME]
         probe = {"httpGet": {"path": RANK_HEALTH_PATH, "port": WORKER_PORT}}
-        container["livenessProbe"] = {**probe, "periodSeconds": 10, "failureThreshold": 3}
-        container["readinessProbe"] = {**probe, "periodSeconds": 5, "failureThreshold": 2}
+        container.update(
+            http_probes(WORKER_PORT, health_path=RANK_HEALTH_PATH, ready_path=RANK_HEALTH_PATH)
+        )
         container["startupProbe"] = {
             **probe,
             "periodSeconds": STARTUP_PERIOD_SECONDS,

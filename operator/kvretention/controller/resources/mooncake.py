@@ -23,11 +23,11 @@ from kvretention.controller.resources.common import (
     container_security,
     content_hash,
     object_meta,
-    resources_dict,
     service_host,
+    service_resources,
 )
-from kvretention.retention.l3 import SETTINGS_KEY as L3_SETTINGS_KEY
-from kvretention.retention.l3 import L3Settings
+from kvretention.retention.l3_settings import SETTINGS_KEY as L3_SETTINGS_KEY
+from kvretention.retention.l3_settings import L3Settings
 
 MASTER_SUFFIX: Final = "mooncake"
 CONFIG_SUFFIX: Final = "mooncake-config"
@@ -157,17 +157,17 @@ def build_mooncake_master(cr: KvRetentionDeployment) -> list[Manifest]:
         "readinessProbe": {
             "httpGet": {"path": "/metrics", "port": master.metrics_port},
             "periodSeconds": 5,
+            "timeoutSeconds": 3,
         },
         "livenessProbe": {
             "tcpSocket": {"port": master.rpc_port},
             "periodSeconds": 10,
+            "timeoutSeconds": 5,
             "failureThreshold": 3,
         },
         "securityContext": container_security(),
     }
-    resources = resources_dict(master.resources)
-    if resources:
-        container["resources"] = resources
+    container["resources"] = service_resources(master.resources)
     service = build_service(
         cr,
         name=name,

@@ -3,8 +3,13 @@
 clients -> frontend, frontend -> router, router -> workers, workers <-> workers (PD KV transfer and
 Mooncake's transfer engine use ports chosen at run time, so every port between a fleet's workers),
 workers -> the managed Mooncake master (RPC and metadata ports). ``networkPolicy.metricsFrom`` adds
-whoever scrapes ``/metrics``. Policies are ingress-only: egress (DNS, the model hub, an external
-master) is left to the cluster's own policies.
+whoever scrapes ``/metrics``, on the metrics port alone (the frontend's, router's and workers'
+serves nothing else, the master's its own ``--metrics_port``): a scraper reaches no API route, so it
+can neither call the router or a worker as any tenant nor send requests past the frontend's keys.
+The operator itself reads the workers' and the master's metrics ports (retention hook failures,
+the pool's usage), so its pods (by the chart's labels, in any namespace) may reach those two.
+Policies are ingress-only: egress (DNS, the model hub, an external master) is left to the
+cluster's own policies.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from kvretention.api.models import KvRetentionDeployment
+from kvretention.api.names import OPERATOR_POD_LABELS
 from kvretention.controller.resources.common import (
     APP_NAME,
     COMPONENT_FRONTEND,
@@ -21,6 +27,7 @@ from kvretention.controller.resources.common import (
     LABEL_COMPONENT,
     LABEL_INSTANCE,
     LABEL_NAME,
+    METRICS_PORT,
     ROUTER_PORT,
     WORKER_PORT,
     Manifest,
@@ -67,9 +74,18 @@ def _policy(
     }
 
 
-def _metrics(cr: KvRetentionDeployment, port: int) -> list[dict[str, Any]]:
+def _metrics(
+    cr: KvRetentionDeployment, port: int, *, operator: bool = False
+) -> list[dict[str, Any]]:
+    """The metrics port's rules: ``metricsFrom``, and the operator's pods where it reads them."""
+    rules = []
+    if operator:
+        peer = {"namespaceSelector": {}, "podSelector": {"matchLabels": dict(OPERATOR_POD_LABELS)}}
+        rules.append({"from": [peer], "ports": _ports(port)})
     peers = cr.spec.network_policy.metrics_from
-    return [{"from": list(peers), "ports": _ports(port)}] if peers else []
+    if peers:
+        rules.append({"from": list(peers), "ports": _ports(port)})
+    return rules
 
 
 def build_network_policies(cr: KvRetentionDeployment) -> list[Manifest]:
@@ -90,7 +106,7 @@ def build_network_policies(cr: KvRetentionDeployment) -> list[Manifest]:
                         "from": [_pods(cr, *WORKER_COMPONENTS)],
                         "ports": _ports(master.rpc_port, master.metadata_port),
                     },
-                    *_metrics(cr, master.metrics_port),
+                    *_metrics(cr, master.metrics_port, operator=True),
                 ],
             )
         )
@@ -106,7 +122,7 @@ def build_network_policies(cr: KvRetentionDeployment) -> list[Manifest]:
                 ingress=[
                     {"from": [_pods(cr, COMPONENT_ROUTER)], "ports": _ports(*router_ports)},
                     {"from": [_pods(cr, *WORKER_COMPONENTS)]},  # every port: KV transfers
-                    *_metrics(cr, WORKER_PORT),
+                    *_metrics(cr, METRICS_PORT, operator=True),
                 ],
             )
         )
@@ -117,7 +133,7 @@ def build_network_policies(cr: KvRetentionDeployment) -> list[Manifest]:
             component=COMPONENT_ROUTER,
             ingress=[
                 {"from": [_pods(cr, COMPONENT_FRONTEND)], "ports": _ports(ROUTER_PORT)},
-                *_metrics(cr, ROUTER_PORT),
+                *_metrics(cr, METRICS_PORT),
             ],
         )
     )
@@ -130,7 +146,7 @@ def build_network_policies(cr: KvRetentionDeployment) -> list[Manifest]:
             cr,
             name=child_name(cr, FRONTEND_SUFFIX),
             component=COMPONENT_FRONTEND,
-            ingress=[frontend_rule, *(_metrics(cr, FRONTEND_PORT) if clients else [])],
+            ingress=[frontend_rule, *_metrics(cr, METRICS_PORT)],
         )
     )
     return policies

@@ -6,7 +6,6 @@ from typing import Any, Final
 
 from kvretention.api.models import KvRetentionDeployment
 from kvretention.controller.resources.common import (
-    CLI,
     COMPONENT_ROUTER,
     ROUTER_PORT,
     WORKER_PORT,
@@ -14,11 +13,11 @@ from kvretention.controller.resources.common import (
     build_deployment,
     build_service,
     child_name,
-    container_security,
-    http_probes,
-    resources_dict,
+    http_container,
+    serve_command,
     service_host,
 )
+from kvretention.controller.resources.hop_key import build_hop_key_args, build_hop_key_volumes
 from kvretention.controller.resources.workers import ROLE_SUFFIX
 
 ROUTER_SUFFIX: Final = "router"
@@ -34,7 +33,8 @@ ROUTER_POLICY: Final = {"CacheAware": "cache-aware", "LeastOutstanding": "least-
 
 def build_router_command(cr: KvRetentionDeployment) -> list[str]:
     policy = ROUTER_POLICY[cr.spec.router.policy]
-    command = [CLI, "router", "--host", "0.0.0.0", "--port", str(ROUTER_PORT), "--policy", policy]
+    command = serve_command("router", ROUTER_PORT)
+    command += ["--policy", policy, *build_hop_key_args(cr)]
     if cr.spec.workers.mode == "disaggregated":
         command += [
             "--prefill-dns",
@@ -51,17 +51,12 @@ def build_router(cr: KvRetentionDeployment) -> list[Manifest]:
     """Service + Deployment of the router."""
     spec = cr.spec.router
     name = child_name(cr, ROUTER_SUFFIX)
-    container: dict[str, Any] = {
-        "name": "router",
-        "image": spec.image,
-        "command": build_router_command(cr),
-        "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
-        **http_probes(ROUTER_PORT),
-        "securityContext": container_security(),
-    }
-    resources = resources_dict(spec.resources)
-    if resources:
-        container["resources"] = resources
+    container = http_container(
+        "router", spec.image, build_router_command(cr), ROUTER_PORT, spec.resources
+    )
+    volumes, mounts = build_hop_key_volumes(cr)
+    if mounts:
+        container["volumeMounts"] = mounts
     affinity: dict[str, Any] = {"sessionAffinity": spec.session_affinity.type}
     if spec.session_affinity.type == "ClientIP":
         affinity["sessionAffinityConfig"] = {
@@ -79,6 +74,6 @@ def build_router(cr: KvRetentionDeployment) -> list[Manifest]:
         name=name,
         component=COMPONENT_ROUTER,
         replicas=spec.replicas,
-        pod_spec={"containers": [container]},
+        pod_spec={"containers": [container], **({"volumes": volumes} if volumes else {})},
     )
     return [service, deployment]

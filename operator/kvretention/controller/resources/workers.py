@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from kvretention.api.models import STARTUP_ALLOWANCE_SECONDS, KvRetentionDeployment
-from kvretention.api.names import HEALTH_PATH, PROBE_CONTAINER, Role, label_selector
+from kvretention.api.names import HEALTH_PATH, PROBE_CONTAINER, Role
 from kvretention.controller.resources.common import (
     CLI,
     COMPONENT_DECODE,
@@ -26,10 +26,13 @@ from kvretention.controller.resources.common import (
     child_name,
     container_security,
     http_probes,
+    metrics_args,
+    metrics_container_port,
     object_meta,
     resources_dict,
     selector_labels,
 )
+from kvretention.controller.resources.hop_key import build_hop_key_args, build_hop_key_volumes
 from kvretention.controller.resources.mooncake import (
     CONFIG_KEY,
     CONFIG_MOUNT_DIR,
@@ -117,6 +120,7 @@ def build_worker_command(cr: KvRetentionDeployment, role: Role) -> list[str]:
         "0.0.0.0",
         "--port",
         str(WORKER_PORT),
+        *metrics_args(),
     ]
     if role == "prefill":
         command += ["--bootstrap-port", str(cr.spec.workers.bootstrap_port)]
@@ -124,6 +128,9 @@ def build_worker_command(cr: KvRetentionDeployment, role: Role) -> list[str]:
     if role != "aggregated" and transfer.protocol == "rdma" and transfer.device:
         command += ["--ib-device", transfer.device]
     command += ["--drain-seconds", str(cr.spec.workers.drain_seconds)]
+    if cr.spec.workers.planning_threads is not None:
+        command += ["--planning-threads", str(cr.spec.workers.planning_threads)]
+    command += build_hop_key_args(cr)
     return [*command, "--", *build_sglang_args(cr.spec, role=role)]
 
 
@@ -189,7 +196,8 @@ def _volumes(
         )
         volumes.append({"name": "model", **source})
         mounts.append({"name": "model", "mountPath": volume.mount_path, "readOnly": True})
-    return volumes, mounts
+    hop_volumes, hop_mounts = build_hop_key_volumes(cr)
+    return volumes + hop_volumes, mounts + hop_mounts
 
 
 def _env(cr: KvRetentionDeployment, role: Role) -> list[dict[str, Any]]:
@@ -214,7 +222,10 @@ def build_worker_container(
     gpus = pool.tensor_parallel_size // workers.nodes_for(pool)
     gpu_limits = {workers.gpu_resource: gpus} if workers.gpu_resource else {}
     _, mounts = _volumes(cr, role)
-    ports = [{"name": "http", "containerPort": WORKER_PORT, "protocol": "TCP"}]
+    ports = [
+        {"name": "http", "containerPort": WORKER_PORT, "protocol": "TCP"},
+        metrics_container_port(),
+    ]
     if role == "prefill":
         ports.append(
             {"name": "bootstrap", "containerPort": workers.bootstrap_port, "protocol": "TCP"}
@@ -308,26 +319,6 @@ def nodes_per_replica(cr: KvRetentionDeployment, role: Role) -> int:
     return cr.spec.workers.nodes_for(pool_for(cr.spec, role))
 
 
-def build_workers(cr: KvRetentionDeployment) -> list[Manifest]:
-    """Each pool: Deployments for one-node workers, LeaderWorkerSets for multinode ones."""
-    from kvretention.controller.resources.lws import build_multinode_pool
-
-    return [
-        m
-        for role in worker_roles(cr)
-        for m in (
-            build_multinode_pool(cr, role)
-            if nodes_per_replica(cr, role) > 1
-            else build_worker_pool(cr, role)
-        )
-    ]
-
-
 def scaled_role(cr: KvRetentionDeployment) -> Role:
     """The pool the scale subresource (``spec.workers.replicas``) sizes."""
     return "decode" if cr.spec.workers.mode == "disaggregated" else "aggregated"
-
-
-def scale_selector(cr: KvRetentionDeployment) -> str:
-    """``status.selector`` for the scale subresource: the scaled pool's pod labels."""
-    return label_selector(selector_labels(cr, ROLE_COMPONENT[scaled_role(cr)]))

@@ -29,6 +29,7 @@ from kvretention.dataplane.frontend.repeats import Walks
 from kvretention.dataplane.protocol import (
     BODY_SESSION_OBJECTS,
     DEFAULT_SESSION_KEYS,
+    MAX_PREFIX_HASHES,
     ChatMessage,
     ImagePart,
     TextPart,
@@ -91,14 +92,16 @@ def _message_bytes(message: ChatMessage) -> bytes:
     return "\x1f".join(fields).encode("utf-8", "surrogatepass")
 
 
-def _head_bytes(system: Sequence[ChatMessage], tools: Sequence[ToolDefinition]) -> bytes:
+def _head_bytes(
+    system: Sequence[ChatMessage], tools: Sequence[ToolDefinition], *, tenant: str | None = None
+) -> bytes:
     parts = [_message_bytes(m) for m in system]
     for tool in tools:
         known = _TOOLS.get(id(tool))
         if known is not None and known[0] is tool:
             parts.append(known[1])
             continue
-        schema = _schema_text(tool.parameters) if tool.parameters else ""
+        schema = _schema_text(tool.parameters, tenant=tenant) if tool.parameters else ""
         text = f"{tool.kind}\x1f{tool.name}\x1f{tool.description or ''}\x1f{schema}".encode()
         parts.append(text)
         _TOOLS[id(tool)] = (tool, text)  # holds the tool: its id is not reused meanwhile
@@ -107,19 +110,21 @@ def _head_bytes(system: Sequence[ChatMessage], tools: Sequence[ToolDefinition]) 
     return b"\x1e".join(parts)
 
 
-def _schema_text(schema: Mapping[str, Any]) -> str:
+def _schema_text(schema: Mapping[str, Any], *, tenant: str | None = None) -> str:
     """``json.dumps(schema, sort_keys=True)``, remembered by the schema's msgspec encoding: it
     tells apart every JSON value (``1``, ``1.0`` and ``true``; each string) except NaN and the
     infinities, which it writes as ``null`` (a schema whose encoding holds ``null`` is not
-    remembered). An agent resends the same tool schemas on every turn."""
+    remembered). An agent resends the same tool schemas on every turn; remembered per
+    ``tenant``, so no tenant's request is faster for another's tools."""
     try:
-        key = _ENCODE(schema)
+        encoded = _ENCODE(schema)
     except (OverflowError, TypeError, UnicodeEncodeError, msgspec.EncodeError):
         return json.dumps(schema, sort_keys=True)
+    key = (tenant, encoded)
     text = _SCHEMAS.get(key)
     if text is None:
         text = json.dumps(schema, sort_keys=True)
-        if b"null" not in key:
+        if b"null" not in encoded:
             _SCHEMAS[key] = text
             while len(_SCHEMAS) > MAX_SCHEMAS:
                 _SCHEMAS.pop(next(iter(_SCHEMAS)))
@@ -127,7 +132,7 @@ def _schema_text(schema: Mapping[str, Any]) -> str:
 
 
 _ENCODE: Final = msgspec.json.Encoder().encode
-_SCHEMAS: Final[dict[bytes, str]] = {}
+_SCHEMAS: Final[dict[tuple[str | None, bytes], str]] = {}
 MAX_SCHEMAS: Final = 1024
 """Tool schemas remembered (oldest out first); as many tools' head bytes in ``_TOOLS``."""
 _TOOLS: Final[dict[int, tuple[ToolDefinition, bytes]]] = {}
@@ -136,12 +141,20 @@ between the turns that resend its bytes (``Resumer.derived``). A ``ToolDefinitio
 and nothing changes its ``parameters`` in place (they are the decoded body's, read-only)."""
 
 
-def prefix_chain(messages: Sequence[ChatMessage], tools: Sequence[ToolDefinition]) -> list[str]:
-    """Hex hashes of the conversation's block prefixes, shortest first (see the module docstring)."""
+def prefix_chain(
+    messages: Sequence[ChatMessage],
+    tools: Sequence[ToolDefinition],
+    *,
+    tenant: str | None = None,
+) -> list[str]:
+    """Hex hashes of the conversation's block prefixes, shortest first (see the module
+    docstring). What it remembers between requests is ``tenant``'s: another tenant's identical
+    head is hashed anew (a shared memory would answer it faster); the messages' memos and the
+    walks are by object, and no tenant's parse holds another's objects (``resume.py``)."""
     head = 0
     while head < len(messages) and messages[head].role in ("system", "developer"):
         head += 1
-    first = _head(_head_bytes(messages[:head], tools))
+    first = _head(tenant, _head_bytes(messages[:head], tools, tenant=tenant))
     rest = messages[head:]
     # the hashers after the messages this conversation's last request had too, then the rest
     same, after, ids = _CHAINS.repeated(rest, context=first)
@@ -168,12 +181,17 @@ def prefix_chain(messages: Sequence[ChatMessage], tools: Sequence[ToolDefinition
 
 def _chain_positions(n: int) -> list[int]:
     """The block counts the chain has a hash for: each up to :data:`FULL_CHAIN_BLOCKS`, then
-    every :data:`CHAIN_STRIDE`-th, and ``n``."""
+    every :data:`CHAIN_STRIDE`-th, and ``n``; past :data:`MAX_PREFIX_HASHES` hashes (~3,600
+    blocks) only the stable leading positions and ``n``, so the header fits what the router
+    parses and a conversation's turns still share the same leading hashes."""
     full = min(n + 1, FULL_CHAIN_BLOCKS)
     first_stride = -(-FULL_CHAIN_BLOCKS // CHAIN_STRIDE) * CHAIN_STRIDE
     positions = [*range(1, full), *range(first_stride, n + 1, CHAIN_STRIDE)]
     if n and positions[-1] != n:
         positions.append(n)
+    room = MAX_PREFIX_HASHES - 1  # the head block's hash comes first
+    if len(positions) > room:
+        positions[room - 1 :] = [n]
     return positions
 
 
@@ -181,18 +199,19 @@ _CHAINS: Final[Walks[list[Any]]] = Walks()
 """Per conversation, ``[hasher, hex digest or None]`` after each message past the head."""
 
 
-_HEADS: Final[OrderedDict[bytes, Any]] = OrderedDict()
-"""Head block bytes -> its hasher, for the most recent heads (one object per head, so the
+_HEADS: Final[OrderedDict[tuple[str | None, bytes], Any]] = OrderedDict()
+"""(tenant, head block bytes) -> its hasher, for the most recent heads (one object per head, so the
 messages after it find the hasher they were hashed after)."""
 MAX_HEADS: Final = 256
 
 
-def _head(data: bytes) -> Any:
-    hasher = _HEADS.get(data)
+def _head(tenant: str | None, data: bytes) -> Any:
+    key = (tenant, data)
+    hasher = _HEADS.get(key)
     if hasher is not None:
-        _HEADS.move_to_end(data)
+        _HEADS.move_to_end(key)
     else:
-        hasher = _HEADS[data] = hashlib.blake2b(data, digest_size=8)
+        hasher = _HEADS[key] = hashlib.blake2b(data, digest_size=8)
         while len(_HEADS) > MAX_HEADS:
             _HEADS.popitem(last=False)
     return hasher

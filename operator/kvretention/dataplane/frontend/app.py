@@ -3,7 +3,8 @@
 Flow per generate request: read the body (bounded) -> parse JSON -> normalize cache controls and
 check the schema -> check the model -> only then contact the router. A refused request gets the
 provider's JSON error (also when it asked to stream); a failure after SSE began gets the provider's
-SSE error event. Tracebacks are logged, never sent.
+SSE error event. Tracebacks are logged, never sent. Reading the body is ``body``'s, what the router
+gets ``prepare``'s, the settings ``config``'s.
 """
 
 from __future__ import annotations
@@ -11,33 +12,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
-import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from types import MappingProxyType
 from typing import Any, Final, TypeVar
 
-import msgspec
 from aiohttp import web
+from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
 
-from kvretention.dataplane.breakpoints import Marker
-from kvretention.dataplane.chat_template import TemplateInputError
-from kvretention.dataplane.frontend import errors, model_names
-from kvretention.dataplane.frontend.affinity import (
-    drop_billing_header,
-    header_safe,
-    prefix_chain,
-    session_key,
+from kvretention.common.trace import RequestTrace
+from kvretention.dataplane.frontend import compact, discovery, errors
+from kvretention.dataplane.frontend.affinity import drop_billing_header
+from kvretention.dataplane.frontend.anthropic import count_tokens_response
+from kvretention.dataplane.frontend.auth import (
+    CLIENT_CLOSED_STATUS,
+    Gate,
+    tenant_headers,
+    tenant_of,
 )
-from kvretention.dataplane.frontend.anthropic_api import count_tokens_response
-from kvretention.dataplane.frontend.auth import Gate, tenant_headers, tenant_of
+from kvretention.dataplane.frontend.body import decode_json_body, read_body, session_of
 from kvretention.dataplane.frontend.common import Completion, ParsedRequest
+from kvretention.dataplane.frontend.config import FrontendConfig, check_model, check_model_first
 from kvretention.dataplane.frontend.endpoints import (
     CHAT,
     COUNT_TOKENS,
@@ -48,66 +47,24 @@ from kvretention.dataplane.frontend.endpoints import (
 )
 from kvretention.dataplane.frontend.errors import FrontendError, Provider, error_body
 from kvretention.dataplane.frontend.metrics import FrontendMetrics
-from kvretention.dataplane.frontend.repeats import conversation_markers
+from kvretention.dataplane.frontend.prepare import build_preprocessed, hint_policy, router_headers
 from kvretention.dataplane.frontend.resume import Resumer
 from kvretention.dataplane.frontend.tokenizer import ChatTokenizer
-from kvretention.dataplane.frontend.upstream import RouterClient
-from kvretention.dataplane.http import Readiness, add_metrics, add_probes
-from kvretention.dataplane.protocol import (
-    DEFAULT_SESSION_KEYS,
-    HEADER_PREFIX,
-    HEADER_SESSION,
-    PreprocessedRequest,
-    SamplingParams,
-    Usage,
+from kvretention.dataplane.frontend.upstream import ROUTER_SLOW, RouterClient
+from kvretention.dataplane.http import (
+    PARSER_REFUSALS,
+    ParserRefusals,
+    Readiness,
+    add_metrics,
+    add_probes,
 )
-from kvretention.dataplane.trace import RequestTrace
-from kvretention.hints.envelope import DEFAULT_PRIORITY, KvHintEnvelope, KvPrefixRetention
+from kvretention.dataplane.protocol import PreprocessedRequest, SamplingParams, Usage
 from kvretention.hints.errors import ClientError
-from kvretention.hints.intent import BreakpointMode, CacheHints, build_envelope
 
 log = logging.getLogger("kvretention.frontend")
 
-DEFAULT_MAX_BODY_BYTES: Final = 8 * 1024 * 1024
-DEFAULT_UPSTREAM_TIMEOUT: Final = 300.0
-DEFAULT_BODY_TIMEOUT: Final = 30.0
 REQUEST_ID_HEADER: Final = "x-request-id"
 SHOULD_RETRY_HEADER: Final = "x-should-retry"
-
-
-@dataclass(frozen=True)
-class FrontendConfig:
-    router_url: str
-    served_models: tuple[str, ...] = ()
-    """Model names clients may ask for; empty accepts any name."""
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    upstream_timeout: float = DEFAULT_UPSTREAM_TIMEOUT
-    hint_providers: frozenset[Provider] = frozenset(Provider)
-    """Providers whose cache controls become KV hints; others' are accepted and ignored."""
-    model_aliases: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    """Client-facing name -> served name (Claude Code's small-fast model, Codex's model names).
-    The router gets the served name; answers echo the name the client asked for."""
-    body_timeout: float = DEFAULT_BODY_TIMEOUT
-    """Seconds a request body may take to arrive (408 after)."""
-    session_keys: tuple[str, ...] = DEFAULT_SESSION_KEYS
-    """Where a request's session is found, in order (headers, or ``metadata.<field>``)."""
-    prefix_routing: bool = True
-    """Send the router the prompt's prefix-hash chain (its cache-aware placement reads it)."""
-    normalize_clients: bool = True
-    """Drop Claude Code's per-request billing-header system block before templating."""
-    breakpoints: BreakpointMode = "prefix"
-    """Block-level breakpoints: prefix retention, or the v1 400."""
-    hint_priority: int = DEFAULT_PRIORITY
-    default_ttl_seconds: int | None = None
-    """Fleet policy for requests with no cache control (off when ``None``)."""
-
-    def served_name(self, model: str) -> str:
-        served = model_names.resolve(model, served=self.served_models, aliases=self.model_aliases)
-        return served or model
-
-    def listed_models(self) -> tuple[str, ...]:
-        """Served names, then exact aliases: names a client may pick (a pattern is not one)."""
-        return model_names.listed(self.served_models, self.model_aliases)
 
 
 @dataclass
@@ -124,6 +81,8 @@ class FrontendState:
     tokenizer is never called from two threads at once."""
     resumer: Resumer = field(default_factory=Resumer)
     """Recent conversations' parses, so a session's next body parses only its new messages."""
+    last_ready: Readiness | None = None
+    """The last readiness verdict the router gave (held while its poll only times out)."""
 
 
 STATE: Final = web.AppKey("kvretention_frontend", FrontendState)
@@ -161,6 +120,7 @@ def create_app(
     )
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=[error_middleware])
     app[STATE] = state
+    app[PARSER_REFUSALS] = ParserRefusals(respond=malformed_head, registry=state.metrics.registry)
     app.cleanup_ctx.append(_router_session)
     if gate is not None:
         gate.install(
@@ -175,6 +135,7 @@ def create_app(
     app.router.add_post("/v1/messages", _endpoint(MESSAGES))
     app.router.add_post("/v1/messages/count_tokens", count_tokens)
     app.router.add_get("/v1/models", models)
+    app.router.add_post(compact.PATH, responses_compact)
     add_probes(app, ready=lambda: readiness(state))
     add_metrics(app, state.metrics.registry)
     return app
@@ -192,6 +153,15 @@ async def _router_session(app: web.Application) -> AsyncIterator[None]:
 
 def provider_for(path: str) -> Provider:
     return Provider.ANTHROPIC if path.startswith("/v1/messages") else Provider.OPENAI
+
+
+def malformed_head(path: str | None, exc: HttpProcessingError) -> web.StreamResponse:
+    """The answer to a request aiohttp's parser refused: the provider's 400, OpenAI's shape when
+    the request line did not say which API it was for."""
+    provider = Provider.OPENAI if path is None else provider_for(path)
+    if isinstance(exc, ContentEncodingError):  # one the server cannot decode (``br``, ``zstd``)
+        return error_response(errors.invalid_content_encoding(), provider)
+    return error_response(errors.malformed_head(), provider)
 
 
 def error_response(
@@ -269,7 +239,11 @@ async def generate(request: web.Request, api: GenerateEndpoint) -> web.StreamRes
     except asyncio.CancelledError:
         # aiohttp cancels the handler when the client disconnects; leaving the router's
         # ``async with`` closes that connection, and the router aborts the generation.
-        done.outcome, done.status, done.error_code = "client_disconnected", 499, None
+        done.outcome, done.status, done.error_code = (
+            "client_disconnected",
+            CLIENT_CLOSED_STATUS,
+            None,
+        )
         raise
     finally:
         state.metrics.requests_of(api.endpoint, done.outcome).inc()
@@ -322,10 +296,13 @@ async def _generate(
         session_id=session_id,
         tokenizer=state.tokenizer,
         model=state.config.served_name(parsed.model),
+        kv_hints=wire,
     )
     # with --tokenizer this renders and tokenizes the whole conversation
     upstream_request = await off_loop(state, admitted.size if state.tokenizer else 0, prepare)
-    upstream_request_headers = router_headers(parsed, session_id, config=state.config)
+    upstream_request_headers = router_headers(
+        parsed, session_id, config=state.config, tenant=tenant_of(request)
+    )
     upstream_request_headers.update(tenant_headers(request))
     try:
         return await _forward(
@@ -356,67 +333,29 @@ async def admit(request: web.Request, api: Endpoint, *, state: FrontendState) ->
     raw = await read_body(
         request, limit=state.config.max_body_bytes, stall_s=state.config.body_timeout
     )
+    resumer = state.resumer.scoped(tenant_of(request))  # never another tenant's parses
 
     def check() -> tuple[ParsedRequest, dict[str, Any]]:
         try:
-            body = decode_json_body(raw, resumer=state.resumer, scope=tenant_of(request))
+            body = decode_json_body(raw, resumer=resumer)
             check_model_first(body, config=state.config)
             parsed = api.parse(
                 body,
                 hints=api.provider in state.config.hint_providers,
                 breakpoints=state.config.breakpoints,
-                resumer=state.resumer,
+                resumer=resumer,
             )
         except ClientError as exc:
             raise errors.from_client_error(exc) from None
         check_model(parsed.model, config=state.config)
-        state.resumer.parsed(raw)
+        resumer.parsed(raw)
         return parsed, body
 
     # a conversation's next body resumes its last parse (~1 ms for 200 KB): cheaper right here
     # than the hand-off to the parse thread
-    size = 0 if state.resumer.resumes(raw) else len(raw)
+    size = 0 if resumer.resumes(raw) else len(raw)
     parsed, body = await off_loop(state, size, check)
     return Admitted(parsed, session_of(request, body, keys=state.config.session_keys), len(raw))
-
-
-def build_preprocessed(
-    parsed: ParsedRequest,
-    *,
-    request_id: str,
-    session_id: str | None,
-    tokenizer: ChatTokenizer | None,
-    model: str | None = None,
-    count_only: bool = False,
-) -> PreprocessedRequest:
-    """The router request: token ids when a tokenizer can render it, messages always; same hint.
-
-    ``model`` is the served name when the client used an alias.
-    """
-    wire = parsed.envelope.to_wire() if parsed.envelope is not None else None
-    request = PreprocessedRequest(
-        request_id=request_id,
-        model=model or parsed.model,
-        messages=parsed.messages,
-        tools=parsed.tools,
-        deferred_tools=parsed.deferred_tools,
-        tool_choice=parsed.tool_choice,
-        parallel_tool_calls=parsed.parallel_tool_calls,
-        response_format=parsed.response_format,
-        reasoning=parsed.reasoning,
-        sampling=parsed.sampling,
-        session_id=session_id,
-        count_only=count_only,
-        kv_hints=wire,
-    )
-    if tokenizer is not None and (parsed.envelope is None or not parsed.envelope.prefix_count):
-        # Breakpoints are resolved against the worker's own rendering, so those travel as
-        # messages only. The conversation still travels: the worker needs the tools to parse the answer.
-        # Same rendering as the worker (tools, tool choice, thinking switches); None for images.
-        # A conversation the template refuses travels as messages: the worker answers its 400.
-        with contextlib.suppress(TemplateInputError):
-            request.token_ids = tokenizer.encode_request(request)
-    return request
 
 
 async def _forward(
@@ -466,7 +405,11 @@ async def _forward(
             latency(api.endpoint, "total").observe(time.perf_counter() - started)
             return response
         except ConnectionResetError:
-            done.outcome, done.status, done.error_code = "client_disconnected", 499, None
+            done.outcome, done.status, done.error_code = (
+                "client_disconnected",
+                CLIENT_CLOSED_STATUS,
+                None,
+            )
             return response
         except FrontendError as err:
             done.outcome, done.error_code = "error", err.code
@@ -485,126 +428,6 @@ async def _write_eof_quietly(response: web.StreamResponse, data: bytes = b"") ->
         await response.write_eof(data)
 
 
-async def read_body(
-    request: web.Request, *, limit: int, stall_s: float = DEFAULT_BODY_TIMEOUT
-) -> bytes:
-    """The body's bytes, or a ``FrontendError`` (413 before reading when possible, 408 when the
-    body stalls past ``stall_s`` seconds)."""
-    if request.content_length is not None and request.content_length > limit:
-        raise errors.body_too_large(limit)
-    try:
-        async with asyncio.timeout(stall_s):
-            raw = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise errors.body_too_large(limit) from None
-    except TimeoutError:
-        log.info("request body on %s stalled past %gs", request.path, stall_s)
-        raise errors.body_timeout(stall_s) from None
-    return raw
-
-
-def decode_json_body(
-    raw: bytes, *, resumer: Resumer | None = None, scope: str | None = None
-) -> dict[str, Any]:
-    """The bytes as a JSON object (strict UTF-8, no lone surrogates), or a 400 ``FrontendError``.
-
-    With ``resumer``, a large body's message items that its conversation's last body holds
-    byte for byte are that body's decoded values (``Resumer.decode``; the same values), and so
-    are its tools when an earlier body of the same ``scope`` (the tenant) held their bytes."""
-    try:
-        text = raw.decode("utf-8-sig")  # strict: invalid UTF-8 and encoded surrogates are refused
-    except UnicodeDecodeError:
-        raise errors.invalid_json("the body is not valid UTF-8") from None
-    try:
-        body = (
-            resumer.decode(text, scope=scope)
-            if resumer is not None and len(raw) >= ITEMWISE_BYTES
-            else None
-        )
-        by_json = False
-        if body is None:
-            body, by_json = _loads(text)
-    except json.JSONDecodeError as exc:
-        raise errors.invalid_json(str(exc)) from None
-    except RecursionError:
-        raise errors.invalid_json("the body is nested too deeply") from None
-    except ValueError:  # Python refuses integers of more than sys.get_int_max_str_digits() digits
-        raise errors.invalid_json("a number in the body has too many digits") from None
-    if by_json and _SURROGATE_ESCAPE.search(text) is not None and _has_lone_surrogate(body):
-        # json.loads turns an unpaired "\ud800" escape into a str that cannot be encoded as UTF-8
-        # (msgspec refuses one: what it decoded needs no scan, ~60 µs per 200 KB)
-        raise errors.invalid_json(
-            "a string holds an unpaired UTF-16 surrogate escape (\\ud800-\\udfff)"
-        )
-    if not isinstance(body, dict):
-        raise FrontendError(
-            status=400,
-            code="invalid_type",
-            message="The request body must be a JSON object.",
-        )
-    return body
-
-
-_DECODE: Final = msgspec.json.Decoder().decode
-ITEMWISE_BYTES: Final = 16 * 1024
-"""Bodies from this size are decoded item by item against their conversation's last body;
-smaller ones cost less decoded whole than looked up."""
-
-
-def _loads(text: str) -> tuple[Any, bool]:
-    """``json.loads(text)`` in half the CPU (~0.6 ms for a 200 KB agent body instead of ~1.2),
-    and whether ``json`` decoded it: msgspec gives the same values wherever it accepts the text;
-    what it refuses (``NaN``, ``1e400``, a lone surrogate escape, a number of 5,000 digits,
-    invalid JSON) ``json`` decides, with its own values and errors."""
-    try:
-        return _DECODE(text), False
-    except (msgspec.DecodeError, RecursionError):
-        return json.loads(text), True
-
-
-_SURROGATE_ESCAPE: Final = re.compile(r"\\u[dD][89a-fA-F]")
-_SURROGATE: Final = re.compile("[\ud800-\udfff]")
-
-
-def _has_lone_surrogate(value: object) -> bool:
-    """Whether any key or string in a parsed body holds a lone surrogate (iterative: no recursion)."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if _SURROGATE.search(item) is not None:
-                return True
-        elif isinstance(item, dict):
-            stack.extend(item)
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return False
-
-
-def session_of(request: web.Request, body: Mapping[str, Any], *, keys: Sequence[str]) -> str | None:
-    """The sticky-session key from the configured sources; aiohttp keeps non-UTF-8 header bytes
-    as surrogates, refused here."""
-    for key in keys:
-        value = request.headers.get(key)
-        if value is not None and _SURROGATE.search(value) is not None:
-            raise errors.invalid_header(key)
-    return session_key(keys, headers=request.headers, body=body)
-
-
-def router_headers(
-    parsed: ParsedRequest, session_id: str | None, *, config: FrontendConfig
-) -> dict[str, str]:
-    """Placement data for the router, in headers so it never parses the body: the session key
-    and, for cache-aware placement, the prompt's prefix-hash chain."""
-    headers: dict[str, str] = {}
-    if session_id is not None:
-        headers[HEADER_SESSION] = header_safe(session_id)
-    if config.prefix_routing:
-        headers[HEADER_PREFIX] = ",".join(prefix_chain(parsed.messages, parsed.tools))
-    return headers
-
-
 def normalize_clients(
     parsed: ParsedRequest, *, state: FrontendState, endpoint: str, done: _Outcome | None = None
 ) -> ParsedRequest:
@@ -618,75 +441,6 @@ def normalize_clients(
     if done is not None:
         done.normalized.append("billing_header")
     return dataclasses.replace(parsed, messages=messages)
-
-
-def apply_hint_policy(parsed: ParsedRequest, *, config: FrontendConfig) -> ParsedRequest:
-    """The envelope the router gets: the breakpoint count the conversation really carries (a
-    normalisation may have dropped a marked block), the fleet's priority, and its default TTL
-    for a request that sent no cache control."""
-    return hint_policy(parsed, config=config)[0]
-
-
-def hint_policy(
-    parsed: ParsedRequest, *, config: FrontendConfig
-) -> tuple[ParsedRequest, int | None]:
-    """:func:`apply_hint_policy` and the result's :func:`longest_ttl`, finding the conversation's
-    markers once (a walk of every block of a 200 KB agent body)."""
-    envelope = parsed.envelope
-    markers: list[Marker] | None = None
-    if envelope is not None and envelope.prefix_count:
-        markers = conversation_markers(parsed.messages, parsed.tools)
-        envelope = with_prefix_count(envelope, len(markers))
-    hints = CacheHints(envelope=envelope, client_controls=parsed.client_controls)
-    final = build_envelope(
-        hints, priority=config.hint_priority, default_ttl_seconds=config.default_ttl_seconds
-    )
-    if final is not parsed.envelope:
-        parsed = dataclasses.replace(parsed, envelope=final)
-    return parsed, longest_ttl(parsed, markers=markers)
-
-
-def with_prefix_count(envelope: KvHintEnvelope | None, count: int) -> KvHintEnvelope | None:
-    """``envelope`` announcing ``count`` breakpoints (``None`` when nothing is left to retain)."""
-    if envelope is None or envelope.prefix_count == count:
-        return envelope
-    prefixes = KvPrefixRetention(breakpoints=count) if count else None
-    updated = envelope.model_copy(update={"retain_prefixes": prefixes})
-    return None if updated.is_empty() else updated
-
-
-def longest_ttl(parsed: ParsedRequest, *, markers: Sequence[Marker] | None = None) -> int | None:
-    """The longest TTL the request's envelope retains anything for (the hints metric's label);
-    ``markers`` are the conversation's, when the caller found them already."""
-    envelope = parsed.envelope
-    if envelope is None:
-        return None
-    ttls = []
-    if envelope.prefix_count:
-        if markers is None:
-            markers = conversation_markers(parsed.messages, parsed.tools)
-        ttls = [m.ttl_seconds for m in markers]
-    if envelope.retain_full_prompt is not None:
-        ttls.append(envelope.retain_full_prompt.ttl_seconds)
-    return max(ttls, default=None)
-
-
-def check_model(model: str, *, config: FrontendConfig) -> None:
-    """A served name, an alias or a name an alias pattern matches; with no served names
-    configured, any name."""
-    if not config.served_models:
-        return
-    aliases = config.model_aliases
-    if model_names.resolve(model, served=config.served_models, aliases=aliases) is None:
-        raise errors.unknown_model(model, served=(*config.served_models, *aliases))
-
-
-def check_model_first(body: Any, *, config: FrontendConfig) -> None:
-    """The model before the body's fields: a name nothing serves is the one 404, not the last
-    answer after a 400 per field a client retries without (Claude Code drops one per retry)."""
-    model = body.get("model") if isinstance(body, dict) else None
-    if isinstance(model, str):
-        check_model(model, config=config)
 
 
 # -- plain endpoints ---------------------------------------------------------------------------
@@ -749,34 +503,46 @@ async def _count(
 
 
 async def models(request: web.Request) -> web.Response:
-    """OpenAI's model list, or Anthropic's when the client sends ``anthropic-version``.
+    """The served names and exact aliases in the shape the client reads (``discovery``): Codex's
+    catalog when the query has ``client_version``, Anthropic's page when the request has an
+    ``anthropic-version`` header, else OpenAI's list."""
+    config = request.app[STATE].config
+    listed = discovery.build_listed(config.served_models, config.model_aliases)
+    if discovery.CODEX_QUERY in request.query:
+        if config.codex_instructions is None:
+            return error_response(discovery.codex_catalog_not_configured(), Provider.OPENAI)
+        catalog = discovery.build_codex_catalog(listed, instructions=config.codex_instructions)
+        return web.json_response(catalog)
+    if discovery.ANTHROPIC_HEADER in request.headers:
+        try:
+            page = discovery.parse_anthropic_page(request.query)
+        except FrontendError as err:
+            return error_response(err, Provider.ANTHROPIC)
+        return web.json_response(discovery.build_anthropic_page(listed, page))
+    return web.json_response(discovery.build_openai_list(listed))
 
-    Aliases are listed too: each is a name clients may send."""
-    served = request.app[STATE].config.listed_models()
-    if "anthropic-version" in request.headers:
-        data = [
-            {
-                "type": "model",
-                "id": m,
-                "display_name": m,
-                "created_at": "1970-01-01T00:00:00Z",
-            }
-            for m in served
-        ]
-        first = served[0] if served else None
-        last = served[-1] if served else None
-        return web.json_response(
-            {"data": data, "has_more": False, "first_id": first, "last_id": last}
-        )
-    listed: list[dict[str, Any]] = [
-        {"id": m, "object": "model", "created": 0, "owned_by": "kvretention"} for m in served
-    ]
-    return web.json_response({"object": "list", "data": listed})
+
+async def responses_compact(request: web.Request) -> web.Response:
+    """``POST /v1/responses/compact`` (Codex's opt-in remote compaction): refused, see
+    :func:`compact.compaction_unsupported`."""
+    state = request.app[STATE]
+    err = compact.compaction_unsupported()
+    state.metrics.rejections.labels(compact.ENDPOINT, err.reason).inc()
+    state.metrics.requests_of(compact.ENDPOINT, "rejected").inc()
+    return error_response(err, Provider.OPENAI, request_id=uuid.uuid4().hex)
 
 
 async def readiness(state: FrontendState) -> Readiness:
-    """Ready while the router reports a ready worker; the details (addresses) go to the log."""
+    """Ready while the router reports a ready worker; the details (addresses) go to the log.
+
+    A router that is only slow to answer (the node is busy prefilling) keeps the last verdict:
+    taking the frontend out of its Service for that turns a slow answer into clients' connection
+    refused. Only the router's own "no ready worker" or a refused connection changes it."""
     reason = await state.router.ready()
+    if reason == ROUTER_SLOW and state.last_ready is not None:
+        return state.last_ready
     if reason is None:
-        return Readiness(ready=True, body={"status": "ready"})
-    return Readiness(ready=False, body={"status": "not_ready", "reason": reason})
+        state.last_ready = Readiness(ready=True, body={"status": "ready"})
+    else:
+        state.last_ready = Readiness(ready=False, body={"status": "not_ready", "reason": reason})
+    return state.last_ready

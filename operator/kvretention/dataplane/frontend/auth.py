@@ -1,13 +1,17 @@
 """API keys from mounted Secrets: who a request is (its tenant), checked before anything else.
 
 Keys live in one or more directories (each a Kubernetes Secret mounted as a volume; docs/auth.md):
-every file is one tenant, named by the file (:data:`~kvretention.dataplane.tenancy.TENANT_PATTERN`),
+every file is one tenant, named by the file (:data:`~kvretention.common.tenancy.TENANT_PATTERN`),
 and holds that tenant's keys, one per line (blank lines and ``#`` comments are skipped; two lines
-let a key rotate without a gap). Hidden entries (the kubelet's ``..data`` links) are skipped. A key
-listed for two tenants makes the whole set invalid: the previous set stays in force.
+let a key rotate without a gap). Hidden entries (the kubelet's ``..data`` links) are skipped.
 
 :class:`KeyStore` re-reads the directories every few seconds (the kubelet swaps a mounted Secret's
-files in place), so a rotated key takes effect without a restart. Keys are kept only as SHA-256
+files in place), so a rotated key takes effect without a restart. What is wrong in a Secret is
+skipped and reported, the rest applied, so a removed key stops working even when another line is
+broken: a malformed line, a file whose name is not a tenant name, and a key listed for two tenants
+(refused for both: whose it is cannot be known). Only a set that cannot be read at all keeps the
+previous keys in force: a directory or file that cannot be read, or files that hold problems and
+no usable key (a Secret garbled whole); with no previous keys (at start) that stops the frontend. Keys are kept only as SHA-256
 digests, looked up by digest and confirmed with :func:`hmac.compare_digest`, and never logged: the
 log and the metrics name tenants and files, never a key.
 
@@ -33,13 +37,16 @@ from typing import Any, Final
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
+from kvretention.api.names import METRICS_PATH
+from kvretention.common.hop_auth import HopKeyFile, signed_headers
+from kvretention.common.tenancy import TENANT_PATTERN, valid_tenant
+from kvretention.common.trace import RequestTrace
 from kvretention.dataplane.frontend import errors
 from kvretention.dataplane.frontend.errors import FrontendError, Provider
 from kvretention.dataplane.frontend.limits import LimitPolicy, Refusal, TenantLimiter
-from kvretention.dataplane.tenancy import HEADER_TENANT, TENANT_PATTERN, valid_tenant
-from kvretention.dataplane.trace import RequestTrace
+from kvretention.dataplane.metric_decl import counter, gauge
 
 log = logging.getLogger("kvretention.frontend.auth")
 
@@ -50,9 +57,12 @@ DEFAULT_RELOAD_S: Final = 5.0
 MIN_KEY_CHARS: Final = 16
 BUCKET_BYTES: Final = 4
 MAX_KEY_FILE_BYTES: Final = 1024 * 1024
+CLIENT_CLOSED_STATUS: Final = 499
+"""The status a request the client abandoned is counted and traced with (nginx's convention)."""
 PROTECTED_PREFIX: Final = "/v1/"
-"""Routes that need a key: every API route. Probes and ``/metrics`` stay open to the kubelet and
-Prometheus (they answer no model output and carry no key)."""
+"""Routes that need a key: every API route, and ``/metrics`` (it names tenants and their traffic;
+scrapers read ``--metrics-port``, which serves nothing else and sits outside this gate). The probes
+stay open to the kubelet (they answer no model output and carry no key)."""
 
 
 class KeysError(ValueError):
@@ -95,20 +105,23 @@ class KeyTable:
         return found
 
 
-def parse_key_lines(text: str, *, source: str) -> list[str]:
-    """The keys of one tenant file: one per line, ``#`` comments and blank lines skipped."""
+def parse_key_lines(text: str, *, source: str) -> tuple[list[str], list[str]]:
+    """The keys of one tenant file (one per line, ``#`` comments and blank lines skipped) and
+    a problem per malformed line, naming ``source`` and the line's number, never its text."""
     keys: list[str] = []
+    problems: list[str] = []
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
         if len(line) < MIN_KEY_CHARS or not line.isascii() or any(c.isspace() for c in line):
-            raise KeysError(
+            problems.append(
                 f"{source} line {number}: a key is at least {MIN_KEY_CHARS} printable ASCII "
-                "characters with no spaces"
+                "characters with no spaces (line skipped)"
             )
+            continue
         keys.append(line)
-    return keys
+    return keys, problems
 
 
 def tenant_files(directory: Path) -> list[Path]:
@@ -120,78 +133,126 @@ def tenant_files(directory: Path) -> list[Path]:
     return [p for p in entries if not p.name.startswith(".") and p.is_file()]
 
 
-def load_keys(directories: Sequence[Path]) -> KeyTable:
-    """Every directory's tenant files as one table; raises :class:`KeysError` on a file that
-    cannot be read, a file name that is not a tenant name, a malformed key, or a key listed for
-    two tenants."""
-    table: dict[bytes, str] = {}
+@dataclass(frozen=True)
+class LoadedKeys:
+    """The usable keys of a set of mounted Secrets, and what was skipped (files and line
+    numbers, never a key)."""
+
+    table: KeyTable
+    problems: tuple[str, ...] = ()
+
+
+def _read_text(path: Path) -> str:
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_KEY_FILE_BYTES + 1)
+    except OSError as exc:
+        raise KeysError(f"cannot read {path}: {exc.strerror}") from None
+    if len(data) > MAX_KEY_FILE_BYTES:
+        raise KeysError(f"{path} is larger than {MAX_KEY_FILE_BYTES} bytes")
+    # a byte that is not UTF-8 makes its line malformed (not ASCII), not the whole file
+    return data.decode("utf-8", "replace")
+
+
+def load_keys(directories: Sequence[Path]) -> LoadedKeys:
+    """Every directory's tenant files as one table. Skipped and reported: a file whose name is
+    not a tenant name, a malformed line, a key listed for two tenants (refused for both). Raises
+    :class:`KeysError` when a directory or file cannot be read (the set is unknown)."""
+    owners: dict[bytes, tuple[str, str]] = {}  # digest -> (tenant, where it was first listed)
+    shared: set[bytes] = set()
+    problems: list[str] = []
     for directory in directories:
         for path in tenant_files(directory):
             tenant = path.name
             if not valid_tenant(tenant):
-                raise KeysError(f"{path}: the file name is not a tenant name ({TENANT_PATTERN})")
-            try:
-                with path.open("rb") as f:
-                    data = f.read(MAX_KEY_FILE_BYTES + 1)
-            except OSError as exc:
-                raise KeysError(f"cannot read {path}: {exc.strerror}") from None
-            if len(data) > MAX_KEY_FILE_BYTES:
-                raise KeysError(f"{path} is larger than {MAX_KEY_FILE_BYTES} bytes")
-            try:
-                text = data.decode("utf-8")
-            except UnicodeDecodeError:
-                raise KeysError(f"{path} is not UTF-8 text") from None
-            for key in parse_key_lines(text, source=str(path)):
+                problems.append(
+                    f"{path}: the file name is not a tenant name ({TENANT_PATTERN}; file skipped)"
+                )
+                continue
+            keys, bad = parse_key_lines(_read_text(path), source=str(path))
+            problems += bad
+            for key in keys:
                 digest = _digest(key)
-                other = table.setdefault(digest, tenant)
+                other, where = owners.setdefault(digest, (tenant, str(path)))
                 if other != tenant:
-                    raise KeysError(
-                        f"{path}: a key of tenant {tenant} is also a key of tenant {other}"
+                    shared.add(digest)
+                    problems.append(
+                        f"{path}: a key of tenant {tenant} is also a key of tenant {other} "
+                        f"({where}; refused for both)"
                     )
-    return KeyTable(table)
+    table = {digest: tenant for digest, (tenant, _) in owners.items() if digest not in shared}
+    return LoadedKeys(KeyTable(table), tuple(problems))
+
+
+def usable_keys(directories: Sequence[Path]) -> LoadedKeys:
+    """:func:`load_keys`, raising :class:`KeysError` also when the files hold problems and no
+    usable key: a Secret garbled whole is a set that cannot be read, not a revocation of every
+    key (files with no key line and no problem are one)."""
+    loaded = load_keys(directories)
+    if loaded.problems and not loaded.table:
+        raise KeysError("no usable key: " + "; ".join(loaded.problems))
+    return loaded
 
 
 class AuthMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.refusals = Counter(
+        self.refusals = counter(
+            registry,
             "kvretention_frontend_auth_refusals",
             "Requests refused with a 401, by reason (missing_api_key, invalid_api_key).",
-            ["reason"],
-            registry=registry,
+            "reason",
         )
-        self.requests = Counter(
+        self.requests = counter(
+            registry,
             "kvretention_frontend_tenant_requests",
             "Authenticated requests by tenant and HTTP status (429: past the tenant's limits).",
-            ["tenant", "status"],
-            registry=registry,
+            "tenant",
+            "status",
         )
-        self.limited = Counter(
+        self.limited = counter(
+            registry,
             "kvretention_frontend_tenant_limited",
             "Requests refused with a 429 by tenant and limit (rate, concurrency).",
-            ["tenant", "limit"],
-            registry=registry,
+            "tenant",
+            "limit",
         )
-        self.in_flight = Gauge(
+        self.limit = gauge(
+            registry,
+            "kvretention_frontend_tenant_limit",
+            "This pod's limits in force by tenant ('*': the default) and limit (requests_per_"
+            "second, burst, concurrency); the operator renders each pod its share of the fleet's.",
+            "tenant",
+            "limit",
+        )
+        self.in_flight = gauge(
+            registry,
             "kvretention_frontend_tenant_in_flight",
             "Requests in flight by tenant.",
-            ["tenant"],
-            registry=registry,
+            "tenant",
         )
-        self.keys = Gauge(
+        self.keys = gauge(
+            registry,
             "kvretention_frontend_auth_keys",
             "API keys in force (from the mounted Secrets).",
-            registry=registry,
         )
-        self.tenants = Gauge(
+        self.tenants = gauge(
+            registry,
             "kvretention_frontend_auth_tenants",
             "Tenants with at least one API key in force.",
-            registry=registry,
         )
-        self.reloads = Counter(
+        self.reloads = counter(
+            registry,
             "kvretention_frontend_auth_reloads",
-            "Key-file reloads by outcome (ok; error: the previous keys stay in force).",
-            ["outcome"],
-            registry=registry,
+            "Key-file reloads by outcome (ok: a new set in force, its skipped lines in "
+            "kvretention_frontend_auth_key_problems; error: unreadable, the previous keys stay).",
+            "outcome",
+        )
+        self.problems = gauge(
+            registry,
+            "kvretention_frontend_auth_key_problems",
+            "Lines and files of the mounted Secrets skipped by the last reload that was read "
+            "(a malformed line, a file name that is not a tenant, a key listed for two tenants); "
+            "the log names each by file and line number.",
         )
 
 
@@ -201,9 +262,12 @@ class KeyStore:
     def __init__(self, directories: Sequence[Path], *, reload_s: float = DEFAULT_RELOAD_S) -> None:
         self.directories = tuple(directories)
         self.reload_s = reload_s
-        self.table = load_keys(self.directories)  # raises at start: a bad Secret stops it
+        loaded = usable_keys(self.directories)  # raises at start: an unreadable Secret stops it
+        self.table = loaded.table
+        self.problems = loaded.problems
         self._problem: str | None = None
         self.metrics: AuthMetrics | None = None
+        self._report(loaded.problems)
         log.info(
             "auth on: %d keys for %d tenants from %s",
             len(self.table),
@@ -212,11 +276,12 @@ class KeyStore:
         )
 
     def refresh(self) -> bool:
-        """Re-read the files; True when a new table is in force. A set that cannot be used is
-        logged once per distinct problem (files, never keys) and the previous table kept. The
-        files are a few lines each: reading them is cheaper than trusting modification times."""
+        """Re-read the files; True when a new table is in force. Skipped lines are reported
+        (logged when they change) and the rest applied; a set that cannot be read is logged once
+        per distinct problem (files, never keys) and the previous table kept. The files are a few
+        lines each: reading them is cheaper than trusting modification times."""
         try:
-            table = load_keys(self.directories)
+            loaded = usable_keys(self.directories)
         except KeysError as exc:
             problem = str(exc)
             if problem != self._problem:
@@ -225,18 +290,36 @@ class KeyStore:
                 self._count("error")
             return False
         self._problem = None
-        if table.by_digest == self.table.by_digest:
+        if loaded.problems != self.problems:
+            self._report(loaded.problems)
+        self.problems = loaded.problems
+        if loaded.table.by_digest == self.table.by_digest:
+            self._set_problems()
             return False
-        self.table = table
+        self.table = loaded.table
         self._count("ok")
-        log.info("auth keys reloaded: %d keys for %d tenants", len(table), len(table.tenants))
+        log.info(
+            "auth keys reloaded: %d keys for %d tenants (%d lines skipped)",
+            len(self.table),
+            len(self.table.tenants),
+            len(loaded.problems),
+        )
         return True
+
+    def _report(self, problems: tuple[str, ...]) -> None:
+        for problem in problems:
+            log.error("auth keys: %s", problem)
+
+    def _set_problems(self) -> None:
+        if self.metrics is not None:
+            self.metrics.problems.set(len(self.problems))
 
     def _count(self, outcome: str) -> None:
         if self.metrics is not None:
             self.metrics.reloads.labels(outcome).inc()
             self.metrics.keys.set(len(self.table))
             self.metrics.tenants.set(len(self.table.tenants))
+        self._set_problems()
 
     async def watch(self) -> None:
         while True:
@@ -301,6 +384,14 @@ class Gate:
         """Add the middleware (inside the app's error layer) and the key watcher to ``app``;
         refusals go to ``trace`` (the tenant when known, never a key)."""
         self.metrics = self.keys.metrics = AuthMetrics(registry)
+        for tenant, limits in (("*", self.limits.default), *self.limits.tenants.items()):
+            for name, value in (
+                ("requests_per_second", limits.requests_per_second),
+                ("burst", limits.bucket_size if limits.requests_per_second else None),
+                ("concurrency", limits.concurrency),
+            ):
+                if value is not None:
+                    self.metrics.limit.labels(tenant, name).set(value)
         self.trace = trace
         self.keys._count("ok")
         app.middlewares.append(self._middleware(respond=respond, provider_for=provider_for))
@@ -318,7 +409,7 @@ class Gate:
     ) -> Middleware:
         @web.middleware
         async def gate(request: web.Request, handler: Handler) -> web.StreamResponse:
-            if not request.path.startswith(PROTECTED_PREFIX):
+            if not request.path.startswith(PROTECTED_PREFIX) and request.path != METRICS_PATH:
                 return await handler(request)
             provider = provider_for(request.path)
             who = self.authenticate(request.headers, provider)
@@ -351,6 +442,9 @@ class Gate:
             except web.HTTPException as exc:
                 status = exc.status
                 raise
+            except asyncio.CancelledError:
+                status = CLIENT_CLOSED_STATUS  # the client hung up: as the trace records it
+                raise
             finally:
                 lease.release()
                 if metrics is not None:
@@ -377,7 +471,14 @@ def tenant_of(request: web.Request) -> str | None:
     return request.get(TENANT)
 
 
+HOP_KEYS: Final = web.AppKey("kvretention_hop_keys", HopKeyFile)
+"""``--hop-key-file``: what signs the tenant header for the router (absent: nothing signed)."""
+
+
 def tenant_headers(request: web.Request) -> dict[str, str]:
-    """The router header naming the request's tenant (none with auth off)."""
-    tenant = request.get(TENANT)
-    return {HEADER_TENANT: tenant} if tenant is not None else {}
+    """The router headers naming the request's tenant (none with auth off) and, with a hop key,
+    the signature the router and the workers check (:mod:`kvretention.common.hop_auth`)."""
+    hop = request.app.get(HOP_KEYS)
+    return signed_headers(
+        hop.keys if hop is not None else None, request.get(TENANT), now=time.time()
+    )

@@ -10,14 +10,21 @@ from pathlib import Path
 
 import click
 
-from kvretention.dataplane.frontend.app import (
+from kvretention.common.trace import TRACE_ENV, trace_from_env
+from kvretention.dataplane.frontend.app import create_app
+from kvretention.dataplane.frontend.auth import (
+    DEFAULT_RELOAD_S,
+    HOP_KEYS,
+    Gate,
+    KeysError,
+    KeyStore,
+)
+from kvretention.dataplane.frontend.config import (
     DEFAULT_BODY_TIMEOUT,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_UPSTREAM_TIMEOUT,
     FrontendConfig,
-    create_app,
 )
-from kvretention.dataplane.frontend.auth import DEFAULT_RELOAD_S, Gate, KeysError, KeyStore
 from kvretention.dataplane.frontend.errors import Provider
 from kvretention.dataplane.frontend.limits import LimitPolicy, parse_limits, parse_tenant_limits
 from kvretention.dataplane.frontend.tokenizer import (
@@ -26,9 +33,9 @@ from kvretention.dataplane.frontend.tokenizer import (
     load_tokenizer,
 )
 from kvretention.dataplane.gc_tuning import tune_gc
-from kvretention.dataplane.http import serve_until_signal
+from kvretention.dataplane.hop_key import hop_key_file_option, load_hop_key_file
+from kvretention.dataplane.http import metrics_port_option, serve_until_signal
 from kvretention.dataplane.protocol import DEFAULT_SESSION_KEYS
-from kvretention.dataplane.trace import TRACE_ENV, trace_from_env
 from kvretention.hints.envelope import MAX_TTL_SECONDS
 from kvretention.ports import FRONTEND_PORT
 
@@ -50,6 +57,7 @@ def parse_session_keys(value: str) -> tuple[str, ...]:
 @click.command("frontend")
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
 @click.option("--port", default=FRONTEND_PORT, show_default=True, type=click.IntRange(0, 65535))
+@metrics_port_option
 @click.option(
     "--router-url",
     required=True,
@@ -197,10 +205,22 @@ def parse_session_keys(value: str) -> tuple[str, ...]:
     help="One tenant's own limits in place of the defaults, e.g. 'team-a:rps=50,concurrency=16' "
     "(repeatable).",
 )
+@click.option(
+    "--codex-instructions-file",
+    "codex_instructions_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    envvar="KVR_CODEX_INSTRUCTIONS_FILE",
+    help="Serve Codex's model catalog (model_catalog_url = <frontend>/v1/models) with this "
+    "file's text as every model's base_instructions, which Codex sends in place of its own "
+    "prompt. Unset: Codex's catalog request gets a 404 and Codex keeps its built-in prompt.",
+)
+@hop_key_file_option
 @click.option("--log-level", default="info", show_default=True)
 def frontend_cmd(
     host: str,
     port: int,
+    metrics_port: int | None,
     router_url: str,
     models: tuple[str, ...],
     aliases: tuple[str, ...],
@@ -221,6 +241,8 @@ def frontend_cmd(
     auth_reload_seconds: float,
     tenant_default_limits: str,
     tenant_limit_overrides: tuple[str, ...],
+    codex_instructions_file: Path | None,
+    hop_key_file: Path | None,
     log_level: str,
 ) -> None:
     """Serve /v1/chat/completions, /v1/responses and /v1/messages, turning cache controls into KV hints."""
@@ -254,6 +276,11 @@ def frontend_cmd(
         breakpoints="reject" if breakpoints == "reject" else "prefix",
         hint_priority=hint_priority,
         default_ttl_seconds=default_ttl_seconds,
+        codex_instructions=(
+            codex_instructions_file.read_text(encoding="utf-8")
+            if codex_instructions_file is not None
+            else None
+        ),
     )
     gate = build_gate(
         auth_keys_dirs,
@@ -263,6 +290,9 @@ def frontend_cmd(
     )
     trace = trace_from_env(trace_file, component="frontend")
     app = create_app(config, trace=trace, tokenizer=tokenizer, gate=gate)
+    hop_keys = load_hop_key_file(hop_key_file)
+    if hop_keys is not None:
+        app[HOP_KEYS] = hop_keys
     logging.getLogger("kvretention.frontend").info(
         "frontend on %s:%d -> router %s (models: %s)",
         host,
@@ -271,7 +301,11 @@ def frontend_cmd(
         ", ".join(models) or "any",
     )
     tune_gc()
-    asyncio.run(serve_until_signal(app, host=host, port=port, shutdown_timeout=5.0))
+    asyncio.run(
+        serve_until_signal(
+            app, host=host, port=port, metrics_port=metrics_port, shutdown_timeout=5.0
+        )
+    )
 
 
 def build_gate(

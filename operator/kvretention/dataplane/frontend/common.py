@@ -1,15 +1,17 @@
-"""Types shared by the provider adapters: the parsed request, the collected result, the formatter."""
+"""Types shared by the provider adapters: the parse opening, the parsed request, the collected
+result, the formatter."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, Protocol
 
 from kvretention.dataplane.frontend.compat import collecting
 from kvretention.dataplane.frontend.errors import FrontendError
+from kvretention.dataplane.frontend.resume import Resumer
 from kvretention.dataplane.protocol import (
     ChatMessage,
     ContentPart,
@@ -24,7 +26,7 @@ from kvretention.dataplane.protocol import (
     Usage,
 )
 from kvretention.hints.envelope import KvHintEnvelope
-from kvretention.hints.intent import CacheHints
+from kvretention.hints.intent import NO_HINTS, BreakpointMode, CacheHints
 
 Marks = Mapping[str, int]
 """A request's breakpoints as the provider parser meets them: a block's path in the provider's
@@ -35,6 +37,107 @@ neutral element made from that block gets ``retain_ttl``."""
 def marks_of(hints: CacheHints, path: Callable[..., str]) -> Marks:
     """The breakpoints keyed by ``path(*position)`` (the parser's ``Fields.path``)."""
     return {path(*b.path): b.ttl_seconds for b in hints.breakpoints}
+
+
+class ReadHints(Protocol):
+    """A provider's hint normalizer (``kvretention.hints``): the body's cache controls, walking
+    only the items ``encoded`` does not rule out."""
+
+    def __call__(
+        self,
+        body: Mapping[str, Any],
+        /,
+        *,
+        breakpoints: BreakpointMode,
+        encoded: Sequence[bytes] | None,
+    ) -> CacheHints: ...
+
+
+SkipEncodings = Callable[[Resumer, list[Any], list[bytes]], list[bytes] | None]
+"""What a provider's hint walk may skip items by (``Resumer.control_items``,
+``openai.fields.breakpoint_encodings``), given the resumer, the items and their encodings."""
+
+
+@dataclass(frozen=True)
+class Opening:
+    """Where every provider parser starts: the cache hints, their breakpoints keyed by the
+    provider's paths, and the conversation items' encodings (``None`` without a resumer)."""
+
+    cache: CacheHints
+    marks: Marks
+    encoded: list[bytes] | None
+
+
+class ParseBody(Protocol):
+    """A provider parser: a request body -> ``ParsedRequest``; raises ``ClientError``."""
+
+    def __call__(
+        self,
+        body: dict[str, Any],
+        /,
+        *,
+        hints: bool = True,
+        breakpoints: BreakpointMode = "prefix",
+        resumer: Resumer | None = None,
+    ) -> ParsedRequest: ...
+
+
+OpenedParse = Callable[[dict[str, Any], "Opening", "Resumer | None"], "ParsedRequest"]
+"""A provider parser's own part: the body, its :class:`Opening`, and the resumer."""
+
+
+@dataclass(frozen=True)
+class Opener:
+    """The opening the provider parsers share, with one provider's parts: the ``items`` list
+    (``messages``, ``input``), its hint normalizer, what that walk may skip items by, and the
+    parser's ``Fields.path``."""
+
+    items: str
+    read_hints: ReadHints
+    skips: SkipEncodings
+    path: Callable[..., str]
+
+    def open(
+        self,
+        body: dict[str, Any],
+        *,
+        hints: bool,
+        breakpoints: BreakpointMode,
+        resumer: Resumer | None,
+    ) -> Opening:
+        """The items encoded once for the resumer and the hint walk, then the cache controls read
+        first (so a refused control is reported even on an otherwise unusual body; with
+        ``hints=False`` none is interpreted), and their breakpoints keyed by ``path``."""
+        listed = body.get(self.items)
+        encoded = (
+            resumer.encode_items(listed) if resumer is not None and type(listed) is list else None
+        )
+        cache = NO_HINTS
+        if hints:
+            named = None
+            if resumer is not None and encoded is not None and type(listed) is list:
+                named = self.skips(resumer, listed, encoded)
+            cache = self.read_hints(body, breakpoints=breakpoints, encoded=named)
+        return Opening(cache=cache, marks=marks_of(cache, self.path), encoded=encoded)
+
+    def parser(self, parse: OpenedParse) -> ParseBody:
+        """``parse`` behind this opening, as a provider parser that also returns the fields it
+        ignored (:func:`records_ignored`). With ``hints=False`` (the provider's hints turned off
+        for the fleet) the cache controls are not interpreted at all: accepted and ignored, as a
+        server without prompt caching would."""
+
+        @functools.wraps(parse)
+        def opened(
+            body: dict[str, Any],
+            *,
+            hints: bool = True,
+            breakpoints: BreakpointMode = "prefix",
+            resumer: Resumer | None = None,
+        ) -> ParsedRequest:
+            opening = self.open(body, hints=hints, breakpoints=breakpoints, resumer=resumer)
+            return parse(body, opening, resumer)
+
+        return records_ignored(opened)
 
 
 def joined(parts: list[ContentPart]) -> str | list[ContentPart]:

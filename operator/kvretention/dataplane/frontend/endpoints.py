@@ -10,15 +10,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
-from kvretention.dataplane.frontend.anthropic_api import (
+from kvretention.dataplane.frontend.anthropic import (
     MessagesStream,
     messages_response,
     parse_count_tokens,
     parse_messages,
 )
-from kvretention.dataplane.frontend.common import Completion, ParsedRequest, StreamFormatter
+from kvretention.dataplane.frontend.common import (
+    Completion,
+    ParseBody,
+    ParsedRequest,
+    StreamFormatter,
+)
 from kvretention.dataplane.frontend.errors import Provider
-from kvretention.dataplane.frontend.openai_api import (
+from kvretention.dataplane.frontend.openai import (
     ChatStream,
     ResponsesStream,
     chat_response,
@@ -26,20 +31,6 @@ from kvretention.dataplane.frontend.openai_api import (
     parse_responses,
     responses_response,
 )
-from kvretention.dataplane.frontend.resume import Resumer
-from kvretention.hints.intent import BreakpointMode
-
-
-class ParseBody(Protocol):
-    def __call__(
-        self,
-        body: dict[str, Any],
-        /,
-        *,
-        hints: bool,
-        breakpoints: BreakpointMode,
-        resumer: Resumer | None = None,
-    ) -> ParsedRequest: ...
 
 
 class BuildResponse(Protocol):

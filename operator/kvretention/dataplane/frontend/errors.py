@@ -50,6 +50,9 @@ class FrontendError(Exception):
     param: str | None = None
     retry_after: int | None = None
     """Seconds for the ``retry-after`` header (a 429)."""
+    final: bool = False
+    """The same request would fail the same way although the status is not one of
+    :data:`DETERMINISTIC_STATUSES` (the router refused it as malformed)."""
 
     @property
     def openai_type(self) -> str:
@@ -66,7 +69,7 @@ class FrontendError(Exception):
     @property
     def retryable(self) -> bool:
         """Whether the same request could succeed later; the SDKs skip retries when not."""
-        return self.status not in DETERMINISTIC_STATUSES
+        return not self.final and self.status not in DETERMINISTIC_STATUSES
 
     @property
     def reason(self) -> str:
@@ -85,6 +88,36 @@ def invalid_json(detail: str) -> FrontendError:
         status=400,
         code="invalid_json",
         message=f"We could not parse the JSON body of your request: {detail}",
+    )
+
+
+def malformed_head() -> FrontendError:
+    """aiohttp's parser refused the request line or a header (the line is never echoed: it may
+    hold an API key)."""
+    return FrontendError(
+        status=400,
+        code="malformed_request",
+        message=(
+            "The request's HTTP head could not be parsed: a header line is malformed (a control "
+            "character, folding, a space before the colon, bare LF line endings) or too long."
+        ),
+    )
+
+
+def invalid_content_encoding() -> FrontendError:
+    return FrontendError(
+        status=400,
+        code="invalid_content_encoding",
+        message="The request body could not be decoded as its content-encoding header says.",
+        param="content-encoding",
+    )
+
+
+def unreadable_body() -> FrontendError:
+    return FrontendError(
+        status=400,
+        code="invalid_body",
+        message="The request body could not be read: its framing (chunked encoding) is invalid.",
     )
 
 
@@ -184,6 +217,28 @@ def upstream_disconnected() -> FrontendError:
         code="upstream_disconnected",
         message="The router closed the connection before the response finished.",
     )
+
+
+def upstream_refused(status: int) -> FrontendError:
+    """The router answered a client error without its own error body (its HTTP parser refused
+    what the frontend sent): the frontend's fault, and the same request would be refused again."""
+    return FrontendError(
+        status=502,
+        code="bad_gateway",
+        message=f"The router answered HTTP {status}.",
+        final=400 <= status < 500 and status not in RETRYABLE_CLIENT_STATUSES,
+    )
+
+
+def router_malformed(what: str) -> FrontendError:
+    """A stream line, error line or chunk from the router that does not parse."""
+    return FrontendError(
+        status=502, code="bad_gateway", message=f"The router sent a malformed {what}."
+    )
+
+
+RETRYABLE_CLIENT_STATUSES: Final = frozenset({408, 409, 429})
+"""Client-error statuses the SDKs retry (a timeout, a conflict, a rate limit)."""
 
 
 def body_timeout(seconds: float) -> FrontendError:

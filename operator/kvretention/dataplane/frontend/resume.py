@@ -21,10 +21,18 @@ message list as each item's raw bytes (a fifth of a full decode), and an item wh
 same item of the conversation's last body is that body's decoded value, not decoded again; nor
 encoded again for the comparison above (:meth:`Resumer.encode_items`). The same bytes decode to
 the same value, and nothing downstream changes a decoded body, so the body equals a full decode.
+
+Every entry is the tenant's (:meth:`Resumer.scoped`): a body is only ever compared with the same
+tenant's bodies. A memory shared between tenants would answer a tenant that sends another's recent
+conversation faster, and so confirm a guess of it. The objects a parse makes (messages, tools)
+are then never another tenant's either, so the memos keyed by them (``repeats.py``, the messages'
+``memo_of``) are per tenant too.
 """
 
 from __future__ import annotations
 
+import copy
+import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -95,6 +103,15 @@ class _Shared:
     """What :meth:`Resumer.derived` made from ``values``, by tag."""
 
 
+@dataclass
+class _Counts:
+    """What every view of one memory (:meth:`Resumer.scoped`) counts together."""
+
+    entries: int = 0
+    resumed_items: int = 0
+    reused_items: int = 0
+
+
 @dataclass(frozen=True)
 class _Entry:
     context: bytes
@@ -104,34 +121,56 @@ class _Entry:
 
 
 class Resumer:
-    """A bounded memory of recent conversations' item-by-item parse (see the module docstring)."""
+    """A bounded memory of recent conversations' item-by-item parse (see the module docstring).
+
+    One memory serves every tenant: :meth:`scoped` gives the view a tenant's requests use, whose
+    entries no other tenant's view finds (the bound is shared, the entries are not)."""
 
     def __init__(self, capacity: int = CAPACITY) -> None:
         self._capacity = capacity
+        self._tenant: str | None = None
         self._entries: OrderedDict[Hashable, list[_Entry]] = OrderedDict()
-        self._count = 0
-        self._heads: OrderedDict[bytes, None] = OrderedDict()
+        self._counts = _Counts()
+        self._heads: OrderedDict[tuple[str | None, bytes], None] = OrderedDict()
         self._lock = threading.Lock()
-        self._items: OrderedDict[tuple[str, bytes], _Items] = OrderedDict()
+        self._items: OrderedDict[tuple[str | None, str, bytes], _Items] = OrderedDict()
         """The last body's items per list and first item's bytes (LRU, ``capacity`` of them)."""
         self._by_list: dict[int, _Items] = {}
         """The same, by the identity of the decoded list a body holds (for :meth:`encode_items`)."""
-        self._shared: OrderedDict[tuple[Hashable, str, bytes], _Shared] = OrderedDict()
-        """Top-level lists by scope (the tenant), field and exact bytes (LRU, ``capacity``)."""
+        self._shared: OrderedDict[tuple[str | None, str, bytes], _Shared] = OrderedDict()
+        """Top-level lists by tenant, field and exact bytes (LRU, ``capacity``)."""
         self._shared_by_list: dict[int, _Shared] = {}
         """The same, by the identity of the decoded list (for :meth:`derived`)."""
-        self.resumed_items = 0
-        """Items taken from checkpoints so far (for tests and benchmarks)."""
-        self.reused_items = 0
-        """Items taken already decoded from an earlier body so far (for tests and benchmarks)."""
 
-    def decode(self, text: str, *, scope: Hashable = None) -> dict[str, Any] | None:
+    def scoped(self, tenant: str | None) -> Resumer:
+        """This memory as ``tenant``'s requests use it: they find only entries made through a
+        view of the same tenant (``None``: auth off, one tenant)."""
+        view = copy.copy(self)  # the same tables, lock and counts
+        view._tenant = tenant
+        return view
+
+    @property
+    def tenant(self) -> str | None:
+        return self._tenant
+
+    @property
+    def resumed_items(self) -> int:
+        """Items taken from checkpoints so far, by every view (for tests and benchmarks)."""
+        return self._counts.resumed_items
+
+    @property
+    def reused_items(self) -> int:
+        """Items taken already decoded from an earlier body so far, by every view (for tests
+        and benchmarks)."""
+        return self._counts.reused_items
+
+    def decode(self, text: str) -> dict[str, Any] | None:
         """The JSON object ``text`` as an untyped msgspec decode gives it, its item lists
-        (:data:`ITEM_KEYS`) decoded only past what the conversation's last body repeats byte for
-        byte (the rest is that body's values, shared: read-only), and a list of
-        :data:`SHARED_KEYS` whose bytes an earlier body of the same ``scope`` (the tenant) held
-        exactly taken whole from that body (shared, read-only). ``None`` when msgspec refuses
-        the text or it is not an object: the caller decodes it whole and answers its own error."""
+        (:data:`ITEM_KEYS`) decoded only past what the conversation's last body (this tenant's)
+        repeats byte for byte (the rest is that body's values, shared: read-only), and a list of
+        :data:`SHARED_KEYS` whose bytes an earlier body of this tenant held exactly taken whole
+        from that body (shared, read-only). ``None`` when msgspec refuses the text or it is not
+        an object: the caller decodes it whole and answers its own error."""
         try:
             body = _DECODE_TOP(text)
             for key, value in body.items():
@@ -139,7 +178,7 @@ class Resumer:
                     if key in ITEM_KEYS and value:
                         body[key] = self._decoded_items(key, value)
                     elif key in SHARED_KEYS and value:
-                        body[key] = self._shared_list(scope, key, value)
+                        body[key] = self._shared_list(key, value)
                     else:
                         body[key] = [_DECODE(item) for item in value]
         except (msgspec.DecodeError, RecursionError):
@@ -147,7 +186,7 @@ class Resumer:
         return body
 
     def _decoded_items(self, key: str, raws: list[msgspec.Raw]) -> list[Any]:
-        mkey = (key, bytes(raws[0]))
+        mkey = (self._tenant, key, bytes(raws[0]))
         with self._lock:
             last = self._items.get(mkey)
         same = 0 if last is None else _common(last.raws, raws, upto=len(last.raws))
@@ -163,7 +202,7 @@ class Resumer:
             flags += [None] * new
         items = _Items(raws, values, blobs, names)
         with self._lock:
-            self.reused_items += same
+            self._counts.reused_items += same
             old = self._items.pop(mkey, None)
             if old is not None:
                 self._by_list.pop(id(old.values), None)
@@ -174,9 +213,9 @@ class Resumer:
                 self._by_list.pop(id(dropped.values), None)
         return values
 
-    def _shared_list(self, scope: Hashable, key: str, raws: list[msgspec.Raw]) -> list[Any]:
+    def _shared_list(self, key: str, raws: list[msgspec.Raw]) -> list[Any]:
         # "[" + the elements' bytes joined by "," + "]" is the list's JSON: one decoded value
-        mkey = (scope, key, b",".join(raws))
+        mkey = (self._tenant, key, b",".join(raws))
         with self._lock:
             known = self._shared.get(mkey)
             if known is not None:
@@ -233,7 +272,7 @@ class Resumer:
         flags = self.names(items, encoded, key)
         if flags is None:
             return None
-        return [blob if named else b"" for blob, named in zip(encoded, flags, strict=True)]
+        return list(map(operator.mul, encoded, flags))  # blob * True is blob, * False is b""
 
     def control_items(self, items: Sequence[Any], encoded: list[bytes]) -> list[bytes]:
         """:meth:`named_encodings` for ``"cache_control"`` (the Anthropic hint walk), or
@@ -249,6 +288,8 @@ class Resumer:
         if known is None or known.values is not items:
             return encode_items(items)
         blobs = known.blobs
+        if None not in blobs:
+            return list(blobs)  # type: ignore[arg-type]  # every item's encoding made
         out = []
         for i, item in enumerate(items):
             blob = blobs[i]
@@ -262,14 +303,14 @@ class Resumer:
 
     def resumes(self, raw: bytes) -> bool:
         """Whether a body that starts like ``raw`` (its first :data:`HEAD_BYTES`) was parsed
-        lately: its parse will likely resume, cheaply enough for the event loop. A guess for
-        scheduling only; :meth:`fold` decides what is reused."""
+        lately by this tenant: its parse will likely resume, cheaply enough for the event loop. A
+        guess for scheduling only; :meth:`fold` decides what is reused."""
         with self._lock:
-            return raw[:HEAD_BYTES] in self._heads
+            return (self._tenant, raw[:HEAD_BYTES]) in self._heads
 
     def parsed(self, raw: bytes) -> None:
         """Note that a body starting like ``raw`` was parsed (see :meth:`resumes`)."""
-        head = raw[:HEAD_BYTES]
+        head = (self._tenant, raw[:HEAD_BYTES])
         with self._lock:
             self._heads[head] = None
             self._heads.move_to_end(head)
@@ -284,7 +325,7 @@ class Resumer:
             self._by_list.clear()
             self._shared.clear()
             self._shared_by_list.clear()
-            self._count = 0
+            self._counts.entries = 0
 
     def fold(
         self,
@@ -309,7 +350,7 @@ class Resumer:
         if context is None or not encoded:
             return _run(items, start(), step)
         blobs = list(encoded)
-        key = (scope, blobs[0])
+        key = (self._tenant, scope, blobs[0])
         marked = _marked(marks, prefix)
         found, kept = self._find(key, context=context, encoded=blobs, marked=marked)
         n = len(blobs)
@@ -321,7 +362,8 @@ class Resumer:
                 for label in found.ignored:
                     ignored.setdefault(label, None)
                 first = found.items
-                self.resumed_items += first
+                with self._lock:
+                    self._counts.resumed_items += first
                 checkpoints = [c for c in kept if c.items in wanted]
             else:
                 state, first = start(), 0
@@ -372,15 +414,15 @@ class Resumer:
             entries = self._entries.pop(key, [])
             # the new entry replaces any it extends (same context, a prefix of its items)
             kept = [e for e in entries if not _extends(entry, e)][: PER_HEAD - 1]
-            self._count += len(kept) + 1 - len(entries)
+            self._counts.entries += len(kept) + 1 - len(entries)
             self._entries[key] = [entry, *kept]
-            while self._count > self._capacity:
+            while self._counts.entries > self._capacity:
                 _, dropped = self._entries.popitem(last=False)
-                self._count -= len(dropped)
+                self._counts.entries -= len(dropped)
 
     def __len__(self) -> int:
-        """Conversations remembered."""
-        return self._count
+        """Conversations remembered, every tenant's."""
+        return self._counts.entries
 
 
 def context_bytes(*parts: object) -> bytes | None:
@@ -443,5 +485,13 @@ def _common(a: Sequence[object], b: Sequence[object], *, upto: int) -> int:
 
 
 def _extends(new: _Entry, old: _Entry) -> bool:
+    """Whether ``new`` is a later turn of ``old``'s conversation: the same context, and every
+    item of ``old`` but its last repeated (the last one a client may rewrite: Claude Code moves
+    its newest breakpoint). Such an ``old`` is dropped; kept, every Claude Code conversation
+    would hold :data:`PER_HEAD` entries, and :data:`CAPACITY` growing conversations round-robin
+    would push each other out before their next turn."""
     n = len(old.encoded)
-    return new.context == old.context and new.encoded[:n] == old.encoded
+    if new.context != old.context or len(new.encoded) < n:
+        return False
+    keep = n - 1 if n >= 2 else n
+    return new.encoded[:keep] == old.encoded[:keep]

@@ -35,6 +35,8 @@ log = logging.getLogger("kvretention.frontend")
 
 _MAX_ERROR_BODY: Final = 64 * 1024
 _DRAIN_LIMIT_S: Final = 1.0
+ROUTER_SLOW: Final = "the router did not answer in time"
+"""The router's readiness poll timed out: a loaded node, not a verdict (see ``frontend.app``)."""
 
 
 class RouterClient:
@@ -63,8 +65,9 @@ class RouterClient:
         return self._session
 
     async def ready(self, *, within: float = 1.0) -> str | None:
-        """``None`` when the router's ``GET /readyz`` is 2xx (it is when a worker is ready), else
-        why not, in words that name no internal address."""
+        """``None`` when the router's ``GET /readyz`` is 2xx (it is when a worker is ready),
+        :data:`ROUTER_SLOW` when it did not answer within ``within`` seconds, else why not, in
+        words that name no internal address."""
         try:
             async with self.session.get(
                 f"{self.base_url}{READY_PATH}", timeout=aiohttp.ClientTimeout(total=within)
@@ -73,7 +76,10 @@ class RouterClient:
                     return None
                 log.warning("router readiness: HTTP %d from %s", resp.status, self.base_url)
                 return "the router reports no ready worker"
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except TimeoutError:
+            log.warning("router readiness: %s did not answer within %.1fs", self.base_url, within)
+            return ROUTER_SLOW
+        except aiohttp.ClientError as exc:
             log.warning("router readiness: %s unreachable: %s", self.base_url, _describe(exc))
             return "the router is unreachable"
 
@@ -162,9 +168,7 @@ async def _error_from_status(
     try:
         line = ErrorLine.model_validate_json(raw)
     except ValidationError:
-        return FrontendError(
-            status=502, code="bad_gateway", message=f"The router answered HTTP {resp.status}."
-        )
+        return errors.upstream_refused(resp.status)
     return errors.from_upstream(line.error, hint_param=hint_param)
 
 
@@ -213,23 +217,17 @@ def _parse_line(line: bytes, *, hint_param: str | None) -> GenerateChunk:
     try:
         obj = json.loads(line)
     except ValueError:
-        raise FrontendError(
-            status=502, code="bad_gateway", message="The router sent a malformed stream line."
-        ) from None
+        raise errors.router_malformed("stream line") from None
     if isinstance(obj, dict) and "error" in obj:
         try:
             error = ErrorLine.model_validate(obj).error
         except ValidationError:
-            raise FrontendError(
-                status=502, code="bad_gateway", message="The router sent a malformed error line."
-            ) from None
+            raise errors.router_malformed("error line") from None
         raise errors.from_upstream(error, hint_param=hint_param)
     try:
         chunk = GenerateChunk.model_validate(obj)
     except ValidationError:
-        raise FrontendError(
-            status=502, code="bad_gateway", message="The router sent a malformed chunk."
-        ) from None
+        raise errors.router_malformed("chunk") from None
     if chunk.finish_reason == "abort":
         raise FrontendError(
             status=500, code="engine_error", message="The engine aborted the generation."

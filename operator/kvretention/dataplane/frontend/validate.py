@@ -8,11 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from kvretention.hints.errors import ClientError, ClientErrorCode, json_type
 
 _ARTICLE = {"array": "an", "integer": "an", "object": "an"}
+
+
+MAX_INT32: Final = 2**31 - 1
+MAX_INT64: Final = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,20 @@ class Fields:
             raise self.invalid_type(name, value, expected="a string")
         return value
 
+    def required_list(
+        self, body: Mapping[str, Any], key: str, *, expected: str, empty: str
+    ) -> list[Any]:
+        """A required, non-empty array: ``expected`` names the type in the provider's words,
+        ``empty`` is why an empty one is refused."""
+        if key not in body:
+            raise self.missing(key)
+        value = body[key]
+        if not isinstance(value, list):
+            raise self.invalid_type(key, value, expected=expected)
+        if not value:
+            raise self.invalid_value(key, empty)
+        return value
+
     def opt_str(self, body: Mapping[str, Any], key: str, *, param: str | None = None) -> str | None:
         value = body.get(key)
         if value is not None and not isinstance(value, str):
@@ -89,8 +107,16 @@ class Fields:
         return value
 
     def opt_int(
-        self, body: Mapping[str, Any], key: str, *, minimum: int, param: str | None = None
+        self,
+        body: Mapping[str, Any],
+        key: str,
+        *,
+        minimum: int,
+        maximum: int = MAX_INT32,
+        param: str | None = None,
     ) -> int | None:
+        """An optional integer in ``[minimum, maximum]``; the engine takes 32-bit counts, so a
+        larger one (``max_tokens`` of 2^64) is the client's error, not the engine's."""
         name = param or key
         value = body.get(key)
         if value is None:
@@ -99,6 +125,8 @@ class Fields:
             raise self.invalid_type(name, value, expected="an integer")
         if value < minimum:
             raise self.invalid_value(name, f"{value} is below the minimum of {minimum}.")
+        if value > maximum:
+            raise self.invalid_value(name, f"{value} is above the maximum of {maximum}.")
         return value
 
     def opt_number(

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 from typing import cast
 
 import click
 
 from kvretention.dataplane.gc_tuning import tune_gc
-from kvretention.dataplane.http import serve_until_signal
+from kvretention.dataplane.hop_key import hop_key_file_option, load_hop_key_file
+from kvretention.dataplane.http import metrics_port_option, serve_until_signal
 from kvretention.dataplane.router.app import RouterConfig, RouterState, build_app
 from kvretention.dataplane.router.discovery import DiscoveryError, build_sources
 from kvretention.dataplane.router.health import DEFAULT_EJECT_AFTER
@@ -37,6 +39,7 @@ log = logging.getLogger("kvretention.router")
 @click.command("router")
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
 @click.option("--port", default=ROUTER_PORT, show_default=True, type=int, help="Port to listen on.")
+@metrics_port_option
 @click.option("--worker", "workers", multiple=True, help="Aggregated worker URL (repeatable).")
 @click.option(
     "--worker-dns", multiple=True, help="Aggregated workers' headless Service as host:port."
@@ -87,10 +90,12 @@ log = logging.getLogger("kvretention.router")
     show_default=True,
     help="Prefix hashes the cache-aware index remembers (least recently used go first).",
 )
+@hop_key_file_option
 @click.option("--log-level", default="INFO", show_default=True)
 def router_cmd(
     host: str,
     port: int,
+    metrics_port: int | None,
     workers: tuple[str, ...],
     worker_dns: tuple[str, ...],
     prefill: tuple[str, ...],
@@ -107,6 +112,7 @@ def router_cmd(
     max_sessions: int,
     policy: str,
     max_prefixes: int,
+    hop_key_file: Path | None,
     log_level: str,
 ) -> None:
     """Route PreprocessedRequests to workers: sticky sessions, least outstanding, PD pairs."""
@@ -135,10 +141,11 @@ def router_cmd(
         max_prefixes=max_prefixes,
     )
     tune_gc()
-    asyncio.run(_serve(RouterState(sources=sources, config=config), host=host, port=port))
+    state = RouterState(sources=sources, config=config, hop_keys=load_hop_key_file(hop_key_file))
+    asyncio.run(_serve(state, host=host, port=port, metrics_port=metrics_port))
 
 
-async def _serve(state: RouterState, *, host: str, port: int) -> None:
+async def _serve(state: RouterState, *, host: str, port: int, metrics_port: int | None) -> None:
     def listening() -> None:
         log.info(
             "router listening on %s:%d (%s), %d worker(s) known",
@@ -149,5 +156,10 @@ async def _serve(state: RouterState, *, host: str, port: int) -> None:
         )
 
     await serve_until_signal(
-        build_app(state), host=host, port=port, shutdown_timeout=5.0, on_listening=listening
+        build_app(state),
+        host=host,
+        port=port,
+        metrics_port=metrics_port,
+        shutdown_timeout=5.0,
+        on_listening=listening,
     )

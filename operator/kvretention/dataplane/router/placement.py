@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from kvretention.dataplane.protocol import HEADER_PREFIX, HEADER_SESSION
+from kvretention.dataplane.protocol import HEADER_PREFIX, HEADER_SESSION, MAX_PREFIX_HASHES
 
 DEFAULT_MAX_SESSIONS: Final = 100_000
 DEFAULT_MAX_PREFIXES: Final = 1_000_000
@@ -170,7 +170,7 @@ class SessionPins:
         return len(self._pins)
 
 
-def parse_prefix_header(value: str | None, *, limit: int = 512) -> list[str]:
+def parse_prefix_header(value: str | None, *, limit: int = MAX_PREFIX_HASHES) -> list[str]:
     """The ``x-kvr-prefix`` chain: comma-separated hashes, shortest prefix first (bounded)."""
     if not value:
         return []

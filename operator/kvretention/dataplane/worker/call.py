@@ -279,6 +279,24 @@ def build_generate_kwargs(
     return kwargs
 
 
+def fit_max_new_tokens(
+    sampling: dict[str, Any], *, prompt_tokens: int, context_length: int | None
+) -> dict[str, Any]:
+    """``max_new_tokens`` cut to the room the context leaves after the prompt.
+
+    The engine stops there anyway; SGLang instead refuses a request whose prompt and
+    ``max_new_tokens`` together pass its context length, and agents ask for their model's whole
+    output budget (Claude Code: 128,000 tokens) whatever the fleet's context. A prompt that alone
+    fills the context is left for SGLang to refuse ("longer than the model's context length")."""
+    wanted = sampling.get("max_new_tokens")
+    if context_length is None or not isinstance(wanted, int):
+        return sampling
+    room = context_length - prompt_tokens
+    if room <= 0 or wanted <= room:
+        return sampling
+    return {**sampling, "max_new_tokens": room}
+
+
 EngineFinish = Literal["stop", "length", "abort"]
 
 

@@ -17,22 +17,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
+from pathlib import Path
 from typing import cast
 
 import click
 
 from kvretention.api.names import Role
+from kvretention.common.hop_auth import HopKeyFile
+from kvretention.common.trace import trace_from_env
 from kvretention.dataplane.gc_tuning import tune_gc
-from kvretention.dataplane.http import serve_until_signal
-from kvretention.dataplane.trace import trace_from_env
-from kvretention.dataplane.worker.app import WorkerState, build_app, drain
+from kvretention.dataplane.hop_key import hop_key_file_option, load_hop_key_file
+from kvretention.dataplane.http import metrics_port_option, serve_until_signal
+from kvretention.dataplane.worker.app import WorkerMetrics, WorkerState, build_app, drain
+from kvretention.dataplane.worker.cpu.flags import DeviceChoice
 from kvretention.dataplane.worker.engine import (
     EngineLoadError,
     build_sglang_argv,
     load_engine,
 )
+from kvretention.dataplane.worker.planning import DEFAULT_THREADS
 from kvretention.dataplane.worker.render_cache import DEFAULT_MAX_BYTES
 from kvretention.ports import WORKER_PORT
+from kvretention.retention.failures import prepare_stats_dir
 
 log = logging.getLogger("kvretention.worker")
 
@@ -40,12 +47,21 @@ log = logging.getLogger("kvretention.worker")
 @click.command("worker", context_settings={"ignore_unknown_options": True})
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
 @click.option("--port", default=WORKER_PORT, show_default=True, type=int, help="Port to listen on.")
+@metrics_port_option
 @click.option(
     "--engine",
     "engine_spec",
     default="sglang",
     show_default=True,
     help="'sglang' (the real engine) or 'standin:none|flat|versioned' (no GPU, for tests).",
+)
+@click.option(
+    "--device",
+    type=click.Choice(["auto", "cuda", "cpu"]),
+    default="auto",
+    show_default=True,
+    help="Where --engine sglang runs: auto is the GPU when torch sees one, else SGLang's CPU engine "
+    "(torch-native attention, no HiCache: docs/cpu-engine.md).",
 )
 @click.option(
     "--role",
@@ -92,12 +108,23 @@ log = logging.getLogger("kvretention.worker")
     help="Memory for each conversation's previous prompt tokens, reused when its next prompt "
     "extends it (least recently used conversations go first; 0: tokenize every prompt whole).",
 )
+@click.option(
+    "--planning-threads",
+    type=click.IntRange(1),
+    default=DEFAULT_THREADS,
+    show_default=True,
+    help="Requests rendered and tokenized at once, shared round-robin by tenants (one tenant "
+    "holds all but one of them at most): a huge prompt does not hold up a small one.",
+)
+@hop_key_file_option
 @click.option("--log-level", default="INFO", show_default=True)
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
 def worker_cmd(
     host: str,
     port: int,
+    metrics_port: int | None,
     engine_spec: str,
+    device: str,
     role: str,
     bootstrap_host: str | None,
     bootstrap_port: int | None,
@@ -105,12 +132,15 @@ def worker_cmd(
     drain_seconds: float,
     trace_file: str | None,
     render_cache_mb: int,
+    planning_threads: int,
+    hop_key_file: Path | None,
     log_level: str,
     server_args: tuple[str, ...],
 ) -> None:
     """Serve one SGLang engine (or the stand-in) behind the router."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     typed_role = cast(Role, role)
+    hop_keys = load_hop_key_file(hop_key_file)  # before the engine loads: a bad file stops it now
     argv = build_sglang_argv(
         server_args, role=typed_role, bootstrap_port=bootstrap_port, ib_device=ib_device
     )
@@ -118,7 +148,9 @@ def worker_cmd(
         _serve(
             host=host,
             port=port,
+            metrics_port=metrics_port,
             engine_spec=engine_spec,
+            device=cast(DeviceChoice, device),
             role=typed_role,
             server_argv=argv,
             bootstrap_host=bootstrap_host,
@@ -126,15 +158,24 @@ def worker_cmd(
             drain_seconds=drain_seconds,
             trace_file=trace_file,
             render_cache_bytes=render_cache_mb * 1024 * 1024,
+            planning_threads=planning_threads,
+            hop_keys=hop_keys,
         )
     )
+
+
+def _exit_while_loading(signum: int, _frame: object) -> None:
+    log.info("signal %d while the engine loads: exiting", signum)
+    raise SystemExit(128 + signum)
 
 
 async def _serve(
     *,
     host: str,
     port: int,
+    metrics_port: int | None,
     engine_spec: str,
+    device: DeviceChoice,
     role: Role,
     server_argv: list[str],
     bootstrap_host: str | None,
@@ -142,12 +183,26 @@ async def _serve(
     drain_seconds: float,
     trace_file: str | None,
     render_cache_bytes: int,
+    planning_threads: int,
+    hop_keys: HopKeyFile | None,
 ) -> None:
+    # Before the engine spawns its scheduler: the child inherits the directory and the retention
+    # plugin there writes its failure counts to it, which this process's /metrics exports.
+    stats_dir = prepare_stats_dir()
+    # Loading takes from seconds to minutes, and the serving loop's signal handlers come after it:
+    # until then SIGTERM must stop the worker (as a container's PID 1 it would be ignored).
+    signal.signal(signal.SIGTERM, _exit_while_loading)
     try:
-        engine = load_engine(engine_spec, server_argv=server_argv, role=role)
+        engine = load_engine(engine_spec, server_argv=server_argv, role=role, device=device)
     except EngineLoadError as exc:
         raise click.ClickException(str(exc)) from exc
-    log.info("engine %s loaded, kv_hints dialect %s, role %s", engine.name, engine.dialect, role)
+    log.info(
+        "engine %s loaded on %s, kv_hints dialect %s, role %s",
+        engine.name,
+        engine.device or "no device (stand-in)",
+        engine.dialect,
+        role,
+    )
     state = WorkerState(
         engine=engine,
         role=role,
@@ -155,10 +210,15 @@ async def _serve(
         bootstrap_port=bootstrap_port,
         trace=trace_from_env(trace_file, component="worker"),
         render_cache_bytes=render_cache_bytes,
+        planning_threads=planning_threads,
+        metrics=WorkerMetrics(retention_stats_dir=stats_dir),
+        hop_keys=hop_keys,
     )
     tune_gc()  # after the engine and its tokenizer loaded: they are frozen, never rescanned
 
     async def drain_in_flight() -> None:
+        # Whatever drain_seconds says (0 included), new work is refused from here on (503, and
+        # /readyz 503), and what is still in flight at the deadline is cancelled at once.
         log.info("draining %d in-flight request(s) for up to %.1fs", state.inflight, drain_seconds)
         if not await drain(state, deadline_s=drain_seconds):
             log.warning("drain deadline passed with %d request(s) in flight", state.inflight)
@@ -168,7 +228,8 @@ async def _serve(
             build_app(state),
             host=host,
             port=port,
-            shutdown_timeout=1.0,
+            metrics_port=metrics_port,
+            shutdown_timeout=0.0,  # the drain was their time: no second grace after it
             on_listening=lambda: log.info("worker listening on %s:%d", host, port),
             before_close=drain_in_flight,
         )

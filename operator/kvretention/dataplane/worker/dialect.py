@@ -17,23 +17,19 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import StrEnum
 from typing import Any, Final
 
-from kvretention.dataplane.breakpoints import (
+from kvretention.common.kv_retain import (
+    ACTION_TYPE,
+    ACTION_VERSION,
     MAX_DIRECTIVES,
     MAX_DURATION_SECONDS,
-    ResolvedBreakpoint,
-    plan_retain_directives,
+    PROTOCOL_VERSION,
 )
+from kvretention.common.kv_retain import MAX_ACTIONS as MAX_RETAIN_ACTIONS
+from kvretention.dataplane.breakpoints import ResolvedBreakpoint, plan_retain_directives
 from kvretention.hints.envelope import WIRE_KEY, KvHintEnvelope
 
 VERSIONED_MODULE: Final = "sglang.srt.managers.kv_hints"
 VERSIONED_DECODER: Final = "decode_kv_hints_envelope"
-
-# The ecosystem's KV-hint envelope and its retention action (kv.retain 1.0).
-PROTOCOL_VERSION: Final = "0.1"
-ACTION_TYPE: Final = "kv.retain"
-ACTION_VERSION: Final = "1.0"
-MAX_RETAIN_ACTIONS: Final = 16
-"""kv.retain 1.0: at most 16 ``kv.retain`` actions per envelope (one is all this project sends)."""
 
 __all__ = [
     "ACTION_TYPE",

@@ -12,11 +12,21 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from kvretention.api.names import Role
+from kvretention.dataplane.worker.cpu.flags import (
+    CPU_ENGINE_ENV,
+    HICACHE_UNAVAILABLE,
+    CpuEngineUnsupported,
+    Device,
+    DeviceChoice,
+    choose_device,
+    plan_cpu_argv,
+)
 from kvretention.dataplane.worker.dialect import (
     VERSIONED_DECODER,
     VERSIONED_MODULE,
@@ -55,6 +65,12 @@ class LoadedEngine:
     """SGLang's ``--incremental-streaming-output``: stream chunks carry deltas, not cumulative text."""
     parsers: ParserNames = field(default_factory=ParserNames)
     """SGLang's tool-call and reasoning parser names from the engine argv."""
+    device: Device | None = None
+    """Where the real engine runs (``None`` for the stand-in)."""
+    left_out: tuple[str, ...] = ()
+    """SGLang flags the worker did not pass on this device (HiCache on CPU), with
+    :attr:`left_out_reason`."""
+    left_out_reason: str = ""
 
     def abort(self, rid: str) -> None:
         """Abort an in-flight request (``Engine`` has no abort of its own; its tokenizer manager does)."""
@@ -66,6 +82,17 @@ class LoadedEngine:
     def tokenizer(self) -> Any:
         manager = getattr(self.engine, "tokenizer_manager", None)
         return getattr(manager, "tokenizer", None)
+
+    @property
+    def context_length(self) -> int | None:
+        """Tokens a request may span, prompt and answer, less what SGLang reserves (``None``:
+        the engine does not say)."""
+        manager = getattr(self.engine, "tokenizer_manager", None)
+        length = getattr(manager, "context_len", None)
+        if not isinstance(length, int):
+            return None
+        reserved = getattr(manager, "num_reserved_tokens", 0)
+        return length - (reserved if isinstance(reserved, int) else 0)
 
     def shutdown(self) -> None:
         stop = getattr(self.engine, "shutdown", None)
@@ -117,8 +144,12 @@ def has_versioned_decoder() -> bool:
     return callable(getattr(module, VERSIONED_DECODER, None))
 
 
-def load_engine(spec: str, *, server_argv: Sequence[str], role: Role) -> LoadedEngine:
-    """Build the engine named by ``--engine``, measure its dialect, check its parser names."""
+def load_engine(
+    spec: str, *, server_argv: Sequence[str], role: Role, device: DeviceChoice = "auto"
+) -> LoadedEngine:
+    """Build the engine named by ``--engine``, measure its dialect, check its parser names.
+
+    ``device`` places the real engine: ``auto`` is the GPU when torch sees one, else the CPU."""
     parsers = parser_names_from_argv(server_argv)
     try:
         check_parser_names(parsers)
@@ -129,7 +160,7 @@ def load_engine(spec: str, *, server_argv: Sequence[str], role: Role) -> LoadedE
             _load_standin(spec.removeprefix(STANDIN_PREFIX), server_argv), parsers=parsers
         )
     if spec == "sglang":
-        return replace(_load_sglang(server_argv), parsers=parsers)
+        return replace(_load_sglang(server_argv, device=device), parsers=parsers)
     raise EngineLoadError(f"unknown --engine {spec!r}: use 'sglang' or 'standin:<dialect>'")
 
 
@@ -201,7 +232,30 @@ def without_unloaded_policy(server_argv: Sequence[str], choices: Sequence[str]) 
     return kept
 
 
-def _load_sglang(server_argv: Sequence[str]) -> LoadedEngine:  # pragma: no cover - needs a GPU
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError as exc:
+        raise EngineLoadError(f"--engine sglang needs torch installed: {exc}") from exc
+    return bool(torch.cuda.is_available())
+
+
+def _load_sglang(server_argv: Sequence[str], *, device: DeviceChoice) -> LoadedEngine:
+    placed = choose_device(device, cuda_available=device != "cpu" and _cuda_available())
+    left_out: list[str] = []
+    if placed == "cpu":
+        # Before SGLang is imported: its modules read this at import time, and its scheduler
+        # and detokenizer processes inherit it.
+        os.environ[CPU_ENGINE_ENV] = "1"
+        try:
+            plan = plan_cpu_argv(server_argv)
+        except CpuEngineUnsupported as exc:
+            raise EngineLoadError(f"CPU engine: {exc}") from None
+        server_argv, left_out = plan.argv, plan.dropped
+        if left_out:
+            logger.warning(
+                "CPU engine: leaving out %s: %s", " ".join(left_out), HICACHE_UNAVAILABLE
+            )
     try:
         import sglang
 
@@ -223,4 +277,7 @@ def _load_sglang(server_argv: Sequence[str]) -> LoadedEngine:  # pragma: no cove
         name=f"sglang-{getattr(sglang, '__version__', 'unknown')}",
         dialect=dialect,
         incremental_stream=bool(getattr(server_args, "incremental_streaming_output", False)),
+        device=placed,
+        left_out=tuple(left_out),
+        left_out_reason=HICACHE_UNAVAILABLE if left_out else "",
     )

@@ -23,7 +23,8 @@ Entries are found by the request's session id, else by the frontend's prefix-has
 (``x-kvr-prefix``: one hash per block, each covering every block before it), so sessionless
 clients reuse too. Memory is bounded: least recently used conversations go first once the
 entries' estimated size passes ``max_bytes`` (text, ids at 36 bytes and ends at 8 per token).
-One thread uses a cache (the worker's planning thread); it is not locked.
+The worker's planning threads share one cache: its tables are locked, the tokenizing is not
+(an entry being extended in place is first taken out of the cache, so no other thread reads it).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import itertools
 import logging
 import operator
 import sys
+import threading
 from array import array
 from bisect import bisect_right
 from collections import OrderedDict
@@ -49,6 +51,8 @@ DEFAULT_VERIFY_EVERY: Final = 256
 ID_BYTES: Final = 36
 """A list slot (8) and an int object (28) per token id: an upper bound."""
 END_BYTES: Final = 8
+SLICE_TOKENS: Final = 65_536
+"""Token offsets read (and freed) per C call: ~15 ms each, so other threads get the GIL."""
 
 
 class _Holder:
@@ -76,6 +80,24 @@ class Encoded:
     ordered: bool
     """Whether ``ends`` never decrease (bisectable)."""
     reused: int = 0
+
+
+@dataclass(frozen=True)
+class _Reuse:
+    """What :meth:`RenderCache.encode` takes from an entry (under the lock) to reuse it."""
+
+    entry: _Entry
+    ids: list[int]
+    """The entry's ids, held (so no other thread extends them in place meanwhile)."""
+    j: int
+    """The cut reused: the new text is tokenized from ``entry.cuts[j]`` on."""
+    in_place: bool
+    """Whether ``ids`` may be cut and extended in place (the entry is out of the cache and
+    nothing else holds its ids: the prompt it served is done)."""
+    extended: bool
+    """Whether the new prompt carries all of the entry up to its last cut."""
+    verify: bool
+    """Whether to check the reuse against a full encode (every ``verify_every``-th)."""
 
 
 @dataclass
@@ -156,6 +178,9 @@ class RenderCache:
         self._ids = itertools.count()
         self._bytes = 0
         self._reuses = 0
+        self._lock = threading.Lock()
+        self._checking = False
+        """A first prompt's split check is under way (no reuse until it is done)."""
         self.checked = False
         self.enabled = bool(self._cut) and max_bytes > 0
         self.hits = 0
@@ -176,12 +201,13 @@ class RenderCache:
             return None
         keys = [f"s:{session}"] if session else []
         keys.extend(k for k in reversed(chain) if k)
-        for key in keys:
-            entry_id = self._index.get(key)
-            if entry_id is not None:
-                memo = self._entries[entry_id].memo
-                if memo is not None:
-                    return memo
+        with self._lock:
+            for key in keys:
+                entry_id = self._index.get(key)
+                if entry_id is not None:
+                    memo = self._entries[entry_id].memo
+                    if memo is not None:
+                        return memo
         return None
 
     def encode(
@@ -192,26 +218,24 @@ class RenderCache:
         keys = tuple(k for k in ((f"s:{session}" if session else None), *chain) if k)
         if not self.enabled or not keys:
             return self._full(text)
-        encoded: Encoded | None = None
-        for entry_id, entry in self._candidates(keys):
-            encoded, fresh, extended = self._reuse(entry, text)
-            if encoded is not None:
-                if extended:  # the new prompt carries all of it: the old one is done
-                    self._drop(entry_id)
-                break
-        if encoded is None or fresh is None:
-            self.misses += 1
+        with self._lock:
+            reuse = self._find_reuse(keys, text)
+        if reuse is None:
             fresh = self._full_entry(text)
             encoded = Encoded(fresh.ids, fresh.ends, fresh.ordered)
-            if not self.checked:
-                self._check_split(fresh)
+            self._check_split(fresh)
         else:
-            self.hits += 1
-            self.reused_tokens += encoded.reused
-        if self.enabled:
-            if memo is not None:
-                fresh.memo, fresh.memo_bytes = memo, int(memo.nbytes)
-            self._store(fresh, keys)
+            encoded, fresh = self._reuse(reuse, text)
+        with self._lock:
+            if reuse is None:
+                self.misses += 1
+            else:
+                self.hits += 1
+                self.reused_tokens += encoded.reused
+            if self.enabled:
+                if memo is not None:
+                    fresh.memo, fresh.memo_bytes = memo, int(memo.nbytes)
+                self._store(fresh, keys)
         return encoded
 
     # -------------------------------------------------------------- internals
@@ -232,26 +256,43 @@ class RenderCache:
             if len(seen) == 2:
                 return
 
-    def _reuse(self, entry: _Entry, text: str) -> tuple[Encoded | None, _Entry | None, bool]:
-        """The new prompt's encoding from ``entry`` (``None`` when too little is shared), the
-        entry to keep for it, and whether it carries all of ``entry`` up to its last cut."""
-        shared = common_prefix(entry.text, text)
-        j = bisect_right(entry.cuts, shared) - 1
-        while j >= 0 and entry.cut_ends[j] > shared:
-            j -= 1
-        if j <= 0:  # nothing before the first cut token is worth a reuse
-            return None, None, False
+    def _find_reuse(self, keys: Sequence[str], text: str) -> _Reuse | None:
+        """The first candidate entry ``text`` shares a cut with (under the lock); one the new
+        prompt carries whole up to its last cut is done and leaves the cache now."""
+        if self._checking:
+            return None
+        for entry_id, entry in self._candidates(keys):
+            shared = common_prefix(entry.text, text)
+            j = bisect_right(entry.cuts, shared) - 1
+            while j >= 0 and entry.cut_ends[j] > shared:
+                j -= 1
+            if j <= 0:  # nothing before the first cut token is worth a reuse
+                continue
+            extended = j == len(entry.cuts) - 1
+            # Nothing else holds its ids (the prompt it served is done): extend them in place
+            # instead of copying ~100k ids and freeing the old list.
+            in_place = extended and sys.getrefcount(entry.ids) == _ONLY_THE_ENTRY
+            if extended:  # the new prompt carries all of it: the old one is done
+                self._drop(entry_id)
+            self._reuses += 1
+            verify = bool(self._verify_every) and (
+                self._reuses % self._verify_every == 1 % self._verify_every
+            )
+            return _Reuse(entry, entry.ids, j, in_place, extended, verify)
+        return None
+
+    def _reuse(self, reuse: _Reuse, text: str) -> tuple[Encoded, _Entry]:
+        """The new prompt's encoding from the entry, and the entry to keep for it."""
+        entry, j = reuse.entry, reuse.j
         at, k = entry.cuts[j], entry.cut_tokens[j]
         tail = self._full_entry(text[at:])
-        if j == len(entry.cuts) - 1 and sys.getrefcount(entry.ids) == _ONLY_THE_ENTRY:
-            # The entry is dropped below and nothing else holds its ids (the prompt it served is
-            # done): extend them in place instead of copying ~100k ids and freeing the old list.
-            ids = entry.ids
+        if reuse.in_place:
+            ids = reuse.ids
             del ids[k:]
             ids.extend(tail.ids)
             entry.ids = []
         else:
-            ids = entry.ids[:k] + tail.ids
+            ids = reuse.ids[:k] + tail.ids
         ends = entry.ends[:k]
         ends.extend(e + at for e in tail.ends)
         ordered = (
@@ -266,13 +307,13 @@ class RenderCache:
             cut_tokens=entry.cut_tokens[:j] + [t + k for t in tail.cut_tokens],
             cut_ends=entry.cut_ends[:j] + [c + at for c in tail.cut_ends],
         )
-        self._reuses += 1
-        if self._verify_every and self._reuses % self._verify_every == 1 % self._verify_every:
+        if reuse.verify:
             whole = self._full_entry(text)
             if whole.ids != ids or list(whole.ends) != list(ends):
-                self._disable(f"a reused prompt differed from its full encode at a cut at {at}")
-                return Encoded(whole.ids, whole.ends, whole.ordered), whole, False
-        return Encoded(ids, ends, ordered, reused=k), fresh, j == len(entry.cuts) - 1
+                with self._lock:
+                    self._disable(f"a reused prompt differed from its full encode at a cut at {at}")
+                return Encoded(whole.ids, whole.ends, whole.ordered), whole
+        return Encoded(ids, ends, ordered, reused=k), fresh
 
     def _full(self, text: str) -> Encoded:
         entry = self._full_entry(text)
@@ -281,8 +322,9 @@ class RenderCache:
     def _full_entry(self, text: str) -> _Entry:
         encoded = self._tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         ids = list(encoded["input_ids"])
-        ends = array("q", map(operator.itemgetter(1), encoded["offset_mapping"]))
-        ordered = all(map(operator.le, ends, itertools.islice(ends, 1, None)))
+        offsets = encoded["offset_mapping"]
+        del encoded  # ``offsets`` is then the only holder of the offsets, which it frees in slices
+        ends, ordered = token_ends(offsets)
         found: list[tuple[int, int, int]] = []
         for token_id, content in self._cut.items():  # C-speed finds, one per cut token kind
             at = text.find(content)
@@ -305,15 +347,22 @@ class RenderCache:
     def _check_split(self, entry: _Entry) -> None:
         """Once: encoding apart at a cut must give the whole encoding (see the module docstring)."""
         inner = [j for j in range(len(entry.cuts)) if entry.cuts[j] > 0]
-        if not inner:
-            return
-        self.checked = True
-        j = inner[len(inner) // 2]
-        at = entry.cuts[j]
-        head = self._full_entry(entry.text[:at])
-        tail = self._full_entry(entry.text[at:])
+        with self._lock:
+            if not inner or self.checked or self._checking:
+                return
+            self._checking = True
+        try:
+            j = inner[len(inner) // 2]
+            at = entry.cuts[j]
+            head = self._full_entry(entry.text[:at])
+            tail = self._full_entry(entry.text[at:])
+        finally:
+            with self._lock:
+                self._checking = False
+                self.checked = True
         if head.ids + tail.ids != entry.ids:
-            self._disable(f"encoding apart at a cut token ({at}) differs from the whole")
+            with self._lock:
+                self._disable(f"encoding apart at a cut token ({at}) differs from the whole")
 
     def _disable(self, why: str) -> None:
         log.error("prompt token reuse disabled for this tokenizer: %s", why)
@@ -352,6 +401,27 @@ class RenderCache:
         for key in entry.keys:
             if self._index.get(key) == entry_id:
                 del self._index[key]
+
+
+def token_ends(offsets: Sequence[tuple[int, int]]) -> tuple[array[int], bool]:
+    """Each token's end, and whether the ends never decrease; a list of offsets is emptied.
+
+    In slices of :data:`SLICE_TOKENS`, each one C call: between them the GIL passes to the event
+    loop and the other planning threads (a 3 MB prompt's 3M offsets at once held it ~1 s to read
+    and ~0.5 s to free)."""
+    ends: array[int] = array("q")
+    ordered = True
+    for start in range(0, len(offsets), SLICE_TOKENS):
+        part = array("q", map(operator.itemgetter(1), offsets[start : start + SLICE_TOKENS]))
+        if ordered and part:
+            ordered = (not ends or ends[-1] <= part[0]) and all(
+                map(operator.le, part, itertools.islice(part, 1, None))
+            )
+        ends.extend(part)
+    if isinstance(offsets, list):
+        while offsets:
+            del offsets[-SLICE_TOKENS:]
+    return ends, ordered
 
 
 def _index_of(ends: Sequence[int], at: int) -> int:

@@ -1,0 +1,106 @@
+"""The objects a fleet names but does not reconcile as children: the auth Secrets and the
+``codexInstructions`` ConfigMap it reads (checked only while the frontend is not ready, to say why
+in status), and the hop-key Secret it needs once (created when absent, never rewritten).
+
+Secrets and ConfigMaps are not watched kinds, so each is a direct read or create, bounded to the
+moments it can change the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+from prometheus_client import Counter
+
+from kvretention.controller import kube as k
+from kvretention.controller.planner import (
+    FleetPlan,
+    plan_codex_read,
+    plan_hop_key,
+    plan_secret_reads,
+    refused_message,
+)
+from kvretention.controller.resources.hop_key import HOP_KEY_BYTES, build_hop_key_secret
+
+log = logging.getLogger("kvretention.controller.executor")
+
+
+async def _exists(kube: k.Kube, namespace: str, name: str) -> bool | Exception:
+    try:
+        return await kube.exists(k.SECRET, namespace, name)
+    except Exception as exc:  # said nothing: the frontend's own reason stands
+        return exc
+
+
+async def missing_secrets(
+    kube: k.Kube, plan: FleetPlan, previous: Mapping[str, Any] | None
+) -> list[str]:
+    """The auth Secrets that do not exist (metadata-only reads, only while the frontend is
+    not ready). A read that fails otherwise (RBAC without ``get`` on Secrets, the API server
+    busy) says nothing: the frontend's own reason stands."""
+    names = plan_secret_reads(plan, previous)
+    namespace = plan.cr.namespace
+    found = await asyncio.gather(*(_exists(kube, namespace, name) for name in names))
+    missing = []
+    for name, exists in zip(names, found, strict=True):
+        if isinstance(exists, Exception):
+            log.debug("Secret %s/%s not checked: %s", namespace, name, exists)
+        elif not exists:
+            missing.append(name)
+    return missing
+
+
+async def missing_codex_instructions(
+    kube: k.Kube, plan: FleetPlan, previous: Mapping[str, Any] | None
+) -> str | None:
+    """What of the codexInstructions ConfigMap key does not exist, in words (None: it does,
+    or it was not read). Read only while the frontend is not ready; a read that fails
+    otherwise says nothing, as for the auth Secrets."""
+    wanted = plan_codex_read(plan, previous)
+    if wanted is None:
+        return None
+    name, key = wanted
+    namespace = plan.cr.namespace
+    try:
+        found = await kube.get_or_none(k.CONFIGMAP, namespace, name)
+    except Exception as exc:
+        log.debug("ConfigMap %s/%s not checked: %s", namespace, name, exc)
+        return None
+    if found is None:
+        return f"ConfigMap {name} not found in namespace {namespace}"
+    if key not in (found.get("data") or {}) and key not in (found.get("binaryData") or {}):
+        return f"ConfigMap {name} in namespace {namespace} has no key {key}"
+    return None
+
+
+async def ensure_hop_key(
+    kube: k.Kube,
+    plan: FleetPlan,
+    previous: Mapping[str, Any] | None,
+    *,
+    ensured: set[tuple[str, str]],
+    writes: Counter,
+) -> list[str]:
+    """Create the fleet's hop-key Secret with a random key if it is absent; one that exists
+    is never read or rewritten (a new key at each reconcile would split the fleet's pods
+    between two keys). ``ensured`` remembers (fleet uid, Secret) made sure of since the
+    operator started. A refused create, in words for status."""
+    key = (plan.uid, plan.hop_key_secret or "")
+    name = plan_hop_key(plan, previous, ensured=key in ensured)
+    if name is None:
+        return []
+    manifest = build_hop_key_secret(plan.cr, key=secrets.token_hex(HOP_KEY_BYTES))
+    try:
+        created = await kube.create_if_absent(k.SECRET, plan.cr.namespace, manifest)
+    except Exception as exc:  # RBAC, admission, the API server: said in status, retried
+        said = exc.said if isinstance(exc, k.ApiError) else str(exc)
+        return [refused_message(manifest, said)]
+    if created:
+        writes.labels(k.SECRET.kind).inc()
+        log.info("created Secret %s/%s (the fleet's hop key)", plan.cr.namespace, name)
+    ensured.add(key)
+    return []

@@ -1,0 +1,392 @@
+"""The router's request path: place each request, forward its exact bytes, stream the answer back.
+
+A worker that dies mid-stream gives the client a final ``worker_unavailable`` line; a client that
+disconnects closes the upstream request, which makes the worker abort it in the engine. With
+``--hop-key-file`` a request whose tenant the fleet's frontend did not sign is refused before
+anything else (403 ``hop_unauthenticated``, :mod:`kvretention.common.hop_auth`); a signed one is
+forwarded with its signature, which each worker checks again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import time
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+import aiohttp
+import msgspec
+from aiohttp import web
+
+from kvretention.common.hop_auth import HEADER_TENANT_SIG, hop_refusal, refusal_message
+from kvretention.common.tenancy import (
+    HEADER_TENANT,
+    scoped_chain,
+    scoped_session,
+    tenant_of_headers,
+)
+from kvretention.dataplane.protocol import (
+    ERROR_STATUS,
+    GENERATE_PATH,
+    HEADER_BOOTSTRAP_HOST,
+    HEADER_BOOTSTRAP_PORT,
+    HEADER_BOOTSTRAP_ROOM,
+    HEADER_PREFIX,
+    HEADER_ROLE,
+    NDJSON,
+    ErrorBody,
+    ErrorCode,
+    ErrorLine,
+)
+from kvretention.dataplane.router.discovery import PoolRole
+from kvretention.dataplane.router.placement import (
+    Choice,
+    parse_prefix_header,
+    plan_pair,
+    plan_worker,
+    session_of,
+)
+from kvretention.dataplane.router.state import STATE, RouterState, Worker, connect_evidence
+
+# ---------------------------------------------------------------- request path
+
+
+class ClientGone(Exception):
+    """The client disconnected while its answer was being written (not the worker's fault)."""
+
+    def __init__(self, response: web.StreamResponse) -> None:
+        super().__init__("client disconnected")
+        self.response = response
+
+
+async def _write(out: web.StreamResponse, data: bytes) -> None:
+    # aiohttp's write error on a closed client is also a ClientError; keep the two apart so a
+    # client that walks away never gets a worker ejected.
+    try:
+        await out.write(data)
+    except ConnectionResetError as exc:
+        raise ClientGone(out) from exc
+
+
+def error_response(code: ErrorCode, message: str) -> web.Response:
+    line = ErrorLine(error=ErrorBody(code=code, message=message))
+    return web.Response(
+        status=ERROR_STATUS[code], body=line.model_dump_json(), content_type="application/json"
+    )
+
+
+def error_line(code: ErrorCode, message: str) -> bytes:
+    return ErrorLine(error=ErrorBody(code=code, message=message)).model_dump_json().encode() + b"\n"
+
+
+_DECODE: Final = msgspec.json.Decoder().decode
+
+
+def _complete(data: bytes) -> bool:
+    """Whether ``data`` is a whole answer: whole lines, the last one terminal."""
+    if not data.endswith(b"\n"):
+        return False
+    lines = [line for line in data.split(b"\n") if line.strip()]
+    return bool(lines) and is_terminal(lines[-1])
+
+
+def is_terminal(line: bytes) -> bool:
+    """A stream's last line must be an error line or a chunk with a finish reason (msgspec
+    reads it where it accepts it, with ``json``'s values; ``json`` decides the rest)."""
+    try:
+        obj = _DECODE(line)
+    except msgspec.DecodeError:
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            return False
+    return isinstance(obj, dict) and ("error" in obj or obj.get("finish_reason") is not None)
+
+
+def plan_bootstrap(
+    worker_url: str, info: dict[str, Any] | None, *, default_port: int | None
+) -> tuple[str, int] | None:
+    """The prefill worker's bootstrap server: what it reports, else its URL host and the default."""
+    info = info or {}
+    host = info.get("bootstrap_host") or urlsplit(worker_url).hostname
+    port = info.get("bootstrap_port") or default_port
+    if not host or not isinstance(port, int):
+        return None
+    return str(host), port
+
+
+async def handle_generate(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    # Before anything is read: only the fleet's frontend may name a tenant (with a hop key).
+    hop_keys = state.hop_keys.keys if state.hop_keys is not None else None
+    refused = hop_refusal(hop_keys, request.headers, now=time.time())
+    if refused is not None:
+        state.metrics.hop_refusals.labels(refused.value).inc()
+        return error_response(ErrorCode.HOP_UNAUTHENTICATED, refusal_message(refused))
+    body = await request.read()
+    session = session_of(body, {k.lower(): v for k, v in request.headers.items()})
+    chain: list[str] = []
+    if state.config.policy == "cache-aware":
+        chain = parse_prefix_header(request.headers.get(HEADER_PREFIX))
+    try:
+        tenant = tenant_of_headers(request.headers)
+    except ValueError as exc:
+        return error_response(ErrorCode.INVALID_REQUEST, str(exc))
+    # Pins and the prefix index per tenant: one tenant's prompts never steer another's placement.
+    session, chain = scoped_session(tenant, session), scoped_chain(tenant, chain)
+    mode = "disaggregated" if state.disaggregated else "aggregated"
+    outcome = "error"
+    try:
+        if state.disaggregated:
+            response, outcome = await _disaggregated(request, state, body, session, chain)
+        else:
+            response, outcome = await _aggregated(request, state, body, session, chain)
+        return response
+    except ClientGone as gone:
+        outcome = "client_gone"
+        return gone.response
+    except asyncio.CancelledError:
+        outcome = "cancelled"
+        raise
+    finally:
+        state.metrics.requests_of(mode, outcome).inc()
+
+
+def _passed_on(request: web.Request) -> dict[str, str]:
+    """Headers every worker request carries: the prefix chain lets the worker find the
+    conversation's previous prompt to reuse its tokens."""
+    headers = {"Content-Type": "application/json"}
+    chain = request.headers.get(HEADER_PREFIX)
+    if chain:
+        headers[HEADER_PREFIX] = chain
+    tenant = request.headers.get(HEADER_TENANT)
+    if tenant:
+        headers[HEADER_TENANT] = tenant  # the worker's cache_salt
+    signature = request.headers.get(HEADER_TENANT_SIG)
+    if signature:
+        headers[HEADER_TENANT_SIG] = signature  # checked again by the worker, with the same key
+    return headers
+
+
+def _choose(
+    state: RouterState, role: PoolRole, session: str | None, exclude: set[str], chain: list[str]
+) -> Choice | None:
+    views = [w.view() for w in state.pool(role) if w.url not in exclude]
+    pinned = state.pins.get(role, session)
+    matched = state.prefixes.match(chain) if chain and pinned is None else None
+    return plan_worker(views, pinned=pinned, matched=matched, balance=state.config.balance)
+
+
+def _pin(
+    state: RouterState, role: PoolRole, session: str | None, choice: Choice, chain: list[str]
+) -> None:
+    if choice.sticky:
+        state.metrics.sticky.inc()
+    elif choice.matched:
+        state.metrics.prefix.inc()
+    state.pins.set(role, session, choice.url)
+    if chain:
+        state.prefixes.record(chain, choice.url)
+
+
+async def _aggregated(
+    request: web.Request, state: RouterState, body: bytes, session: str | None, chain: list[str]
+) -> tuple[web.StreamResponse, str]:
+    assert state.session is not None
+    tried: set[str] = set()
+    while True:
+        choice = _choose(state, "aggregated", session, tried, chain)
+        if choice is None:
+            if tried:
+                return error_response(
+                    ErrorCode.WORKER_UNAVAILABLE, "every worker tried was unreachable"
+                ), "worker_unavailable"
+            return error_response(ErrorCode.NO_WORKERS, "no healthy workers"), "no_workers"
+        worker = state.workers[choice.url]
+        _pin(state, "aggregated", session, choice, chain)
+        state.begin(worker)
+        try:
+            async with state.session.post(
+                worker.url + GENERATE_PATH,
+                data=body,
+                headers={**_passed_on(request), HEADER_ROLE: "aggregated"},
+            ) as upstream:
+                if upstream.status == ERROR_STATUS[ErrorCode.DRAINING] and await _is_draining(
+                    upstream
+                ):
+                    # The worker refused before doing anything: another one may take it.
+                    state.observe(worker, "not_ready")
+                    tried.add(worker.url)
+                    continue
+                return await _relay(request, state, worker, upstream)
+        except aiohttp.ClientConnectorError as exc:
+            # Nothing reached the worker, so another one may take the request.
+            state.observe(worker, connect_evidence(exc))
+            tried.add(worker.url)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            state.observe(worker, "error")
+            return error_response(
+                ErrorCode.WORKER_UNAVAILABLE, f"worker {worker.url} failed: {exc}"
+            ), "worker_unavailable"
+        finally:
+            state.end(worker)
+
+
+async def _disaggregated(
+    request: web.Request, state: RouterState, body: bytes, session: str | None, chain: list[str]
+) -> tuple[web.StreamResponse, str]:
+    assert state.session is not None
+    pinned_prefill = state.pins.get("prefill", session)
+    pair = plan_pair(
+        [w.view() for w in state.pool("prefill")],
+        [w.view() for w in state.pool("decode")],
+        pinned_prefill=pinned_prefill,
+        pinned_decode=state.pins.get("decode", session),
+        # The prompt is prefilled, and retained, on the prefill side.
+        matched_prefill=state.prefixes.match(chain) if chain and pinned_prefill is None else None,
+        balance=state.config.balance,
+    )
+    if pair is None:
+        return error_response(
+            ErrorCode.NO_WORKERS, "no healthy prefill/decode worker pair"
+        ), "no_workers"
+    prefill, decode = state.workers[pair.prefill.url], state.workers[pair.decode.url]
+    bootstrap = plan_bootstrap(prefill.url, prefill.info, default_port=state.config.bootstrap_port)
+    if bootstrap is None:
+        return error_response(
+            ErrorCode.WORKER_UNAVAILABLE,
+            f"prefill worker {prefill.url} reports no bootstrap port; start the router with "
+            "--bootstrap-port or the worker with --bootstrap-port",
+        ), "worker_unavailable"
+    _pin(state, "prefill", session, pair.prefill, chain)
+    _pin(state, "decode", session, pair.decode, [])
+    room = secrets.randbits(63)
+    headers = {
+        **_passed_on(request),
+        HEADER_BOOTSTRAP_HOST: bootstrap[0],
+        HEADER_BOOTSTRAP_PORT: str(bootstrap[1]),
+        HEADER_BOOTSTRAP_ROOM: str(room),
+    }
+    session_http = state.session
+    state.begin(prefill)
+    state.begin(decode)
+    opened: list[aiohttp.ClientResponse] = []
+    drain_task: asyncio.Task[None] | None = None
+
+    async def send(worker: Worker, role: str) -> aiohttp.ClientResponse:
+        resp = await session_http.post(
+            worker.url + GENERATE_PATH, data=body, headers={**headers, HEADER_ROLE: role}
+        )
+        opened.append(resp)
+        return resp
+
+    try:
+        results = await asyncio.gather(
+            send(prefill, "prefill"), send(decode, "decode"), return_exceptions=True
+        )
+        for worker, result in zip((prefill, decode), results, strict=True):
+            if isinstance(result, aiohttp.ClientConnectorError):
+                state.observe(worker, connect_evidence(result))
+            if isinstance(result, BaseException):
+                return error_response(
+                    ErrorCode.WORKER_UNAVAILABLE,
+                    f"{worker.role} worker {worker.url} unreachable: {result}",
+                ), "worker_unavailable"
+        resp_p, resp_d = results
+        assert isinstance(resp_p, aiohttp.ClientResponse)
+        assert isinstance(resp_d, aiohttp.ClientResponse)
+        for resp in (resp_p, resp_d):
+            if resp.status != 200:
+                return await _passthrough_error(resp), "upstream_error"
+        state.answered(prefill)
+        # The prefill half's answer is not the client's; read it to the end so SGLang's
+        # prefill request completes, then drop it.
+        drain_task = asyncio.create_task(_discard(resp_p))
+        return await _relay(request, state, decode, resp_d)
+    finally:
+        if drain_task is not None and not drain_task.done():
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError, aiohttp.ClientError):
+                await asyncio.wait_for(asyncio.shield(drain_task), timeout=5.0)
+            drain_task.cancel()
+        for resp in opened:
+            resp.close()
+        state.end(prefill)
+        state.end(decode)
+
+
+async def _is_draining(resp: aiohttp.ClientResponse) -> bool:
+    try:
+        body = await resp.json(content_type=None)
+    except (ValueError, aiohttp.ClientError):
+        return False
+    error = body.get("error") if isinstance(body, dict) else None
+    return isinstance(error, dict) and error.get("code") == ErrorCode.DRAINING.value
+
+
+async def _discard(resp: aiohttp.ClientResponse) -> None:
+    with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+        await resp.read()
+
+
+async def _passthrough_error(resp: aiohttp.ClientResponse) -> web.Response:
+    """A worker's non-2xx answer reaches the client as the worker wrote it (typed error codes)."""
+    body = await resp.read()
+    return web.Response(status=resp.status, body=body, content_type="application/json")
+
+
+async def _relay(
+    request: web.Request, state: RouterState, worker: Worker, upstream: aiohttp.ClientResponse
+) -> tuple[web.StreamResponse, str]:
+    """Stream a worker's NDJSON answer to the client, ending with an error line if it breaks off.
+
+    An answer that arrived whole in the first read (a short one) goes out as one response with
+    its headers: one socket write instead of three (headers, data, end of the chunked body),
+    and each write on loopback TCP costs about as much as the router's own Python for a small
+    request (benchmarks/README.md).
+    """
+    if upstream.status != 200:
+        return await _passthrough_error(upstream), "upstream_error"
+    state.answered(worker)
+    failure: BaseException | None = None
+    try:
+        data = await upstream.content.readany()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        data, failure = b"", exc
+    if data and upstream.content.at_eof() and _complete(data):
+        state.answered(worker)
+        return web.Response(body=data, headers={"Content-Type": NDJSON}), "ok"
+    out = web.StreamResponse(headers={"Content-Type": NDJSON})
+    await out.prepare(request)
+    pending, last = b"", b""
+    while failure is None:
+        if not data:
+            break
+        state.answered(worker)  # every chunk: a long stream keeps proving the worker alive
+        await _write(out, data)
+        pending += data
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            if line.strip():
+                last = line
+        try:
+            data = await upstream.content.readany()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            failure = exc
+    outcome = "ok"
+    if pending.strip() or not is_terminal(last):
+        if pending.strip():
+            await _write(out, b"\n")
+        if isinstance(failure, TimeoutError):
+            code, outcome = ErrorCode.UPSTREAM_TIMEOUT, "upstream_timeout"
+            message = f"worker {worker.url} sent nothing for {state.config.read_timeout_s}s"
+        else:
+            code, outcome = ErrorCode.WORKER_UNAVAILABLE, "worker_unavailable"
+            message = f"worker {worker.url} stopped mid-stream"
+            state.observe(worker, "broken")
+        await _write(out, error_line(code, message))
+    with contextlib.suppress(ConnectionResetError):
+        await out.write_eof()
+    return out, outcome

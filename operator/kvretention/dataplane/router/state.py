@@ -1,0 +1,236 @@
+"""The router's state: its settings, the workers it knows with their health and load, and its metrics.
+
+Health evidence is weighed by :meth:`RouterState.observe` (see :mod:`kvretention.dataplane.router.health`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from kvretention.common.hop_auth import HopKeyFile
+from kvretention.dataplane.labelled import Children
+from kvretention.dataplane.router.discovery import PoolRole, Source
+from kvretention.dataplane.router.health import (
+    DEFAULT_EJECT_AFTER,
+    Evidence,
+    HealthRecord,
+    plan_health,
+)
+from kvretention.dataplane.router.placement import (
+    DEFAULT_MAX_PREFIXES,
+    DEFAULT_MAX_SESSIONS,
+    Balance,
+    Policy,
+    PrefixIndex,
+    SessionPins,
+    WorkerView,
+)
+
+log = logging.getLogger("kvretention.dataplane.router.app")
+
+
+@dataclass
+class RouterConfig:
+    health_interval_s: float = 2.0
+    health_timeout_s: float = 1.0
+    eject_after: int = DEFAULT_EJECT_AFTER
+    """Failed polls (or broken requests) in a row, with no answer in between, that eject a worker."""
+    dns_interval_s: float = 5.0
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 600.0
+    """Longest gap between two streamed chunks before the request fails with ``upstream_timeout``."""
+    bootstrap_port: int | None = None
+    """Prefill bootstrap port when a prefill worker's ``/v1/info`` does not say."""
+    max_sessions: int = DEFAULT_MAX_SESSIONS
+    policy: Policy = "cache-aware"
+    """Placement of requests without a session pin: longest prefix match, or least outstanding."""
+    max_prefixes: int = DEFAULT_MAX_PREFIXES
+    balance: Balance = field(default_factory=Balance)
+
+
+@dataclass
+class Worker:
+    url: str
+    role: PoolRole
+    health: HealthRecord = field(default_factory=HealthRecord)
+    outstanding: int = 0
+    served: int = 0
+    answered: int = 0
+    """Real requests the worker answered (a 2xx status): passive evidence that it is alive."""
+    answered_seen: int = 0
+    """``answered`` when its health was last weighed."""
+    info: dict[str, Any] | None = None
+
+    @property
+    def healthy(self) -> bool:
+        return self.health.healthy
+
+    def view(self) -> WorkerView:
+        return WorkerView(
+            url=self.url, healthy=self.healthy, outstanding=self.outstanding, served=self.served
+        )
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "kvretention_router_requests",
+            "Routed requests by mode and outcome.",
+            ["mode", "outcome"],
+            registry=self.registry,
+        )
+        self.healthy = Gauge(
+            "kvretention_router_healthy_workers",
+            "Healthy workers by role.",
+            ["role"],
+            registry=self.registry,
+        )
+        self.outstanding = Gauge(
+            "kvretention_router_outstanding_requests",
+            "Requests in flight per worker.",
+            ["role", "url"],
+            registry=self.registry,
+        )
+        self.pool_outstanding = Gauge(
+            "kvretention_router_pool_outstanding_requests",
+            "Requests in flight per pool (role): the signal a pool's autoscaler divides by replicas.",
+            ["role"],
+            registry=self.registry,
+        )
+        for role in ("aggregated", "prefill", "decode"):
+            self.pool_outstanding.labels(role)  # present at 0 before the first request
+        self.ejections = Counter(
+            "kvretention_router_worker_ejections",
+            "Workers taken out of rotation.",
+            ["role", "reason"],
+            registry=self.registry,
+        )
+        self.health_failures = Counter(
+            "kvretention_router_worker_health_failures",
+            "Failed health polls and broken requests, by what they showed.",
+            ["role", "evidence"],
+            registry=self.registry,
+        )
+        self.kept = Counter(
+            "kvretention_router_worker_kept",
+            "Failing workers kept in rotation: answering real requests, or the pool's last one.",
+            ["role", "why"],
+            registry=self.registry,
+        )
+        self.hop_refusals = Counter(
+            "kvretention_router_hop_refusals",
+            "Requests refused with a 403 for a missing or bad x-kvr-tenant-sig (only with "
+            "--hop-key-file), by reason (missing, malformed, stale, invalid).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.sticky = Counter(
+            "kvretention_router_sticky_placements",
+            "Placements decided by a session pin.",
+            registry=self.registry,
+        )
+        self.prefix = Counter(
+            "kvretention_router_prefix_placements",
+            "Placements decided by a prefix match (cache-aware policy).",
+            registry=self.registry,
+        )
+        # Every request moves these; each label set is resolved once (kvretention.dataplane.labelled).
+        self.requests_of = Children(self.requests)
+        self.outstanding_of = Children(self.outstanding)
+        self.pool_outstanding_of = Children(self.pool_outstanding)
+
+
+@dataclass
+class RouterState:
+    sources: list[Source]
+    config: RouterConfig = field(default_factory=RouterConfig)
+    workers: dict[str, Worker] = field(default_factory=dict)
+    metrics: RouterMetrics = field(default_factory=RouterMetrics)
+    session: aiohttp.ClientSession | None = None
+    health_session: aiohttp.ClientSession | None = None
+    """Polls travel on their own connections, never queued behind long streams."""
+    hop_keys: HopKeyFile | None = None
+    """``--hop-key-file``: every request must carry the frontend's signature of its tenant."""
+    pins: SessionPins = field(init=False)
+    prefixes: PrefixIndex = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.pins = SessionPins(max_sessions=self.config.max_sessions)
+        self.prefixes = PrefixIndex(max_prefixes=self.config.max_prefixes)
+
+    @property
+    def disaggregated(self) -> bool:
+        return any(s.role != "aggregated" for s in self.sources)
+
+    def pool(self, role: PoolRole) -> list[Worker]:
+        return [w for w in self.workers.values() if w.role == role]
+
+    def ready(self) -> bool:
+        roles: tuple[PoolRole, ...] = (
+            ("prefill", "decode") if self.disaggregated else ("aggregated",)
+        )
+        return all(any(w.healthy for w in self.pool(r)) for r in roles)
+
+    def observe(self, worker: Worker, evidence: Evidence) -> None:
+        """Weigh one poll's or one request's evidence about ``worker`` (see ``router.health``)."""
+        served_since = worker.answered != worker.answered_seen
+        worker.answered_seen = worker.answered
+        others = any(w.healthy for w in self.pool(worker.role) if w is not worker)
+        step = plan_health(
+            worker.health,
+            evidence,
+            served_since=served_since,
+            last_healthy=not others,
+            eject_after=self.config.eject_after,
+        )
+        if evidence != "ok":
+            self.metrics.health_failures.labels(worker.role, evidence).inc()
+        if step.ejected is not None:
+            log.warning("ejecting %s worker %s (%s)", worker.role, worker.url, step.ejected)
+            self.metrics.ejections.labels(worker.role, step.ejected).inc()
+        elif step.admitted:
+            log.info("admitting %s worker %s", worker.role, worker.url)
+        elif step.held is not None:
+            if step.held == "last_worker" and worker.health.failures < self.config.eject_after:
+                log.warning(
+                    "keeping slow %s worker %s: it is the last healthy one", worker.role, worker.url
+                )
+            self.metrics.kept.labels(worker.role, step.held).inc()
+        worker.health = step.record
+        self._publish()
+
+    def answered(self, worker: Worker) -> None:
+        """A real request got a status line from ``worker``: it is alive, however slow its polls."""
+        worker.answered += 1
+
+    def _publish(self) -> None:
+        for role in ("aggregated", "prefill", "decode"):
+            self.metrics.healthy.labels(role).set(
+                sum(1 for w in self.workers.values() if w.role == role and w.healthy)
+            )
+
+    def begin(self, worker: Worker) -> None:
+        worker.outstanding += 1
+        worker.served += 1
+        self.metrics.outstanding_of(worker.role, worker.url).set(worker.outstanding)
+        self.metrics.pool_outstanding_of(worker.role).inc()
+
+    def end(self, worker: Worker) -> None:
+        worker.outstanding -= 1
+        self.metrics.outstanding_of(worker.role, worker.url).set(worker.outstanding)
+        self.metrics.pool_outstanding_of(worker.role).dec()
+
+
+STATE: Final = web.AppKey("router_state", RouterState)
+
+
+def connect_evidence(exc: aiohttp.ClientConnectorError) -> Evidence:
+    """A refused connection is decisive (no process listens); anything else is not."""
+    return "refused" if isinstance(exc.os_error, ConnectionRefusedError) else "error"

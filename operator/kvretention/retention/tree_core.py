@@ -1,0 +1,116 @@
+"""Which of SGLang's radix-tree cores a worker runs: the rule, and its report on ``/metrics``.
+
+SGLang 0.5.23's unified radix cache picks its ``TreeCore`` by name, default
+``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND`` (``rust``); the retention plugin's ``kvretain`` policy
+moves it to the ``python`` core (docs/retention.md, "Which tree core"), every other policy keeps
+SGLang's choice. :func:`plan_tree_core` is that rule, used by the plugin's hook and by the probe.
+The hook runs in SGLang's scheduler (one process per rank), so it writes the core it resolved into
+the worker's stats directory (``<STATS_DIR>/tree_core/<pid>.json``, as the L3 numbers travel:
+:mod:`kvretention.retention.l3_export`), and the worker's :class:`TreeCoreCollector` exports it as
+``kvretention_worker_radix_core_info{core, policy} 1``. Import-light: no SGLang at import.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Final
+
+from kvretention.retention import EVICTION_POLICY
+from kvretention.retention.l3_export import read_process_files, write_process_file
+
+RUST: Final = "rust"
+PYTHON: Final = "python"
+SUBDIR: Final = "tree_core"
+METRIC: Final = "kvretention_worker_radix_core_info"
+SGLANG_ENV_DEFAULT: Final = "sglang.srt.environ.envs.SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
+"""Where SGLang keeps its default core's name (an ``EnvStr``: the environment, else ``rust``)."""
+
+
+def plan_tree_core(policy: str | None, *, default: str) -> str:
+    """The core a tree with ``--radix-eviction-policy policy`` asks SGLang for, ``default`` being
+    the name SGLang would ask for (its env default, or the cache's override): ``kvretain`` turns a
+    ``rust`` request into ``python`` (the Rust core cannot lower a node's priority); anything else
+    is left as SGLang has it. SGLang may still fall back to ``python`` for reasons of its own
+    (session caching, other components, the platform): the worker's metric says what it ran."""
+    if default == RUST and str(policy or "").lower() == EVICTION_POLICY:
+        return PYTHON
+    return default
+
+
+def sglang_default_core() -> str | None:
+    """SGLang's default core name in this environment (imports SGLang); None when it has none."""
+    import pkgutil
+
+    try:
+        env = pkgutil.resolve_name(SGLANG_ENV_DEFAULT)
+        name = env.get()
+    except Exception:  # an SGLang without the unified tree's registry, or one that cannot import
+        return None
+    return str(name) if name else None
+
+
+_RECORDED: Final[dict[int, set[tuple[str, str]]]] = {}
+"""Per process (a forked child starts its own): every tree's ``(core, policy)`` so far."""
+
+
+def record_tree_core(*, core: str, policy: str) -> None:
+    """One more tree of this scheduler process, with its core and policy, where the worker's
+    ``/metrics`` reads them (the process's file lists every tree it built: a draft model's
+    included)."""
+    trees = _RECORDED.setdefault(os.getpid(), set())
+    trees.add((core, policy))
+    wire = {"trees": [{"core": c, "policy": p} for c, p in sorted(trees)]}
+    write_process_file(SUBDIR, wire, what="the radix tree core")
+
+
+def read_tree_cores(directory: str | Path) -> set[tuple[str, str]]:
+    """Every ``(core, policy)`` the engine's processes recorded (one per distinct pair)."""
+    found = set()
+    for data in read_process_files(directory, SUBDIR):
+        trees = data.get("trees")
+        for tree in trees if isinstance(trees, list) else []:
+            if not isinstance(tree, dict):
+                continue
+            core, policy = tree.get("core"), tree.get("policy")
+            if isinstance(core, str) and isinstance(policy, str):
+                found.add((core, policy))
+    return found
+
+
+class TreeCoreCollector:
+    """A prometheus_client collector: one ``1`` sample per core and policy the engine's schedulers
+    resolved (none before the engine builds its unified tree, or on a classic ``RadixCache``)."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = directory
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        family = GaugeMetricFamily(
+            METRIC,
+            "The radix-tree core SGLang's unified cache runs on in this worker (rust: SGLang's "
+            "default; python: the kvretain policy's, or SGLang's own fallback), with its "
+            "--radix-eviction-policy; always 1.",
+            labels=["core", "policy"],
+        )
+        for core, policy in sorted(read_tree_cores(self.directory)):
+            family.add_metric([core, policy], 1)
+        yield family
+
+    def describe(self) -> Iterator[Any]:
+        return iter(())  # collected on each scrape, never at registration
+
+
+__all__ = [
+    "METRIC",
+    "PYTHON",
+    "RUST",
+    "TreeCoreCollector",
+    "plan_tree_core",
+    "read_tree_cores",
+    "record_tree_core",
+    "sglang_default_core",
+]

@@ -1,0 +1,88 @@
+"""The CPU worker image (images/worker/Dockerfile with ``ENGINE=cpu`` on the Dockerfile's own
+``cpu-deps`` stage, built by scripts/build-images.sh for the real-node pods tier and ``make demo``):
+the build script builds that variant of the one worker Dockerfile (whose defaults, the GPU image,
+tests/chart/test_images.py lints), the ``sgl_kernel`` shim and the libcuda stand-in stay in the CPU
+build, and the fleet the demo and the pods tier apply serves the tiny model the image carries."""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+from chartlib import ROOT
+
+from kvretention.dataplane.worker.cpu import tiny_model
+
+DOCKERFILE = ROOT / "images" / "worker" / "Dockerfile"
+BUILD_IMAGES = ROOT / "scripts" / "build-images.sh"
+EXAMPLE = ROOT / "examples" / "cpu-tiny.yaml"
+TINY_MODEL_PATH = "/opt/kvretention/tiny-model"
+
+
+def stages(text: str) -> dict[str, str]:
+    """Each stage's text by its name (the unnamed final stage is ``final``)."""
+    out: dict[str, str] = {}
+    parts = re.split(r"^FROM ", text, flags=re.MULTILINE)[1:]
+    for part in parts:
+        first = part.splitlines()[0]
+        name = first.split(" AS ")[1].strip() if " AS " in first else "final"
+        out[name] = part
+    return out
+
+
+def test_one_worker_dockerfile_builds_both_engines() -> None:
+    """No second Dockerfile: the build script passes the CPU engine and its dependency image as
+    build args to the GPU image's Dockerfile, which has a branch for each engine."""
+    assert sorted(p.name for p in DOCKERFILE.parent.glob("Dockerfile*")) == ["Dockerfile"]
+    text = DOCKERFILE.read_text()
+    for engine in ("sglang", "cpu"):
+        assert f'"$ENGINE" = {engine} ]' in text, engine
+    assert "standin" not in text.replace("cuda-standin", "")
+    script = BUILD_IMAGES.read_text()
+    assert "[worker]=images/worker/Dockerfile" in script
+    assert "--build-arg ENGINE=cpu --build-arg WORKER_BASE=$deps_ref" in script
+    assert "--target cpu-deps" in script
+
+
+def test_the_gpu_image_never_gets_the_shim_or_the_libcuda_stand_in() -> None:
+    """Only the cpu-deps stage copies the sgl_kernel shim, puts it on PYTHONPATH and installs the
+    libcuda stand-in; the GPU image builds FROM its SGLang base, not from that stage."""
+    by_stage = stages(DOCKERFILE.read_text())
+    assert set(by_stage) == {"wheel", "cpu-deps", "final"}
+    for name, text in by_stage.items():
+        carries = "cpu-shim" in text or "/cuda-standin/" in text
+        assert carries == (name == "cpu-deps"), name
+    assert "ENV PYTHONPATH=/opt/kvretention/cpu-shim" in by_stage["cpu-deps"]
+    assert by_stage["final"].startswith("${WORKER_BASE}")
+    assert "--from=cpu-deps" not in DOCKERFILE.read_text()
+
+
+def test_the_dependency_image_is_keyed_apart_from_the_package_source() -> None:
+    """An edit to operator/ rebuilds the package layer only: the dependency image's key hashes
+    pyproject.toml, the tiny model's builder, the shim and its own stage, not operator/ as a
+    whole; the package layer installs the wheel with --no-deps."""
+    script = BUILD_IMAGES.read_text()
+    deps = script[script.index("deps_key=$(") : script.index("deps_ref=")]
+    assert "operator/kvretention/dataplane/worker/cpu" in deps
+    assert re.search(r"files_hash [^\n]*\boperator \\", deps) is None
+    assert "/ AS cpu-deps$/,/^# Stage 2/p" in deps
+    final = stages(DOCKERFILE.read_text())["final"]
+    assert "/opt/kvretention/bin/pip install --no-deps /tmp/wheels/*.whl" in final
+
+
+def test_the_demo_fleet_serves_the_image_tiny_model() -> None:
+    """examples/cpu-tiny.yaml (the demo's and the pods tier's fleet) serves the model the image
+    builds, under its served name, with the parser its chat template writes for, and requests no
+    GPU."""
+    text = DOCKERFILE.read_text()
+    assert f"m.save(Path('{TINY_MODEL_PATH}'))" in text
+    spec = yaml.safe_load(EXAMPLE.read_text())["spec"]
+    assert spec["model"]["path"] == TINY_MODEL_PATH
+    assert spec["model"]["name"] == tiny_model.SERVED_NAME
+    assert spec["model"]["toolCallParser"] == "qwen25"
+    assert "reasoningParser" not in spec["model"]
+    assert spec["workers"]["gpuResource"] == ""
+    demo = (ROOT / "scripts" / "demo.sh").read_text()
+    assert 'example="${KVR_DEMO_EXAMPLE:-examples/cpu-tiny.yaml}"' in demo
+    pods = (ROOT / "tests" / "pods" / "test_real_pods.py").read_text()
+    assert 'EXAMPLE = ROOT / "examples" / "cpu-tiny.yaml"' in pods

@@ -1,0 +1,105 @@
+"""Retention through SGLang's real scheduler: ``kv.retain`` holds a prefix in the radix cache.
+
+Two real engines on CPU with a small KV pool (2,048 tokens), one with the retention plugin's
+``kvretain`` policy and one with SGLang's default LRU, get the same workload straight from the
+router's protocol (token ids, as the frontend sends when it tokenizes): a prompt, then unhinted
+prompts that fill the pool twice over, then the prompt's next turn. SGLang's own ``cached_tokens``
+on that turn says whether the prompt's KV survived. The hint travels as the frontend builds it
+(``retain_full_prompt``); the worker turns it into SGLang's ``kv.retain`` envelope, the scheduler's
+``Req`` carries it, and the plugin holds the tree nodes it covers.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from support.cpu_engine import SERVED_NAME, CpuWorker, start_cpu_worker
+from support.processes import StartKvretention
+from support.worker_client import post
+
+pytestmark = pytest.mark.cpu_engine
+
+POOL_TOKENS = 2048
+PROMPT_TOKENS = 400
+FILLERS = 10
+"""Unhinted prompts of ``PROMPT_TOKENS`` each: twice the pool."""
+NEXT_TURN_TOKENS = 16
+KEPT = PROMPT_TOKENS - 8
+"""A kept prompt is read back whole, less at most a page's rounding."""
+LOST = 64
+VOCAB_TOP = 800
+"""Token ids below the tokenizer's special and added tokens."""
+ENGINE_ARGS = ("--max-total-tokens", str(POOL_TOKENS), "--context-length", "1024")
+
+
+def tokens(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(10, VOCAB_TOP) for _ in range(n)]
+
+
+def generate(worker: CpuWorker, ids: Sequence[int], *, ttl: int | None = None) -> dict[str, Any]:
+    """One request straight to the worker; the last stream line's usage."""
+    body: dict[str, Any] = {
+        "request_id": uuid.uuid4().hex,
+        "model": SERVED_NAME,
+        "token_ids": list(ids),
+        "sampling": {"max_new_tokens": 1, "temperature": 0},
+    }
+    if ttl is not None:
+        body["kv_hints"] = {"retain_full_prompt": {"ttl_seconds": ttl}}
+    status, lines = post(worker.base_url, json.dumps(body).encode())
+    assert status == 200, lines
+    usage: dict[str, Any] = next(line["usage"] for line in reversed(lines) if line.get("usage"))
+    return usage
+
+
+def next_turn_cached(
+    worker: CpuWorker, rng: random.Random, *, ttl: int | None, wait_s: float = 0.0
+) -> int:
+    """Serve a prompt (hinted with ``ttl`` or not), fill the pool twice with unhinted prompts,
+    then serve the prompt's next turn: SGLang's ``cached_tokens`` for it."""
+    prompt = tokens(rng, PROMPT_TOKENS)
+    first = generate(worker, prompt, ttl=ttl)
+    assert first["prompt_tokens"] == PROMPT_TOKENS
+    time.sleep(wait_s)
+    for _ in range(FILLERS):
+        generate(worker, tokens(rng, PROMPT_TOKENS))
+    cached: int = generate(worker, prompt + tokens(rng, NEXT_TURN_TOKENS)).get("cached_tokens", 0)
+    return cached
+
+
+@pytest.fixture(scope="module")
+def retaining(start: StartKvretention, tmp_path_factory: pytest.TempPathFactory) -> CpuWorker:
+    return start_cpu_worker(
+        start,
+        tmp_path_factory.mktemp("kvretain"),
+        sglang_args=[*ENGINE_ARGS, "--radix-eviction-policy", "kvretain"],
+    )
+
+
+@pytest.fixture(scope="module")
+def lru(start: StartKvretention, tmp_path_factory: pytest.TempPathFactory) -> CpuWorker:
+    return start_cpu_worker(start, tmp_path_factory.mktemp("lru"), sglang_args=list(ENGINE_ARGS))
+
+
+def test_the_pool_is_small_enough_that_unhinted_prompts_are_evicted(retaining: CpuWorker) -> None:
+    assert next_turn_cached(retaining, random.Random(1), ttl=None) <= LOST
+
+
+def test_a_retained_prompt_survives_the_pressure_whole(retaining: CpuWorker) -> None:
+    assert next_turn_cached(retaining, random.Random(2), ttl=600) >= KEPT
+    assert retaining.shim_functions_called() == []
+
+
+def test_an_expired_hold_is_evicted_like_any_other_prompt(retaining: CpuWorker) -> None:
+    assert next_turn_cached(retaining, random.Random(3), ttl=1, wait_s=1.5) <= LOST
+
+
+def test_the_same_workload_on_sglangs_lru_loses_the_prompt(lru: CpuWorker) -> None:
+    assert next_turn_cached(lru, random.Random(2), ttl=600) <= LOST

@@ -1,0 +1,159 @@
+"""The frontend -> router -> worker hop authenticated, as real processes with the engine stand-in.
+
+With ``--hop-key-file`` on all three, the frontend's requests (auth on, two tenants) are served
+with each tenant's ``cache_salt``, while a request sent straight to the router or to a worker
+(a pod that reaches their ports) naming a tenant without the frontend's signature, or with a
+forged, stale or borrowed one, is refused with a 403 before anything reads its tenant, and
+counted by reason; the engine never sees it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvretention.common.hop_auth import HEADER_TENANT_SIG, parse_hop_keys, sign_tenant
+from kvretention.common.tenancy import HEADER_TENANT, cache_salt_for
+from support.chat_tokenizer import save
+from support.processes import StartKvretention
+from support.worker_client import calls, post, request_body, wait_for
+
+KEYS = {"team-a": "sk-team-a-0123456789abcdef", "team-b": "sk-team-b-0123456789abcdef"}
+HOP_KEY = "0123456789abcdef" * 4
+HOP = parse_hop_keys(HOP_KEY)
+FORGED = parse_hop_keys("f" * 64)
+
+
+class Plane:
+    def __init__(self, frontend: str, router: str, worker: str, record: Path) -> None:
+        self.frontend, self.router, self.worker, self.record = frontend, router, worker, record
+
+
+@pytest.fixture(scope="module")
+def plane(kvretention_process: StartKvretention, tmp_path_factory: pytest.TempPathFactory) -> Plane:
+    d = tmp_path_factory.mktemp("hop-auth")
+    keys = d / "keys"
+    keys.mkdir()
+    for tenant, key in KEYS.items():
+        (keys / tenant).write_text(key + "\n")
+    hop_key = d / "hop-key"
+    hop_key.write_text(HOP_KEY + "\n")
+    hop = ["--hop-key-file", str(hop_key)]
+    record = d / "engine.jsonl"
+    worker = kvretention_process(
+        [
+            *("worker", "--engine", "standin:versioned"),
+            *("--model-path", str(save(d / "tokenizer"))),
+            *hop,
+        ],
+        env={"KVR_STANDIN_RECORD": str(record)},
+        timeout=90.0,
+    )
+    router = kvretention_process(["router", "--worker", worker.base_url, *hop])
+    frontend = kvretention_process(
+        ["frontend", "--router-url", router.base_url, "--auth-keys-dir", str(keys), *hop]
+    )
+    return Plane(frontend.base_url, router.base_url, worker.base_url, record)
+
+
+def chat(base_url: str, tenant: str) -> dict[str, Any]:
+    body = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "Hello."}]}
+    request = urllib.request.Request(
+        base_url + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json", "authorization": f"Bearer {KEYS[tenant]}"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        answer: dict[str, Any] = json.load(resp)
+    return answer
+
+
+def refusals(base_url: str, component: str) -> dict[str, float]:
+    with urllib.request.urlopen(base_url + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    prefix = f'kvretention_{component}_hop_refusals_total{{reason="'
+    return {
+        line[len(prefix) :].split('"')[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(prefix)
+    }
+
+
+def test_the_frontends_signed_requests_are_served_with_each_tenants_salt(plane: Plane) -> None:
+    for tenant in KEYS:
+        assert chat(plane.frontend, tenant)["choices"][0]["finish_reason"] is not None
+    engine = wait_for(
+        lambda: (
+            [
+                c
+                for c in map(json.loads, plane.record.read_text().splitlines())
+                if c["event"] == "generate"
+            ]
+            if plane.record.exists()
+            else None
+        )
+    )
+    assert [c["kwargs"].get("cache_salt") for c in engine][:2] == [cache_salt_for(t) for t in KEYS]
+
+
+def _now() -> float:
+    return time.time()
+
+
+# (what, headers the peer sends besides the tenant's, the reason counted)
+FORGERIES: list[tuple[str, Any, str]] = [
+    ("no signature", lambda: {}, "missing"),
+    ("garbage", lambda: {HEADER_TENANT_SIG: "v1.garbage"}, "malformed"),
+    (
+        "another key",
+        lambda: {HEADER_TENANT_SIG: sign_tenant(FORGED, "team-a", now=_now())},
+        "invalid",
+    ),
+    (
+        "another tenant's signature",
+        lambda: {HEADER_TENANT_SIG: sign_tenant(HOP, "team-b", now=_now())},
+        "invalid",
+    ),
+    (
+        "captured long ago",
+        lambda: {HEADER_TENANT_SIG: sign_tenant(HOP, "team-a", now=_now() - 600)},
+        "stale",
+    ),
+]
+
+
+@pytest.mark.parametrize("hop", ["router", "worker"])
+@pytest.mark.parametrize(
+    ("headers", "reason"), [f[1:] for f in FORGERIES], ids=[f[0] for f in FORGERIES]
+)
+def test_a_tenant_not_signed_by_the_frontend_is_refused_and_counted(
+    plane: Plane, hop: str, headers: Any, reason: str
+) -> None:
+    base_url = plane.router if hop == "router" else plane.worker
+    before = refusals(base_url, hop).get(reason, 0.0)
+    rid = f"forged-{hop}-{reason}-{time.monotonic_ns()}"
+    status, lines = post(base_url, request_body(rid), {HEADER_TENANT: "team-a", **headers()})
+    assert status == 403, lines
+    assert lines[0]["error"]["code"] == "hop_unauthenticated"
+    assert HOP_KEY not in json.dumps(lines)
+    assert refusals(base_url, hop)[reason] == before + 1
+    assert calls(plane.record, rid) == []
+
+
+@pytest.mark.parametrize("hop", ["router", "worker"])
+def test_a_request_signed_with_the_hop_key_passes_straight_to_the_hop(
+    plane: Plane, hop: str
+) -> None:
+    """What the refusals above turn on is the signature alone."""
+    base_url = plane.router if hop == "router" else plane.worker
+    rid = f"signed-{hop}"
+    signed = {HEADER_TENANT: "team-a", HEADER_TENANT_SIG: sign_tenant(HOP, "team-a", now=_now())}
+    status, lines = post(base_url, request_body(rid), signed)
+    assert status == 200, lines
+    (call,) = wait_for(lambda: calls(plane.record, rid))
+    assert call["kwargs"]["cache_salt"] == cache_salt_for("team-a")

@@ -1,0 +1,238 @@
+"""``spec.gateway.inferencePool`` on the real control plane: without the InferencePool CRD status
+names it and the rest of the fleet is created; once a CRD for ``inferencepools.inference.
+networking.k8s.io`` v1 is installed (no edit, no operator restart) the operator creates the
+InferencePool, owned by the fleet and selecting its frontend pods, and the condition follows what a
+Gateway writes in the pool's ``status.parents``.
+
+The CRD is a minimal structural one written here (the fields the operator sets, and a status
+subresource), not the Gateway API Inference Extension's own. The module deletes it first and
+last: CRDs are cluster-wide, and the session's plane is shared by the modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from operator_fixtures import GOOD_REPORT, Fleets, Operator, fleets_fixture, load_example
+from operator_fixtures import operator_fixture as _operator_fixture
+
+from support.controlplane import ApplyCrd, wait_until
+
+pytestmark = pytest.mark.integration
+
+GROUP = "inference.networking.k8s.io"
+CRD_NAME = f"inferencepools.{GROUP}"
+CONDITION = "InferencePoolAccepted"
+
+_STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+_PRESERVED = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+CRD: dict[str, Any] = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {
+        "name": CRD_NAME,
+        # A *.k8s.io group: the API server wants this annotation on any CRD of it.
+        "annotations": {"api-approved.kubernetes.io": "unapproved, kvretention's own test CRD"},
+    },
+    "spec": {
+        "group": GROUP,
+        "scope": "Namespaced",
+        "names": {
+            "kind": "InferencePool",
+            "listKind": "InferencePoolList",
+            "plural": "inferencepools",
+            "singular": "inferencepool",
+        },
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {
+                                "type": "object",
+                                "required": ["selector", "targetPorts"],
+                                "properties": {
+                                    "selector": {
+                                        "type": "object",
+                                        "properties": {"matchLabels": _STRING_MAP},
+                                    },
+                                    "targetPorts": {
+                                        "type": "array",
+                                        "minItems": 1,
+                                        "maxItems": 8,
+                                        "items": {
+                                            "type": "object",
+                                            "required": ["number"],
+                                            "properties": {
+                                                "number": {
+                                                    "type": "integer",
+                                                    "minimum": 1,
+                                                    "maximum": 65535,
+                                                }
+                                            },
+                                        },
+                                    },
+                                    "appProtocol": {
+                                        "type": "string",
+                                        "enum": ["http", "kubernetes.io/h2c"],
+                                    },
+                                    "endpointPickerRef": _PRESERVED,
+                                },
+                            },
+                            "status": {
+                                "type": "object",
+                                "properties": {"parents": {"type": "array", "items": _PRESERVED}},
+                            },
+                        },
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+def _delete_crd(k8s: client.ApiClient) -> None:
+    ext = client.ApiextensionsV1Api(k8s)
+    try:
+        ext.delete_custom_resource_definition(CRD_NAME)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+    def gone() -> bool:
+        try:
+            ext.read_custom_resource_definition(CRD_NAME)
+        except ApiException as exc:
+            if exc.status == 404:
+                return True
+            raise
+        return False
+
+    wait_until(f"CRD {CRD_NAME} deleted", gone, timeout_s=60)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_crd(k8s: client.ApiClient) -> Iterator[None]:
+    """No InferencePool API when the operator starts; none left for the modules after this one."""
+    _delete_crd(k8s)
+    try:
+        yield
+    finally:
+        _delete_crd(k8s)
+
+
+operator = _operator_fixture(resync_s=30.0)
+fleets = fleets_fixture()
+
+
+def _pool(fleets: Fleets, name: str) -> dict[str, Any] | None:
+    try:
+        obj: dict[str, Any] = fleets.custom.get_namespaced_custom_object(
+            GROUP, "v1", fleets.ns, "inferencepools", f"{name}-frontend"
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return obj
+
+
+def test_the_pool_waits_for_its_crd_then_selects_the_frontend_and_reports_its_gateway(
+    operator: Operator, fleets: Fleets, apply_crd: ApplyCrd
+) -> None:
+    name = "gw"
+    body = load_example("aggregated", name=name)
+    body["spec"]["gateway"] = {"inferencePool": {"enabled": True}}
+    created = fleets.create(body)
+    assert created["spec"]["gateway"] == {"inferencePool": {"enabled": True}}
+
+    missing = fleets.wait_condition(
+        name, CONDITION, "False", reason="InferencePoolCrdMissing", timeout_s=120
+    )
+    assert CRD_NAME in missing["message"]
+    assert f"InferencePool {name}-frontend cannot be created" in missing["message"]
+    events = fleets.core.list_namespaced_event(fleets.ns).items
+    assert any(e.reason == "InferencePoolCrdMissing" and e.type == "Warning" for e in events), [
+        (e.type, e.reason) for e in events
+    ]
+    # The rest of the fleet is created and becomes Ready: the pool is not part of Ready.
+    children = fleets.children(name)
+    assert ("Deployment", f"{name}-frontend") in children
+    assert ("Service", f"{name}-frontend") in children
+    fleets.wait_condition(
+        name,
+        "Ready",
+        "True",
+        timeout_s=120,
+        while_waiting=lambda: fleets.inject_probe_reports(name, GOOD_REPORT),
+    )
+
+    apply_crd(CRD)
+    pool = wait_until(f"InferencePool {name}-frontend", lambda: _pool(fleets, name), timeout_s=150)
+    fleet_uid = fleets.get(name)["metadata"]["uid"]
+    (owner,) = pool["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["uid"], owner["controller"]) == (
+        "KvRetentionDeployment",
+        fleet_uid,
+        True,
+    )
+    assert pool["spec"]["targetPorts"] == [{"number": 8000}]
+    assert pool["spec"]["appProtocol"] == "http"
+    assert "endpointPickerRef" not in pool["spec"]
+    # It selects exactly the frontend's pods: those its Deployment runs, and no other pod.
+    labels = pool["spec"]["selector"]["matchLabels"]
+    selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+    selected = {
+        p.metadata.name
+        for p in fleets.core.list_namespaced_pod(fleets.ns, label_selector=selector).items
+    }
+    frontend = fleets.deployment(f"{name}-frontend")
+    wanted = ",".join(
+        f"{k}={v}" for k, v in sorted(frontend["spec"]["selector"]["matchLabels"].items())
+    )
+    frontend_pods = {
+        p.metadata.name
+        for p in fleets.core.list_namespaced_pod(fleets.ns, label_selector=wanted).items
+    }
+    assert selected and selected == frontend_pods
+    fleets.wait_condition(name, CONDITION, "Unknown", reason="NoParent", timeout_s=60)
+
+    # A Gateway takes the pool up: the condition follows its status.parents.
+    fleets.custom.patch_namespaced_custom_object_status(
+        GROUP,
+        "v1",
+        fleets.ns,
+        "inferencepools",
+        f"{name}-frontend",
+        {
+            "status": {
+                "parents": [
+                    {
+                        "parentRef": {"name": "inference-gateway", "namespace": fleets.ns},
+                        "conditions": [
+                            {
+                                "type": "Accepted",
+                                "status": "True",
+                                "reason": "SupportedByParent",
+                                "message": "",
+                                "lastTransitionTime": "2026-01-01T00:00:00Z",
+                            }
+                        ],
+                    }
+                ]
+            }
+        },
+    )
+    accepted = fleets.wait_condition(name, CONDITION, "True", reason="Accepted", timeout_s=60)
+    assert f"Gateway {fleets.ns}/inference-gateway" in accepted["message"]
+    assert fleets.conditions(name)["Ready"]["status"] == "True"

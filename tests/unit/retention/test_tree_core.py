@@ -1,0 +1,118 @@
+"""Which radix-tree core a worker runs: the policy rule, the plugin's hook that records it in
+SGLang's scheduler process, and the worker's ``kvretention_worker_radix_core_info``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from prometheus_client import generate_latest
+
+from kvretention.dataplane.worker.app import WorkerMetrics
+from kvretention.retention.failures import STATS_DIR_ENV
+from kvretention.retention.plugin import _tree_core_backend
+from kvretention.retention.tree_core import SUBDIR, plan_tree_core, read_tree_cores
+
+
+@pytest.mark.parametrize(
+    ("policy", "default", "core"),
+    [
+        ("kvretain", "rust", "python"),
+        ("KVRETAIN", "rust", "python"),  # SGLang compares policies case-blind
+        ("lru", "rust", "rust"),
+        ("priority", "rust", "rust"),
+        (None, "rust", "rust"),
+        ("kvretain", "python", "python"),
+        ("lru", "python", "python"),
+        ("kvretain", "custom", "custom"),  # a backend someone registered: left as asked
+    ],
+)
+def test_only_kvretain_moves_the_rust_core_to_python(
+    policy: str | None, default: str, core: str
+) -> None:
+    assert plan_tree_core(policy, default=default) == core
+
+
+def scrape(directory: Path) -> dict[str, float]:
+    text = generate_latest(WorkerMetrics(retention_stats_dir=str(directory)).registry).decode()
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("kvretention_worker_radix_core_info")
+    }
+
+
+def write(directory: Path, name: str, text: str) -> None:
+    (directory / SUBDIR).mkdir(exist_ok=True)
+    (directory / SUBDIR / name).write_text(text, encoding="utf-8")
+
+
+def test_the_collector_serves_each_core_and_policy_once(tmp_path: Path) -> None:
+    assert scrape(tmp_path) == {}  # before the engine builds its tree: no sample
+    for pid in (11, 12):  # two ranks, same tree
+        tree = {"core": "python", "policy": "kvretain"}
+        write(tmp_path, f"{pid}.json", json.dumps({"trees": [tree]}))
+    draft = {"core": "rust", "policy": "lru"}  # a second tree in one process
+    write(tmp_path, "13.json", json.dumps({"trees": [draft, {"core": 1, "policy": "lru"}, 2]}))
+    write(tmp_path, "14.json", "{not json")
+    write(tmp_path, "15.json", '["python", "kvretain"]')
+    write(tmp_path, "16.json", '{"trees": {"core": "python", "policy": "fifo"}}')
+    assert scrape(tmp_path) == {
+        'kvretention_worker_radix_core_info{core="python",policy="kvretain"}': 1.0,
+        'kvretention_worker_radix_core_info{core="rust",policy="lru"}': 1.0,
+    }
+
+
+@pytest.mark.parametrize(
+    ("name", "policy", "core", "asked_sglang"),
+    [
+        ("rust", "kvretain", "python", False),
+        ("rust", "lru", "rust", True),
+        ("rust", "LRU", "python", True),  # SGLang's own fallback (here: the fake's) is recorded
+        ("python", "kvretain", "python", True),
+    ],
+)
+def test_the_hook_records_the_core_the_tree_resolves_to(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    policy: str,
+    core: str,
+    asked_sglang: bool,
+) -> None:
+    monkeypatch.setenv(STATS_DIR_ENV, str(tmp_path))
+    monkeypatch.setattr("kvretention.retention.tree_core._RECORDED", {})  # a fresh process
+    asked: list[str] = []
+
+    def original(name: str, params: Any) -> str:
+        asked.append(name)
+        return "python" if params.eviction_policy == "LRU" else name
+
+    params = SimpleNamespace(eviction_policy=policy)
+    assert _tree_core_backend(original, name, params) == core
+    assert bool(asked) == asked_sglang
+    assert read_tree_cores(tmp_path) == {(core, policy.lower())}
+
+
+def test_a_process_lists_every_tree_it_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(STATS_DIR_ENV, str(tmp_path))
+    monkeypatch.setattr("kvretention.retention.tree_core._RECORDED", {})
+    for policy in ("kvretain", "kvretain", "lru"):  # SGLang resolves each tree twice
+        _tree_core_backend(lambda name, _: name, "rust", SimpleNamespace(eviction_policy=policy))
+    assert read_tree_cores(tmp_path) == {("python", "kvretain"), ("rust", "lru")}
+    assert len(list((tmp_path / SUBDIR).glob("*.json"))) == 1
+
+
+def test_without_a_worker_the_hook_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(STATS_DIR_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    params = SimpleNamespace(eviction_policy="kvretain")
+    assert _tree_core_backend(lambda *_: "rust", "rust", params) == "python"
+    assert list(tmp_path.iterdir()) == []
