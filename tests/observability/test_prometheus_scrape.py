@@ -41,6 +41,8 @@ NOTHING_TO_SHOW = {
     ("kvretention-routing.json", "Worker ejections by reason"): "no worker is ejected",
     ("kvretention-routing.json", "Failed health polls and broken requests"): "every poll passes",
     ("kvretention-routing.json", "Failing workers kept in rotation"): "no worker fails",
+    ("kvretention-routing.json", "Hop refusals (unsigned or forged tenant)"): "every hop is signed",
+    ("kvretention-retention.json", "Workers by radix-tree core"): "stand-in engines have no tree",
 }
 VARIABLES = {"$__rate_interval": "1m", "$fleet_namespace": NS, "$fleet": FLEET}
 

@@ -32,6 +32,8 @@ REPORT: dict[str, Any] = {
     "retention_error": None,
     "retention_target_problems": [],
     "engine_device": "cpu",
+    "radix_tree_core": "rust",
+    "radix_tree_core_kvretain": "python",
 }
 POD: dict[str, Any] = {
     "metadata": {"name": "qwen-worker-0"},
