@@ -11,9 +11,11 @@ import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from chartlib import ROOT
 
 from kvretention.controller.conditions import (
@@ -67,6 +69,9 @@ def health(lua: str, obj: dict[str, Any]) -> tuple[str, str]:
     return status, message
 
 
+CASES_FILE = Path(__file__).with_name("argocd_health_cases.yaml")
+
+
 def cond(
     ctype: str, status: str, reason: str = "", message: str = "", gen: int = 2
 ) -> dict[str, Any]:
@@ -91,238 +96,18 @@ def kvrd(status: dict[str, Any] | None, generation: int = 2) -> dict[str, Any]:
     return obj
 
 
-CASES = [
-    ("no-status", kvrd(None), "Progressing", "Waiting for the kvretention operator"),
-    ("empty-status", kvrd({}), "Progressing", "Waiting for the kvretention operator"),
-    (
-        "old-generation",
-        kvrd({"observedGeneration": 1, "conditions": [cond("Ready", "True", gen=1)]}),
-        "Progressing",
-        "observe generation 2",
-    ),
-    (
-        "no-observed-generation",
-        kvrd({"conditions": [cond("Ready", "True")]}),
-        "Progressing",
-        "observe generation 2",
-    ),
-    (
-        "ready",
-        kvrd(
-            {
-                "observedGeneration": 2,
-                "conditions": [
-                    cond("Progressing", "False", "Reconciled"),
-                    cond("Ready", "True", "FleetReady", "3/3 workers ready"),
-                ],
-            }
-        ),
-        "Healthy",
-        "3/3 workers ready",
-    ),
-    (
-        "ready-condition-stale",
-        kvrd({"observedGeneration": 2, "conditions": [cond("Ready", "True", gen=1)]}),
-        "Progressing",
-        "Ready reflects generation 1",
-    ),
-    (
-        "invalid-spec",
-        kvrd(
-            {
-                "observedGeneration": 2,
-                "conditions": [
-                    cond(
-                        "Ready",
-                        "False",
-                        "InvalidSpec",
-                        "workers.prefill is required in disaggregated mode",
-                    ),
-                    cond("Progressing", "True", "Reconciling"),
-                ],
-            }
-        ),
-        "Degraded",
-        "workers.prefill is required",
-    ),
-    (
-        "hints-unsupported",
-        kvrd(
-            {
-                "observedGeneration": 2,
-                "conditions": [
-                    cond("Ready", "False", "EngineLacksKvHints", "sglang 0.4.0 has no kv_hints"),
-                ],
-            }
-        ),
-        "Degraded",
-        "no kv_hints",
-    ),
-    (
-        "retention-not-applied-under-required",
-        kvrd(
-            {
-                "observedGeneration": 2,
-                "conditions": [
-                    cond(
-                        "Ready", "False", "TransportOnly", "the retention plugin is not installed"
-                    ),
-                    cond("RetentionApplied", "False", "TransportOnly"),
-                ],
-            }
-        ),
-        "Degraded",
-        "plugin is not installed",
-    ),
-    (
-        "retention-not-applied-but-optional",
-        kvrd(
-            {
-                "observedGeneration": 2,
-                "conditions": [
-                    cond("Ready", "True", "Ready", "kv.retain is not applied"),
-                    cond("RetentionApplied", "False", "HookTargetsMissing"),
-                ],
-            }
-        ),
-        "Healthy",
-        "kv.retain is not applied",
-    ),
-    (
-        "retention-probe-pending-under-required",
-        kvrd(
-            {
-                "observedGeneration": 2,
-                "conditions": [
-                    cond("Ready", "False", "ProbePending", "no worker pod has reported"),
-                    cond("RetentionApplied", "Unknown", "ProbePending"),
-                ],
-            }
-        ),
-        "Progressing",
-        "no worker pod has reported",
-    ),
-    (
-        "converged-but-loading",
-        kvrd(
-            {
-                "observedGeneration": 2,
-                "conditions": [
-                    cond("Ready", "False", "WorkersNotReady", ""),
-                    cond("Progressing", "False", "Converged"),
-                ],
-            }
-        ),
-        "Progressing",
-        "WorkersNotReady",
-    ),
-    (
-        "hints-unsupported-but-optional",
-        kvrd(
-            {
-                "observedGeneration": 2,
-                "conditions": [
-                    cond("Ready", "True", "ReadyWithoutKvHints", "serving; hints not applied"),
-                    cond("KvHintsSupported", "False", "EngineLacksKvHints"),
-                ],
-            }
-        ),
-        "Healthy",
-        "hints not applied",
-    ),
-    (
-        "rolling-out",
-        kvrd(
-            {
-                "observedGeneration": 2,
-                "conditions": [
-                    cond("Ready", "False", "WorkersNotReady", "1/3 workers ready"),
-                    cond("Progressing", "True", "RollingOut"),
-                ],
-            }
-        ),
-        "Progressing",
-        "1/3 workers ready",
-    ),
-    (
-        "master-restarting",
-        kvrd(
-            {
-                "observedGeneration": 2,
-                "conditions": [
-                    cond(
-                        "Ready",
-                        "False",
-                        "MasterRestarting",
-                        "the Mooncake master is restarting with a new pod template",
-                    ),
-                    cond("Progressing", "True", "RollingOut"),
-                ],
-            }
-        ),
-        "Progressing",
-        "restarting with a new pod template",
-    ),
-    (
-        "crash-loop",
-        kvrd(
-            {
-                "observedGeneration": 2,
-                "conditions": [
-                    cond("Ready", "False", "CrashLoopBackOff", "fleet-worker-0: back-off 5m0s"),
-                    cond("Progressing", "True", "RollingOut"),
-                ],
-            }
-        ),
-        "Degraded",
-        "back-off",
-    ),
-    (
-        "past-the-progress-deadline",
-        kvrd(
-            {
-                "observedGeneration": 2,
-                "conditions": [
-                    cond("Ready", "False", "ProgressDeadlineExceeded", "fleet-router timed out"),
-                    cond("Progressing", "False", "ProgressDeadlineExceeded"),
-                ],
-            }
-        ),
-        "Degraded",
-        "timed out",
-    ),
-    (
-        "waiting-for-a-gpu-node",
-        kvrd(
-            {
-                "observedGeneration": 2,
-                "conditions": [
-                    cond("Ready", "False", "Unschedulable", "Insufficient nvidia.com/gpu"),
-                    cond("Progressing", "True", "RollingOut"),
-                ],
-            }
-        ),
-        "Progressing",
-        "Insufficient nvidia.com/gpu",
-    ),
-    (
-        "unknown",
-        kvrd({"observedGeneration": 2, "conditions": [cond("Ready", "Unknown", "Probing")]}),
-        "Progressing",
-        "Probing",
-    ),
-    (
-        "no-ready-condition",
-        kvrd({"observedGeneration": 2, "conditions": [cond("WorkersReady", "True")]}),
-        "Progressing",
-        "Waiting for the Ready condition",
-    ),
-]
+def load_cases() -> list[Any]:
+    """argocd_health_cases.yaml as pytest params: (object, Argo CD's status, message fragment)."""
+    params = []
+    for case in yaml.safe_load(CASES_FILE.read_text()):
+        status = case.get("status")
+        if status:
+            status = {**status, "conditions": [cond(*c) for c in status["conditions"]]}
+        params.append(pytest.param(kvrd(status), *case["expect"], id=case["id"]))
+    return params
 
 
-@pytest.mark.parametrize(
-    ("obj", "status", "fragment"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
-)
+@pytest.mark.parametrize(("obj", "status", "fragment"), load_cases())
 def test_health(lua: str, obj: dict[str, Any], status: str, fragment: str) -> None:
     got_status, message = health(lua, obj)
     assert (got_status, fragment in message) == (status, True), message
