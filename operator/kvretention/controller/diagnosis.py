@@ -123,8 +123,10 @@ class Workload:
         )
 
 
-def _deployment_condition(live: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
-    for cond in (live.get("status") or {}).get("conditions") or []:
+def _condition(obj: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
+    """The live object's ``status.conditions`` entry of ``type_`` (a Deployment's or a pod's:
+    both use the same shape), or ``{}`` when it has none."""
+    for cond in (obj.get("status") or {}).get("conditions") or []:
         if cond.get("type") == type_:
             found: Mapping[str, Any] = cond
             return found
@@ -150,8 +152,8 @@ def observe_workload(desired: Mapping[str, Any], live: Mapping[str, Any] | None)
         base = replace(base, desired=int((live.get("spec") or {}).get("replicas") or 1))
     generation = int((live.get("metadata") or {}).get("generation") or 0)
     observed_generation = int(status.get("observedGeneration") or 0)
-    failure = _deployment_condition(live, "ReplicaFailure")
-    progressing = _deployment_condition(live, "Progressing")
+    failure = _condition(live, "ReplicaFailure")
+    progressing = _condition(live, "Progressing")
     return replace(
         base,
         exists=True,
@@ -238,14 +240,6 @@ def _pod_name(pod: Mapping[str, Any]) -> str:
     return str((pod.get("metadata") or {}).get("name", "?"))
 
 
-def _pod_condition(pod: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
-    for cond in (pod.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == type_:
-            found: Mapping[str, Any] = cond
-            return found
-    return {}
-
-
 def _containers(pod: Mapping[str, Any], *, init: bool) -> list[Mapping[str, Any]]:
     key = "initContainerStatuses" if init else "containerStatuses"
     statuses: list[Mapping[str, Any]] = (pod.get("status") or {}).get(key) or []
@@ -275,12 +269,12 @@ def _exit(terminated: Mapping[str, Any]) -> str:
 
 
 def is_pod_ready(pod: Mapping[str, Any]) -> bool:
-    return _pod_condition(pod, "Ready").get("status") == "True"
+    return _condition(pod, "Ready").get("status") == "True"
 
 
 def check_pod_scheduled(pod: Mapping[str, Any]) -> PodIssue | None:
     """The scheduler found no node (its message says why, e.g. Insufficient nvidia.com/gpu)."""
-    cond = _pod_condition(pod, "PodScheduled")
+    cond = _condition(pod, "PodScheduled")
     if cond.get("status") != "False":
         return None
     reason = str(cond.get("reason") or UNSCHEDULABLE)
@@ -375,7 +369,7 @@ def describe_starting(pod: Mapping[str, Any]) -> str:
             return f"container {c.get('name')} ({waiting})"
         if "running" in (c.get("state") or {}):
             return f"container {c.get('name')} is running, not ready yet"
-    if _pod_condition(pod, "PodScheduled").get("status") == "True":
+    if _condition(pod, "PodScheduled").get("status") == "True":
         return "scheduled, containers starting"
     return "waiting to be scheduled"
 

@@ -9,15 +9,12 @@ from kvretention.controller.resources.common import (
     COMPONENT_FRONTEND,
     FRONTEND_PORT,
     Manifest,
-    build_deployment,
-    build_service,
     child_name,
-    http_container,
     serve_command,
     service_host,
 )
 from kvretention.controller.resources.hop_key import build_hop_key_args, build_hop_key_volumes
-from kvretention.controller.resources.router import router_url
+from kvretention.controller.resources.router import build_http_workload, router_url
 
 FRONTEND_SUFFIX: Final = "frontend"
 AUTH_MOUNT: Final = "/etc/kvretention/auth"
@@ -147,29 +144,17 @@ def build_frontend_command(cr: KvRetentionDeployment) -> list[str]:
 def build_frontend(cr: KvRetentionDeployment) -> list[Manifest]:
     """Service + Deployment of the frontend."""
     spec = cr.spec.frontend
-    name = child_name(cr, FRONTEND_SUFFIX)
-    container = http_container(
-        "frontend", spec.image, build_frontend_command(cr), FRONTEND_PORT, spec.resources
-    )
     volumes, mounts = build_auth_volumes(cr)
     hop_volumes, hop_mounts = build_hop_key_volumes(cr)
-    volumes, mounts = volumes + hop_volumes, mounts + hop_mounts
     _, codex_volumes, codex_mounts = build_codex_instructions(cr)
-    volumes, mounts = volumes + codex_volumes, mounts + codex_mounts
-    if mounts:
-        container["volumeMounts"] = mounts
-    service = build_service(
+    return build_http_workload(
         cr,
-        name=name,
+        spec,
+        name=child_name(cr, FRONTEND_SUFFIX),
         component=COMPONENT_FRONTEND,
-        ports=[("http", spec.service.port, FRONTEND_PORT)],
+        command=build_frontend_command(cr),
+        port=FRONTEND_PORT,
+        service_port=spec.service.port,
+        volumes=(volumes + hop_volumes + codex_volumes, mounts + hop_mounts + codex_mounts),
         service_type=spec.service.type,
     )
-    deployment = build_deployment(
-        cr,
-        name=name,
-        component=COMPONENT_FRONTEND,
-        replicas=spec.replicas,
-        pod_spec={"containers": [container], **({"volumes": volumes} if volumes else {})},
-    )
-    return [service, deployment]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from kvretention.api.models import KvRetentionDeployment
+from kvretention.api.models import FrontendSpec, KvRetentionDeployment, RouterSpec
 from kvretention.controller.resources.common import (
     COMPONENT_ROUTER,
     ROUTER_PORT,
@@ -47,33 +47,60 @@ def build_router_command(cr: KvRetentionDeployment) -> list[str]:
     return command
 
 
+def build_http_workload(
+    cr: KvRetentionDeployment,
+    spec: FrontendSpec | RouterSpec,
+    *,
+    name: str,
+    component: str,
+    command: list[str],
+    port: int,
+    service_port: int,
+    volumes: tuple[list[Manifest], list[Manifest]],
+    service_type: str = "ClusterIP",
+    service_spec: dict[str, Any] | None = None,
+) -> list[Manifest]:
+    """Service + Deployment of a kvretention HTTP process (frontend, router): both are built
+    here so a change to their shape reaches both. ``volumes`` are the pod's volumes and the
+    container's mounts; ``service_port`` is the Service's port in front of the pods' ``port``."""
+    container = http_container(component, spec.image, command, port, spec.resources)
+    pod_volumes, mounts = volumes
+    if mounts:
+        container["volumeMounts"] = mounts
+    service = build_service(
+        cr,
+        name=name,
+        component=component,
+        ports=[("http", service_port, port)],
+        service_type=service_type,
+        extra_spec=service_spec,
+    )
+    deployment = build_deployment(
+        cr,
+        name=name,
+        component=component,
+        replicas=spec.replicas,
+        pod_spec={"containers": [container], **({"volumes": pod_volumes} if pod_volumes else {})},
+    )
+    return [service, deployment]
+
+
 def build_router(cr: KvRetentionDeployment) -> list[Manifest]:
     """Service + Deployment of the router."""
     spec = cr.spec.router
-    name = child_name(cr, ROUTER_SUFFIX)
-    container = http_container(
-        "router", spec.image, build_router_command(cr), ROUTER_PORT, spec.resources
-    )
-    volumes, mounts = build_hop_key_volumes(cr)
-    if mounts:
-        container["volumeMounts"] = mounts
     affinity: dict[str, Any] = {"sessionAffinity": spec.session_affinity.type}
     if spec.session_affinity.type == "ClientIP":
         affinity["sessionAffinityConfig"] = {
             "clientIP": {"timeoutSeconds": spec.session_affinity.timeout_seconds}
         }
-    service = build_service(
+    return build_http_workload(
         cr,
-        name=name,
+        spec,
+        name=child_name(cr, ROUTER_SUFFIX),
         component=COMPONENT_ROUTER,
-        ports=[("http", ROUTER_PORT, ROUTER_PORT)],
-        extra_spec=affinity,
+        command=build_router_command(cr),
+        port=ROUTER_PORT,
+        service_port=ROUTER_PORT,
+        volumes=build_hop_key_volumes(cr),
+        service_spec=affinity,
     )
-    deployment = build_deployment(
-        cr,
-        name=name,
-        component=COMPONENT_ROUTER,
-        replicas=spec.replicas,
-        pod_spec={"containers": [container], **({"volumes": volumes} if volumes else {})},
-    )
-    return [service, deployment]
