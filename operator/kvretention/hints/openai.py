@@ -19,7 +19,7 @@ alone: they never make, widen or shorten a hint. Messages follow OpenAI's own wo
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
 from kvretention.hints.envelope import KvHintEnvelope
@@ -225,18 +225,28 @@ def _fast_path(options: object, *, ttls: Mapping[str, int], allowed: frozenset[s
     return None
 
 
+def _maybe_marked(
+    items: object, encoded: Sequence[bytes] | None
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The object items of a ``messages`` or ``input`` array, with their index, that may hold a
+    breakpoint: with ``encoded`` (each item's compact JSON, when it has one per item) only those
+    whose encoding names the key, so a request without markers is not walked."""
+    if type(items) is not list:
+        return
+    if encoded is not None and len(encoded) != len(items):
+        encoded = None
+    for i, item in enumerate(items):
+        if type(item) is dict and (encoded is None or BREAKPOINT_KEY in encoded[i]):
+            yield i, item
+
+
 def _chat_parts(
     body: Mapping[str, Any], *, encoded: Sequence[bytes] | None = None
 ) -> list[tuple[Position, dict[str, Any]]]:
     """Parts carrying a non-null ``prompt_cache_breakpoint``, in prompt order."""
     found: list[tuple[Position, dict[str, Any]]] = []
-    messages = body.get("messages")
-    if type(messages) is list:
-        if encoded is not None and len(encoded) != len(messages):
-            encoded = None
-        for i, message in enumerate(messages):
-            if type(message) is dict and (encoded is None or BREAKPOINT_KEY in encoded[i]):
-                _marked(message.get("content"), "messages", i, "content", found)
+    for i, message in _maybe_marked(body.get("messages"), encoded):
+        _marked(message.get("content"), "messages", i, "content", found)
     return found
 
 
@@ -244,18 +254,12 @@ def _responses_parts(
     body: Mapping[str, Any], *, encoded: Sequence[bytes] | None = None
 ) -> list[tuple[Position, dict[str, Any]]]:
     found: list[tuple[Position, dict[str, Any]]] = []
-    items = body.get("input")
-    if type(items) is list:
-        if encoded is not None and len(encoded) != len(items):
-            encoded = None
-        for i, item in enumerate(items):
-            if type(item) is not dict or (encoded is not None and BREAKPOINT_KEY not in encoded[i]):
-                continue
-            if item.get(BREAKPOINT) is not None:  # a bare input_text/... part used as an item
-                found.append((("input", i), item))
-            # message items hold parts in "content", function_call_output items in "output"
-            _marked(item.get("content"), "input", i, "content", found)
-            _marked(item.get("output"), "input", i, "output", found)
+    for i, item in _maybe_marked(body.get("input"), encoded):
+        if item.get(BREAKPOINT) is not None:  # a bare input_text/... part used as an item
+            found.append((("input", i), item))
+        # message items hold parts in "content", function_call_output items in "output"
+        _marked(item.get("content"), "input", i, "content", found)
+        _marked(item.get("output"), "input", i, "output", found)
     return found
 
 

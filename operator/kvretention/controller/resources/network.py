@@ -88,65 +88,45 @@ def _metrics(
     return rules
 
 
-def build_network_policies(cr: KvRetentionDeployment) -> list[Manifest]:
-    """One policy per Deployment the fleet runs; none when ``networkPolicy.enabled`` is false."""
+def _ingress_by_component(cr: KvRetentionDeployment) -> list[tuple[str, str, list[Manifest]]]:
+    """Who may call each Deployment the fleet runs: (name suffix, component, ingress rules)."""
     spec = cr.spec
-    if not spec.network_policy.enabled:
-        return []
-    policies: list[Manifest] = []
+    planned: list[tuple[str, str, list[Manifest]]] = []
     if uses_mooncake(spec) and spec.kv_store.mooncake.mode == "managed":
         master = spec.kv_store.mooncake.master
-        policies.append(
-            _policy(
-                cr,
-                name=child_name(cr, MASTER_SUFFIX),
-                component=COMPONENT_MOONCAKE,
-                ingress=[
-                    {
-                        "from": [_pods(cr, *WORKER_COMPONENTS)],
-                        "ports": _ports(master.rpc_port, master.metadata_port),
-                    },
-                    *_metrics(cr, master.metrics_port, operator=True),
-                ],
-            )
-        )
+        from_workers = {
+            "from": [_pods(cr, *WORKER_COMPONENTS)],
+            "ports": _ports(master.rpc_port, master.metadata_port),
+        }
+        metrics = _metrics(cr, master.metrics_port, operator=True)
+        planned.append((MASTER_SUFFIX, COMPONENT_MOONCAKE, [from_workers, *metrics]))
     for role in worker_roles(cr):
         router_ports = [WORKER_PORT]
         if role == "prefill":
             router_ports.append(spec.workers.bootstrap_port)
-        policies.append(
-            _policy(
-                cr,
-                name=child_name(cr, ROLE_SUFFIX[role]),
-                component=ROLE_COMPONENT[role],
-                ingress=[
-                    {"from": [_pods(cr, COMPONENT_ROUTER)], "ports": _ports(*router_ports)},
-                    {"from": [_pods(cr, *WORKER_COMPONENTS)]},  # every port: KV transfers
-                    *_metrics(cr, METRICS_PORT, operator=True),
-                ],
-            )
-        )
-    policies.append(
-        _policy(
-            cr,
-            name=child_name(cr, ROUTER_SUFFIX),
-            component=COMPONENT_ROUTER,
-            ingress=[
-                {"from": [_pods(cr, COMPONENT_FRONTEND)], "ports": _ports(ROUTER_PORT)},
-                *_metrics(cr, METRICS_PORT),
-            ],
-        )
-    )
+        ingress = [
+            {"from": [_pods(cr, COMPONENT_ROUTER)], "ports": _ports(*router_ports)},
+            {"from": [_pods(cr, *WORKER_COMPONENTS)]},  # every port: KV transfers
+            *_metrics(cr, METRICS_PORT, operator=True),
+        ]
+        planned.append((ROLE_SUFFIX[role], ROLE_COMPONENT[role], ingress))
+    from_frontend = {"from": [_pods(cr, COMPONENT_FRONTEND)], "ports": _ports(ROUTER_PORT)}
+    planned.append((ROUTER_SUFFIX, COMPONENT_ROUTER, [from_frontend, *_metrics(cr, METRICS_PORT)]))
     clients = spec.network_policy.clients_from
     frontend_rule: dict[str, Any] = {"ports": _ports(FRONTEND_PORT)}
     if clients:
         frontend_rule = {"from": list(clients), **frontend_rule}
-    policies.append(
-        _policy(
-            cr,
-            name=child_name(cr, FRONTEND_SUFFIX),
-            component=COMPONENT_FRONTEND,
-            ingress=[frontend_rule, *_metrics(cr, METRICS_PORT)],
-        )
+    planned.append(
+        (FRONTEND_SUFFIX, COMPONENT_FRONTEND, [frontend_rule, *_metrics(cr, METRICS_PORT)])
     )
-    return policies
+    return planned
+
+
+def build_network_policies(cr: KvRetentionDeployment) -> list[Manifest]:
+    """One policy per Deployment the fleet runs; none when ``networkPolicy.enabled`` is false."""
+    if not cr.spec.network_policy.enabled:
+        return []
+    return [
+        _policy(cr, name=child_name(cr, suffix), component=component, ingress=ingress)
+        for suffix, component, ingress in _ingress_by_component(cr)
+    ]
