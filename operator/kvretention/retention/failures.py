@@ -23,9 +23,9 @@ import logging
 import os
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, ClassVar, Final, Literal
 
 logger = logging.getLogger(__name__)
 
@@ -106,29 +106,52 @@ def prepare_stats_dir() -> str:
     return directory
 
 
-class FailureCollector:
-    """A prometheus_client collector: the summed counts as one counter family, every known hook
-    present from zero (so ``increase()`` sees the first failure)."""
+class StatsDirCollector:
+    """A prometheus_client collector of one labelled family read from the stats directory on each
+    scrape (the engine's scheduler processes write it, the worker exports it); a subclass names
+    the family and gives its samples."""
+
+    kind: ClassVar[Literal["counter", "gauge"]]
+    metric: ClassVar[str]
+    documentation: ClassVar[str]
+    labels: ClassVar[tuple[str, ...]]
 
     def __init__(self, directory: str | Path) -> None:
         self.directory = directory
 
-    def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily
+    def samples(self) -> Iterable[tuple[list[str], float]]:
+        """Each sample's label values and value, in the order they are exported."""
+        raise NotImplementedError
 
-        family = CounterMetricFamily(
-            METRIC,
-            "Retention plugin hooks that failed in SGLang's scheduler and fell back (fail-open): "
-            "the request was served, its KV left unretained or its pages written unpinned "
-            "(the worker log has the exception).",
-            labels=["hook", "fallback"],
-        )
-        for hook, n in sorted(read_counts(self.directory).items()):
-            family.add_metric([hook, FALLBACKS.get(hook, "unknown")], n)
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        family_type = CounterMetricFamily if self.kind == "counter" else GaugeMetricFamily
+        family = family_type(self.metric, self.documentation, labels=list(self.labels))
+        for values, value in self.samples():
+            family.add_metric(values, value)
         yield family
 
     def describe(self) -> Iterator[Any]:
         return iter(())  # collected on each scrape, never at registration
+
+
+class FailureCollector(StatsDirCollector):
+    """The summed counts as one counter family, every known hook present from zero (so
+    ``increase()`` sees the first failure)."""
+
+    kind = "counter"
+    metric = METRIC
+    documentation = (
+        "Retention plugin hooks that failed in SGLang's scheduler and fell back (fail-open): "
+        "the request was served, its KV left unretained or its pages written unpinned "
+        "(the worker log has the exception)."
+    )
+    labels = ("hook", "fallback")
+
+    def samples(self) -> Iterable[tuple[list[str], float]]:
+        counts = sorted(read_counts(self.directory).items())
+        return [([hook, FALLBACKS.get(hook, "unknown")], n) for hook, n in counts]
 
 
 __all__ = [
@@ -138,6 +161,7 @@ __all__ = [
     "STATS_DIR_ENV",
     "FailureCollector",
     "FailureCounts",
+    "StatsDirCollector",
     "prepare_stats_dir",
     "read_counts",
 ]

@@ -13,11 +13,12 @@ the worker's stats directory (``<STATS_DIR>/tree_core/<pid>.json``, as the L3 nu
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from kvretention.retention import EVICTION_POLICY
+from kvretention.retention.failures import StatsDirCollector
 from kvretention.retention.l3_export import read_process_files, write_process_file
 
 RUST: Final = "rust"
@@ -79,29 +80,21 @@ def read_tree_cores(directory: str | Path) -> set[tuple[str, str]]:
     return found
 
 
-class TreeCoreCollector:
+class TreeCoreCollector(StatsDirCollector):
     """A prometheus_client collector: one ``1`` sample per core and policy the engine's schedulers
     resolved (none before the engine builds its unified tree, or on a classic ``RadixCache``)."""
 
-    def __init__(self, directory: str | Path) -> None:
-        self.directory = directory
+    kind = "gauge"
+    metric = METRIC
+    documentation = (
+        "The radix-tree core SGLang's unified cache runs on in this worker (rust: SGLang's "
+        "default; python: the kvretain policy's, or SGLang's own fallback), with its "
+        "--radix-eviction-policy; always 1."
+    )
+    labels = ("core", "policy")
 
-    def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import GaugeMetricFamily
-
-        family = GaugeMetricFamily(
-            METRIC,
-            "The radix-tree core SGLang's unified cache runs on in this worker (rust: SGLang's "
-            "default; python: the kvretain policy's, or SGLang's own fallback), with its "
-            "--radix-eviction-policy; always 1.",
-            labels=["core", "policy"],
-        )
-        for core, policy in sorted(read_tree_cores(self.directory)):
-            family.add_metric([core, policy], 1)
-        yield family
-
-    def describe(self) -> Iterator[Any]:
-        return iter(())  # collected on each scrape, never at registration
+    def samples(self) -> Iterable[tuple[list[str], float]]:
+        return [([core, policy], 1) for core, policy in sorted(read_tree_cores(self.directory))]
 
 
 __all__ = [
