@@ -31,7 +31,7 @@ import json
 import os
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Final
 
 from kvretention.dataplane.worker.dialect import VERSIONED_DECODER, VERSIONED_MODULE, Dialect
@@ -74,14 +74,11 @@ class StandinConfig:
     @classmethod
     def from_argv(cls, argv: Sequence[str], env: dict[str, str] | None = None) -> StandinConfig:
         """Environment knobs plus the SGLang server flags the stand-in honours."""
-        base = cls.from_env(env)
         flags = _flags(argv)
         tokenizer = flags.get("--tokenizer-path") or flags.get("--model-path")
         tool_format = "llama3" if flags.get("--tool-call-parser") == "llama3" else "qwen25"
-        return cls(
-            record_path=base.record_path,
-            delay_s=base.delay_s,
-            fail=base.fail,
+        return replace(
+            cls.from_env(env),
             tokenizer_path=tokenizer,
             tool_format=tool_format,
             thinks=bool(flags.get("--reasoning-parser")),
