@@ -125,13 +125,10 @@ def normalize_chat_completions(body: Mapping[str, Any]) -> KvHintEnvelope | None
     """v1 (``reject`` mode): a ``POST /v1/chat/completions`` body -> envelope, ``None``, or error."""
     _check_pass_through(body)
     envelope = _options_envelope(body, ttls=CHAT_TTLS, allowed=_CHAT_OPTION_KEYS)
-    messages = body.get("messages")
-    if type(messages) is list:
-        for i, message in enumerate(messages):
-            if type(message) is dict:
-                j = _breakpoint_index(message.get("content"))
-                if j is not None:
-                    raise _breakpoint_error(f"messages[{i}].content[{j}].{BREAKPOINT}")
+    for i, message in _maybe_marked(body.get("messages")):
+        j = _breakpoint_index(message.get("content"))
+        if j is not None:
+            raise _breakpoint_error(f"messages[{i}].content[{j}].{BREAKPOINT}")
     return envelope
 
 
@@ -139,18 +136,14 @@ def normalize_responses(body: Mapping[str, Any]) -> KvHintEnvelope | None:
     """v1 (``reject`` mode): a ``POST /v1/responses`` body -> envelope, ``None``, or an error."""
     _check_pass_through(body)
     envelope = _options_envelope(body, ttls=RESPONSES_TTLS, allowed=_RESPONSES_OPTION_KEYS)
-    items = body.get("input")
-    if type(items) is list:
-        for i, item in enumerate(items):
-            if type(item) is not dict:
-                continue
-            if item.get(BREAKPOINT) is not None:  # a bare input_text/... part used as an item
-                raise _breakpoint_error(f"input[{i}].{BREAKPOINT}")
-            # message items hold parts in "content", function_call_output items in "output"
-            for key in ("content", "output"):
-                j = _breakpoint_index(item.get(key))
-                if j is not None:
-                    raise _breakpoint_error(f"input[{i}].{key}[{j}].{BREAKPOINT}")
+    for i, item in _maybe_marked(body.get("input")):
+        if item.get(BREAKPOINT) is not None:  # a bare input_text/... part used as an item
+            raise _breakpoint_error(f"input[{i}].{BREAKPOINT}")
+        # message items hold parts in "content", function_call_output items in "output"
+        for key in ("content", "output"):
+            j = _breakpoint_index(item.get(key))
+            if j is not None:
+                raise _breakpoint_error(f"input[{i}].{key}[{j}].{BREAKPOINT}")
     return envelope
 
 
@@ -226,11 +219,11 @@ def _fast_path(options: object, *, ttls: Mapping[str, int], allowed: frozenset[s
 
 
 def _maybe_marked(
-    items: object, encoded: Sequence[bytes] | None
+    items: object, *, encoded: Sequence[bytes] | None = None
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """The object items of a ``messages`` or ``input`` array, with their index, that may hold a
-    breakpoint: with ``encoded`` (each item's compact JSON, when it has one per item) only those
-    whose encoding names the key, so a request without markers is not walked."""
+    breakpoint: every one, or with ``encoded`` (each item's compact JSON, when there is one per
+    item) only those whose encoding names the key, so a request without markers is not walked."""
     if type(items) is not list:
         return
     if encoded is not None and len(encoded) != len(items):
@@ -245,7 +238,7 @@ def _chat_parts(
 ) -> list[tuple[Position, dict[str, Any]]]:
     """Parts carrying a non-null ``prompt_cache_breakpoint``, in prompt order."""
     found: list[tuple[Position, dict[str, Any]]] = []
-    for i, message in _maybe_marked(body.get("messages"), encoded):
+    for i, message in _maybe_marked(body.get("messages"), encoded=encoded):
         _marked(message.get("content"), "messages", i, "content", found)
     return found
 
@@ -254,7 +247,7 @@ def _responses_parts(
     body: Mapping[str, Any], *, encoded: Sequence[bytes] | None = None
 ) -> list[tuple[Position, dict[str, Any]]]:
     found: list[tuple[Position, dict[str, Any]]] = []
-    for i, item in _maybe_marked(body.get("input"), encoded):
+    for i, item in _maybe_marked(body.get("input"), encoded=encoded):
         if item.get(BREAKPOINT) is not None:  # a bare input_text/... part used as an item
             found.append((("input", i), item))
         # message items hold parts in "content", function_call_output items in "output"
