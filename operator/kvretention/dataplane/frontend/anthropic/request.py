@@ -4,7 +4,7 @@ request-wide controls (``tool_choice``, ``thinking``, ``output_config``)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 
 from kvretention.dataplane.frontend import compat
@@ -82,6 +82,24 @@ class _Conversation:
     """``thinking.display: omitted``: answer thinking blocks with a signature and no text."""
     deferred_tools: list[ToolDefinition]
 
+    def request(self, model: str, *, sampling: SamplingParams, stream: bool) -> ParsedRequest:
+        """These messages and tool controls as a request without a hint: what ``count_tokens``
+        answers; ``/v1/messages`` adds its hint and echo fields to it."""
+        return ParsedRequest(
+            model=model,
+            messages=self.messages,
+            sampling=sampling,
+            stream=stream,
+            envelope=None,
+            hint_param=None,
+            tools=self.tools,
+            tool_choice=self.tool_choice,
+            parallel_tool_calls=self.parallel_tool_calls,
+            response_format=self.response_format,
+            reasoning=self.reasoning,
+            deferred_tools=self.deferred_tools,
+        )
+
 
 _OPENER: Final = Opener(
     items="messages", read_hints=hints_from_messages, skips=Resumer.control_items, path=F.path
@@ -116,22 +134,13 @@ def parse_messages(
         top_k=F.opt_int(body, "top_k", minimum=0),
         stop=F.opt_stop(body, "stop_sequences", limit=_MAX_STOP_SEQUENCES),
     )
-    return ParsedRequest(
-        model=model,
-        messages=conversation.messages,
-        sampling=sampling,
-        stream=F.opt_bool(body, "stream"),
+    return replace(
+        conversation.request(model, sampling=sampling, stream=F.opt_bool(body, "stream")),
         envelope=envelope,
         hint_param=CACHE_CONTROL if envelope is not None else None,
         include_usage=True,
-        tools=conversation.tools,
-        tool_choice=conversation.tool_choice,
-        parallel_tool_calls=conversation.parallel_tool_calls,
-        response_format=conversation.response_format,
-        reasoning=conversation.reasoning,
         echo={OMIT_THINKING: True} if conversation.omit_thinking else {},
         client_controls=cache.client_controls,
-        deferred_tools=conversation.deferred_tools,
     )
 
 
@@ -153,20 +162,7 @@ def parse_count_tokens(
     check_fields(body, allowed=COUNT_FIELDS)
     model = F.required_str(body, "model")
     conversation = _conversation(body, max_tokens=None, marks={}, resumer=resumer)
-    return ParsedRequest(
-        model=model,
-        messages=conversation.messages,
-        sampling=SamplingParams(max_new_tokens=0),
-        stream=False,
-        envelope=None,
-        hint_param=None,
-        tools=conversation.tools,
-        tool_choice=conversation.tool_choice,
-        parallel_tool_calls=conversation.parallel_tool_calls,
-        response_format=conversation.response_format,
-        reasoning=conversation.reasoning,
-        deferred_tools=conversation.deferred_tools,
-    )
+    return conversation.request(model, sampling=SamplingParams(max_new_tokens=0), stream=False)
 
 
 def _top_p(body: dict[str, Any]) -> float | None:
