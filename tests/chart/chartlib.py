@@ -22,6 +22,20 @@ BUNDLE = ROOT / "deploy" / "install.yaml"
 RELEASE_NAMESPACE = "kvretention-system"
 CRD_NAME = "kvretentiondeployments.kvretention.io"
 LEASE_NAME = "kvretention-operator"
+# every alert the chart's PrometheusRule defines
+ALERTS = frozenset(
+    {
+        "KvRetentionPinsOverBudget",
+        "KvRetentionKvStoreMetricsDown",
+        "KvRetentionNoReadyWorkers",
+        "KvRetentionErrorRatioHigh",
+        "KvRetentionHintsUnsupported",
+        "KvRetentionRetentionNotApplied",
+        "KvRetentionHookFailures",
+        "KvRetentionMooncakeMasterRestarted",
+        "KvRetentionHopRefusals",
+    }
+)
 
 
 def find_bin_dir() -> Path | None:
@@ -114,6 +128,11 @@ def select(
         for d in docs
         if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)
     ]
+
+
+def metrics_toggle(helm: Helm, key: str, *, enabled: bool) -> list[dict[str, Any]]:
+    """The chart rendered with ``metrics.<key>.enabled`` set and a ``release: prom`` label."""
+    return helm.template({"metrics": {key: {"enabled": enabled, "labels": {"release": "prom"}}}})
 
 
 def one(docs: Iterable[Mapping[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from chartlib import Helm, select
+from chartlib import ALERTS, Helm, select
 
 from support.prometheus_bin import prometheus_binary
 
@@ -454,16 +454,6 @@ def test_alert_fires_only_on_its_condition(promtool: Path, rules_dir: Path, case
 
 def test_every_alert_has_a_firing_and_a_quiet_case(rule_groups: dict[str, Any]) -> None:
     alerts = {r["alert"] for g in rule_groups["groups"] for r in g["rules"]}
-    assert alerts == {
-        "KvRetentionPinsOverBudget",
-        "KvRetentionKvStoreMetricsDown",
-        "KvRetentionNoReadyWorkers",
-        "KvRetentionErrorRatioHigh",
-        "KvRetentionHintsUnsupported",
-        "KvRetentionRetentionNotApplied",
-        "KvRetentionHookFailures",
-        "KvRetentionMooncakeMasterRestarted",
-        "KvRetentionHopRefusals",
-    }
+    assert alerts == ALERTS
     assert {c.alert for c in CASES if c.fires} == alerts
     assert {c.alert for c in CASES if not c.fires} == alerts

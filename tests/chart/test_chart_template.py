@@ -13,6 +13,7 @@ from chartlib import (
     RELEASE_NAMESPACE,
     Helm,
     flatten_values,
+    metrics_toggle,
     one,
     operator_container,
     rules_as_set,
@@ -288,9 +289,7 @@ def test_bad_values_are_rejected(helm: Helm, values: dict[str, Any], fragment: s
 
 @pytest.mark.parametrize("enabled", [False, True])
 def test_service_monitor_toggle(helm: Helm, enabled: bool) -> None:
-    docs = helm.template(
-        {"metrics": {"serviceMonitor": {"enabled": enabled, "labels": {"release": "prom"}}}}
-    )
+    docs = metrics_toggle(helm, "serviceMonitor", enabled=enabled)
     monitors = select(docs, "ServiceMonitor")
     assert len(monitors) == int(enabled)
     service = one(docs, "Service")

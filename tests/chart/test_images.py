@@ -139,6 +139,17 @@ def test_image_commands_run(argv: list[str]) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def pip(*args: str) -> subprocess.CompletedProcess[str]:
+    """This interpreter's pip, its output captured (the caller asserts on its return code)."""
+    return subprocess.run(
+        [sys.executable, "-m", "pip", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
 def test_pip_install_dot_gives_a_working_cli(tmp_path: Path) -> None:
     """What every image does (``pip install .``): the built wheel, not the editable checkout, runs.
 
@@ -157,23 +168,7 @@ def test_pip_install_dot_gives_a_working_cli(tmp_path: Path) -> None:
             ".git", ".venv*", "build", "dist", ".kvr-cluster", "*.egg-info", "__pycache__"
         ),
     )
-    build = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "-q",
-            "--wheel-dir",
-            str(wheels),
-            str(source),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    build = pip("wheel", "--no-deps", "-q", "--wheel-dir", str(wheels), str(source))
     assert build.returncode == 0, build.stderr
     (wheel,) = wheels.glob("kvretention-*.whl")
     # the local control plane is a development tool (devtools/): it never ships in an image
@@ -187,46 +182,31 @@ def test_pip_install_dot_gives_a_working_cli(tmp_path: Path) -> None:
     )
     purelib = Path(sysconfig.get_paths(vars={"base": str(venv), "platbase": str(venv)})["purelib"])
     (purelib / "borrowed.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    install = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "--python",
-            str(venv / "bin" / "python"),
-            "install",
-            "--no-deps",
-            # the borrowed dev venv already shows an (editable) kvretention 0.1.0: install anyway,
-            # without touching it
-            "--ignore-installed",
-            "-q",
-            str(wheel),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    install = pip(
+        "--python",
+        str(venv / "bin" / "python"),
+        "install",
+        "--no-deps",
+        # the borrowed dev venv already shows an (editable) kvretention 0.1.0: install anyway,
+        # without touching it
+        "--ignore-installed",
+        "-q",
+        str(wheel),
     )
     assert install.returncode == 0, install.stderr
     env = {**os.environ, "PYTHONPATH": ""}
-    where = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", "import kvretention; print(kvretention.__file__)"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-        timeout=60,
-        check=True,
+
+    def run_outside(*argv: str) -> subprocess.CompletedProcess[str]:
+        """Run from outside the repository, with none of its folders on the path."""
+        return subprocess.run(
+            argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600, check=False
+        )
+
+    where = run_outside(
+        str(venv / "bin" / "python"), "-c", "import kvretention; print(kvretention.__file__)"
     )
+    assert where.returncode == 0, where.stderr
     assert where.stdout.strip().startswith(str(purelib)), where.stdout
     for argv in (["--help"], ["operator", "--help"], ["probe", "--skip-mooncake"]):
-        done = subprocess.run(
-            [str(venv / "bin" / "kvretention"), *argv],
-            capture_output=True,
-            text=True,
-            cwd=tmp_path,
-            env=env,
-            timeout=600,
-            check=False,
-        )
+        done = run_outside(str(venv / "bin" / "kvretention"), *argv)
         assert done.returncode == 0, f"kvretention {' '.join(argv)}:\n{done.stderr}"

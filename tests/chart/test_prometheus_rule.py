@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 import pytest
-from chartlib import CHART, Helm, select
+from chartlib import ALERTS, CHART, Helm, metrics_toggle, select
 
 from kvretention.controller.metrics import FLEET_LABELS
 from support.metric_registries import DATA_PLANE_LABELS, exported_series
@@ -21,27 +21,11 @@ def _rules(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 @pytest.mark.parametrize("enabled", [False, True])
 def test_prometheus_rule_toggle(helm: Helm, enabled: bool) -> None:
-    docs = helm.template(
-        {"metrics": {"prometheusRule": {"enabled": enabled, "labels": {"release": "prom"}}}}
-    )
-    rules = select(docs, "PrometheusRule")
+    rules = select(metrics_toggle(helm, "prometheusRule", enabled=enabled), "PrometheusRule")
     assert len(rules) == int(enabled)
     if enabled:
         assert rules[0]["apiVersion"] == "monitoring.coreos.com/v1"
         assert rules[0]["metadata"]["labels"]["release"] == "prom"
-
-
-ALERTS = {
-    "KvRetentionPinsOverBudget",
-    "KvRetentionKvStoreMetricsDown",
-    "KvRetentionNoReadyWorkers",
-    "KvRetentionErrorRatioHigh",
-    "KvRetentionHintsUnsupported",
-    "KvRetentionRetentionNotApplied",
-    "KvRetentionHookFailures",
-    "KvRetentionMooncakeMasterRestarted",
-    "KvRetentionHopRefusals",
-}
 
 
 @pytest.mark.parametrize(
