@@ -16,6 +16,7 @@ from kvretention.api.spec_shared import (
     Image,
     LocalObjectReference,
     PodOptions,
+    Replicas,
     ResourceRequirements,
     _pod_field,
 )
@@ -46,24 +47,25 @@ class ServiceSpec(WireModel):
     port: int = port_field(8000, "Service port clients connect to (HTTP).")
 
 
+MAX_TENANT_REQUESTS: Final = 1_000_000
+"""The largest tenant limit: requests per second, burst and concurrency alike."""
+_RequestCount = Annotated[int, Field(ge=1, le=MAX_TENANT_REQUESTS)]
+"""A tenant limit counted in requests (burst, concurrency)."""
+
+
 class TenantLimitsSpec(WireModel):
     """Request limits of one tenant; each one unset is unlimited. Past a limit the frontend
     answers the provider's 429 with retry-after."""
 
     requests_per_second: float | None = Field(
-        default=None, gt=0, le=1_000_000, description="Sustained requests per second."
+        default=None, gt=0, le=MAX_TENANT_REQUESTS, description="Sustained requests per second."
     )
-    burst: int | None = Field(
+    burst: _RequestCount | None = Field(
         default=None,
-        ge=1,
-        le=1_000_000,
         description="Requests a quiet tenant may send at once. Default: requestsPerSecond, rounded up.",
     )
-    concurrency: int | None = Field(
-        default=None,
-        ge=1,
-        le=1_000_000,
-        description="Requests in flight at once (a stream counts until it ends).",
+    concurrency: _RequestCount | None = Field(
+        default=None, description="Requests in flight at once (a stream counts until it ends)."
     )
 
 
@@ -150,7 +152,7 @@ class CodexInstructionsSpec(WireModel):
 class FrontendSpec(WireModel):
     """The OpenAI/Anthropic-compatible HTTP frontend."""
 
-    replicas: int = Field(default=1, ge=0, le=1000, description="Frontend pods.")
+    replicas: Replicas = Field(default=1, description="Frontend pods.")
     image: Image = Field(default=DEFAULT_IMAGE, description="kvretention image.")
     resources: ResourceRequirements | None = Field(
         default=None, description="Frontend container resources. " + UNSET_REQUESTS
@@ -209,7 +211,7 @@ SessionKey = Annotated[
 class RouterSpec(WireModel):
     """The router: picks workers, pairs prefill and decode, never reads kv_hints."""
 
-    replicas: int = Field(default=1, ge=0, le=1000, description="Router pods.")
+    replicas: Replicas = Field(default=1, description="Router pods.")
     image: Image = Field(default=DEFAULT_IMAGE, description="kvretention image.")
     resources: ResourceRequirements | None = Field(
         default=None, description="Router container resources. " + UNSET_REQUESTS

@@ -26,10 +26,12 @@ __all__ = [
     "DEFAULT_WORKER_IMAGE",
     "LARGEST_HINT_TTL_SECONDS",
     "MAX_NAME_LENGTH",
+    "MAX_REPLICAS",
     "MAX_SOFT_PIN_TTL_SECONDS",
     "LocalObjectReference",
     "PodOptions",
     "Quantity",
+    "Replicas",
     "ResourceRequirements",
     "Toleration",
 ]
@@ -45,6 +47,11 @@ MAX_NAME_LENGTH: Final = 54
 LARGEST_HINT_TTL_SECONDS: Final = LONGEST_EMITTED_TTL_SECONDS
 """The longest TTL the frontend emits (OpenAI Responses ``12h``): a soft pin must hold it."""
 MAX_SOFT_PIN_TTL_SECONDS: Final = 86_400
+MAX_REPLICAS: Final = 1000
+
+Replicas = Annotated[int, Field(ge=0, le=MAX_REPLICAS)]
+"""A count of pods (or multinode workers) a spec asks for: replicas, a rollout's surge and
+unavailability; 0 is allowed."""
 
 Quantity = Annotated[
     int | str,

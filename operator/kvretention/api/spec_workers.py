@@ -24,8 +24,10 @@ from kvretention.api.base import (
 )
 from kvretention.api.spec_shared import (
     DEFAULT_WORKER_IMAGE,
+    MAX_REPLICAS,
     Image,
     PodOptions,
+    Replicas,
     ResourceRequirements,
     _pod_field,
 )
@@ -123,17 +125,15 @@ class PoolAutoscalingSpec(WireModel):
         ),
     )
 
-    min_replicas: int = Field(
+    min_replicas: Replicas = Field(
         default=1,
-        ge=0,
-        le=1000,
         description=(
             "Fewest workers. 0 (scale to zero) drops every prefix the pool retains with its last "
             "worker, so a retaining pool needs allowScaleToZero, and the cluster needs the "
             "HPAScaleToZero feature gate."
         ),
     )
-    max_replicas: int = Field(ge=1, le=1000, description="Most workers.")
+    max_replicas: int = Field(ge=1, le=MAX_REPLICAS, description="Most workers.")
     target: int = Field(
         ge=1,
         le=100_000,
@@ -159,7 +159,7 @@ class PoolAutoscalingSpec(WireModel):
 class PrefillPoolSpec(WorkerPoolSpec):
     """The prefill pool of a disaggregated fleet; sized on its own."""
 
-    replicas: int = Field(default=1, ge=0, le=1000, description="Prefill workers.")
+    replicas: Replicas = Field(default=1, description="Prefill workers.")
     autoscaling: PoolAutoscalingSpec | None = Field(
         default=None,
         description="Size the prefill pool with a HorizontalPodAutoscaler instead of replicas.",
@@ -286,19 +286,15 @@ class WorkerRolloutSpec(WireModel):
         )
     )
 
-    max_surge: int = Field(
+    max_surge: Replicas = Field(
         default=0,
-        ge=0,
-        le=1000,
         description=(
             "Extra worker pods a rollout may start before old ones stop (the Deployment's "
             "maxSurge). 0 by default: a surge pod needs spare GPUs that a full pool does not have."
         ),
     )
-    max_unavailable: int = Field(
+    max_unavailable: Replicas = Field(
         default=1,
-        ge=0,
-        le=1000,
         description=(
             "Workers of a pool that may be down at once: in a rollout (the Deployment's "
             "maxUnavailable) and in voluntary disruptions such as node drains (the pool's "
@@ -360,10 +356,8 @@ class WorkersSpec(WireModel):
     mode: Literal["aggregated", "disaggregated"] = Field(
         default="aggregated", description="One pool, or separate prefill and decode pools."
     )
-    replicas: int = Field(
+    replicas: Replicas = Field(
         default=1,
-        ge=0,
-        le=1000,
         description="Workers in the aggregated pool, or the decode pool when disaggregated (scale subresource).",
     )
     autoscaling: PoolAutoscalingSpec | None = Field(
