@@ -290,6 +290,24 @@ def test_codex_second_request_is_placed_by_its_session(codex: Run) -> None:
     assert codex.sticky == len(codex.calls) - 1
 
 
+def test_codex_names_its_cache_by_session_and_sends_no_cache_options(codex: Run) -> None:
+    """What 0.171.0 sends a custom provider (captured 2026-12-04, docs/frontend.md): every
+    Responses body carries ``prompt_cache_key`` = its session id and no ``prompt_cache_options``
+    (the field is in its request type but left unset), so retention comes from the fleet default.
+    A release that starts sending options fails here, which is the cue to check the frontend
+    honours them."""
+    posts = [
+        e
+        for e in codex.exchanges
+        if e.path.split("?")[0].endswith("/responses") and isinstance(e.body, dict)
+    ]
+    assert posts, codex.failure()
+    for e in posts:
+        session = {v for k, v in e.headers.items() if k.lower() == "session-id"}
+        assert session and e.body.get("prompt_cache_key") in session, (e.path, session)
+        assert "prompt_cache_options" not in e.body
+
+
 def test_codex_is_retained_by_the_fleet_policy(codex: Run) -> None:
     """Codex sends no cache control; the example's hints.defaultTtlSeconds retains its prompts."""
     assert codex.calls, codex.failure()
