@@ -3,7 +3,7 @@ operator; readers tolerate fields a newer operator adds)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -29,15 +29,19 @@ class _StatusModel(WireModel):
     model_config = ConfigDict(extra="ignore", strict=False)
 
 
+_Reason = Annotated[str, Field(max_length=1024)]
+"""A reason, as long as ``metav1.Condition`` allows one."""
+_Message = Annotated[str, Field(max_length=32768)]
+"""Human-readable details, as long as ``metav1.Condition`` allows them."""
+
+
 class Condition(_StatusModel):
     """One observed condition (the metav1.Condition shape)."""
 
     type: str = Field(max_length=316, description="Condition type, e.g. Ready.")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
-    reason: str = Field(
-        default="", max_length=1024, description="CamelCase reason for the last transition."
-    )
-    message: str = Field(default="", max_length=32768, description="Human-readable details.")
+    reason: _Reason = Field(default="", description="CamelCase reason for the last transition.")
+    message: _Message = Field(default="", description="Human-readable details.")
     observed_generation: int | None = Field(
         default=None, ge=0, description="The .metadata.generation this condition was computed for."
     )
@@ -73,9 +77,8 @@ class WorkerPoolStatus(ReplicaCount):
         max_length=63,
         description="The pool's component: worker, worker-prefill or worker-decode.",
     )
-    reason: str = Field(
+    reason: _Reason = Field(
         default="",
-        max_length=1024,
         description=(
             "PodsReady, or why not: ScaledToZero, NotCreated, ReplicaFailure, "
             "ProgressDeadlineExceeded, Unschedulable, ErrImagePull / ImagePullBackOff (and the "
@@ -84,9 +87,8 @@ class WorkerPoolStatus(ReplicaCount):
             "PodFailed, RollingOut, PodsStarting, PodsNotReady, LeaderWorkerSetMissing."
         ),
     )
-    message: str = Field(
+    message: _Message = Field(
         default="",
-        max_length=32768,
         description="Details: the Deployment, the pod, the scheduler's or kubelet's message.",
     )
     nodes_per_replica: int | None = Field(
