@@ -3,7 +3,7 @@ last body's parse when a conversation repeats its start."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -156,15 +156,21 @@ def _reasoning(text: str | None) -> Reasoning | None:
     return trusted(Reasoning, text=text) if text else None
 
 
-def _history_calls(raw: object, *, where: str) -> list[ToolCall]:
+def array_objects(raw: object, *, where: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """An optional array's objects, each with its parameter path (``None``: no objects). Lazy,
+    so that the first failing element, in array order, is the one reported."""
     if raw is None:
-        return []
+        return
     if not isinstance(raw, list):
         raise F.invalid_type(where, raw, expected="an array")
-    out: list[ToolCall] = []
     for i, item in enumerate(raw):
         at = f"{where}[{i}]"
-        call = obj(item, where=at)
+        yield at, obj(item, where=at)
+
+
+def _history_calls(raw: object, *, where: str) -> list[ToolCall]:
+    out: list[ToolCall] = []
+    for at, call in array_objects(raw, where=where):
         # ``index`` is what a streamed call carried; clients that replay it are not wrong
         only_keys(call, where=at, allowed=("id", "type", "function", "index"))
         kind = call.get("type", "function")
@@ -183,17 +189,33 @@ def _history_calls(raw: object, *, where: str) -> list[ToolCall]:
     return out
 
 
-def _content(content: object, *, where: str, role: str, marks: Marks) -> str | list[ContentPart]:
-    """A string, or parts (see :func:`joined`); a marked part gets its ``retain_ttl``."""
+ReadPart = Callable[[dict[str, Any], str, int | None], ContentPart]
+"""One content part's object, its parameter path and its breakpoint's TTL -> the neutral part."""
+
+
+def content_parts(
+    content: object, *, where: str, marks: Marks, read: ReadPart
+) -> str | list[ContentPart]:
+    """String content, or an array of parts each taken by ``read`` (see :func:`joined`).
+
+    Chat Completions and Responses walk content alike and differ only in the parts they take.
+    """
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise F.invalid_type(where, content, expected="a string or an array of content parts")
-    kinds = _PARTS_BY_ROLE.get(role, ("text",))
     parts: list[ContentPart] = []
     for j, raw in enumerate(content):
         param = f"{where}[{j}]"
-        part = obj(raw, where=param)
+        parts.append(read(obj(raw, where=param), param, marks.get(param)))
+    return joined(parts)
+
+
+def _content(content: object, *, where: str, role: str, marks: Marks) -> str | list[ContentPart]:
+    """A string, or the parts ``role`` may send; a marked part gets its ``retain_ttl``."""
+    kinds = _PARTS_BY_ROLE.get(role, ("text",))
+
+    def read(part: dict[str, Any], param: str, ttl: int | None) -> ContentPart:
         kind = part.get("type")
         if not isinstance(kind, str) or kind not in kinds:
             supported = ", ".join(f"'{k}'" for k in kinds)
@@ -212,8 +234,7 @@ def _content(content: object, *, where: str, role: str, marks: Marks) -> str | l
                 where=f"{param}.image_url",
                 url_param=f"{param}.image_url.url",
             )
-            parts.append(picture.model_copy(update={"retain_ttl": marks.get(param)}))
-        else:
-            text = req_str(part, kind, where=param)
-            parts.append(trusted(TextPart, text=text, retain_ttl=marks.get(param)))
-    return joined(parts)
+            return picture.model_copy(update={"retain_ttl": ttl})
+        return trusted(TextPart, text=req_str(part, kind, where=param), retain_ttl=ttl)
+
+    return content_parts(content, where=where, marks=marks, read=read)

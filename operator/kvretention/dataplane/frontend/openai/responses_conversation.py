@@ -9,7 +9,8 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from kvretention.dataplane.frontend import compat
-from kvretention.dataplane.frontend.common import Marks, joined
+from kvretention.dataplane.frontend.common import Marks
+from kvretention.dataplane.frontend.openai.chat_conversation import array_objects, content_parts
 from kvretention.dataplane.frontend.openai.fields import (
     RESPONSES_IMAGE_DETAILS,
     F,
@@ -244,14 +245,8 @@ def _merged(turn: ChatMessage, **update: Any) -> ChatMessage:
 
 def _texts(raw: object, *, where: str, kinds: tuple[str, ...]) -> list[str]:
     """The texts of a reasoning item's ``summary`` / ``content`` list."""
-    if raw is None:
-        return []
-    if not isinstance(raw, list):
-        raise F.invalid_type(where, raw, expected="an array")
     out: list[str] = []
-    for i, part in enumerate(raw):
-        at = f"{where}[{i}]"
-        entry = obj(part, where=at)
+    for at, entry in array_objects(raw, where=where):
         only_keys(entry, where=at, allowed=("type", "text"))
         if entry.get("type") not in kinds:
             expected = ", ".join(f"'{k}'" for k in kinds)
@@ -261,15 +256,10 @@ def _texts(raw: object, *, where: str, kinds: tuple[str, ...]) -> list[str]:
 
 
 def _content(content: object, *, where: str, images: bool, marks: Marks) -> str | list[ContentPart]:
-    """String content, or parts (see :func:`joined`); a marked part gets its ``retain_ttl``."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise F.invalid_type(where, content, expected="a string or an array of content parts")
-    parts: list[ContentPart] = []
-    for j, raw in enumerate(content):
-        param = f"{where}[{j}]"
-        part = obj(raw, where=param)
+    """String content, or text parts (and images where ``images``); a marked part gets its
+    ``retain_ttl``."""
+
+    def read(part: dict[str, Any], param: str, ttl: int | None) -> ContentPart:
         kind = part.get("type")
         allowed = isinstance(kind, str) and (
             kind in _TEXT_PARTS or (images and kind == "input_image")
@@ -289,11 +279,11 @@ def _content(content: object, *, where: str, images: bool, marks: Marks) -> str 
                 url_param=f"{param}.image_url",
                 details=RESPONSES_IMAGE_DETAILS,
             )
-            parts.append(picture.model_copy(update={"retain_ttl": marks.get(param)}))
-        else:
-            text = req_str(part, _TEXT_PARTS[str(kind)], where=param)
-            parts.append(trusted(TextPart, text=text, retain_ttl=marks.get(param)))
-    return joined(parts)
+            return picture.model_copy(update={"retain_ttl": ttl})
+        text = req_str(part, _TEXT_PARTS[str(kind)], where=param)
+        return trusted(TextPart, text=text, retain_ttl=ttl)
+
+    return content_parts(content, where=where, marks=marks, read=read)
 
 
 def _caller(item: Mapping[str, Any], *, where: str) -> None:
