@@ -37,7 +37,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Generic, TypeVar, Union
+from typing import Any, Final, Generic, Protocol, TypeVar, Union
 
 import msgspec
 
@@ -101,6 +101,30 @@ class _Shared:
     values: list[Any]
     derived: dict[str, Any]
     """What :meth:`Resumer.derived` made from ``values``, by tag."""
+
+
+class _Listed(Protocol):
+    @property
+    def values(self) -> list[Any]: ...
+
+
+_K = TypeVar("_K", bound=Hashable)
+_L = TypeVar("_L", bound=_Listed)
+
+
+def _remember(
+    table: OrderedDict[_K, _L], by_list: dict[int, _L], key: _K, entry: _L, *, capacity: int
+) -> None:
+    """Keep ``entry`` as the newest under ``key`` and under its decoded list's identity, dropping
+    the least recently kept past ``capacity`` from both (the caller holds the lock)."""
+    old = table.pop(key, None)
+    if old is not None:
+        by_list.pop(id(old.values), None)
+    table[key] = entry
+    by_list[id(entry.values)] = entry
+    while len(table) > capacity:
+        _, dropped = table.popitem(last=False)
+        by_list.pop(id(dropped.values), None)
 
 
 @dataclass
@@ -203,14 +227,7 @@ class Resumer:
         items = _Items(raws, values, blobs, names)
         with self._lock:
             self._counts.reused_items += same
-            old = self._items.pop(mkey, None)
-            if old is not None:
-                self._by_list.pop(id(old.values), None)
-            self._items[mkey] = items
-            self._by_list[id(values)] = items
-            while len(self._items) > self._capacity:
-                _, dropped = self._items.popitem(last=False)
-                self._by_list.pop(id(dropped.values), None)
+            _remember(self._items, self._by_list, mkey, items, capacity=self._capacity)
         return values
 
     def _shared_list(self, key: str, raws: list[msgspec.Raw]) -> list[Any]:
@@ -224,11 +241,7 @@ class Resumer:
         values = [_DECODE(raw) for raw in raws]
         shared = _Shared(values, {})
         with self._lock:
-            self._shared[mkey] = shared
-            self._shared_by_list[id(values)] = shared
-            while len(self._shared) > self._capacity:
-                _, dropped = self._shared.popitem(last=False)
-                self._shared_by_list.pop(id(dropped.values), None)
+            _remember(self._shared, self._shared_by_list, mkey, shared, capacity=self._capacity)
         return values
 
     def derived(self, values: Any, tag: str, make: Callable[[Any], _S]) -> _S:
