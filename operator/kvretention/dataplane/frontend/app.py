@@ -21,8 +21,13 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Final, TypeVar
 
-from aiohttp import web
-from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
+from aiohttp import hdrs, web
+from aiohttp.http import HttpVersion11
+from aiohttp.http_exceptions import (
+    ContentEncodingError,
+    HttpProcessingError,
+    TransferEncodingError,
+)
 
 from kvretention.common.trace import RequestTrace
 from kvretention.dataplane.frontend import compact, discovery, errors
@@ -110,7 +115,8 @@ def create_app(
     gate: Gate | None = None,
 ) -> web.Application:
     """Build the app; the router session opens on startup and closes on cleanup. With a
-    ``gate`` (auth on), every API route needs a key and runs within its tenant's limits."""
+    ``gate`` (auth on), every API route needs a key and runs within its tenant's limits, and
+    answers ``Expect: 100-continue`` only once the key checks out."""
     state = FrontendState(
         config=config,
         router=RouterClient(config.router_url, timeout=config.upstream_timeout),
@@ -118,10 +124,13 @@ def create_app(
         trace=trace,
         tokenizer=tokenizer,
     )
-    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[error_middleware])
+    app = web.Application(
+        client_max_size=config.max_body_bytes, middlewares=[error_middleware, framing_middleware]
+    )
     app[STATE] = state
     app[PARSER_REFUSALS] = ParserRefusals(respond=malformed_head, registry=state.metrics.registry)
     app.cleanup_ctx.append(_router_session)
+    expect = None  # aiohttp's own: 100 Continue
     if gate is not None:
         gate.install(
             app,
@@ -130,12 +139,17 @@ def create_app(
             provider_for=provider_for,
             trace=trace,
         )
-    app.router.add_post("/v1/chat/completions", _endpoint(CHAT))
-    app.router.add_post("/v1/responses", _endpoint(RESPONSES))
-    app.router.add_post("/v1/messages", _endpoint(MESSAGES))
-    app.router.add_post("/v1/messages/count_tokens", count_tokens)
-    app.router.add_get("/v1/models", models)
-    app.router.add_post(compact.PATH, responses_compact)
+        expect = gate.expect_handler(respond=error_response, provider_for=provider_for)
+    app.add_routes(
+        [
+            web.post("/v1/chat/completions", _endpoint(CHAT), expect_handler=expect),
+            web.post("/v1/responses", _endpoint(RESPONSES), expect_handler=expect),
+            web.post("/v1/messages", _endpoint(MESSAGES), expect_handler=expect),
+            web.post("/v1/messages/count_tokens", count_tokens, expect_handler=expect),
+            web.get("/v1/models", models, expect_handler=expect),
+            web.post(compact.PATH, responses_compact, expect_handler=expect),
+        ]
+    )
     add_probes(app, ready=lambda: readiness(state))
     add_metrics(app, state.metrics.registry)
     return app
@@ -180,6 +194,27 @@ def error_response(
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def framing_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The body framings aiohttp's parser lets through that a proxy in front may frame otherwise
+    (a smuggling shape), refused as the parser's own refusals are: ``Transfer-Encoding`` other
+    than ``chunked`` alone (``gzip, chunked``: a transfer coding aiohttp would not decode), or on
+    HTTP/1.0 (RFC 9112 6.1: framing to be treated as faulty). The rest (``Content-Length`` with
+    ``Transfer-Encoding``, two lengths, a length that is not digits, a chunk size that is not
+    hex) never gets past the parser."""
+    codings = request.headers.getall(hdrs.TRANSFER_ENCODING, [])
+    if not codings or (
+        request.version >= HttpVersion11 and ",".join(codings).strip().lower() == "chunked"
+    ):
+        return await handler(request)
+    request.app[PARSER_REFUSALS].note(
+        TransferEncodingError("transfer-encoding other than chunked"), peer=request.remote
+    )
+    response = error_response(errors.unreadable_body(), provider_for(request.path))
+    response.force_close()  # where this body ends is what is in doubt
+    return response
 
 
 @web.middleware

@@ -16,7 +16,8 @@ digests, looked up by digest and confirmed with :func:`hmac.compare_digest`, and
 log and the metrics name tenants and files, never a key.
 
 :class:`Gate` is the frontend's middleware: on every ``/v1/`` route, before the body is read, a
-missing or wrong key gets the provider's 401, a tenant past its limits the provider's 429 with
+missing or wrong key gets the provider's 401 (with ``Expect: 100-continue``, instead of the
+``100 Continue``: :meth:`Gate.expect_handler`), a tenant past its limits the provider's 429 with
 ``retry-after`` (:mod:`~kvretention.dataplane.frontend.limits`); an admitted request carries its
 tenant (:data:`TENANT`) for the router header, the trace and the metrics.
 """
@@ -37,6 +38,7 @@ from typing import Any, Final
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
+from aiohttp.web_urldispatcher import _default_expect_handler
 from prometheus_client import CollectorRegistry
 
 from kvretention.api.names import METRICS_PATH
@@ -344,6 +346,7 @@ def presented_keys(headers: Mapping[str, str], provider: Provider) -> list[str]:
 
 Respond = Callable[[FrontendError, Provider], web.StreamResponse]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+ExpectHandler = Callable[[web.Request], Awaitable[web.StreamResponse | None]]
 
 
 @dataclass
@@ -371,6 +374,39 @@ class Gate:
             if tenant is not None:
                 return tenant
         return errors.invalid_api_key(provider)
+
+    def admit_key(
+        self, request: web.Request, *, respond: Respond, provider: Provider
+    ) -> str | web.StreamResponse:
+        """The request's tenant, or its 401 (counted and traced, the connection to be closed:
+        the unread body is not worth reading)."""
+        who = self.authenticate(request.headers, provider)
+        if not isinstance(who, FrontendError):
+            return who
+        if self.metrics is not None:
+            self.metrics.refusals.labels(who.code).inc()
+        self._trace(request, who, tenant=None)
+        response = respond(who, provider)
+        response.force_close()
+        return response
+
+    def expect_handler(
+        self, *, respond: Respond, provider_for: Callable[[str], Provider]
+    ) -> ExpectHandler:
+        """The API routes' ``Expect: 100-continue`` answer: aiohttp sends ``100 Continue``
+        before any middleware runs, so a client without a valid key would upload its body only
+        to get the 401; here the key is checked first and such a client gets the 401 instead."""
+
+        async def expect(request: web.Request) -> web.StreamResponse | None:
+            refused = self.admit_key(request, respond=respond, provider=provider_for(request.path))
+            if isinstance(refused, web.StreamResponse):
+                return refused
+            # aiohttp's own (private; tests/dataplane/test_frontend_expect_continue.py runs it):
+            # 100 Continue, 417 for any other expectation
+            await _default_expect_handler(request)
+            return None
+
+        return expect
 
     def install(
         self,
@@ -412,15 +448,10 @@ class Gate:
             if not request.path.startswith(PROTECTED_PREFIX) and request.path != METRICS_PATH:
                 return await handler(request)
             provider = provider_for(request.path)
-            who = self.authenticate(request.headers, provider)
+            who = self.admit_key(request, respond=respond, provider=provider)
+            if isinstance(who, web.StreamResponse):
+                return who
             metrics = self.metrics
-            if isinstance(who, FrontendError):
-                if metrics is not None:
-                    metrics.refusals.labels(who.code).inc()
-                self._trace(request, who, tenant=None)
-                response = respond(who, provider)
-                response.force_close()  # the unread body is not worth reading
-                return response
             lease = self.limiter.acquire(who, now=self.clock())
             if isinstance(lease, Refusal):
                 if metrics is not None:
