@@ -35,11 +35,12 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, ParamSpec
 
 from kvretention.dataplane.generation_block import block_reads_only_context, generation_block
 
 log = logging.getLogger(__name__)
+_P = ParamSpec("_P")
 
 GENERATION: Final = "generation"
 """The template's trailing generation-prompt block, alone (where it is provably last)."""
@@ -470,6 +471,14 @@ class Refusal:
     reason: str
 
 
+def _text_or_none(render: Callable[_P, str], /, *args: _P.args, **kwargs: _P.kwargs) -> str | None:
+    """What ``render`` gives, or ``None`` where it raises: the probes compare refusals too."""
+    try:
+        return render(*args, **kwargs)
+    except Exception:
+        return None
+
+
 def compile_template(
     tokenizer: Any, *, verify_every: int = DEFAULT_VERIFY_EVERY
 ) -> CompiledTemplate | Refusal:
@@ -499,24 +508,20 @@ def compile_template(
     except Exception as exc:  # minijinja cannot parse it ({% generation %}, Python-only syntax)
         return Refusal(f"minijinja cannot compile the template: {exc}")
     for n, probe in enumerate(probe_inputs()):
-        try:
-            expected: str | None = reference(
-                probe.messages,
-                tools=probe.tools,
-                add_generation_prompt=probe.add_generation_prompt,
-                **probe.kwargs,
-            )
-        except Exception:
-            expected = None
-        try:
-            got: str | None = compiled.render_compiled(
-                probe.messages,
-                probe.tools,
-                add_generation_prompt=probe.add_generation_prompt,
-                kwargs=probe.kwargs,
-            )
-        except Exception:
-            got = None
+        expected = _text_or_none(
+            reference,
+            probe.messages,
+            tools=probe.tools,
+            add_generation_prompt=probe.add_generation_prompt,
+            **probe.kwargs,
+        )
+        got = _text_or_none(
+            compiled.render_compiled,
+            probe.messages,
+            probe.tools,
+            add_generation_prompt=probe.add_generation_prompt,
+            kwargs=probe.kwargs,
+        )
         if got != expected:
             what = (
                 "rendered where Jinja2 refused"
@@ -527,12 +532,13 @@ def compile_template(
             )
             return Refusal(f"minijinja {what} on probe {n}")
         if compiled.generation and got is not None and probe.add_generation_prompt:
-            try:
-                without: str | None = compiled.render_compiled(
-                    probe.messages, probe.tools, add_generation_prompt=False, kwargs=probe.kwargs
-                )
-            except Exception:
-                without = None
+            without = _text_or_none(
+                compiled.render_compiled,
+                probe.messages,
+                probe.tools,
+                add_generation_prompt=False,
+                kwargs=probe.kwargs,
+            )
             derived = compiled.without_generation_prompt(
                 got, probe.messages, probe.tools, kwargs=probe.kwargs
             )
