@@ -31,13 +31,18 @@ class HintProviders(WireModel):
     )
 
 
+_PROVIDER_NEEDED_MESSAGE = (
+    "hints.policy Required needs at least one provider in hints.providers enabled"
+)
+
+
 class HintsSpec(WireModel):
     """KV retention hints: what the frontend emits and whether the fleet must honour them."""
 
     model_config = cel_config(
         (
             "self.policy != 'Required' || self.providers.openai || self.providers.anthropic",
-            "hints.policy Required needs at least one provider in hints.providers enabled",
+            _PROVIDER_NEEDED_MESSAGE,
         )
     )
 
@@ -95,6 +100,6 @@ class HintsSpec(WireModel):
     def _check_cel_equivalents(self) -> HintsSpec:
         require(
             self.policy != "Required" or self.providers.openai or self.providers.anthropic,
-            "hints.policy Required needs at least one provider in hints.providers enabled",
+            _PROVIDER_NEEDED_MESSAGE,
         )
         return self

@@ -47,14 +47,14 @@ _BUDGET_BELOW_WATERMARK_MESSAGE = (
 )
 
 
+_DEFAULT_TTL_MESSAGE = "softPin.defaultTtlSeconds must not exceed softPin.maxTtlSeconds"
+
+
 class SoftPinSpec(WireModel):
     """Mooncake soft pins: how long hinted KV is protected from eviction."""
 
     model_config = cel_config(
-        (
-            "self.defaultTtlSeconds <= self.maxTtlSeconds",
-            "softPin.defaultTtlSeconds must not exceed softPin.maxTtlSeconds",
-        ),
+        ("self.defaultTtlSeconds <= self.maxTtlSeconds", _DEFAULT_TTL_MESSAGE),
         (_PINS_HOLD_NEED_BUDGET, _PINS_HOLD_NEED_BUDGET_MESSAGE),
     )
 
@@ -95,25 +95,20 @@ class SoftPinSpec(WireModel):
 
     @model_validator(mode="after")
     def _check_cel_equivalents(self) -> SoftPinSpec:
-        require(
-            self.default_ttl_seconds <= self.max_ttl_seconds,
-            "softPin.defaultTtlSeconds must not exceed softPin.maxTtlSeconds",
-        )
+        require(self.default_ttl_seconds <= self.max_ttl_seconds, _DEFAULT_TTL_MESSAGE)
         require(
             self.allow_eviction or self.budget_ratio is not None, _PINS_HOLD_NEED_BUDGET_MESSAGE
         )
         return self
 
 
+_EVICTION_RATIO_MESSAGE = "eviction.ratio must be below eviction.highWatermarkRatio"
+
+
 class EvictionSpec(WireModel):
     """When the Mooncake master evicts, and how much."""
 
-    model_config = cel_config(
-        (
-            "self.ratio < self.highWatermarkRatio",
-            "eviction.ratio must be below eviction.highWatermarkRatio",
-        )
-    )
+    model_config = cel_config(("self.ratio < self.highWatermarkRatio", _EVICTION_RATIO_MESSAGE))
 
     high_watermark_ratio: float = Field(
         default=0.9,
@@ -130,10 +125,7 @@ class EvictionSpec(WireModel):
 
     @model_validator(mode="after")
     def _check_cel_equivalents(self) -> EvictionSpec:
-        require(
-            self.ratio < self.high_watermark_ratio,
-            "eviction.ratio must be below eviction.highWatermarkRatio",
-        )
+        require(self.ratio < self.high_watermark_ratio, _EVICTION_RATIO_MESSAGE)
         return self
 
 
@@ -248,18 +240,20 @@ class ExternalMooncakeSpec(WireModel):
         return value
 
 
+_EXTERNAL_NEEDS_ADDRESS_MESSAGE = (
+    "kvStore.mooncake.mode external needs kvStore.mooncake.external.masterAddress"
+)
+_MANAGED_NO_EXTERNAL_MESSAGE = (
+    "kvStore.mooncake.mode managed must not set kvStore.mooncake.external"
+)
+
+
 class MooncakeSpec(WireModel):
     """The Mooncake store that holds HiCache's L3 pages."""
 
     model_config = cel_config(
-        (
-            "self.mode != 'external' || has(self.external)",
-            "kvStore.mooncake.mode external needs kvStore.mooncake.external.masterAddress",
-        ),
-        (
-            "self.mode != 'managed' || !has(self.external)",
-            "kvStore.mooncake.mode managed must not set kvStore.mooncake.external",
-        ),
+        ("self.mode != 'external' || has(self.external)", _EXTERNAL_NEEDS_ADDRESS_MESSAGE),
+        ("self.mode != 'managed' || !has(self.external)", _MANAGED_NO_EXTERNAL_MESSAGE),
     )
 
     mode: Literal["managed", "external"] = Field(
@@ -275,15 +269,9 @@ class MooncakeSpec(WireModel):
     @model_validator(mode="after")
     def _check_cel_equivalents(self) -> MooncakeSpec:
         if self.mode == "external":
-            require(
-                self.external is not None,
-                "kvStore.mooncake.mode external needs kvStore.mooncake.external.masterAddress",
-            )
+            require(self.external is not None, _EXTERNAL_NEEDS_ADDRESS_MESSAGE)
         else:
-            require(
-                self.external is None,
-                "kvStore.mooncake.mode managed must not set kvStore.mooncake.external",
-            )
+            require(self.external is None, _MANAGED_NO_EXTERNAL_MESSAGE)
         return self
 
 

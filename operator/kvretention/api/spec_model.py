@@ -20,14 +20,14 @@ __all__ = [
 ]
 
 
+_ONE_VOLUME_SOURCE_MESSAGE = "model.volume needs exactly one of claimName or hostPath"
+
+
 class ModelVolume(WireModel):
     """Where the weights live when ``model.path`` is a file path rather than a hub id."""
 
     model_config = cel_config(
-        (
-            "has(self.claimName) != has(self.hostPath)",
-            "model.volume needs exactly one of claimName or hostPath",
-        )
+        ("has(self.claimName) != has(self.hostPath)", _ONE_VOLUME_SOURCE_MESSAGE)
     )
 
     claim_name: str | None = Field(
@@ -50,10 +50,7 @@ class ModelVolume(WireModel):
 
     @model_validator(mode="after")
     def _check_cel_equivalents(self) -> ModelVolume:
-        require(
-            (self.claim_name is None) != (self.host_path is None),
-            "model.volume needs exactly one of claimName or hostPath",
-        )
+        require((self.claim_name is None) != (self.host_path is None), _ONE_VOLUME_SOURCE_MESSAGE)
         return self
 
 
@@ -91,14 +88,14 @@ ReasoningParserName = Literal[
 """SGLang 0.5.23's ``ReasoningParser.DetectorMap`` keys (a unit test keeps them equal)."""
 
 
+_ALIAS_NOT_NAME_MESSAGE = "model.aliases must not repeat model.name"
+
+
 class ModelSpec(WireModel):
     """The model every worker serves."""
 
     model_config = cel_config(
-        (
-            "!has(self.aliases) || !(self.name in self.aliases)",
-            "model.aliases must not repeat model.name",
-        )
+        ("!has(self.aliases) || !(self.name in self.aliases)", _ALIAS_NOT_NAME_MESSAGE)
     )
 
     name: str = Field(
@@ -145,6 +142,6 @@ class ModelSpec(WireModel):
 
     @model_validator(mode="after")
     def _check_aliases(self) -> ModelSpec:
-        require(self.name not in self.aliases, "model.aliases must not repeat model.name")
+        require(self.name not in self.aliases, _ALIAS_NOT_NAME_MESSAGE)
         require(len(set(self.aliases)) == len(self.aliases), "model.aliases must be unique")
         return self

@@ -114,15 +114,15 @@ class WorkerPoolSpec(WireModel):
     )
 
 
+_MIN_NOT_ABOVE_MAX_MESSAGE = "autoscaling.minReplicas must not exceed maxReplicas"
+
+
 class PoolAutoscalingSpec(WireModel):
     """A HorizontalPodAutoscaler for one worker pool, on the router's count of the pool's
     outstanding requests (an External metric, served by prometheus-adapter; docs/observability.md)."""
 
     model_config = cel_config(
-        (
-            "self.minReplicas <= self.maxReplicas",
-            "autoscaling.minReplicas must not exceed maxReplicas",
-        ),
+        ("self.minReplicas <= self.maxReplicas", _MIN_NOT_ABOVE_MAX_MESSAGE),
     )
 
     min_replicas: Replicas = Field(
@@ -149,10 +149,7 @@ class PoolAutoscalingSpec(WireModel):
 
     @model_validator(mode="after")
     def _check_cel_equivalents(self) -> PoolAutoscalingSpec:
-        require(
-            self.min_replicas <= self.max_replicas,
-            "autoscaling.minReplicas must not exceed maxReplicas",
-        )
+        require(self.min_replicas <= self.max_replicas, _MIN_NOT_ABOVE_MAX_MESSAGE)
         return self
 
 
@@ -166,17 +163,18 @@ class PrefillPoolSpec(WorkerPoolSpec):
     )
 
 
+_RATIO_OR_SIZE_MESSAGE = "hicache: set ratio or sizeGiB, not both"
+_PAGE_FIRST_MESSAGE = "hicache.storageBackend mooncake needs a page-first memLayout"
+
+
 class HiCacheSpec(WireModel):
     """SGLang hierarchical cache (GPU -> host -> Mooncake L3) for every worker."""
 
     model_config = cel_config(
-        (
-            "!(has(self.ratio) && has(self.sizeGiB))",
-            "hicache: set ratio or sizeGiB, not both",
-        ),
+        ("!(has(self.ratio) && has(self.sizeGiB))", _RATIO_OR_SIZE_MESSAGE),
         (
             "self.storageBackend != 'mooncake' || self.memLayout != 'layer_first'",
-            "hicache.storageBackend mooncake needs a page-first memLayout",
+            _PAGE_FIRST_MESSAGE,
         ),
     )
 
@@ -224,13 +222,10 @@ class HiCacheSpec(WireModel):
 
     @model_validator(mode="after")
     def _check_cel_equivalents(self) -> HiCacheSpec:
-        require(
-            not (self.ratio is not None and self.size_gib is not None),
-            "hicache: set ratio or sizeGiB, not both",
-        )
+        require(not (self.ratio is not None and self.size_gib is not None), _RATIO_OR_SIZE_MESSAGE)
         require(
             self.storage_backend != "mooncake" or self.mem_layout != "layer_first",
-            "hicache.storageBackend mooncake needs a page-first memLayout",
+            _PAGE_FIRST_MESSAGE,
         )
         return self
 
@@ -276,14 +271,14 @@ _DEADLINE_AFTER_STARTUP_MESSAGE = (
 )
 
 
+_ROLLOUT_PROGRESS_MESSAGE = "workers.rollout: maxSurge and maxUnavailable must not both be 0"
+
+
 class WorkerRolloutSpec(WireModel):
     """How worker pods are replaced: one at a time, never with an extra GPU pod."""
 
     model_config = cel_config(
-        (
-            "self.maxSurge + self.maxUnavailable >= 1",
-            "workers.rollout: maxSurge and maxUnavailable must not both be 0",
-        )
+        ("self.maxSurge + self.maxUnavailable >= 1", _ROLLOUT_PROGRESS_MESSAGE)
     )
 
     max_surge: Replicas = Field(
@@ -317,11 +312,19 @@ class WorkerRolloutSpec(WireModel):
 
     @model_validator(mode="after")
     def _check_cel_equivalents(self) -> WorkerRolloutSpec:
-        require(
-            self.max_surge + self.max_unavailable >= 1,
-            "workers.rollout: maxSurge and maxUnavailable must not both be 0",
-        )
+        require(self.max_surge + self.max_unavailable >= 1, _ROLLOUT_PROGRESS_MESSAGE)
         return self
+
+
+_DISAGGREGATED_NEEDS_POOLS_MESSAGE = (
+    "workers.mode disaggregated needs workers.prefill and workers.decode"
+)
+_AGGREGATED_POOL_ONLY_MESSAGE = (
+    "workers.mode aggregated takes workers.aggregated, not prefill/decode"
+)
+_DISAGGREGATED_POOLS_ONLY_MESSAGE = (
+    "workers.mode disaggregated takes workers.prefill/decode, not aggregated"
+)
 
 
 class WorkersSpec(WireModel):
@@ -330,15 +333,15 @@ class WorkersSpec(WireModel):
     model_config = cel_config(
         (
             "self.mode != 'disaggregated' || (has(self.prefill) && has(self.decode))",
-            "workers.mode disaggregated needs workers.prefill and workers.decode",
+            _DISAGGREGATED_NEEDS_POOLS_MESSAGE,
         ),
         (
             "self.mode != 'aggregated' || (!has(self.prefill) && !has(self.decode))",
-            "workers.mode aggregated takes workers.aggregated, not prefill/decode",
+            _AGGREGATED_POOL_ONLY_MESSAGE,
         ),
         (
             "self.mode != 'disaggregated' || !has(self.aggregated)",
-            "workers.mode disaggregated takes workers.prefill/decode, not aggregated",
+            _DISAGGREGATED_POOLS_ONLY_MESSAGE,
         ),
         (_DEADLINE_AFTER_STARTUP, _DEADLINE_AFTER_STARTUP_MESSAGE),
         (
@@ -450,15 +453,10 @@ class WorkersSpec(WireModel):
     def _check_cel_equivalents(self) -> WorkersSpec:
         pd = self.prefill is not None, self.decode is not None
         if self.mode == "disaggregated":
-            require(all(pd), "workers.mode disaggregated needs workers.prefill and workers.decode")
-            require(
-                self.aggregated is None,
-                "workers.mode disaggregated takes workers.prefill/decode, not aggregated",
-            )
+            require(all(pd), _DISAGGREGATED_NEEDS_POOLS_MESSAGE)
+            require(self.aggregated is None, _DISAGGREGATED_POOLS_ONLY_MESSAGE)
         else:
-            require(
-                not any(pd), "workers.mode aggregated takes workers.aggregated, not prefill/decode"
-            )
+            require(not any(pd), _AGGREGATED_POOL_ONLY_MESSAGE)
         deadline = self.rollout.progress_deadline_seconds
         require(
             deadline is None or deadline > self.startup_timeout_seconds,
