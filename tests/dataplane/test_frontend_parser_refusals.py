@@ -296,9 +296,10 @@ async def test_a_bad_chunk_size_after_the_head_is_never_forwarded(
     router_standin: RouterStandIn, tmp_path: Path, provider: Provider
 ) -> None:
     """A bad chunk size that arrives after the head, while the handler reads the body. aiohttp's
-    parser raises without failing the body the handler waits on, so the answer is the body
-    timeout's 408 (``connection: close``), not a 400; the request is never forwarded."""
-    runner, _ = await start_frontend(router_standin, tmp_path, body_timeout=0.5)
+    parser raises without failing the body the handler waits on; the shell's connection handler
+    fails it, so the answer is the provider's 400 at once, not the body timeout's 408, and the
+    request is never forwarded."""
+    runner, _ = await start_frontend(router_standin, tmp_path, body_timeout=30.0)
     word = f"smuggle-late-chunk-{provider.value}"
     body = body_for(provider, word)
     head = framed(PATHS[provider], CHUNKED, body=b"")
@@ -307,7 +308,12 @@ async def test_a_bad_chunk_size_after_the_head_is_never_forwarded(
         status, headers, payload = await exchange(runner.addresses[0][1], head, late, close=False)
     finally:
         await runner.cleanup()
-    assert status.split(b" ")[1] == b"408", status
-    assert headers["connection"] == "close"
-    assert b"request_body_timeout" in payload or b"did not finish arriving" in payload
+    assert status.split(b" ")[1] == b"400", status
+    assert headers["x-should-retry"] == "false"
+    error = json.loads(payload)
+    if provider is Provider.ANTHROPIC:
+        assert error["error"]["type"] == "invalid_request_error"
+    else:
+        assert error["error"]["code"] == "invalid_body"
+    assert "chunked" in error["error"]["message"]
     assert router_standin.bodies_for(word) == []

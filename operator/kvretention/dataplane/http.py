@@ -210,8 +210,9 @@ class _ShellRequestHandler(web.RequestHandler):
         if line is not None:
             self._last_path = line.group(1).decode("ascii", "replace")
         waiting = self._waiter is not None and not self._waiter.done()  # between requests
-        count = self._request_count
+        count, queued = self._request_count, len(self._messages)
         super().data_received(data)
+        self._fail_body_on_parse_error(queued)
         if self._request_count != count:
             self._cancel_head_deadline()
         elif waiting and data and not self._head_started:
@@ -219,6 +220,20 @@ class _ShellRequestHandler(web.RequestHandler):
             self._cancel_head_deadline()
             self._await_head(self._head_timeout)
             self._head_started = True
+
+    def _fail_body_on_parse_error(self, queued: int) -> None:
+        """A framing error in a body the handler is reading (a bad chunk size after the head):
+        aiohttp queues a 400 for after the handler but leaves the body open, so the handler would
+        wait out its body timeout (408). Failing the body as a payload error makes the handler
+        answer its own 400 at once, in its provider's shape."""
+        request = self._current_request
+        if request is None or request.content.is_eof():
+            return
+        for message, _ in list(self._messages)[queued:]:
+            exc = getattr(message, "exc", None)  # aiohttp's queued parser error (_ErrInfo)
+            if isinstance(exc, HttpProcessingError):
+                request._cancel(web.RequestPayloadError(f"invalid body framing: {exc.message}"))
+                return
 
     def _await_head(self, timeout: float) -> None:
         if timeout > 0 and self._head_deadline is None:
