@@ -39,6 +39,34 @@ from kvretention.controller.workqueue import WorkQueue, backoff_delay
 __all__ = ["fake"]  # the fixture
 
 
+async def ready_fleet(fake: FakeKube) -> Controller:
+    """The aggregated example reconciled, its children made ready, and reconciled again."""
+    fake.put(CR_KIND, load_example("aggregated"))
+    c = controller(fake)
+    await c.reconcile(("ns", "qwen"))
+    make_ready(fake)
+    await c.reconcile(("ns", "qwen"))
+    return c
+
+
+def clocked_master(
+    fake: FakeKube, reading: KvStoreReading
+) -> tuple[str, list[dt.datetime], FakeMaster, Controller]:
+    """The disaggregated example and a controller on a hand-moved clock (``now[0]``) whose
+    Mooncake master answers ``reading`` (set ``master.reading`` to change it)."""
+    body = load_example("disaggregated")
+    fake.put(CR_KIND, body)
+    now = [NOW]
+    master = FakeMaster(reading)
+    c = Controller(fake, clock=lambda: now[0], read_kvstore=master)  # type: ignore[arg-type]
+    return body["metadata"]["name"], now, master, c
+
+
+def retention_budget(status: Mapping[str, Any]) -> dict[str, Any]:
+    """The RetentionBudget condition of a fleet's status."""
+    return dict(next(x for x in status["conditions"] if x["type"] == "RetentionBudget"))
+
+
 async def test_first_reconcile_writes_each_child_once_then_nothing(fake: FakeKube) -> None:
     fake.put(CR_KIND, load_example("aggregated"))
     c = controller(fake)
@@ -68,11 +96,7 @@ async def test_first_reconcile_writes_each_child_once_then_nothing(fake: FakeKub
 
 
 async def test_deleted_and_edited_children_are_repaired(fake: FakeKube) -> None:
-    fake.put(CR_KIND, load_example("aggregated"))
-    c = controller(fake)
-    await c.reconcile(("ns", "qwen"))
-    make_ready(fake)
-    await c.reconcile(("ns", "qwen"))
+    c = await ready_fleet(fake)
     fake.writes.clear()
 
     del fake.objects[("deployments", "ns", "qwen-router")]
@@ -339,11 +363,7 @@ async def test_a_refused_child_is_reported_in_status_and_retried(fake: FakeKube)
 
 async def test_status_only_changes_to_a_child_cost_no_dry_run(fake: FakeKube) -> None:
     """A Deployment's status (and resourceVersion) moves all the time; its generation does not."""
-    fake.put(CR_KIND, load_example("aggregated"))
-    c = controller(fake)
-    await c.reconcile(("ns", "qwen"))
-    make_ready(fake)
-    await c.reconcile(("ns", "qwen"))
+    c = await ready_fleet(fake)
     before = sum(v for v in _dry_runs(c).values())
     for key, obj in fake.objects.items():
         if key[0] == "deployments":
@@ -356,11 +376,7 @@ async def test_status_only_changes_to_a_child_cost_no_dry_run(fake: FakeKube) ->
 
 
 async def test_a_hand_edited_label_is_repaired(fake: FakeKube) -> None:
-    fake.put(CR_KIND, load_example("aggregated"))
-    c = controller(fake)
-    await c.reconcile(("ns", "qwen"))
-    make_ready(fake)
-    await c.reconcile(("ns", "qwen"))
+    c = await ready_fleet(fake)
     fake.writes.clear()
     edited = fake.objects[("deployments", "ns", "qwen-router")]
     edited["metadata"]["labels"]["app.kubernetes.io/managed-by"] = "someone-else"
@@ -407,7 +423,7 @@ async def test_pool_usage_reaches_status_and_is_read_at_most_once_per_interval(
     await c.reconcile(("ns", body["metadata"]["name"]))
     assert master.urls == [f"http://{body['metadata']['name']}-mooncake.ns.svc:9003/metrics"]
     got = fake.cr(body["metadata"]["name"])["status"]
-    budget = next(x for x in got["conditions"] if x["type"] == "RetentionBudget")
+    budget = retention_budget(got)
     assert (budget["status"], budget["reason"]) == (status, reason)
     assert got["kvStore"]["observedAt"] == "2025-01-01T00:00:00Z"
     assert got["kvStore"]["budgetRatio"] == 0.5
@@ -423,12 +439,9 @@ async def test_pool_usage_reaches_status_and_is_read_at_most_once_per_interval(
 async def test_reads_are_rate_limited_and_an_unchanged_pool_writes_no_status(
     fake: FakeKube,
 ) -> None:
-    body = load_example("disaggregated")
-    name = body["metadata"]["name"]
-    fake.put(CR_KIND, body)
-    now = [NOW]
-    master = FakeMaster(KvStoreReading("x", usage=KvStoreUsage(100, 80, 8, 1, 3, 30, 1)))
-    c = Controller(fake, clock=lambda: now[0], read_kvstore=master)  # type: ignore[arg-type]
+    name, now, master, c = clocked_master(
+        fake, KvStoreReading("x", usage=KvStoreUsage(100, 80, 8, 1, 3, 30, 1))
+    )
     await c.reconcile(("ns", name))
     first = copy.deepcopy(fake.cr(name)["status"]["kvStore"])
     writes = len(fake.writes)
@@ -447,7 +460,7 @@ async def test_reads_are_rate_limited_and_an_unchanged_pool_writes_no_status(
     status = fake.cr(name)["status"]
     assert status["kvStore"]["pinnedObjects"] == 6
     assert status["kvStore"]["observedAt"] == "y"
-    budget = next(x for x in status["conditions"] if x["type"] == "RetentionBudget")
+    budget = retention_budget(status)
     assert (budget["status"], budget["reason"]) == ("False", "OverBudget")
     c.observe(("ns", name), deleted=True)
     assert (
@@ -461,17 +474,14 @@ async def test_reads_are_rate_limited_and_an_unchanged_pool_writes_no_status(
 async def test_a_master_that_stays_unreadable_is_stale_then_unavailable_once(
     fake: FakeKube,
 ) -> None:
-    body = load_example("disaggregated")
-    name = body["metadata"]["name"]
-    fake.put(CR_KIND, body)
-    now = [NOW]
+    name = load_example("disaggregated")["metadata"]["name"]
     url = f"http://{name}-mooncake.ns.svc:9003/metrics"
-    master = FakeMaster(KvStoreReading("t0", error=f"{url}: [Errno -2] Name or service not known"))
-    c = Controller(fake, clock=lambda: now[0], read_kvstore=master)  # type: ignore[arg-type]
+    _, now, master, c = clocked_master(
+        fake, KvStoreReading("t0", error=f"{url}: [Errno -2] Name or service not known")
+    )
 
     def budget() -> dict[str, Any]:
-        conditions = fake.cr(name)["status"]["conditions"]
-        return next(x for x in conditions if x["type"] == "RetentionBudget")
+        return retention_budget(fake.cr(name)["status"])
 
     # Right after Ready the Service name may not resolve yet: a note, not a state.
     await c.reconcile(("ns", name))
@@ -513,18 +523,15 @@ async def test_a_master_that_stays_unreadable_is_stale_then_unavailable_once(
 
 
 async def test_a_read_lost_after_numbers_keeps_them_marked_stale(fake: FakeKube) -> None:
-    body = load_example("disaggregated")
-    name = body["metadata"]["name"]
-    fake.put(CR_KIND, body)
-    now = [NOW]
-    master = FakeMaster(KvStoreReading("t0", usage=KvStoreUsage(100, 80, 8, 1, 3, 30, 1)))
-    c = Controller(fake, clock=lambda: now[0], read_kvstore=master)  # type: ignore[arg-type]
+    name, now, master, c = clocked_master(
+        fake, KvStoreReading("t0", usage=KvStoreUsage(100, 80, 8, 1, 3, 30, 1))
+    )
     await c.reconcile(("ns", name))
     master.reading = KvStoreReading("t1", error="dns")
     now[0] += dt.timedelta(seconds=31)
     await c.reconcile(("ns", name))
     status = fake.cr(name)["status"]
-    budget = next(x for x in status["conditions"] if x["type"] == "RetentionBudget")
+    budget = retention_budget(status)
     assert (budget["status"], budget["reason"]) == ("True", "WithinBudget")
     assert "stale: the numbers are from t0" in budget["message"]
     assert status["kvStore"]["pinnedObjects"] == 1
