@@ -27,6 +27,7 @@ from kvretention.dataplane.protocol import (
     ToolDefinition,
 )
 from kvretention.hints.errors import ClientError, ClientErrorCode
+from support.client_refusals import refused
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 WEATHER = {"name": "get_weather", "description": "Weather now", "input_schema": SCHEMA}
@@ -144,6 +145,16 @@ def test_tool_choice(choice: dict[str, Any], expected: ToolChoice, parallel: boo
     parsed = parse_messages(body(tools=[WEATHER], tool_choice=choice))
     assert parsed.tool_choice == expected
     assert parsed.parallel_tool_calls is parallel
+
+
+def _after_tool_use(*blocks: dict[str, Any]) -> dict[str, Any]:
+    """Fields of a turn that answers the assistant's ``TOOL_USE`` with a user message of ``blocks``."""
+    messages = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": [TOOL_USE]},
+        {"role": "user", "content": list(blocks)},
+    ]
+    return {"tools": [READ_TOOL], "messages": messages}
 
 
 @pytest.mark.parametrize(
@@ -315,9 +326,7 @@ def test_the_last_messages_output_config_sets_the_turns_effort() -> None:
 
 
 def _refused(fields: dict[str, Any], *, count: bool = False) -> ClientError:
-    with pytest.raises(ClientError) as info:
-        (parse_count_tokens if count else parse_messages)(body(**fields))
-    return info.value
+    return refused(lambda: (parse_count_tokens if count else parse_messages)(body(**fields)))
 
 
 def _msgs(*content: Any, role: str = "user") -> dict[str, Any]:
@@ -544,49 +553,29 @@ def _marked(parsed: Any) -> list[tuple[str, int]]:
             id="tool_use_block",
         ),
         pytest.param(
-            {
-                "tools": [READ_TOOL],
-                "messages": [
-                    {"role": "user", "content": "go"},
-                    {"role": "assistant", "content": [TOOL_USE]},
-                    {
-                        "role": "user",
-                        "content": [
-                            {
-                                "type": "tool_result",
-                                "tool_use_id": "tu1",
-                                "content": "x",
-                                "cache_control": HOUR,
-                            },
-                            {"type": "text", "text": "next", "cache_control": EPH},
-                        ],
-                    },
-                ],
-            },
+            _after_tool_use(
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "tu1",
+                    "content": "x",
+                    "cache_control": HOUR,
+                },
+                {"type": "text", "text": "next", "cache_control": EPH},
+            ),
             [("messages[2]", 3600), ("messages[3].content[0]", 300)],
             id="tool_result_then_text",
         ),
         pytest.param(
-            {
-                "tools": [READ_TOOL],
-                "messages": [
-                    {"role": "user", "content": "go"},
-                    {"role": "assistant", "content": [TOOL_USE]},
-                    {
-                        "role": "user",
-                        "content": [
-                            {
-                                "type": "tool_result",
-                                "tool_use_id": "tu1",
-                                "content": [
-                                    {"type": "text", "text": "a", "cache_control": EPH},
-                                    {"type": "text", "text": "b"},
-                                ],
-                            }
-                        ],
-                    },
-                ],
-            },
+            _after_tool_use(
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "tu1",
+                    "content": [
+                        {"type": "text", "text": "a", "cache_control": EPH},
+                        {"type": "text", "text": "b"},
+                    ],
+                }
+            ),
             [("messages[2].content[0]", 300)],
             id="nested_tool_result_block",
         ),

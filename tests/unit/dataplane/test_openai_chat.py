@@ -28,7 +28,7 @@ from kvretention.dataplane.protocol import (
     ToolDefinition,
     Usage,
 )
-from kvretention.hints.errors import ClientError
+from support.client_refusals import refusal_cases, refused
 
 WEATHER = {
     "type": "function",
@@ -385,14 +385,11 @@ REFUSALS = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("extra", "param", "code"), REFUSALS, ids=[r[1] + ":" + r[2] for r in REFUSALS]
-)
+@pytest.mark.parametrize(("extra", "param", "code"), refusal_cases(REFUSALS))
 def test_refusals_name_the_field(extra: dict[str, Any], param: str, code: str) -> None:
-    with pytest.raises(ClientError) as info:
-        parse_chat(body(**extra))
-    assert (info.value.param, info.value.code.value) == (param, code)
-    assert info.value.status == 400
+    err = refused(lambda: parse_chat(body(**extra)))
+    assert (err.param, err.code.value) == (param, code)
+    assert err.status == 400
 
 
 # -- formatting --------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from kvretention.dataplane.protocol import (
     ToolChoice,
     Usage,
 )
-from kvretention.hints.errors import ClientError
+from support.client_refusals import refusal_cases, refused
 from support.openai_shapes import (
     APPLY_PATCH,
     CODEX_MESSAGES,
@@ -360,14 +360,11 @@ REFUSALS = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("extra", "param", "code"), REFUSALS, ids=[r[1] + ":" + r[2] for r in REFUSALS]
-)
+@pytest.mark.parametrize(("extra", "param", "code"), refusal_cases(REFUSALS))
 def test_refusals_name_the_field(extra: dict[str, Any], param: str, code: str) -> None:
-    with pytest.raises(ClientError) as info:
-        parse_responses({"model": "m", "input": "x", **extra})
-    assert (info.value.param, info.value.code.value) == (param, code)
-    assert info.value.status == 400
+    err = refused(lambda: parse_responses({"model": "m", "input": "x", **extra}))
+    assert (err.param, err.code.value) == (param, code)
+    assert err.status == 400
 
 
 # -- formatting --------------------------------------------------------------------------------
