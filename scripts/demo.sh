@@ -39,7 +39,9 @@
 #
 # Env: KVR_DEMO_NODE (auto), KVR_CLUSTER_DIR (default .kvr-cluster), KVR_DEMO_EXAMPLE (default
 #      examples/cpu-tiny.yaml: the tiny model the CPU worker image carries), KVR_DEMO_TIMEOUT
-#      seconds to wait for Ready (default 180 on kwok, 600 on a real node: SGLang's engines start).
+#      seconds to wait for Ready (default 180 on kwok, 600 on a real node: SGLang's engines start),
+#      KVR_DEMO_RETENTION_TIMEOUT seconds to wait for RetentionApplied=True (default 120; the demo
+#      fails, with the condition's reason and message, if the fleet does not report it).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -252,6 +254,31 @@ wait_hints_ready() { # wait_hints_ready <fleet> <what the operator reads>
   fi
 }
 
+retention_line() { # retention_line <fleet>: RetentionApplied=<status> <reason>: <message>, if set
+  k -n "$demo_ns" get kvrd "$1" -o go-template='{{range .status.conditions}}{{if eq .type "RetentionApplied"}}RetentionApplied={{.status}} {{.reason}}: {{.message}}{{end}}{{end}}'
+}
+
+wait_retention_applied() { # wait_retention_applied <fleet> <whose probe reports> <their logs>
+  # Both paths expect True: real pods run SGLang's real engine with the plugin in the CPU worker
+  # image; kwok's reports come from this machine's probe, on the venv that runs the loopback worker
+  # (SGLang, torch and orjson: the plugin framework loads). False here is a regression, not a
+  # limitation of either path, so the demo fails on it.
+  local fleet="$1" timeout="${KVR_DEMO_RETENTION_TIMEOUT:-120}" line
+  note "waiting up to ${timeout}s for RetentionApplied=True (from $2)"
+  if ! k -n "$demo_ns" wait "kvrd/$fleet" --for=condition=RetentionApplied=True \
+    --timeout="${timeout}s" >/dev/null; then
+    line="$(retention_line "$fleet" 2>/dev/null || true)"
+    k -n "$demo_ns" get kvrd "$fleet" -o yaml >&2 || true
+    operator_logs >&2 || true
+    note "the probe reports the operator read: $3"
+    note "the operator's logs: $(if [[ "$(cat "$demo_dir/mode" 2>/dev/null)" == real ]]; then
+      echo "$kubectl --kubeconfig $kc -n $system_ns logs deploy/kvretention-operator"
+    else echo "$demo_dir/operator.log"; fi)"
+    die "the fleet does not report RetentionApplied=True after ${timeout}s: ${line:-no RetentionApplied condition in its status} (SGLang did not load the retention plugin, or its hook targets moved: see the probe report's retention_plugin, retention_error and retention_target_problems above)"
+  fi
+  note "$(retention_line "$fleet")"
+}
+
 wait_workers_ready() { # wait_workers_ready <fleet> <seconds>
   note "waiting up to ${2}s for KvRetentionDeployment $demo_ns/$1's workers to be ready"
   if ! k -n "$demo_ns" wait "kvrd/$1" --for=condition=WorkersReady --timeout="${2}s" >/dev/null; then
@@ -376,6 +403,9 @@ up_kwok() { # up_kwok <bin dir>
   "$PY" "$root/scripts/demo_agent_request.py" --deployments "$demo_dir/deployments.json" \
     --out-dir "$demo_dir/dataplane" ||
     die "the agent request did not go through; logs in $demo_dir/dataplane/"
+  step "Retention: SGLang here (the probe's report) loads the retention plugin"
+  wait_retention_applied "$name" "the injected probe report" \
+    "$demo_dir/probe-report.json (its stderr: $demo_dir/probe.stderr)"
 
   step "Done (kwok: the fleet's pods run no process${fallback_reason:+; real pods were not used: see above})"
   cat >&2 <<MSG
@@ -504,7 +534,8 @@ urllib.request.urlopen(sys.argv[1], timeout=2)' "$url/readyz" ||
     --fleet "$name" --trace "$pod_trace" ||
     die "the agent request did not go through the Service"
   step "Retention: SGLang in every worker pod loads the retention plugin"
-  k -n "$demo_ns" get kvrd "$name" -o go-template='{{range .status.conditions}}{{if eq .type "RetentionApplied"}}RetentionApplied={{.status}} {{.reason}}: {{.message}}{{"\n"}}{{end}}{{end}}'
+  wait_retention_applied "$name" "the worker pods' probe init containers" \
+    "$demo_dir/probe-report.json (the last worker pod's termination message); each pod's probe log: $kubectl --kubeconfig $kc -n $demo_ns logs <pod> -c probe"
 
   step "Done: every pod is a real process (make demo-down stops them and restores the host)"
   cat >&2 <<MSG
