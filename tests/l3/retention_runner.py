@@ -18,6 +18,7 @@ from typing import Any
 
 from mooncake_harness import ROOT, Master, build_standin, sglang_import_deps
 
+from kvretention.common.kv_retain import ACTION_TYPE, ACTION_VERSION, PROTOCOL_VERSION
 from kvretention.retention.failures import STATS_DIR_ENV
 from kvretention.retention.l3_export import read_numbers
 
@@ -29,18 +30,10 @@ PAGE_SIZE = 4
 
 def retain(*directives: dict[str, Any], scope: str | None = "s") -> dict[str, Any]:
     """A ``kv.retain`` 1.0 envelope, as the worker sends it."""
-    return {
-        "protocol_version": "0.1",
-        "message_id": "m",
-        "actions": [
-            {
-                "action_id": "a",
-                "action_type": "kv.retain",
-                "action_version": "1.0",
-                "payload": {"scope": scope, "directives": list(directives)},
-            }
-        ],
-    }
+    payload = {"scope": scope, "directives": list(directives)}
+    action = {"action_id": "a", "action_type": ACTION_TYPE, "action_version": ACTION_VERSION}
+    actions = [{**action, "payload": payload}]
+    return {"protocol_version": PROTOCOL_VERSION, "message_id": "m", "actions": actions}
 
 
 @dataclass(frozen=True)

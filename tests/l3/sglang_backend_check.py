@@ -10,34 +10,22 @@ Usage: python sglang_backend_check.py STANDIN_DIR PAGES PAGE_BYTES MASTER_METRIC
 
 from __future__ import annotations
 
-import ctypes
 import json
 import sys
 import urllib.request
 from pathlib import Path
 
+from hicache_store import load_cuda_standin, storage_config
+
 
 def main() -> None:
     standin, pages, page_bytes = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     metrics_url = sys.argv[4]
-    for name in ("libcuda.so.1", "libcudart.so.12"):
-        ctypes.CDLL(str(standin / name), mode=ctypes.RTLD_GLOBAL)
+    load_cuda_standin(standin)
     import torch
-    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
     from sglang.srt.mem_cache.storage.mooncake_store.mooncake_store import MooncakeStore
 
-    config = HiCacheStorageConfig(
-        tp_rank=0,
-        tp_size=1,
-        pp_rank=0,
-        pp_size=1,
-        attn_cp_rank=0,
-        attn_cp_size=1,
-        is_mla_model=False,
-        enable_storage_metrics=False,
-        is_page_first_layout=True,
-        model_name="kvr/l3-model",
-    )
+    config = storage_config()
     store = MooncakeStore(config, None)  # loads the config file, sets up, warms up
     src = torch.arange(pages * page_bytes, dtype=torch.int64).remainder(251).to(torch.uint8)
     dst = torch.zeros_like(src)

@@ -16,7 +16,6 @@ Usage: python sglang_retention_check.py SCENARIO_JSON
 
 from __future__ import annotations
 
-import ctypes
 import json
 import sys
 import time
@@ -25,6 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+
+from hicache_store import load_cuda_standin, storage_config
 
 OK = 0
 
@@ -88,11 +89,9 @@ class HostPool:
 def main() -> None:
     scenario = json.loads(Path(sys.argv[1]).read_text())
     standin = Path(scenario["standin"])
-    for name in ("libcuda.so.1", "libcudart.so.12"):
-        ctypes.CDLL(str(standin / name), mode=ctypes.RTLD_GLOBAL)
+    load_cuda_standin(standin)
     import torch
     from sglang.srt.managers.kv_hints import decode_kv_hints_envelope
-    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
     from sglang.srt.mem_cache.radix_cache import RadixKey
     from sglang.srt.mem_cache.utils import get_storage_hash_str
 
@@ -110,17 +109,7 @@ def main() -> None:
     from sglang.srt.mem_cache.storage.mooncake_store.mooncake_store import MooncakeStore
 
     page_size, object_bytes = scenario["page_size"], scenario["object_bytes"]
-    config = HiCacheStorageConfig(
-        tp_rank=0,
-        tp_size=1,
-        pp_rank=0,
-        pp_size=1,
-        attn_cp_rank=0,
-        attn_cp_size=1,
-        is_mla_model=False,
-        enable_storage_metrics=False,
-        is_page_first_layout=True,
-        model_name="kvr/l3-model",
+    config = storage_config(
         # HiCache's Mooncake group semantics (objects tagged with their page's group id).
         extra_config={"enable_group_semantics": True} if scenario.get("groups") else None,
     )

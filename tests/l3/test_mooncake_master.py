@@ -16,15 +16,7 @@ from collections.abc import Iterator
 from types import ModuleType
 
 import pytest
-from mooncake_harness import (
-    INVALID_PARAMS,
-    OK,
-    Master,
-    Store,
-    fleet_cr,
-    running_master,
-    value_for,
-)
+from mooncake_harness import INVALID_PARAMS, OK, Master, Store, fleet_cr, running_master, value_for
 
 from kvretention.controller.kvstore_metrics import parse_usage
 

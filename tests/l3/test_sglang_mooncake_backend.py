@@ -140,19 +140,34 @@ def as_worker(
     yield apply
 
 
+CLIENT_CONFIG_KEYS = (
+    "master_server_address",
+    "metadata_server",
+    "protocol",
+    "device_name",
+    "global_segment_size",
+    "master_metrics_port",
+)
+
+
+def client_config(*values: object, **extra: object) -> dict[str, object]:
+    """SGLang's Mooncake config fields, in ``CLIENT_CONFIG_KEYS`` order, plus ``extra``."""
+    return {**dict(zip(CLIENT_CONFIG_KEYS, values, strict=True)), **extra}
+
+
 @pytest.mark.parametrize(
     ("mooncake", "expected"),
     [
         pytest.param(
             {},
-            {
-                "master_server_address": "f-mooncake.ns.svc:50051",
-                "metadata_server": "http://f-mooncake.ns.svc:8080/metadata",
-                "protocol": "tcp",
-                "device_name": "",
-                "global_segment_size": 4 * 1024**3,
-                "master_metrics_port": 9003,
-            },
+            client_config(
+                "f-mooncake.ns.svc:50051",
+                "http://f-mooncake.ns.svc:8080/metadata",
+                "tcp",
+                "",
+                4 * 1024**3,
+                9003,
+            ),
             id="managed-defaults",
         ),
         pytest.param(
@@ -164,14 +179,14 @@ def as_worker(
                     "globalSegmentSize": "16gb",
                 },
             },
-            {
-                "master_server_address": "f-mooncake.ns.svc:50052",
-                "metadata_server": "http://f-mooncake.ns.svc:8081/metadata",
-                "protocol": "rdma",
-                "device_name": "mlx5_0,mlx5_1",
-                "global_segment_size": 16 * 1024**3,
-                "master_metrics_port": 9100,
-            },
+            client_config(
+                "f-mooncake.ns.svc:50052",
+                "http://f-mooncake.ns.svc:8081/metadata",
+                "rdma",
+                "mlx5_0,mlx5_1",
+                16 * 1024**3,
+                9100,
+            ),
             id="managed-rdma",
         ),
         pytest.param(
@@ -180,15 +195,10 @@ def as_worker(
                 "external": {"masterAddress": "mc.example:50051"},
                 "transfer": {"globalSegmentSize": "1073741824"},
             },
-            {
-                "master_server_address": "mc.example:50051",
-                "metadata_server": "P2PHANDSHAKE",
-                "protocol": "tcp",
-                "device_name": "",
-                "global_segment_size": 1024**3,
-                "master_metrics_port": 9003,  # SGLang's default: nothing rendered
-                "tenant_id": "default",
-            },
+            # 9003: SGLang's default metrics port (nothing rendered)
+            client_config(
+                "mc.example:50051", "P2PHANDSHAKE", "tcp", "", 1024**3, 9003, tenant_id="default"
+            ),
             id="external",
         ),
         pytest.param(
