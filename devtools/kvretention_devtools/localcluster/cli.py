@@ -6,8 +6,9 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Final
+from typing import Any, Final, TypeVar
 
 import click
 
@@ -25,6 +26,7 @@ from kvretention_devtools.localcluster.components import Layout
 from kvretention_devtools.localcluster.errors import ClusterError
 
 STATE_ENV: Final = "KVR_CLUSTER_DIR"
+FC = TypeVar("FC", bound=Callable[..., Any])
 
 
 def default_state_dir() -> Path:
@@ -48,35 +50,35 @@ def cluster() -> None:
     """A real local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok)."""
 
 
+def _dir_option(flag: str, *, help: str) -> Callable[[FC], FC]:
+    """An optional existing directory (``None`` when not given: each has a default of its own)."""
+    return click.option(
+        flag, type=click.Path(file_okay=False, exists=True, path_type=Path), default=None, help=help
+    )
+
+
+def _int_option(*decls: str, low: int, high: int, default: int, help: str) -> Callable[[FC], FC]:
+    return click.option(
+        *decls, type=click.IntRange(low, high), default=default, show_default=True, help=help
+    )
+
+
 @cluster.command("up")
 @state_dir_option
-@click.option(
-    "--bin-dir",
-    type=click.Path(file_okay=False, exists=True, path_type=Path),
-    default=None,
-    help="Binaries (default: $KVR_KUBE_BIN or scripts/build-kube.sh's cache).",
+@_dir_option(
+    "--bin-dir", help="Binaries (default: $KVR_KUBE_BIN or scripts/build-kube.sh's cache)."
 )
-@click.option(
+@_int_option(
     "--port",
     "apiserver_port",
-    type=click.IntRange(0, 65535),
+    low=0,
+    high=65535,
     default=0,
-    show_default=True,
     help="kube-apiserver port on 127.0.0.1; 0 picks a free one.",
 )
-@click.option(
-    "--nodes",
-    type=click.IntRange(1, 100),
-    default=1,
-    show_default=True,
-    help="Fake kwok Nodes to create.",
-)
-@click.option(
-    "--gpus-per-node",
-    type=click.IntRange(0, 64),
-    default=8,
-    show_default=True,
-    help="nvidia.com/gpu capacity of each fake Node.",
+@_int_option("--nodes", low=1, high=100, default=1, help="Fake kwok Nodes to create.")
+@_int_option(
+    "--gpus-per-node", low=0, high=64, default=8, help="nvidia.com/gpu capacity of each fake Node."
 )
 @click.option(
     "--timeout",
@@ -96,10 +98,8 @@ def cluster() -> None:
     "and a CNI bridge instead of kwok Nodes; `down` restores every sysctl, iptables rule and mount "
     "it changed. Needs scripts/install-node.sh, scripts/build-node.sh, scripts/build-images.sh.",
 )
-@click.option(
+@_dir_option(
     "--node-bin-dir",
-    type=click.Path(file_okay=False, exists=True, path_type=Path),
-    default=None,
     help="kubelet, kube-proxy, coredns (default: $KVR_NODE_BIN or scripts/build-node.sh's cache).",
 )
 @click.option(
@@ -109,39 +109,18 @@ def cluster() -> None:
     help="Also run the LeaderWorkerSet controller (multinode fleets): its CRD, the controller as a "
     "process and its webhooks (scripts/build-lws.sh builds it; `down` stops it).",
 )
-@click.option(
+@_dir_option(
     "--lws-dir",
-    type=click.Path(file_okay=False, exists=True, path_type=Path),
-    default=None,
     help="lws-controller-manager and crds.yaml (default: $KVR_LWS_DIR or build-lws.sh's cache).",
 )
 def up_cmd(
-    state_dir: Path,
-    bin_dir: Path | None,
-    apiserver_port: int,
-    nodes: int,
-    gpus_per_node: int,
-    timeout_s: float,
-    foreground: bool,
-    real_node: bool,
-    node_bin_dir: Path | None,
-    with_lws: bool,
-    lws_dir: Path | None,
+    state_dir: Path, foreground: bool, with_lws: bool, lws_dir: Path | None, **plane: Any
 ) -> None:
     """Start the plane (or report the running one) and write its kubeconfig."""
     began = time.monotonic()
     try:
-        state, started = up(
-            state_dir,
-            bin_dir=bin_dir,
-            apiserver_port=apiserver_port,
-            nodes=nodes,
-            gpus_per_node=gpus_per_node,
-            timeout_s=timeout_s,
-            echo=_note,
-            real_node=real_node,
-            node_bin_dir=node_bin_dir,
-        )
+        # plane: bin_dir, apiserver_port, nodes, gpus_per_node, timeout_s, real_node, node_bin_dir
+        state, started = up(state_dir, echo=_note, **plane)
     except ClusterError as err:
         raise click.ClickException(str(err)) from err
     if with_lws:
