@@ -151,12 +151,7 @@ def prom(plane: Plane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pro
             time.sleep(0.2)
         yield server
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        KvrProcess(proc, server.url, port, log).stop()  # SIGTERM, then SIGKILL
 
 
 def send_traffic(plane: Plane) -> None:
