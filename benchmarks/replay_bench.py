@@ -7,7 +7,7 @@ project's tiny model (``kvretention tiny-model``) with the same small KV pool, d
 - ``retain``: ``--radix-eviction-policy kvretain`` (the retention plugin, loaded by SGLang);
 - ``lru``: SGLang's default eviction.
 
-Each replays the same recorded sessions (``tests/support/agent_sessions.py``: Claude Code on
+Each replays the same recorded sessions (``kvretention.replay.sessions``: Claude Code on
 ``/v1/messages`` with its block-level ``cache_control``; Codex on ``/v1/responses``, retained by the
 fleet's ``--default-ttl-seconds`` policy since Codex sends no cache control) turn by turn, all
 sessions interleaved, and between rounds unhinted background prompts (straight to the worker, as
@@ -43,13 +43,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from support.agent_sessions import (  # noqa: E402
-    CLAUDE_MODEL,
-    CLAUDE_SMALL_MODEL,
-    CODEX_MODEL,
-    claude_code_session,
-    codex_session,
-)
+from kvretention.replay.plan import SESSIONS, plan_sessions, usage_of  # noqa: E402
 from support.cpu_engine import SERVED_NAME, start_cpu_worker  # noqa: E402
 from support.processes import started_in_module  # noqa: E402
 
@@ -83,40 +77,6 @@ def post_json(url: str, body: dict[str, Any], headers: dict[str, str]) -> dict[s
     except urllib.error.HTTPError as exc:
         raise SystemExit(f"{url}: {exc.code} {exc.read().decode(errors='replace')}") from None
     return answer
-
-
-def usage_of(path: str, answer: dict[str, Any]) -> tuple[int, int]:
-    """(prompt tokens, SGLang's cached tokens) from a provider's usage."""
-    usage = answer["usage"]
-    if path.startswith("/v1/messages"):
-        cached = int(usage.get("cache_read_input_tokens") or 0)
-        prompt = (
-            int(usage["input_tokens"]) + cached + int(usage.get("cache_creation_input_tokens") or 0)
-        )
-        return prompt, cached
-    details = usage.get("input_tokens_details") or {}
-    return int(usage["input_tokens"]), int(details.get("cached_tokens") or 0)
-
-
-def sessions(turns: int) -> dict[str, list[tuple[str, dict[str, str], dict[str, Any]]]]:
-    """Each session's requests (path, headers, body), non-streaming and short answers."""
-    out: dict[str, list[tuple[str, dict[str, str], dict[str, Any]]]] = {}
-    for name, requests, path in (
-        ("claude-code", claude_code_session(turns=turns), "/v1/messages?beta=true"),
-        ("codex", codex_session(turns=turns), "/v1/responses"),
-    ):
-        out[name] = []
-        for headers, body in requests:
-            if body.get("model") == CLAUDE_SMALL_MODEL:
-                continue  # the title side call: not part of the conversation
-            body = {**body, "stream": False}
-            if path.startswith("/v1/messages"):
-                body.pop("thinking", None)  # a budget must stay under max_tokens
-                body["max_tokens"] = 8
-            else:
-                body["max_output_tokens"] = 8
-            out[name].append((path, headers, body))
-    return out
 
 
 def background(worker_url: str, rng: random.Random, tokens: int) -> None:
@@ -154,11 +114,6 @@ def fleet(arm: str, *, pool: int, logs: Path) -> Iterator[tuple[str, str]]:
             ],
         )
         router = start(["router", "--worker", worker.base_url])
-        aliases = [
-            a
-            for model in (CLAUDE_MODEL, CLAUDE_SMALL_MODEL, CODEX_MODEL)
-            for a in ("--model-alias", f"{model}={SERVED_NAME}")
-        ]
         frontend = start(
             [
                 "frontend",
@@ -166,7 +121,6 @@ def fleet(arm: str, *, pool: int, logs: Path) -> Iterator[tuple[str, str]]:
                 router.base_url,
                 "--model",
                 SERVED_NAME,
-                *aliases,
                 "--default-ttl-seconds",
                 str(FLEET_TTL),
             ]
@@ -178,19 +132,23 @@ def fleet(arm: str, *, pool: int, logs: Path) -> Iterator[tuple[str, str]]:
 
 def replay(arm: str, args: argparse.Namespace, logs: Path, pressure: float) -> list[Turn]:
     rng = random.Random(args.seed)
-    plan = sessions(args.turns)
+    plans = plan_sessions(SESSIONS, turns=args.turns, model=SERVED_NAME)
     turns: list[Turn] = []
     with fleet(arm, pool=args.pool, logs=logs) as (frontend, worker):
-        for t in range(max(len(s) for s in plan.values())):
-            for name, requests in plan.items():
-                if t >= len(requests):
-                    continue
-                path, headers, body = requests[t]
+        for t in range(max(len(p) for p in plans)):
+            for step in (p[t] for p in plans if t < len(p)):
                 started = time.perf_counter()
-                answer = post_json(frontend + path, body, headers)
-                prompt, cached = usage_of(path, answer)
+                answer = post_json(frontend + step.path, step.body, step.headers)
+                prompt, cached = usage_of(step.path, answer)
                 turns.append(
-                    Turn(arm, name, t, prompt, cached, round(time.perf_counter() - started, 3))
+                    Turn(
+                        arm,
+                        step.session,
+                        t,
+                        prompt,
+                        cached,
+                        round(time.perf_counter() - started, 3),
+                    )
                 )
             background(worker, rng, int(args.pool * pressure))
     return turns

@@ -21,6 +21,7 @@ SUBCOMMANDS: Final[dict[str, tuple[str, str]]] = {
     "worker": ("kvretention.dataplane.worker.cli", "worker_cmd"),
     "probe": ("kvretention.probe", "probe_cmd"),
     "tiny-model": ("kvretention.dataplane.worker.cpu.tiny_model", "tiny_model_cmd"),
+    "replay": ("kvretention.replay.cli", "replay_cmd"),
     "cluster": ("kvretention_devtools.localcluster.cli", "cluster"),
 }
 """name -> (module, click command attribute)."""

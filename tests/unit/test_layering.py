@@ -32,6 +32,8 @@ MAY_IMPORT: Final[Mapping[str, frozenset[str]]] = {
     "dataplane": _GROUND | {"hints", "api", "retention"},
     "controller": _GROUND | {"hints", "api", "retention", "dataplane"},
     "probe": _GROUND | {"hints", "api", "retention", "dataplane"},
+    # A client of a fleet (``kvretention replay``): it speaks the providers' HTTP APIs only.
+    "replay": _GROUND,
     # The command line loads every subcommand; nothing imports it but ``python -m``.
     "cli": _GROUND | {"hints", "api", "retention", "dataplane", "controller", "probe"},
     "__main__": frozenset({"cli"}),
