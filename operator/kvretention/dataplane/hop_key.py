@@ -4,12 +4,15 @@ frontend) and checks (the router, the workers) the tenant a request carries betw
 
 from __future__ import annotations
 
+import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
 import click
+from prometheus_client import Counter
 
-from kvretention.common.hop_auth import HopKeyError, HopKeyFile
+from kvretention.common.hop_auth import HopKeyError, HopKeyFile, hop_refusal, refusal_message
 
 hop_key_file_option: Final = click.option(
     "--hop-key-file",
@@ -32,3 +35,16 @@ def load_hop_key_file(path: Path | None) -> HopKeyFile | None:
         return HopKeyFile(path)
     except HopKeyError as exc:
         raise click.BadParameter(str(exc), param_hint="--hop-key-file") from None
+
+
+def refused_hop(
+    hop_keys: HopKeyFile | None, headers: Mapping[str, str], refusals: Counter
+) -> str | None:
+    """Why a hop the router or a worker got is refused (counted in ``refusals`` by reason), or
+    None when the fleet's frontend signed it, or when no key is set. Checked before the body is
+    read: only the frontend may name a tenant."""
+    refused = hop_refusal(hop_keys.keys if hop_keys else None, headers, now=time.time())
+    if refused is None:
+        return None
+    refusals.labels(refused.value).inc()
+    return refusal_message(refused)

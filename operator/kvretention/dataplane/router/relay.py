@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import json
 import secrets
-import time
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -21,13 +20,14 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
-from kvretention.common.hop_auth import HEADER_TENANT_SIG, hop_refusal, refusal_message
+from kvretention.common.hop_auth import HEADER_TENANT_SIG
 from kvretention.common.tenancy import (
     HEADER_TENANT,
     scoped_chain,
     scoped_session,
     tenant_of_headers,
 )
+from kvretention.dataplane.hop_key import refused_hop
 from kvretention.dataplane.protocol import (
     ERROR_STATUS,
     GENERATE_PATH,
@@ -120,12 +120,9 @@ def plan_bootstrap(
 
 async def handle_generate(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
-    # Before anything is read: only the fleet's frontend may name a tenant (with a hop key).
-    hop_keys = state.hop_keys.keys if state.hop_keys is not None else None
-    refused = hop_refusal(hop_keys, request.headers, now=time.time())
+    refused = refused_hop(state.hop_keys, request.headers, state.metrics.hop_refusals)
     if refused is not None:
-        state.metrics.hop_refusals.labels(refused.value).inc()
-        return error_response(ErrorCode.HOP_UNAUTHENTICATED, refusal_message(refused))
+        return error_response(ErrorCode.HOP_UNAUTHENTICATED, refused)
     body = await request.read()
     session = session_of(body, {k.lower(): v for k, v in request.headers.items()})
     chain: list[str] = []

@@ -38,9 +38,10 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from kvretention.api.names import Role
-from kvretention.common.hop_auth import HopKeyFile, hop_refusal, refusal_message
+from kvretention.common.hop_auth import HopKeyFile
 from kvretention.common.tenancy import CACHE_SALT_PARAM, HEADER_TENANT, tenant_of_salt
 from kvretention.common.trace import RequestTrace
+from kvretention.dataplane.hop_key import refused_hop
 from kvretention.dataplane.http import Readiness, add_metrics, add_probes
 from kvretention.dataplane.protocol import (
     ERROR_STATUS,
@@ -173,11 +174,9 @@ def _line(model: GenerateChunk | ErrorLine) -> bytes:
 
 async def handle_generate(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
-    hop_keys = state.hop_keys.keys if state.hop_keys is not None else None
-    refused = hop_refusal(hop_keys, request.headers, now=time.time())
+    refused = refused_hop(state.hop_keys, request.headers, state.metrics.hop_refusals)
     if refused is not None:
-        state.metrics.hop_refusals.labels(refused.value).inc()
-        return error_response(ErrorCode.HOP_UNAUTHENTICATED, refusal_message(refused))
+        return error_response(ErrorCode.HOP_UNAUTHENTICATED, refused)
     if state.draining:
         return error_response(ErrorCode.DRAINING, "worker is shutting down")
     body = await request.read()
