@@ -26,28 +26,14 @@ from kvretention.controller.status import (
     compute_status,
     transitions,
 )
+from support.sample_probe_reports import HINTS_REPORT, old_engine
 
 T0 = dt.datetime(2025, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
 T1 = T0 + dt.timedelta(minutes=5)
 LABEL = "app.kubernetes.io/component"
 
-GOOD_REPORT = {
-    "schema": 1,
-    "sglang_version": "0.5.23",
-    "kv_hints_parameter": True,
-    "dialect": "versioned",
-    "hicache_storage_backends": ["file", "mooncake"],
-    "mooncake_store_importable": True,
-    "mooncake_error": None,
-    "usable_for_hints": True,
-}
-OLD_ENGINE_REPORT = {
-    **GOOD_REPORT,
-    "sglang_version": "0.4.9",
-    "kv_hints_parameter": False,
-    "dialect": "none",
-    "usable_for_hints": False,
-}
+GOOD_REPORT = HINTS_REPORT
+OLD_ENGINE_REPORT = old_engine(GOOD_REPORT)
 
 
 def deployment(name: str, component: str, replicas: int = 1) -> dict[str, Any]:

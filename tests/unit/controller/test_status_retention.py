@@ -16,6 +16,7 @@ from kvretention.controller.probe_reports import check_retention_applied, parse_
 from kvretention.controller.resources.sglang_args import RetentionWiring
 from kvretention.controller.status import Fleet, Observed, compute_status, transitions
 from kvretention.controller.worker_metrics import HookIncrease
+from support.sample_probe_reports import old_engine
 
 T0 = dt.datetime(2025, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
 T1 = T0 + dt.timedelta(minutes=5)
@@ -27,13 +28,7 @@ GOOD_REPORT: dict[str, Any] = {
     "dialect": "versioned",
     "usable_for_hints": True,
 }
-OLD_ENGINE_REPORT = {
-    **GOOD_REPORT,
-    "sglang_version": "0.4.9",
-    "kv_hints_parameter": False,
-    "dialect": "none",
-    "usable_for_hints": False,
-}
+OLD_ENGINE_REPORT = old_engine(GOOD_REPORT)
 
 
 def deployment(name: str, component: str) -> dict[str, Any]:
