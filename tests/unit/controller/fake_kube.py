@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kvretention.api.names import FIELD_MANAGER, LABEL_INSTANCE
+from kvretention.api.names import FIELD_MANAGER, LABEL_COMPONENT, LABEL_INSTANCE
 from kvretention.controller import kube as k
 from kvretention.controller.cache import (
     CHILD_INDEXES,
@@ -232,6 +232,11 @@ def controller(
     )
 
 
+def master_only_controller(fake: FakeKube) -> Controller:
+    """A controller on the fixed clock with a fake master and its default worker reads."""
+    return Controller(fake, clock=lambda: NOW, read_kvstore=FakeMaster())  # type: ignore[arg-type]
+
+
 def make_ready(fake: FakeKube) -> None:
     """What kube-controller-manager and kwok would do: every Deployment fully rolled out."""
     for (plural, _, _), obj in fake.objects.items():
@@ -249,6 +254,47 @@ def make_ready(fake: FakeKube) -> None:
 
 def conditions(body: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
     return {c["type"]: (c["status"], c["reason"]) for c in body["status"]["conditions"]}
+
+
+async def reconcile_unserved(fake: FakeKube, c: Controller, kind: str) -> None:
+    """Reconcile fleet ``ns/qwen`` twice (the second time with the other children ready) while the
+    API server does not serve ``kind``: each reconcile must end waiting for it."""
+    for _ in range(2):
+        with pytest.raises(k.RetryLater, match=f"does not serve {kind}"):
+            await c.reconcile(("ns", "qwen"))
+        make_ready(fake)
+
+
+def condition_messages(body: Mapping[str, Any]) -> dict[str, tuple[str, str, str]]:
+    """Each condition's (status, reason, message), by type."""
+    return {
+        c["type"]: (c["status"], c["reason"], c["message"]) for c in body["status"]["conditions"]
+    }
+
+
+def fleet_deployment(name: str, component: str) -> dict[str, Any]:
+    """A one-replica Deployment of fleet ``f`` as a builder renders it, reduced to its labels."""
+    labels = {LABEL_COMPONENT: component}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {LABEL_INSTANCE: "f", **labels}}},
+    }
+
+
+def rolled_out(name: str) -> dict[str, Any]:
+    """A one-replica Deployment named ``name`` that its controller has fully rolled out."""
+    return {
+        "metadata": {"name": name, "generation": 1},
+        "status": {
+            "observedGeneration": 1,
+            "replicas": 1,
+            "updatedReplicas": 1,
+            "readyReplicas": 1,
+            "availableReplicas": 1,
+        },
+    }
 
 
 class FakeIndices(Mapping[str, Any]):

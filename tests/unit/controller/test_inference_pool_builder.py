@@ -6,7 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from fake_kube import NOW, FakeKube, FakeMaster, fake, load_example, make_ready
+from fake_kube import (
+    FakeKube,
+    condition_messages,
+    fake,
+    load_example,
+    master_only_controller,
+    reconcile_unserved,
+)
 
 from kvretention.api.models import KvRetentionDeployment, SpecError
 from kvretention.api.names import CONDITION_TYPES, INFERENCE_POOL_ACCEPTED
@@ -19,7 +26,6 @@ from kvretention.controller.conditions import (
     PROBLEM_REASONS,
     check_inference_pool,
 )
-from kvretention.controller.executor import Controller
 from kvretention.controller.planner import FleetPlan, plan_fleet
 from kvretention.controller.resources import build_children
 
@@ -184,17 +190,6 @@ def test_the_condition_says_what_stands_between_the_pool_and_a_gateway(
 # -- the executor, with and without the CRD ----------------------------------------------------
 
 
-def _controller(fake: FakeKube) -> Controller:
-    return Controller(fake, clock=lambda: NOW, read_kvstore=FakeMaster())  # type: ignore[arg-type]
-
-
-def _conditions(fake: FakeKube) -> dict[str, tuple[str, str, str]]:
-    return {
-        c["type"]: (c["status"], c["reason"], c["message"])
-        for c in fake.cr()["status"]["conditions"]
-    }
-
-
 def _fleet(fake: FakeKube, pool: dict[str, Any] | None) -> None:
     body = _body(pool)
     body["metadata"].pop("uid")
@@ -203,7 +198,7 @@ def _fleet(fake: FakeKube, pool: dict[str, Any] | None) -> None:
 
 async def test_without_the_option_status_has_no_pool_condition(fake: FakeKube) -> None:
     _fleet(fake, None)
-    await _controller(fake).reconcile(("ns", "qwen"))
+    await master_only_controller(fake).reconcile(("ns", "qwen"))
     assert [c["type"] for c in fake.cr()["status"]["conditions"]] == list(CONDITION_TYPES)
     assert not any(kind == "inferencepools" for kind, _ in fake.children())
 
@@ -213,12 +208,8 @@ async def test_without_the_crd_status_says_so_and_the_rest_of_the_fleet_is_ready
 ) -> None:
     _fleet(fake, {"enabled": True})
     fake.unserve(k.INFERENCE_POOL)
-    c = _controller(fake)
-    for _ in range(2):  # the second time with the other children ready
-        with pytest.raises(k.RetryLater, match="does not serve InferencePool"):
-            await c.reconcile(("ns", "qwen"))
-        make_ready(fake)
-    conditions = _conditions(fake)
+    await reconcile_unserved(fake, master_only_controller(fake), "InferencePool")
+    conditions = condition_messages(fake.cr())
     status, reason, message = conditions[INFERENCE_POOL_ACCEPTED]
     assert (status, reason) == ("False", INFERENCE_POOL_CRD_MISSING)
     assert "inferencepools.inference.networking.k8s.io CRD is not installed" in message
@@ -236,14 +227,14 @@ async def test_with_the_crd_the_pool_is_applied_and_a_gateway_accepting_it_shows
     fake: FakeKube,
 ) -> None:
     _fleet(fake, {"enabled": True})
-    c = _controller(fake)
+    c = master_only_controller(fake)
     await c.reconcile(("ns", "qwen"))
     assert ("inferencepools", POOL) in fake.children()
-    assert _conditions(fake)[INFERENCE_POOL_ACCEPTED][:2] == ("Unknown", "NoParent")
+    assert condition_messages(fake.cr())[INFERENCE_POOL_ACCEPTED][:2] == ("Unknown", "NoParent")
     pool = fake.objects[("inferencepools", "ns", POOL)]
     pool["status"] = {"parents": [_parent("inference-gateway", "True", "SupportedByParent")]}
     await c.reconcile(("ns", "qwen"))
-    status, reason, message = _conditions(fake)[INFERENCE_POOL_ACCEPTED]
+    status, reason, message = condition_messages(fake.cr())[INFERENCE_POOL_ACCEPTED]
     assert (status, reason) == ("True", "Accepted")
     assert "Gateway gw/inference-gateway" in message
 
@@ -259,8 +250,8 @@ async def test_a_foreign_pool_of_that_name_is_a_conflict_and_left_alone(fake: Fa
             "spec": {"selector": {"matchLabels": {"app": "theirs"}}},
         },
     )
-    await _controller(fake).reconcile(("ns", "qwen"))
-    status, reason, message = _conditions(fake)[INFERENCE_POOL_ACCEPTED]
+    await master_only_controller(fake).reconcile(("ns", "qwen"))
+    status, reason, message = condition_messages(fake.cr())[INFERENCE_POOL_ACCEPTED]
     assert (status, reason) == ("False", CHILD_CONFLICT)
     assert f"InferencePool ns/{POOL} already exists" in message
     assert fake.objects[("inferencepools", "ns", POOL)] == foreign
@@ -268,7 +259,7 @@ async def test_a_foreign_pool_of_that_name_is_a_conflict_and_left_alone(fake: Fa
 
 async def test_turning_the_option_off_deletes_the_pool_and_its_condition(fake: FakeKube) -> None:
     _fleet(fake, {"enabled": True})
-    c = _controller(fake)
+    c = master_only_controller(fake)
     await c.reconcile(("ns", "qwen"))
     assert ("inferencepools", POOL) in fake.children()
     body = fake.cr()

@@ -7,14 +7,21 @@ import copy
 from typing import Any
 
 import pytest
-from fake_kube import NOW, FakeKube, FakeMaster, fake, load_example, make_ready
+from fake_kube import (
+    FakeKube,
+    condition_messages,
+    fake,
+    load_example,
+    make_ready,
+    master_only_controller,
+    reconcile_unserved,
+)
 
 from kvretention.api.models import KvRetentionDeployment, SpecError
 from kvretention.controller import kube as k
 from kvretention.controller.cache import CR_KIND
 from kvretention.controller.conditions import check_workloads
 from kvretention.controller.diagnosis import LEADER_WORKER_SET_MISSING, observe_group_workload
-from kvretention.controller.executor import Controller
 from kvretention.controller.resources import build_children, check_spec
 from kvretention.controller.resources.lws import DIST_INIT_PORT, WORKER_INDEX_LABEL
 from kvretention.controller.status import lws_missing_message
@@ -327,28 +334,13 @@ def _multinode_fleet(fake: FakeKube) -> None:
     fake.put(CR_KIND, body)
 
 
-def _controller(fake: FakeKube) -> Controller:
-    return Controller(fake, clock=lambda: NOW, read_kvstore=FakeMaster())  # type: ignore[arg-type]
-
-
-def _conditions(fake: FakeKube) -> dict[str, tuple[str, str, str]]:
-    return {
-        c["type"]: (c["status"], c["reason"], c["message"])
-        for c in fake.cr()["status"]["conditions"]
-    }
-
-
 async def test_without_the_lws_crd_status_says_so_and_the_rest_of_the_fleet_is_applied(
     fake: FakeKube,
 ) -> None:
     _multinode_fleet(fake)
     fake.unserve(k.LEADER_WORKER_SET)
-    c = _controller(fake)
-    for _ in range(2):  # the second time with the other children ready
-        with pytest.raises(k.RetryLater, match="does not serve LeaderWorkerSet"):
-            await c.reconcile(("ns", "qwen"))
-        make_ready(fake)
-    conditions = _conditions(fake)
+    await reconcile_unserved(fake, master_only_controller(fake), "LeaderWorkerSet")
+    conditions = condition_messages(fake.cr())
     assert conditions["WorkersReady"][:2] == ("False", LEADER_WORKER_SET_MISSING)
     assert conditions["Ready"][:2] == ("False", LEADER_WORKER_SET_MISSING)
     assert "LeaderWorkerSet CRD is not installed" in conditions["Ready"][2]
@@ -360,16 +352,16 @@ async def test_with_the_crd_the_lws_is_applied_and_its_groups_make_the_workers_r
     fake: FakeKube,
 ) -> None:
     _multinode_fleet(fake)
-    c = _controller(fake)
+    c = master_only_controller(fake)
     await c.reconcile(("ns", "qwen"))
     assert ("leaderworkersets", "qwen-worker-lws") in fake.children()
-    assert _conditions(fake)["WorkersReady"][0] == "False"
+    assert condition_messages(fake.cr())["WorkersReady"][0] == "False"
     make_ready(fake)
     lws = fake.objects[("leaderworkersets", "ns", "qwen-worker-lws")]
     lws["status"] = {"replicas": 2, "readyReplicas": 2, "updatedReplicas": 2, "conditions": [{}]}
     await c.reconcile(("ns", "qwen"))
     status = fake.cr()["status"]
-    assert _conditions(fake)["WorkersReady"][:2] == ("True", "PodsReady")
+    assert condition_messages(fake.cr())["WorkersReady"][:2] == ("True", "PodsReady")
     (pool,) = status["workers"]["pools"]
     assert (pool["name"], pool["nodesPerReplica"], pool["ready"]) == ("qwen-worker-lws", 2, 2)
     assert status["replicas"] == 2

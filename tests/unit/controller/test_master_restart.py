@@ -8,6 +8,7 @@ import datetime as dt
 from typing import Any
 
 import pytest
+from fake_kube import fleet_deployment, rolled_out
 
 from kvretention.controller.conditions import PINS_LOST, Verdict
 from kvretention.controller.diagnosis import observe_workload
@@ -59,29 +60,11 @@ def master_pod(
     }
 
 
-def deployment(name: str, component: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "labels": {COMPONENT: component}},
-        "spec": {"replicas": 1, "selector": {"matchLabels": {INSTANCE: "f", COMPONENT: component}}},
-    }
-
-
 def live(name: str) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name, "generation": 1},
-        "status": {
-            "observedGeneration": 1,
-            "replicas": 1,
-            "updatedReplicas": 1,
-            "readyReplicas": 1,
-            "availableReplicas": 1,
-        },
-    }
+    return rolled_out(name)
 
 
-MASTER = deployment("f-mooncake", "mooncake-master")
+MASTER = fleet_deployment("f-mooncake", "mooncake-master")
 MASTER_WORKLOAD = [observe_workload(MASTER, live("f-mooncake"))]
 OOM = "2026-01-01T11:00:00Z"
 
@@ -158,9 +141,9 @@ FLEET = Fleet(
     generation=1,
     hints_required=False,
     desired=[
-        deployment("f-frontend", "frontend"),
-        deployment("f-router", "router"),
-        deployment("f-worker", "worker"),
+        fleet_deployment("f-frontend", "frontend"),
+        fleet_deployment("f-router", "router"),
+        fleet_deployment("f-worker", "worker"),
         MASTER,
     ],
     longest_pin_s=43_200,

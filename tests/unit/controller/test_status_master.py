@@ -12,6 +12,7 @@ import datetime as dt
 from typing import Any
 
 import pytest
+from fake_kube import fleet_deployment, rolled_out
 
 from kvretention.api.models import KvRetentionDeploymentStatus
 from kvretention.controller.conditions import MASTER_RESTARTING, Verdict, check_kvstore
@@ -26,15 +27,6 @@ DROPPED = (
     "the Mooncake master is restarting with a new pod template: the objects and soft pins it "
     "held are dropped (workers stay up and serve without them); "
 )
-
-
-def deployment(name: str, component: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "labels": {COMPONENT: component}},
-        "spec": {"replicas": 1, "selector": {"matchLabels": {INSTANCE: "f", COMPONENT: component}}},
-    }
 
 
 def live(
@@ -77,7 +69,7 @@ def master_pod(name: str, *, terminating: bool = False, state: str = "running") 
     }
 
 
-MASTER = deployment("f-mooncake", "mooncake-master")
+MASTER = fleet_deployment("f-mooncake", "mooncake-master")
 OLD_POD_LEAVING = master_pod("f-mooncake-old", terminating=True)
 NEW_POD_CREATING = master_pod("f-mooncake-new", state="ContainerCreating")
 NEW_POD_RUNNING = master_pod("f-mooncake-new")
@@ -226,23 +218,11 @@ def test_an_external_master_is_not_ours_to_restart(was_restarting: bool) -> None
 # -- the whole status through one restart ----------------------------------------------------------
 
 
-OTHERS = {
-    name: {
-        "metadata": {"name": name, "generation": 1},
-        "status": {
-            "observedGeneration": 1,
-            "replicas": 1,
-            "updatedReplicas": 1,
-            "readyReplicas": 1,
-            "availableReplicas": 1,
-        },
-    }
-    for name in ("f-frontend", "f-router", "f-worker")
-}
+OTHERS = {name: rolled_out(name) for name in ("f-frontend", "f-router", "f-worker")}
 DESIRED = [
-    deployment("f-frontend", "frontend"),
-    deployment("f-router", "router"),
-    deployment("f-worker", "worker"),
+    fleet_deployment("f-frontend", "frontend"),
+    fleet_deployment("f-router", "router"),
+    fleet_deployment("f-worker", "worker"),
     MASTER,
 ]
 FLEET = Fleet(name="f", namespace="ns", generation=1, hints_required=False, desired=DESIRED)

@@ -8,6 +8,7 @@ Pod and Deployment bodies are shaped as the API server returns them (the schedul
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -531,14 +532,7 @@ def test_each_worker_pool_has_its_own_reason() -> None:
         deployment("f-prefill", "worker-prefill", 1),
         deployment("f-decode", "worker-decode", 2),
     ]
-    fleet = Fleet(
-        name="f",
-        namespace="ns",
-        generation=1,
-        hints_required=False,
-        desired=desired,
-        kvstore_external="m:1",
-    )
+    fleet = replace(FLEET, desired=desired, kvstore_external="m:1")
     deployments = {
         "f-frontend": READY["f-frontend"],
         "f-router": READY["f-router"],
