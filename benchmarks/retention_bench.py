@@ -111,23 +111,37 @@ ARMS = {
 }
 
 
-def run_arm(arm: str, w: Workload, rounds: list[list[Any]]) -> dict[str, Any]:
+def tree_spec(w: Workload, *, policy: str, core: str) -> TreeSpec:
+    """The unified radix tree both retention benchmarks run: ``w``'s cache, 4 requests of 16 Ki."""
+    return TreeSpec(
+        kind="unified",
+        policy=policy,
+        page_size=PAGE,
+        tokens=w.cache_tokens,
+        max_requests=4,
+        context=16 * 1024,
+        tree_core=core,
+    )
+
+
+def simulated_clock() -> list[float]:
+    """Put the retention plugin on a simulated wall clock (``now[0]``), the one holds expire by."""
     from kvretention.retention import radix
 
-    policy, core = ARMS[arm]
-    tree = RadixTree(
-        TreeSpec(
-            kind="unified",
-            policy=policy,
-            page_size=PAGE,
-            tokens=w.cache_tokens,
-            max_requests=4,
-            context=16 * 1024,
-            tree_core=core,
-        )
-    )
     now = [1_000_000.0]
-    radix.clock = lambda: now[0]  # the simulated wall clock holds expire by
+    radix.clock = lambda: now[0]
+    return now
+
+
+def write_report(out: Path, report: dict[str, Any]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def run_arm(arm: str, w: Workload, rounds: list[list[Any]]) -> dict[str, Any]:
+    policy, core = ARMS[arm]
+    tree = RadixTree(tree_spec(w, policy=policy, core=core))
+    now = simulated_clock()
     last: dict[int, Turn] = {}
     shares, range_shares, bg_hit, bg_total, requests = [], [], 0, 0, 0
     cpu = time.process_time()
@@ -210,8 +224,7 @@ def main() -> None:
         "python": platform.python_version(),
         "results": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.out, report)
     print(
         f"{'arm':<10} {'policy':<9} {'core':<7} {'next-turn share':>16} {'p10':>6} {'>=95%':>6}"
         f" {'retained range':>15} {'background hit':>15} {'CPU ms/req':>11}"

@@ -38,6 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+import retention_bench  # noqa: E402
 from retention_bench import PAGE, PRIORITY, ROUND_SECONDS, TTL, Workload, build_schedule  # noqa: E402
 from support.sglang_radix import RadixTree, TreeSpec, load_sglang, retain  # noqa: E402
 
@@ -68,23 +69,11 @@ def _timed(cache: Any, spent: list[float]) -> None:
 
 
 def per_request(arm: str, w: Workload, rounds: list[list[Any]]) -> dict[str, Any]:
-    from kvretention.retention import radix
-
     policy, core, hinted = ARMS[arm]
-    spec = TreeSpec(
-        kind="unified",
-        policy=policy,
-        page_size=PAGE,
-        tokens=w.cache_tokens,
-        max_requests=4,
-        context=16 * 1024,
-        tree_core=core,
-    )
-    tree = RadixTree(spec)
+    tree = RadixTree(retention_bench.tree_spec(w, policy=policy, core=core))
     spent = [0.0]
     _timed(tree.cache, spent)
-    now = [1_000_000.0]
-    radix.clock = lambda: now[0]
+    now = retention_bench.simulated_clock()
     requests = 0
     for events in rounds:
         for kind, item in events:
@@ -212,8 +201,7 @@ def main() -> None:
         "uptime_after": uptime.strip(),
         "results": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    retention_bench.write_report(args.out, report)
     print(
         f"{'arm':<35} {'core':<7} {'tree ms/req':>11} {'x lru-rust':>10}"
         f" {'pass ms (median/min)':>21} {'rank us':>8}"
