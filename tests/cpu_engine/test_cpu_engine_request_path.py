@@ -306,11 +306,6 @@ def test_anthropic_messages_stream_events_are_well_formed(fleet: Fleet) -> None:
     assert delta["usage"]["input_tokens"] + delta["usage"]["cache_read_input_tokens"] > 60
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the worker's StreamAdapter (dataplane/worker/call.py) sets no prompt_usage on SGLang's "
-    "first chunk, so message_start says input_tokens 0 unless the answer arrives in one chunk",
-)
 def test_anthropic_message_start_carries_the_prompts_input_tokens(fleet: Fleet) -> None:
     """Anthropic's ``message_start`` reports the prompt's counts before the first token; SGLang's
     first stream output has them (``meta_info.prompt_tokens``, ``cached_tokens``)."""

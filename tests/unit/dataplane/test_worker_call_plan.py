@@ -201,6 +201,26 @@ def test_cumulative_stream_becomes_deltas() -> None:
     assert chunks[0].usage is None
 
 
+def test_only_the_first_chunk_carries_the_prompts_counts() -> None:
+    """Anthropic's ``message_start`` needs the prompt's counts before any text: SGLang has them
+    from its first output on; later chunks and the final usage do not repeat them here."""
+    adapter = StreamAdapter()
+    chunks = [
+        adapter.chunk(_out("He", [1])),
+        adapter.chunk(_out("Hello", [1, 2])),
+        adapter.chunk(_out("Hello!", [1, 2, 3], {"type": "stop"})),
+    ]
+    first = chunks[0].prompt_usage
+    assert first is not None and (first.prompt_tokens, first.cached_tokens) == (4, 1)
+    assert first.completion_tokens == 0
+    assert [c.prompt_usage for c in chunks[1:]] == [None, None]
+
+
+def test_a_one_chunk_answer_carries_its_counts_in_usage_only() -> None:
+    chunk = StreamAdapter().chunk(_out("Hi", [1], {"type": "stop"}))
+    assert chunk.prompt_usage is None and chunk.usage is not None
+
+
 def test_incremental_stream_passes_deltas_through() -> None:
     adapter = StreamAdapter(incremental=True)
     assert adapter.chunk(_out("ab", [1])).text == "ab"

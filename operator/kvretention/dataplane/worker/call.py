@@ -332,6 +332,7 @@ class StreamAdapter:
         self._text = ""
         self._ids = 0
         self._fed = False
+        self._first = True
 
     def chunk(self, output: dict[str, Any]) -> GenerateChunk:
         text = output.get("text") or ""
@@ -345,6 +346,7 @@ class StreamAdapter:
         meta = output.get("meta_info") or {}
         finish = finish_reason_of(meta)
         usage = usage_of(meta) if finish is not None else None
+        prompt_usage = self._prompt_usage(meta) if usage is None else None
         parsed = self._parse(delta_text, final=finish is not None and finish != "abort")
         reason: FinishReason | None = finish
         if finish == "stop" and self._parser is not None and self._parser.called:
@@ -356,6 +358,20 @@ class StreamAdapter:
             token_ids=delta_ids,
             finish_reason=reason,
             usage=usage,
+            prompt_usage=prompt_usage,
+        )
+
+    def _prompt_usage(self, meta: dict[str, Any]) -> Usage | None:
+        """The first chunk's prompt-side counts, which SGLang reports from its first output on
+        (Anthropic's ``message_start`` carries them before any text)."""
+        if not self._first:
+            return None
+        self._first = False
+        if "prompt_tokens" not in meta:
+            return None
+        return Usage(
+            prompt_tokens=int(meta.get("prompt_tokens") or 0),
+            cached_tokens=int(meta.get("cached_tokens") or 0),
         )
 
     def _parse(self, delta: str, *, final: bool) -> ParsedDelta:
