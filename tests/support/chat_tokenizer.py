@@ -1,45 +1,35 @@
-"""A small real tokenizer with a tool-aware, thinking-aware chat template, built in code.
+"""A small real tokenizer in the package's chat format, built in code.
 
-No model hub is reachable from the tests, so this builds a byte-level BPE tokenizer with
-``tokenizers`` (every byte is a token; no merges, so any text round-trips exactly) plus the
-special tokens of a Qwen-style chat format, and attaches the package's chat template
-(:mod:`kvretention.dataplane.worker.cpu.chat_format`, in the style of Qwen2.5/Qwen3's): a system block listing the tools between ``<tools>`` and ``</tools>``,
-assistant tool calls as ``<tool_call>{json}</tool_call>``, tool results as ``<tool_response>``
-inside a user turn, replayed reasoning as ``<think>...</think>``, ``enable_thinking=False``
-closing an empty think block, and image parts as vision placeholders. ``save`` writes it as a
-Hugging Face tokenizer directory that ``AutoTokenizer.from_pretrained`` (and so the worker's
-stand-in via ``--model-path``) loads offline.
+No model hub is reachable from the tests, so this builds a byte-level BPE vocabulary with
+``tokenizers`` (every byte is a token; with no merges, one token per byte, and any text
+round-trips exactly) and puts the tiny model's chat format on it with the package's own
+:func:`~kvretention.dataplane.worker.cpu.chat_format.build_chat_tokenizer` (Qwen 2.5-style:
+tools, tool calls, tool results, reasoning, vision placeholders). ``save`` writes it as a Hugging
+Face tokenizer directory that ``AutoTokenizer.from_pretrained`` (and so the worker's stand-in via
+``--model-path``) loads offline.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kvretention.dataplane.worker.cpu.chat_format import ADDED_TOKENS, CHAT_TEMPLATE, SPECIAL_TOKENS
+from kvretention.dataplane.worker.cpu.chat_format import build_chat_tokenizer
 
 
-def build_tokenizer() -> Any:
-    """The tokenizer as a ``transformers`` fast tokenizer with :data:`CHAT_TEMPLATE`."""
+def build_tokenizer(merges: Sequence[tuple[str, str]] = ()) -> Any:
+    """The byte alphabet plus ``merges`` (byte-level spellings), in the package's chat format."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
 
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
-    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    for left, right in merges:
+        vocab.setdefault(left + right, len(vocab))
+    core = Tokenizer(models.BPE(vocab=vocab, merges=list(merges)))
+    # No regex split: merges may cross word and block boundaries, as real BPE merges do.
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     core.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=[
-            t for t in SPECIAL_TOKENS if t not in ("<|im_end|>", "<|endoftext|>")
-        ],
-    )
-    tokenizer.add_tokens(list(ADDED_TOKENS))
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
+    return build_chat_tokenizer(core)
 
 
 def save(directory: Path) -> Path:

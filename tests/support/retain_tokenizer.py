@@ -1,15 +1,16 @@
-"""A small real tokenizer with merges and a tool-aware Qwen-style chat template, built in code.
+"""A small real tokenizer with BPE merges, in the package's chat format, and an independent render.
 
 For the breakpoint-resolution tests: unlike a byte-per-token tokenizer, this one has BPE merges,
 some of which cross element boundaries (``.`` + newline, ``}`` + newline, two newlines), so a
-token can straddle the end of a block and the test can prove it is left out. The template lists
-tools inside the system turn after the system text (as Qwen2.5/Qwen3 do), renders assistant tool
-calls as ``<tool_call>`` blocks, groups consecutive tool results in one user turn as
-``<tool_response>`` blocks, and replays reasoning after the last user turn.
+token can straddle the end of a block and the test can prove it is left out. It is
+:func:`support.chat_tokenizer.build_tokenizer` with :data:`MERGES`: the tiny model's chat format
+(:mod:`kvretention.dataplane.worker.cpu.chat_format`, tools listed in the system turn after the
+system text, ``<tool_call>`` blocks, consecutive tool results grouped in one user turn as
+``<tool_response>`` blocks, reasoning replayed after the last user turn).
 
-``render`` converts the neutral conversation the way the worker's template input does (text
-parts joined by newlines, tool calls with parsed arguments, tools as function schemas); the lead
-can swap it for ``kvretention.dataplane.chat_template`` once both are merged.
+``render`` is the tests' own conversion of the neutral conversation (text parts joined by
+newlines, tool calls with parsed arguments, tools as function schemas), written apart from
+:mod:`kvretention.dataplane.chat_template` so a test can check the worker's resolution against it.
 """
 
 from __future__ import annotations
@@ -19,9 +20,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from kvretention.dataplane.protocol import ChatMessage, ImagePart, TextPart, ToolDefinition
-
-SPECIAL_TOKENS: Final = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|image_pad|>")
-ADDED_TOKENS: Final = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+from support import chat_tokenizer
 
 # Byte-level spellings: "Ċ" is a newline, "Ġ" a space.
 MERGES: Final = (
@@ -45,91 +44,10 @@ MERGES: Final = (
     ("o", "r"),
 )
 
-CHAT_TEMPLATE: Final = """
-{%- macro content(c) -%}
-  {%- if c is string -%}{{ c }}
-  {%- else -%}{%- for p in c -%}
-    {%- if p.type == 'image' -%}<|image_pad|>{%- elif p.type == 'text' -%}{{ p.text }}{%- endif -%}
-  {%- endfor -%}{%- endif -%}
-{%- endmacro -%}
-{%- set ns = namespace(system='', start=0, last_user=-1) -%}
-{%- if messages and messages[0].role == 'system' -%}
-  {%- set ns.system = content(messages[0].content) -%}{%- set ns.start = 1 -%}
-{%- endif -%}
-{%- for m in messages -%}{%- if m.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}{%- endfor -%}
-{%- if tools -%}
-<|im_start|>system
-{% if ns.system %}{{ ns.system }}
-
-{% endif %}# Tools
-
-You may call one or more functions. Their signatures are inside <tools></tools>:
-<tools>
-{% for tool in tools %}{{ tool | tojson }}
-{% endfor %}</tools>
-
-Answer a call as <tool_call>{"name": ..., "arguments": ...}</tool_call>.<|im_end|>
-{% elif ns.system -%}
-<|im_start|>system
-{{ ns.system }}<|im_end|>
-{% endif -%}
-{%- for m in messages[ns.start:] -%}
-  {%- set index = loop.index0 + ns.start -%}
-  {%- if m.role in ('user', 'system') -%}
-<|im_start|>{{ m.role }}
-{{ content(m.content) }}<|im_end|>
-{% elif m.role == 'assistant' -%}
-<|im_start|>assistant
-{% if m.reasoning_content and index > ns.last_user -%}
-<think>
-{{ m.reasoning_content }}
-</think>
-
-{% endif -%}
-{{ content(m.content) }}
-    {%- for call in m.tool_calls or [] -%}
-      {%- if m.content or not loop.first %}{{ '\\n' }}{% endif -%}
-<tool_call>
-{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
-</tool_call>
-    {%- endfor -%}
-<|im_end|>
-{% elif m.role == 'tool' -%}
-    {%- if loop.first or messages[index - 1].role != 'tool' -%}<|im_start|>user
-{% endif -%}
-<tool_response>
-{{ content(m.content) }}
-</tool_response>
-{% if loop.last or messages[index + 1].role != 'tool' -%}<|im_end|>
-{% endif -%}
-  {%- endif -%}
-{%- endfor -%}
-{%- if add_generation_prompt -%}
-<|im_start|>assistant
-{% endif -%}
-""".strip()
-
 
 def build_tokenizer() -> Any:
-    """A ``transformers`` fast tokenizer (byte-level BPE with :data:`MERGES`) and the template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    for left, right in MERGES:
-        vocab.setdefault(left + right, len(vocab))
-    core = Tokenizer(models.BPE(vocab=vocab, merges=list(MERGES)))
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    core.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>", "<|image_pad|>"],
-    )
-    tokenizer.add_tokens(list(ADDED_TOKENS))
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
+    """The tests' byte-level tokenizer with :data:`MERGES`, in the package's chat format."""
+    return chat_tokenizer.build_tokenizer(MERGES)
 
 
 def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:

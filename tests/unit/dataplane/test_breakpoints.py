@@ -133,8 +133,10 @@ CASES: dict[str, Case] = {
     "assistant_message": Case(
         ("messages", 2), '"arguments": {"cmd": "ls"}}\n</tool_call><|im_end|>\n', "<|im_start|>user"
     ),
+    # ``<tool_response>`` is not one token in this format (nor in Qwen 2.5's): the lone ``<`` the
+    # closing ``<|im_end|>`` and the next result share stays in (the resolver's documented limit)
     "tool_result_followed_by_another": Case(
-        ("messages", 3), "print(1)\n</tool_response>\n", "<tool_response>\na.py b.py"
+        ("messages", 3), "print(1)\n</tool_response>\n<", "tool_response>\na.py b.py"
     ),
     "last_tool_result_closes_the_turn": Case(
         ("messages", 4), "a.py b.py\n</tool_response>\n<|im_end|>\n", "<|im_start|>user\nGo on"
@@ -322,7 +324,9 @@ def test_an_image_part_resolves_after_its_placeholder(tokenizer: Any) -> None:
         messages, [], render=partial(_render, tokenizer), prompt=text, offsets=offsets
     )
     (bp,) = resolution.resolved
-    assert tokenizer.decode(ids[: bp.token_end]).endswith("<|image_pad|>")
+    assert tokenizer.decode(ids[: bp.token_end]).endswith(
+        "<|vision_start|><|image_pad|><|vision_end|>"
+    )
     assert tokenizer.decode(ids[bp.token_end :]).startswith("What is it?")
 
 

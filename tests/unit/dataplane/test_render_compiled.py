@@ -43,7 +43,8 @@ from kvretention.dataplane.protocol import (
     ToolCall,
     ToolDefinition,
 )
-from support import chat_tokenizer, retain_tokenizer
+from kvretention.dataplane.worker.cpu.chat_format import CHAT_TEMPLATE
+from support import chat_tokenizer
 
 
 def _sglang_tiktoken_template() -> str:
@@ -197,8 +198,7 @@ HELPERS = """
 """.strip()
 
 TEMPLATES: dict[str, Callable[[], str]] = {
-    "tests/support/chat_tokenizer": lambda: chat_tokenizer.CHAT_TEMPLATE,
-    "tests/support/retain_tokenizer": lambda: retain_tokenizer.CHAT_TEMPLATE,
+    "kvretention tiny-model chat format": lambda: CHAT_TEMPLATE,
     "transformers llama4 (installed)": lambda: processing_llama4.chat_template,
     "transformers smolvlm (installed)": lambda: processing_smolvlm.DEFAULT_CHAT_TEMPLATE,
     "transformers qwen2-audio (installed)": lambda: Qwen2AudioProcessor.default_chat_template.fget(
@@ -337,7 +337,7 @@ def test_templates_that_render_differently_are_refused(
 def test_a_dict_of_named_templates_stays_on_jinja2(
     tokenizer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tok = _with_template(tokenizer, {"default": chat_tokenizer.CHAT_TEMPLATE})
+    tok = _with_template(tokenizer, {"default": CHAT_TEMPLATE})
     assert isinstance(compile_template(tok), Refusal)
     assert compiled_template_for(tok) is None
     checks: list[Any] = []
@@ -414,7 +414,7 @@ def test_tool_schemas_are_checked_for_odd_numbers(schema: dict[str, Any], odd: b
 
 
 def test_a_lone_surrogate_renders_as_transformers_does(tokenizer: Any) -> None:
-    tok = _with_template(tokenizer, chat_tokenizer.CHAT_TEMPLATE)
+    tok = _with_template(tokenizer, CHAT_TEMPLATE)
     template_input = build_template_input([ChatMessage(role="user", content="broken \ud83d emoji")])
     assert render_template(tok, template_input) == _reference(tok, template_input)
 
@@ -479,7 +479,7 @@ def test_probes_cover_what_the_worker_hands_templates() -> None:
 
 
 def test_the_compiled_template_is_checked_once_per_tokenizer_and_template(tokenizer: Any) -> None:
-    tok = _with_template(tokenizer, chat_tokenizer.CHAT_TEMPLATE)
+    tok = _with_template(tokenizer, CHAT_TEMPLATE)
     first = compiled_template_for(tok)
     assert first is not None and compiled_template_for(tok) is first
     tok.chat_template = QWEN3_STYLE

@@ -21,8 +21,7 @@ from kvretention.dataplane.generation_block import generation_block
 from support import chat_tokenizer
 
 PROVEN = {
-    "tests/support/chat_tokenizer",
-    "tests/support/retain_tokenizer",
+    "kvretention tiny-model chat format",
     "qwen3-style reasoning after the last user turn",
     "helpers: macros, loop, break, dictsort, items, unique",
     "llama3.1-style strftime_now, tojson(indent)",

@@ -1,15 +1,16 @@
-"""The chat format of the tiny model (and of the tests' tokenizer): Qwen 2.5's, tools included.
+"""The chat format of the tiny model (and of the tests' tokenizers): Qwen 2.5's, tools included.
 
 A system block lists the tools between ``<tools>`` and ``</tools>``, assistant tool calls are
 ``<tool_call>{json}</tool_call>`` (what SGLang's ``qwen25`` tool-call parser reads), tool results
 are ``<tool_response>`` inside a user turn, replayed reasoning is ``<think>...</think>`` (SGLang's
 ``qwen3`` reasoning parser), ``enable_thinking=False`` closes an empty think block, and image parts
-become vision placeholders.
+become vision placeholders. :func:`build_chat_tokenizer` puts the format on a ``tokenizers``
+vocabulary, so every tokenizer in this format is built by the same code.
 """
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 SPECIAL_TOKENS: Final = (
     "<|endoftext|>",
@@ -101,3 +102,21 @@ To call a function, answer with one or more blocks like this one:
 {% endif -%}
 {%- endif -%}
 """.strip()
+
+
+def build_chat_tokenizer(core: Any) -> Any:
+    """``core`` (a ``tokenizers.Tokenizer``) as a ``transformers`` fast tokenizer in this format:
+    the special and added tokens, ``<|im_end|>`` ending a turn, and :data:`CHAT_TEMPLATE`."""
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=[
+            t for t in SPECIAL_TOKENS if t not in ("<|im_end|>", "<|endoftext|>")
+        ],
+    )
+    tokenizer.add_tokens(list(ADDED_TOKENS))
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer

@@ -19,7 +19,12 @@ from typing import Any, Final
 
 import click
 
-from kvretention.dataplane.worker.cpu.chat_format import ADDED_TOKENS, CHAT_TEMPLATE, SPECIAL_TOKENS
+from kvretention.dataplane.worker.cpu.chat_format import (
+    ADDED_TOKENS,
+    CHAT_TEMPLATE,
+    SPECIAL_TOKENS,
+    build_chat_tokenizer,
+)
 
 SERVED_NAME: Final = "kvr-tiny"
 """The name the tiny model is served under (``--served-model-name``) in the demo and tests."""
@@ -81,7 +86,6 @@ def build_tokenizer(config: TinyModelConfig = TinyModelConfig()) -> Any:
     """A ``transformers`` fast tokenizer: byte-level BPE (any text round-trips) with trained merges,
     the chat format's special and added tokens, and its chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     core = Tokenizer(models.BPE())
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -93,17 +97,7 @@ def build_tokenizer(config: TinyModelConfig = TinyModelConfig()) -> Any:
         show_progress=False,
     )
     core.train_from_iterator(training_corpus(), trainer)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=[
-            t for t in SPECIAL_TOKENS if t not in ("<|im_end|>", "<|endoftext|>")
-        ],
-    )
-    tokenizer.add_tokens(list(ADDED_TOKENS))
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
+    return build_chat_tokenizer(core)
 
 
 def build_model(tokenizer: Any, config: TinyModelConfig = TinyModelConfig()) -> Any:
