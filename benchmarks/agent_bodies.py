@@ -1,6 +1,6 @@
 """Agent-shaped request bodies for the benchmarks, about 200 KB each, from the tests' agent sessions.
 
-``tests/support/agent_sessions.py`` writes Codex- and Claude Code-shaped sessions from those
+``operator/kvretention/replay/sessions.py`` writes Codex- and Claude Code-shaped sessions from those
 clients' public request shapes, scaled down. Here the history is scaled back up by turns until the
 last request of the session is about ``target_bytes``: the same tools, reasoning / thinking history,
 tool calls and results, and (Claude Code) the block-level ``cache_control`` breakpoints on the last
@@ -30,7 +30,7 @@ REPO: Final = Path(__file__).resolve().parent.parent
 if str(REPO / "tests") not in sys.path:
     sys.path.insert(0, str(REPO / "tests"))
 
-from support.agent_sessions import claude_code_session, codex_session  # noqa: E402
+from kvretention.replay.sessions import claude_code_session, codex_session  # noqa: E402
 
 TARGET_BYTES: Final = 200_000
 

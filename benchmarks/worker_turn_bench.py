@@ -74,8 +74,8 @@ from kvretention.dataplane.worker.dialect import Dialect  # noqa: E402
 from kvretention.dataplane.worker.engine import LoadedEngine  # noqa: E402
 from kvretention.dataplane.worker.render_cache import RenderCache  # noqa: E402
 from kvretention.dataplane.worker.wire import ConversationMemo  # noqa: E402
+from kvretention.replay.sessions import claude_code_session, codex_session  # noqa: E402
 from support import chat_tokenizer  # noqa: E402
-from support.agent_sessions import claude_code_session, codex_session  # noqa: E402
 from support.processes import start_kvretention  # noqa: E402
 
 GOAL_MS = 2.0

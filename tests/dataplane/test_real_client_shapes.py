@@ -28,7 +28,7 @@ from kvretention.common.trace import RequestTrace
 from kvretention.dataplane.frontend.app import create_app
 from kvretention.dataplane.frontend.config import FrontendConfig
 from kvretention.dataplane.protocol import HEADER_SESSION
-from support.agent_sessions import claude_code_session, codex_session
+from kvretention.replay.sessions import claude_code_session, codex_session
 from support.openai_shapes import APPLY_PATCH, SHELL, codex_body
 from support.router_standin import RouterStandIn, parse_sse
 
@@ -335,7 +335,7 @@ RESPONSES_ROWS: Final = [
     ),
     Shape(
         "codex-session-turn-12",
-        "tests/support/agent_sessions.codex_session (12 turns of history)",
+        "kvretention.replay.sessions.codex_session (12 turns of history)",
         "/v1/responses",
         codex_session(turns=12)[-1][1],
         headers=codex_session(turns=1)[0][0],
@@ -891,7 +891,7 @@ MESSAGES_ROWS: Final = [
     ),
     Shape(
         "claude-code-session-turn",
-        "tests/support/agent_sessions.claude_code_session (FACTS.md)",
+        "kvretention.replay.sessions.claude_code_session (FACTS.md)",
         "/v1/messages?beta=true",
         claude_code_session(turns=6)[-1][1],
         headers=claude_code_session(turns=1)[0][0],

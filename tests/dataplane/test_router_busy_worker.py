@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from support.agent_sessions import CLAUDE_MODEL, claude_code_session
+from kvretention.replay.sessions import CLAUDE_MODEL, claude_code_session
 from support.chat_tokenizer import save
 from support.processes import KvrProcess, StartKvretention
 from support.worker_client import wait_for

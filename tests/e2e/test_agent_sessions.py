@@ -1,7 +1,7 @@
 """Coding-agent sessions replayed through the whole request path as real processes.
 
 A Codex-shaped session (``/v1/responses``) and a Claude Code-shaped session (``/v1/messages``),
-written from the clients' public request shapes (``support.agent_sessions``), are sent turn after
+written from the clients' public request shapes (``kvretention.replay.sessions``), are sent turn after
 turn with the official SDKs' streaming helpers, through frontend -> router -> two workers. The
 workers render each prompt with a real tool-aware chat template (``support.chat_tokenizer``) and
 parse the engine's text with SGLang's own ``qwen25`` tool-call and ``qwen3`` reasoning parsers;
@@ -21,7 +21,7 @@ import anthropic
 import openai
 import pytest
 
-from support.agent_sessions import (
+from kvretention.replay.sessions import (
     CLAUDE_MODEL,
     CLAUDE_SMALL_MODEL,
     CODEX_MODEL,

@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from kvretention.controller.kvstore_metrics import parse_master_metrics
-from support.agent_sessions import claude_code_session, codex_session
+from kvretention.replay.sessions import claude_code_session, codex_session
 from support.controlplane import Cluster, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]

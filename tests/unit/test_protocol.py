@@ -23,7 +23,7 @@ from kvretention.dataplane.protocol import (
     trusted,
 )
 from kvretention.hints import KvHintEnvelope
-from support.agent_sessions import claude_code_session, codex_session
+from kvretention.replay.sessions import claude_code_session, codex_session
 
 
 def _request(**extra: object) -> PreprocessedRequest:

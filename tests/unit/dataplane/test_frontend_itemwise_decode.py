@@ -20,7 +20,7 @@ from kvretention.dataplane.frontend.common import ParsedRequest
 from kvretention.dataplane.frontend.errors import FrontendError
 from kvretention.dataplane.frontend.openai import parse_chat, parse_responses
 from kvretention.dataplane.frontend.resume import CONTROL_KEY, Resumer, encode_items
-from support.agent_sessions import claude_code_session, codex_session
+from kvretention.replay.sessions import claude_code_session, codex_session
 
 Body = dict[str, Any]
 Parse = Callable[..., ParsedRequest]

@@ -21,7 +21,7 @@ from kvretention.dataplane.frontend.common import ParsedRequest
 from kvretention.dataplane.frontend.openai import parse_chat, parse_responses
 from kvretention.dataplane.frontend.resume import Resumer
 from kvretention.hints.errors import ClientError
-from support.agent_sessions import claude_code_session, codex_session
+from kvretention.replay.sessions import claude_code_session, codex_session
 
 Parse = Callable[..., ParsedRequest]
 Body = dict[str, Any]

@@ -27,8 +27,8 @@ from kvretention.dataplane.protocol import ErrorCode
 from kvretention.dataplane.worker.app import PlannedCall, RequestRejected, plan_call
 from kvretention.dataplane.worker.dialect import Dialect
 from kvretention.dataplane.worker.engine import LoadedEngine
+from kvretention.replay.sessions import claude_code_session
 from support import retain_tokenizer
-from support.agent_sessions import claude_code_session
 from support.kv_retain_rules import check_envelope
 
 

@@ -34,8 +34,8 @@ from kvretention.dataplane.worker.app import PlannedCall, RequestRejected, plan_
 from kvretention.dataplane.worker.dialect import Dialect
 from kvretention.dataplane.worker.engine import LoadedEngine
 from kvretention.dataplane.worker.render_cache import RenderCache
+from kvretention.replay.sessions import claude_code_session
 from support import chat_tokenizer
-from support.agent_sessions import claude_code_session
 
 SESSION = "s1"
 
