@@ -17,6 +17,7 @@ from kubernetes.client.rest import ApiException
 from kvretention_devtools.localcluster import lws
 from kvretention_devtools.localcluster.components import build_node
 from support.controlplane import Cluster, wait_until
+from support.kube_reads import exists
 
 SECOND_NODE = "kvr-node-lws-1"
 GROUP = "leaderworkerset.x-k8s.io"
@@ -84,13 +85,8 @@ def delete_lws_crd(k8s: client.ApiClient) -> None:
         if exc.status != 404:
             raise
 
-    def gone() -> bool:
-        try:
-            ext.read_custom_resource_definition(lws.CRD_NAME)
-        except ApiException as exc:
-            if exc.status == 404:
-                return True
-            raise
-        return False
-
-    wait_until(f"CRD {lws.CRD_NAME} deleted", gone, timeout_s=60)
+    wait_until(
+        f"CRD {lws.CRD_NAME} deleted",
+        lambda: not exists(lambda: ext.read_custom_resource_definition(lws.CRD_NAME)),
+        timeout_s=60,
+    )

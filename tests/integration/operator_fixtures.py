@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -25,12 +26,14 @@ from kubernetes import client
 
 from kvretention.api.models import GROUP, PLURAL, VERSION
 from support.controlplane import ApplyCrd, Cluster, RunningProcess, wait_until
+from support.fleet_cleanup import delete_fleets
 from support.probe_status import (
     INSTANCE,
     inject_probe_reports,
     list_worker_pods,
     report_message,
 )
+from support.sample_probe_reports import HINTS_REPORT, old_engine
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_PATH = REPO / "crds" / f"{GROUP}_{PLURAL}.yaml"
@@ -38,14 +41,7 @@ EXAMPLES = REPO / "examples"
 GPU = "nvidia.com/gpu"
 
 GOOD_REPORT: dict[str, Any] = {
-    "schema": 1,
-    "sglang_version": "0.5.23",
-    "kv_hints_parameter": True,
-    "dialect": "versioned",
-    "hicache_storage_backends": ["file", "mooncake"],
-    "mooncake_store_importable": True,
-    "mooncake_error": None,
-    "usable_for_hints": True,
+    **HINTS_REPORT,
     "retention_plugin": "loaded",
     "retention_error": None,
     "retention_target_problems": [],
@@ -56,13 +52,7 @@ TRANSPORT_ONLY_REPORT: dict[str, Any] = {
     k: v for k, v in GOOD_REPORT.items() if not k.startswith("retention_")
 }
 """A stock image's report (a probe that predates the plugin): kv_hints transported, not applied."""
-OLD_ENGINE_REPORT: dict[str, Any] = {
-    **GOOD_REPORT,
-    "sglang_version": "0.4.6",
-    "kv_hints_parameter": False,
-    "dialect": "none",
-    "usable_for_hints": False,
-}
+OLD_ENGINE_REPORT = old_engine(GOOD_REPORT, version="0.4.6")
 
 
 def free_port() -> int:
@@ -209,6 +199,13 @@ class Fleets:
         )
         return obj
 
+    def create_secret(self, name: str, string_data: Mapping[str, str]) -> None:
+        """A Secret in the test's namespace (an auth Secret a fleet references, say)."""
+        secret = client.V1Secret(
+            metadata=client.V1ObjectMeta(name=name), string_data=dict(string_data)
+        )
+        self.core.create_namespaced_secret(self.ns, secret)
+
     def delete(self, name: str) -> None:
         self.custom.delete_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name)
 
@@ -226,10 +223,17 @@ class Fleets:
         generation: int | None = None,
         timeout_s: float = 90,
         while_waiting: Callable[[], None] | None = None,
+        reporting: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
+        """Wait until condition ``type_`` of fleet ``name`` has ``status`` (and ``reason``, at
+        ``generation``), calling ``while_waiting`` each poll; ``reporting``: a probe report to
+        inject into the fleet's worker pods each poll (kwok runs no probe)."""
+
         def check() -> dict[str, Any] | None:
             if while_waiting is not None:
                 while_waiting()
+            if reporting is not None:
+                self.inject_probe_reports(name, reporting)
             cond = self.conditions(name).get(type_)
             if cond is None or cond["status"] != status:
                 return None
@@ -303,14 +307,54 @@ def start_operator(
     )
 
 
-def stopping(operators: list[Operator]) -> Iterator[None]:
-    """Stop every operator at the end and print its last lines (pytest shows them on failure)."""
-    try:
-        yield
-    finally:
-        for op in reversed(operators):
+def operators_fixture() -> Any:
+    """An ``operators`` fixture: the list a test adds the operators it starts to; at teardown each is
+    stopped, the last started first, and its last lines printed (pytest shows them on failure).
+
+    Bind it in the module: ``operators = operators_fixture()``.
+    """
+
+    @pytest.fixture(name="operators")
+    def operators() -> Iterator[list[Operator]]:
+        started: list[Operator] = []
+        yield started
+        for op in reversed(started):
             code = op.stop()
             print(f"--- operator (exit {code}) {op.log_path}:\n{op.process.log()[-3000:]}")
+
+    return operators
+
+
+def start_leader_and_standby(
+    cluster: Cluster, log_dir: Path, operators: list[Operator], namespace: str, *extra_args: str
+) -> tuple[Operator, Operator]:
+    """Operators ``a`` and ``b`` watching ``namespace``, electing a leader through a Lease there
+    (resync every 3 s, plus ``extra_args``): ``a`` ready as the leader, then ``b`` as the standby;
+    both added to ``operators``."""
+    args = (
+        f"--namespace={namespace}",
+        "--leader-elect",
+        f"--leader-election-namespace={namespace}",
+        "--resync-seconds=3",
+        *extra_args,
+    )
+    a = start_operator(cluster, log_dir, *args, name="a")
+    operators.append(a)
+    a.wait_ready(role="leader")
+    b = start_operator(cluster, log_dir, *args, name="b")
+    operators.append(b)
+    b.wait_ready(role="standby")
+    return a, b
+
+
+def replica_sets_per_deployment(fleets: Fleets) -> Counter[str]:
+    """How many ReplicaSets each Deployment in the namespace owns."""
+    return Counter(
+        ref.name
+        for rs in fleets.apps.list_namespaced_replica_set(fleets.ns).items
+        for ref in (rs.metadata.owner_references or [])
+        if ref.kind == "Deployment"
+    )
 
 
 def operator_fixture(*, resync_s: float) -> Any:
@@ -356,6 +400,22 @@ def fleets_fixture() -> Any:
     @pytest.fixture(name="fleets")
     def fleets(k8s: client.ApiClient, namespace: str) -> Fleets:
         return Fleets(k8s, namespace)
+
+    return fleets
+
+
+def own_fleets_fixture() -> Any:
+    """A ``fleets`` fixture for tests that start their own operators: the CRD applied, and the
+    test's CRs deleted at the end (after its operators stop), before the namespace.
+
+    Bind it in the module: ``fleets = own_fleets_fixture()``.
+    """
+
+    @pytest.fixture(name="fleets")
+    def fleets(k8s: client.ApiClient, namespace: str, apply_crd: ApplyCrd) -> Iterator[Fleets]:
+        apply_crd(CRD_PATH)
+        yield Fleets(k8s, namespace)
+        delete_fleets(k8s, namespace)
 
     return fleets
 

@@ -5,11 +5,11 @@ read-only (no subPath, so the kubelet updates the keys in place) and points the 
 from __future__ import annotations
 
 import pytest
-from kubernetes import client
 from kubernetes.client.rest import ApiException
 from operator_fixtures import Fleets, Operator, fleets_fixture, load_example, operator_fixture
 
 from support.controlplane import wait_until
+from support.kube_reads import read_or_none
 
 pytestmark = pytest.mark.integration
 
@@ -25,28 +25,18 @@ AUTH = {
 
 
 def test_the_frontend_deployment_mounts_the_auth_secret(operator: Operator, fleets: Fleets) -> None:
-    fleets.core.create_namespaced_secret(
-        fleets.ns,
-        client.V1Secret(
-            metadata=client.V1ObjectMeta(name="fleet-keys"),
-            string_data={"team-a": "sk-team-a-3f9c1e0b7d2a4c68\n"},
-        ),
-    )
+    fleets.create_secret("fleet-keys", {"team-a": "sk-team-a-3f9c1e0b7d2a4c68\n"})
     body = load_example("aggregated", name="authed")
     body["spec"].setdefault("frontend", {})["auth"] = AUTH
     created = fleets.create(body)
     assert created["spec"]["frontend"]["auth"]["secretRefs"] == [{"name": "fleet-keys"}]
     assert created["spec"]["frontend"]["auth"]["pinShare"] == 0.5
 
-    def frontend() -> dict[str, object] | None:
-        try:
-            return fleets.deployment("authed-frontend")
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-
-    deployment = wait_until("authed-frontend Deployment", frontend, timeout_s=90)
+    deployment = wait_until(
+        "authed-frontend Deployment",
+        lambda: read_or_none(lambda: fleets.deployment("authed-frontend")),
+        timeout_s=90,
+    )
     pod = deployment["spec"]["template"]["spec"]  # type: ignore[index]
     (container,) = pod["containers"]
     volumes = {v["name"]: v for v in pod["volumes"]}

@@ -19,6 +19,7 @@ from operator_fixtures import Fleets, Operator, fleets_fixture, load_example, op
 
 from kvretention.controller.resources.autoscaling import EXTERNAL_METRIC
 from support.controlplane import wait_until
+from support.kube_reads import exists
 
 pytestmark = pytest.mark.integration
 
@@ -109,13 +110,7 @@ def check_pool_is_driven_by_its_hpa(
 
 
 def _exists(fleets: Fleets, name: str) -> bool:
-    try:
-        hpa(fleets, name)
-    except client.ApiException as exc:
-        if exc.status == 404:
-            return False
-        raise
-    return True
+    return exists(lambda: hpa(fleets, name))
 
 
 def _true(cond: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -13,6 +13,7 @@ from kubernetes.client.rest import ApiException
 from operator_fixtures import Fleets, Operator, fleets_fixture, load_example, operator_fixture
 
 from support.controlplane import wait_until
+from support.kube_reads import read_or_none
 
 pytestmark = pytest.mark.integration
 
@@ -23,12 +24,7 @@ CODEX = {"configMapKeyRef": {"name": "codex-prompt", "key": "instructions.md"}}
 
 
 def _deployment(fleets: Fleets, name: str) -> dict[str, Any] | None:
-    try:
-        return fleets.deployment(name)
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
+    return read_or_none(lambda: fleets.deployment(name))
 
 
 def test_codex_instructions_are_mounted_and_planning_threads_passed(

@@ -15,6 +15,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from support.controlplane import ApplyCrd, Cluster, wait_until
+from support.crd_bodies import crd_body
+from support.kube_reads import exists
 
 pytestmark = pytest.mark.integration
 
@@ -22,48 +24,21 @@ GROUP = "smoke.kvretention.dev"
 PLURAL = "widgets"
 CEL_MESSAGE = "spec.minReplicas must not exceed spec.replicas"
 
-WIDGET_CRD: dict[str, Any] = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": f"{PLURAL}.{GROUP}"},
-    "spec": {
-        "group": GROUP,
-        "scope": "Namespaced",
-        "names": {"plural": PLURAL, "singular": "widget", "kind": "Widget"},
-        "versions": [
+WIDGET_CRD = crd_body(
+    GROUP,
+    {"plural": PLURAL, "singular": "widget", "kind": "Widget"},
+    spec={
+        "type": "object",
+        "properties": {"replicas": {"type": "integer"}, "minReplicas": {"type": "integer"}},
+        "x-kubernetes-validations": [
             {
-                "name": "v1",
-                "served": True,
-                "storage": True,
-                "subresources": {"status": {}},
-                "schema": {
-                    "openAPIV3Schema": {
-                        "type": "object",
-                        "properties": {
-                            "spec": {
-                                "type": "object",
-                                "properties": {
-                                    "replicas": {"type": "integer"},
-                                    "minReplicas": {"type": "integer"},
-                                },
-                                "x-kubernetes-validations": [
-                                    {
-                                        "rule": "!has(self.minReplicas) || self.minReplicas <= self.replicas",
-                                        "message": CEL_MESSAGE,
-                                    }
-                                ],
-                            },
-                            "status": {
-                                "type": "object",
-                                "properties": {"observedReplicas": {"type": "integer"}},
-                            },
-                        },
-                    }
-                },
+                "rule": "!has(self.minReplicas) || self.minReplicas <= self.replicas",
+                "message": CEL_MESSAGE,
             }
         ],
     },
-}
+    status={"type": "object", "properties": {"observedReplicas": {"type": "integer"}}},
+)
 
 
 def widget(name: str, **spec: int) -> dict[str, Any]:
@@ -130,16 +105,10 @@ def test_deleting_an_owner_garbage_collects_what_it_owns(
     )
     core.delete_namespaced_config_map("owner", namespace, propagation_policy="Background")
 
-    def owned_is_gone() -> bool:
-        try:
-            core.read_namespaced_config_map("owned", namespace)
-        except ApiException as err:
-            if err.status == 404:
-                return True
-            raise
-        return False
-
-    wait_until("the garbage collector to delete ConfigMap owned", owned_is_gone)
+    wait_until(
+        "the garbage collector to delete ConfigMap owned",
+        lambda: not exists(lambda: core.read_namespaced_config_map("owned", namespace)),
+    )
 
 
 def test_cel_rule_rejects_a_bad_object_at_admission(

@@ -21,6 +21,8 @@ from operator_fixtures import GOOD_REPORT, Fleets, Operator, fleets_fixture, loa
 from operator_fixtures import operator_fixture as _operator_fixture
 
 from support.controlplane import ApplyCrd, wait_until
+from support.crd_bodies import crd_body
+from support.kube_reads import exists, read_or_none
 
 pytestmark = pytest.mark.integration
 
@@ -30,75 +32,37 @@ CONDITION = "InferencePoolAccepted"
 
 _STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
 _PRESERVED = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-CRD: dict[str, Any] = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {
-        "name": CRD_NAME,
-        # A *.k8s.io group: the API server wants this annotation on any CRD of it.
-        "annotations": {"api-approved.kubernetes.io": "unapproved, kvretention's own test CRD"},
+CRD = crd_body(
+    GROUP,
+    {
+        "kind": "InferencePool",
+        "listKind": "InferencePoolList",
+        "plural": "inferencepools",
+        "singular": "inferencepool",
     },
-    "spec": {
-        "group": GROUP,
-        "scope": "Namespaced",
-        "names": {
-            "kind": "InferencePool",
-            "listKind": "InferencePoolList",
-            "plural": "inferencepools",
-            "singular": "inferencepool",
-        },
-        "versions": [
-            {
-                "name": "v1",
-                "served": True,
-                "storage": True,
-                "subresources": {"status": {}},
-                "schema": {
-                    "openAPIV3Schema": {
-                        "type": "object",
-                        "properties": {
-                            "spec": {
-                                "type": "object",
-                                "required": ["selector", "targetPorts"],
-                                "properties": {
-                                    "selector": {
-                                        "type": "object",
-                                        "properties": {"matchLabels": _STRING_MAP},
-                                    },
-                                    "targetPorts": {
-                                        "type": "array",
-                                        "minItems": 1,
-                                        "maxItems": 8,
-                                        "items": {
-                                            "type": "object",
-                                            "required": ["number"],
-                                            "properties": {
-                                                "number": {
-                                                    "type": "integer",
-                                                    "minimum": 1,
-                                                    "maximum": 65535,
-                                                }
-                                            },
-                                        },
-                                    },
-                                    "appProtocol": {
-                                        "type": "string",
-                                        "enum": ["http", "kubernetes.io/h2c"],
-                                    },
-                                    "endpointPickerRef": _PRESERVED,
-                                },
-                            },
-                            "status": {
-                                "type": "object",
-                                "properties": {"parents": {"type": "array", "items": _PRESERVED}},
-                            },
-                        },
-                    }
+    # A *.k8s.io group: the API server wants this annotation on any CRD of it.
+    annotations={"api-approved.kubernetes.io": "unapproved, kvretention's own test CRD"},
+    spec={
+        "type": "object",
+        "required": ["selector", "targetPorts"],
+        "properties": {
+            "selector": {"type": "object", "properties": {"matchLabels": _STRING_MAP}},
+            "targetPorts": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": 8,
+                "items": {
+                    "type": "object",
+                    "required": ["number"],
+                    "properties": {"number": {"type": "integer", "minimum": 1, "maximum": 65535}},
                 },
-            }
-        ],
+            },
+            "appProtocol": {"type": "string", "enum": ["http", "kubernetes.io/h2c"]},
+            "endpointPickerRef": _PRESERVED,
+        },
     },
-}
+    status={"type": "object", "properties": {"parents": {"type": "array", "items": _PRESERVED}}},
+)
 
 
 def _delete_crd(k8s: client.ApiClient) -> None:
@@ -109,16 +73,11 @@ def _delete_crd(k8s: client.ApiClient) -> None:
         if exc.status != 404:
             raise
 
-    def gone() -> bool:
-        try:
-            ext.read_custom_resource_definition(CRD_NAME)
-        except ApiException as exc:
-            if exc.status == 404:
-                return True
-            raise
-        return False
-
-    wait_until(f"CRD {CRD_NAME} deleted", gone, timeout_s=60)
+    wait_until(
+        f"CRD {CRD_NAME} deleted",
+        lambda: not exists(lambda: ext.read_custom_resource_definition(CRD_NAME)),
+        timeout_s=60,
+    )
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -136,15 +95,11 @@ fleets = fleets_fixture()
 
 
 def _pool(fleets: Fleets, name: str) -> dict[str, Any] | None:
-    try:
-        obj: dict[str, Any] = fleets.custom.get_namespaced_custom_object(
+    return read_or_none(
+        lambda: fleets.custom.get_namespaced_custom_object(
             GROUP, "v1", fleets.ns, "inferencepools", f"{name}-frontend"
         )
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-    return obj
+    )
 
 
 def test_the_pool_waits_for_its_crd_then_selects_the_frontend_and_reports_its_gateway(
@@ -169,13 +124,7 @@ def test_the_pool_waits_for_its_crd_then_selects_the_frontend_and_reports_its_ga
     children = fleets.children(name)
     assert ("Deployment", f"{name}-frontend") in children
     assert ("Service", f"{name}-frontend") in children
-    fleets.wait_condition(
-        name,
-        "Ready",
-        "True",
-        timeout_s=120,
-        while_waiting=lambda: fleets.inject_probe_reports(name, GOOD_REPORT),
-    )
+    fleets.wait_condition(name, "Ready", "True", timeout_s=120, reporting=GOOD_REPORT)
 
     apply_crd(CRD)
     pool = wait_until(f"InferencePool {name}-frontend", lambda: _pool(fleets, name), timeout_s=150)

@@ -71,12 +71,7 @@ def _ready_fleet(fleets: Fleets, name: str) -> dict[str, Any]:
     fleets.create(_multinode(name))
     fleets.wait_condition(name, "WorkersReady", "True", timeout_s=120)
     fleets.wait_condition(
-        name,
-        "Ready",
-        "True",
-        reason="Ready",
-        timeout_s=120,
-        while_waiting=lambda: fleets.inject_probe_reports(name, GOOD_REPORT),
+        name, "Ready", "True", reason="Ready", timeout_s=120, reporting=GOOD_REPORT
     )
     return fleets.get(name)
 

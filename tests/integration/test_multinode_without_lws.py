@@ -73,12 +73,6 @@ def test_status_names_the_missing_crd_until_lws_is_installed(
     state_dir = start_lws(cluster, tmp_path_factory)
     try:
         fleets.wait_condition(name, "WorkersReady", "True", timeout_s=180)
-        fleets.wait_condition(
-            name,
-            "Ready",
-            "True",
-            timeout_s=120,
-            while_waiting=lambda: fleets.inject_probe_reports(name, GOOD_REPORT),
-        )
+        fleets.wait_condition(name, "Ready", "True", timeout_s=120, reporting=GOOD_REPORT)
     finally:
         stop_lws(cluster, state_dir)

@@ -15,6 +15,7 @@ from kubernetes.client.rest import ApiException
 from operator_fixtures import Fleets, Operator, load_example, operator_fixture
 
 from support.controlplane import wait_until
+from support.kube_reads import exists
 
 pytestmark = pytest.mark.integration
 
@@ -24,13 +25,7 @@ operator = operator_fixture(resync_s=RESYNC_S)
 
 
 def _gone(core: client.CoreV1Api, name: str) -> bool:
-    try:
-        core.read_namespace(name)
-    except ApiException as err:
-        if err.status == 404:
-            return True
-        raise
-    return False
+    return not exists(lambda: core.read_namespace(name))
 
 
 def test_a_deleted_namespace_gets_no_recreate_attempts(

@@ -10,20 +10,25 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
-from operator_fixtures import CRD_PATH, Fleets, Operator, load_example, start_operator
+from operator_fixtures import (
+    Fleets,
+    Operator,
+    load_example,
+    operators_fixture,
+    own_fleets_fixture,
+    replica_sets_per_deployment,
+    start_leader_and_standby,
+)
 
 from kvretention.api.models import KvRetentionDeployment
 from kvretention.controller.leader import LEASE_NAME, election_timings
 from kvretention.controller.resources import build_children
-from support.controlplane import ApplyCrd, Cluster, wait_until
-from support.fleet_cleanup import delete_fleets
+from support.controlplane import Cluster, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -31,22 +36,8 @@ LEASE_S = 4
 RETRY_S = election_timings(LEASE_S)[1]
 
 
-@pytest.fixture
-def fleets(k8s: client.ApiClient, namespace: str, apply_crd: ApplyCrd) -> Iterator[Fleets]:
-    """This test's CRs; deleted at the end (after its operators stop), before the namespace."""
-    apply_crd(CRD_PATH)
-    yield Fleets(k8s, namespace)
-    delete_fleets(k8s, namespace)
-
-
-@pytest.fixture
-def operators() -> Iterator[list[Operator]]:
-    """Operators started by the test; stopped (and their logs printed) at teardown."""
-    started: list[Operator] = []
-    yield started
-    for op in reversed(started):
-        code = op.stop()
-        print(f"--- operator (exit {code}) {op.log_path}:\n{op.process.log()[-3000:]}")
+fleets = own_fleets_fixture()
+operators = operators_fixture()
 
 
 def lease_spec(fleets: Fleets) -> dict[str, Any]:
@@ -61,31 +52,12 @@ def expected_children(fleets: Fleets, name: str) -> set[tuple[str, str]]:
     return {(m["kind"], m["metadata"]["name"]) for m in build_children(cr)}
 
 
-def replica_sets_per_deployment(fleets: Fleets) -> Counter[str]:
-    return Counter(
-        ref.name
-        for rs in fleets.apps.list_namespaced_replica_set(fleets.ns).items
-        for ref in (rs.metadata.owner_references or [])
-        if ref.kind == "Deployment"
-    )
-
-
 def test_standby_takes_over_after_the_leader_is_sigkilled(
     cluster: Cluster, fleets: Fleets, operators: list[Operator], tmp_path: Path
 ) -> None:
-    args = (
-        f"--namespace={fleets.ns}",
-        "--leader-elect",
-        f"--leader-election-namespace={fleets.ns}",
-        f"--lease-duration-seconds={LEASE_S}",
-        "--resync-seconds=3",
+    a, b = start_leader_and_standby(
+        cluster, tmp_path, operators, fleets.ns, f"--lease-duration-seconds={LEASE_S}"
     )
-    a = start_operator(cluster, tmp_path, *args, name="a")
-    operators.append(a)
-    a.wait_ready(role="leader")
-    b = start_operator(cluster, tmp_path, *args, name="b")
-    operators.append(b)
-    b.wait_ready(role="standby")
 
     spec = lease_spec(fleets)
     assert spec["holderIdentity"] == a.readyz()["identity"]

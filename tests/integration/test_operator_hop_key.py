@@ -9,11 +9,11 @@ import base64
 
 import pytest
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 from operator_fixtures import Fleets, Operator, fleets_fixture, load_example, operator_fixture
 
 from kvretention.common.hop_auth import parse_hop_keys
 from support.controlplane import wait_until
+from support.kube_reads import read_or_none
 
 pytestmark = pytest.mark.integration
 
@@ -23,24 +23,13 @@ fleets = fleets_fixture()
 
 
 def secret_or_none(fleets: Fleets, name: str) -> client.V1Secret | None:
-    try:
-        return fleets.core.read_namespaced_secret(name, fleets.ns)
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
+    return read_or_none(lambda: fleets.core.read_namespaced_secret(name, fleets.ns))
 
 
 def test_the_hop_key_is_made_once_kept_across_reconciles_and_goes_with_the_fleet(
     operator: Operator, fleets: Fleets
 ) -> None:
-    fleets.core.create_namespaced_secret(
-        fleets.ns,
-        client.V1Secret(
-            metadata=client.V1ObjectMeta(name="fleet-keys"),
-            string_data={"team-a": "sk-team-a-3f9c1e0b7d2a4c68\n"},
-        ),
-    )
+    fleets.create_secret("fleet-keys", {"team-a": "sk-team-a-3f9c1e0b7d2a4c68\n"})
     body = load_example("aggregated", name="hop")
     body["spec"].setdefault("frontend", {})["auth"] = {"secretRefs": [{"name": "fleet-keys"}]}
     fleet = fleets.create(body)

@@ -6,8 +6,6 @@ Each test starts its own operator(s), watching only the test's namespace.
 from __future__ import annotations
 
 import datetime as dt
-from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,9 @@ from operator_fixtures import (
     Fleets,
     Operator,
     load_example,
+    operators_fixture,
+    replica_sets_per_deployment,
+    start_leader_and_standby,
     start_operator,
 )
 
@@ -38,14 +39,7 @@ def fleets(k8s: client.ApiClient, namespace: str, apply_crd: ApplyCrd) -> Fleets
     return Fleets(k8s, namespace)
 
 
-@pytest.fixture
-def operators(tmp_path: Path) -> Iterator[list[Operator]]:
-    """Operators started by the test; stopped (and their logs printed) at teardown."""
-    started: list[Operator] = []
-    yield started
-    for op in reversed(started):
-        code = op.stop()
-        print(f"--- operator (exit {code}) {op.log_path}:\n{op.process.log()[-3000:]}")
+operators = operators_fixture()
 
 
 def expected_children(ns: str, name: str) -> set[tuple[str, str]]:
@@ -83,31 +77,14 @@ def test_sigkill_mid_reconcile_then_restart_converges_without_duplicates(
         assert set(fleets.children(name)) == expected_children(fleets.ns, name)
 
     # No duplicate or churned rollouts: one ReplicaSet per Deployment.
-    replica_sets = fleets.apps.list_namespaced_replica_set(fleets.ns).items
-    owners = Counter(
-        ref.name
-        for rs in replica_sets
-        for ref in (rs.metadata.owner_references or [])
-        if ref.kind == "Deployment"
-    )
+    owners = replica_sets_per_deployment(fleets)
     assert owners and set(owners.values()) == {1}, owners
 
 
 def test_two_replicas_with_leader_election_do_not_both_act(
     cluster: Cluster, fleets: Fleets, operators: list[Operator], tmp_path: Path
 ) -> None:
-    args = (
-        f"--namespace={fleets.ns}",
-        "--leader-elect",
-        f"--leader-election-namespace={fleets.ns}",
-        "--resync-seconds=3",
-    )
-    a = start_operator(cluster, tmp_path, *args, name="a")
-    operators.append(a)
-    a.wait_ready(role="leader")
-    b = start_operator(cluster, tmp_path, *args, name="b")
-    operators.append(b)
-    b.wait_ready(role="standby")
+    a, b = start_leader_and_standby(cluster, tmp_path, operators, fleets.ns)
 
     lease = client.CoordinationV1Api(fleets.core.api_client).read_namespaced_lease(
         "kvretention-operator", fleets.ns

@@ -12,20 +12,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client
 from operator_fixtures import (
-    CRD_PATH,
     GOOD_REPORT,
     Fleets,
     Operator,
     load_example,
+    own_fleets_fixture,
     start_operator,
 )
 
 from kvretention.api.models import KvRetentionDeployment
 from kvretention.controller.resources import build_children
-from support.controlplane import ApplyCrd, Cluster, wait_until
-from support.fleet_cleanup import delete_fleets
+from support.controlplane import Cluster, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -48,12 +46,7 @@ DISAGGREGATED_ONLY = {
 }
 
 
-@pytest.fixture
-def fleets(k8s: client.ApiClient, namespace: str, apply_crd: ApplyCrd) -> Iterator[Fleets]:
-    """This test's CRs; deleted at the end (after its operators stop), before the namespace."""
-    apply_crd(CRD_PATH)
-    yield Fleets(k8s, namespace)
-    delete_fleets(k8s, namespace)
+fleets = own_fleets_fixture()
 
 
 @pytest.fixture
@@ -124,7 +117,7 @@ def switch_and_converge(
         reason="Ready",
         generation=generation,
         timeout_s=45,
-        while_waiting=lambda: fleets.inject_probe_reports(NAME, GOOD_REPORT),
+        reporting=GOOD_REPORT,
     )
     fleets.wait_condition(
         NAME, "Progressing", "False", reason="Converged", generation=generation, timeout_s=30
@@ -142,12 +135,7 @@ def switch_and_converge(
 def test_switch_aggregated_to_disaggregated_and_back(operator: Operator, fleets: Fleets) -> None:
     fleets.create(load_example("aggregated", name=NAME))
     fleets.wait_condition(
-        NAME,
-        "Ready",
-        "True",
-        reason="Ready",
-        timeout_s=45,
-        while_waiting=lambda: fleets.inject_probe_reports(NAME, GOOD_REPORT),
+        NAME, "Ready", "True", reason="Ready", timeout_s=45, reporting=GOOD_REPORT
     )
     wait_until(
         "the aggregated fleet's objects",

@@ -60,13 +60,7 @@ def test_sample_reaches_ready_with_one_write_per_child_and_none_once_converged(
     fleets.wait_condition(name, "RetentionApplied", "Unknown", reason="ProbePending")
     # Optional policy: serving before the probe report arrives, and says so.
     fleets.wait_condition(name, "Ready", "True", reason="ReadyWithoutKvHints")
-    fleets.wait_condition(
-        name,
-        "Ready",
-        "True",
-        reason="Ready",
-        while_waiting=lambda: fleets.inject_probe_reports(name, GOOD_REPORT),
-    )
+    fleets.wait_condition(name, "Ready", "True", reason="Ready", reporting=GOOD_REPORT)
     applied = fleets.wait_condition(name, "RetentionApplied", "True", reason="Applied")
     assert "--radix-eviction-policy kvretain" in applied["message"]
 
@@ -139,7 +133,7 @@ def test_engine_without_kv_hints_under_required_policy_is_not_ready(
         "KvHintsSupported",
         "False",
         reason="EngineLacksKvHints",
-        while_waiting=lambda: fleets.inject_probe_reports("strict", OLD_ENGINE_REPORT),
+        reporting=OLD_ENGINE_REPORT,
     )
     assert "0.4.6" in cond["message"]
     ready = fleets.wait_condition("strict", "Ready", "False", reason="EngineLacksKvHints")
@@ -161,20 +155,14 @@ def test_stock_image_under_required_policy_is_transport_only_until_the_plugin_lo
         "RetentionApplied",
         "False",
         reason="TransportOnly",
-        while_waiting=lambda: fleets.inject_probe_reports("stock", TRANSPORT_ONLY_REPORT),
+        reporting=TRANSPORT_ONLY_REPORT,
     )
     assert "predates the retention plugin" in cond["message"]
     fleets.wait_condition("stock", "KvHintsSupported", "True")
     ready = fleets.wait_condition("stock", "Ready", "False", reason="TransportOnly")
     assert ready["message"] == cond["message"]
     assert "retentionPlugin" not in fleets.get("stock")["status"]["engine"]
-    fleets.wait_condition(
-        "stock",
-        "Ready",
-        "True",
-        reason="Ready",
-        while_waiting=lambda: fleets.inject_probe_reports("stock", GOOD_REPORT),
-    )
+    fleets.wait_condition("stock", "Ready", "True", reason="Ready", reporting=GOOD_REPORT)
     fleets.wait_condition("stock", "RetentionApplied", "True", reason="Applied")
 
 
@@ -188,6 +176,11 @@ def test_invalid_spec_gets_invalid_spec_and_no_children(operator: Operator, flee
     # Fixing the spec recovers without any restart.
     fleets.patch_spec("bad", {"workers": {"aggregated": {"extraArgs": []}}})
     fleets.wait_condition("bad", "WorkersReady", "True")
+
+
+def master_spec(**master: Any) -> dict[str, Any]:
+    """A spec patch setting fields of the managed Mooncake master."""
+    return {"kvStore": {"mooncake": {"master": master}}}
 
 
 BAD_CRS: list[tuple[str, dict[str, Any], str]] = [
@@ -208,32 +201,20 @@ BAD_CRS: list[tuple[str, dict[str, Any], str]] = [
     ),
     (
         "soft pin default above max",
-        {
-            "kvStore": {
-                "mooncake": {
-                    "master": {"softPin": {"defaultTtlSeconds": 50000, "maxTtlSeconds": 43200}}
-                }
-            }
-        },
+        master_spec(softPin={"defaultTtlSeconds": 50000, "maxTtlSeconds": 43200}),
         "softPin.defaultTtlSeconds must not exceed softPin.maxTtlSeconds",
     ),
     (
         "pins that hold without a budget",
-        {"kvStore": {"mooncake": {"master": {"softPin": {"allowEviction": False}}}}},
+        master_spec(softPin={"allowEviction": False}),
         "softPin.allowEviction false needs softPin.budgetRatio",
     ),
     (
         "pin budget at the high watermark",
-        {
-            "kvStore": {
-                "mooncake": {
-                    "master": {
-                        "eviction": {"highWatermarkRatio": 0.8},
-                        "softPin": {"allowEviction": False, "budgetRatio": 0.8},
-                    }
-                }
-            }
-        },
+        master_spec(
+            eviction={"highWatermarkRatio": 0.8},
+            softPin={"allowEviction": False, "budgetRatio": 0.8},
+        ),
         "softPin.budgetRatio must be below eviction.highWatermarkRatio",
     ),
     ("unknown mode", {"workers": {"mode": "sideways"}}, "Unsupported value"),
@@ -545,10 +526,4 @@ def test_disaggregated_and_external_mooncake_examples_reach_ready(
     assert "mooncake-master.mooncake.svc:50051" in kv["message"]
     assert not any(n.endswith("-mooncake") for (_, n) in fleets.children("qwen-ext"))
     # Required hints (the PD example) with a capable engine: Ready.
-    fleets.wait_condition(
-        "qwen-pd",
-        "Ready",
-        "True",
-        reason="Ready",
-        while_waiting=lambda: fleets.inject_probe_reports("qwen-pd", GOOD_REPORT),
-    )
+    fleets.wait_condition("qwen-pd", "Ready", "True", reason="Ready", reporting=GOOD_REPORT)

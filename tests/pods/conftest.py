@@ -24,6 +24,7 @@ from kubernetes import client
 from kvretention_devtools.localcluster import ClusterError, down, up
 from kvretention_devtools.localcluster.binaries import resolve_bin_dir
 from support.controlplane import Cluster
+from support.kube_fixtures import api_client_for, serving
 
 TIER_ENV = "KVR_PODS_TIER"
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,20 +62,13 @@ def node_cluster(
     if problem is not None:
         down(state_dir)
         pytest.fail(f"real node unavailable: {problem}", pytrace=False)
-    try:
-        yield Cluster(
-            kubeconfig=state.kubeconfig, server=state.server, bin_dir=bin_dir, state_dir=state_dir
-        )
-    finally:
-        # Raises (an error in the last test's teardown) when anything of the node is left.
-        down(state_dir)
+    # Its teardown raises (an error in the last test's teardown) when anything of the node is left.
+    yield from serving(state, bin_dir=bin_dir, state_dir=state_dir)
 
 
 @pytest.fixture(scope="package")
 def node_k8s(node_cluster: Cluster) -> Iterator[client.ApiClient]:
-    api = node_cluster.api_client()
-    yield api
-    api.close()
+    yield from api_client_for(node_cluster)
 
 
 @pytest.fixture(scope="package")

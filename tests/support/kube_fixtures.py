@@ -21,9 +21,10 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from kvretention.api.models import GROUP, PLURAL, VERSION
-from kvretention_devtools.localcluster import ClusterError, down, up
+from kvretention_devtools.localcluster import ClusterError, ClusterState, down, up
 from kvretention_devtools.localcluster.binaries import resolve_bin_dir
 from support.controlplane import ApplyCrd, Cluster, RunningProcess, StartProcess, wait_until
+from support.kube_reads import exists
 
 KUBECONFIG_ENV = "KVR_KUBECONFIG"
 FIELD_MANAGER = "kvr-tests"
@@ -43,6 +44,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     if external:
         yield Cluster.from_kubeconfig(Path(external), bin_dir=bin_dir)
         return
+    yield from serving(state, bin_dir=bin_dir, state_dir=state_dir)
+
+
+def serving(state: ClusterState, *, bin_dir: Path, state_dir: Path) -> Iterator[Cluster]:
+    """The plane ``up`` started, as a :class:`Cluster` for as long as it is used; then ``down``
+    (by pid), which raises where anything of it is left."""
     try:
         yield Cluster(
             kubeconfig=state.kubeconfig, server=state.server, bin_dir=bin_dir, state_dir=state_dir
@@ -51,12 +58,17 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         down(state_dir)
 
 
-@pytest.fixture(scope="session")
-def k8s(cluster: Cluster) -> Iterator[client.ApiClient]:
-    """A Python ``kubernetes`` ApiClient for the session's plane."""
+def api_client_for(cluster: Cluster) -> Iterator[client.ApiClient]:
+    """A Python ``kubernetes`` ApiClient for ``cluster``, closed at the end."""
     api = cluster.api_client()
     yield api
     api.close()
+
+
+@pytest.fixture(scope="session")
+def k8s(cluster: Cluster) -> Iterator[client.ApiClient]:
+    """A Python ``kubernetes`` ApiClient for the session's plane."""
+    yield from api_client_for(cluster)
 
 
 @pytest.fixture
@@ -67,16 +79,10 @@ def namespace(k8s: client.ApiClient, request: pytest.FixtureRequest) -> Iterator
     name = f"{slug}-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": name, "labels": {"kvretention.dev/test": "true"}}})
 
-    def has_default_sa() -> bool:
-        try:
-            core.read_namespaced_service_account("default", name)
-        except ApiException as err:
-            if err.status == 404:
-                return False
-            raise
-        return True
-
-    wait_until(f"ServiceAccount {name}/default", has_default_sa)
+    wait_until(
+        f"ServiceAccount {name}/default",
+        lambda: exists(lambda: core.read_namespaced_service_account("default", name)),
+    )
     yield name
     _delete_fleets(k8s, name)
     core.delete_namespace(name)
