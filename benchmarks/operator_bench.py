@@ -50,7 +50,6 @@ sys.path.insert(0, str(REPO / "tests" / "integration"))
 sys.path.insert(0, str(REPO / "tests"))
 
 from kubernetes import client, watch  # noqa: E402
-from kubernetes.client.exceptions import ApiException  # noqa: E402
 from operator_fixtures import CRD_PATH, Operator, load_example  # noqa: E402
 
 from kvretention.api.models import GROUP, PLURAL, VERSION  # noqa: E402
@@ -60,6 +59,7 @@ from kvretention_devtools.localcluster.binaries import resolve_bin_dir  # noqa: 
 from loadgen import proc_cpu_seconds  # noqa: E402
 from profiling import start_sampler  # noqa: E402
 from support.controlplane import Cluster  # noqa: E402
+from support.kube_reads import exists  # noqa: E402
 
 RESULTS: Final = HERE / "results" / "operator.json"
 CONCURRENCY: Final = KUBE_THREADS
@@ -239,28 +239,49 @@ def control_plane(*, kubeconfig: Path | None, state_dir: Path, nodes: int) -> It
         down(state_dir)
 
 
+def bench_operator(
+    cluster: Cluster, log_dir: Path, ns: str, *, resync_s: float, name: str = "operator"
+) -> Operator:
+    """The operator as every run measures it: one namespace, no leader election, warnings only."""
+    return Operator(
+        cluster,
+        log_dir,
+        f"--namespace={ns}",
+        "--no-leader-elect",
+        f"--resync-seconds={resync_s}",
+        "--log-level=WARNING",
+        name=name,
+    )
+
+
 def wait_for(what: str, check: Callable[[], Any], *, timeout_s: float) -> Any:
+    """Poll ``check`` until it returns something truthy (that value); TimeoutError past
+    ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if result:
-            return result
+    while not (result := check()):
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
         time.sleep(POLL_S)
+    return result
+
+
+def apply(api: client.ApiClient, path: str, manifest: Mapping[str, Any]) -> None:
+    """Server-side apply ``manifest`` at ``path`` as the baseline's field manager, forcing."""
+    call(
+        api,
+        "PATCH",
+        path,
+        query=[("fieldManager", BASELINE_MANAGER), ("force", "true")],
+        body=manifest,
+        content_type="application/apply-patch+yaml",
+    )
 
 
 def apply_crd(api: client.ApiClient) -> None:
     ext: Any = client.ApiextensionsV1Api(api)
     body = yaml.safe_load(CRD_PATH.read_text())
     name = body["metadata"]["name"]
-    ext.patch_custom_resource_definition(
-        name,
-        body,
-        field_manager=BASELINE_MANAGER,
-        force=True,
-        _content_type="application/apply-patch+yaml",
-    )
+    apply(api, f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}", body)
 
     def established() -> bool:
         conds = ext.read_custom_resource_definition(name).status.conditions or []
@@ -275,14 +296,9 @@ def make_namespace(api: client.ApiClient, name: str) -> None:
     core.create_namespace({"metadata": {"name": name, "labels": {"kvretention.dev/bench": "true"}}})
 
     def ready() -> bool:
-        try:
-            core.read_namespaced_service_account("default", name)
-            core.read_namespaced_config_map("kube-root-ca.crt", name)
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return True
+        return exists(lambda: core.read_namespaced_service_account("default", name)) and exists(
+            lambda: core.read_namespaced_config_map("kube-root-ca.crt", name)
+        )
 
     wait_for(f"namespace {name}", ready, timeout_s=60)
 
@@ -324,18 +340,8 @@ def object_path(manifest: Mapping[str, Any]) -> str:
 def bulk_apply(api: client.ApiClient, manifests: list[dict[str, Any]]) -> None:
     """Server-side apply every manifest, ``CONCURRENCY`` at a time, with the Python client."""
 
-    def one(manifest: dict[str, Any]) -> None:
-        call(
-            api,
-            "PATCH",
-            object_path(manifest),
-            query=[("fieldManager", BASELINE_MANAGER), ("force", "true")],
-            body=manifest,
-            content_type="application/apply-patch+yaml",
-        )
-
     with ThreadPoolExecutor(CONCURRENCY) as pool:
-        list(pool.map(one, manifests))
+        list(pool.map(lambda m: apply(api, object_path(m), m), manifests))
 
 
 def deployments_ready(api: client.ApiClient, namespace: str, *, expect: int) -> bool:
@@ -430,14 +436,7 @@ def run_operator(
 ) -> dict[str, Any]:
     ns = f"bench-op-{n}"
     make_namespace(api, ns)
-    op = Operator(
-        cluster,
-        log_dir,
-        f"--namespace={ns}",
-        "--no-leader-elect",
-        f"--resync-seconds={resync_s}",
-        "--log-level=WARNING",
-    )
+    op = bench_operator(cluster, log_dir, ns, resync_s=resync_s)
     try:
         op.wait_ready(timeout_s=120)
         result = _measure_operator(
@@ -475,15 +474,7 @@ def measure_restart(
     before = apiserver_requests(api)
     updates_before = cr_updates(api)
     started = time.monotonic()
-    op = Operator(
-        cluster,
-        log_dir,
-        f"--namespace={ns}",
-        "--no-leader-elect",
-        "--resync-seconds=3600",
-        "--log-level=WARNING",
-        name="operator-restarted",
-    )
+    op = bench_operator(cluster, log_dir, ns, resync_s=3600, name="operator-restarted")
     try:
         op.wait_ready(timeout_s=120)
         wait_for(
