@@ -265,6 +265,16 @@ async def reconcile_unserved(fake: FakeKube, c: Controller, kind: str) -> None:
         make_ready(fake)
 
 
+async def reconciled_with_frontend(fake: FakeKube, frontend: Mapping[str, Any]) -> Controller:
+    """The aggregated example with ``frontend`` fields added to its spec, reconciled once."""
+    body = load_example("aggregated")
+    body["spec"].setdefault("frontend", {}).update(frontend)
+    fake.put(CR_KIND, body)
+    c = controller(fake)
+    await c.reconcile(("ns", "qwen"))
+    return c
+
+
 def condition_messages(body: Mapping[str, Any]) -> dict[str, tuple[str, str, str]]:
     """Each condition's (status, reason, message), by type."""
     return {

@@ -16,9 +16,13 @@ from fake_kube import (
     FakeKube,
     FakeMaster,
     FakeWorkers,
+    condition_messages,
+    controller,
     fake,
     load_example,
     make_ready,
+    master_only_controller,
+    reconciled_with_frontend,
 )
 
 from kvretention.api.names import FIELD_MANAGER
@@ -41,7 +45,7 @@ def _dry_runs(c: Controller) -> float:
 
 
 def _indexed(fake: FakeKube) -> Controller:
-    c = Controller(fake, clock=lambda: NOW, read_kvstore=FakeMaster())  # type: ignore[arg-type]
+    c = master_only_controller(fake)
     c.bind(FakeIndices(fake))
     return c
 
@@ -65,7 +69,7 @@ async def test_deleting_a_fleet_keeps_what_is_known_of_a_fleet_its_name_prefixes
 ) -> None:
     _fleet(fake, "mm")
     _fleet(fake, "mm-b")
-    c = Controller(fake, clock=lambda: NOW, read_kvstore=FakeMaster())  # type: ignore[arg-type]
+    c = master_only_controller(fake)
     await _converge(c, fake, "mm", "mm-b")
     before = _dry_runs(c)
     c.observe(("ns", "mm"), deleted=True)
@@ -262,7 +266,7 @@ async def test_a_namespace_being_deleted_gets_no_recreate_attempts(fake: FakeKub
     """Creates there are refused (403, cause NamespaceTerminating): the reconcile stops without
     a retry, a status write or an Event, and later ones apply nothing until the fleet is gone."""
     fake.put(CR_KIND, load_example("aggregated"))
-    c = Controller(fake, clock=lambda: NOW, read_kvstore=FakeMaster())  # type: ignore[arg-type]
+    c = master_only_controller(fake)
     await _converge(c, fake, "qwen")
     real_apply = fake.apply
     applies: list[str] = []
@@ -343,8 +347,7 @@ def _worker_pod(name: str, *, ip: str) -> dict[str, Any]:
 
 
 def _condition(fake: FakeKube, type_: str) -> tuple[str, str, str]:
-    c = next(c for c in fake.cr()["status"]["conditions"] if c["type"] == type_)
-    return c["status"], c["reason"], c["message"]
+    return condition_messages(fake.cr())[type_]
 
 
 async def test_hook_failures_read_from_the_workers_turn_into_a_condition_and_an_event(
@@ -380,11 +383,7 @@ async def test_hook_failures_read_from_the_workers_turn_into_a_condition_and_an_
 
 
 async def test_a_missing_auth_secret_is_named_until_the_frontend_is_ready(fake: FakeKube) -> None:
-    body = load_example("aggregated")
-    body["spec"].setdefault("frontend", {})["auth"] = {"secretRefs": [{"name": "fleet-keys"}]}
-    fake.put(CR_KIND, body)
-    c = Controller(fake, clock=lambda: NOW, read_kvstore=FakeMaster(), read_worker=FakeWorkers())  # type: ignore[arg-type]
-    await c.reconcile(("ns", "qwen"))
+    c = await reconciled_with_frontend(fake, {"auth": {"secretRefs": [{"name": "fleet-keys"}]}})
     status, reason, message = _condition(fake, "FrontendReady")
     assert (status, reason) == ("False", "AuthSecretMissing")
     assert "Secret fleet-keys not found in namespace ns" in message
@@ -416,6 +415,6 @@ async def test_an_unreadable_secret_leaves_the_frontend_reason_alone(fake: FakeK
         raise k.ApiError(403, "secrets is forbidden", what="GET secrets")
 
     fake.exists = forbidden  # type: ignore[method-assign]
-    c = Controller(fake, clock=lambda: NOW, read_kvstore=FakeMaster(), read_worker=FakeWorkers())  # type: ignore[arg-type]
+    c = controller(fake)
     assert await c.reconcile(("ns", "qwen")) == "ok"
     assert _condition(fake, "FrontendReady")[1] != "AuthSecretMissing"

@@ -9,7 +9,15 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from fake_kube import NOW, FakeKube, FakeMaster, FakeWorkers, fake, load_example, make_ready
+from fake_kube import (
+    FakeKube,
+    condition_messages,
+    controller,
+    fake,
+    load_example,
+    make_ready,
+    reconciled_with_frontend,
+)
 
 from kvretention.api.models import KvRetentionDeployment, SpecError
 from kvretention.api.spec_workers import DEFAULT_PLANNING_THREADS
@@ -20,7 +28,6 @@ from kvretention.controller.conditions import (
     Verdict,
     check_codex_instructions,
 )
-from kvretention.controller.executor import Controller
 from kvretention.controller.resources import build_children
 from kvretention.controller.resources.checks import check_spec
 from kvretention.controller.resources.frontend import build_frontend_command
@@ -220,18 +227,13 @@ def test_check_codex_instructions(frontend: Verdict, missing: str | None, reason
 
 
 def _condition(fake: FakeKube, type_: str) -> tuple[str, str, str]:
-    c = next(c for c in fake.cr()["status"]["conditions"] if c["type"] == type_)
-    return c["status"], c["reason"], c["message"]
+    return condition_messages(fake.cr())[type_]
 
 
 async def test_a_missing_codex_configmap_or_key_is_named_until_the_frontend_is_ready(
     fake: FakeKube,
 ) -> None:
-    cr = load_example("aggregated")
-    cr["spec"].setdefault("frontend", {})["codexInstructions"] = CODEX
-    fake.put(CR_KIND, cr)
-    c = Controller(fake, clock=lambda: NOW, read_kvstore=FakeMaster(), read_worker=FakeWorkers())  # type: ignore[arg-type]
-    await c.reconcile(("ns", "qwen"))
+    c = await reconciled_with_frontend(fake, {"codexInstructions": CODEX})
     status, reason, message = _condition(fake, "FrontendReady")
     assert (status, reason) == ("False", "CodexInstructionsMissing")
     assert "ConfigMap codex-prompt not found in namespace ns" in message
@@ -293,6 +295,6 @@ async def test_an_unreadable_configmap_leaves_the_frontend_reason_alone(fake: Fa
         return await real(kind, ns, name)
 
     fake.get_or_none = forbidden  # type: ignore[method-assign]
-    c = Controller(fake, clock=lambda: NOW, read_kvstore=FakeMaster(), read_worker=FakeWorkers())  # type: ignore[arg-type]
+    c = controller(fake)
     assert await c.reconcile(("ns", "qwen")) == "ok"
     assert _condition(fake, "FrontendReady")[1] != "CodexInstructionsMissing"
