@@ -130,15 +130,23 @@ def apiserver_requests(api: client.ApiClient) -> dict[tuple[str, ...], float]:
     return out
 
 
+def _deltas(
+    before: Mapping[tuple[str, ...], float], after: Mapping[tuple[str, ...], float]
+) -> Iterator[tuple[tuple[str, ...], float]]:
+    """Each request counter's key and its increase between two snapshots, where it moved."""
+    for key, value in after.items():
+        delta = value - before.get(key, 0.0)
+        if delta:
+            yield key, delta
+
+
 def owned_writes(
     before: Mapping[tuple[str, ...], float], after: Mapping[tuple[str, ...], float]
 ) -> dict[str, float]:
     """Persisted APPLY/DELETE requests on the operator's kinds between two snapshots, by resource."""
     out: dict[str, float] = {}
-    for key, value in after.items():
-        verb, dry_run, group, resource, sub = key
-        delta = value - before.get(key, 0.0)
-        if delta and verb in WRITE_VERBS and not dry_run and (group, resource, sub) in OWNED:
+    for (verb, dry_run, group, resource, sub), delta in _deltas(before, after):
+        if verb in WRITE_VERBS and not dry_run and (group, resource, sub) in OWNED:
             label = f"{verb} {resource}{'/' + sub if sub else ''}"
             out[label] = out.get(label, 0.0) + delta
     return out
@@ -183,10 +191,8 @@ def reads_by(
     before: Mapping[tuple[str, ...], float], after: Mapping[tuple[str, ...], float]
 ) -> dict[str, float]:
     out: dict[str, float] = {}
-    for key, value in after.items():
-        verb, _, _, resource, sub = key
-        delta = value - before.get(key, 0.0)
-        if not delta or verb not in ("GET", "LIST") or resource not in READ_RESOURCES or sub:
+    for (verb, _, _, resource, sub), delta in _deltas(before, after):
+        if verb not in ("GET", "LIST") or resource not in READ_RESOURCES or sub:
             continue
         if verb == "LIST" and resource == PLURAL:
             continue
