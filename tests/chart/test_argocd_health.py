@@ -72,16 +72,14 @@ def health(lua: str, obj: dict[str, Any]) -> tuple[str, str]:
 CASES_FILE = Path(__file__).with_name("argocd_health_cases.yaml")
 
 
-def cond(
-    ctype: str, status: str, reason: str = "", message: str = "", gen: int = 2
-) -> dict[str, Any]:
-    return {
-        "type": ctype,
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "observedGeneration": gen,
-    }
+CONDITION_FIELDS = ("type", "status", "reason", "message", "observedGeneration")
+CONDITION_DEFAULTS = ("", "", 2)  # reason, message, observedGeneration
+
+
+def cond(row: list[Any]) -> dict[str, Any]:
+    """A condition from a case's row: type and status, then what the defaults leave out."""
+    values = [*row, *CONDITION_DEFAULTS[len(row) - 2 :]]
+    return dict(zip(CONDITION_FIELDS, values, strict=True))
 
 
 def kvrd(status: dict[str, Any] | None, generation: int = 2) -> dict[str, Any]:
@@ -102,7 +100,7 @@ def load_cases() -> list[Any]:
     for case in yaml.safe_load(CASES_FILE.read_text()):
         status = case.get("status")
         if status:
-            status = {**status, "conditions": [cond(*c) for c in status["conditions"]]}
+            status = {**status, "conditions": [cond(c) for c in status["conditions"]]}
         params.append(pytest.param(kvrd(status), *case["expect"], id=case["id"]))
     return params
 
