@@ -282,14 +282,41 @@ def condition_messages(body: Mapping[str, Any]) -> dict[str, tuple[str, str, str
     }
 
 
-def fleet_deployment(name: str, component: str) -> dict[str, Any]:
-    """A one-replica Deployment of fleet ``f`` as a builder renders it, reduced to its labels."""
+def fleet_deployment(name: str, component: str, replicas: int = 1) -> dict[str, Any]:
+    """A Deployment of fleet ``f`` as a builder renders it, reduced to its labels and replicas."""
     labels = {LABEL_COMPONENT: component}
+    selector = {"matchLabels": {LABEL_INSTANCE: "f", **labels}}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": name, "labels": labels},
-        "spec": {"replicas": 1, "selector": {"matchLabels": {LABEL_INSTANCE: "f", **labels}}},
+        "spec": {"replicas": replicas, "selector": selector},
+    }
+
+
+def live(
+    name: str,
+    *,
+    replicas: int = 1,
+    ready: int = 1,
+    updated: int | None = None,
+    available: int | None = None,
+    generation: int = 1,
+    observed: int = 1,
+    conditions: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """A Deployment as the API server shows it: ``ready`` of ``replicas`` ready (and, unless
+    given, as many available and all updated) at ``observed`` of ``generation``."""
+    return {
+        "metadata": {"name": name, "generation": generation},
+        "status": {
+            "replicas": replicas,
+            "readyReplicas": ready,
+            "updatedReplicas": replicas if updated is None else updated,
+            "availableReplicas": ready if available is None else available,
+            "observedGeneration": observed,
+            "conditions": conditions or [],
+        },
     }
 
 

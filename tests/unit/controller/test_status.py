@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import pytest
+from fake_kube import fleet_deployment, live
 
 from kvretention.api.models import KvRetentionDeploymentStatus
 from kvretention.api.names import CONDITION_TYPES
@@ -36,42 +37,6 @@ GOOD_REPORT = HINTS_REPORT
 OLD_ENGINE_REPORT = old_engine(GOOD_REPORT)
 
 
-def deployment(name: str, component: str, replicas: int = 1) -> dict[str, Any]:
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "labels": {LABEL: component}},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app.kubernetes.io/instance": "f", LABEL: component}},
-        },
-    }
-
-
-def live(
-    name: str,
-    *,
-    replicas: int = 1,
-    ready: int = 1,
-    updated: int | None = None,
-    available: int | None = None,
-    generation: int = 1,
-    observed: int = 1,
-    conditions: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name, "generation": generation},
-        "status": {
-            "replicas": replicas,
-            "readyReplicas": ready,
-            "updatedReplicas": replicas if updated is None else updated,
-            "availableReplicas": ready if available is None else available,
-            "observedGeneration": observed,
-            "conditions": conditions or [],
-        },
-    }
-
-
 def pod(name: str, message: str | None, *, in_last_state: bool = False) -> dict[str, Any]:
     terminated = {"exitCode": 0, "message": message} if message is not None else {}
     state = {"terminated": terminated} if terminated else {"running": {}}
@@ -82,10 +47,10 @@ def pod(name: str, message: str | None, *, in_last_state: bool = False) -> dict[
 
 
 AGGREGATED = [
-    deployment("f-frontend", "frontend"),
-    deployment("f-router", "router"),
-    deployment("f-worker", "worker", 2),
-    deployment("f-mooncake", "mooncake-master"),
+    fleet_deployment("f-frontend", "frontend"),
+    fleet_deployment("f-router", "router"),
+    fleet_deployment("f-worker", "worker", 2),
+    fleet_deployment("f-mooncake", "mooncake-master"),
     {
         "apiVersion": "v1",
         "kind": "Service",
@@ -94,10 +59,10 @@ AGGREGATED = [
     },
 ]
 DISAGGREGATED = [
-    deployment("f-frontend", "frontend"),
-    deployment("f-router", "router"),
-    deployment("f-prefill", "worker-prefill", 1),
-    deployment("f-decode", "worker-decode", 3),
+    fleet_deployment("f-frontend", "frontend"),
+    fleet_deployment("f-router", "router"),
+    fleet_deployment("f-prefill", "worker-prefill", 1),
+    fleet_deployment("f-decode", "worker-decode", 3),
 ]
 
 
@@ -259,7 +224,7 @@ GOOD_PODS = [pod("f-worker-a", json.dumps(GOOD_REPORT)), pod("f-worker-b", json.
         ),
         (
             "workers scaled to zero",
-            fleet([*AGGREGATED[:2], deployment("f-worker", "worker", 0), *AGGREGATED[3:]]),
+            fleet([*AGGREGATED[:2], fleet_deployment("f-worker", "worker", 0), *AGGREGATED[3:]]),
             {**all_ready(AGGREGATED), "f-worker": live("f-worker", replicas=0, ready=0)},
             [],
             {
@@ -271,7 +236,7 @@ GOOD_PODS = [pod("f-worker-a", json.dumps(GOOD_REPORT)), pod("f-worker-b", json.
         ),
         (
             "frontend scaled to zero",
-            fleet([deployment("f-frontend", "frontend", 0), *AGGREGATED[1:]]),
+            fleet([fleet_deployment("f-frontend", "frontend", 0), *AGGREGATED[1:]]),
             {**all_ready(AGGREGATED), "f-frontend": live("f-frontend", replicas=0, ready=0)},
             GOOD_PODS,
             {
@@ -285,7 +250,7 @@ GOOD_PODS = [pod("f-worker-a", json.dumps(GOOD_REPORT)), pod("f-worker-b", json.
             fleet(
                 [
                     *DISAGGREGATED[:2],
-                    deployment("f-prefill", "worker-prefill", 0),
+                    fleet_deployment("f-prefill", "worker-prefill", 0),
                     DISAGGREGATED[3],
                 ],
                 external="m:1",
@@ -478,10 +443,10 @@ def test_one_bad_pod_among_good_ones_fails_the_check() -> None:
 
 
 def test_observe_workload_defaults_replicas_to_one_and_reads_live_status() -> None:
-    manifest = deployment("d", "router")
+    manifest = fleet_deployment("d", "router")
     del manifest["spec"]["replicas"]
     assert observe_workload(manifest, None).desired == 1
-    w = observe_workload(deployment("d", "router", 2), live("d", replicas=2, ready=2))
+    w = observe_workload(fleet_deployment("d", "router", 2), live("d", replicas=2, ready=2))
     assert (w.exists, w.ready, w.rolled_out) == (True, 2, True)
 
 
@@ -489,7 +454,7 @@ def test_observe_workload_defaults_replicas_to_one_and_reads_live_status() -> No
 def test_an_autoscaled_workload_wants_what_its_hpa_set(
     live_replicas: int, ready: int, healthy: bool
 ) -> None:
-    manifest = deployment("d", "worker")
+    manifest = fleet_deployment("d", "worker")
     del manifest["spec"]["replicas"]  # as the operator applies an autoscaled pool
     body = live("d", replicas=live_replicas, ready=ready)
     body["spec"] = {"replicas": live_replicas}

@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from fake_kube import fleet_deployment, live
 
 from kvretention.api.models import KvRetentionDeploymentStatus
 from kvretention.controller.conditions import PROBLEM_REASONS
@@ -275,45 +276,11 @@ def test_a_long_message_is_clipped() -> None:
 # -- a fleet ---------------------------------------------------------------------------------------
 
 
-def deployment(name: str, component: str, replicas: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "labels": {COMPONENT: component}},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {INSTANCE: "f", COMPONENT: component}},
-        },
-    }
-
-
-def live(
-    name: str,
-    *,
-    replicas: int,
-    ready: int,
-    updated: int | None = None,
-    available: int | None = None,
-    conditions: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name, "generation": 1},
-        "status": {
-            "observedGeneration": 1,
-            "replicas": replicas,
-            "readyReplicas": ready,
-            "updatedReplicas": replicas if updated is None else updated,
-            "availableReplicas": ready if available is None else available,
-            "conditions": conditions or [],
-        },
-    }
-
-
 DESIRED = [
-    deployment("f-frontend", "frontend", 1),
-    deployment("f-router", "router", 1),
-    deployment("f-worker", "worker", 2),
-    deployment("f-mooncake", "mooncake-master", 1),
+    fleet_deployment("f-frontend", "frontend", 1),
+    fleet_deployment("f-router", "router", 1),
+    fleet_deployment("f-worker", "worker", 2),
+    fleet_deployment("f-mooncake", "mooncake-master", 1),
 ]
 READY = {
     "f-frontend": live("f-frontend", replicas=1, ready=1),
@@ -527,10 +494,10 @@ def test_a_deadline_the_deployment_controller_declared_stops_progressing() -> No
 
 def test_each_worker_pool_has_its_own_reason() -> None:
     desired = [
-        deployment("f-frontend", "frontend", 1),
-        deployment("f-router", "router", 1),
-        deployment("f-prefill", "worker-prefill", 1),
-        deployment("f-decode", "worker-decode", 2),
+        fleet_deployment("f-frontend", "frontend", 1),
+        fleet_deployment("f-router", "router", 1),
+        fleet_deployment("f-prefill", "worker-prefill", 1),
+        fleet_deployment("f-decode", "worker-decode", 2),
     ]
     fleet = replace(FLEET, desired=desired, kvstore_external="m:1")
     deployments = {
