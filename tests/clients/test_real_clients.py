@@ -10,6 +10,7 @@ stand-in answers with text (no marker in a tool result's turn), so the client fi
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import uuid
@@ -340,3 +341,103 @@ def test_no_whitespace_only_text_comes_back_before_a_tool_call(
     """The answer before a tool call had no text: the client must not replay an empty one."""
     run: Run = request.getfixturevalue(name)
     assert [t for t in _assistant_texts(run) if not t.strip()] == [], run.failure()
+
+
+# ------------------------------------------------------------------ model discovery
+
+FLEET_INSTRUCTIONS = "You are the kvretention fleet's coding agent. Keep answers short."
+"""What the fleet's Codex catalog serves as ``base_instructions`` (``--codex-instructions-file``)."""
+CODEX_OWN_PROMPT = "You are a coding agent running in the Codex CLI"
+
+
+def _served_name(plane: RenderedPlane) -> str:
+    """The frontend's ``--model`` (the name the fleet serves)."""
+    args = plane.frontend_args
+    for i, arg in enumerate(args):
+        if arg == "--model":
+            return args[i + 1]
+        if arg.startswith("--model="):
+            return arg.partition("=")[2]
+    raise AssertionError(f"no --model in {args}")
+
+
+def _say_hello(token: str) -> str:
+    return f"Say hello ({token})."
+
+
+@pytest.fixture(scope="module")
+def claude_discovering(
+    fleet: Fleet, clients: dict[str, Client], codex: Run, tmp_path_factory: pytest.TempPathFactory
+) -> Run:
+    """Claude Code with its gateway model discovery switched on (after the default runs)."""
+    launch = functools.partial(
+        run_claude, extra_env={"CLAUDE_CODE_ENABLE_GATEWAY_MODEL_DISCOVERY": "1"}
+    )
+    tmp = tmp_path_factory.mktemp("claude-discovery")
+    return _run(fleet, clients["claude"], launch, _say_hello, tmp)
+
+
+@pytest.fixture(scope="module")
+def codex_with_catalog(
+    fleet: Fleet,
+    clients: dict[str, Client],
+    start: StartKvretention,
+    claude_discovering: Run,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Run]:
+    """Codex with the provider's model catalog on, against a second frontend of the same fleet
+    that serves Codex's catalog (``frontend.codexInstructions`` in a CR)."""
+    tmp = tmp_path_factory.mktemp("codex-catalog")
+    instructions = tmp / "instructions.md"
+    instructions.write_text(FLEET_INSTRUCTIONS)
+    frontend = start(
+        [
+            *fleet.plane.frontend_args,
+            "--codex-instructions-file",
+            str(instructions),
+            "--trace-file",
+            str(fleet.plane.frontend_trace),
+        ]
+    )
+    recorder = Recorder(frontend.base_url)
+    recorder.start()
+    try:
+        launch = functools.partial(run_codex, catalog=True)
+        yield _run(Fleet(fleet.plane, recorder), clients["codex"], launch, _say_hello, tmp)
+    finally:
+        recorder.stop()
+        frontend.stop()
+
+
+def test_claude_code_discovers_the_fleets_models(claude_discovering: Run, fleet: Fleet) -> None:
+    run = claude_discovering
+    assert run.result.returncode == 0, run.failure()
+    asked = [e for e in run.exchanges if e.method == "GET" and e.path == "/v1/models?limit=1000"]
+    assert asked, run.failure()
+    assert asked[0].status == 200, asked[0].answer
+    listed = [m["id"] for m in json.loads(asked[0].answer)["data"]]
+    assert _served_name(fleet.plane) in listed
+
+
+def test_codex_takes_the_fleets_catalog_model_and_instructions(
+    codex_with_catalog: Run, fleet: Fleet
+) -> None:
+    """With the catalog, Codex asks for it, defaults to its first model (the served name) and
+    sends the fleet's instructions in place of its own prompt."""
+    run = codex_with_catalog
+    assert run.result.returncode == 0, run.failure()
+    asked = [e for e in run.exchanges if e.method == "GET" and e.path.startswith("/v1/models?")]
+    assert asked, run.failure()
+    assert asked[0].status == 200, asked[0].answer
+    assert f"client_version={run.client.version}" in asked[0].path
+    turns = [
+        e
+        for e in run.exchanges
+        if e.path.split("?")[0] == "/v1/responses" and isinstance(e.body, dict)
+    ]
+    assert turns, run.failure()
+    for e in turns:
+        assert e.body["model"] == _served_name(fleet.plane)
+        sent = json.dumps(e.body)
+        assert FLEET_INSTRUCTIONS in sent
+        assert CODEX_OWN_PROMPT not in sent

@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -163,13 +164,16 @@ def run_claude(
     workdir: Path,
     home: Path,
     key: str = "kvretention-test",
+    extra_env: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``claude -p PROMPT`` with Claude Code's defaults, against ``base_url``."""
+    """``claude -p PROMPT`` with Claude Code's defaults (and ``extra_env``: a user's switches),
+    against ``base_url``."""
     env = {
         **_base_env(home),
         **CLAUDE_OFFLINE,
         "ANTHROPIC_BASE_URL": base_url,
         "ANTHROPIC_API_KEY": key,
+        **(extra_env or {}),
     }
     return subprocess.run(
         [str(client.binary), "-p", prompt],
@@ -183,15 +187,23 @@ def run_claude(
     )
 
 
-def codex_config(base_url: str) -> str:
-    """The README's ``config.toml``: a model provider on the fleet's Responses API."""
-    return (
-        'model_provider = "kvretention"\n\n'
+def codex_config(base_url: str, *, catalog: bool = False) -> str:
+    """The README's ``config.toml``: a model provider on the fleet's Responses API; ``catalog``:
+    the provider's model discovery on (its ``model_catalog_url`` and the feature switch that 0.171.0
+    needs, docs/frontend.md)."""
+    provider = (
         "[model_providers.kvretention]\n"
         'name = "kvretention fleet"\n'
         f'base_url = "{base_url}/v1"\n'
         'wire_api = "responses"\n'
         f'env_key = "{CODEX_KEY_ENV}"\n'
+    )
+    if not catalog:
+        return f'model_provider = "kvretention"\n\n{provider}'
+    return (
+        'model_provider = "kvretention"\n\n'
+        f'{provider}model_catalog_url = "{base_url}/v1/models"\n\n'
+        "[features]\napi_key_model_discovery = true\n"
     )
 
 
@@ -203,11 +215,13 @@ def run_codex(
     workdir: Path,
     home: Path,
     key: str = "kvretention-test",
+    catalog: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    """``codex exec PROMPT`` with Codex's defaults (model, tools, sandbox), against ``base_url``."""
+    """``codex exec PROMPT`` with Codex's defaults (model, tools, sandbox), against ``base_url``;
+    ``catalog``: with the fleet's model catalog (:func:`codex_config`)."""
     codex_home = home / "codex"
     codex_home.mkdir(parents=True, exist_ok=True)
-    (codex_home / "config.toml").write_text(codex_config(base_url))
+    (codex_home / "config.toml").write_text(codex_config(base_url, catalog=catalog))
     env = {**_base_env(home), "CODEX_HOME": str(codex_home), CODEX_KEY_ENV: key}
     return subprocess.run(
         [str(client.binary), "exec", "--skip-git-repo-check", prompt],

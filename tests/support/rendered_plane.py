@@ -47,6 +47,9 @@ class RenderedPlane:
     engine_records: dict[str, Path]
     commands: dict[str, list[str]] = field(default_factory=dict)
     """The rendered commands, as the operator wrote them (before the loopback changes)."""
+    frontend_args: list[str] = field(default_factory=list)
+    """The frontend's arguments here (after the loopback changes, without its trace file): another
+    frontend on the same router starts from them."""
 
     def trace(self) -> list[dict[str, Any]]:
         """The frontend's trace: one entry per request (``request_id``, outcome, status, ...)."""
@@ -211,4 +214,5 @@ def start_rendered_plane(
         frontend_trace=trace,
         engine_records={} if engine == "cpu" else records,
         commands=commands,
+        frontend_args=frontend_args,
     )
