@@ -42,7 +42,16 @@ pause_key=$( { cat "$pause_src" 2>/dev/null; gcc --version 2>/dev/null | head -1
 # nvidia-* ones); the operator and runtime images take the package's own dependencies from it.
 wheel_reqs=(setuptools'>=77' '.[cpu-engine]' 'jinja2==3.1.6')
 nodeps_reqs=('sglang==0.5.23' 'mooncake-transfer-engine==0.3.13.post1')
-wheels_key=$( { cat "$root/pyproject.toml"; printf '%s\n' "${wheel_reqs[@]}" "${nodeps_reqs[@]}"; } | sha)
+# What pip reads of pyproject.toml (its [build-system] and [project] tables): a tool setting (pytest,
+# ruff, mypy) never rebuilds the wheelhouse or the dependency image.
+project_tables() {
+  local py="$venv/bin/python"
+  [[ -x "$py" ]] || py=python3
+  "$py" -c 'import json, sys, tomllib
+doc = tomllib.load(open(sys.argv[1], "rb"))
+print(json.dumps({k: doc.get(k) for k in ("build-system", "project")}, sort_keys=True))' "$root/pyproject.toml"
+}
+wheels_key=$( { project_tables; printf '%s\n' "${wheel_reqs[@]}" "${nodeps_reqs[@]}"; } | sha)
 # README.md goes into the wheel's metadata only: an edit to it does not rebuild the images.
 src_key=$(files_hash pyproject.toml operator)
 # The CPU worker image carries the TEST-ONLY libcuda stand-in (and PyPI's libcudart) so a real
@@ -57,11 +66,13 @@ else
 fi
 cuda_key=$(cat "$cuda_standin/libcuda.so.1" "$cuda_standin/libcudart.so.12" | sha)
 worker_dockerfile="$root/images/worker/Dockerfile"
-# The CPU worker's dependency image: only what its Dockerfile stage reads (pyproject.toml, the tiny
-# model's builder, the sgl_kernel shim), the stage itself, the wheelhouse and the libcuda stand-in.
+# The CPU worker's dependency image: only what its Dockerfile stage reads (pyproject.toml's tables,
+# the tiny model's builder, the sgl_kernel shim), the stage itself, the wheelhouse and the libcuda
+# stand-in.
 deps_key=$( {
   echo "$base_key $wheels_key $cuda_key"
-  files_hash pyproject.toml operator/kvretention/__init__.py operator/kvretention/dataplane/__init__.py \
+  project_tables
+  files_hash operator/kvretention/__init__.py operator/kvretention/dataplane/__init__.py \
     operator/kvretention/dataplane/worker/__init__.py operator/kvretention/dataplane/worker/cpu \
     images/worker/cpu-shim
   sed -n '/ AS cpu-deps$/,/^# Stage 2/p' "$worker_dockerfile"

@@ -7,7 +7,10 @@ build, and the fleet the demo and the pods tier apply serves the tiny model the 
 from __future__ import annotations
 
 import re
+import subprocess
+from pathlib import Path
 
+import pytest
 import yaml
 from chartlib import ROOT
 
@@ -65,6 +68,7 @@ def test_the_dependency_image_is_keyed_apart_from_the_package_source() -> None:
     deps = script[script.index("deps_key=$(") : script.index("deps_ref=")]
     assert "operator/kvretention/dataplane/worker/cpu" in deps
     assert re.search(r"files_hash [^\n]*\boperator \\", deps) is None
+    assert "project_tables" in deps and "pyproject.toml" not in deps
     assert "/ AS cpu-deps$/,/^# Stage 2/p" in deps
     final = stages(DOCKERFILE.read_text())["final"]
     assert "/opt/kvretention/bin/pip install --no-deps /tmp/wheels/*.whl" in final
@@ -86,3 +90,57 @@ def test_the_demo_fleet_serves_the_image_tiny_model() -> None:
     assert 'example="${KVR_DEMO_EXAMPLE:-examples/cpu-tiny.yaml}"' in demo
     pods = (ROOT / "tests" / "pods" / "test_real_pods.py").read_text()
     assert 'EXAMPLE = ROOT / "examples" / "cpu-tiny.yaml"' in pods
+
+
+PYPROJECT = """[build-system]
+requires = ["setuptools>=77"]
+
+[project]
+name = "kvretention"
+dependencies = ["kopf==1.38.0"]
+
+[tool.pytest.ini_options]
+addopts = "-ra"
+"""
+
+
+def _project_tables(tmp_path: Path, pyproject: str) -> str:
+    """What build-images.sh hashes of ``pyproject`` (its ``project_tables`` function, run alone)."""
+    script = BUILD_IMAGES.read_text()
+    start = script.index("project_tables() {")
+    function = script[start : script.index("\n}\n", start) + 3]
+    (tmp_path / "pyproject.toml").write_text(pyproject)
+    run = subprocess.run(
+        ["bash", "-c", f"venv={tmp_path}/no-venv; root={tmp_path}\n{function}project_tables"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return run.stdout
+
+
+@pytest.mark.parametrize(
+    "edit, rebuilds",
+    [
+        (('addopts = "-ra"', 'addopts = "-ra --durations=25"'), False),
+        (
+            (
+                "[tool.pytest.ini_options]",
+                "[tool.ruff]\nline-length = 99\n\n[tool.pytest.ini_options]",
+            ),
+            False,
+        ),
+        (('"kopf==1.38.0"', '"kopf==1.38.0", "httpx"'), True),
+        (('requires = ["setuptools>=77"]', 'requires = ["setuptools>=80"]'), True),
+    ],
+    ids=["pytest-option", "new-tool-table", "new-dependency", "build-requires"],
+)
+def test_only_what_pip_reads_of_pyproject_rebuilds_the_images(
+    tmp_path: Path, edit: tuple[str, str], rebuilds: bool
+) -> None:
+    """The wheelhouse and dependency-image keys hash pyproject.toml's [build-system] and [project]
+    tables: a tool setting must not rebuild 7 GB of dependencies; a dependency must."""
+    before = _project_tables(tmp_path, PYPROJECT)
+    after = _project_tables(tmp_path, PYPROJECT.replace(*edit))
+    assert before.strip()
+    assert (before != after) is rebuilds
