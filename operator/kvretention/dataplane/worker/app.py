@@ -55,6 +55,7 @@ from kvretention.dataplane.protocol import (
 )
 from kvretention.dataplane.worker.call import StreamAdapter
 from kvretention.dataplane.worker.engine import LoadedEngine
+from kvretention.dataplane.worker.kv_feed import RESIDENCY_PATH, ResidencyFeed
 from kvretention.dataplane.worker.parsing import OutputParser, ParserConfigError
 from kvretention.dataplane.worker.plan import PlannedCall, plan_call
 from kvretention.dataplane.worker.planning import DEFAULT_THREADS, MAX_BODY_BYTES, PlanningPool
@@ -138,6 +139,8 @@ class WorkerState:
     hop_keys: HopKeyFile | None = None
     """``--hop-key-file``: a request's tenant becomes its ``cache_salt`` only when the fleet's
     frontend signed it."""
+    residency: ResidencyFeed | None = None
+    """``--kv-events``: the engine's KV events, indexed (``GET /kv/residency``)."""
 
     def __post_init__(self) -> None:
         self.idle.set()
@@ -401,6 +404,12 @@ async def handle_info(request: web.Request) -> web.Response:
     )
 
 
+async def handle_residency(request: web.Request) -> web.Response:
+    feed = request.app[STATE].residency
+    assert feed is not None  # the route exists only with a feed
+    return web.json_response(feed.summary())
+
+
 async def _planner(app: web.Application) -> AsyncIterator[None]:
     """The planning threads end with the app; no handler is left waiting on them by then."""
     yield
@@ -414,6 +423,8 @@ def build_app(state: WorkerState) -> web.Application:
     app.router.add_post(GENERATE_PATH, handle_generate)
     add_probes(app, ready=lambda: readiness(state))
     app.router.add_get(INFO_PATH, handle_info)
+    if state.residency is not None:
+        app.router.add_get(RESIDENCY_PATH, handle_residency)
     add_metrics(app, state.metrics.registry)
     return app
 

@@ -36,6 +36,7 @@ from kvretention.dataplane.worker.engine import (
     build_sglang_argv,
     load_engine,
 )
+from kvretention.dataplane.worker.kv_feed import ResidencyFeed, free_loopback_port, kv_events_argv
 from kvretention.dataplane.worker.planning import DEFAULT_THREADS
 from kvretention.dataplane.worker.render_cache import DEFAULT_MAX_BYTES
 from kvretention.ports import WORKER_PORT
@@ -116,6 +117,13 @@ log = logging.getLogger("kvretention.worker")
     help="Requests rendered and tokenized at once, shared round-robin by tenants (one tenant "
     "holds all but one of them at most): a huge prompt does not hold up a small one.",
 )
+@click.option(
+    "--kv-events",
+    is_flag=True,
+    default=False,
+    help="Have SGLang publish its KV events on a free loopback port and serve the blocks they "
+    "say are resident, per tenant salt and session, on GET /kv/residency (--engine sglang only).",
+)
 @hop_key_file_option
 @click.option("--log-level", default="INFO", show_default=True)
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
@@ -133,6 +141,7 @@ def worker_cmd(
     trace_file: str | None,
     render_cache_mb: int,
     planning_threads: int,
+    kv_events: bool,
     hop_key_file: Path | None,
     log_level: str,
     server_args: tuple[str, ...],
@@ -144,6 +153,15 @@ def worker_cmd(
     argv = build_sglang_argv(
         server_args, role=typed_role, bootstrap_port=bootstrap_port, ib_device=ib_device
     )
+    residency = None
+    if kv_events:
+        if engine_spec != "sglang":
+            raise click.UsageError("--kv-events needs --engine sglang (the stand-in has no cache)")
+        try:
+            argv, endpoint = kv_events_argv(argv, port=free_loopback_port())
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+        residency = ResidencyFeed(endpoint)
     asyncio.run(
         _serve(
             host=host,
@@ -160,6 +178,7 @@ def worker_cmd(
             render_cache_bytes=render_cache_mb * 1024 * 1024,
             planning_threads=planning_threads,
             hop_keys=hop_keys,
+            residency=residency,
         )
     )
 
@@ -185,6 +204,7 @@ async def _serve(
     render_cache_bytes: int,
     planning_threads: int,
     hop_keys: HopKeyFile | None,
+    residency: ResidencyFeed | None,
 ) -> None:
     # Before the engine spawns its scheduler: the child inherits the directory and the retention
     # plugin there writes its failure counts to it, which this process's /metrics exports.
@@ -192,6 +212,8 @@ async def _serve(
     # Loading takes from seconds to minutes, and the serving loop's signal handlers come after it:
     # until then SIGTERM must stop the worker (as a container's PID 1 it would be ignored).
     signal.signal(signal.SIGTERM, _exit_while_loading)
+    if residency is not None:
+        residency.start()  # subscribed before the engine publishes its first batch
     try:
         engine = load_engine(engine_spec, server_argv=server_argv, role=role, device=device)
     except EngineLoadError as exc:
@@ -213,6 +235,7 @@ async def _serve(
         planning_threads=planning_threads,
         metrics=WorkerMetrics(retention_stats_dir=stats_dir),
         hop_keys=hop_keys,
+        residency=residency,
     )
     tune_gc()  # after the engine and its tokenizer loaded: they are frozen, never rescanned
 
@@ -235,5 +258,7 @@ async def _serve(
         )
     finally:
         engine.shutdown()
+        if residency is not None:
+            residency.stop()
         if state.trace is not None:
             state.trace.close()

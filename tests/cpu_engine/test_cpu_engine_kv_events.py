@@ -1,0 +1,138 @@
+"""SGLang's own KV events, as the worker indexes them (``kvretention worker --kv-events``).
+
+One real engine on CPU with a small KV pool (2,048 tokens) publishes what its radix cache stores and
+evicts; the worker subscribes and serves ``GET /kv/residency``. Two turns of one tenant's session show
+that session's prompt resident under the tenant's salt; another tenant's identical prompt is indexed
+under its own salt; unsalted prompts that fill the pool twice over evict the first tenant's blocks.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+
+from kvretention.common.tenancy import HEADER_TENANT, cache_salt_for
+from kvretention.dataplane.worker.kv_feed import RESIDENCY_PATH
+from support.cpu_engine import SERVED_NAME, CpuWorker, start_cpu_worker
+from support.processes import StartKvretention
+from support.worker_client import post
+
+pytestmark = pytest.mark.cpu_engine
+
+POOL_TOKENS = 2048
+PROMPT_TOKENS = 400
+NEXT_TURN_TOKENS = 16
+FILLERS = 10
+PAGE = 1
+"""SGLang's CPU engine pages one token at a time (the default ``--page-size``)."""
+VOCAB_TOP = 800
+ENGINE_ARGS = ("--max-total-tokens", str(POOL_TOKENS), "--context-length", "1024")
+ACME = cache_salt_for("acme")
+GLOBEX = cache_salt_for("globex")
+
+
+def tokens(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(10, VOCAB_TOP) for _ in range(n)]
+
+
+def generate(
+    worker: CpuWorker, ids: Sequence[int], *, tenant: str | None = None, session: str | None = None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "request_id": uuid.uuid4().hex,
+        "model": SERVED_NAME,
+        "token_ids": list(ids),
+        "sampling": {"max_new_tokens": 1, "temperature": 0},
+    }
+    if session is not None:
+        body["session_id"] = session
+    headers = {HEADER_TENANT: tenant} if tenant is not None else {}
+    status, lines = post(worker.base_url, json.dumps(body).encode(), headers)
+    assert status == 200, lines
+    usage: dict[str, Any] = next(line["usage"] for line in reversed(lines) if line.get("usage"))
+    return usage
+
+
+def residency(worker: CpuWorker) -> dict[str, Any]:
+    with urllib.request.urlopen(worker.base_url + RESIDENCY_PATH, timeout=5) as resp:
+        body: dict[str, Any] = json.load(resp)
+    return body
+
+
+def resident_tokens(summary: dict[str, Any], salt: str) -> int:
+    return sum(e["tokens"] for e in summary["entries"] if e["cache_salt"] == salt)
+
+
+def settled(worker: CpuWorker, until: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """The summary once ``until`` holds (events reach the worker a moment after the answer)."""
+    deadline = time.monotonic() + 10
+    summary = residency(worker)
+    while not until(summary) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        summary = residency(worker)
+    return summary
+
+
+@pytest.fixture(scope="module")
+def worker(start: StartKvretention, tmp_path_factory: pytest.TempPathFactory) -> CpuWorker:
+    return start_cpu_worker(
+        start,
+        tmp_path_factory.mktemp("kv-events"),
+        sglang_args=list(ENGINE_ARGS),
+        worker_args=["--kv-events"],
+    )
+
+
+@pytest.fixture(scope="module")
+def prompt() -> list[int]:
+    return tokens(random.Random(7), PROMPT_TOKENS)
+
+
+def test_a_sessions_two_turns_are_resident_under_its_tenants_salt(
+    worker: CpuWorker, prompt: list[int]
+) -> None:
+    generate(worker, prompt, tenant="acme", session="s1")
+    turn = prompt + tokens(random.Random(8), NEXT_TURN_TOKENS)
+    second = generate(worker, turn, tenant="acme", session="s1")
+    assert second.get("cached_tokens", 0) >= PROMPT_TOKENS - PAGE  # the engine reused turn one
+    floor = (len(turn) // PAGE) * PAGE - PAGE  # the last token's KV is stored after decoding
+    summary = settled(worker, lambda s: resident_tokens(s, ACME) >= floor)
+    print(json.dumps(summary))
+    assert resident_tokens(summary, ACME) >= floor
+    assert resident_tokens(summary, ACME) <= len(turn) + 2  # nothing counted twice
+    assert summary["missed"] == 0
+    assert summary["malformed"] == 0
+    assert summary["seq"] is not None
+
+
+def test_another_tenants_identical_prompt_is_indexed_under_its_own_salt(
+    worker: CpuWorker, prompt: list[int]
+) -> None:
+    before = resident_tokens(residency(worker), ACME)
+    first = generate(worker, prompt, tenant="globex", session="s1")
+    assert first.get("cached_tokens", 0) == 0  # salts never share a radix path
+    summary = settled(worker, lambda s: resident_tokens(s, GLOBEX) >= PROMPT_TOKENS - PAGE)
+    assert resident_tokens(summary, GLOBEX) >= PROMPT_TOKENS - PAGE
+    assert resident_tokens(summary, ACME) == before
+
+
+def test_filling_the_pool_evicts_the_tenants_blocks(worker: CpuWorker) -> None:
+    before = resident_tokens(residency(worker), ACME)
+    assert before >= PROMPT_TOKENS - PAGE
+    rng = random.Random(9)
+    for _ in range(FILLERS):
+        generate(worker, tokens(rng, PROMPT_TOKENS))
+    summary = settled(worker, lambda s: resident_tokens(s, ACME) < before)
+    print(json.dumps(summary))
+    assert resident_tokens(summary, ACME) < before // 2
+    everything = sum(e["tokens"] for e in summary["entries"])
+    assert everything <= POOL_TOKENS  # the index holds no more than the pool can
+    assert summary["missed"] == 0
+    assert summary["unknown_removals"] == 0
