@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from kvretention.common.tenancy import HEADER_TENANT, cache_salt_for
-from kvretention.dataplane.worker.kv_feed import RESIDENCY_PATH
+from kvretention.dataplane.protocol import RESIDENCY_PATH
 from support.cpu_engine import SERVED_NAME, CpuWorker, start_cpu_worker
 from support.processes import StartKvretention
 from support.worker_client import post

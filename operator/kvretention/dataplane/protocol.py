@@ -25,6 +25,8 @@ from kvretention.common.sessions import DEFAULT_SESSION_KEYS as DEFAULT_SESSION_
 from kvretention.common.sessions import HEADER_SESSION as HEADER_SESSION
 
 GENERATE_PATH: Final = "/v1/generate"
+RESIDENCY_PATH: Final = "/kv/residency"
+"""A worker's resident KV blocks per tenant salt and session (``kvretention worker --kv-events``)."""
 NDJSON: Final = "application/x-ndjson"
 
 # Per-hop placement headers set by the router; the body is never changed.

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any, Final
 
 import aiohttp
@@ -27,10 +28,11 @@ from aiohttp import web
 
 from kvretention.api.names import READY_PATH
 from kvretention.dataplane.http import Readiness, add_metrics, add_probes
-from kvretention.dataplane.protocol import GENERATE_PATH
+from kvretention.dataplane.protocol import GENERATE_PATH, RESIDENCY_PATH
 from kvretention.dataplane.router.discovery import discover, held_departing, plan_membership
 from kvretention.dataplane.router.health import Evidence
 from kvretention.dataplane.router.relay import handle_generate
+from kvretention.dataplane.router.residency import parse_residency
 from kvretention.dataplane.router.state import (
     STATE,
     RouterConfig,
@@ -98,6 +100,25 @@ async def check_worker(state: RouterState, worker: Worker) -> None:
     except aiohttp.ClientError:
         evidence = "error"
     state.observe(worker, evidence)
+    if evidence == "ok" and state.config.kv_residency and worker.role != "decode":
+        await _fetch_residency(session, worker, limit=timeout)
+
+
+async def _fetch_residency(
+    session: aiohttp.ClientSession, worker: Worker, *, limit: aiohttp.ClientTimeout
+) -> None:
+    """The worker's KV residency summary; a failed fetch keeps the old one, which goes stale.
+    It is no health evidence: a worker without ``--kv-events`` answers 404 and serves as well."""
+    try:
+        async with session.get(worker.url + RESIDENCY_PATH, timeout=limit) as resp:
+            if resp.status != 200:
+                return
+            body = await resp.json()
+    except (TimeoutError, aiohttp.ClientError, ValueError):
+        return
+    snapshot = parse_residency(body, fetched_at=time.monotonic())
+    if snapshot is not None:
+        worker.residency = snapshot
 
 
 async def check_all(state: RouterState) -> None:

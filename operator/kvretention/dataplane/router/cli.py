@@ -90,6 +90,13 @@ log = logging.getLogger("kvretention.router")
     show_default=True,
     help="Prefix hashes the cache-aware index remembers (least recently used go first).",
 )
+@click.option(
+    "--kv-residency",
+    is_flag=True,
+    default=False,
+    help="Fetch each worker's /kv/residency with its health poll (workers run with --kv-events) "
+    "and send a session without a pin to the worker whose engine holds most of its tokens.",
+)
 @hop_key_file_option
 @click.option("--log-level", default="INFO", show_default=True)
 def router_cmd(
@@ -112,6 +119,7 @@ def router_cmd(
     max_sessions: int,
     policy: str,
     max_prefixes: int,
+    kv_residency: bool,
     hop_key_file: Path | None,
     log_level: str,
 ) -> None:
@@ -139,6 +147,7 @@ def router_cmd(
         max_sessions=max_sessions,
         policy=cast(Policy, policy),
         max_prefixes=max_prefixes,
+        kv_residency=kv_residency,
     )
     tune_gc()
     state = RouterState(sources=sources, config=config, hop_keys=load_hop_key_file(hop_key_file))

@@ -1,7 +1,10 @@
 """Pure placement decisions: which worker (or prefill/decode pair) serves a request.
 
 A sticky session stays authoritative: while its pinned worker is healthy the session goes there,
-however busy it is. Without a session, the ``cache-aware`` policy sends a request to the worker
+however busy it is. Without a pin, a session some healthy worker's engine reports resident (its KV
+events, :mod:`kvretention.dataplane.router.residency`) goes to the worker holding most of its
+tokens: what a pin would have said had this router placed the session before (another router
+replica did, or this one restarted). Otherwise, the ``cache-aware`` policy sends a request to the worker
 most likely to hold its longest prompt prefix: the frontend sends a chain of prefix hashes (one
 per conversation block, each covering every block before it) in ``x-kvr-prefix``, and a bounded
 per-worker index remembers which chains each worker was sent, as SGLang's own router keeps an
@@ -65,6 +68,8 @@ class Choice:
     """True when the session's pin decided, False when a prefix match or load did."""
     matched: int = 0
     """Prefix blocks the chosen worker was already sent (0: load decided)."""
+    resident: int = 0
+    """The session's tokens the chosen worker's engine reported resident (0: it did not decide)."""
 
 
 @dataclass(frozen=True)
@@ -78,16 +83,22 @@ def plan_worker(
     *,
     pinned: str | None,
     matched: Mapping[str, int] | None = None,
+    resident: Mapping[str, int] | None = None,
     balance: Balance = Balance(),
 ) -> Choice | None:
-    """The pinned worker if it is healthy; else the healthy worker with the longest prefix match
-    (``matched``: URL -> matched blocks) unless the load guard says no; else the least loaded
-    healthy one; None if none is healthy."""
+    """The pinned worker if it is healthy; else the healthy worker whose engine holds the most of
+    the session's tokens (``resident``: URL -> tokens); else the healthy worker with the longest
+    prefix match (``matched``: URL -> matched blocks) unless the load guard says no; else the least
+    loaded healthy one; None if none is healthy."""
     healthy = [w for w in workers if w.healthy]
     if not healthy:
         return None
     if pinned is not None and any(w.url == pinned for w in healthy):
         return Choice(url=pinned, sticky=True)
+    holding = [w for w in healthy if resident and resident.get(w.url, 0) > 0]
+    if resident and holding:
+        best = min(holding, key=lambda w: (-resident[w.url], w.outstanding, w.served, w.url))
+        return Choice(url=best.url, sticky=False, resident=resident[best.url])
     least = min(healthy, key=lambda w: (w.outstanding, w.served, w.url))
     if matched:
         best = max(healthy, key=lambda w: (matched.get(w.url, 0), -w.outstanding, -w.served))
@@ -106,10 +117,17 @@ def plan_pair(
     pinned_prefill: str | None,
     pinned_decode: str | None,
     matched_prefill: Mapping[str, int] | None = None,
+    resident_prefill: Mapping[str, int] | None = None,
     balance: Balance = Balance(),
 ) -> PairChoice | None:
     """A prefill and a decode worker, each chosen like :func:`plan_worker`; None unless both exist."""
-    p = plan_worker(prefill, pinned=pinned_prefill, matched=matched_prefill, balance=balance)
+    p = plan_worker(
+        prefill,
+        pinned=pinned_prefill,
+        matched=matched_prefill,
+        resident=resident_prefill,
+        balance=balance,
+    )
     d = plan_worker(decode, pinned=pinned_decode)
     return None if p is None or d is None else PairChoice(prefill=p, decode=d)
 

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import secrets
+import time
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -132,15 +133,22 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
         tenant = tenant_of_headers(request.headers)
     except ValueError as exc:
         return error_response(ErrorCode.INVALID_REQUEST, str(exc))
+    # What the engines hold for this session, filed under the tenant's salt and the raw session.
+    resident = state.resident(
+        "prefill" if state.disaggregated else "aggregated",
+        tenant=tenant,
+        session=session,
+        now=time.monotonic(),
+    )
     # Pins and the prefix index per tenant: one tenant's prompts never steer another's placement.
     session, chain = scoped_session(tenant, session), scoped_chain(tenant, chain)
     mode = "disaggregated" if state.disaggregated else "aggregated"
     outcome = "error"
     try:
         if state.disaggregated:
-            response, outcome = await _disaggregated(request, state, body, session, chain)
+            response, outcome = await _disaggregated(request, state, body, session, chain, resident)
         else:
-            response, outcome = await _aggregated(request, state, body, session, chain)
+            response, outcome = await _aggregated(request, state, body, session, chain, resident)
         return response
     except ClientGone as gone:
         outcome = "client_gone"
@@ -169,12 +177,19 @@ def _passed_on(request: web.Request) -> dict[str, str]:
 
 
 def _choose(
-    state: RouterState, role: PoolRole, session: str | None, exclude: set[str], chain: list[str]
+    state: RouterState,
+    role: PoolRole,
+    session: str | None,
+    exclude: set[str],
+    chain: list[str],
+    resident: dict[str, int],
 ) -> Choice | None:
     views = [w.view() for w in state.pool(role) if w.url not in exclude]
     pinned = state.pins.get(role, session)
     matched = state.prefixes.match(chain) if chain and pinned is None else None
-    return plan_worker(views, pinned=pinned, matched=matched, balance=state.config.balance)
+    return plan_worker(
+        views, pinned=pinned, matched=matched, resident=resident, balance=state.config.balance
+    )
 
 
 def _pin(
@@ -182,6 +197,8 @@ def _pin(
 ) -> None:
     if choice.sticky:
         state.metrics.sticky.inc()
+    elif choice.resident:
+        state.metrics.resident.inc()
     elif choice.matched:
         state.metrics.prefix.inc()
     state.pins.set(role, session, choice.url)
@@ -190,12 +207,17 @@ def _pin(
 
 
 async def _aggregated(
-    request: web.Request, state: RouterState, body: bytes, session: str | None, chain: list[str]
+    request: web.Request,
+    state: RouterState,
+    body: bytes,
+    session: str | None,
+    chain: list[str],
+    resident: dict[str, int],
 ) -> tuple[web.StreamResponse, str]:
     assert state.session is not None
     tried: set[str] = set()
     while True:
-        choice = _choose(state, "aggregated", session, tried, chain)
+        choice = _choose(state, "aggregated", session, tried, chain, resident)
         if choice is None:
             if tried:
                 return error_response(
@@ -233,7 +255,12 @@ async def _aggregated(
 
 
 async def _disaggregated(
-    request: web.Request, state: RouterState, body: bytes, session: str | None, chain: list[str]
+    request: web.Request,
+    state: RouterState,
+    body: bytes,
+    session: str | None,
+    chain: list[str],
+    resident: dict[str, int],
 ) -> tuple[web.StreamResponse, str]:
     assert state.session is not None
     pinned_prefill = state.pins.get("prefill", session)
@@ -244,6 +271,7 @@ async def _disaggregated(
         pinned_decode=state.pins.get("decode", session),
         # The prompt is prefilled, and retained, on the prefill side.
         matched_prefill=state.prefixes.match(chain) if chain and pinned_prefill is None else None,
+        resident_prefill=resident,
         balance=state.config.balance,
     )
     if pair is None:

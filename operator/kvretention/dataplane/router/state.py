@@ -31,6 +31,12 @@ from kvretention.dataplane.router.placement import (
     SessionPins,
     WorkerView,
 )
+from kvretention.dataplane.router.residency import (
+    STALE_POLLS,
+    ResidencySnapshot,
+    plan_resident,
+    residency_key,
+)
 
 log = logging.getLogger("kvretention.dataplane.router.app")
 
@@ -52,6 +58,9 @@ class RouterConfig:
     """Placement of requests without a session pin: longest prefix match, or least outstanding."""
     max_prefixes: int = DEFAULT_MAX_PREFIXES
     balance: Balance = field(default_factory=Balance)
+    kv_residency: bool = False
+    """``--kv-residency``: poll each worker's ``/kv/residency`` with its health, and place a session
+    where its engine holds the session's KV."""
 
 
 @dataclass
@@ -66,6 +75,8 @@ class Worker:
     answered_seen: int = 0
     """``answered`` when its health was last weighed."""
     info: dict[str, Any] | None = None
+    residency: ResidencySnapshot | None = None
+    """The worker's last ``/kv/residency`` summary (``--kv-residency``)."""
 
     @property
     def healthy(self) -> bool:
@@ -141,6 +152,12 @@ class RouterMetrics:
             "Placements decided by a prefix match (cache-aware policy).",
             registry=self.registry,
         )
+        self.resident = Counter(
+            "kvretention_router_resident_placements",
+            "Placements decided by a worker's engine reporting the session's KV resident "
+            "(--kv-residency).",
+            registry=self.registry,
+        )
         # Every request moves these; each label set is resolved once (kvretention.dataplane.labelled).
         self.requests_of = Children(self.requests)
         self.outstanding_of = Children(self.outstanding)
@@ -177,6 +194,20 @@ class RouterState:
             ("prefill", "decode") if self.disaggregated else ("aggregated",)
         )
         return all(any(w.healthy for w in self.pool(r)) for r in roles)
+
+    def resident(
+        self, role: PoolRole, *, tenant: str | None, session: str | None, now: float
+    ) -> dict[str, int]:
+        """URL -> the session's tokens each worker of ``role`` reports resident (fresh reports
+        only; empty without ``--kv-residency``)."""
+        if not self.config.kv_residency:
+            return {}
+        return plan_resident(
+            {w.url: w.residency for w in self.pool(role)},
+            key=residency_key(tenant, session),
+            now=now,
+            max_age_s=STALE_POLLS * self.config.health_interval_s,
+        )
 
     def observe(self, worker: Worker, evidence: Evidence) -> None:
         """Weigh one poll's or one request's evidence about ``worker`` (see ``router.health``)."""

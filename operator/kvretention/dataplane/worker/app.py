@@ -47,6 +47,7 @@ from kvretention.dataplane.protocol import (
     ERROR_STATUS,
     GENERATE_PATH,
     NDJSON,
+    RESIDENCY_PATH,
     ErrorBody,
     ErrorCode,
     ErrorLine,
@@ -55,7 +56,7 @@ from kvretention.dataplane.protocol import (
 )
 from kvretention.dataplane.worker.call import StreamAdapter
 from kvretention.dataplane.worker.engine import LoadedEngine
-from kvretention.dataplane.worker.kv_feed import RESIDENCY_PATH, ResidencyFeed
+from kvretention.dataplane.worker.kv_feed import ResidencyFeed
 from kvretention.dataplane.worker.parsing import OutputParser, ParserConfigError
 from kvretention.dataplane.worker.plan import PlannedCall, plan_call
 from kvretention.dataplane.worker.planning import DEFAULT_THREADS, MAX_BODY_BYTES, PlanningPool

@@ -25,7 +25,6 @@ log = logging.getLogger(__name__)
 
 KV_EVENTS_FLAG: Final = "--kv-events-config"
 TOPIC: Final = "kv"
-RESIDENCY_PATH: Final = "/kv/residency"
 _POLL_MS: Final = 200
 
 
