@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from kvretention.common.tenancy import HEADER_TENANT, cache_salt_for
+from kvretention.common.tenancy import HEADER_TENANT, cache_salt_for, scoped_session
 from kvretention.dataplane.protocol import GENERATE_PATH, HEADER_SESSION, RESIDENCY_PATH
 from kvretention.dataplane.router.app import RouterConfig, RouterState, build_app
 from kvretention.dataplane.router.discovery import build_sources
@@ -88,7 +88,7 @@ class Fleet:
 def entry(tenant: str, session: str, tokens: int) -> dict[str, Any]:
     return {
         "cache_salt": cache_salt_for(tenant),
-        "session_id": session,
+        "session_id": scoped_session(tenant, session),  # as the worker files it
         "blocks": tokens,
         "tokens": tokens,
     }

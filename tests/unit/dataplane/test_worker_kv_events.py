@@ -14,6 +14,7 @@ from kvretention.dataplane.worker.kv_events import (
     BlockStored,
     KvEvent,
     KVEventBatch,
+    PromptLedger,
     ResidencyEntry,
     ResidencyIndex,
     decode_batch,
@@ -173,3 +174,103 @@ def test_decodes_what_sglang_itself_encodes() -> None:
 def test_a_malformed_payload_raises() -> None:
     with pytest.raises(msgspec.DecodeError):
         decode_batch(msgspec.msgpack.encode([1.0, [{"type": "Nope"}]]))
+
+
+def chained(
+    hashes: Sequence[int], tokens: Sequence[int], *, parent: int | None, salt: str | None = SALT_A
+) -> BlockStored:
+    return BlockStored(
+        block_hashes=list(hashes),
+        parent_block_hash=parent,
+        token_ids=list(tokens),
+        block_size=4,
+        lora_id=None,
+        medium="GPU",
+        cache_salt=salt,
+    )
+
+
+Note = tuple[str | None, str, list[int]]
+SHARED = [1, 2, 3, 4]
+
+ATTRIBUTIONS: list[tuple[str, list[Note], list[BlockStored], dict[int, str | None]]] = [
+    (
+        "a noted prompt's blocks are its session's",
+        [(SALT_A, "a", [*SHARED, 5, 6, 7, 8])],
+        [chained([10, 11], [*SHARED, 5, 6, 7, 8], parent=None)],
+        {10: "a", 11: "a"},
+    ),
+    (
+        "a shared prefix stays with the first; the new tail is the second session's",
+        [(SALT_A, "a", [*SHARED, 5, 6, 7, 8]), (SALT_A, "b", [*SHARED, 20, 21, 22, 23])],
+        [
+            chained([10, 11], [*SHARED, 5, 6, 7, 8], parent=None),
+            chained([12], [20, 21, 22, 23], parent=10),
+        ],
+        {10: "a", 11: "a", 12: "b"},
+    ),
+    (
+        "the answer's tokens follow their parent",
+        [(SALT_A, "a", SHARED)],
+        [chained([10], SHARED, parent=None), chained([11], [50, 51, 52, 53], parent=10)],
+        {10: "a", 11: "a"},
+    ),
+    (
+        "tokens at another position do not match",
+        [(SALT_A, "a", [9, 9, 9, 9, *SHARED])],
+        [chained([10], SHARED, parent=None)],
+        {10: None},
+    ),
+    (
+        "another salt's prompt does not match",
+        [(SALT_B, "a", SHARED)],
+        [chained([10], SHARED, parent=None)],
+        {10: None},
+    ),
+    (
+        "the latest matching prompt wins",
+        [(SALT_A, "a", SHARED), (SALT_A, "b", SHARED)],
+        [chained([10], SHARED, parent=None)],
+        {10: "b"},
+    ),
+    (
+        "an unknown parent: no position, no parent to follow",
+        [(SALT_A, "a", SHARED)],
+        [chained([10], SHARED, parent=99)],
+        {10: None},
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("notes", "events", "sessions"),
+    [a[1:] for a in ATTRIBUTIONS],
+    ids=[a[0] for a in ATTRIBUTIONS],
+)
+def test_blocks_are_attributed_to_noted_sessions(
+    notes: list[Note], events: list[BlockStored], sessions: dict[int, str | None]
+) -> None:
+    index = ResidencyIndex()
+    for salt, session, ids in notes:
+        index.prompts.note(salt=salt, session=session, ids=ids)
+    index.apply(0, KVEventBatch(ts=1.0, events=list(events)))
+    owners = {(e.cache_salt, e.session_id): e.blocks for e in index.summary().entries}
+    expected: dict[tuple[str | None, str | None], int] = {}
+    for session in sessions.values():
+        expected[(SALT_A, session)] = expected.get((SALT_A, session), 0) + 1
+    assert owners == expected
+
+
+def test_sglangs_own_session_wins_over_the_ledger() -> None:
+    index = ResidencyIndex()
+    index.prompts.note(salt=SALT_A, session="noted", ids=SHARED)
+    index.apply(0, KVEventBatch(ts=1.0, events=[stored([10], session="engine")]))
+    assert [e.session_id for e in index.summary().entries] == ["engine"]
+
+
+def test_the_ledger_forgets_the_oldest_prompts_past_its_bound() -> None:
+    index = ResidencyIndex(prompts=PromptLedger(max_tokens=6))
+    index.prompts.note(salt=SALT_A, session="old", ids=SHARED)
+    index.prompts.note(salt=SALT_A, session="new", ids=[7, 7, 7, 7])
+    index.apply(0, KVEventBatch(ts=1.0, events=[chained([10], SHARED, parent=None)]))
+    assert [e.session_id for e in index.summary().entries] == [None]

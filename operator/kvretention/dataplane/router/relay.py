@@ -133,15 +133,16 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
         tenant = tenant_of_headers(request.headers)
     except ValueError as exc:
         return error_response(ErrorCode.INVALID_REQUEST, str(exc))
-    # What the engines hold for this session, filed under the tenant's salt and the raw session.
+    # Pins and the prefix index per tenant: one tenant's prompts never steer another's placement.
+    session, chain = scoped_session(tenant, session), scoped_chain(tenant, chain)
+    # What the engines hold for this session: the worker files it under the tenant's salt and the
+    # same scoped session.
     resident = state.resident(
         "prefill" if state.disaggregated else "aggregated",
         tenant=tenant,
         session=session,
         now=time.monotonic(),
     )
-    # Pins and the prefix index per tenant: one tenant's prompts never steer another's placement.
-    session, chain = scoped_session(tenant, session), scoped_chain(tenant, chain)
     mode = "disaggregated" if state.disaggregated else "aggregated"
     outcome = "error"
     try:

@@ -51,8 +51,9 @@ def parse_residency(body: Any, *, fetched_at: float) -> ResidencySnapshot | None
 
 
 def residency_key(tenant: str | None, session: str | None) -> Owner | None:
-    """The owner a request's cache is filed under, or None when it has no session (nothing to
-    look up: a session-less owner is every request of the tenant)."""
+    """The owner a request's cache is filed under: the tenant's salt and the session as the worker
+    sees it (scoped by its tenant, ``common.tenancy.scoped_session``), or None when it has no
+    session (nothing to look up: a session-less owner is every request of the tenant)."""
     if session is None:
         return None
     return (cache_salt_for(tenant) if tenant is not None else None, session)

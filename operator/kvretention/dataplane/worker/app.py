@@ -268,6 +268,7 @@ async def _stream(
 
     try:
         try:
+            _note_prompt(state, planned)
             gen = await state.engine.engine.async_generate(**planned.kwargs)
             assert gen is not None
             first = await gen.__anext__()
@@ -403,6 +404,15 @@ async def handle_info(request: web.Request) -> web.Response:
             "draining": state.draining,
         }
     )
+
+
+def _note_prompt(state: WorkerState, planned: PlannedCall) -> None:
+    """With ``--kv-events``: the session the engine's next stored blocks belong to."""
+    session, ids = planned.request.session_id, planned.kwargs.get("input_ids")
+    if state.residency is not None and session and isinstance(ids, list):
+        state.residency.note_prompt(
+            salt=planned.kwargs.get(CACHE_SALT_PARAM), session=session, ids=ids
+        )
 
 
 async def handle_residency(request: web.Request) -> web.Response:

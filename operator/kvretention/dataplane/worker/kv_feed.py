@@ -98,6 +98,11 @@ class ResidencyFeed:
             self._index.apply(decode_seq(seq), batch)
             self._last_applied = time.monotonic()
 
+    def note_prompt(self, *, salt: str | None, session: str, ids: Sequence[int]) -> None:
+        """A prompt about to reach the engine: the blocks it stores are this session's."""
+        with self._lock:
+            self._index.prompts.note(salt=salt, session=session, ids=ids)
+
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
