@@ -164,13 +164,3 @@ def rules_as_set(rules: Iterable[Mapping[str, Any]]) -> set[tuple[str, str, str,
 
 def load_yaml(path: Path) -> Any:
     return yaml.safe_load(path.read_text())
-
-
-def free_port() -> int:
-    """A free TCP port on loopback (for a local process's health and metrics ports)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port

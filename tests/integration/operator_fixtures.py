@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -25,6 +24,7 @@ import yaml
 from kubernetes import client
 
 from kvretention.api.models import GROUP, PLURAL, VERSION
+from kvretention_devtools.localcluster.ports import free_port
 from support.controlplane import ApplyCrd, Cluster, RunningProcess, wait_until
 from support.fleet_cleanup import delete_fleets
 from support.probe_status import (
@@ -53,13 +53,6 @@ TRANSPORT_ONLY_REPORT: dict[str, Any] = {
 }
 """A stock image's report (a probe that predates the plugin): kv_hints transported, not applied."""
 OLD_ENGINE_REPORT = old_engine(GOOD_REPORT, version="0.4.6")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Operator:

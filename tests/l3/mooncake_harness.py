@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import hashlib
 import importlib.metadata
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -31,6 +33,7 @@ from kvretention.controller.resources import (
     build_mooncake_client_config,
     build_mooncake_master_args,
 )
+from kvretention_devtools.localcluster.ports import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDIN_SCRIPT = ROOT / "scripts" / "build-cuda-standin.sh"
@@ -99,9 +102,17 @@ def sglang_import_deps() -> Path:
     key = hashlib.sha256("\n".join(requirements).encode()).hexdigest()[:12]
     cache = Path(os.environ.get("KVR_CACHE", Path.home() / ".cache" / "kvretention"))
     target = cache / "sglang-import-deps" / key
-    if (target / ".complete").exists():
-        return target
-    work = target.with_name(f"{key}.partial")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with (target.parent / f"{key}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test workers may race on a cold cache
+        if not (target / ".complete").exists():
+            _install_import_deps(requirements, target)
+    return target
+
+
+def _install_import_deps(requirements: Sequence[str], target: Path) -> None:
+    work = target.with_name(f"{target.name}.partial")
+    shutil.rmtree(work, ignore_errors=True)
     subprocess.run(
         [
             sys.executable,
@@ -120,7 +131,6 @@ def sglang_import_deps() -> Path:
     )
     (work / ".complete").touch()
     work.replace(target)
-    return target
 
 
 def load_store_module(standin: Path) -> ModuleType:
@@ -134,17 +144,6 @@ def load_store_module(standin: Path) -> ModuleType:
     import mooncake.store
 
     return mooncake.store
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def fleet_cr(
@@ -248,8 +247,11 @@ def _wait_ready(master: Master) -> None:
             raise RuntimeError(
                 f"mooncake_master exited {master.process.returncode}:\n{master.log_text()}"
             )
+        # The master logs "started on port" and serves metrics before its RPC server listens.
         with contextlib.suppress(OSError):
             master.metrics_text()
+            rpc_port = master.cr.spec.kv_store.mooncake.master.rpc_port
+            socket.create_connection(("127.0.0.1", rpc_port), timeout=1).close()
             return
         time.sleep(0.1)
     raise TimeoutError(f"mooncake_master not ready in {STARTUP_S}s:\n{master.log_text()}")

@@ -4,28 +4,23 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from kvretention_devtools.localcluster.ports import free_port
+
 pytestmark = pytest.mark.retention
 
 CHECK = Path(__file__).with_name("tp_ranks_check.py")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_two_ranks_reading_their_clocks_apart_keep_and_evict_the_same_prefixes(
     tmp_path: Path,
 ) -> None:
-    port = _free_port()
+    port = free_port()
     outs = [tmp_path / f"rank{r}.json" for r in (0, 1)]
     procs = [
         subprocess.Popen(

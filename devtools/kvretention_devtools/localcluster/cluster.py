@@ -22,6 +22,7 @@ from kvretention_devtools.localcluster.binaries import resolve_bin_dir
 from kvretention_devtools.localcluster.components import ORDER, Layout, Ports
 from kvretention_devtools.localcluster.errors import ClusterError
 from kvretention_devtools.localcluster.httpjson import request, write
+from kvretention_devtools.localcluster.ports import free_ports
 from kvretention_devtools.localcluster.realnode import config as node_config
 from kvretention_devtools.localcluster.realnode import node as realnode
 
@@ -376,17 +377,7 @@ def _allocate_ports(apiserver_port: int) -> Ports:
     """Free loopback ports; a requested API server port must be free now or it is an error."""
     if apiserver_port:
         _check_free(apiserver_port)
-    held: list[socket.socket] = []
-    try:
-        free = []
-        for _ in range(6):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            held.append(sock)
-            free.append(sock.getsockname()[1])
-    finally:
-        for sock in held:
-            sock.close()
+    free = free_ports(6)
     return Ports(
         etcd_client=free[0],
         etcd_peer=free[1],

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from kvretention_devtools.localcluster import process
 from kvretention_devtools.localcluster.binaries import repo_root
 from kvretention_devtools.localcluster.errors import ClusterError
 from kvretention_devtools.localcluster.httpjson import request, write
+from kvretention_devtools.localcluster.ports import free_port
 
 LWS_ENV: Final = "KVR_LWS_DIR"
 """A folder with ``lws-controller-manager`` and ``crds.yaml`` (default: scripts/build-lws.sh's)."""
@@ -114,12 +114,6 @@ def resolve_lws_dir(explicit: Path | None = None) -> Path:
         if not (explicit / name).exists():
             raise ClusterError(f"{explicit} has no {name} (run scripts/build-lws.sh)")
     return explicit
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _serving_cert(cert_dir: Path) -> bytes:
@@ -242,7 +236,7 @@ def start(
     root = _dir(state_dir)
     cert_dir = root / "certs"
     bundle = _serving_cert(cert_dir)
-    webhook_port, health_port = _free_port(), _free_port()
+    webhook_port, health_port = free_port(), free_port()
     config = root / "config.yaml"
     config.write_text(
         yaml.safe_dump(

@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Mapping
@@ -21,6 +20,7 @@ import yaml
 from kvretention_devtools.localcluster import process
 from kvretention_devtools.localcluster.errors import ClusterError
 from kvretention_devtools.localcluster.httpjson import request, write
+from kvretention_devtools.localcluster.ports import free_ports
 from kvretention_devtools.localcluster.realnode import config, host, preflight
 from kvretention_devtools.localcluster.realnode.config import (
     BRIDGE,
@@ -172,7 +172,7 @@ def start_node(
     echo: Echo,
 ) -> NodeState:
     layout = NodeLayout(state_dir)
-    ports = NodePorts(*_free_ports(5))
+    ports = NodePorts(*free_ports(5))
     cni_bin = next(d for d in CNI_BIN_DIRS if (d / "bridge").is_file())
     for path in (
         layout.containerd_config.parent,
@@ -398,19 +398,6 @@ def _ip(*args: str) -> None:
     done = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise ClusterError(f"ip {' '.join(args)} failed: {done.stderr.strip()}")
-
-
-def _free_ports(count: int) -> list[int]:
-    held: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            held.append(sock)
-        return [s.getsockname()[1] for s in held]
-    finally:
-        for sock in held:
-            sock.close()
 
 
 def _upstream_dns() -> str | None:
