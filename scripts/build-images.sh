@@ -42,13 +42,15 @@ pause_key=$( { cat "$pause_src" 2>/dev/null; gcc --version 2>/dev/null | head -1
 # nvidia-* ones); the operator and runtime images take the package's own dependencies from it.
 wheel_reqs=(setuptools'>=77' '.[cpu-engine]' 'jinja2==3.1.6')
 nodeps_reqs=('sglang==0.5.23' 'mooncake-transfer-engine==0.3.13.post1')
-# What pip reads of pyproject.toml (its [build-system] and [project] tables): a tool setting (pytest,
-# ruff, mypy) never rebuilds the wheelhouse or the dependency image.
+# What pip reads of pyproject.toml for an image (its [build-system] and [project] tables, less the
+# [dev] extra no image installs): a tool setting or a dev tool (pytest, its plugins, ruff, mypy)
+# never rebuilds the wheelhouse or the dependency image.
 project_tables() {
   local py="$venv/bin/python"
   [[ -x "$py" ]] || py=python3
   "$py" -c 'import json, sys, tomllib
 doc = tomllib.load(open(sys.argv[1], "rb"))
+doc.get("project", {}).get("optional-dependencies", {}).pop("dev", None)
 print(json.dumps({k: doc.get(k) for k in ("build-system", "project")}, sort_keys=True))' "$root/pyproject.toml"
 }
 wheels_key=$( { project_tables; printf '%s\n' "${wheel_reqs[@]}" "${nodeps_reqs[@]}"; } | sha)

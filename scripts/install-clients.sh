@@ -2,6 +2,7 @@
 # Install the real coding-agent CLIs the client tier runs (tests/clients), from npm, into
 # ~/.cache/kvretention/clients/<package>-<version>, keyed by version like the other cached builds:
 # a second run only checks the stamp written once the installed binary answered --version.
+# Concurrent runs take turns (a lock in the cache).
 #
 # usage: scripts/install-clients.sh            # the pinned releases below
 #        scripts/install-clients.sh --latest   # npm's latest of each (make clients-latest)
@@ -26,6 +27,12 @@ clients=(
   "claude @anthropic-ai/claude-code $CLAUDE_CODE_VERSION claude"
   "codex @openai/codex $CODEX_VERSION codex"
 )
+
+# One install at a time (parallel test workers may all ask on a cold machine): the rest wait here
+# and then find the stamp.
+mkdir -p "$CACHE"
+exec 9>"$CACHE/.install.lock"
+flock 9
 
 for entry in "${clients[@]}"; do
   read -r name package version bin <<<"$entry"

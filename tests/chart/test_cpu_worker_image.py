@@ -99,6 +99,10 @@ requires = ["setuptools>=77"]
 name = "kvretention"
 dependencies = ["kopf==1.38.0"]
 
+[project.optional-dependencies]
+dev = ["pytest>=8"]
+cpu-engine = ["torch==2.14.1"]
+
 [tool.pytest.ini_options]
 addopts = "-ra"
 """
@@ -132,14 +136,24 @@ def _project_tables(tmp_path: Path, pyproject: str) -> str:
         ),
         (('"kopf==1.38.0"', '"kopf==1.38.0", "httpx"'), True),
         (('requires = ["setuptools>=77"]', 'requires = ["setuptools>=80"]'), True),
+        (('dev = ["pytest>=8"]', 'dev = ["pytest>=8", "pytest-xdist>=3.6"]'), False),
+        (('"torch==2.14.1"', '"torch==2.14.1", "numpy==2.4.6"'), True),
     ],
-    ids=["pytest-option", "new-tool-table", "new-dependency", "build-requires"],
+    ids=[
+        "pytest-option",
+        "new-tool-table",
+        "new-dependency",
+        "build-requires",
+        "dev-tool",
+        "cpu-engine-extra",
+    ],
 )
 def test_only_what_pip_reads_of_pyproject_rebuilds_the_images(
     tmp_path: Path, edit: tuple[str, str], rebuilds: bool
 ) -> None:
     """The wheelhouse and dependency-image keys hash pyproject.toml's [build-system] and [project]
-    tables: a tool setting must not rebuild 7 GB of dependencies; a dependency must."""
+    tables less the [dev] extra: a tool setting or a dev tool must not rebuild 7 GB of
+    dependencies; a dependency must."""
     before = _project_tables(tmp_path, PYPROJECT)
     after = _project_tables(tmp_path, PYPROJECT.replace(*edit))
     assert before.strip()
