@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -16,6 +18,14 @@ from kvretention.dataplane.worker.kv_feed import (
     free_loopback_port,
     kv_events_argv,
 )
+
+
+def test_the_port_is_free_and_below_the_ephemeral_range() -> None:
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    port = free_loopback_port()
+    assert 11000 <= port < low
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", port))  # nothing holds it
 
 
 def test_argv_binds_sglang_publisher_on_loopback() -> None:
