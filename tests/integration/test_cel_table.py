@@ -109,6 +109,10 @@ RULE_CASES: dict[tuple[str, str], tuple[Patch, Patch]] = {
         },
         {"workers": {"autoscaling": {"minReplicas": 0, "maxReplicas": 2, "target": 4}}},
     ),
+    (".spec.router", "router.kvEvents places a request by its session"): (
+        {"router": {"kvEvents": True}},
+        {"router": {"kvEvents": True, "sessionKeys": []}},
+    ),
     (".spec.model", "model.aliases must not repeat"): (
         {"model": {"aliases": ["m2"]}},
         {"model": {"aliases": ["m"]}},

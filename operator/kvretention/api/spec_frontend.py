@@ -7,9 +7,10 @@ from typing import Annotated, Final, Literal
 
 from pydantic import (
     Field,
+    model_validator,
 )
 
-from kvretention.api.base import WireModel, list_field, nested, port_field
+from kvretention.api.base import WireModel, cel_config, list_field, nested, port_field, require
 from kvretention.api.spec_shared import (
     DEFAULT_IMAGE,
     UNSET_REQUESTS,
@@ -208,8 +209,20 @@ SessionKey = Annotated[
 ]
 
 
+_KV_EVENTS_NEED_SESSIONS = (
+    # sessionKeys omitted: the operator's default keys (the schema spells no default for it)
+    "!has(self.kvEvents) || !self.kvEvents || !has(self.sessionKeys) || size(self.sessionKeys) > 0"
+)
+_KV_EVENTS_NEED_SESSIONS_MESSAGE = (
+    "router.kvEvents places a request by its session, so it needs router.sessionKeys "
+    "(empty: no request carries a session, and the workers' KV events would never be read)"
+)
+
+
 class RouterSpec(WireModel):
     """The router: picks workers, pairs prefill and decode, never reads kv_hints."""
+
+    model_config = cel_config((_KV_EVENTS_NEED_SESSIONS, _KV_EVENTS_NEED_SESSIONS_MESSAGE))
 
     replicas: Replicas = Field(default=1, description="Router pods.")
     image: Image = Field(default=DEFAULT_IMAGE, description="kvretention image.")
@@ -245,4 +258,24 @@ class RouterSpec(WireModel):
         ),
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
+    kv_events: bool = Field(
+        default=False,
+        description=(
+            "Place a session without a pin by what the engines say they hold: each aggregated or "
+            "prefill worker has SGLang publish its KV events and serves the blocks resident per "
+            "tenant and session (worker --kv-events), and the router polls those summaries with "
+            "its health checks and sends the session to the worker holding most of its tokens "
+            "(router --kv-residency), before policy decides. A pin still wins; decode workers "
+            "are never asked (the router places a disaggregated session by its prefill worker). "
+            "A field of the router because it changes placement, which the router owns; the "
+            "operator renders the worker side to match. Needs sessionKeys; an extraArgs "
+            "--kv-events-config on those pools is refused (InvalidSpec). False: neither flag, "
+            "placement as before."
+        ),
+    )
     pod: PodOptions | None = _pod_field("router")
+
+    @model_validator(mode="after")
+    def _check_cel_equivalents(self) -> RouterSpec:
+        require(not self.kv_events or len(self.session_keys) > 0, _KV_EVENTS_NEED_SESSIONS_MESSAGE)
+        return self

@@ -42,7 +42,12 @@ from kvretention.controller.resources.sglang_cli import (
     parse_sglang_args,
     sglang_version,
 )
-from kvretention.controller.resources.workers import nodes_per_replica, worker_roles
+from kvretention.controller.resources.workers import (
+    KV_EVENTS_CONFIG_FLAG,
+    nodes_per_replica,
+    serves_residency,
+    worker_roles,
+)
 
 _DNS_SUBDOMAIN: Final = re.compile(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -109,9 +114,12 @@ def check_extra_args(cr: KvRetentionDeployment) -> list[str]:
     (``--tp-siz 4``) or ``--config FILE`` (a file that can set any flag) cannot slip past.
     """
     managed = {dest for flag in MANAGED_FLAGS if (dest := dest_of(flag)) is not None}
+    kv_events = dest_of(KV_EVENTS_CONFIG_FLAG)
     problems = []
     for role in worker_roles(cr):
         path = f"{_pool_path(role)}.extraArgs"
+        # worker --kv-events sets it and refuses one given after "--": the pod would crash-loop.
+        owned = managed | {kv_events} if serves_residency(cr, role) and kv_events else managed
         try:
             options = parse_sglang_args(pool_for(cr.spec, role).extra_args)
         except SglangArgsError as exc:
@@ -124,7 +132,7 @@ def check_extra_args(cr: KvRetentionDeployment) -> list[str]:
                     f"{where} reads SGLang flags from a file the operator cannot check (it could "
                     "override the flags rendered from the spec); list the flags in extraArgs"
                 )
-            elif opt.dest in managed:
+            elif opt.dest in owned:
                 named = "" if opt.written == opt.option else f" (SGLang reads it as {opt.option})"
                 problems.append(
                     f"{where}{named} is set by the operator from the spec; "

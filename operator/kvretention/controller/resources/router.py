@@ -35,6 +35,8 @@ def build_router_command(cr: KvRetentionDeployment) -> list[str]:
     policy = ROUTER_POLICY[cr.spec.router.policy]
     command = serve_command("router", ROUTER_PORT)
     command += ["--policy", policy, *build_hop_key_args(cr)]
+    if cr.spec.router.kv_events:
+        command.append("--kv-residency")
     if cr.spec.workers.mode == "disaggregated":
         command += [
             "--prefill-dns",

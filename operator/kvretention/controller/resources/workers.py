@@ -90,6 +90,18 @@ def role_mounts_mooncake(cr: KvRetentionDeployment, role: Role) -> bool:
     return role != "decode" and uses_mooncake(cr.spec)
 
 
+KV_EVENTS_CONFIG_FLAG: Final = "--kv-events-config"
+"""The SGLang flag ``worker --kv-events`` adds itself (and refuses after ``--``): the worker must know
+where its engine publishes."""
+
+
+def serves_residency(cr: KvRetentionDeployment, role: Role) -> bool:
+    """``router.kvEvents``: the pool runs ``worker --kv-events`` when the router reads its
+    residency, which it does for aggregated and prefill workers only (a disaggregated session is
+    placed by its prefill worker), so a decode worker is spared the engine's event stream."""
+    return cr.spec.router.kv_events and role != "decode"
+
+
 def build_probe_container(cr: KvRetentionDeployment) -> dict[str, Any]:
     """The capability probe. It sees the worker's ``SGLANG_PLUGINS`` (from ``workers.pod.env``,
     which otherwise reaches only the main container), so it judges the retention plugin with the
@@ -130,6 +142,8 @@ def build_worker_command(cr: KvRetentionDeployment, role: Role) -> list[str]:
     command += ["--drain-seconds", str(cr.spec.workers.drain_seconds)]
     if cr.spec.workers.planning_threads is not None:
         command += ["--planning-threads", str(cr.spec.workers.planning_threads)]
+    if serves_residency(cr, role):
+        command.append("--kv-events")
     command += build_hop_key_args(cr)
     return [*command, "--", *build_sglang_args(cr.spec, role=role)]
 
