@@ -450,13 +450,19 @@ def routing() -> dict[str, Any]:
         source_metric="kvretention_router_healthy_workers",
         panels=[
             Panel(
-                "Placements: sticky, prefix, least outstanding",
-                "Session pins, prefix matches (cache-aware), and the rest.",
+                "Placements: sticky, resident, prefix, least outstanding",
+                "Session pins, the engines' KV events (router.kvEvents), prefix matches "
+                "(cache-aware), and the rest.",
                 (
                     Target(rate("kvretention_router_sticky_placements_total"), "sticky (session)"),
+                    Target(
+                        rate("kvretention_router_resident_placements_total"),
+                        "resident (KV events)",
+                    ),
                     Target(rate("kvretention_router_prefix_placements_total"), "prefix match"),
                     Target(
                         f"{rate(routed)} - {rate('kvretention_router_sticky_placements_total')}"
+                        f" - {rate('kvretention_router_resident_placements_total')}"
                         f" - {rate('kvretention_router_prefix_placements_total')}",
                         "least outstanding (fallback)",
                     ),

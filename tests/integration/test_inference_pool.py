@@ -116,10 +116,15 @@ def test_the_pool_waits_for_its_crd_then_selects_the_frontend_and_reports_its_ga
     )
     assert CRD_NAME in missing["message"]
     assert f"InferencePool {name}-frontend cannot be created" in missing["message"]
-    events = fleets.core.list_namespaced_event(fleets.ns).items
-    assert any(e.reason == "InferencePoolCrdMissing" and e.type == "Warning" for e in events), [
-        (e.type, e.reason) for e in events
-    ]
+    # The Event is posted after the condition is written: wait for it, do not sample once.
+    wait_until(
+        "a Warning Event InferencePoolCrdMissing",
+        lambda: any(
+            e.reason == "InferencePoolCrdMissing" and e.type == "Warning"
+            for e in fleets.core.list_namespaced_event(fleets.ns).items
+        ),
+        timeout_s=30,
+    )
     # The rest of the fleet is created and becomes Ready: the pool is not part of Ready.
     children = fleets.children(name)
     assert ("Deployment", f"{name}-frontend") in children
