@@ -104,7 +104,7 @@ def start_operator(
     start_process: StartProcess, *, kubeconfig: Path, release_ns: str, fleet_ns: str
 ) -> RunningProcess:
     """``kvretention operator`` exactly as the chart's Deployment runs it, but as a local process."""
-    from kvretention_devtools.localcluster.ports import free_port
+    from kvretention.ports import free_port
 
     operator = start_process(
         [

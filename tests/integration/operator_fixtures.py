@@ -24,7 +24,7 @@ import yaml
 from kubernetes import client
 
 from kvretention.api.models import GROUP, PLURAL, VERSION
-from kvretention_devtools.localcluster.ports import free_port
+from kvretention.ports import free_port
 from support.controlplane import ApplyCrd, Cluster, RunningProcess, wait_until
 from support.fleet_cleanup import delete_fleets
 from support.probe_status import (

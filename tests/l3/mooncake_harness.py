@@ -33,7 +33,7 @@ from kvretention.controller.resources import (
     build_mooncake_client_config,
     build_mooncake_master_args,
 )
-from kvretention_devtools.localcluster.ports import free_ports
+from kvretention.ports import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDIN_SCRIPT = ROOT / "scripts" / "build-cuda-standin.sh"

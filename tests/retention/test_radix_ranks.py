@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvretention_devtools.localcluster.ports import free_port
+from kvretention.ports import free_port
 
 pytestmark = pytest.mark.retention
 

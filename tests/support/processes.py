@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvretention_devtools.localcluster.ports import free_port
+from kvretention.ports import free_port
 
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 5.0

@@ -17,12 +17,12 @@ from typing import Any
 
 import yaml
 
+from kvretention.ports import free_ports
 from kvretention_devtools.localcluster import components, lws, pki, process
 from kvretention_devtools.localcluster.binaries import resolve_bin_dir
 from kvretention_devtools.localcluster.components import ORDER, Layout, Ports
 from kvretention_devtools.localcluster.errors import ClusterError
 from kvretention_devtools.localcluster.httpjson import request, write
-from kvretention_devtools.localcluster.ports import free_ports
 from kvretention_devtools.localcluster.realnode import config as node_config
 from kvretention_devtools.localcluster.realnode import node as realnode
 

@@ -24,11 +24,11 @@ from typing import Any, Final
 
 import yaml
 
+from kvretention.ports import free_port
 from kvretention_devtools.localcluster import process
 from kvretention_devtools.localcluster.binaries import repo_root
 from kvretention_devtools.localcluster.errors import ClusterError
 from kvretention_devtools.localcluster.httpjson import request, write
-from kvretention_devtools.localcluster.ports import free_port
 
 LWS_ENV: Final = "KVR_LWS_DIR"
 """A folder with ``lws-controller-manager`` and ``crds.yaml`` (default: scripts/build-lws.sh's)."""

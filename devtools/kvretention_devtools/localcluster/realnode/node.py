@@ -17,10 +17,10 @@ from typing import Any, Final
 
 import yaml
 
+from kvretention.ports import free_ports
 from kvretention_devtools.localcluster import process
 from kvretention_devtools.localcluster.errors import ClusterError
 from kvretention_devtools.localcluster.httpjson import request, write
-from kvretention_devtools.localcluster.ports import free_ports
 from kvretention_devtools.localcluster.realnode import config, host, preflight
 from kvretention_devtools.localcluster.realnode.config import (
     BRIDGE,

@@ -36,10 +36,10 @@ from kvretention.dataplane.worker.engine import (
     build_sglang_argv,
     load_engine,
 )
-from kvretention.dataplane.worker.kv_feed import ResidencyFeed, free_loopback_port, kv_events_argv
+from kvretention.dataplane.worker.kv_feed import ResidencyFeed, kv_events_argv
 from kvretention.dataplane.worker.planning import DEFAULT_THREADS
 from kvretention.dataplane.worker.render_cache import DEFAULT_MAX_BYTES
-from kvretention.ports import WORKER_PORT
+from kvretention.ports import WORKER_PORT, free_port
 from kvretention.retention.failures import prepare_stats_dir
 
 log = logging.getLogger("kvretention.worker")
@@ -158,7 +158,7 @@ def worker_cmd(
         if engine_spec != "sglang":
             raise click.UsageError("--kv-events needs --engine sglang (the stand-in has no cache)")
         try:
-            argv, endpoint = kv_events_argv(argv, port=free_loopback_port())
+            argv, endpoint = kv_events_argv(argv, port=free_port())
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
         residency = ResidencyFeed(endpoint)

@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import json
 import logging
-import random
-import socket
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any, Final
 
 import msgspec
@@ -28,29 +25,6 @@ log = logging.getLogger(__name__)
 KV_EVENTS_FLAG: Final = "--kv-events-config"
 TOPIC: Final = "kv"
 _POLL_MS: Final = 200
-_EPHEMERAL_RANGE: Final = "/proc/sys/net/ipv4/ip_local_port_range"
-_LOWEST_PORT: Final = 11000
-
-
-def free_loopback_port() -> int:
-    """A loopback port nothing listens on, picked below the ephemeral range: SGLang binds it only
-    once its scheduler starts, and until then an outgoing connection could take an ephemeral port
-    as its source (the tests' ``kvretention_devtools.localcluster.ports`` follows the same rule)."""
-    try:
-        ephemeral_low = int(Path(_EPHEMERAL_RANGE).read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        ephemeral_low = 32768
-    candidates = range(_LOWEST_PORT, ephemeral_low)
-    for tries in range(200):
-        port = random.choice(candidates) if len(candidates) > 1000 and tries < 199 else 0
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            found: int = probe.getsockname()[1]
-            return found
-    raise OSError("no free loopback port")
 
 
 def kv_events_argv(server_argv: Sequence[str], *, port: int) -> tuple[list[str], str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvretention_devtools.localcluster import ports
+from kvretention import ports
 
 
 def _ephemeral_low() -> int:
