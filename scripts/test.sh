@@ -19,8 +19,13 @@ nice -n 19 ionice -c 3 scripts/test-pods.sh --prepare >"$prep_log" 2>&1 &
 prep=$!
 log "preparing the pods tier beside pytest (pid $prep)"
 
+# Two pytest workers (pytest-xdist), each taking whole test files: most of the suite waits on real
+# processes (control planes, engines, masters, CLIs), so a second worker uses the idle core. Each
+# worker starts its own control plane when a file of its asks for one. KVR_TEST_WORKERS=0 runs in
+# one process.
+workers="${KVR_TEST_WORKERS:-2}"
 rc=0
-"$venv/bin/pytest" -q || rc=$?
+"$venv/bin/pytest" -q -n "$workers" --dist loadfile || rc=$?
 prep_rc=0
 wait "$prep" || prep_rc=$?
 log "pods tier preparation (exit $prep_rc):"
