@@ -27,6 +27,7 @@ Environment knobs (read at construction) let tests in another process observe an
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
 import threading
@@ -297,49 +298,6 @@ def _load_tokenizer(path: str) -> Any:
     return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
-class StandinEngineNone(_StandinBase):
-    """An SGLang from before ``kv_hints``: the 0.5.23 signature without that one parameter."""
-
-    dialect = Dialect.NONE
-
-    async def async_generate(
-        self,
-        prompt: Any = None,
-        sampling_params: Any = None,
-        input_ids: Any = None,
-        image_data: Any = None,
-        audio_data: Any = None,
-        video_data: Any = None,
-        mm_hashes: Any = None,
-        mm_content_hashes: Any = None,
-        return_logprob: Any = False,
-        logprob_start_len: Any = None,
-        top_logprobs_num: Any = None,
-        token_ids_logprob: Any = None,
-        lora_path: Any = None,
-        custom_logit_processor: Any = None,
-        require_reasoning: bool = False,
-        return_hidden_states: Any = False,
-        return_routed_experts: bool = False,
-        routed_experts_start_len: int = 0,
-        stream: bool = False,
-        bootstrap_host: Any = None,
-        bootstrap_port: Any = None,
-        bootstrap_room: Any = None,
-        routed_dp_rank: Any = None,
-        disagg_prefill_dp_rank: Any = None,
-        data_parallel_rank: Any = None,
-        external_trace_header: Any = None,
-        rid: Any = None,
-        session_params: Any = None,
-        priority: Any = None,
-        session_id: Any = None,
-        *,
-        cache_salt: Any = None,
-    ) -> Any:
-        return await _finish(self._start(dict(locals())), stream=stream)
-
-
 class StandinEngineFlat(_StandinBase):
     """The design's SGLang: 0.5.23's exact signature, ``kv_hints`` is the flat envelope."""
 
@@ -386,6 +344,29 @@ class StandinEngineFlat(_StandinBase):
         cache_salt: Any = None,
     ) -> Any:
         return await _finish(self._start(dict(locals())), stream=stream)
+
+
+def _without_kv_hints(signature: inspect.Signature) -> inspect.Signature:
+    return signature.replace(
+        parameters=[p for p in signature.parameters.values() if p.name != "kv_hints"]
+    )
+
+
+class StandinEngineNone(_StandinBase):
+    """An SGLang from before ``kv_hints``: the 0.5.23 signature without that one parameter."""
+
+    dialect = Dialect.NONE
+
+    async def async_generate(self, *args: Any, **kwargs: Any) -> Any:
+        # Bound against the signature below, so ``kv_hints`` is refused as the old engine would.
+        bound = _NONE_SIGNATURE.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        arguments = bound.arguments
+        return await _finish(self._start(arguments), stream=arguments["stream"])
+
+
+_NONE_SIGNATURE: Final = _without_kv_hints(inspect.signature(StandinEngineFlat.async_generate))
+StandinEngineNone.async_generate.__signature__ = _NONE_SIGNATURE  # type: ignore[attr-defined]
 
 
 def _real_versioned_decoder() -> Callable[[Any], Any] | None:
@@ -445,8 +426,6 @@ STANDINS: Final[dict[Dialect, type[_StandinBase]]] = {
 
 
 def _collect_defaults() -> dict[str, Any]:
-    import inspect
-
     params = inspect.signature(StandinEngineFlat.async_generate).parameters
     return {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
 
