@@ -47,6 +47,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from kvretention.replay.sessions import claude_code_session, codex_session
+from support.argv import set_flag, without_flags
 from support.cpu_engine import SHIM_DIR, tiny_model_dir
 from support.processes import free_port, http_ok
 
@@ -73,36 +74,9 @@ def _command(deployments: dict[str, Any], component: str) -> list[str]:
     raise SystemExit(f"no {component} Deployment in the file")
 
 
-def _set(argv: list[str], flag: str, value: str) -> list[str]:
-    """``flag value`` (or ``flag=value``) replaced in ``argv``."""
-    out = list(argv)
-    for i, arg in enumerate(out):
-        if arg == flag:
-            out[i + 1] = value
-            return out
-        if arg.startswith(flag + "="):
-            out[i] = f"{flag}={value}"
-            return out
-    raise SystemExit(f"{flag} is not in {argv}")
-
-
-def _without(argv: list[str], flag: str) -> list[str]:
-    """``argv`` without ``flag value`` pairs (the Service DNS a pod would resolve)."""
-    out: list[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg == flag:
-            skip = True
-        elif not arg.startswith(flag + "="):
-            out.append(arg)
-    return out
-
-
 def _local(command: list[str], port: int) -> list[str]:
     argv = [sys.executable, "-m", "kvretention", *command[1:]]
-    return _set(_set(argv, "--host", "127.0.0.1"), "--port", str(port))
+    return set_flag(set_flag(argv, "--host", "127.0.0.1"), "--port", str(port))
 
 
 def _start(argv: list[str], *, log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -299,13 +273,17 @@ def _on_loopback(deployments: dict[str, Any], out: Path, aliases: list[str]) -> 
     trace.unlink(missing_ok=True)
 
     worker = _local(_command(deployments, "worker"), ports["worker"])
-    worker = _set(_without(worker, "--metrics-port"), "--model-path", str(tiny_model_dir()))
+    worker = set_flag(
+        without_flags(worker, "--metrics-port"), "--model-path", str(tiny_model_dir())
+    )
     split = worker.index("--")
     worker = [*worker[:split], "--device", "cpu", "--trace-file", str(trace), *worker[split:]]
-    router = _without(_local(_command(deployments, "router"), ports["router"]), "--metrics-port")
-    router = [*_without(router, "--worker-dns"), "--worker", urls["worker"]]
+    router = without_flags(
+        _local(_command(deployments, "router"), ports["router"]), "--metrics-port"
+    )
+    router = [*without_flags(router, "--worker-dns"), "--worker", urls["worker"]]
     frontend = _local(_command(deployments, "frontend"), ports["frontend"])
-    frontend = _set(_without(frontend, "--metrics-port"), "--router-url", urls["router"])
+    frontend = set_flag(without_flags(frontend, "--metrics-port"), "--router-url", urls["router"])
     python_path = os.pathsep.join(p for p in (str(SHIM_DIR), os.environ.get("PYTHONPATH")) if p)
     env = {"PYTHONPATH": python_path, "OMP_NUM_THREADS": "1"}
 

@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from kvretention.controller.render import load_documents, parse_cr
 from kvretention.controller.resources import build_children
+from support.argv import set_flag, without_flags
 from support.chat_tokenizer import save
 from support.cpu_engine import ENGINE_READY_S, cpu_engine_env, tiny_model_dir
 from support.processes import KvrProcess
@@ -102,33 +103,6 @@ def rendered_commands(example: Path) -> tuple[dict[str, list[str]], int]:
     return commands, replicas
 
 
-def _set(argv: list[str], flag: str, value: str) -> list[str]:
-    """``flag value`` or ``flag=value`` replaced; the flag must be there."""
-    out = list(argv)
-    for i, arg in enumerate(out):
-        if arg == flag:
-            out[i + 1] = value
-            return out
-        if arg.startswith(flag + "="):
-            out[i] = f"{flag}={value}"
-            return out
-    raise AssertionError(f"{flag} is not in the rendered command {argv}")
-
-
-def _without(argv: list[str], *flags: str) -> list[str]:
-    """``argv`` without these flags and their values (either spelling)."""
-    out: list[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg in flags:
-            skip = True
-        elif not any(arg.startswith(f + "=") for f in flags):
-            out.append(arg)
-    return out
-
-
 def _mounted(argv: list[str], mount: str, directory: Path) -> list[str]:
     """``--auth-keys-dir=MOUNT`` pointed at the local directory; the flag must be there."""
     flag = f"--auth-keys-dir={mount}"
@@ -149,14 +123,14 @@ def _subcommand(command: list[str]) -> list[str]:
     assert command[0] == "kvretention", command
     cut = command.index("--") if "--" in command else len(command)
     pod_address = ("--host", "--port", "--metrics-port")
-    return [*_without(command[1:cut], *pod_address), *command[cut:]]
+    return [*without_flags(command[1:cut], *pod_address), *command[cut:]]
 
 
 def _cpu_engine_worker(worker: list[str]) -> list[str]:
     """The rendered worker on SGLang's real CPU engine with the tiny model: one rank (SGLang's CPU
     engine runs one here), no ``--reasoning-parser`` (the tiny model has no reasoning format)."""
-    worker = _set(_set(worker, "--model-path", str(tiny_model_dir())), "--tp-size", "1")
-    worker = _without(worker, "--reasoning-parser")
+    worker = set_flag(set_flag(worker, "--model-path", str(tiny_model_dir())), "--tp-size", "1")
+    worker = without_flags(worker, "--reasoning-parser")
     cut = worker.index("--")
     return [*worker[:cut], "--device", "cpu", *worker[cut:], *CPU_ENGINE_POOL]
 
@@ -178,12 +152,12 @@ def start_rendered_plane(
     hop_key = tmp / "hop-key"
     hop_key.write_text(secrets_module.token_hex(32) + "\n")
     worker = _hop_key(_subcommand(commands["worker"]), hop_key)
-    worker = _set(worker, "--drain-seconds", "0")
+    worker = set_flag(worker, "--drain-seconds", "0")
     if engine == "cpu":
         worker, replicas = _cpu_engine_worker(worker), 1
     else:
         tokenizer = save(tmp / "tokenizer")
-        worker = _set(_set(worker, "--engine", STANDIN), "--model-path", str(tokenizer))
+        worker = set_flag(set_flag(worker, "--engine", STANDIN), "--model-path", str(tokenizer))
     cut = worker.index("--")
     records = {f"w{i}": tmp / f"w{i}-engine.jsonl" for i in range(replicas)}
 
@@ -198,10 +172,10 @@ def start_rendered_plane(
 
     with ThreadPoolExecutor(max_workers=replicas) as pool:
         workers = dict(zip(records, pool.map(start_worker, records), strict=True))
-    router_args = _without(_hop_key(_subcommand(commands["router"]), hop_key), "--worker-dns")
+    router_args = without_flags(_hop_key(_subcommand(commands["router"]), hop_key), "--worker-dns")
     router = start([*router_args, *(a for w in workers.values() for a in ("--worker", w.base_url))])
     trace = tmp / "frontend-trace.jsonl"
-    frontend_args = _set(
+    frontend_args = set_flag(
         _hop_key(_subcommand(commands["frontend"]), hop_key), "--router-url", router.base_url
     )
     for name, directory in (secrets or {}).items():
