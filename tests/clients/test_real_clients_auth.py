@@ -23,6 +23,7 @@ from kvretention.common.tenancy import cache_salt_for
 from support.processes import StartKvretention
 from support.real_clients import Client, Exchange, Recorder, run_claude, run_codex
 from support.rendered_plane import RenderedPlane, start_rendered_plane
+from support.standin_chain import write_key_files
 from support.worker_client import wait_for
 
 pytestmark = pytest.mark.clients
@@ -51,10 +52,7 @@ def fleet(start: StartKvretention, tmp_path_factory: pytest.TempPathFactory) -> 
     doc["spec"].setdefault("frontend", {})["auth"] = {"secretRefs": [{"name": SECRET}]}
     example = tmp / "agents-auth.yaml"
     example.write_text(yaml.safe_dump(doc))
-    mount = tmp / "secret"
-    mount.mkdir()
-    for tenant, key in KEYS.items():
-        (mount / tenant).write_text(key + "\n")
+    mount = write_key_files(tmp / "secret", KEYS)
     plane = start_rendered_plane(example, start=start, tmp=tmp, secrets={SECRET: mount})
     assert f"--auth-keys-dir=/etc/kvretention/auth/{SECRET}" in plane.commands["frontend"]
     recorder = Recorder(plane.frontend.base_url)

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from support.chat_tokenizer import save
 from support.processes import StartKvretention
+from support.standin_chain import start_standin_chain
 from support.worker_client import calls, wait_for
 
 HOUR: dict[str, Any] = {"type": "ephemeral", "ttl": "1h"}
@@ -70,19 +70,14 @@ def plane(
     kvretention_process: StartKvretention, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[str, Path, Path]:
     d = tmp_path_factory.mktemp("hour-ttl")
-    record, trace = d / "engine.jsonl", d / "worker-trace.jsonl"
-    worker = kvretention_process(
-        [
-            *("worker", "--engine", "standin:versioned"),
-            *("--model-path", str(save(d / "tokenizer"))),
-            *("--trace-file", str(trace)),
-        ],
-        env={"KVR_STANDIN_RECORD": str(record)},
-        timeout=90.0,
+    trace = d / "worker-trace.jsonl"
+    chain = start_standin_chain(
+        kvretention_process,
+        d,
+        worker_args=["--trace-file", str(trace)],
+        frontend_args=["--model", "m"],
     )
-    router = kvretention_process(["router", "--worker", worker.base_url])
-    frontend = kvretention_process(["frontend", "--router-url", router.base_url, "--model", "m"])
-    return frontend.base_url, record, trace
+    return chain.frontend, chain.record, trace
 
 
 def send(base_url: str, body: dict[str, Any]) -> str:

@@ -12,15 +12,14 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kvretention.common.hop_auth import HEADER_TENANT_SIG, parse_hop_keys, sign_tenant
 from kvretention.common.tenancy import HEADER_TENANT, cache_salt_for
-from support.chat_tokenizer import save
 from support.processes import StartKvretention
+from support.standin_chain import StandinChain, start_standin_chain, write_key_files
 from support.worker_client import calls, post, request_body, wait_for
 
 KEYS = {"team-a": "sk-team-a-0123456789abcdef", "team-b": "sk-team-b-0123456789abcdef"}
@@ -29,36 +28,22 @@ HOP = parse_hop_keys(HOP_KEY)
 FORGED = parse_hop_keys("f" * 64)
 
 
-class Plane:
-    def __init__(self, frontend: str, router: str, worker: str, record: Path) -> None:
-        self.frontend, self.router, self.worker, self.record = frontend, router, worker, record
-
-
 @pytest.fixture(scope="module")
-def plane(kvretention_process: StartKvretention, tmp_path_factory: pytest.TempPathFactory) -> Plane:
+def plane(
+    kvretention_process: StartKvretention, tmp_path_factory: pytest.TempPathFactory
+) -> StandinChain:
     d = tmp_path_factory.mktemp("hop-auth")
-    keys = d / "keys"
-    keys.mkdir()
-    for tenant, key in KEYS.items():
-        (keys / tenant).write_text(key + "\n")
+    keys = write_key_files(d / "keys", KEYS)
     hop_key = d / "hop-key"
     hop_key.write_text(HOP_KEY + "\n")
     hop = ["--hop-key-file", str(hop_key)]
-    record = d / "engine.jsonl"
-    worker = kvretention_process(
-        [
-            *("worker", "--engine", "standin:versioned"),
-            *("--model-path", str(save(d / "tokenizer"))),
-            *hop,
-        ],
-        env={"KVR_STANDIN_RECORD": str(record)},
-        timeout=90.0,
+    return start_standin_chain(
+        kvretention_process,
+        d,
+        worker_args=hop,
+        router_args=hop,
+        frontend_args=["--auth-keys-dir", str(keys), *hop],
     )
-    router = kvretention_process(["router", "--worker", worker.base_url, *hop])
-    frontend = kvretention_process(
-        ["frontend", "--router-url", router.base_url, "--auth-keys-dir", str(keys), *hop]
-    )
-    return Plane(frontend.base_url, router.base_url, worker.base_url, record)
 
 
 def chat(base_url: str, tenant: str) -> dict[str, Any]:
@@ -84,7 +69,9 @@ def refusals(base_url: str, component: str) -> dict[str, float]:
     }
 
 
-def test_the_frontends_signed_requests_are_served_with_each_tenants_salt(plane: Plane) -> None:
+def test_the_frontends_signed_requests_are_served_with_each_tenants_salt(
+    plane: StandinChain,
+) -> None:
     for tenant in KEYS:
         assert chat(plane.frontend, tenant)["choices"][0]["finish_reason"] is not None
     engine = wait_for(
@@ -132,7 +119,7 @@ FORGERIES: list[tuple[str, Any, str]] = [
     ("headers", "reason"), [f[1:] for f in FORGERIES], ids=[f[0] for f in FORGERIES]
 )
 def test_a_tenant_not_signed_by_the_frontend_is_refused_and_counted(
-    plane: Plane, hop: str, headers: Any, reason: str
+    plane: StandinChain, hop: str, headers: Any, reason: str
 ) -> None:
     base_url = plane.router if hop == "router" else plane.worker
     before = refusals(base_url, hop).get(reason, 0.0)
@@ -147,7 +134,7 @@ def test_a_tenant_not_signed_by_the_frontend_is_refused_and_counted(
 
 @pytest.mark.parametrize("hop", ["router", "worker"])
 def test_a_request_signed_with_the_hop_key_passes_straight_to_the_hop(
-    plane: Plane, hop: str
+    plane: StandinChain, hop: str
 ) -> None:
     """What the refusals above turn on is the signature alone."""
     base_url = plane.router if hop == "router" else plane.worker

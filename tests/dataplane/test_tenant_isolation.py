@@ -18,8 +18,8 @@ import pytest
 
 from kvretention.common.tenancy import HEADER_TENANT, cache_salt_for
 from kvretention.dataplane.protocol import HEADER_PREFIX, HEADER_SESSION
-from support.chat_tokenizer import save
 from support.processes import StartKvretention
+from support.standin_chain import start_standin_chain, write_key_files
 from support.worker_client import calls, post, request_body, wait_for
 
 KEYS = {"team-a": "sk-team-a-0123456789abcdef", "team-b": "sk-team-b-0123456789abcdef"}
@@ -106,25 +106,14 @@ def test_a_malformed_tenant_header_is_refused(pool: Pool, tenant: str) -> None:
 @pytest.fixture(scope="module")
 def plane(kvretention_process: StartKvretention, tmp_path_factory: pytest.TempPathFactory) -> Any:
     d = tmp_path_factory.mktemp("tenant-cache")
-    keys = d / "keys"
-    keys.mkdir()
-    for tenant, key in KEYS.items():
-        (keys / tenant).write_text(key + "\n")
-    record = d / "engine.jsonl"
-    worker = kvretention_process(
-        [
-            *("worker", "--engine", "standin:versioned"),
-            *("--model-path", str(save(d / "tokenizer"))),
-            *("--trace-file", str(d / "worker-trace.jsonl")),
-        ],
-        env={"KVR_STANDIN_RECORD": str(record)},
-        timeout=90.0,
+    keys = write_key_files(d / "keys", KEYS)
+    chain = start_standin_chain(
+        kvretention_process,
+        d,
+        worker_args=["--trace-file", str(d / "worker-trace.jsonl")],
+        frontend_args=["--auth-keys-dir", str(keys)],
     )
-    router = kvretention_process(["router", "--worker", worker.base_url])
-    frontend = kvretention_process(
-        ["frontend", "--router-url", router.base_url, "--auth-keys-dir", str(keys)],
-    )
-    return frontend.base_url, record
+    return chain.frontend, chain.record
 
 
 def chat(

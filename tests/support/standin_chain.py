@@ -1,0 +1,53 @@
+"""Frontend -> router -> worker as real processes, the worker on the engine stand-in and the test
+tokenizer: the chain the data-plane tests that need all three hops start."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from support.chat_tokenizer import save
+from support.processes import StartKvretention
+
+
+@dataclass(frozen=True)
+class StandinChain:
+    frontend: str
+    router: str
+    worker: str
+    record: Path
+    """The stand-in's record (``KVR_STANDIN_RECORD``): what the engine was called with."""
+
+
+def write_key_files(directory: Path, keys: Mapping[str, str]) -> Path:
+    """``directory`` with one file per tenant holding its API key, as ``--auth-keys-dir`` reads."""
+    directory.mkdir(parents=True)
+    for tenant, key in keys.items():
+        (directory / tenant).write_text(key + "\n")
+    return directory
+
+
+def start_standin_chain(
+    start: StartKvretention,
+    d: Path,
+    *,
+    worker_args: Sequence[str] = (),
+    router_args: Sequence[str] = (),
+    frontend_args: Sequence[str] = (),
+) -> StandinChain:
+    """Start the worker (``standin:versioned``, the tokenizer saved under ``d``), a router in front
+    of it and a frontend in front of that, each with its extra arguments."""
+    record = d / "engine.jsonl"
+    worker = start(
+        [
+            *("worker", "--engine", "standin:versioned"),
+            *("--model-path", str(save(d / "tokenizer"))),
+            *worker_args,
+        ],
+        env={"KVR_STANDIN_RECORD": str(record)},
+        timeout=90.0,
+    )
+    router = start(["router", "--worker", worker.base_url, *router_args])
+    frontend = start(["frontend", "--router-url", router.base_url, *frontend_args])
+    return StandinChain(frontend.base_url, router.base_url, worker.base_url, record)
