@@ -94,16 +94,24 @@ def parse_hop_keys(text: str, *, source: str = "hop key") -> HopKeys:
     return HopKeys(tuple(keys))
 
 
-def read_hop_keys(path: Path) -> HopKeys:
-    """:func:`parse_hop_keys` of a file (a mounted Secret's key); raises :class:`HopKeyError`."""
+def read_key_file(path: Path, *, limit: int, error: type[ValueError]) -> str:
+    """A mounted Secret's key file as text, at most ``limit`` bytes; raises ``error`` (naming the
+    file, never a key). A byte that is not UTF-8 becomes U+FFFD: its line is malformed, not the
+    whole file."""
     try:
         with path.open("rb") as f:
-            data = f.read(MAX_KEY_FILE_BYTES + 1)
+            data = f.read(limit + 1)
     except OSError as exc:
-        raise HopKeyError(f"cannot read {path}: {exc.strerror}") from None
-    if len(data) > MAX_KEY_FILE_BYTES:
-        raise HopKeyError(f"{path} is larger than {MAX_KEY_FILE_BYTES} bytes")
-    return parse_hop_keys(data.decode("utf-8", "replace"), source=str(path))
+        raise error(f"cannot read {path}: {exc.strerror}") from None
+    if len(data) > limit:
+        raise error(f"{path} is larger than {limit} bytes")
+    return data.decode("utf-8", "replace")
+
+
+def read_hop_keys(path: Path) -> HopKeys:
+    """:func:`parse_hop_keys` of a file (a mounted Secret's key); raises :class:`HopKeyError`."""
+    text = read_key_file(path, limit=MAX_KEY_FILE_BYTES, error=HopKeyError)
+    return parse_hop_keys(text, source=str(path))
 
 
 class HopKeyFile:

@@ -42,7 +42,7 @@ from aiohttp.web_urldispatcher import _default_expect_handler
 from prometheus_client import CollectorRegistry
 
 from kvretention.api.names import METRICS_PATH
-from kvretention.common.hop_auth import HopKeyFile, signed_headers
+from kvretention.common.hop_auth import HopKeyFile, read_key_file, signed_headers
 from kvretention.common.tenancy import TENANT_PATTERN, valid_tenant
 from kvretention.common.trace import RequestTrace
 from kvretention.dataplane.frontend import errors
@@ -144,18 +144,6 @@ class LoadedKeys:
     problems: tuple[str, ...] = ()
 
 
-def _read_text(path: Path) -> str:
-    try:
-        with path.open("rb") as f:
-            data = f.read(MAX_KEY_FILE_BYTES + 1)
-    except OSError as exc:
-        raise KeysError(f"cannot read {path}: {exc.strerror}") from None
-    if len(data) > MAX_KEY_FILE_BYTES:
-        raise KeysError(f"{path} is larger than {MAX_KEY_FILE_BYTES} bytes")
-    # a byte that is not UTF-8 makes its line malformed (not ASCII), not the whole file
-    return data.decode("utf-8", "replace")
-
-
 def load_keys(directories: Sequence[Path]) -> LoadedKeys:
     """Every directory's tenant files as one table. Skipped and reported: a file whose name is
     not a tenant name, a malformed line, a key listed for two tenants (refused for both). Raises
@@ -171,7 +159,9 @@ def load_keys(directories: Sequence[Path]) -> LoadedKeys:
                     f"{path}: the file name is not a tenant name ({TENANT_PATTERN}; file skipped)"
                 )
                 continue
-            keys, bad = parse_key_lines(_read_text(path), source=str(path))
+            keys, bad = parse_key_lines(
+                read_key_file(path, limit=MAX_KEY_FILE_BYTES, error=KeysError), source=str(path)
+            )
             problems += bad
             for key in keys:
                 digest = _digest(key)
