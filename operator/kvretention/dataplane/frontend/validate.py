@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from kvretention.hints.errors import ClientError, ClientErrorCode, json_type
 
 _ARTICLE = {"array": "an", "integer": "an", "object": "an"}
+_T = TypeVar("_T")
 
 
 MAX_INT32: Final = 2**31 - 1
@@ -85,26 +86,23 @@ class Fields:
             raise self.invalid_value(key, empty)
         return value
 
-    def opt_str(self, body: Mapping[str, Any], key: str, *, param: str | None = None) -> str | None:
+    def _optional(
+        self, body: Mapping[str, Any], key: str, kind: type[_T], *, expected: str, param: str | None
+    ) -> _T | None:
+        """``body[key]`` when it is a ``kind``, ``None`` when absent or null."""
         value = body.get(key)
-        if value is not None and not isinstance(value, str):
-            raise self.invalid_type(param or key, value, expected="a string")
+        if value is not None and not isinstance(value, kind):
+            raise self.invalid_type(param or key, value, expected=expected)
         return value
 
+    def opt_str(self, body: Mapping[str, Any], key: str, *, param: str | None = None) -> str | None:
+        return self._optional(body, key, str, expected="a string", param=param)
+
     def opt_bool(
-        self,
-        body: Mapping[str, Any],
-        key: str,
-        *,
-        default: bool = False,
-        param: str | None = None,
+        self, body: Mapping[str, Any], key: str, *, default: bool = False, param: str | None = None
     ) -> bool:
-        value = body.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise self.invalid_type(param or key, value, expected="a boolean")
-        return value
+        value = self._optional(body, key, bool, expected="a boolean", param=param)
+        return default if value is None else value
 
     def opt_int(
         self,
