@@ -32,6 +32,7 @@ from kvretention.dataplane.frontend.openai.fields import (
     refuse_set,
     req_str,
     sampling,
+    string_tool_choice,
     tool_name,
     unknown_tool,
 )
@@ -80,7 +81,6 @@ REFUSED: Final[Mapping[str, str]] = {
     "top_logprobs": "log probabilities are not supported.",
 }
 FIELDS: Final = HONOURED | NO_OP | frozenset(REFUSED)
-_TOOL_CHOICES: Final = ("none", "auto", "required")
 
 
 _OPENER: Final = Opener(
@@ -221,10 +221,7 @@ def _tool_choice(raw: object, *, tools: list[ToolDefinition]) -> ToolChoice:
     if not tools:
         raise no_tools("tool_choice")
     if isinstance(raw, str):
-        if raw not in _TOOL_CHOICES:
-            supported = ", ".join(f"'{c}'" for c in _TOOL_CHOICES)
-            raise F.invalid_value("tool_choice", f"'{raw}'. Supported values are: {supported}.")
-        return ToolChoice(mode=raw)
+        return string_tool_choice(raw)
     choice = obj(raw, where="tool_choice")
     kind = choice.get("type")
     if kind == "allowed_tools":

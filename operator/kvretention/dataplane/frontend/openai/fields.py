@@ -20,6 +20,7 @@ from kvretention.dataplane.protocol import (
     ReasoningControl,
     ResponseFormat,
     SamplingParams,
+    ToolChoice,
 )
 from kvretention.hints.errors import ClientError
 from kvretention.hints.openai import BREAKPOINT_KEY
@@ -28,6 +29,7 @@ F: Final = Fields(anthropic=False)
 MAX_STOP: Final = 4
 TOOL_NAME: Final = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 CHAT_IMAGE_DETAILS: Final = ("auto", "low", "high")
+_TOOL_CHOICES: Final = ("none", "auto", "required")
 RESPONSES_IMAGE_DETAILS: Final = (*CHAT_IMAGE_DETAILS, "original")
 """Responses images also take ``original`` (no downscaling), which Codex sends for screenshots; the
 neutral part records it as ``high``, the most detail it names."""
@@ -280,6 +282,14 @@ def opt_strict(raw: Mapping[str, Any], *, where: str) -> bool | None:
     if value is not None and not isinstance(value, bool):
         raise F.invalid_type(f"{where}.strict", value, expected="a boolean")
     return value
+
+
+def string_tool_choice(raw: str) -> ToolChoice:
+    """A ``tool_choice`` given as a string: ``none``, ``auto`` or ``required`` on both endpoints."""
+    if raw not in _TOOL_CHOICES:
+        supported = ", ".join(f"'{c}'" for c in _TOOL_CHOICES)
+        raise F.invalid_value("tool_choice", f"'{raw}'. Supported values are: {supported}.")
+    return ToolChoice(mode=raw)
 
 
 def no_tools(param: str) -> ClientError:

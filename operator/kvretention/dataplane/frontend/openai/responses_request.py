@@ -27,6 +27,7 @@ from kvretention.dataplane.frontend.openai.fields import (
     refuse_set,
     req_str,
     sampling,
+    string_tool_choice,
     unknown_tool,
 )
 from kvretention.dataplane.frontend.openai.responses_conversation import fold_items
@@ -98,7 +99,6 @@ REFUSED: Final[Mapping[str, str]] = {
 }
 FIELDS: Final = HONOURED | NO_OP | frozenset(REFUSED)
 _REASONING_CONTEXTS: Final = ("auto", "current_turn", "all_turns")
-_TOOL_CHOICES: Final = ("none", "auto", "required")
 
 
 _OPENER: Final = Opener(
@@ -235,12 +235,10 @@ def _tool_choice(
     if raw is None:
         return ToolChoice(), tools
     if isinstance(raw, str):
-        if raw not in _TOOL_CHOICES:
-            supported = ", ".join(f"'{c}'" for c in _TOOL_CHOICES)
-            raise F.invalid_value("tool_choice", f"'{raw}'. Supported values are: {supported}.")
-        if raw == "required" and not tools:
+        choice = string_tool_choice(raw)
+        if choice.mode == "required" and not tools:
             raise _no_tools()
-        return ToolChoice(mode=raw), tools
+        return choice, tools
     choice = obj(raw, where="tool_choice")
     kind = choice.get("type")
     if kind in ("function", "custom"):
