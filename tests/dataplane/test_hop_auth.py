@@ -19,7 +19,7 @@ import pytest
 from kvretention.common.hop_auth import HEADER_TENANT_SIG, parse_hop_keys, sign_tenant
 from kvretention.common.tenancy import HEADER_TENANT, cache_salt_for
 from support.processes import StartKvretention
-from support.standin_chain import StandinChain, start_standin_chain, write_key_files
+from support.standin_chain import StandinChain, post_chat, start_standin_chain, write_key_files
 from support.worker_client import calls, post, request_body, wait_for
 
 KEYS = {"team-a": "sk-team-a-0123456789abcdef", "team-b": "sk-team-b-0123456789abcdef"}
@@ -48,14 +48,7 @@ def plane(
 
 def chat(base_url: str, tenant: str) -> dict[str, Any]:
     body = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "Hello."}]}
-    request = urllib.request.Request(
-        base_url + "/v1/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"content-type": "application/json", "authorization": f"Bearer {KEYS[tenant]}"},
-    )
-    with urllib.request.urlopen(request, timeout=30) as resp:
-        answer: dict[str, Any] = json.load(resp)
-    return answer
+    return post_chat(base_url, body, api_key=KEYS[tenant])
 
 
 def refusals(base_url: str, component: str) -> dict[str, float]:

@@ -10,7 +10,6 @@ stand-in keeps its prompts per salt, as SGLang's radix tree keys them by ``Radix
 from __future__ import annotations
 
 import json
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import pytest
 from kvretention.common.tenancy import HEADER_TENANT, cache_salt_for
 from kvretention.dataplane.protocol import HEADER_PREFIX, HEADER_SESSION
 from support.processes import StartKvretention
-from support.standin_chain import start_standin_chain, write_key_files
+from support.standin_chain import post_chat, start_standin_chain, write_key_files
 from support.worker_client import calls, post, request_body, wait_for
 
 KEYS = {"team-a": "sk-team-a-0123456789abcdef", "team-b": "sk-team-b-0123456789abcdef"}
@@ -133,14 +132,7 @@ def chat(
             {"role": "user", "content": prompt},
         ],
     }
-    request = urllib.request.Request(
-        base_url + "/v1/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"content-type": "application/json", "authorization": f"Bearer {KEYS[tenant]}"},
-    )
-    with urllib.request.urlopen(request, timeout=30) as resp:
-        answer: dict[str, Any] = json.load(resp)
-    return answer
+    return post_chat(base_url, body, api_key=KEYS[tenant])
 
 
 # (tenant, prompt, cached: whether the engine found the prompt's prefix in that tenant's cache)

@@ -3,9 +3,12 @@ tokenizer: the chain the data-plane tests that need all three hops start."""
 
 from __future__ import annotations
 
+import json
+import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from support.chat_tokenizer import save
 from support.processes import StartKvretention
@@ -51,3 +54,15 @@ def start_standin_chain(
     router = start(["router", "--worker", worker.base_url, *router_args])
     frontend = start(["frontend", "--router-url", router.base_url, *frontend_args])
     return StandinChain(frontend.base_url, router.base_url, worker.base_url, record)
+
+
+def post_chat(base_url: str, body: dict[str, Any], *, api_key: str) -> dict[str, Any]:
+    """POST ``body`` to the frontend's ``/v1/chat/completions`` with ``api_key``; the answer."""
+    request = urllib.request.Request(
+        base_url + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json", "authorization": f"Bearer {api_key}"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        answer: dict[str, Any] = json.load(resp)
+    return answer
