@@ -68,7 +68,12 @@ def test_counts_from_several_processes_are_summed(stats_dir: Path) -> None:
     (stats_dir / "101.json").write_text('{"checkpoint": 3, "l3_put": 1}')
     (stats_dir / "102.json").write_text('{"checkpoint": 4}')
     (stats_dir / "103.json").write_text("{half a rename")  # skipped, never a failed scrape
-    assert failures.read_counts(stats_dir) == {"checkpoint": 7, "l3_record": 0, "l3_put": 1}
+    assert failures.read_counts(stats_dir) == {
+        "checkpoint": 7,
+        "evict": 0,
+        "l3_record": 0,
+        "l3_put": 1,
+    }
 
 
 class _Ranks:
@@ -115,3 +120,38 @@ def test_a_failing_clock_agreement_is_inside_the_guard(
     tree.run(_tokens(0), kv_hints=retain(BLOCK, duration=10))  # served: the checkpoint returns
     assert tree.cached(_tokens(0)) == BLOCK
     assert failures.read_counts(stats_dir)["checkpoint"] == 1
+
+
+def _fill_after_a_hold(tree: RadixTree) -> None:
+    """Block 0 held for 10 s, blocks 1-3 after it: the tree (4 blocks) is full."""
+    tree.run(_tokens(0), kv_hints=retain(BLOCK, duration=10))
+    for i in (1, 2, 3):
+        tree.run(_tokens(i))
+
+
+def test_an_eviction_after_an_idle_spell_agrees_on_the_time_before_it_ranks(
+    clock: FakeClock, stats_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tree = RadixTree(TreeSpec(kind="unified", page_size=4, tokens=4 * BLOCK))
+    ranks = _Ranks(tree, monkeypatch)
+    _fill_after_a_hold(tree)
+    agreed = ranks.reductions
+    clock.advance(60)  # idle: no checkpoint since, the hold expired 50 s ago
+    tree.run(_tokens(4))  # needs one block: the pass agrees on the time, then ranks
+    assert ranks.reductions == agreed + 1  # the checkpoint after it finds nothing at stake
+    assert tree.cached(_tokens(0)) == 0  # expired: LRU's oldest goes first
+    assert tree.cached(_tokens(1)) == BLOCK
+
+
+def test_a_failing_agreement_before_an_eviction_ranks_by_the_last_agreed_time(
+    clock: FakeClock, stats_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tree = RadixTree(TreeSpec(kind="unified", page_size=4, tokens=4 * BLOCK))
+    ranks = _Ranks(tree, monkeypatch)
+    _fill_after_a_hold(tree)
+    clock.advance(60)
+    ranks.fail = True
+    tree.run(_tokens(4))  # served: the pass goes on by the time agreed before the idle spell
+    assert tree.cached(_tokens(4)) == BLOCK
+    assert tree.cached(_tokens(0)) == BLOCK  # still ranked as held at that time
+    assert failures.read_counts(stats_dir)["evict"] == 1

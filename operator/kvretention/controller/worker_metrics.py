@@ -131,7 +131,11 @@ def plan_failures(previous: FleetFailures | None, reads: Sequence[PodFailures]) 
 
 def describe_increases(increases: Sequence[HookIncrease]) -> str:
     """``pod w-0: checkpoint 3 (KV left unretained); pod w-1: l3_put 1 (pages written unpinned)``."""
-    what = {"unretained": "KV left unretained", "unpinned": "pages written unpinned"}
+    what = {
+        "unretained": "KV left unretained",
+        "unpinned": "pages written unpinned",
+        "last_agreed_time": "evicted by the last agreed time",
+    }
     by_pod: dict[str, list[str]] = {}
     for inc in increases:
         fallback = what.get(FALLBACKS.get(inc.hook, ""), "fell back")

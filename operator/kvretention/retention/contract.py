@@ -51,6 +51,20 @@ HOOK_TARGETS: Final = (  # the radix tiers'; L3_HOOK_TARGETS has the Mooncake ti
         "where a request's KV enters the unified tree (device and HiCache host tiers)",
     ),
     HookTarget(
+        "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.evict",
+        ("self", "params"),
+        "_before_unified_evict",
+        "BEFORE",
+        "ranks agree on the time again before an eviction pass while a hold may be live",
+    ),
+    HookTarget(
+        "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.evict_for_alloc",
+        ("self", "params", "allocation_reclaim_satisfied"),
+        "_before_unified_evict",
+        "BEFORE",
+        "the same for the allocator's eviction passes",
+    ),
+    HookTarget(
         "sglang.srt.mem_cache.unified_cache.unified_tree_core.UnifiedTreeCore._split_node",
         ("self", "key", "child", "split_len"),
         "_after_unified_split",

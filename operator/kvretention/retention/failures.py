@@ -37,12 +37,14 @@ METRIC: Final = "kvretention_retention_hook_failures"
 
 FALLBACKS: Final[Mapping[str, str]] = {
     "checkpoint": "unretained",
+    "evict": "last_agreed_time",
     "l3_record": "unpinned",
     "l3_put": "unpinned",
 }
 """Each fail-open hook and what the worker does instead: ``checkpoint`` (the radix holds of a
 request, and the ranks' clock agreement) leaves the request's KV unretained, evicted as plain LRU;
-``l3_record`` (noting a request's retained pages) and ``l3_put`` (the Mooncake put) write the
+``evict`` (the ranks' clock agreement before an eviction pass) ranks holds by the time last
+agreed on; ``l3_record`` (noting a request's retained pages) and ``l3_put`` (the Mooncake put) write the
 pages unpinned. The request is served either way."""
 
 

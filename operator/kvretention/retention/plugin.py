@@ -234,6 +234,32 @@ def _after_unified_checkpoint(_result: Any, cache: Any, req: Any, *, up_to: int,
     )
 
 
+def _before_unified_evict(cache: Any, *_: Any, **__: Any) -> None:
+    """BEFORE an eviction pass of a tree spread over ranks: agree on the time again while a hold
+    may still be live. Between checkpoints the ranks' last agreed time stands still, so after an
+    idle spell a hold that has expired would still rank as live in the first pass. Every rank
+    enters the pass in step (SGLang checks ``evict`` and ``evict_for_alloc`` for rank consensus)
+    and asks the same question of the same state, so every rank reaches the reduction or none
+    does. One rank (no agreed time) reads its own clock in the pass and skips this. Fails open:
+    the pass then ranks by the last agreed time, as before."""
+    strategy = getattr(cache.tree_core, "eviction_strategy", None)
+    if cache.disable or not isinstance(strategy, RetainStrategy) or strategy.agreed_now is None:
+        return
+    if not strategy.at_stake(hinted=False):
+        return
+    try:
+        agree_on_now(cache, strategy)
+    except Exception:
+        failures = COUNTS.count("evict")
+        if failures == 1 or failures % 1000 == 0:
+            logger.exception(
+                "%s: ranks could not agree on the time before an eviction (%d so far); the pass "
+                "ranks holds by the last agreed time",
+                PLUGIN_NAME,
+                failures,
+            )
+
+
 def _after_radix_checkpoint(_result: Any, cache: Any, req: Any, *, up_to: int) -> None:
     if cache.disable or not isinstance(cache.eviction_strategy, RetainStrategy):
         return

@@ -137,7 +137,9 @@ def test_copy_holds_gives_a_split_parent_the_childs_holds() -> None:
 def test_every_contract_target_has_its_plugin_hook() -> None:
     table = hooks()
     assert list(table) == [t.target for t in HOOK_TARGETS]
-    assert all(callable(fn) and kind in {"AROUND", "AFTER"} for fn, kind in table.values())
+    assert all(
+        callable(fn) and kind in {"AROUND", "AFTER", "BEFORE"} for fn, kind in table.values()
+    )
 
 
 def test_a_hook_failure_is_logged_and_the_request_served(
