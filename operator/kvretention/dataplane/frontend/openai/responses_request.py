@@ -235,10 +235,10 @@ def _tool_choice(
     if raw is None:
         return ToolChoice(), tools
     if isinstance(raw, str):
-        choice = string_tool_choice(raw)
-        if choice.mode == "required" and not tools:
+        given = string_tool_choice(raw)
+        if given.mode == "required" and not tools:
             raise _no_tools()
-        return choice, tools
+        return given, tools
     choice = obj(raw, where="tool_choice")
     kind = choice.get("type")
     if kind in ("function", "custom"):
