@@ -35,7 +35,7 @@ from functools import partial
 from typing import Any, Final
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
 from kvretention.api.names import Role
 from kvretention.common.hop_auth import HopKeyFile
@@ -43,6 +43,7 @@ from kvretention.common.tenancy import CACHE_SALT_PARAM, HEADER_TENANT, tenant_o
 from kvretention.common.trace import RequestTrace
 from kvretention.dataplane.hop_key import refused_hop
 from kvretention.dataplane.http import Readiness, add_metrics, add_probes
+from kvretention.dataplane.metric_decl import counter, gauge
 from kvretention.dataplane.protocol import (
     ERROR_STATUS,
     GENERATE_PATH,
@@ -85,34 +86,34 @@ class WorkerMetrics:
             self.registry.register(FailureCollector(self.retention_stats_dir))
             self.registry.register(L3Collector(self.retention_stats_dir))
             self.registry.register(TreeCoreCollector(self.retention_stats_dir))
-        self.requests = Counter(
+        self.requests = counter(
+            self.registry,
             "kvretention_worker_requests",
             "Finished generate requests by outcome.",
-            ["outcome"],
-            registry=self.registry,
+            "outcome",
         )
-        self.kv_hints = Counter(
+        self.kv_hints = counter(
+            self.registry,
             "kvretention_worker_kv_hints_passed",
             "Requests whose hint was passed to the engine, by dialect.",
-            ["dialect"],
-            registry=self.registry,
+            "dialect",
         )
-        self.inflight = Gauge(
-            "kvretention_worker_inflight", "Generate requests in flight.", registry=self.registry
+        self.inflight = gauge(
+            self.registry, "kvretention_worker_inflight", "Generate requests in flight."
         )
-        self.hop_refusals = Counter(
+        self.hop_refusals = counter(
+            self.registry,
             "kvretention_worker_hop_refusals",
             "Requests refused with a 403 for a missing or bad x-kvr-tenant-sig (only with "
             "--hop-key-file), by reason (missing, malformed, stale, invalid).",
-            ["reason"],
-            registry=self.registry,
+            "reason",
         )
-        self.prompt_tokens = Counter(
+        self.prompt_tokens = counter(
+            self.registry,
             "kvretention_worker_prompt_tokens",
             "Prompt tokens of rendered requests: reused from the conversation's previous prompt, "
             "or tokenized.",
-            ["how"],
-            registry=self.registry,
+            "how",
         )
 
 
