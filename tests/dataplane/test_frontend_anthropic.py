@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-import uuid
 from typing import Any, cast
 
 import anthropic
@@ -21,7 +20,16 @@ from kvretention.dataplane.protocol import (
     ToolCall,
     ToolDefinition,
 )
-from support.router_standin import CANNED, REASONING, USAGE, RouterStandIn, parse_sse
+from support.router_standin import (
+    CANNED,
+    REASONING,
+    USAGE,
+    RouterStandIn,
+    parse_sse,
+    tag,
+    untyped,
+    user,
+)
 
 EPHEMERAL = {"type": "ephemeral"}
 ALIAS = "claude-haiku-fast"
@@ -56,19 +64,6 @@ def clients(client: anthropic.Anthropic, reject_frontend: Any) -> dict[str, anth
         base_url=reject_frontend.base_url, api_key="unused", max_retries=0, timeout=15
     )
     return {"prefix": client, "reject": reject}
-
-
-def _any(value: object) -> Any:
-    """SDK params are TypedDicts; these tests send shapes the SDK does not model on purpose."""
-    return value
-
-
-def tag() -> str:
-    return f"tag-{uuid.uuid4().hex[:12]}"
-
-
-def user(text: str) -> Any:
-    return [{"role": "user", "content": text}]
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
@@ -228,7 +223,7 @@ def test_messages_block_breakpoints_per_mode(
         client.messages.create(
             model="claude-test",
             max_tokens=16,
-            messages=_any([{"role": "user", "content": content}]),
+            messages=untyped([{"role": "user", "content": content}]),
             stream=stream,
             **fields,
         )
@@ -245,7 +240,7 @@ def test_messages_block_breakpoints_per_mode(
         client.messages.create(
             model="claude-test",
             max_tokens=16,
-            messages=_any([{"role": "user", "content": content}]),
+            messages=untyped([{"role": "user", "content": content}]),
             stream=stream,
             **fields,
         )
@@ -280,7 +275,7 @@ def test_messages_kv_hints_unsupported_before_stream(
             model="claude-test",
             max_tokens=8,
             messages=user(f"{word} [[kv_unsupported]]"),
-            cache_control=_any(EPHEMERAL),
+            cache_control=untyped(EPHEMERAL),
             stream=stream,
         )
     assert info.value.status_code == 501
@@ -299,7 +294,7 @@ def test_messages_kv_hints_unsupported_mid_stream(client: anthropic.Anthropic) -
             model="claude-test",
             max_tokens=8,
             messages=user(f"{tag()} [[kv_unsupported_midstream]]"),
-            cache_control=_any(EPHEMERAL),
+            cache_control=untyped(EPHEMERAL),
         ) as events,
     ):
         texts.extend(events.text_stream)
@@ -704,7 +699,7 @@ def test_refusals_are_400_naming_the_field_and_not_retried(
         client.messages.create(
             model="claude-test",
             max_tokens=1024,
-            messages=_any([{"role": "user", "content": content}]),
+            messages=untyped([{"role": "user", "content": content}]),
             extra_body=fields,
         )
     assert info.value.response.headers["x-should-retry"] == "false"

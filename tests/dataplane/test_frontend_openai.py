@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import urllib.request
-import uuid
 from pathlib import Path
 from typing import Any, Final
 
@@ -31,6 +30,9 @@ from support.router_standin import (
     TOOL_ARGS,
     RouterStandIn,
     parse_sse,
+    tag,
+    untyped,
+    user,
 )
 
 HINT_30M = {"retain_full_prompt": {"ttl_seconds": 1800}}
@@ -81,19 +83,6 @@ def expect_per_mode(
     mode: str, reject: Refused, prefix: Refused | dict[str, Any]
 ) -> Refused | dict[str, Any]:
     return reject if mode == "reject" else prefix
-
-
-def _any(value: object) -> Any:
-    """SDK params are TypedDicts; these tests send shapes the SDK does not model on purpose."""
-    return value
-
-
-def tag() -> str:
-    return f"tag-{uuid.uuid4().hex[:12]}"
-
-
-def user(text: str) -> Any:
-    return [{"role": "user", "content": text}]
 
 
 def received(router: RouterStandIn, needle: str) -> list[dict[str, Any]]:
@@ -262,7 +251,7 @@ def test_chat_cache_controls_per_breakpoint_mode(
     def send() -> None:
         clients[mode].chat.completions.create(
             model="m",
-            messages=_any([{"role": "user", "content": content}]),
+            messages=untyped([{"role": "user", "content": content}]),
             stream=stream,
             extra_body=extra,
         )
@@ -372,7 +361,7 @@ def test_responses_forwards_hint_exactly_when_asked(
         events = list(client.responses.create(stream=True, **kwargs))
         types = [e.type for e in events]
         assert types[0] == "response.created" and types[-1] == "response.completed"
-        final = _any(events[-1]).response
+        final = untyped(events[-1]).response
     else:
         final = client.responses.create(**kwargs)
     assert final.status == "completed"
@@ -439,7 +428,7 @@ def test_responses_cache_controls_per_breakpoint_mode(
     def send() -> None:
         clients[mode].responses.create(
             model="m",
-            input=_any([{"role": "user", "content": content}]),
+            input=untyped([{"role": "user", "content": content}]),
             stream=stream,
             extra_body=extra,
         )
@@ -474,7 +463,7 @@ def test_responses_mid_stream_error_events(client: openai.OpenAI) -> None:
     )
     types = [e.type for e in events]
     assert types[-2:] == ["error", "response.failed"]
-    error = _any(events[-2])
+    error = untyped(events[-2])
     assert error.code == "kv_hints_unsupported"
     assert "kv_hints" in error.message
 
@@ -551,6 +540,16 @@ ARGS = "".join(TOOL_ARGS)
 PNG = "data:image/png;base64,iVBORw0KGgo="
 
 
+def weather_call_and_result(result: str, **assistant: Any) -> list[dict[str, Any]]:
+    """What the router gets for a turn that called ``get_weather`` (``call_0``) and the tool's
+    ``result``: the assistant's call (with ``assistant``'s extra fields) and the tool message."""
+    call = {"id": "call_0", "name": "get_weather", "arguments": ARGS, "kind": "function"}
+    return [
+        {"role": "assistant", "content": "", **assistant, "tool_calls": [call]},
+        {"role": "tool", "content": result, "tool_call_id": "call_0", "name": "get_weather"},
+    ]
+
+
 def _chat_turn(
     client: openai.OpenAI, messages: list[Any], *, stream: bool, **kwargs: Any
 ) -> tuple[Any, str | None]:
@@ -582,21 +581,7 @@ def test_chat_tool_loop(client: openai.OpenAI, router_standin: RouterStandIn, st
     answer, finish = _chat_turn(client, messages, stream=stream, tools=[WEATHER, TIME])
     assert (answer.content, finish) == ("".join(CANNED), "stop")
     [second] = received(router_standin, f"{word}-result")
-    assert second["messages"][1:] == [
-        {
-            "role": "assistant",
-            "content": "",
-            "tool_calls": [
-                {"id": "call_0", "name": "get_weather", "arguments": ARGS, "kind": "function"}
-            ],
-        },
-        {
-            "role": "tool",
-            "content": f"9C {word}-result",
-            "tool_call_id": "call_0",
-            "name": "get_weather",
-        },
-    ]
+    assert second["messages"][1:] == weather_call_and_result(f"9C {word}-result")
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
@@ -757,7 +742,7 @@ def _responses_turn(client: openai.OpenAI, *, stream: bool, **kwargs: Any) -> An
     numbers = [e.sequence_number for e in events]
     assert numbers == list(range(len(numbers)))
     assert events[-1].type == "response.completed"
-    return _any(events[-1]).response
+    return untyped(events[-1]).response
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
@@ -786,22 +771,9 @@ def test_responses_tool_loop(
     final = _responses_turn(client, stream=stream, input=second_input, tools=RESPONSES_TOOLS)
     assert final.output_text == "".join(CANNED)
     [body] = received(router_standin, f"{word}-out")
-    assert body["messages"][1:] == [
-        {
-            "role": "assistant",
-            "content": "",
-            "reasoning": {"text": "".join(REASONING), "encrypted": False},
-            "tool_calls": [
-                {"id": "call_0", "name": "get_weather", "arguments": ARGS, "kind": "function"}
-            ],
-        },
-        {
-            "role": "tool",
-            "content": f"9C {word}-out",
-            "tool_call_id": "call_0",
-            "name": "get_weather",
-        },
-    ]
+    assert body["messages"][1:] == weather_call_and_result(
+        f"9C {word}-out", reasoning={"text": "".join(REASONING), "encrypted": False}
+    )
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
@@ -859,7 +831,7 @@ def test_codex_shaped_request_is_served_and_converted_exactly(
     extra = {"client_metadata": body.pop("client_metadata")}  # Codex sends it; the SDK has no kwarg
     events = list(client.responses.create(**body, extra_body=extra))
     assert events[-1].type == "response.completed"
-    final = _any(events[-1]).response
+    final = untyped(events[-1]).response
     assert final.output_text == "".join(CANNED) and final.store is False
     assert final.text.verbosity == "low" and final.reasoning.summary == "auto"
     [got] = received(router_standin, word)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import uuid
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -39,6 +40,21 @@ MARKERS: Final = {
 REASONING: Final = ["Let me ", "think."]
 TOOL_ARGS: Final = ['{"city": ', '"Paris"}']
 CUSTOM_INPUT: Final = ["*** Begin Patch\n", "*** End Patch\n"]
+
+
+def tag() -> str:
+    """A unique word to send in a request and find its body by (``RouterStandIn.bodies_for``)."""
+    return f"tag-{uuid.uuid4().hex[:12]}"
+
+
+def user(text: str) -> Any:
+    """One user turn, as the SDKs take ``messages``."""
+    return [{"role": "user", "content": text}]
+
+
+def untyped(value: object) -> Any:
+    """SDK params are TypedDicts; tests send shapes the SDK does not model on purpose."""
+    return value
 
 
 @dataclass(frozen=True)
