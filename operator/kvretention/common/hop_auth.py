@@ -28,7 +28,7 @@ import hmac
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -75,15 +75,26 @@ class HopKeys:
             raise HopKeyError("no hop key")
 
 
+def key_lines(text: str) -> Iterator[tuple[int, str]]:
+    """The lines of a key file that hold a key, stripped, with their numbers (from 1): ``#``
+    comments and blank lines are skipped."""
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if line and not line.startswith("#"):
+            yield number, line
+
+
+def well_formed_key(line: str, *, min_chars: int) -> bool:
+    """At least ``min_chars`` printable ASCII characters with no spaces."""
+    return len(line) >= min_chars and line.isascii() and not any(c.isspace() for c in line)
+
+
 def parse_hop_keys(text: str, *, source: str = "hop key") -> HopKeys:
     """The keys of a key file's text; a malformed line or no key at all raises
     :class:`HopKeyError` naming ``source`` and the line's number."""
     keys: list[bytes] = []
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        if len(line) < MIN_KEY_CHARS or not line.isascii() or any(c.isspace() for c in line):
+    for number, line in key_lines(text):
+        if not well_formed_key(line, min_chars=MIN_KEY_CHARS):
             raise HopKeyError(
                 f"{source} line {number}: a hop key is at least {MIN_KEY_CHARS} printable ASCII "
                 "characters with no spaces"

@@ -42,7 +42,13 @@ from aiohttp.web_urldispatcher import _default_expect_handler
 from prometheus_client import CollectorRegistry
 
 from kvretention.api.names import METRICS_PATH
-from kvretention.common.hop_auth import HopKeyFile, read_key_file, signed_headers
+from kvretention.common.hop_auth import (
+    HopKeyFile,
+    key_lines,
+    read_key_file,
+    signed_headers,
+    well_formed_key,
+)
 from kvretention.common.tenancy import TENANT_PATTERN, valid_tenant
 from kvretention.common.trace import RequestTrace
 from kvretention.dataplane.frontend import errors
@@ -112,11 +118,8 @@ def parse_key_lines(text: str, *, source: str) -> tuple[list[str], list[str]]:
     a problem per malformed line, naming ``source`` and the line's number, never its text."""
     keys: list[str] = []
     problems: list[str] = []
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        if len(line) < MIN_KEY_CHARS or not line.isascii() or any(c.isspace() for c in line):
+    for number, line in key_lines(text):
+        if not well_formed_key(line, min_chars=MIN_KEY_CHARS):
             problems.append(
                 f"{source} line {number}: a key is at least {MIN_KEY_CHARS} printable ASCII "
                 "characters with no spaces (line skipped)"
