@@ -46,6 +46,7 @@ from kvretention.controller.resources import (
 from kvretention.controller.resources.checks import parse_quantity
 from kvretention.controller.resources.common import LABEL_MANAGED_BY
 from kvretention.controller.status import Endpoint, Fleet, Observed, Scale, compute_status
+from support.sample_probe_reports import HINTS_REPORT
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
 EXAMPLES: list[dict[str, Any]] = [
@@ -287,17 +288,6 @@ def test_examples_build(example: dict[str, Any]) -> None:
 
 # -- probe reports and status ----------------------------------------------------------------------
 
-GOOD_REPORT = {
-    "schema": 1,
-    "sglang_version": "0.5.23",
-    "kv_hints_parameter": True,
-    "dialect": "versioned",
-    "hicache_storage_backends": ["file", "mooncake"],
-    "mooncake_store_importable": True,
-    "mooncake_error": None,
-    "usable_for_hints": True,
-}
-
 
 @st.composite
 def probe_messages(draw: st.DrawFn) -> Any:
@@ -314,13 +304,13 @@ def probe_messages(draw: st.DrawFn) -> Any:
         digits = "9" * draw(st.integers(1, 20_000))
         quoted = draw(st.booleans())
         return (
-            json.dumps(GOOD_REPORT)[:-1]
+            json.dumps(HINTS_REPORT)[:-1]
             + f', "sglang_version": {json.dumps(digits) if quoted else digits}}}'
         )
     if kind == "raw":  # the Kubernetes field is a string, but a broken client could send anything
         return draw(json_values)
-    report = dict(GOOD_REPORT)
-    for key in draw(st.lists(st.sampled_from([*GOOD_REPORT, "extra"]), max_size=4)):
+    report = dict(HINTS_REPORT)
+    for key in draw(st.lists(st.sampled_from([*HINTS_REPORT, "extra"]), max_size=4)):
         report[key] = draw(json_values)
     return json.dumps(report)
 
@@ -519,22 +509,22 @@ def test_regression_children_the_api_server_would_refuse_are_problems(
             '{"schema": 1, "sglang_version": ' + "9" * 5000 + "}", "not JSON", id="5000_digits"
         ),
         pytest.param(
-            json.dumps({**GOOD_REPORT, "sglang_version": 9}),
+            json.dumps({**HINTS_REPORT, "sglang_version": 9}),
             "sglang_version",
             id="version_int_made_status_invalid",
         ),
         pytest.param(
-            json.dumps({**GOOD_REPORT, "hicache_storage_backends": 5}),
+            json.dumps({**HINTS_REPORT, "hicache_storage_backends": 5}),
             "hicache_storage_backends",
             id="backends_int_was_TypeError",
         ),
         pytest.param(
-            json.dumps({**GOOD_REPORT, "hicache_storage_backends": "mooncake"}),
+            json.dumps({**HINTS_REPORT, "hicache_storage_backends": "mooncake"}),
             "hicache_storage_backends",
             id="backends_str_split_into_letters",
         ),
         pytest.param(
-            json.dumps({**GOOD_REPORT, "kv_hints_parameter": "false"}),
+            json.dumps({**HINTS_REPORT, "kv_hints_parameter": "false"}),
             "kv_hints_parameter",
             id="string_false_read_as_true",
         ),
@@ -552,7 +542,7 @@ def test_regression_bad_probe_reports_are_probe_failures(message: str, error: st
 
 
 def test_a_good_report_still_parses() -> None:
-    report = parse_probe_report(_pod("w-0", json.dumps(GOOD_REPORT)))
+    report = parse_probe_report(_pod("w-0", json.dumps(HINTS_REPORT)))
     assert isinstance(report, PodReport)
     assert report.report.hicache_storage_backends == ("file", "mooncake")
     assert report.report.kv_hints_parameter
