@@ -21,6 +21,8 @@ from kvretention.api.models import (
     GROUP,
     KIND,
     MAX_NAME_LENGTH,
+    PICKER_MAX_NAME_LENGTH,
+    PICKER_NAME_MESSAGE,
     PLURAL,
     SHORT_NAMES,
     SINGULAR,
@@ -166,6 +168,13 @@ def build_openapi_schema() -> Schema:
                     f"metadata.name must be at most {MAX_NAME_LENGTH} characters "
                     "(child Service names append up to 9)"
                 ),
+            },
+            {
+                "rule": (
+                    "!self.spec.gateway.inferencePool.endpointPicker.enabled || "
+                    f"size(self.metadata.name) <= {PICKER_MAX_NAME_LENGTH}"
+                ),
+                "message": PICKER_NAME_MESSAGE,
             },
             {
                 "rule": f"self.metadata.name.matches('{DNS1035_LABEL_PATTERN}')",

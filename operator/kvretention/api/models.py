@@ -12,7 +12,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from kvretention.api.names import CONDITION_TYPES as CONDITION_TYPES
 from kvretention.api.names import FIELD_MANAGER as FIELD_MANAGER
 from kvretention.api.spec import *  # noqa: F403  (re-exported: one import for the whole API)
-from kvretention.api.spec import MAX_NAME_LENGTH, KvRetentionDeploymentSpec
+from kvretention.api.spec import (
+    MAX_NAME_LENGTH,
+    PICKER_MAX_NAME_LENGTH,
+    PICKER_NAME_MESSAGE,
+    KvRetentionDeploymentSpec,
+)
 from kvretention.api.status import *  # noqa: F403
 from kvretention.api.status import KvRetentionDeploymentStatus
 
@@ -63,9 +68,16 @@ class KvRetentionDeployment(BaseModel):
             obj = cls.model_validate(dict(body))
         except ValidationError as exc:
             raise SpecError(problems + _readable(exc)) from None
+        problems += _picker_name_problems(obj)
         if problems:
             raise SpecError(problems)
         return obj
+
+
+def _picker_name_problems(obj: KvRetentionDeployment) -> list[str]:
+    """The CEL rule on the whole object: the picker's Service name must stay a DNS label."""
+    picker = obj.spec.gateway.inference_pool.endpoint_picker.enabled
+    return [PICKER_NAME_MESSAGE] if picker and len(obj.name) > PICKER_MAX_NAME_LENGTH else []
 
 
 DNS1035_LABEL_PATTERN: Final = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"

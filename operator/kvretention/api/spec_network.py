@@ -3,15 +3,21 @@ the fleet, and the Gateway API objects that let a cluster's Gateway route to it.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
     Field,
+    model_validator,
 )
 
-from kvretention.api.base import WireModel, list_field, nested
+from kvretention.api.base import WireModel, cel_config, list_field, nested, require
 
 __all__ = [
+    "ENDPOINT_PICKER_MESSAGE",
+    "FRONTEND_PODS_SUFFIX",
+    "PICKER_MAX_NAME_LENGTH",
+    "PICKER_NAME_MESSAGE",
+    "EndpointPickerSpec",
     "GatewaySpec",
     "InferencePoolSpec",
     "NetworkPolicySpec",
@@ -51,9 +57,52 @@ class NetworkPolicySpec(WireModel):
     )
 
 
+class EndpointPickerSpec(WireModel):
+    """The router as the InferencePool's endpoint picker (Envoy ``ext_proc``)."""
+
+    enabled: bool = Field(
+        default=False,
+        description=(
+            "Make the router the InferencePool's endpoint picker: the pool's endpointPickerRef "
+            "names the router Service's ext-proc port (9004), where the router answers the "
+            "Gateway's ext_proc stream with the frontend pod for each request (the same pod for "
+            "a session), found through a headless Service <name>-frontend-pods. Needs "
+            "gateway.inferencePool.enabled."
+        ),
+    )
+    failure_mode: Literal["FailOpen", "FailClose"] = Field(
+        default="FailOpen",
+        description=(
+            "What the Gateway does when the router does not answer: FailOpen sends the request "
+            "to a frontend pod of its own choosing (every frontend serves every request; only "
+            "the session's placement is lost), FailClose refuses it."
+        ),
+    )
+
+
+FRONTEND_PODS_SUFFIX: Final = "frontend-pods"
+"""The picker's headless Service: ``<name>-frontend-pods``."""
+PICKER_MAX_NAME_LENGTH: Final = 63 - len(f"-{FRONTEND_PODS_SUFFIX}")
+"""The longest fleet name whose ``<name>-frontend-pods`` stays a DNS-1035 label (a CEL rule on
+the whole object, since the spec alone cannot see the name)."""
+PICKER_NAME_MESSAGE: Final = (
+    f"metadata.name must be at most {PICKER_MAX_NAME_LENGTH} characters with "
+    "gateway.inferencePool.endpointPicker.enabled (its headless Service <name>-frontend-pods "
+    "is a DNS label of at most 63)"
+)
+ENDPOINT_PICKER_MESSAGE: Final = (
+    "gateway.inferencePool.endpointPicker.enabled needs gateway.inferencePool.enabled: the "
+    "picker is the InferencePool's endpointPickerRef"
+)
+
+
 class InferencePoolSpec(WireModel):
     """An ``InferencePool`` (``inference.networking.k8s.io/v1``, Gateway API Inference Extension)
     for the fleet: the backend an ``HTTPRoute`` of the cluster's Gateway names."""
+
+    model_config = cel_config(
+        ("!self.endpointPicker.enabled || self.enabled", ENDPOINT_PICKER_MESSAGE)
+    )
 
     enabled: bool = Field(
         default=False,
@@ -66,6 +115,14 @@ class InferencePoolSpec(WireModel):
             "the InferencePoolAccepted condition says what is missing."
         ),
     )
+    endpoint_picker: EndpointPickerSpec = nested(
+        EndpointPickerSpec, "The router as the pool's endpoint picker (endpointPickerRef)."
+    )
+
+    @model_validator(mode="after")
+    def _check_cel_equivalents(self) -> InferencePoolSpec:
+        require(self.enabled or not self.endpoint_picker.enabled, ENDPOINT_PICKER_MESSAGE)
+        return self
 
 
 class GatewaySpec(WireModel):

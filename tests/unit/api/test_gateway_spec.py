@@ -1,11 +1,23 @@
-"""``spec.gateway``: off by default, and spelled out in the CRD so ``kubectl explain`` shows it."""
+"""``spec.gateway``: off by default, and spelled out in the CRD so ``kubectl explain`` shows it; the
+endpoint picker's rules as pydantic judges them (tests/integration/test_cel_table.py holds the API
+server to the same)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from kvretention.api.crd import build_crd
-from kvretention.api.models import KvRetentionDeploymentSpec
+from kvretention.api.models import (
+    ENDPOINT_PICKER_MESSAGE,
+    FRONTEND_PODS_SUFFIX,
+    PICKER_MAX_NAME_LENGTH,
+    PICKER_NAME_MESSAGE,
+    KvRetentionDeployment,
+    KvRetentionDeploymentSpec,
+    SpecError,
+)
 
 
 def _gateway_schema() -> dict[str, Any]:
@@ -23,10 +35,58 @@ def test_the_inference_pool_is_off_unless_asked_for() -> None:
 
 def test_the_crd_defaults_and_describes_the_option() -> None:
     gateway = _gateway_schema()
-    assert gateway["default"] == {"inferencePool": {"enabled": False}}
+    off = {"enabled": False, "endpointPicker": {"enabled": False, "failureMode": "FailOpen"}}
+    assert gateway["default"] == {"inferencePool": off}
     pool = gateway["properties"]["inferencePool"]
-    assert pool["default"] == {"enabled": False}
+    assert pool["default"] == off
     enabled = pool["properties"]["enabled"]
     assert (enabled["type"], enabled["default"]) == ("boolean", False)
     assert "frontend pods" in enabled["description"]
     assert pool.get("additionalProperties") in (None, False)
+    picker = pool["properties"]["endpointPicker"]["properties"]
+    assert picker["failureMode"]["enum"] == ["FailOpen", "FailClose"]
+    assert "ext-proc port (9004)" in picker["enabled"]["description"]
+
+
+def _fleet(pool: dict[str, Any], *, name: str = "gw") -> dict[str, Any]:
+    return {
+        "apiVersion": "kvretention.io/v1alpha1",
+        "kind": "KvRetentionDeployment",
+        "metadata": {"name": name},
+        "spec": {"model": {"name": "m", "path": "org/m"}, "gateway": {"inferencePool": pool}},
+    }
+
+
+PICKER_ON = {"enabled": True}
+
+
+@pytest.mark.parametrize(
+    ("pool", "name", "problem"),
+    [
+        ({"enabled": True}, "gw", None),
+        ({"enabled": True, "endpointPicker": PICKER_ON}, "gw", None),
+        ({"enabled": False, "endpointPicker": {"enabled": False}}, "gw", None),
+        ({"enabled": True, "endpointPicker": {"failureMode": "FailClose"}}, "gw", None),
+        ({"endpointPicker": PICKER_ON}, "gw", ENDPOINT_PICKER_MESSAGE),
+        ({"enabled": False, "endpointPicker": PICKER_ON}, "gw", ENDPOINT_PICKER_MESSAGE),
+        ({"enabled": True, "endpointPicker": PICKER_ON}, "a" * 49, None),
+        ({"enabled": True, "endpointPicker": PICKER_ON}, "a" * 50, PICKER_NAME_MESSAGE),
+        ({"enabled": True}, "a" * 54, None),
+        ({"enabled": True, "endpointPicker": {"failureMode": "Open"}}, "gw", "failureMode"),
+        ({"enabled": True, "endpointPicker": {"enabled": True, "port": 9}}, "gw", "port"),
+    ],
+)
+def test_the_picker_needs_the_pool_and_a_name_that_leaves_room_for_its_service(
+    pool: dict[str, Any], name: str, problem: str | None
+) -> None:
+    body = _fleet(pool, name=name)
+    if problem is None:
+        KvRetentionDeployment.from_k8s(body)
+        return
+    with pytest.raises(SpecError) as err:
+        KvRetentionDeployment.from_k8s(body)
+    assert problem in str(err.value)
+
+
+def test_the_longest_picker_name_makes_a_service_name_of_63() -> None:
+    assert len(f"{'a' * PICKER_MAX_NAME_LENGTH}-{FRONTEND_PODS_SUFFIX}") == 63

@@ -30,6 +30,7 @@ VALID = {
     "hints-optional": CASES / "hints-optional.yaml",
     "no-hints": CASES / "no-hints.yaml",
     "inference-pool": CASES / "inference-pool.yaml",
+    "inference-pool-picker": CASES / "inference-pool-picker.yaml",
     "gateway-features": CASES / "gateway-features.yaml",
     "auth": CASES / "auth.yaml",
 }

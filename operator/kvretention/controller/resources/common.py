@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 from kvretention.api.models import (
@@ -21,6 +23,7 @@ from kvretention.api.names import LABEL_MANAGED_BY as LABEL_MANAGED_BY
 from kvretention.api.names import LABEL_NAME as LABEL_NAME
 from kvretention.ports import FRONTEND_PORT as FRONTEND_PORT
 from kvretention.ports import METRICS_PORT as METRICS_PORT
+from kvretention.ports import ROUTER_EXT_PROC_PORT as ROUTER_EXT_PROC_PORT
 from kvretention.ports import ROUTER_PORT as ROUTER_PORT
 from kvretention.ports import WORKER_PORT as WORKER_PORT
 
@@ -155,6 +158,16 @@ def serve_command(subcommand: str, port: int) -> list[str]:
     return [CLI, subcommand, "--host", "0.0.0.0", "--port", str(port), *metrics_args()]
 
 
+@dataclass(frozen=True)
+class ExtraPort:
+    """A port a process serves besides its HTTP one, on its container and its Service."""
+
+    name: str
+    port: int
+    app_protocol: str
+    """The Service port's ``appProtocol``: how a Gateway or mesh speaks to it."""
+
+
 def metrics_container_port() -> dict[str, Any]:
     return {"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT, "protocol": "TCP"}
 
@@ -165,16 +178,24 @@ def container_security() -> dict[str, Any]:
 
 
 def http_container(
-    name: str, image: str, command: list[str], port: int, resources: ResourceRequirements | None
+    name: str,
+    image: str,
+    command: list[str],
+    port: int,
+    resources: ResourceRequirements | None,
+    *,
+    extra_ports: Sequence[ExtraPort] = (),
 ) -> dict[str, Any]:
-    """The container of a kvretention HTTP process (frontend, router): its port and the metrics
-    port, ``/healthz`` and ``/readyz`` probes, no privilege escalation, and its resources."""
+    """The container of a kvretention HTTP process (frontend, router): its port, any
+    ``extra_ports`` and the metrics port, ``/healthz`` and ``/readyz`` probes, no privilege
+    escalation, and its resources."""
     container: dict[str, Any] = {
         "name": name,
         "image": image,
         "command": command,
         "ports": [
             {"name": "http", "containerPort": port, "protocol": "TCP"},
+            *({"name": p.name, "containerPort": p.port, "protocol": "TCP"} for p in extra_ports),
             metrics_container_port(),
         ],
         **http_probes(port),
@@ -288,15 +309,29 @@ def build_service(
     ports: list[tuple[str, int, int]],
     service_type: str = "ClusterIP",
     headless: bool = False,
+    extra_ports: Sequence[ExtraPort] = (),
     extra_spec: dict[str, Any] | None = None,
 ) -> Manifest:
-    """A v1 Service; ``ports`` are (name, port, targetPort); headless publishes every pod IP."""
+    """A v1 Service; ``ports`` are (name, port, targetPort), ``extra_ports`` the same port on the
+    Service and the pods, with their ``appProtocol``; headless publishes every pod IP."""
     spec: dict[str, Any] = {
         "type": service_type,
         "selector": selector_labels(cr, component),
         "ports": [
-            {"name": pname, "port": port, "targetPort": target, "protocol": "TCP"}
-            for pname, port, target in ports
+            *(
+                {"name": pname, "port": port, "targetPort": target, "protocol": "TCP"}
+                for pname, port, target in ports
+            ),
+            *(
+                {
+                    "name": p.name,
+                    "port": p.port,
+                    "targetPort": p.port,
+                    "protocol": "TCP",
+                    "appProtocol": p.app_protocol,
+                }
+                for p in extra_ports
+            ),
         ],
     }
     if headless:

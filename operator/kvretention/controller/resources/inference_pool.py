@@ -3,9 +3,11 @@ Extension), rendered when ``spec.gateway.inferencePool.enabled`` is set.
 
 It selects the frontend pods, not the workers: the frontend is where the provider contract is
 checked, cache controls become ``kv.retain`` hints and API keys and tenant limits apply, so a
-Gateway routing to the workers would bypass all three. No ``endpointPickerRef`` (optional in v1):
-the Gateway balances over the frontend pods itself, and the router keeps placing requests on
-workers behind them (the router as an ``ext_proc`` endpoint picker is future work).
+Gateway routing to the workers would bypass all three. With ``endpointPicker`` on, the pool's
+``endpointPickerRef`` names the router Service's ext-proc port, and the router picks the frontend
+pod (:mod:`~kvretention.controller.resources.endpoint_picker`); without it there is no
+``endpointPickerRef`` and the Gateway balances over the frontend pods itself. Either way the router
+keeps placing requests on workers behind the frontends.
 """
 
 from __future__ import annotations
@@ -21,7 +23,13 @@ from kvretention.controller.resources.common import (
     object_meta,
     selector_labels,
 )
+from kvretention.controller.resources.endpoint_picker import (
+    EXT_PROC_PORT,
+    build_frontend_pods_service,
+    picks_endpoints,
+)
 from kvretention.controller.resources.frontend import FRONTEND_SUFFIX
+from kvretention.controller.resources.router import ROUTER_SUFFIX
 
 INFERENCE_POOL_API_VERSION: Final = "inference.networking.k8s.io/v1"
 INFERENCE_POOL_KIND: Final = "InferencePool"
@@ -37,19 +45,33 @@ def inference_pool_name(cr: KvRetentionDeployment) -> str:
     return child_name(cr, FRONTEND_SUFFIX)
 
 
+def build_endpoint_picker_ref(cr: KvRetentionDeployment) -> Manifest:
+    """The router Service's ext-proc port (v1 wants ``port`` for a Service: the Service's port)."""
+    return {
+        "group": "",
+        "kind": "Service",
+        "name": child_name(cr, ROUTER_SUFFIX),
+        "port": {"number": EXT_PROC_PORT.port},
+        "failureMode": cr.spec.gateway.inference_pool.endpoint_picker.failure_mode,
+    }
+
+
 def build_inference_pool(cr: KvRetentionDeployment) -> list[Manifest]:
-    """One InferencePool over the frontend pods' HTTP port; none unless the spec asks for it."""
+    """One InferencePool over the frontend pods' HTTP port, and with the router as its endpoint
+    picker the headless Service the router resolves them by; none unless the spec asks for it."""
     if not cr.spec.gateway.inference_pool.enabled:
         return []
-    return [
-        {
-            "apiVersion": INFERENCE_POOL_API_VERSION,
-            "kind": INFERENCE_POOL_KIND,
-            "metadata": object_meta(cr, name=inference_pool_name(cr), component=COMPONENT_FRONTEND),
-            "spec": {
-                "selector": {"matchLabels": selector_labels(cr, COMPONENT_FRONTEND)},
-                "targetPorts": [{"number": FRONTEND_PORT}],
-                "appProtocol": APP_PROTOCOL,
-            },
-        }
-    ]
+    spec: Manifest = {
+        "selector": {"matchLabels": selector_labels(cr, COMPONENT_FRONTEND)},
+        "targetPorts": [{"number": FRONTEND_PORT}],
+        "appProtocol": APP_PROTOCOL,
+    }
+    if picks_endpoints(cr):
+        spec["endpointPickerRef"] = build_endpoint_picker_ref(cr)
+    pool = {
+        "apiVersion": INFERENCE_POOL_API_VERSION,
+        "kind": INFERENCE_POOL_KIND,
+        "metadata": object_meta(cr, name=inference_pool_name(cr), component=COMPONENT_FRONTEND),
+        "spec": spec,
+    }
+    return [*build_frontend_pods_service(cr), pool]

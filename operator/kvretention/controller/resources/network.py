@@ -2,9 +2,12 @@
 
 clients -> frontend, frontend -> router, router -> workers, workers <-> workers (PD KV transfer and
 Mooncake's transfer engine use ports chosen at run time, so every port between a fleet's workers),
-workers -> the managed Mooncake master (RPC and metadata ports). ``networkPolicy.metricsFrom`` adds
-whoever scrapes ``/metrics``, on the metrics port alone (the frontend's, router's and workers'
-serves nothing else, the master's its own ``--metrics_port``): a scraper reaches no API route, so it
+workers -> the managed Mooncake master (RPC and metadata ports); with the router as the Gateway's
+endpoint picker, clients -> the router's ext-proc port too (the Gateway is one of the clients) and
+router -> frontend (the picker checks the frontend pods it hands out).
+``networkPolicy.metricsFrom`` adds whoever scrapes ``/metrics``, on the metrics port alone (the
+frontend's, router's and workers' serves nothing else, the master's its own ``--metrics_port``):
+a scraper reaches no API route, so it
 can neither call the router or a worker as any tenant nor send requests past the frontend's keys.
 The operator itself reads the workers' and the master's metrics ports (retention hook failures,
 the pool's usage), so its pods (by the chart's labels, in any namespace) may reach those two.
@@ -35,6 +38,7 @@ from kvretention.controller.resources.common import (
     object_meta,
     selector_labels,
 )
+from kvretention.controller.resources.endpoint_picker import EXT_PROC_PORT, picks_endpoints
 from kvretention.controller.resources.frontend import FRONTEND_SUFFIX
 from kvretention.controller.resources.mooncake import MASTER_SUFFIX, uses_mooncake
 from kvretention.controller.resources.router import ROUTER_SUFFIX
@@ -111,15 +115,23 @@ def _ingress_by_component(cr: KvRetentionDeployment) -> list[tuple[str, str, lis
         ]
         planned.append((ROLE_SUFFIX[role], ROLE_COMPONENT[role], ingress))
     from_frontend = {"from": [_pods(cr, COMPONENT_FRONTEND)], "ports": _ports(ROUTER_PORT)}
-    planned.append((ROUTER_SUFFIX, COMPONENT_ROUTER, [from_frontend, *_metrics(cr, METRICS_PORT)]))
-    clients = spec.network_policy.clients_from
-    frontend_rule: dict[str, Any] = {"ports": _ports(FRONTEND_PORT)}
-    if clients:
-        frontend_rule = {"from": list(clients), **frontend_rule}
-    planned.append(
-        (FRONTEND_SUFFIX, COMPONENT_FRONTEND, [frontend_rule, *_metrics(cr, METRICS_PORT)])
-    )
+    router, frontend = [from_frontend], [_from_clients(cr, FRONTEND_PORT)]
+    if picks_endpoints(cr):
+        router.append(_from_clients(cr, EXT_PROC_PORT.port))
+        # The picker checks each frontend pod's /readyz before it hands the pod to a Gateway.
+        frontend.append({"from": [_pods(cr, COMPONENT_ROUTER)], "ports": _ports(FRONTEND_PORT)})
+    planned.append((ROUTER_SUFFIX, COMPONENT_ROUTER, [*router, *_metrics(cr, METRICS_PORT)]))
+    planned.append((FRONTEND_SUFFIX, COMPONENT_FRONTEND, [*frontend, *_metrics(cr, METRICS_PORT)]))
     return planned
+
+
+def _from_clients(cr: KvRetentionDeployment, port: int) -> dict[str, Any]:
+    """``port`` for ``networkPolicy.clientsFrom`` (anyone when empty): the frontend's port, and
+    the router's ext-proc port, which the same clients' Gateway calls before it calls a
+    frontend pod."""
+    clients = cr.spec.network_policy.clients_from
+    rule: dict[str, Any] = {"ports": _ports(port)}
+    return {"from": list(clients), **rule} if clients else rule
 
 
 def build_network_policies(cr: KvRetentionDeployment) -> list[Manifest]:

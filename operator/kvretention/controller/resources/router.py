@@ -1,7 +1,9 @@
-"""The router: a Deployment + Service; it finds workers through their headless Services' DNS."""
+"""The router: a Deployment + Service; it finds workers through their headless Services' DNS, and
+as the Gateway's endpoint picker the frontend pods through theirs."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Final
 
 from kvretention.api.models import FrontendSpec, KvRetentionDeployment, RouterSpec
@@ -9,6 +11,7 @@ from kvretention.controller.resources.common import (
     COMPONENT_ROUTER,
     ROUTER_PORT,
     WORKER_PORT,
+    ExtraPort,
     Manifest,
     build_deployment,
     build_service,
@@ -17,6 +20,7 @@ from kvretention.controller.resources.common import (
     serve_command,
     service_host,
 )
+from kvretention.controller.resources.endpoint_picker import build_picker_args, picker_ports
 from kvretention.controller.resources.hop_key import build_hop_key_args, build_hop_key_volumes
 from kvretention.controller.resources.workers import ROLE_SUFFIX
 
@@ -37,6 +41,7 @@ def build_router_command(cr: KvRetentionDeployment) -> list[str]:
     command += ["--policy", policy, *build_hop_key_args(cr)]
     if cr.spec.router.kv_events:
         command.append("--kv-residency")
+    command += build_picker_args(cr)
     if cr.spec.workers.mode == "disaggregated":
         command += [
             "--prefill-dns",
@@ -61,11 +66,15 @@ def build_http_workload(
     volumes: tuple[list[Manifest], list[Manifest]],
     service_type: str = "ClusterIP",
     service_spec: dict[str, Any] | None = None,
+    extra_ports: Sequence[ExtraPort] = (),
 ) -> list[Manifest]:
     """Service + Deployment of a kvretention HTTP process (frontend, router): both are built
     here so a change to their shape reaches both. ``volumes`` are the pod's volumes and the
-    container's mounts; ``service_port`` is the Service's port in front of the pods' ``port``."""
-    container = http_container(component, spec.image, command, port, spec.resources)
+    container's mounts; ``service_port`` is the Service's port in front of the pods' ``port``;
+    ``extra_ports`` are served on both."""
+    container = http_container(
+        component, spec.image, command, port, spec.resources, extra_ports=extra_ports
+    )
     pod_volumes, mounts = volumes
     if mounts:
         container["volumeMounts"] = mounts
@@ -75,6 +84,7 @@ def build_http_workload(
         component=component,
         ports=[("http", service_port, port)],
         service_type=service_type,
+        extra_ports=extra_ports,
         extra_spec=service_spec,
     )
     deployment = build_deployment(
@@ -105,4 +115,5 @@ def build_router(cr: KvRetentionDeployment) -> list[Manifest]:
         service_port=ROUTER_PORT,
         volumes=build_hop_key_volumes(cr),
         service_spec=affinity,
+        extra_ports=picker_ports(cr),
     )
