@@ -17,6 +17,19 @@ HINTS_REPORT: dict[str, Any] = {
 }
 """SGLang 0.5.23 taking kv_hints, with Mooncake's store importable; no retention plugin fields."""
 
+FULL_REPORT: dict[str, Any] = {
+    **HINTS_REPORT,
+    "sglang_installed": True,
+    "async_generate_parameters": ["prompt", "kv_hints"],
+    "retention_error": None,
+    "retention_plugin": "loaded",
+    "retention_target_problems": [],
+    "engine_device": "cuda",
+    "radix_tree_core": "rust",
+    "radix_tree_core_kvretain": "python",
+}
+"""The same from a current probe: every field, the retention plugin loaded on a GPU engine."""
+
 
 def old_engine(report: Mapping[str, Any], *, version: str = "0.4.9") -> dict[str, Any]:
     """``report`` from an SGLang too old for kv_hints (``version``)."""

@@ -18,25 +18,9 @@ from kvretention.api.probe_report import (
     parse_report,
     render_report,
 )
+from support.sample_probe_reports import FULL_REPORT
 
-GOOD: dict[str, Any] = {
-    "schema": 1,
-    "sglang_installed": True,
-    "sglang_version": "0.5.23",
-    "kv_hints_parameter": True,
-    "dialect": "versioned",
-    "async_generate_parameters": ["prompt", "kv_hints"],
-    "hicache_storage_backends": ["file", "mooncake"],
-    "mooncake_store_importable": True,
-    "mooncake_error": None,
-    "usable_for_hints": True,
-    "retention_error": None,
-    "retention_plugin": "loaded",
-    "retention_target_problems": [],
-    "engine_device": "cuda",
-    "radix_tree_core": "rust",
-    "radix_tree_core_kvretain": "python",
-}
+GOOD: dict[str, Any] = FULL_REPORT
 RETENTION_KEYS = (
     "retention_plugin",
     "retention_error",

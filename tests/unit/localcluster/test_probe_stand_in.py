@@ -15,25 +15,14 @@ import pytest
 from kvretention.api.probe_report import ProbeReport, render_report
 from kvretention.controller.probe_reports import PodReport, parse_probe_report
 from support.probe_status import probe_message, probe_status_patch, report_message
+from support.sample_probe_reports import FULL_REPORT
 
 NOW = "2026-01-01T00:00:00Z"
 REPORT: dict[str, Any] = {
-    "schema": 1,
-    "sglang_installed": True,
-    "sglang_version": "0.5.23",
-    "kv_hints_parameter": True,
-    "dialect": "versioned",
-    "async_generate_parameters": ["prompt", "kv_hints"],
-    "hicache_storage_backends": ["file", "mooncake"],
+    **FULL_REPORT,
     "mooncake_store_importable": False,
     "mooncake_error": "ImportError: libcuda.so.1",
-    "usable_for_hints": True,
-    "retention_plugin": "loaded",
-    "retention_error": None,
-    "retention_target_problems": [],
     "engine_device": "cpu",
-    "radix_tree_core": "rust",
-    "radix_tree_core_kvretain": "python",
 }
 POD: dict[str, Any] = {
     "metadata": {"name": "qwen-worker-0"},
