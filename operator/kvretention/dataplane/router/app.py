@@ -12,7 +12,8 @@ passing poll re-admits a worker. A worker that dies mid-stream gives the client 
 the worker abort it in the engine.
 
 This module is the assembly and the background jobs (discovery, health polls); the request path is
-:mod:`kvretention.dataplane.router.relay`, the workers and metrics :mod:`kvretention.dataplane.router.state`.
+:mod:`kvretention.dataplane.router.relay`, the workers and metrics :mod:`kvretention.dataplane.router.state`,
+the Gateway's endpoint picker (``--ext-proc-port``) :mod:`kvretention.dataplane.router.extproc`.
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ from kvretention.api.names import READY_PATH
 from kvretention.dataplane.http import Readiness, add_metrics, add_probes
 from kvretention.dataplane.protocol import GENERATE_PATH, RESIDENCY_PATH
 from kvretention.dataplane.router.discovery import discover, held_departing, plan_membership
+from kvretention.dataplane.router.extproc import (
+    check_endpoints,
+    ext_proc_server,
+    refresh_endpoints,
+)
 from kvretention.dataplane.router.health import Evidence
 from kvretention.dataplane.router.relay import handle_generate
 from kvretention.dataplane.router.residency import parse_residency
@@ -38,7 +44,8 @@ from kvretention.dataplane.router.state import (
     RouterConfig,
     RouterState,
     Worker,
-    connect_evidence,
+    failure_evidence,
+    ready_evidence,
 )
 
 __all__ = ["RouterConfig", "RouterState", "build_app", "check_all", "refresh_membership"]
@@ -86,19 +93,13 @@ async def check_worker(state: RouterState, worker: Worker) -> None:
     evidence: Evidence
     try:
         async with session.get(worker.url + READY_PATH, timeout=timeout) as resp:
-            evidence = (
-                "ok" if resp.status == 200 else "not_ready" if resp.status == 503 else "error"
-            )
+            evidence = ready_evidence(resp.status)
         if evidence == "ok" and worker.role == "prefill" and worker.info is None:
             async with session.get(worker.url + INFO_PATH, timeout=timeout) as resp:
                 if resp.status == 200:
                     worker.info = await resp.json()
-    except TimeoutError:
-        evidence = "timeout"
-    except aiohttp.ClientConnectorError as exc:
-        evidence = connect_evidence(exc)
-    except aiohttp.ClientError:
-        evidence = "error"
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        evidence = failure_evidence(exc)
     state.observe(worker, evidence)
     if evidence == "ok" and state.config.kv_residency and worker.role != "decode":
         await _fetch_residency(session, worker, limit=timeout)
@@ -143,10 +144,16 @@ async def _background(app: web.Application) -> Any:
     state.health_session = aiohttp.ClientSession()
     await refresh_membership(state)
     await check_all(state)
+    await refresh_endpoints(state)
     tasks = [
         asyncio.create_task(_every(state.config.health_interval_s, check_all, state)),
         asyncio.create_task(_every(state.config.dns_interval_s, refresh_membership, state)),
     ]
+    if state.endpoints is not None:
+        tasks += [
+            asyncio.create_task(_every(state.config.health_interval_s, check_endpoints, state)),
+            asyncio.create_task(_every(state.config.dns_interval_s, refresh_endpoints, state)),
+        ]
     yield
     for task in tasks:
         task.cancel()
@@ -188,6 +195,8 @@ def build_app(state: RouterState) -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app[STATE] = state
     app.cleanup_ctx.append(_background)
+    if state.config.ext_proc_port:
+        app.cleanup_ctx.append(ext_proc_server)
     app.router.add_post(GENERATE_PATH, handle_generate)
     add_probes(app, ready=lambda: readiness(state))
     app.router.add_get("/v1/workers", handle_workers)

@@ -8,6 +8,10 @@ Aggregated::
 Disaggregated (one prefill and one decode worker per request, sharing a bootstrap room)::
 
     kvretention router --prefill-dns prefill.ns.svc:8002 --decode-dns decode.ns.svc:8002
+
+Also the Gateway's endpoint picker (Envoy ext_proc) over the fleet's frontends::
+
+    kvretention router --worker-dns ... --ext-proc-port 9004 --endpoint-dns frontends.ns.svc:8000
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from kvretention.dataplane.gc_tuning import tune_gc
 from kvretention.dataplane.hop_key import hop_key_file_option, load_hop_key_file
 from kvretention.dataplane.http import metrics_port_option, serve_until_signal
 from kvretention.dataplane.router.app import RouterConfig, RouterState, build_app
-from kvretention.dataplane.router.discovery import DiscoveryError, build_sources
+from kvretention.dataplane.router.discovery import DiscoveryError, build_endpoints, build_sources
 from kvretention.dataplane.router.health import DEFAULT_EJECT_AFTER
 from kvretention.dataplane.router.placement import (
     DEFAULT_MAX_PREFIXES,
@@ -97,6 +101,22 @@ log = logging.getLogger("kvretention.router")
     help="Fetch each worker's /kv/residency with its health poll (workers run with --kv-events) "
     "and send a session without a pin to the worker whose engine holds most of its tokens.",
 )
+@click.option(
+    "--ext-proc-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="Serve Envoy ext_proc (gRPC) here as a Gateway API Inference Extension endpoint picker "
+    "that chooses among the frontends (--endpoint/--endpoint-dns); 0: off.",
+)
+@click.option(
+    "--endpoint", "endpoints", multiple=True, help="Frontend the picker may choose (repeatable)."
+)
+@click.option(
+    "--endpoint-dns",
+    multiple=True,
+    help="Frontends' headless Service as host:port, for the picker (repeatable).",
+)
 @hop_key_file_option
 @click.option("--log-level", default="INFO", show_default=True)
 def router_cmd(
@@ -120,6 +140,9 @@ def router_cmd(
     policy: str,
     max_prefixes: int,
     kv_residency: bool,
+    ext_proc_port: int,
+    endpoints: tuple[str, ...],
+    endpoint_dns: tuple[str, ...],
     hop_key_file: Path | None,
     log_level: str,
 ) -> None:
@@ -134,8 +157,13 @@ def router_cmd(
             decode=decode,
             decode_dns=decode_dns,
         )
+        frontends = build_endpoints(static=endpoints, dns=endpoint_dns)
     except DiscoveryError as exc:
         raise click.UsageError(str(exc)) from exc
+    if bool(ext_proc_port) != (frontends is not None):
+        raise click.UsageError(
+            "--ext-proc-port and --endpoint/--endpoint-dns go together (the picker's frontends)"
+        )
     config = RouterConfig(
         health_interval_s=health_interval,
         health_timeout_s=health_timeout,
@@ -148,9 +176,16 @@ def router_cmd(
         policy=cast(Policy, policy),
         max_prefixes=max_prefixes,
         kv_residency=kv_residency,
+        ext_proc_host=host,
+        ext_proc_port=ext_proc_port,
     )
     tune_gc()
-    state = RouterState(sources=sources, config=config, hop_keys=load_hop_key_file(hop_key_file))
+    state = RouterState(
+        sources=sources,
+        config=config,
+        hop_keys=load_hop_key_file(hop_key_file),
+        endpoints=frontends,
+    )
     asyncio.run(_serve(state, host=host, port=port, metrics_port=metrics_port))
 
 

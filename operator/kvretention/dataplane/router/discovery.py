@@ -32,6 +32,14 @@ class Source:
 
 
 @dataclass(frozen=True)
+class Endpoints:
+    """Where the endpoint picker's frontends are (``--endpoint``, ``--endpoint-dns``)."""
+
+    static: tuple[str, ...] = ()
+    dns: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Membership:
     added: tuple[str, ...]
     removed: tuple[str, ...]
@@ -91,7 +99,7 @@ async def resolve(name: str) -> list[str]:
     return sorted({url_for(str(info[4][0]), port) for info in infos})
 
 
-async def discover(source: Source) -> list[str] | None:
+async def discover(source: Source | Endpoints) -> list[str] | None:
     """All URLs for a source now; None when DNS failed (keep the current pool, don't empty it)."""
     urls = {normalize_url(u) for u in source.static}
     for name in source.dns:
@@ -136,3 +144,12 @@ def build_sources(
     return [
         Source(role="aggregated", static=tuple(map(normalize_url, workers)), dns=tuple(worker_dns))
     ]
+
+
+def build_endpoints(*, static: Sequence[str], dns: Sequence[str]) -> Endpoints | None:
+    """The picker's frontends (None when neither flag is given); names are checked now."""
+    if not static and not dns:
+        return None
+    for name in dns:
+        split_dns(name)
+    return Endpoints(static=tuple(map(normalize_url, static)), dns=tuple(dns))

@@ -15,13 +15,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from kvretention.common.hop_auth import HopKeyFile
 from kvretention.dataplane.labelled import Children
-from kvretention.dataplane.router.discovery import PoolRole, Source
+from kvretention.dataplane.metric_decl import counter, gauge
+from kvretention.dataplane.router.discovery import Endpoints, PoolRole, Source
 from kvretention.dataplane.router.health import (
     DEFAULT_EJECT_AFTER,
     Evidence,
     HealthRecord,
     plan_health,
 )
+from kvretention.dataplane.router.picker import EndpointPool
 from kvretention.dataplane.router.placement import (
     DEFAULT_MAX_PREFIXES,
     DEFAULT_MAX_SESSIONS,
@@ -61,6 +63,9 @@ class RouterConfig:
     kv_residency: bool = False
     """``--kv-residency``: poll each worker's ``/kv/residency`` with its health, and place a session
     where its engine holds the session's KV."""
+    ext_proc_host: str = "0.0.0.0"
+    ext_proc_port: int = 0
+    """``--ext-proc-port``: serve Envoy ``ext_proc`` as the Gateway's endpoint picker (0: off)."""
 
 
 @dataclass
@@ -158,6 +163,25 @@ class RouterMetrics:
             "(--kv-residency).",
             registry=self.registry,
         )
+        self.picks = counter(
+            self.registry,
+            "kvretention_router_endpoint_picks",
+            "Endpoint picker (--ext-proc-port) answers by outcome: session (the session's "
+            "frontend), spread (no session: round robin), unavailable (503, none ready).",
+            "outcome",
+        )
+        self.served = counter(
+            self.registry,
+            "kvretention_router_endpoint_served",
+            "Responses the Gateway reported served (x-gateway-destination-endpoint-served), by "
+            "whether the endpoint was the one picked (picked) or another (other).",
+            "endpoint",
+        )
+        self.ready_endpoints = gauge(
+            self.registry,
+            "kvretention_router_ready_endpoints",
+            "Frontends the endpoint picker may choose (--endpoint, --endpoint-dns) that are ready.",
+        )
         # Every request moves these; each label set is resolved once (kvretention.dataplane.labelled).
         self.requests_of = Children(self.requests)
         self.outstanding_of = Children(self.outstanding)
@@ -175,6 +199,9 @@ class RouterState:
     """Polls travel on their own connections, never queued behind long streams."""
     hop_keys: HopKeyFile | None = None
     """``--hop-key-file``: every request must carry the frontend's signature of its tenant."""
+    endpoints: Endpoints | None = None
+    """``--endpoint``/``--endpoint-dns``: the frontends the endpoint picker chooses among."""
+    picker: EndpointPool = field(default_factory=EndpointPool)
     pins: SessionPins = field(init=False)
     prefixes: PrefixIndex = field(init=False)
 
@@ -265,3 +292,17 @@ STATE: Final = web.AppKey("router_state", RouterState)
 def connect_evidence(exc: aiohttp.ClientConnectorError) -> Evidence:
     """A refused connection is decisive (no process listens); anything else is not."""
     return "refused" if isinstance(exc.os_error, ConnectionRefusedError) else "error"
+
+
+def failure_evidence(exc: TimeoutError | aiohttp.ClientError) -> Evidence:
+    """What a failed poll shows: slowness (a timeout), no listener (refused), or another error."""
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return connect_evidence(exc)
+    return "error"
+
+
+def ready_evidence(status: int) -> Evidence:
+    """A ``/readyz`` answer: 200 ready, 503 says not ready (decisive), anything else is an error."""
+    return "ok" if status == 200 else "not_ready" if status == 503 else "error"

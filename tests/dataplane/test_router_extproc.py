@@ -1,0 +1,233 @@
+"""The router as a Gateway's endpoint picker, over real processes and a real ext_proc client.
+
+Two frontends (on 127.0.0.2 and 127.0.0.3, as two pods) in front of one router and two stand-in
+workers; a second router serves ``--ext-proc-port`` with the frontends as its ``--endpoint``s (a
+picker replica: it shares no state with the frontends' router). No Envoy binary is installable
+here, so ``devtools/extproc-client`` plays Envoy with go-control-plane's generated types: it sends
+the request's headers and body (buffered, or full-duplex streamed as the upstream EPP runs), reads
+the pick from the header mutation and the ``envoy.lb`` metadata, sends the request to the frontend
+picked, as Envoy's original-destination routing does, and reports the served endpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvretention.ports import free_port
+from kvretention.replay.sessions import claude_code_session, codex_session
+from support.chat_tokenizer import save
+from support.extproc_client import build_extproc_client, play
+from support.processes import KvrProcess, StartKvretention
+from support.worker_client import calls, wait_for
+
+MODEL_ARGS = ("--model", "m", "--model-alias", "claude-*=m", "--model-alias", "gpt-*=m")
+
+
+@dataclass
+class Fleet:
+    client: Path
+    picker: str
+    """The picker's ext_proc address (``ip:port``)."""
+    picker_http: str
+    frontends: list[KvrProcess]
+    records: list[Path]
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [f.base_url.removeprefix("http://") for f in self.frontends]
+
+    def play(self, **kwargs: Any) -> dict[str, Any]:
+        return play(self.client, self.picker, **kwargs)
+
+    def worker_of(self, request_id: str) -> int:
+        """Index of the worker whose engine served the frontend's request ``request_id``."""
+        found = wait_for(lambda: [i for i, r in enumerate(self.records) if calls(r, request_id)])
+        (index,) = found
+        return int(index)
+
+    def metric(self, name: str) -> float:
+        with urllib.request.urlopen(self.picker_http + "/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        return sum(
+            float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name)
+        )
+
+
+@pytest.fixture(scope="session")
+def extproc_client() -> Path:
+    return build_extproc_client()
+
+
+@pytest.fixture(scope="module")
+def fleet(
+    kvretention_process: StartKvretention,
+    tmp_path_factory: pytest.TempPathFactory,
+    extproc_client: Path,
+) -> Fleet:
+    d = tmp_path_factory.mktemp("extproc")
+    tokenizer = str(save(d / "tokenizer"))
+    records = [d / f"w{i}.jsonl" for i in range(2)]
+    workers = [
+        kvretention_process(
+            ["worker", "--engine", "standin:versioned", "--model-path", tokenizer],
+            env={"KVR_STANDIN_RECORD": str(r)},
+            timeout=90.0,
+        ).base_url
+        for r in records
+    ]
+    worker_args = [a for u in workers for a in ("--worker", u)]
+    router = kvretention_process(["router", *worker_args])
+    frontends = [
+        kvretention_process(
+            ["frontend", "--router-url", router.base_url, *MODEL_ARGS], host=f"127.0.0.{i}"
+        )
+        for i in (2, 3)
+    ]
+    port = free_port()
+    picker = kvretention_process(
+        [
+            *("router", *worker_args, "--ext-proc-port", str(port)),
+            *(a for f in frontends for a in ("--endpoint", f.base_url)),
+            *("--health-interval", "0.2", "--eject-after", "1"),
+        ]
+    )
+    built = Fleet(extproc_client, f"127.0.0.1:{port}", picker.base_url, frontends, records)
+    wait_for(lambda: built.metric("kvretention_router_ready_endpoints") == 2)
+    return built
+
+
+def claude_code(*, header: bool) -> Callable[[], list[tuple[str, dict[str, str], Any]]]:
+    """Two turns of a Claude Code session; without ``header`` its session is in the body only
+    (``metadata.user_id``)."""
+
+    def turns() -> list[tuple[str, dict[str, str], Any]]:
+        out = []
+        for headers, body in claude_code_session(turns=2)[1:3]:
+            if not header:
+                headers.pop("x-claude-code-session-id")
+            out.append(("/v1/messages?beta=true", headers, body))
+        return out
+
+    return turns
+
+
+def codex() -> list[tuple[str, dict[str, str], Any]]:
+    return [("/v1/responses", h, b) for h, b in codex_session(turns=2)[:2]]
+
+
+CASES = [
+    pytest.param(claude_code(header=True), "buffered", id="claude-code-header-buffered"),
+    pytest.param(claude_code(header=False), "buffered", id="claude-code-body-buffered"),
+    pytest.param(claude_code(header=False), "duplex", id="claude-code-body-duplex"),
+    pytest.param(codex, "buffered", id="codex-buffered"),
+    pytest.param(codex, "duplex", id="codex-duplex"),
+]
+
+
+@pytest.mark.parametrize(("turns", "mode"), CASES)
+def test_a_session_is_picked_to_one_frontend_and_reaches_one_worker(
+    fleet: Fleet, turns: Callable[[], list[tuple[str, dict[str, str], Any]]], mode: str
+) -> None:
+    picked, workers = [], []
+    for path, headers, body in turns():
+        headers = {**headers, "content-type": "application/json", "x-api-key": "sk-any"}
+        report = fleet.play(path=path, headers=headers, body=body, mode=mode, send=True)
+        assert report.get("error") is None, report
+        assert report["header_endpoint"] in fleet.endpoints, report
+        assert report["metadata_endpoint"] == report["header_endpoint"], report
+        assert report["http_status"] == 200, report
+        assert report["phases"][-1] == "response_headers", report
+        if mode == "duplex":
+            assert report["body_forwarded"] == len(json.dumps(body)), report
+        picked.append(report["header_endpoint"])
+        workers.append(fleet.worker_of(report["http_headers"]["x-request-id"]))
+    assert len(set(picked)) == 1, picked
+    assert len(set(workers)) == 1, workers
+
+
+def test_sessionless_requests_spread_and_served_reports_are_counted(fleet: Fleet) -> None:
+    served_before = fleet.metric('kvretention_router_endpoint_served_total{endpoint="picked"}')
+    body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    picks = [
+        fleet.play(path="/v1/messages", headers={"content-type": "application/json"}, body=body)
+        for _ in range(4)
+    ]
+    assert sorted(p["header_endpoint"] for p in picks) == sorted(fleet.endpoints * 2), picks
+    sent = fleet.play(headers={"content-type": "application/json"}, body=body, send=True)
+    assert sent["http_status"] == 200, sent
+    served = fleet.metric('kvretention_router_endpoint_served_total{endpoint="picked"}')
+    assert served == served_before + 1
+    assert fleet.metric('kvretention_router_endpoint_picks_total{outcome="spread"}') >= 5
+
+
+def test_a_request_without_body_is_picked_on_its_headers(fleet: Fleet) -> None:
+    report = fleet.play(
+        path="/v1/models", method="GET", headers={"x-session-id": "s-models"}, send=True
+    )
+    assert report["phases"][0] == "request_headers", report
+    assert report["header_endpoint"] in fleet.endpoints
+    assert report["http_status"] == 200, report
+
+
+def test_health_check_says_serving(fleet: Fleet) -> None:
+    assert fleet.play(health="readiness")["health"] == "SERVING"
+
+
+@pytest.mark.parametrize(
+    ("path", "error"),
+    [
+        ("/v1/messages", {"type": "error", "error": {"type": "overloaded_error"}}),
+        ("/v1/chat/completions", {"error": {"type": "server_error", "code": "no_ready_endpoint"}}),
+    ],
+)
+def test_no_ready_frontend_is_a_503_in_the_provider_shape(
+    kvretention_process: StartKvretention,
+    extproc_client: Path,
+    path: str,
+    error: dict[str, Any],
+) -> None:
+    port = free_port()
+    kvretention_process(
+        [
+            *("router", "--worker", f"http://127.0.0.1:{free_port()}"),
+            *("--ext-proc-port", str(port), "--endpoint", f"http://127.0.0.1:{free_port()}"),
+        ]
+    )
+    report = play(extproc_client, f"127.0.0.1:{port}", path=path, body={"model": "m"})
+    assert report["immediate_status"] == 503, report
+    assert "header_endpoint" not in report
+    answer = json.loads(report["immediate_body"])
+    for key, fields in error.items():
+        if isinstance(fields, dict):
+            assert fields.items() <= answer[key].items(), answer
+        else:
+            assert answer[key] == fields
+
+
+def test_a_stopped_frontend_is_no_longer_picked(fleet: Fleet) -> None:
+    """Last in the module: it stops a frontend."""
+    sessions = [f"kill-{i}" for i in range(16)]
+
+    def owners() -> dict[str, str]:
+        return {
+            s: fleet.play(headers={"x-session-id": s}, body={"model": "m"})["header_endpoint"]
+            for s in sessions
+        }
+
+    before = owners()
+    assert set(before.values()) == set(fleet.endpoints), before  # 16 sessions hash to both
+    gone = fleet.frontends[1]
+    gone.stop()
+    left = fleet.endpoints[0]
+    wait_for(lambda: fleet.metric("kvretention_router_ready_endpoints") == 1)
+    after = owners()
+    assert set(after.values()) == {left}, after
+    # Sessions that were on the frontend left stay put: rendezvous moves only the gone one's.
+    assert all(after[s] == before[s] for s in sessions if before[s] == left)
