@@ -26,30 +26,14 @@ import os
 import random
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from support.sglang_radix import retain
+
 RETAIN_SECONDS = 600
-
-
-def kv_retain(end: int, rid: str) -> dict[str, Any]:
-    """The ``kv.retain`` 1.0 envelope the worker sends for a full-prompt retention."""
-    return {
-        "protocol_version": "0.1",
-        "message_id": rid,
-        "actions": [
-            {
-                "action_id": f"{rid}/kv.retain",
-                "action_type": "kv.retain",
-                "action_version": "1.0",
-                "payload": {
-                    "scope": None,
-                    "directives": [
-                        {"start": 0, "end": end, "priority": 50, "duration": RETAIN_SECONDS}
-                    ],
-                },
-            }
-        ],
-    }
 
 
 def prompt(rng: random.Random, n: int, vocab: int) -> list[int]:
@@ -105,7 +89,9 @@ def main() -> int:
         n = args.prompt_tokens
         retained, control = prompt(rng, n, vocab), prompt(rng, n, vocab)
         first = {
-            "retained": cached(engine, retained, kv_hints=kv_retain(n, "retained")),
+            "retained": cached(
+                engine, retained, kv_hints=retain(n, duration=RETAIN_SECONDS, rid="retained")
+            ),
             "control": cached(engine, control),
         }
         started = time.monotonic()

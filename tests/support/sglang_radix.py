@@ -268,8 +268,11 @@ def retain(
     priority: int = 50,
     duration: int | None = 300,
     scope: str | None = None,
+    rid: str = "r",
 ) -> dict[str, Any]:
     """One-directive envelope: keep ``[start, end)`` at ``priority`` for ``duration`` seconds."""
     return retain_hints(
-        [{"start": start, "end": end, "priority": priority, "duration": duration}], scope=scope
+        [{"start": start, "end": end, "priority": priority, "duration": duration}],
+        scope=scope,
+        rid=rid,
     )
