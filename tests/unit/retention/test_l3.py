@@ -3,9 +3,7 @@ the per-client budget. The hooks themselves run on SGLang's MooncakeStore in ``t
 
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,18 +26,16 @@ from kvretention.retention.l3 import (
     read_settings,
     record_request,
 )
+from support.l3_fakes import (
+    MASTER_CONFIG,
+    fake_hash,
+    fake_store,
+    serve_master_metrics,
+    use_mooncake_config,
+)
 
 NOW = 1_000_000.0
 PAGE = 4
-
-
-def fake_hash(tokens: Sequence[int], seed: str | None, page_size: int) -> list[str]:
-    """A chain like SGLang's: each page's key depends on its tokens and the key before it."""
-    keys, prior = [], seed or "root"
-    for i in range(0, len(tokens) // page_size * page_size, page_size):
-        prior = f"{abs(hash((prior, tuple(tokens[i : i + page_size])))):x}"
-        keys.append(prior)
-    return keys
 
 
 def retain(*directives: dict[str, object], scope: str | None = "s") -> dict[str, object]:
@@ -313,13 +309,8 @@ def test_only_trees_writing_to_mooncake_record_holds(cache: object, writes: bool
 def test_a_new_budget_reaches_a_running_client(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = tmp_path / "mooncake.json"
-    path.write_text(json.dumps({"kvretention": {"pin_budget_ratio": 0.5}}))
-    monkeypatch.setenv("SGLANG_HICACHE_MOONCAKE_CONFIG_PATH", str(path))
-    store = SimpleNamespace(
-        config=SimpleNamespace(global_segment_size=4000),
-        storage_config=SimpleNamespace(tp_size=2, pp_size=1),
-    )
+    path = use_mooncake_config(monkeypatch, tmp_path, {"kvretention": {"pin_budget_ratio": 0.5}})
+    store = fake_store(segment_bytes=4000, tp_size=2)
     try:
         assert l3.client_state(store, now=0.0).ledger.capacity_bytes == 1000  # half of 4000 / 2
         path.write_text(json.dumps({"kvretention": {"pin_budget_ratio": 0.25}}))
@@ -435,44 +426,19 @@ def test_the_pools_pinned_objects_from_the_masters_metrics() -> None:
         l3.pool_pinned_keys("up 1\n")
 
 
-def _serve(body: bytes) -> tuple[http.server.ThreadingHTTPServer, int]:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, int(server.server_address[1])
-
-
 @pytest.mark.parametrize("readable", [True, False], ids=["master-read", "master-unreadable"])
 def test_a_new_client_reads_the_pool_off_the_write_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, readable: bool
 ) -> None:
     """The first put finds the whole share reserved and returns at once; a thread reads the
     master and shrinks the reservation. An unreadable master keeps it (pins wait, puts go on)."""
-    server, port = _serve(FIXTURE.read_bytes())
+    server, port = serve_master_metrics([FIXTURE.read_bytes()])
     if not readable:
         server.shutdown()
         server.server_close()
-    path = tmp_path / "mooncake.json"
-    config = {
-        "master_server_address": "127.0.0.1:1",
-        "master_metrics_port": port,
-        "kvretention": {"pin_budget_ratio": 0.5, "max_pin_ttl_ms": 3_600_000},
-    }
-    path.write_text(json.dumps(config))
-    monkeypatch.setenv("SGLANG_HICACHE_MOONCAKE_CONFIG_PATH", str(path))
+    use_mooncake_config(monkeypatch, tmp_path, {**MASTER_CONFIG, "master_metrics_port": port})
     monkeypatch.setattr(l3, "POOL_READ_S", 0.05)
-    store = SimpleNamespace(
-        config=SimpleNamespace(global_segment_size=16 * 1024 * 1024),
-        storage_config=SimpleNamespace(tp_size=1, pp_size=1),
-    )
+    store = fake_store()
     try:
         state = l3.client_state(store)
         assert state.settings.metrics_url == f"http://127.0.0.1:{port}/metrics"

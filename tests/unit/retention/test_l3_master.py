@@ -4,14 +4,11 @@ both off the write path. The real master's restart is in ``tests/l3/test_l3_mast
 
 from __future__ import annotations
 
-import http.server
 import json
 import logging
 import re
-import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -19,6 +16,7 @@ from kvretention.retention import l3
 from kvretention.retention.directives import Hold
 from kvretention.retention.l3_budget import PinLedger
 from kvretention.retention.l3_master import MasterReading, detect_restart, read_master
+from support.l3_fakes import MASTER_CONFIG, fake_store, serve_master_metrics, use_mooncake_config
 
 FIXTURE = Path(__file__).parents[2] / "fixtures" / "mooncake_master_metrics.prom"
 NOW = 1_000_000.0
@@ -114,23 +112,6 @@ def test_a_re_pinned_page_counts_once_and_a_second_restart_drops_it() -> None:
     assert ledger.pinned_bytes == 0
 
 
-def _serve(bodies: list[bytes]) -> tuple[http.server.ThreadingHTTPServer, int]:
-    """A master's /metrics whose body is the last of ``bodies`` (append one to restart it)."""
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(bodies[-1])
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, int(server.server_address[1])
-
-
 def _wait(predicate: object, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():  # type: ignore[operator]
@@ -147,25 +128,15 @@ def test_the_watch_sees_a_restart_and_frees_the_share(
     fresh = re.sub(r"^(master_\w+_total) \d+$", r"\1 0", old, flags=re.M)
     fresh = fresh.replace("master_soft_pin_key_count 8", "master_soft_pin_key_count 0")
     bodies = [old.encode()]
-    server, port = _serve(bodies)
-    path = tmp_path / "mooncake.json"
-    config = {
-        "master_server_address": "127.0.0.1:1",
-        "master_metrics_port": port,
-        "kvretention": {"pin_budget_ratio": 0.5, "max_pin_ttl_ms": 3_600_000},
-    }
-    path.write_text(json.dumps(config))
+    server, port = serve_master_metrics(bodies)
+    use_mooncake_config(monkeypatch, tmp_path, {**MASTER_CONFIG, "master_metrics_port": port})
     trace = tmp_path / "trace.jsonl"
-    monkeypatch.setenv("SGLANG_HICACHE_MOONCAKE_CONFIG_PATH", str(path))
     monkeypatch.setenv("KVR_REQUEST_TRACE", str(trace))
     monkeypatch.setattr(l3, "POOL_READ_S", 0.05)
     monkeypatch.setattr(l3, "MASTER_READ_S", 0.05)
     monkeypatch.setattr(l3.STATS, "master_restarts", 0)
     monkeypatch.setattr(l3.STATS, "pins_lost", 0)
-    store = SimpleNamespace(
-        config=SimpleNamespace(global_segment_size=16 * 1024 * 1024),
-        storage_config=SimpleNamespace(tp_size=1, pp_size=1),
-    )
+    store = fake_store()
     caplog.set_level(logging.WARNING, logger="kvretention.retention.l3")
     state = l3.client_state(store)
     try:
@@ -203,19 +174,13 @@ def test_only_a_pin_whose_put_returned_ok_counts_as_written(
 ) -> None:
     """The put hook confirms a pin once the master answered its put: a page whose put failed is
     not known to be on the old master, so a restart leaves it counted (the budget stays a bound)."""
-    path = tmp_path / "mooncake.json"
-    path.write_text(json.dumps({"kvretention": {"pin_budget_ratio": 0.5}}))
-    monkeypatch.setenv("SGLANG_HICACHE_MOONCAKE_CONFIG_PATH", str(path))
+    use_mooncake_config(monkeypatch, tmp_path, {"kvretention": {"pin_budget_ratio": 0.5}})
     pages = ["c0ffee01", "c0ffee02"]
     until = time.time() + 600
     l3.INDEX.record(pages, [Hold(0, 4, 50, until)] * 2, scope="s", rid="r")
     keys = [f"{page}_0_{kv}" for page in pages for kv in ("k", "v")]
     monkeypatch.setattr(l3, "_put_pinned", lambda *args, **kwargs: [0, 0, -1, -1])
-    store = SimpleNamespace(
-        config=SimpleNamespace(global_segment_size=16 * 1024 * 1024),
-        storage_config=SimpleNamespace(tp_size=1, pp_size=1),
-        config_prefix=None,
-    )
+    store = fake_store(config_prefix=None)
     try:
         got = l3.put_with_pins(store, lambda *a: [0] * 4, keys, [1, 2, 3, 4], [10, 10, 10, 10])
         assert got == [0, 0, -1, -1]

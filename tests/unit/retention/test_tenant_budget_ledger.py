@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,17 +12,11 @@ from kvretention.common.tenancy import cache_salt_for
 from kvretention.retention import l3
 from kvretention.retention.directives import Hold
 from kvretention.retention.l3 import L3Settings, PinLedger, RetainedPages, plan_puts
+from support.l3_fakes import fake_hash
+from support.sglang_radix import retain_hints
 
 NOW = 1_000_000.0
 PAGE = 4
-
-
-def fake_hash(tokens: Sequence[int], seed: str | None, page_size: int) -> list[str]:
-    keys, prior = [], seed or "root"
-    for i in range(0, len(tokens) // page_size * page_size, page_size):
-        prior = f"{abs(hash((prior, tuple(tokens[i : i + page_size])))):x}"
-        keys.append(prior)
-    return keys
 
 
 # (key, bytes, tenant, outcome): capacity 300, each tenant at most half of it (150)
@@ -110,18 +103,7 @@ def test_a_retained_page_names_its_tenant_from_the_requests_cache_salt(
     monkeypatch.setattr(l3, "namespace_seed", lambda extra_key, cache_salt: cache_salt)
     monkeypatch.setattr(l3, "INDEX", RetainedPages())
     tokens = list(range(16))
-    hints = {
-        "protocol_version": "0.1",
-        "message_id": "m",
-        "actions": [
-            {
-                "action_id": "a",
-                "action_type": "kv.retain",
-                "action_version": "1.0",
-                "payload": {"scope": None, "directives": [{"priority": 50, "duration": 60}]},
-            }
-        ],
-    }
+    hints = retain_hints([{"priority": 50, "duration": 60}], rid="m")
     keys = {}
     for tenant in ("team-a", "team-b", None):
         req = SimpleNamespace(
