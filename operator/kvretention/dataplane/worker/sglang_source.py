@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -57,13 +58,16 @@ def _parse(path: Path) -> ast.Module | None:
         return None
 
 
+def _nodes(path: Path) -> Iterator[ast.AST]:
+    """Every node of a file's syntax tree; none when the file is missing or does not parse."""
+    tree = _parse(path)
+    return iter(()) if tree is None else ast.walk(tree)
+
+
 def read_version(root: Path) -> str | None:
     """``__version__`` as a literal in ``_version.py`` or ``version.py``, else package metadata."""
     for name in ("_version.py", "version.py"):
-        tree = _parse(root / name)
-        if tree is None:
-            continue
-        for node in ast.walk(tree):
+        for node in _nodes(root / name):
             if (
                 isinstance(node, ast.Assign)
                 and any(isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets)
@@ -158,10 +162,7 @@ def _choices_kwarg(call: ast.Call) -> list[str] | None:
 
 
 def _choices_from_fields(root: Path) -> list[str] | None:
-    tree = _parse(root / MEMORY_ARGS_FILE)
-    if tree is None:
-        return None
-    for node in ast.walk(tree):
+    for node in _nodes(root / MEMORY_ARGS_FILE):
         if (
             isinstance(node, ast.AnnAssign)
             and isinstance(node.target, ast.Name)
@@ -174,10 +175,7 @@ def _choices_from_fields(root: Path) -> list[str] | None:
 
 
 def _choices_from_argparse(root: Path) -> list[str] | None:
-    tree = _parse(root / SERVER_ARGS_FILE)
-    if tree is None:
-        return None
-    for node in ast.walk(tree):
+    for node in _nodes(root / SERVER_ARGS_FILE):
         if (
             isinstance(node, ast.Call)
             and node.args
@@ -190,11 +188,8 @@ def _choices_from_argparse(root: Path) -> list[str] | None:
 
 
 def _choices_from_factory(root: Path) -> list[str] | None:
-    tree = _parse(root / BACKEND_FACTORY_FILE)
-    if tree is None:
-        return None
     names: list[str] = []
-    for node in ast.walk(tree):
+    for node in _nodes(root / BACKEND_FACTORY_FILE):
         if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)
