@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from kvretention.common.kv_retain import MAX_PRIORITY
 from kvretention.common.trace import TRACE_ENV, trace_from_env
 from kvretention.dataplane.frontend.app import create_app
 from kvretention.dataplane.frontend.auth import (
@@ -160,7 +161,7 @@ def parse_session_keys(value: str) -> tuple[str, ...]:
 )
 @click.option(
     "--hint-priority",
-    type=click.IntRange(1, 100),
+    type=click.IntRange(1, MAX_PRIORITY),
     default=50,
     show_default=True,
     help="Priority of the retention asked for (kv.retain).",
