@@ -12,6 +12,8 @@ from fake_kube import load_example
 
 from kvretention.api.models import KvRetentionDeployment
 from kvretention.controller.resources import build_children
+from kvretention.dataplane.router.cli import router_cmd
+from kvretention.dataplane.router.discovery import build_endpoints
 from kvretention.ports import FRONTEND_PORT, ROUTER_EXT_PROC_PORT
 
 NAME = "qwen"
@@ -205,3 +207,21 @@ def test_network_policies_let_the_gateway_reach_the_picker_and_the_picker_the_fr
     # The router polls each frontend pod's /readyz before handing it out.
     (rule,) = from_router
     assert rule["ports"] == [{"protocol": "TCP", "port": FRONTEND_PORT}]
+
+
+@pytest.mark.parametrize(("pool", "mode"), CASES)
+def test_the_router_cli_takes_the_rendered_picker_flags(
+    pool: dict[str, Any] | None, mode: str | None
+) -> None:
+    """The contract with ``kvretention router``: what is rendered parses, and the picker is on
+    exactly when the operator renders it (the CLI refuses one flag without the other)."""
+    command = _container(_children(pool), ROUTER)["command"]
+    assert command[:2] == ["kvretention", "router"]
+    params = router_cmd.make_context("router", command[2:]).params
+    frontends = build_endpoints(static=params["endpoints"], dns=params["endpoint_dns"])
+    if mode is None:
+        assert params["ext_proc_port"] == 0 and frontends is None
+        return
+    assert params["ext_proc_port"] == ROUTER_EXT_PROC_PORT
+    assert params["endpoint_dns"] == (f"{PODS}.ns.svc:{FRONTEND_PORT}",)
+    assert frontends is not None
