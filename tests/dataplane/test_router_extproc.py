@@ -12,8 +12,9 @@ picked, as Envoy's original-destination routing does, and reports the served end
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import pytest
 from kvretention.ports import free_port
 from kvretention.replay.sessions import claude_code_session, codex_session
 from support.chat_tokenizer import save
+from support.envoy_gateway import EnvoyGateway, start_envoy
 from support.extproc_client import build_extproc_client, play
 from support.processes import KvrProcess, StartKvretention
 from support.worker_client import calls, wait_for
@@ -52,12 +54,21 @@ class Fleet:
         (index,) = found
         return int(index)
 
-    def metric(self, name: str) -> float:
-        with urllib.request.urlopen(self.picker_http + "/metrics", timeout=5) as resp:
+    def metric(self, name: str, *, base_url: str | None = None) -> float:
+        """The sum of the series whose line starts with ``name`` (the picker's by default)."""
+        url = (base_url or self.picker_http) + "/metrics"
+        with urllib.request.urlopen(url, timeout=5) as resp:
             text = resp.read().decode()
         return sum(
             float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name)
         )
+
+    def served_by_frontend(self) -> list[float]:
+        """Requests each frontend has answered so far."""
+        return [
+            self.metric("kvretention_frontend_requests_total", base_url=f.base_url)
+            for f in self.frontends
+        ]
 
 
 @pytest.fixture(scope="session")
@@ -211,6 +222,68 @@ def test_no_ready_frontend_is_a_503_in_the_provider_shape(
             assert answer[key] == fields
 
 
+@pytest.fixture(scope="module")
+def envoy(fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EnvoyGateway]:
+    gateway = start_envoy(fleet.picker, tmp_path_factory.mktemp("envoy"))
+    yield gateway
+    gateway.stop()
+
+
+def through(url: str, path: str, headers: dict[str, str], body: Any) -> tuple[int, str, bytes]:
+    """POST through Envoy: status, the frontend's ``x-request-id``, the body."""
+    request = urllib.request.Request(url + path, data=json.dumps(body).encode(), headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            return resp.status, resp.headers.get("x-request-id", ""), resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, "", err.read()
+
+
+@pytest.mark.parametrize("listener", ["header", "metadata"])
+@pytest.mark.parametrize(
+    "turns",
+    [pytest.param(claude_code(header=False), id="claude-code"), pytest.param(codex, id="codex")],
+)
+def test_a_real_envoy_keeps_a_session_on_one_frontend_and_one_worker(
+    fleet: Fleet,
+    envoy: EnvoyGateway,
+    listener: str,
+    turns: Callable[[], list[tuple[str, dict[str, str], Any]]],
+) -> None:
+    """Envoy 1.40.0's ext_proc filter asks the picker (BUFFERED body, routed by the header; or
+    FULL_DUPLEX_STREAMED, routed by the ``envoy.lb`` metadata) and its ORIGINAL_DST cluster sends
+    each turn to the frontend picked: every turn of the session lands on one frontend and, through
+    the router's pin, one worker."""
+    url = envoy.header_url if listener == "header" else envoy.metadata_url
+    frontends, workers = set(), set()
+    for path, headers, body in turns():
+        before = fleet.served_by_frontend()
+        headers = {**headers, "content-type": "application/json", "x-api-key": "sk-any"}
+        status, request_id, answer = through(url, path, headers, body)
+        assert status == 200, (answer[:500], envoy.log()[-2000:])
+        after = fleet.served_by_frontend()
+        (moved,) = [i for i, (b, a) in enumerate(zip(before, after, strict=True)) if a > b]
+        frontends.add(moved)
+        workers.add(fleet.worker_of(request_id))
+    assert len(frontends) == 1 and len(workers) == 1, (frontends, workers)
+
+
+SESSIONLESS = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+JSON = {"content-type": "application/json"}
+
+
+@pytest.mark.parametrize("listener", ["header", "metadata"])
+def test_a_real_envoy_spreads_sessionless_requests(
+    fleet: Fleet, envoy: EnvoyGateway, listener: str
+) -> None:
+    url = envoy.header_url if listener == "header" else envoy.metadata_url
+    before = fleet.served_by_frontend()
+    for _ in range(4):
+        assert through(url, "/v1/messages", JSON, SESSIONLESS)[0] == 200
+    after = fleet.served_by_frontend()
+    assert [a - b for a, b in zip(after, before, strict=True)] == [2, 2]
+
+
 def test_a_stopped_frontend_is_no_longer_picked(fleet: Fleet) -> None:
     """Last in the module: it stops a frontend."""
     sessions = [f"kill-{i}" for i in range(16)]
@@ -231,3 +304,16 @@ def test_a_stopped_frontend_is_no_longer_picked(fleet: Fleet) -> None:
     assert set(after.values()) == {left}, after
     # Sessions that were on the frontend left stay put: rendezvous moves only the gone one's.
     assert all(after[s] == before[s] for s in sessions if before[s] == left)
+
+
+def test_with_no_frontend_left_a_real_envoy_answers_the_pickers_503(
+    fleet: Fleet, envoy: EnvoyGateway
+) -> None:
+    """After the test above: the last frontend stops too."""
+    fleet.frontends[0].stop()
+    wait_for(lambda: fleet.metric("kvretention_router_ready_endpoints") == 0)
+    for url in (envoy.header_url, envoy.metadata_url):
+        status, _, body = through(url, "/v1/messages", JSON, SESSIONLESS)
+        assert status == 503, body
+        assert json.loads(body)["error"]["type"] == "overloaded_error"
+    assert fleet.metric('kvretention_router_endpoint_picks_total{outcome="unavailable"}') >= 2
