@@ -25,6 +25,8 @@ venv="${KVR_VENV:-$root/.venv}"
 py="$venv/bin/python"
 
 log() { printf '[build-cuda-standin] %s\n' "$*" >&2; }
+# shellcheck source=lib/reuse.sh
+source "$root/scripts/lib/reuse.sh"
 
 command -v gcc >/dev/null || { log "error: gcc is not on PATH"; exit 1; }
 command -v nm >/dev/null || { log "error: nm (binutils) is not on PATH"; exit 1; }
@@ -44,15 +46,7 @@ lib="$cache/cuda-standin/mooncake-$mooncake_version-cudart-$CUDART_VERSION-$key"
 
 complete() { [[ -f "$lib/libcuda.so.1" && -e "$lib/libcudart.so.12" ]]; }
 
-if complete; then
-  [[ "${1:-}" == --check ]] || log "reusing $lib"
-  echo "$lib"
-  exit 0
-fi
-if [[ "${1:-}" == --check ]]; then
-  log "not built yet: $lib (run scripts/build-cuda-standin.sh)"
-  exit 3
-fi
+reuse_or_check complete "$lib" build-cuda-standin.sh "${1:-}"
 
 mkdir -p "$cache/cuda-standin"
 exec 9>"$cache/cuda-standin/.lock"

@@ -29,6 +29,8 @@ k8s_version=$(sed -n 's/^KUBE_VERSION=//p' "$root/hack/node/versions.env")
 bflags=(--root "$cache/buildah/root" --runroot "$cache/buildah/run" --storage-driver vfs)
 
 log() { printf '[build-images %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+# shellcheck source=lib/reuse.sh
+source "$root/scripts/lib/reuse.sh"
 sha() { sha256sum | cut -c1-12; }
 files_hash() { # the content of the given paths (tracked or new, not ignored) and their names
   (cd "$root" && git ls-files -co --exclude-standard -z -- "$@" | LC_ALL=C sort -z |
@@ -110,17 +112,10 @@ have_all() {
   for name in "${names[@]}"; do [[ -s "$(archive "$name")" ]] || return 1; done
 }
 
+listed() { have_all && write_list; }
+
 mkdir -p "$cache"
-if have_all; then
-  write_list
-  [[ "${1:-}" == --check ]] || log "reusing images in $cache"
-  echo "$cache"
-  exit 0
-fi
-if [[ "${1:-}" == --check ]]; then
-  log "not built yet: images in $cache (run scripts/build-images.sh)"
-  exit 3
-fi
+reuse_or_check listed "$cache" build-images.sh "${1:-}"
 for cmd in buildah debootstrap gcc go; do
   command -v "$cmd" >/dev/null || { log "error: $cmd is missing (scripts/install-node.sh)"; exit 1; }
 done

@@ -9,6 +9,9 @@
 #   go_cache_close                                                      # moves "$stage" into "$out"
 # Env: KVR_CACHE (default ~/.cache/kvretention), KVR_BUILD_NICE (default 10).
 
+# shellcheck source=reuse.sh
+source "$(dirname "${BASH_SOURCE[0]}")/reuse.sh"
+
 cache="${KVR_CACHE:-$HOME/.cache/kvretention}"
 nice_level="${KVR_BUILD_NICE:-10}"
 go_cache_tag=go-cache
@@ -28,15 +31,7 @@ go_cache_open() { # go_cache_open <tag> <hack/name> <cache subfolder> <version> 
   hack="$root/$2"
   local dir="$cache/$3"
   out="$dir/$4-$(go_cache_hash "$2")"
-  if have_all; then
-    [[ "${5:-}" == --check ]] || log "reusing $out"
-    echo "$out"
-    exit 0
-  fi
-  if [[ "${5:-}" == --check ]]; then
-    log "not built yet: $out (run scripts/build-${go_cache_tag#build-}.sh)"
-    exit 3
-  fi
+  reuse_or_check have_all "$out" "build-${go_cache_tag#build-}.sh" "${5:-}"
   command -v go >/dev/null || { log "error: go is not on PATH (need Go >= 1.26)"; exit 1; }
   mkdir -p "$out"
   # One build at a time per cache: a second caller waits, then finds the output and reuses it.
