@@ -8,8 +8,11 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from multidict import CIMultiDict
 
+from kvretention.dataplane.router.cli import router_cmd
+from kvretention.dataplane.router.discovery import Endpoints, build_endpoints
 from kvretention.dataplane.router.extproc_wire import (
     BUFFERED,
     FULL_DUPLEX_STREAMED,
@@ -271,3 +274,32 @@ def test_no_ready_endpoint_is_an_immediate_503(path: str, shape: dict[str, Any])
     body = json.loads(answer.body)
     for key, value in shape.items():
         assert value.items() <= body[key].items() if isinstance(value, dict) else body[key] == value
+
+
+@pytest.mark.parametrize(
+    ("static", "dns", "expected"),
+    [
+        ((), (), None),
+        (("10.0.0.1:8000",), (), Endpoints(static=("http://10.0.0.1:8000",))),
+        ((), ("fe.ns.svc:8000",), Endpoints(dns=("fe.ns.svc:8000",))),
+    ],
+)
+def test_build_endpoints(
+    static: tuple[str, ...], dns: tuple[str, ...], expected: Endpoints | None
+) -> None:
+    assert build_endpoints(static=static, dns=dns) == expected
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["--ext-proc-port", "9004"], "go together"),
+        (["--endpoint", "http://10.0.0.1:8000"], "go together"),
+        (["--ext-proc-port", "9004", "--endpoint-dns", "fe.ns.svc"], "host:port"),
+        (["--ext-proc-port", "70000", "--endpoint-dns", "fe.ns.svc:8000"], "70000"),
+    ],
+)
+def test_router_cli_refuses_half_a_picker(args: list[str], error: str) -> None:
+    result = CliRunner().invoke(router_cmd, ["--worker", "http://w:8002", *args])
+    assert result.exit_code == 2, result.output
+    assert error in result.output
