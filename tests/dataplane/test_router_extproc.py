@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from kvretention.ports import free_port
@@ -189,6 +190,22 @@ def test_a_request_without_body_is_picked_on_its_headers(fleet: Fleet) -> None:
 
 def test_health_check_says_serving(fleet: Fleet) -> None:
     assert fleet.play(health="readiness")["health"] == "SERVING"
+
+
+def test_a_malformed_message_ends_the_stream_and_health_names_its_services(fleet: Fleet) -> None:
+    """Raw bytes over grpcio: a truncated ProcessingRequest is INVALID_ARGUMENT; the health check
+    answers liveness SERVING (``08 01``) and NOT_FOUND for a service it does not serve."""
+    with grpc.insecure_channel(fleet.picker) as channel:
+        process = channel.stream_stream("/envoy.service.ext_proc.v3.ExternalProcessor/Process")
+        with pytest.raises(grpc.RpcError) as err:
+            list(process(iter([b"\x12\x05ab"]), timeout=5))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "truncated field" in str(err.value.details())
+        check = channel.unary_unary("/grpc.health.v1.Health/Check")
+        assert check(b"", timeout=5) == b"\x08\x01"
+        with pytest.raises(grpc.RpcError) as err:
+            check(b"\x0a\x03foo", timeout=5)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
 
 @pytest.mark.parametrize(
