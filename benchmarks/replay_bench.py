@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
 from kvretention.replay.plan import SESSIONS, plan_sessions, usage_of  # noqa: E402
-from support.cpu_engine import SERVED_NAME, start_cpu_worker  # noqa: E402
+from support.cpu_engine import SERVED_NAME, start_cpu_fleet  # noqa: E402
 from support.processes import started_in_module  # noqa: E402
 
 ARMS = {"retain": ["--radix-eviction-policy", "kvretain"], "lru": []}
@@ -102,30 +102,13 @@ def fleet(arm: str, *, pool: int, logs: Path) -> Iterator[tuple[str, str]]:
     runner = started_in_module(logs / arm)
     start = next(runner)
     try:
-        worker = start_cpu_worker(
+        started = start_cpu_fleet(
             start,
             logs / arm,
-            sglang_args=[
-                "--max-total-tokens",
-                str(pool),
-                "--context-length",
-                "32768",
-                *ARMS[arm],
-            ],
+            sglang_args=["--max-total-tokens", str(pool), "--context-length", "32768", *ARMS[arm]],
+            frontend_args=["--default-ttl-seconds", str(FLEET_TTL)],
         )
-        router = start(["router", "--worker", worker.base_url])
-        frontend = start(
-            [
-                "frontend",
-                "--router-url",
-                router.base_url,
-                "--model",
-                SERVED_NAME,
-                "--default-ttl-seconds",
-                str(FLEET_TTL),
-            ]
-        )
-        yield frontend.base_url, worker.base_url
+        yield started.frontend.base_url, started.worker.base_url
     finally:
         next(runner, None)
 

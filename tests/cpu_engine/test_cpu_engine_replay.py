@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from support.cpu_engine import SERVED_NAME, start_cpu_worker
+from support.cpu_engine import SERVED_NAME, start_cpu_fleet
 from support.processes import KvrProcess, StartKvretention
 
 pytestmark = pytest.mark.cpu_engine
@@ -26,24 +26,14 @@ def frontend(
     start: StartKvretention, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[KvrProcess]:
     tmp = tmp_path_factory.mktemp("replay-fleet")
-    worker = start_cpu_worker(
+    fleet = start_cpu_fleet(
         start,
         tmp,
         sglang_args=["--max-total-tokens", "40000", "--context-length", "32768"],
+        frontend_args=["--default-ttl-seconds", str(FLEET_TTL)],
     )
-    router = start(["router", "--worker", worker.base_url])
-    yield start(
-        [
-            "frontend",
-            "--router-url",
-            router.base_url,
-            "--model",
-            SERVED_NAME,
-            "--default-ttl-seconds",
-            str(FLEET_TTL),
-        ]
-    )
-    assert worker.shim_functions_called() == []
+    yield fleet.frontend
+    assert fleet.worker.shim_functions_called() == []
 
 
 def replay(*args: str) -> subprocess.CompletedProcess[str]:

@@ -24,7 +24,7 @@ import httpx
 import openai
 import pytest
 
-from support.cpu_engine import SERVED_NAME, CpuWorker, start_cpu_worker
+from support.cpu_engine import SERVED_NAME, CpuWorker, start_cpu_fleet
 from support.processes import KvrProcess, StartKvretention
 
 pytestmark = pytest.mark.cpu_engine
@@ -54,14 +54,16 @@ class Fleet:
 @pytest.fixture(scope="module")
 def fleet(start: StartKvretention, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     tmp = tmp_path_factory.mktemp("cpu-fleet")
-    worker = start_cpu_worker(
-        start, tmp, sglang_args=["--max-total-tokens", "16384", "--context-length", "8192"]
+    started = start_cpu_fleet(
+        start,
+        tmp,
+        sglang_args=["--max-total-tokens", "16384", "--context-length", "8192"],
+        router_args=["--health-interval", "0.3"],
     )
-    router = start(["router", "--worker", worker.base_url, "--health-interval", "0.3"])
-    frontend = start(["frontend", "--router-url", router.base_url, "--model", SERVED_NAME])
+    worker, frontend = started.worker, started.frontend
     yield Fleet(
         worker=worker,
-        router=router,
+        router=started.router,
         frontend=frontend,
         openai=openai.OpenAI(
             base_url=frontend.base_url + "/v1", api_key="unused", max_retries=0, timeout=120
@@ -268,10 +270,9 @@ def test_responses_stream_events_are_well_formed_and_read_the_cache(fleet: Fleet
     assert cached[0] <= OPENING and cached[1] >= 60, cached
 
 
-def test_anthropic_messages_stream_events_are_well_formed(fleet: Fleet) -> None:
-    """``message_start``, one text block (start, deltas, stop), ``message_delta`` with the stop
-    reason and usage, ``message_stop``; no ``ping`` or ``error`` in between on a healthy turn."""
-    events = sse_events(
+def stream_one_message(fleet: Fleet) -> list[dict[str, Any]]:
+    """The SSE events of a streamed one-turn ``/v1/messages`` (a fresh system prompt, 4 tokens)."""
+    return sse_events(
         fleet,
         "/v1/messages",
         {
@@ -282,6 +283,12 @@ def test_anthropic_messages_stream_events_are_well_formed(fleet: Fleet) -> None:
             "stream": True,
         },
     )
+
+
+def test_anthropic_messages_stream_events_are_well_formed(fleet: Fleet) -> None:
+    """``message_start``, one text block (start, deltas, stop), ``message_delta`` with the stop
+    reason and usage, ``message_stop``; no ``ping`` or ``error`` in between on a healthy turn."""
+    events = stream_one_message(fleet)
     kinds = [e["type"] for e in events if e["type"] != "ping"]
     deltas = kinds.count("content_block_delta")
     assert kinds == [
@@ -309,17 +316,7 @@ def test_anthropic_messages_stream_events_are_well_formed(fleet: Fleet) -> None:
 def test_anthropic_message_start_carries_the_prompts_input_tokens(fleet: Fleet) -> None:
     """Anthropic's ``message_start`` reports the prompt's counts before the first token; SGLang's
     first stream output has them (``meta_info.prompt_tokens``, ``cached_tokens``)."""
-    events = sse_events(
-        fleet,
-        "/v1/messages",
-        {
-            "model": SERVED_NAME,
-            "max_tokens": 4,
-            "system": nonce() + " " + SYSTEM,
-            "messages": [{"role": "user", "content": "one"}],
-            "stream": True,
-        },
-    )
+    events = stream_one_message(fleet)
     usage = events[0]["message"]["usage"]
     assert usage["input_tokens"] > 60, usage
 

@@ -100,3 +100,30 @@ def start_cpu_worker(
         timeout=ENGINE_READY_S,
     )
     return CpuWorker(process=process, shim_calls=shim_calls)
+
+
+@dataclass(frozen=True)
+class CpuFleet:
+    """A CPU worker, a router in front of it and a frontend serving the tiny model's name."""
+
+    worker: CpuWorker
+    router: KvrProcess
+    frontend: KvrProcess
+
+
+def start_cpu_fleet(
+    start: StartKvretention,
+    tmp: Path,
+    *,
+    sglang_args: Sequence[str] = (),
+    router_args: Sequence[str] = (),
+    frontend_args: Sequence[str] = (),
+) -> CpuFleet:
+    """:func:`start_cpu_worker`, then ``router --worker`` it, then ``frontend --model`` the tiny
+    model's served name through that router, each with its extra arguments."""
+    worker = start_cpu_worker(start, tmp, sglang_args=sglang_args)
+    router = start(["router", "--worker", worker.base_url, *router_args])
+    frontend = start(
+        ["frontend", "--router-url", router.base_url, "--model", SERVED_NAME, *frontend_args]
+    )
+    return CpuFleet(worker=worker, router=router, frontend=frontend)
