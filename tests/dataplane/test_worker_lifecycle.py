@@ -75,6 +75,21 @@ def test_sigterm_drains_in_flight_streams_then_exits(
     assert calls(record, "late") == []
 
 
+def sigterm_during_a_slow_request(proc: KvrProcess, record: Path) -> float:
+    """SIGTERM the worker while it streams request ``slow-1``: it must exit 0 and abort the
+    request in the engine. The seconds from the signal to its exit."""
+    client = threading.Thread(target=post_ignoring_errors, args=(proc.base_url, "slow-1"))
+    client.start()
+    wait_for(lambda: calls(record, "slow-1"))
+    started = time.monotonic()
+    proc.proc.send_signal(signal.SIGTERM)
+    assert proc.proc.wait(timeout=15) == 0
+    took = time.monotonic() - started
+    client.join(timeout=10)
+    assert calls(record, "slow-1", event="abort")
+    return took
+
+
 def test_drain_deadline_aborts_what_is_left(
     kvretention_process: StartKvretention, tmp_path: Path
 ) -> None:
@@ -84,15 +99,7 @@ def test_drain_deadline_aborts_what_is_left(
         env={"KVR_STANDIN_DELAY_S": "2.0"},  # six chunks: left alone, the stream takes 12 s
         extra=["--drain-seconds", "0.3"],
     )
-    client = threading.Thread(target=post_ignoring_errors, args=(proc.base_url, "slow-1"))
-    client.start()
-    wait_for(lambda: calls(record, "slow-1"))
-    started = time.monotonic()
-    proc.proc.send_signal(signal.SIGTERM)
-    assert proc.proc.wait(timeout=15) == 0
-    assert time.monotonic() - started < 8.0  # cut at the deadline, not run to its end
-    client.join(timeout=10)
-    assert calls(record, "slow-1", event="abort")
+    assert sigterm_during_a_slow_request(proc, record) < 8.0  # cut at the deadline, not its end
 
 
 @pytest.mark.parametrize("engine", ["standin:flat", "standin:versioned"])
@@ -106,15 +113,7 @@ def test_sigterm_with_no_drain_time_refuses_new_work_and_exits_at_once(
         ["worker", "--engine", engine, "--drain-seconds", "0"],
         env={"KVR_STANDIN_RECORD": str(record), "KVR_STANDIN_DELAY_S": "9.0"},
     )
-    client = threading.Thread(target=post_ignoring_errors, args=(proc.base_url, "slow-1"))
-    client.start()
-    wait_for(lambda: calls(record, "slow-1"))
-    started = time.monotonic()
-    proc.proc.send_signal(signal.SIGTERM)
-    assert proc.proc.wait(timeout=15) == 0
-    assert time.monotonic() - started < 1.5
-    client.join(timeout=10)
-    assert calls(record, "slow-1", event="abort")
+    assert sigterm_during_a_slow_request(proc, record) < 1.5
 
 
 def test_client_disconnect_aborts_the_engine_request(
