@@ -134,36 +134,40 @@ print(json.dumps([args.radix_eviction_policy, args.enable_hierarchical_cache]))
 """
 
 
-@needs_sglang
-def test_the_worker_parses_the_rendered_argv_as_sglang_launch_server_does() -> None:
-    """``kvretention worker`` embeds the engine: it loads SGLang's plugins before parsing, so the
-    hinted workers' ``--radix-eviction-policy kvretain`` is a known choice (a fresh interpreter:
-    nothing loaded the plugins before)."""
+def worker_parse(
+    env: dict[str, str] | None = None,
+) -> tuple[subprocess.CompletedProcess[str], list[Any]]:
+    """Run :data:`WORKER_PARSE` on the aggregated pool's rendered argv in a fresh interpreter; it
+    must exit 0. The finished process and its ``[radix_eviction_policy, hierarchical]``."""
     done = subprocess.run(
         [sys.executable, "-W", "ignore", "-c", WORKER_PARSE, json.dumps(_rendered("aggregated"))],
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,
         check=False,
+        env=env,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == ["kvretain", True]
+    parsed: list[Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return done, parsed
+
+
+@needs_sglang
+def test_the_worker_parses_the_rendered_argv_as_sglang_launch_server_does() -> None:
+    """``kvretention worker`` embeds the engine: it loads SGLang's plugins before parsing, so the
+    hinted workers' ``--radix-eviction-policy kvretain`` is a known choice (a fresh interpreter:
+    nothing loaded the plugins before)."""
+    _, parsed = worker_parse()
+    assert parsed == ["kvretain", True]
 
 
 @needs_sglang
 def test_a_worker_whose_sglang_did_not_load_the_plugin_serves_instead_of_crash_looping() -> None:
     """``SGLANG_PLUGINS`` leaving the plugin out: SGLang would refuse ``kvretain`` and the pod
     would crash-loop; the worker drops the flag, says so, and SGLang parses the rest."""
-    done = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", WORKER_PARSE, json.dumps(_rendered("aggregated"))],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        check=False,
-        env={**os.environ, "SGLANG_PLUGINS": "some-other-plugin"},
+    done, (policy, hierarchical) = worker_parse(
+        {**os.environ, "SGLANG_PLUGINS": "some-other-plugin"}
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    policy, hierarchical = json.loads(done.stdout.strip().splitlines()[-1])
     assert policy != "kvretain"
     assert hierarchical is True
     assert "kv.retain is not applied in the radix tiers" in done.stderr
