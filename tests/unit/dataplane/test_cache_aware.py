@@ -296,7 +296,7 @@ def test_drop_billing_header_keeps_the_rest_of_the_system_prompt() -> None:
     ],
 )
 def test_frontend_session_keys_flag(value: str, keys: tuple[str, ...]) -> None:
-    from kvretention.dataplane.frontend.cli import parse_session_keys
+    from kvretention.dataplane.session_keys import parse_session_keys
 
     assert parse_session_keys(value) == keys
 
@@ -307,7 +307,7 @@ def test_frontend_session_keys_flag(value: str, keys: tuple[str, ...]) -> None:
 def test_frontend_session_keys_flag_refuses_malformed_keys(value: str) -> None:
     import click
 
-    from kvretention.dataplane.frontend.cli import parse_session_keys
+    from kvretention.dataplane.session_keys import parse_session_keys
 
     with pytest.raises(click.BadParameter):
         parse_session_keys(value)

@@ -134,6 +134,14 @@ def test_the_session_is_read_as_the_frontend_reads_it(
     assert session_of_request(CIMultiDict(headers), raw) == session
 
 
+def test_the_fleets_own_session_keys_are_read_in_their_order() -> None:
+    keys = ("X-Conv", "metadata.thread")
+    body = json.dumps({"metadata": {"thread": "t", "user_id": "u"}}).encode()
+    assert session_of_request(CIMultiDict({"x-conv": "c"}), body, keys=keys) == "c"
+    assert session_of_request(CIMultiDict({"x-session-id": "d"}), body, keys=keys) == "t"
+    assert session_of_request(CIMultiDict({"x-session-id": "d"}), b"{}", keys=keys) is None
+
+
 def test_a_body_that_is_not_json_has_no_session() -> None:
     assert session_of_request(CIMultiDict(), b'{"metadata": {') is None
 
@@ -297,6 +305,7 @@ def test_build_endpoints(
         (["--endpoint", "http://10.0.0.1:8000"], "go together"),
         (["--ext-proc-port", "9004", "--endpoint-dns", "fe.ns.svc"], "host:port"),
         (["--ext-proc-port", "70000", "--endpoint-dns", "fe.ns.svc:8000"], "70000"),
+        (["--session-keys", "x-conv,bad key"], "neither a header name"),
     ],
 )
 def test_router_cli_refuses_half_a_picker(args: list[str], error: str) -> None:

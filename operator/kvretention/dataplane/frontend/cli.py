@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -36,23 +35,9 @@ from kvretention.dataplane.frontend.tokenizer import (
 from kvretention.dataplane.gc_tuning import tune_gc
 from kvretention.dataplane.hop_key import hop_key_file_option, load_hop_key_file
 from kvretention.dataplane.http import metrics_port_option, serve_until_signal
-from kvretention.dataplane.protocol import DEFAULT_SESSION_KEYS
+from kvretention.dataplane.session_keys import session_keys_option
 from kvretention.hints.envelope import MAX_TTL_SECONDS
 from kvretention.ports import FRONTEND_PORT
-
-_SESSION_KEY = re.compile(r"^((client_)?metadata\.[A-Za-z0-9_]+|[A-Za-z0-9][A-Za-z0-9_-]*)$")
-
-
-def parse_session_keys(value: str) -> tuple[str, ...]:
-    """``a,b,metadata.c`` -> keys; a malformed key stops startup with a usage error."""
-    keys = tuple(k.strip() for k in value.split(",") if k.strip())
-    for key in keys:
-        if not _SESSION_KEY.match(key):
-            raise click.BadParameter(
-                f"{key!r} is neither a header name nor (client_)metadata.<field>",
-                param_hint="--session-keys",
-            )
-    return keys
 
 
 @click.command("frontend")
@@ -127,15 +112,10 @@ def parse_session_keys(value: str) -> tuple[str, ...]:
     envvar="KVR_HINTS_ANTHROPIC",
     help="Turn Anthropic top-level cache_control into KV hints; off: accepted and ignored.",
 )
-@click.option(
-    "--session-keys",
-    default=",".join(DEFAULT_SESSION_KEYS),
-    show_default=True,
-    envvar="KVR_SESSION_KEYS",
-    callback=lambda _ctx, _param, value: parse_session_keys(value),
-    help="Where a request's session is found, in order, comma-separated: header names or "
+@session_keys_option(
+    "Where a request's session is found, in order, comma-separated: header names or "
     "metadata.<field> of the body. The first present pins the conversation to a worker. "
-    "Empty: no session affinity.",
+    "Empty: no session affinity."
 )
 @click.option(
     "--prefix-routing/--no-prefix-routing",

@@ -35,6 +35,7 @@ from kvretention.dataplane.router.placement import (
     POLICIES,
     Policy,
 )
+from kvretention.dataplane.session_keys import session_keys_option
 from kvretention.ports import ROUTER_PORT
 
 log = logging.getLogger("kvretention.router")
@@ -117,6 +118,10 @@ log = logging.getLogger("kvretention.router")
     multiple=True,
     help="Frontends' headless Service as host:port, for the picker (repeatable).",
 )
+@session_keys_option(
+    "Where the endpoint picker finds a request's session, in order (header names or "
+    "metadata.<field> of the body): give the frontends' own --session-keys."
+)
 @hop_key_file_option
 @click.option("--log-level", default="INFO", show_default=True)
 def router_cmd(
@@ -143,6 +148,7 @@ def router_cmd(
     ext_proc_port: int,
     endpoints: tuple[str, ...],
     endpoint_dns: tuple[str, ...],
+    session_keys: tuple[str, ...],
     hop_key_file: Path | None,
     log_level: str,
 ) -> None:
@@ -178,6 +184,7 @@ def router_cmd(
         kv_residency=kv_residency,
         ext_proc_host=host,
         ext_proc_port=ext_proc_port,
+        session_keys=session_keys,
     )
     tune_gc()
     state = RouterState(

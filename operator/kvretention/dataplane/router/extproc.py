@@ -120,7 +120,7 @@ def build_handlers(state: RouterState) -> list[grpc.GenericRpcHandler]:
     async def process(
         requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[bytes, bytes]
     ) -> AsyncIterator[bytes]:
-        stream = PickStream(pick=pick, served=served)
+        stream = PickStream(pick=pick, served=served, keys=state.config.session_keys)
         async for raw in requests:
             try:
                 message = decode_request(raw)

@@ -14,6 +14,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from kvretention.common.hop_auth import HopKeyFile
+from kvretention.common.sessions import DEFAULT_SESSION_KEYS
 from kvretention.dataplane.labelled import Children
 from kvretention.dataplane.metric_decl import counter, gauge
 from kvretention.dataplane.router.discovery import Endpoints, PoolRole, Source
@@ -66,6 +67,8 @@ class RouterConfig:
     ext_proc_host: str = "0.0.0.0"
     ext_proc_port: int = 0
     """``--ext-proc-port``: serve Envoy ``ext_proc`` as the Gateway's endpoint picker (0: off)."""
+    session_keys: tuple[str, ...] = DEFAULT_SESSION_KEYS
+    """``--session-keys``: where the picker reads a session (the frontends' own keys)."""
 
 
 @dataclass
