@@ -323,18 +323,23 @@ def start_stack(
         out.processes["stub"] = stub
         out.targets.append(Target("direct", stub.base_url, (), fixed_path=CHAT_PATH))
         fe_args = ["frontend", "--model", MODEL, "--log-level", "warning"]
+
+        def router_and_frontend(upstream: str) -> tuple[Any, Any]:
+            """A router over ``upstream`` and a frontend in front of it."""
+            rt = _kvr(
+                stack,
+                ["router", "--worker", upstream, "--log-level", "WARNING"],
+                log_dir=log_dir,
+                ready="/readyz",
+            )
+            return rt, _kvr(stack, [*fe_args, "--router-url", rt.base_url], log_dir=log_dir)
+
         if want("frontend"):
             fe = _kvr(stack, [*fe_args, "--router-url", stub.base_url], log_dir=log_dir)
             out.processes["frontend"] = fe
             out.targets.append(Target("frontend", fe.base_url, (fe.proc.pid,)))
         if want("frontend+router"):
-            rt = _kvr(
-                stack,
-                ["router", "--worker", stub.base_url, "--log-level", "WARNING"],
-                log_dir=log_dir,
-                ready="/readyz",
-            )
-            fe = _kvr(stack, [*fe_args, "--router-url", rt.base_url], log_dir=log_dir)
+            rt, fe = router_and_frontend(stub.base_url)
             out.processes |= {"fr.router": rt, "fr.frontend": fe}
             out.targets.append(Target("frontend+router", fe.base_url, (fe.proc.pid, rt.proc.pid)))
         if want("full"):
@@ -343,13 +348,7 @@ def start_stack(
                 ["worker", "--engine", "standin:versioned", "--log-level", "WARNING"],
                 log_dir=log_dir,
             )
-            rt = _kvr(
-                stack,
-                ["router", "--worker", wk.base_url, "--log-level", "WARNING"],
-                log_dir=log_dir,
-                ready="/readyz",
-            )
-            fe = _kvr(stack, [*fe_args, "--router-url", rt.base_url], log_dir=log_dir)
+            rt, fe = router_and_frontend(wk.base_url)
             out.processes |= {"full.worker": wk, "full.router": rt, "full.frontend": fe}
             out.targets.append(
                 Target(
