@@ -18,7 +18,7 @@ from kvretention.dataplane.frontend.app import create_app
 from kvretention.dataplane.frontend.config import FrontendConfig
 from kvretention.dataplane.frontend.errors import Provider
 from kvretention.dataplane.protocol import ChatMessage, PreprocessedRequest
-from support.router_standin import RouterStandIn, parse_sse
+from support.router_standin import Received, RouterStandIn, parse_sse
 
 
 class FakeTokenizer:
@@ -39,6 +39,49 @@ async def _client(app: web.Application) -> TestClient[Any, Any]:
     client: TestClient[Any, Any] = TestClient(TestServer(app))
     await client.start_server()
     return client
+
+
+async def _forwarded(
+    app: web.Application,
+    router_standin: RouterStandIn,
+    path: str,
+    body: dict[str, Any],
+    *,
+    headers: dict[str, str] | None = None,
+) -> Received:
+    """POST ``body`` to the frontend ``app``, which must answer 200; the one request the router
+    got (clear the stand-in first)."""
+    client = await _client(app)
+    try:
+        resp = await client.post(path, json=body, headers=headers)
+        assert resp.status == 200, await resp.text()
+    finally:
+        await client.close()
+    [received] = router_standin.received
+    return received
+
+
+async def _scripted_router(
+    lines: list[dict[str, Any]], *, seen: list[dict[str, Any]] | None = None
+) -> TestServer:
+    """A started router whose ``/v1/generate`` streams ``lines`` as NDJSON to every request,
+    appending each request's body to ``seen``."""
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        if seen is not None:
+            seen.append(await request.json())
+        response = web.StreamResponse(headers={"content-type": "application/x-ndjson"})
+        await response.prepare(request)
+        for line in lines:
+            await response.write(json.dumps(line).encode() + b"\n")
+        await response.write_eof()
+        return response
+
+    router = web.Application()
+    router.router.add_post("/v1/generate", generate)
+    server = TestServer(router)
+    await server.start_server()
+    return server
 
 
 @pytest.mark.parametrize(
@@ -78,13 +121,7 @@ async def test_tokenizer_path_sends_token_ids_with_the_same_envelope(
 ) -> None:
     router_standin.clear()
     app = create_app(FrontendConfig(router_url=router_standin.base_url), tokenizer=FakeTokenizer())
-    client = await _client(app)
-    try:
-        resp = await client.post(path, json=body)
-        assert resp.status == 200, await resp.text()
-    finally:
-        await client.close()
-    [received] = [r.body for r in router_standin.received]
+    received = (await _forwarded(app, router_standin, path, body)).body
     text = body.get("messages", [{"content": body.get("input")}])[-1]["content"]
     # The conversation travels beside the ids: the worker parses tool calls against its tools.
     assert received["messages"][-1] == {"role": "user", "content": text}
@@ -176,13 +213,7 @@ async def test_a_provider_turned_off_has_its_cache_controls_accepted_and_ignored
     router_standin.clear()
     enabled = frozenset(p for p in Provider if p.value != disabled)
     app = create_app(FrontendConfig(router_url=router_standin.base_url, hint_providers=enabled))
-    client = await _client(app)
-    try:
-        resp = await client.post(path, json=body)
-        assert resp.status == 200, await resp.text()
-    finally:
-        await client.close()
-    [received] = [r.body for r in router_standin.received]
+    received = (await _forwarded(app, router_standin, path, body)).body
     assert "kv_hints" not in received
 
 
@@ -195,21 +226,13 @@ async def test_the_other_provider_still_hints_when_one_is_off(
             router_url=router_standin.base_url, hint_providers=frozenset({Provider.ANTHROPIC})
         )
     )
-    client = await _client(app)
-    try:
-        resp = await client.post(
-            "/v1/messages",
-            json={
-                "model": "m",
-                "max_tokens": 4,
-                "messages": [{"role": "user", "content": "on-msg"}],
-                "cache_control": {"type": "ephemeral"},
-            },
-        )
-        assert resp.status == 200, await resp.text()
-    finally:
-        await client.close()
-    [received] = [r.body for r in router_standin.received]
+    body = {
+        "model": "m",
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": "on-msg"}],
+        "cache_control": {"type": "ephemeral"},
+    }
+    received = (await _forwarded(app, router_standin, "/v1/messages", body)).body
     assert received["kv_hints"] == {"retain_full_prompt": {"ttl_seconds": 300}}
 
 
@@ -247,21 +270,13 @@ async def test_tool_conversations_get_token_ids_and_keep_their_tools(
     the tools still travel, since the worker parses the answer against them."""
     router_standin.clear()
     app = create_app(FrontendConfig(router_url=router_standin.base_url), tokenizer=FakeTokenizer())
-    client = await _client(app)
-    try:
-        resp = await client.post(
-            "/v1/messages",
-            json={
-                "model": "m",
-                "max_tokens": 4,
-                "tools": [{"name": "Read", "input_schema": {"type": "object"}}],
-                "messages": [{"role": "user", "content": "tool-msg"}],
-            },
-        )
-        assert resp.status == 200, await resp.text()
-    finally:
-        await client.close()
-    [received] = [r.body for r in router_standin.received]
+    body = {
+        "model": "m",
+        "max_tokens": 4,
+        "tools": [{"name": "Read", "input_schema": {"type": "object"}}],
+        "messages": [{"role": "user", "content": "tool-msg"}],
+    }
+    received = (await _forwarded(app, router_standin, "/v1/messages", body)).body
     assert received["token_ids"][1:] == [ord(c) for c in "tool-msg"]
     assert received["tools"] == [
         {"kind": "function", "name": "Read", "parameters": {"type": "object"}}
@@ -271,24 +286,13 @@ async def test_tool_conversations_get_token_ids_and_keep_their_tools(
 async def test_message_start_carries_the_workers_prompt_usage() -> None:
     """A router that reports prompt counts on its first chunk: ``message_start`` shows them."""
 
-    async def generate(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"content-type": "application/x-ndjson"})
-        await response.prepare(request)
-        first = {"text": "Hi", "prompt_usage": {"prompt_tokens": 120, "cached_tokens": 100}}
-        last = {
-            "text": "",
-            "finish_reason": "stop",
-            "usage": {"prompt_tokens": 120, "completion_tokens": 2, "cached_tokens": 100},
-        }
-        for line in (first, last):
-            await response.write(json.dumps(line).encode() + b"\n")
-        await response.write_eof()
-        return response
-
-    router = web.Application()
-    router.router.add_post("/v1/generate", generate)
-    router_server = TestServer(router)
-    await router_server.start_server()
+    first = {"text": "Hi", "prompt_usage": {"prompt_tokens": 120, "cached_tokens": 100}}
+    last = {
+        "text": "",
+        "finish_reason": "stop",
+        "usage": {"prompt_tokens": 120, "completion_tokens": 2, "cached_tokens": 100},
+    }
+    router_server = await _scripted_router([first, last])
     app = create_app(FrontendConfig(router_url=str(router_server.make_url(""))))
     client = await _client(app)
     try:
@@ -319,20 +323,8 @@ async def test_message_start_carries_the_workers_prompt_usage() -> None:
 async def test_count_tokens_stops_at_the_first_usage_and_closes_the_stream() -> None:
     """The worker answers a ``count_only`` request with one usage chunk; nothing else is read."""
     seen: list[dict[str, Any]] = []
-
-    async def generate(request: web.Request) -> web.StreamResponse:
-        seen.append(await request.json())
-        response = web.StreamResponse(headers={"content-type": "application/x-ndjson"})
-        await response.prepare(request)
-        line = {"finish_reason": "stop", "usage": {"prompt_tokens": 42, "completion_tokens": 0}}
-        await response.write(json.dumps(line).encode() + b"\n")
-        await response.write_eof()
-        return response
-
-    router = web.Application()
-    router.router.add_post("/v1/generate", generate)
-    router_server = TestServer(router)
-    await router_server.start_server()
+    line = {"finish_reason": "stop", "usage": {"prompt_tokens": 42, "completion_tokens": 0}}
+    router_server = await _scripted_router([line], seen=seen)
     app = create_app(
         FrontendConfig(
             router_url=str(router_server.make_url("")),
@@ -425,13 +417,7 @@ async def test_router_gets_session_and_prefix_chain_in_headers(
 ) -> None:
     router_standin.clear()
     app = create_app(FrontendConfig(router_url=router_standin.base_url, **config))
-    client = await _client(app)
-    try:
-        resp = await client.post(path, json=body, headers=headers)
-        assert resp.status == 200, await resp.text()
-    finally:
-        await client.close()
-    [received] = router_standin.received
+    received = await _forwarded(app, router_standin, path, body, headers=headers)
     sent = {k.lower(): v for k, v in received.headers.items()}
     assert sent.get("x-session-id") == session
     assert received.body.get("session_id") == session
