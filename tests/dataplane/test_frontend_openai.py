@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -87,6 +88,27 @@ def expect_per_mode(
 
 def received(router: RouterStandIn, needle: str) -> list[dict[str, Any]]:
     return router.bodies_for(needle)
+
+
+def forwarded_or_refused(
+    send: Callable[[], object],
+    expected: Refused | dict[str, Any],
+    router: RouterStandIn,
+    word: str,
+) -> dict[str, Any] | openai.BadRequestError:
+    """``send()`` a request carrying ``word``. Expected a hint: the one body the router got, whose
+    ``kv_hints`` is that hint. Expected a refusal: the 400 raised, with that ``(param, code)``,
+    and nothing forwarded."""
+    if isinstance(expected, dict):
+        send()
+        [body] = received(router, word)
+        assert body.get("kv_hints", {}) == expected
+        return body
+    with pytest.raises(openai.BadRequestError) as info:
+        send()
+    assert (info.value.param, info.value.code) == expected
+    assert received(router, word) == []
+    return info.value
 
 
 # -- Chat Completions --------------------------------------------------------------------------
@@ -256,20 +278,14 @@ def test_chat_cache_controls_per_breakpoint_mode(
             extra_body=extra,
         )
 
-    if isinstance(expected, dict):
-        send()
-        [body] = received(router_standin, word)
-        assert body.get("kv_hints", {}) == expected
-        marks = json.dumps(body).count('"retain_ttl": 1800')
-        assert marks == expected.get("retain_prefixes", {}).get("breakpoints", 0)
+    outcome = forwarded_or_refused(send, expected, router_standin, word)
+    if isinstance(outcome, dict):
+        marks = json.dumps(outcome).count('"retain_ttl": 1800')
+        assert marks == outcome.get("kv_hints", {}).get("retain_prefixes", {}).get("breakpoints", 0)
         return
-    with pytest.raises(openai.BadRequestError) as info:
-        send()
-    assert info.value.status_code == 400
-    assert (info.value.param, info.value.code) == expected
-    assert info.value.type == "invalid_request_error"
-    assert info.value.response.headers["content-type"].startswith("application/json")
-    assert received(router_standin, word) == []
+    assert outcome.status_code == 400
+    assert outcome.type == "invalid_request_error"
+    assert outcome.response.headers["content-type"].startswith("application/json")
 
 
 def test_chat_unknown_model_is_404(client: openai.OpenAI, router_standin: RouterStandIn) -> None:
@@ -433,16 +449,9 @@ def test_responses_cache_controls_per_breakpoint_mode(
             extra_body=extra,
         )
 
-    if isinstance(expected, dict):
-        send()
-        [body] = received(router_standin, word)
-        assert body.get("kv_hints", {}) == expected
-        assert json.dumps(body).count('"retain_ttl": 43200') == 1
-        return
-    with pytest.raises(openai.BadRequestError) as info:
-        send()
-    assert (info.value.param, info.value.code) == expected
-    assert received(router_standin, word) == []
+    outcome = forwarded_or_refused(send, expected, router_standin, word)
+    if isinstance(outcome, dict):
+        assert json.dumps(outcome).count('"retain_ttl": 43200') == 1
 
 
 def test_responses_length_is_incomplete(client: openai.OpenAI) -> None:
