@@ -59,6 +59,7 @@ func main() {
 	mode := flag.String("mode", "buffered", "request body mode: buffered or duplex (FULL_DUPLEX_STREAMED)")
 	send := flag.Bool("send", false, "send the request to the picked endpoint and report the response phases")
 	health := flag.String("health", "", "only call grpc.health.v1.Health/Check for this service")
+	subset := flag.String("subset", "", "comma-separated ip:port list sent as envoy.lb.subset_hint (empty: none)")
 	timeout := flag.Duration("timeout", 20*time.Second, "overall deadline")
 	var headers headerFlags
 	flag.Var(&headers, "header", "request header name:value (repeatable)")
@@ -67,7 +68,7 @@ func main() {
 	out := result{Phases: []string{}}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	err := run(ctx, &out, options{*addr, *method, *path, *authority, *bodyFile, *mode, *send, *health, headers})
+	err := run(ctx, &out, options{*addr, *method, *path, *authority, *bodyFile, *mode, *send, *health, *subset, headers})
 	if err != nil {
 		out.Error = err.Error()
 	}
@@ -81,7 +82,7 @@ func main() {
 type options struct {
 	addr, method, path, authority, bodyFile, mode string
 	send                                          bool
-	health                                        string
+	health, subset                                string
 	headers                                       []string
 }
 
@@ -127,6 +128,18 @@ func run(ctx context.Context, out *result, o options) error {
 			Headers: headerMap(reqHeaders), EndOfStream: len(body) == 0,
 		}},
 		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: bodyMode, ResponseBodyMode: filterv3.ProcessingMode_NONE},
+	}
+	if o.subset != "" {
+		// The data plane's endpoint subset rides in the request's filter metadata.
+		var list []any
+		for _, e := range strings.Split(o.subset, ",") {
+			list = append(list, e)
+		}
+		hint, err := structpb.NewStruct(map[string]any{"x-gateway-destination-endpoint-subset": list})
+		if err != nil {
+			return err
+		}
+		first.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"envoy.lb.subset_hint": hint}}
 	}
 	if err := stream.Send(first); err != nil {
 		return err

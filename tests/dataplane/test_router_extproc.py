@@ -188,6 +188,17 @@ def test_a_request_without_body_is_picked_on_its_headers(fleet: Fleet) -> None:
     assert report["http_status"] == 200, report
 
 
+def test_the_data_planes_subset_limits_the_pick(fleet: Fleet) -> None:
+    """``envoy.lb.subset_hint``: every session goes to the one frontend allowed; an allowed list
+    with no ready frontend is a 503."""
+    only = fleet.endpoints[1]
+    for i in range(6):
+        report = fleet.play(headers={"x-session-id": f"subset-{i}"}, body={}, subset=[only])
+        assert report["header_endpoint"] == only, report
+    report = fleet.play(body={}, subset=["10.255.255.1:8000"])
+    assert report["immediate_status"] == 503, report
+
+
 def test_health_check_says_serving(fleet: Fleet) -> None:
     assert fleet.play(health="readiness")["health"] == "SERVING"
 

@@ -34,6 +34,7 @@ def play(
     mode: str = "buffered",
     send: bool = False,
     health: str | None = None,
+    subset: list[str] | None = None,
 ) -> dict[str, Any]:
     """One request through the picker as Envoy sends it; the client's JSON report."""
     argv = [
@@ -55,6 +56,8 @@ def play(
         argv.append("-send")
     if health is not None:
         argv += ["-health", health]
+    if subset is not None:
+        argv += ["-subset", ",".join(subset)]
     with tempfile.NamedTemporaryFile(suffix=".json") as file:
         if body is not None:
             file.write(json.dumps(body).encode())
