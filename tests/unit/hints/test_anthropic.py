@@ -7,18 +7,18 @@ Every row runs through the v1 entry point (``normalize_messages``) and through
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pytest
 
 from kvretention.hints import (
-    CacheControlError,
     ClientErrorCode,
     KvHintEnvelope,
     hints_from_messages,
     normalize_messages,
 )
+from support.hint_outcomes import Err, assert_full_prompt, refusal
 
 Normalizer = Callable[[Mapping[str, Any]], KvHintEnvelope | None]
 
@@ -28,12 +28,6 @@ def _reject_mode(body: Mapping[str, Any]) -> KvHintEnvelope | None:
 
 
 V1_ENTRY_POINTS: list[Normalizer] = [normalize_messages, _reject_mode]
-
-
-@dataclass(frozen=True)
-class Err:
-    code: ClientErrorCode
-    param: str
 
 
 Outcome = int | None | Err
@@ -58,17 +52,11 @@ def body(**fields: Any) -> dict[str, Any]:
 def assert_outcome(request: dict[str, Any], expected: Outcome) -> None:
     for normalize in V1_ENTRY_POINTS:
         if isinstance(expected, Err):
-            with pytest.raises(CacheControlError) as info:
-                normalize(request)
-            assert (info.value.code, info.value.param) == (expected.code, expected.param)
-            assert info.value.message.startswith(f"{expected.param}: ")
-            assert info.value.status == 400
-        elif expected is None:
-            assert normalize(request) is None
+            error = refusal(partial(normalize, request), expected)
+            assert error.message.startswith(f"{expected.param}: ")
+            assert error.status == 400
         else:
-            envelope = normalize(request)
-            assert envelope is not None
-            assert envelope.to_wire() == {"retain_full_prompt": {"ttl_seconds": expected}}
+            assert_full_prompt(normalize(request), expected)
 
 
 TOP_LEVEL_ROWS: list[tuple[str, dict[str, Any], Outcome]] = [

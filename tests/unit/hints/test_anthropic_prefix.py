@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pytest
@@ -18,27 +18,17 @@ from test_anthropic import (
     TOOL,
     TOOL_USE,
     TOP_LEVEL_ROWS,
-    Err,
     _user,
     body,
 )
 
 from kvretention.hints import (
-    CacheControlError,
     CacheHints,
     ClientErrorCode,
     build_envelope,
     hints_from_messages,
 )
-
-
-@dataclass(frozen=True)
-class Ok:
-    """Full-prompt TTL (the automatic breakpoint) and the breakpoints as (dotted path, TTL)."""
-
-    full: int | None = None
-    breakpoints: tuple[tuple[str, int], ...] = ()
-
+from support.hint_outcomes import Err, Ok, refusal
 
 Outcome = Ok | Err | None
 INVALID_TYPE = ClientErrorCode.INVALID_TYPE
@@ -54,11 +44,9 @@ def run(request: dict[str, Any]) -> CacheHints:
 
 def assert_outcome(request: dict[str, Any], expected: Outcome) -> None:
     if isinstance(expected, Err):
-        with pytest.raises(CacheControlError) as info:
-            run(request)
-        assert (info.value.code, info.value.param) == (expected.code, expected.param)
-        assert info.value.message.startswith(f"{expected.param}: ")
-        assert info.value.status == 400
+        error = refusal(partial(run, request), expected)
+        assert error.message.startswith(f"{expected.param}: ")
+        assert error.status == 400
         return
     hints = run(request)
     if expected is None:
@@ -66,12 +54,7 @@ def assert_outcome(request: dict[str, Any], expected: Outcome) -> None:
         assert hints.client_controls is False
         return
     assert [(b.where, b.ttl_seconds) for b in hints.breakpoints] == list(expected.breakpoints)
-    wire: dict[str, Any] = {}
-    if expected.full is not None:
-        wire["retain_full_prompt"] = {"ttl_seconds": expected.full}
-    if expected.breakpoints:
-        wire["retain_prefixes"] = {"breakpoints": len(expected.breakpoints)}
-    assert hints.envelope is not None and hints.envelope.to_wire() == wire
+    assert hints.envelope is not None and hints.envelope.to_wire() == expected.wire()
     assert hints.client_controls is True
     for b in hints.breakpoints:  # the provider parser's lookup
         assert hints.ttl_at(*b.path) == b.ttl_seconds

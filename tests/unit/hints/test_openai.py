@@ -7,13 +7,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pytest
 
 from kvretention.hints import (
-    CacheControlError,
     CacheHints,
     ClientErrorCode,
     KvHintEnvelope,
@@ -22,6 +21,7 @@ from kvretention.hints import (
     normalize_chat_completions,
     normalize_responses,
 )
+from support.hint_outcomes import Err, assert_full_prompt, refusal
 
 Normalizer = Callable[[Mapping[str, Any]], KvHintEnvelope | None]
 REJECT_MODE: dict[Normalizer, Callable[..., CacheHints]] = {
@@ -34,12 +34,6 @@ def _entry_points(normalize: Normalizer) -> list[Normalizer]:
     """The v1 function and the same API's v2 function in ``reject`` mode."""
     hints = REJECT_MODE[normalize]
     return [normalize, lambda body: hints(body, breakpoints="reject").envelope]
-
-
-@dataclass(frozen=True)
-class Err:
-    code: ClientErrorCode
-    param: str
 
 
 Outcome = int | None | Err
@@ -231,17 +225,11 @@ NORMALIZE: dict[str, tuple[Normalizer, Callable[..., dict[str, Any]]]] = {
 def assert_outcome(v1: Normalizer, body: Mapping[str, Any], expected: Outcome) -> None:
     for normalize in _entry_points(v1):
         if isinstance(expected, Err):
-            with pytest.raises(CacheControlError) as info:
-                normalize(body)
-            assert (info.value.code, info.value.param) == (expected.code, expected.param)
-            assert info.value.status == 400
-            assert expected.param in info.value.message
-        elif expected is None:
-            assert normalize(body) is None
+            error = refusal(partial(normalize, body), expected)
+            assert error.status == 400
+            assert expected.param in error.message
         else:
-            envelope = normalize(body)
-            assert envelope is not None
-            assert envelope.to_wire() == {"retain_full_prompt": {"ttl_seconds": expected}}
+            assert_full_prompt(normalize(body), expected)
 
 
 @pytest.mark.parametrize("stream", STREAM_VARIANTS, ids=["no_stream", "stream_false", "stream"])
