@@ -18,6 +18,14 @@ class Err:
     param: str
 
 
+def refusal(call: Callable[[], object], expected: Err) -> CacheControlError:
+    """The CacheControlError ``call()`` raises, with ``expected``'s code and param."""
+    with pytest.raises(CacheControlError) as info:
+        call()
+    assert (info.value.code, info.value.param) == (expected.code, expected.param)
+    return info.value
+
+
 @dataclass(frozen=True)
 class Ok:
     """Full-prompt TTL (the automatic breakpoint), breakpoints as (the provider's path, TTL), and
@@ -35,14 +43,6 @@ class Ok:
         if self.breakpoints:
             wire["retain_prefixes"] = {"breakpoints": len(self.breakpoints)}
         return wire
-
-
-def refusal(call: Callable[[], object], expected: Err) -> CacheControlError:
-    """The CacheControlError ``call()`` raises, with ``expected``'s code and param."""
-    with pytest.raises(CacheControlError) as info:
-        call()
-    assert (info.value.code, info.value.param) == (expected.code, expected.param)
-    return info.value
 
 
 def assert_full_prompt(envelope: KvHintEnvelope | None, ttl: int | None) -> None:
