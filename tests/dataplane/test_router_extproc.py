@@ -6,7 +6,9 @@ picker replica: it shares no state with the frontends' router). No Envoy binary 
 here, so ``devtools/extproc-client`` plays Envoy with go-control-plane's generated types: it sends
 the request's headers and body (buffered, or full-duplex streamed as the upstream EPP runs), reads
 the pick from the header mutation and the ``envoy.lb`` metadata, sends the request to the frontend
-picked, as Envoy's original-destination routing does, and reports the served endpoint.
+picked, as Envoy's original-destination routing does, and reports the served endpoint. A real
+Envoy 1.40.0 (``support.envoy_gateway``) then stands in front of the same picker; last, one
+in-process check resolves ``--endpoint-dns``.
 """
 
 from __future__ import annotations
@@ -19,9 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
+from kvretention.dataplane.router.discovery import build_endpoints, build_sources
+from kvretention.dataplane.router.extproc import check_endpoints, refresh_endpoints
+from kvretention.dataplane.router.picker import Pick
+from kvretention.dataplane.router.state import RouterState
 from kvretention.ports import free_port
 from kvretention.replay.sessions import claude_code_session, codex_session
 from support.chat_tokenizer import save
@@ -345,3 +354,36 @@ def test_with_no_frontend_left_a_real_envoy_answers_the_pickers_503(
         assert status == 503, body
         assert json.loads(body)["error"]["type"] == "overloaded_error"
     assert fleet.metric('kvretention_router_endpoint_picks_total{outcome="unavailable"}') >= 2
+
+
+async def test_endpoint_dns_names_the_frontends_and_a_not_ready_one_leaves() -> None:
+    """``--endpoint-dns localhost:PORT`` in-process: the name resolves to the frontend on
+    127.0.0.1, which is picked while its ``/readyz`` says 200 and not once it says 503."""
+    ready = {"status": 200}
+
+    async def readyz(_: web.Request) -> web.Response:
+        return web.Response(status=ready["status"])
+
+    app = web.Application()
+    app.router.add_get("/readyz", readyz)
+    async with TestServer(app, host="127.0.0.1") as server:
+        state = RouterState(
+            sources=build_sources(
+                workers=["http://127.0.0.1:1"],
+                worker_dns=[],
+                prefill=[],
+                prefill_dns=[],
+                decode=[],
+                decode_dns=[],
+            ),
+            endpoints=build_endpoints(static=(), dns=(f"localhost:{server.port}",)),
+        )
+        async with aiohttp.ClientSession() as session:
+            state.health_session = session
+            await refresh_endpoints(state)
+            address = f"127.0.0.1:{server.port}"
+            assert address in state.picker.ready()
+            assert state.picker.choose("s", None) == Pick(address, "session")
+            ready["status"] = 503
+            await check_endpoints(state)
+            assert address not in state.picker.ready()
