@@ -26,6 +26,7 @@ SEL = 'fleet_namespace=~"$fleet_namespace", fleet=~"$fleet"'
 RATE = "[$__rate_interval]"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 WIDTH = 24
+FLEET = "fleet_namespace, fleet"
 
 
 @dataclass(frozen=True)
@@ -46,9 +47,11 @@ class Panel:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def rate(metric: str, *, where: str = "", by: str = "") -> str:
-    matchers = f"{SEL}, {where}" if where else SEL
-    inner = f"rate({metric}{{{matchers}}}{RATE})"
+def rate(metric: str, *, where: str = "", by: str = "", sel: str = SEL) -> str:
+    """``sum [by] (rate(...))`` over the fleet selector ``sel`` (the operator's own series: none)."""
+    matchers = ", ".join(m for m in (sel, where) if m)
+    selector = f"{{{matchers}}}" if matchers else ""
+    inner = f"rate({metric}{selector}{RATE})"
     return f"sum by ({by}) ({inner})" if by else f"sum({inner})"
 
 
@@ -57,9 +60,27 @@ def gauge(metric: str, *, by: str, where: str = "", agg: str = "sum") -> str:
     return f"{agg} by ({by}) ({metric}{{{matchers}}})"
 
 
-def quantile(q: float, metric: str, *, where: str, by: str = "") -> str:
+def quantile(q: float, metric: str, *, where: str = "", by: str = "", sel: str = SEL) -> str:
     group = f"le, {by}" if by else "le"
-    return f"histogram_quantile({q}, {rate(metric + '_bucket', where=where, by=group)})"
+    return f"histogram_quantile({q}, {rate(metric + '_bucket', where=where, by=group, sel=sel)})"
+
+
+def stat(title: str, description: str, target: Target, *, width: int = 6) -> Panel:
+    """One number (its last value) on a narrow panel."""
+    return Panel(title, description, (target,), kind="stat", width=width)
+
+
+def pinned_vs_budget(title: str, description: str) -> Panel:
+    """Soft pins' share of the Mooncake pool beside the budget, per fleet (the operator's gauges)."""
+    return Panel(
+        title,
+        description,
+        tuple(
+            Target(gauge(f"kvretention_kvstore_{m}_ratio", by=FLEET), f"{{{{fleet}}}} {what}")
+            for m, what in (("pinned", "pinned"), ("budget", "budget"))
+        ),
+        unit="percentunit",
+    )
 
 
 def variable(name: str, label: str, query: str) -> dict[str, Any]:
@@ -305,43 +326,28 @@ def retention() -> dict[str, Any]:
                 (Target(rate("kvretention_worker_prompt_tokens_total", by="how"), "{{how}}"),),
                 unit="short",
             ),
-            Panel(
+            stat(
                 "Workers by radix-tree core",
                 "Worker pods by the radix-tree core SGLang's unified cache runs on and its "
                 "--radix-eviction-policy: kvretain runs on the python core (the Rust core cannot "
                 "lower a hold), every other policy on SGLang's default, rust (docs/retention.md).",
-                (
-                    Target(
-                        gauge("kvretention_worker_radix_core_info", by="core, policy"),
-                        "{{core}} ({{policy}})",
-                    ),
+                Target(
+                    gauge("kvretention_worker_radix_core_info", by="core, policy"),
+                    "{{core}} ({{policy}})",
                 ),
-                kind="stat",
+                width=12,
             ),
-            Panel(
+            pinned_vs_budget(
                 "Pinned share of the L3 pool vs budget",
                 "Soft pins' estimated share of the Mooncake pool and softPin.budgetRatio.",
-                (
-                    Target(
-                        gauge("kvretention_kvstore_pinned_ratio", by="fleet_namespace, fleet"),
-                        "{{fleet}} pinned",
-                    ),
-                    Target(
-                        gauge("kvretention_kvstore_budget_ratio", by="fleet_namespace, fleet"),
-                        "{{fleet}} budget",
-                    ),
-                ),
-                unit="percentunit",
             ),
         ],
     )
 
 
 def kvstore() -> dict[str, Any]:
-    fleet = "fleet_namespace, fleet"
-
     def g(metric: str) -> str:
-        return gauge(f"kvretention_kvstore_{metric}", by=fleet)
+        return gauge(f"kvretention_kvstore_{metric}", by=FLEET)
 
     return dashboard(
         uid="kvretention-kvstore",
@@ -350,28 +356,19 @@ def kvstore() -> dict[str, Any]:
         "use, soft pins, evictions, the retention budget.",
         source_metric="kvretention_kvstore_metrics_up",
         panels=[
-            Panel(
+            stat(
                 "Master metrics readable",
                 "1 when the operator's last read of the master's /metrics succeeded.",
-                (Target(g("metrics_up"), "{{fleet}}"),),
-                kind="stat",
-                width=6,
+                Target(g("metrics_up"), "{{fleet}}"),
             ),
-            Panel(
+            stat(
                 "Over budget",
                 "1 while pins hold more of the pool than softPin.budgetRatio allows.",
-                (Target(g("over_budget"), "{{fleet}}"),),
-                kind="stat",
-                width=6,
+                Target(g("over_budget"), "{{fleet}}"),
             ),
-            Panel(
+            pinned_vs_budget(
                 "Pinned share vs budget",
                 "Estimated share of capacity soft pins hold, and the budget.",
-                (
-                    Target(g("pinned_ratio"), "{{fleet}} pinned"),
-                    Target(g("budget_ratio"), "{{fleet}} budget"),
-                ),
-                unit="percentunit",
             ),
             Panel(
                 "Capacity, used, pinned",
@@ -395,9 +392,9 @@ def kvstore() -> dict[str, Any]:
                 "Evictions",
                 "Eviction rounds, objects and bytes evicted per second.",
                 (
-                    Target(rate("kvretention_kvstore_evictions", by=fleet), "{{fleet}} rounds"),
+                    Target(rate("kvretention_kvstore_evictions", by=FLEET), "{{fleet}} rounds"),
                     Target(
-                        rate("kvretention_kvstore_evicted_objects", by=fleet), "{{fleet}} objects"
+                        rate("kvretention_kvstore_evicted_objects", by=FLEET), "{{fleet}} objects"
                     ),
                 ),
                 unit="ops",
@@ -405,7 +402,7 @@ def kvstore() -> dict[str, Any]:
             Panel(
                 "Bytes evicted",
                 "Bytes evicted per second.",
-                (Target(rate("kvretention_kvstore_evicted_bytes", by=fleet), "{{fleet}}"),),
+                (Target(rate("kvretention_kvstore_evicted_bytes", by=FLEET), "{{fleet}}"),),
                 unit="Bps",
             ),
             Panel(
@@ -419,8 +416,8 @@ def kvstore() -> dict[str, Any]:
                 "Workers' pins vs their budget",
                 "What the workers' ledgers count pinned (and per tenant), and their pin budget.",
                 (
-                    Target(gauge("kvretention_l3_pinned_bytes", by=fleet), "{{fleet}} pinned"),
-                    Target(gauge("kvretention_l3_pin_budget_bytes", by=fleet), "{{fleet}} budget"),
+                    Target(gauge("kvretention_l3_pinned_bytes", by=FLEET), "{{fleet}} pinned"),
+                    Target(gauge("kvretention_l3_pin_budget_bytes", by=FLEET), "{{fleet}} budget"),
                     Target(gauge("kvretention_l3_tenant_pinned_bytes", by="tenant"), "{{tenant}}"),
                 ),
                 unit="bytes",
@@ -430,8 +427,8 @@ def kvstore() -> dict[str, Any]:
                 "Restarts of the master the workers saw in its /metrics (one per store client), "
                 "and the pinned pages they lost (pinned again only when written again).",
                 (
-                    Target(rate("kvretention_l3_master_restarts_total", by=fleet), "{{fleet}}"),
-                    Target(rate("kvretention_l3_pins_lost_total", by=fleet), "{{fleet}} pins"),
+                    Target(rate("kvretention_l3_master_restarts_total", by=FLEET), "{{fleet}}"),
+                    Target(rate("kvretention_l3_pins_lost_total", by=FLEET), "{{fleet}} pins"),
                 ),
                 unit="ops",
             ),
@@ -564,8 +561,7 @@ def routing() -> dict[str, Any]:
 
 def operator() -> dict[str, Any]:
     def orate(metric: str, by: str = "") -> str:
-        inner = f"rate({metric}{RATE})"
-        return f"sum by ({by}) ({inner})" if by else f"sum({inner})"
+        return rate(metric, by=by, sel="")
 
     return dashboard(
         uid="kvretention-operator",
@@ -574,19 +570,15 @@ def operator() -> dict[str, Any]:
         "leadership.",
         source_metric=CONDITION,
         panels=[
-            Panel(
+            stat(
                 "Fleets Ready",
                 "Fleets whose Ready condition is True.",
-                (Target(f'sum({CONDITION}{{{SEL}, type="Ready", status="True"}})', "ready"),),
-                kind="stat",
-                width=6,
+                Target(f'sum({CONDITION}{{{SEL}, type="Ready", status="True"}})', "ready"),
             ),
-            Panel(
+            stat(
                 "Fleets not Ready",
                 "Fleets whose Ready condition is False or Unknown.",
-                (Target(f'sum({CONDITION}{{{SEL}, type="Ready", status!="True"}})', "not ready"),),
-                kind="stat",
-                width=6,
+                Target(f'sum({CONDITION}{{{SEL}, type="Ready", status!="True"}})', "not ready"),
             ),
             Panel(
                 "Conditions not True, by reason",
@@ -604,19 +596,15 @@ def operator() -> dict[str, Any]:
                 ),
                 width=24,
             ),
-            Panel(
+            stat(
                 "Leader",
                 "1 on the replica that holds the leader Lease.",
-                (Target("sum(kvretention_operator_leader)", "leaders"),),
-                kind="stat",
-                width=6,
+                Target("sum(kvretention_operator_leader)", "leaders"),
             ),
-            Panel(
+            stat(
                 "Fleets watched",
                 "KvRetentionDeployments the leader knows about.",
-                (Target("max(kvretention_operator_watched_objects)", "fleets"),),
-                kind="stat",
-                width=6,
+                Target("max(kvretention_operator_watched_objects)", "fleets"),
             ),
             Panel(
                 "Reconciles by result",
@@ -629,8 +617,7 @@ def operator() -> dict[str, Any]:
                 "Wall time of one reconcile.",
                 tuple(
                     Target(
-                        f"histogram_quantile({q}, "
-                        f"{orate('kvretention_operator_reconcile_duration_seconds_bucket', 'le')})",
+                        quantile(q, "kvretention_operator_reconcile_duration_seconds", sel=""),
                         f"p{int(q * 100)}",
                     )
                     for q in (0.5, 0.95)
