@@ -15,10 +15,8 @@ def router_standin() -> Iterator[Any]:
     """A running ``RouterStandIn`` (see ``router_standin.py``), one per test module."""
     from support.router_standin import RouterStandIn
 
-    standin = RouterStandIn()
-    standin.start()
-    yield standin
-    standin.stop()
+    with RouterStandIn() as standin:
+        yield standin
 
 
 @pytest.fixture(scope="module")

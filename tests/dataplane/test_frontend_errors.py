@@ -24,6 +24,7 @@ from aiohttp import web
 
 from kvretention.dataplane.frontend.errors import Provider
 from support.router_standin import RouterStandIn, parse_sse
+from support.threaded_app import ThreadedApp
 
 MAX_BODY = 4096
 BODY_TIMEOUT_S = 1.0
@@ -489,41 +490,26 @@ def test_deterministic_errors_say_do_not_retry(
     assert headers.get("x-should-retry") == retry
 
 
-class RouterDouble:
+class RouterDouble(ThreadedApp):
     """A router for readiness and abort tests: ``/readyz`` answers as told, and ``/v1/generate``
     sends its headers, then waits, recording whether the frontend hung up (the router's handler is
     cancelled, as the real router's is, when its client disconnects)."""
 
+    handler_cancellation = True
+
     def __init__(self) -> None:
+        super().__init__()
         self.ready = True
         self.readyz_delay = 0.0
         """Seconds ``/readyz`` takes to answer (a router on a busy node)."""
         self.started = threading.Event()
         self.cancelled = threading.Event()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._runner: web.AppRunner | None = None
-        self.base_url = ""
 
-    def start(self) -> None:
-        self._thread.start()
-        self.base_url = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
-
-    async def _start(self) -> str:
+    def build_app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/readyz", self._readyz)
         app.router.add_post("/v1/generate", self._generate)
-        self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        return f"http://127.0.0.1:{self._runner.addresses[0][1]}"
-
-    def stop(self) -> None:
-        if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
+        return app
 
     async def _readyz(self, request: web.Request) -> web.Response:
         await asyncio.sleep(self.readyz_delay)
@@ -545,10 +531,8 @@ class RouterDouble:
 
 @pytest.fixture(scope="module")
 def router_double() -> Iterator[RouterDouble]:
-    double = RouterDouble()
-    double.start()
-    yield double
-    double.stop()
+    with RouterDouble() as double:
+        yield double
 
 
 @pytest.fixture(scope="module")

@@ -133,10 +133,8 @@ class Frontend:
 
 @pytest.fixture(scope="module")
 def standin() -> Iterator[RouterStandIn]:
-    router = RouterStandIn()
-    router.start()
-    yield router
-    router.stop()
+    with RouterStandIn() as router:
+        yield router
 
 
 @pytest.fixture(scope="module")

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import uuid
 from dataclasses import dataclass
 from typing import Any, Final
 
 from aiohttp import web
+
+from support.threaded_app import ThreadedApp
 
 CANNED: Final = ["Hello", ", ", "world", "!"]
 USAGE: Final = {"prompt_tokens": 7, "completion_tokens": 4, "cached_tokens": 3}
@@ -73,43 +74,19 @@ def _chunk(text: str, **extra: Any) -> bytes:
     return json.dumps({"text": text, "token_ids": [1], **extra}).encode() + b"\n"
 
 
-class RouterStandIn:
-    """Start with ``start()``, read ``received``, stop with ``stop()``."""
+class RouterStandIn(ThreadedApp):
+    """Start with ``start()`` (or ``with``), read ``received``, stop with ``stop()``."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.received: list[Received] = []
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._runner: web.AppRunner | None = None
-        self.base_url = ""
 
-    # -- lifecycle --------------------------------------------------------------------------
-
-    def start(self) -> str:
-        self._thread.start()
-        future = asyncio.run_coroutine_threadsafe(self._start(), self._loop)
-        self.base_url = future.result(timeout=10)
-        return self.base_url
-
-    async def _start(self) -> str:
+    def build_app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._healthz)
         app.router.add_post("/v1/generate", self._generate)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = self._runner.addresses[0][1]
-        return f"http://127.0.0.1:{port}"
-
-    def stop(self) -> None:
-        if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=10)
-        asyncio.run_coroutine_threadsafe(_cancel_others(), self._loop).result(timeout=10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
-        self._loop.close()
+        return app
 
     def clear(self) -> None:
         self.received.clear()
@@ -176,15 +153,6 @@ class RouterStandIn:
             await asyncio.sleep(LATE_EOF_S)
         await response.write_eof()
         return response
-
-
-async def _cancel_others() -> None:
-    """Cancel handlers still sleeping (``[[hang]]``) so the loop closes cleanly."""
-    current = asyncio.current_task()
-    pending = [t for t in asyncio.all_tasks() if t is not current]
-    for task in pending:
-        task.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)
 
 
 def _tool_calls(body: dict[str, Any], text: str) -> list[bytes]:
