@@ -30,6 +30,7 @@ from support.router_standin import (
     untyped,
     user,
 )
+from support.weather_tool import CITY_SCHEMA
 
 EPHEMERAL = {"type": "ephemeral"}
 ALIAS = "claude-haiku-fast"
@@ -343,11 +344,7 @@ def test_messages_sse_is_well_formed(frontend: Any) -> None:
 WEATHER: Any = {
     "name": "get_weather",
     "description": "Current weather in a city",
-    "input_schema": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-    },
+    "input_schema": CITY_SCHEMA,
 }
 PNG_B64 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
 PNG_SOURCE = {"type": "base64", "media_type": "image/png", "data": PNG_B64}

@@ -9,16 +9,8 @@ import pytest
 
 from support.chat_tokenizer import save
 from support.processes import StartKvretention
+from support.weather_tool import WEATHER
 from support.worker_client import calls, post, wait_for
-
-WEATHER = {
-    "name": "get_weather",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-    },
-}
 
 
 @pytest.fixture(scope="module")

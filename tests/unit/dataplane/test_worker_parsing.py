@@ -19,15 +19,8 @@ from kvretention.dataplane.worker.parsing import (
     thinking_requested,
 )
 from kvretention.dataplane.worker.standin_reply import plan_reply
+from support.weather_tool import WEATHER
 
-WEATHER = {
-    "name": "get_weather",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-    },
-}
 QWEN = ParserNames(tool_call_parser="qwen25", reasoning_parser="qwen3")
 
 
