@@ -74,7 +74,7 @@ def plane(
     chain = start_standin_chain(
         kvretention_process,
         d,
-        worker_args=["--trace-file", str(trace)],
+        trace=trace,
         frontend_args=["--model", "m"],
     )
     return chain.frontend, chain.record, trace

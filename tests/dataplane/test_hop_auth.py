@@ -36,13 +36,8 @@ def plane(
     keys = write_key_files(d / "keys", KEYS)
     hop_key = d / "hop-key"
     hop_key.write_text(HOP_KEY + "\n")
-    hop = ["--hop-key-file", str(hop_key)]
     return start_standin_chain(
-        kvretention_process,
-        d,
-        worker_args=hop,
-        router_args=hop,
-        frontend_args=["--auth-keys-dir", str(keys), *hop],
+        kvretention_process, d, hop_key=hop_key, frontend_args=["--auth-keys-dir", str(keys)]
     )
 
 

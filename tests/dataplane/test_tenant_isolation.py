@@ -109,7 +109,7 @@ def plane(kvretention_process: StartKvretention, tmp_path_factory: pytest.TempPa
     chain = start_standin_chain(
         kvretention_process,
         d,
-        worker_args=["--trace-file", str(d / "worker-trace.jsonl")],
+        trace=d / "worker-trace.jsonl",
         frontend_args=["--auth-keys-dir", str(keys)],
     )
     return chain.frontend, chain.record

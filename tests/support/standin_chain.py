@@ -35,24 +35,27 @@ def start_standin_chain(
     start: StartKvretention,
     d: Path,
     *,
-    worker_args: Sequence[str] = (),
-    router_args: Sequence[str] = (),
+    hop_key: Path | None = None,
+    trace: Path | None = None,
     frontend_args: Sequence[str] = (),
 ) -> StandinChain:
     """Start the worker (``standin:versioned``, the tokenizer saved under ``d``), a router in front
-    of it and a frontend in front of that, each with its extra arguments."""
+    of it and a frontend in front of that (with ``frontend_args``). ``hop_key``: all three sign
+    and check the hop with it; ``trace``: the worker's request trace."""
+    hop = ["--hop-key-file", str(hop_key)] if hop_key is not None else []
     record = d / "engine.jsonl"
     worker = start(
         [
             *("worker", "--engine", "standin:versioned"),
             *("--model-path", str(save(d / "tokenizer"))),
-            *worker_args,
+            *(["--trace-file", str(trace)] if trace is not None else []),
+            *hop,
         ],
         env={"KVR_STANDIN_RECORD": str(record)},
         timeout=90.0,
     )
-    router = start(["router", "--worker", worker.base_url, *router_args])
-    frontend = start(["frontend", "--router-url", router.base_url, *frontend_args])
+    router = start(["router", "--worker", worker.base_url, *hop])
+    frontend = start(["frontend", "--router-url", router.base_url, *frontend_args, *hop])
     return StandinChain(frontend.base_url, router.base_url, worker.base_url, record)
 
 
