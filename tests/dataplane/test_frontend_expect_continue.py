@@ -13,30 +13,18 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from kvretention.dataplane.frontend.app import create_app
-from kvretention.dataplane.frontend.auth import Gate, KeyStore
-from kvretention.dataplane.frontend.config import FrontendConfig
 from kvretention.dataplane.frontend.errors import Provider
-from kvretention.dataplane.frontend.limits import LimitPolicy
-from kvretention.dataplane.http import start_site
+from support.raw_frontend import PATHS, assert_provider_error, body_for, key_mount, start_frontend
 from support.router_standin import RouterStandIn
-from support.secret_mount import write_secret
 
 KEY = "sk-team-a-expect-0123456789"
 WRONG = "sk-wrong-expect-0000000000"
-PATHS = {Provider.OPENAI: "/v1/chat/completions", Provider.ANTHROPIC: "/v1/messages"}
 KEY_HEADERS: dict[Provider, Callable[[str], str]] = {
     Provider.OPENAI: lambda key: f"authorization: Bearer {key}",
     Provider.ANTHROPIC: lambda key: f"x-api-key: {key}",
 }
 CONTINUE = b"HTTP/1.1 100 Continue"
 Exchange = tuple[bytes, dict[str, str], bytes]
-
-
-def body_for(provider: Provider, word: str) -> bytes:
-    message = [{"role": "user", "content": f"hello {word}"}]
-    extra = {"max_tokens": 8} if provider is Provider.ANTHROPIC else {}
-    return json.dumps({"model": "m", "messages": message, **extra}).encode()
 
 
 def expecting_head(path: str, *, key_line: str | None, length: int) -> bytes:
@@ -87,13 +75,10 @@ async def serve(
 ) -> AsyncIterator[Callable[[bool], Any]]:
     """``await serve(auth)``: a listening frontend's port, with or without keys."""
     runners: list[web.AppRunner] = []
-    keys = tmp_path / "keys"
-    write_secret(keys, {"team-a": KEY})
+    keys = key_mount(tmp_path, KEY)
 
     async def start(auth: bool) -> int:
-        gate = Gate(keys=KeyStore([keys]), limits=LimitPolicy()) if auth else None
-        app = create_app(FrontendConfig(router_url=router_standin.base_url), gate=gate)
-        runner = await start_site(app, host="127.0.0.1", port=0, shutdown_timeout=0.5)
+        runner, _ = await start_frontend(router_standin, keys if auth else None)
         runners.append(runner)
         port: int = runner.addresses[0][1]
         return port
@@ -128,15 +113,9 @@ async def test_no_valid_key_gets_the_providers_401_and_never_a_100_continue(
     # connection (aiohttp may still linger a while for a body, as it does without Expect)
     assert CONTINUE not in rest
     assert headers["connection"] == "close"
-    assert headers["x-should-retry"] == "false"
-    error = json.loads(payload)
-    if provider is Provider.ANTHROPIC:
-        assert error["type"] == "error"
-        assert error["error"]["type"] == "authentication_error"
-    else:
-        assert error["error"]["type"] == "invalid_request_error"
-        assert error["error"]["code"] == code
-    assert WRONG.encode() not in payload
+    assert_provider_error(
+        provider, headers, payload, code=code, anthropic_type="authentication_error", secret=WRONG
+    )
     assert router_standin.bodies_for(word) == []
 
 

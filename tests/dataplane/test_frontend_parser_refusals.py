@@ -16,17 +16,12 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from kvretention.dataplane.frontend.app import STATE, create_app
-from kvretention.dataplane.frontend.auth import Gate, KeyStore
-from kvretention.dataplane.frontend.config import FrontendConfig
+from kvretention.dataplane.frontend.app import STATE
 from kvretention.dataplane.frontend.errors import Provider
-from kvretention.dataplane.frontend.limits import LimitPolicy
-from kvretention.dataplane.http import start_site
+from support.raw_frontend import PATHS, assert_provider_error, body_for, key_mount, start_frontend
 from support.router_standin import RouterStandIn
-from support.secret_mount import write_secret
 
 KEY = "sk-team-a-secret-0123456789"
-PATHS = {Provider.OPENAI: "/v1/chat/completions", Provider.ANTHROPIC: "/v1/messages"}
 
 
 def head(path: str, *lines: bytes, end: bytes = b"\r\n") -> bytes:
@@ -122,27 +117,11 @@ FRAMED_WELL: dict[str, Build] = {
 """The same requests framed as HTTP/1.1 allows: forwarded, so a refusal above is the framing's."""
 
 
-def body_for(provider: Provider, word: str) -> bytes:
-    message = [{"role": "user", "content": f"hello {word}"}]
-    extra = {"max_tokens": 8} if provider is Provider.ANTHROPIC else {}
-    return json.dumps({"model": "m", "messages": message, **extra}).encode()
-
-
-async def start_frontend(
-    router_standin: RouterStandIn, tmp_path: Path, **config: Any
-) -> tuple[web.AppRunner, web.Application]:
-    keys = tmp_path / "keys"
-    write_secret(keys, {"team-a": KEY})
-    gate = Gate(keys=KeyStore([keys]), limits=LimitPolicy())
-    app = create_app(FrontendConfig(router_url=router_standin.base_url, **config), gate=gate)
-    return await start_site(app, host="127.0.0.1", port=0, shutdown_timeout=0.5), app
-
-
 @pytest.fixture
 async def frontend(
     router_standin: RouterStandIn, tmp_path: Path
 ) -> AsyncIterator[tuple[int, web.Application]]:
-    runner, app = await start_frontend(router_standin, tmp_path)
+    runner, app = await start_frontend(router_standin, key_mount(tmp_path, KEY))
     try:
         yield runner.addresses[0][1], app
     finally:
@@ -241,21 +220,6 @@ def refusals(app: web.Application) -> float:
     )
 
 
-def assert_providers_error(
-    provider: Provider, headers: dict[str, str], body: bytes, *, code: str
-) -> None:
-    assert headers["content-type"].startswith("application/json")
-    assert headers["x-should-retry"] == "false"
-    error = json.loads(body)
-    if provider is Provider.ANTHROPIC:
-        assert error["type"] == "error"
-        assert error["error"]["type"] == "invalid_request_error"
-    else:
-        assert error["error"]["type"] == "invalid_request_error"
-        assert error["error"]["code"] == code
-    assert KEY.encode() not in body
-
-
 @pytest.mark.parametrize("provider", list(Provider), ids=[p.value for p in Provider])
 @pytest.mark.parametrize("case", list(SMUGGLING))
 async def test_a_smuggling_shape_gets_a_400_closes_the_connection_and_is_never_forwarded(
@@ -270,7 +234,8 @@ async def test_a_smuggling_shape_gets_a_400_closes_the_connection_and_is_never_f
     # exchange reads until the server closes: a connection left open fails it
     status, headers, body = await exchange(port, build(PATHS[provider], body_for(provider, word)))
     assert status.split(b" ")[1] == b"400", status
-    assert_providers_error(provider, headers, body, code=code)
+    assert headers["content-type"].startswith("application/json")
+    assert_provider_error(provider, headers, body, code=code, secret=KEY)
     assert router_standin.bodies_for(word) == []
     assert refusals(app) == 1
 
@@ -299,7 +264,7 @@ async def test_a_bad_chunk_size_after_the_head_is_never_forwarded(
     parser raises without failing the body the handler waits on; the shell's connection handler
     fails it, so the answer is the provider's 400 at once, not the body timeout's 408, and the
     request is never forwarded."""
-    runner, _ = await start_frontend(router_standin, tmp_path, body_timeout=30.0)
+    runner, _ = await start_frontend(router_standin, key_mount(tmp_path, KEY), body_timeout=30.0)
     word = f"smuggle-late-chunk-{provider.value}"
     body = body_for(provider, word)
     head = framed(PATHS[provider], CHUNKED, body=b"")
@@ -309,6 +274,7 @@ async def test_a_bad_chunk_size_after_the_head_is_never_forwarded(
     finally:
         await runner.cleanup()
     assert status.split(b" ")[1] == b"400", status
-    assert_providers_error(provider, headers, payload, code="invalid_body")
+    assert headers["content-type"].startswith("application/json")
+    assert_provider_error(provider, headers, payload, code="invalid_body", secret=KEY)
     assert "chunked" in json.loads(payload)["error"]["message"]
     assert router_standin.bodies_for(word) == []
