@@ -21,13 +21,18 @@ from kvretention.hints import (
 WIRE = json.loads((Path(__file__).parents[1] / "fixtures" / "kv_hints_wire.json").read_text())
 
 
-@pytest.mark.parametrize("case", WIRE["valid"], ids=lambda c: c["name"])
+def cases(*tables: str) -> list[Any]:
+    """The fixture's cases from ``tables`` (v1 and v2), each named ``table-name``."""
+    return [pytest.param(c, id=f"{table}-{c['name']}") for table in tables for c in WIRE[table]]
+
+
+@pytest.mark.parametrize("case", cases("valid", "valid_v2"))
 def test_valid_wire_examples_parse_to_expected(case: dict[str, Any]) -> None:
     env = envelope_or_none(case["wire"])
     assert (env.to_wire() if env else None) == case["expected"]
 
 
-@pytest.mark.parametrize("case", WIRE["invalid"], ids=lambda c: c["name"])
+@pytest.mark.parametrize("case", cases("invalid", "invalid_v2"))
 def test_invalid_wire_examples_are_rejected_naming_the_field(case: dict[str, Any]) -> None:
     with pytest.raises(InvalidKvHint) as info:
         KvHintEnvelope.from_wire(case["wire"])
@@ -43,19 +48,6 @@ def test_envelope_serializes_to_the_one_wire_form() -> None:
 def test_empty_envelope_serializes_without_null_actions() -> None:
     assert KvHintEnvelope().to_wire() == {}
     assert envelope_or_none(None) is None
-
-
-@pytest.mark.parametrize("case", WIRE["valid_v2"], ids=lambda c: c["name"])
-def test_v2_wire_examples_parse_to_expected(case: dict[str, Any]) -> None:
-    env = envelope_or_none(case["wire"])
-    assert (env.to_wire() if env else None) == case["expected"]
-
-
-@pytest.mark.parametrize("case", WIRE["invalid_v2"], ids=lambda c: c["name"])
-def test_invalid_v2_wire_examples_are_rejected_naming_the_field(case: dict[str, Any]) -> None:
-    with pytest.raises(InvalidKvHint) as info:
-        KvHintEnvelope.from_wire(case["wire"])
-    assert info.value.field == case["field"]
 
 
 @pytest.mark.parametrize("case", WIRE["valid_v2"], ids=lambda c: c["name"])
