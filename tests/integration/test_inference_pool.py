@@ -2,7 +2,9 @@
 names it and the rest of the fleet is created; once a CRD for ``inferencepools.inference.
 networking.k8s.io`` v1 is installed (no edit, no operator restart) the operator creates the
 InferencePool, owned by the fleet and selecting its frontend pods, and the condition follows what a
-Gateway writes in the pool's ``status.parents``.
+Gateway writes in the pool's ``status.parents``; turning ``endpointPicker`` on names the router in
+the pool's ``endpointPickerRef`` and adds the headless Service ``<name>-frontend-pods``, turning it
+off removes both.
 
 The CRD is a minimal structural one written here (the fields the operator sets, and a status
 subresource), not the Gateway API Inference Extension's own. The module deletes it first and
@@ -109,7 +111,11 @@ def test_the_pool_waits_for_its_crd_then_selects_the_frontend_and_reports_its_ga
     body = load_example("aggregated", name=name)
     body["spec"]["gateway"] = {"inferencePool": {"enabled": True}}
     created = fleets.create(body)
-    assert created["spec"]["gateway"] == {"inferencePool": {"enabled": True}}
+    # The API server defaults the picker off: the Gateway balances over the frontends itself.
+    picker_off = {"enabled": False, "failureMode": "FailOpen"}
+    assert created["spec"]["gateway"] == {
+        "inferencePool": {"enabled": True, "endpointPicker": picker_off}
+    }
 
     missing = fleets.wait_condition(
         name, CONDITION, "False", reason="InferencePoolCrdMissing", timeout_s=120
@@ -190,3 +196,56 @@ def test_the_pool_waits_for_its_crd_then_selects_the_frontend_and_reports_its_ga
     accepted = fleets.wait_condition(name, CONDITION, "True", reason="Accepted", timeout_s=60)
     assert f"Gateway {fleets.ns}/inference-gateway" in accepted["message"]
     assert fleets.conditions(name)["Ready"]["status"] == "True"
+
+    # The router becomes the pool's endpoint picker: the pool names its ext-proc port, and a
+    # headless Service publishes the frontend pods it picks among.
+    picker = {"enabled": True, "endpointPicker": {"enabled": True, "failureMode": "FailClose"}}
+    fleets.patch_spec(name, {"gateway": {"inferencePool": picker}})
+    pool = wait_until(
+        "the InferencePool names the router as its picker",
+        lambda: (p := _pool(fleets, name)) and "endpointPickerRef" in p["spec"] and p,
+        timeout_s=60,
+    )
+    assert pool["spec"]["endpointPickerRef"] == {
+        "group": "",
+        "kind": "Service",
+        "name": f"{name}-router",
+        "port": {"number": 9004},
+        "failureMode": "FailClose",
+    }
+    pods = wait_until(
+        f"Service {name}-frontend-pods",
+        lambda: fleets.children(name).get(("Service", f"{name}-frontend-pods")),
+        timeout_s=60,
+    )
+    assert pods["spec"]["clusterIP"] == "None"
+    assert pods["spec"].get("publishNotReadyAddresses", False) is False  # false is omitted
+    assert pods["spec"]["selector"] == labels
+    assert [p["port"] for p in pods["spec"]["ports"]] == [8000]
+    assert pods["metadata"]["ownerReferences"][0]["uid"] == fleet_uid
+    router = fleets.children(name)[("Service", f"{name}-router")]
+    (ext_proc,) = [p for p in router["spec"]["ports"] if p["name"] == "ext-proc"]
+    assert (ext_proc["port"], ext_proc["appProtocol"]) == (9004, "kubernetes.io/h2c")
+    command = fleets.deployment(f"{name}-router")["spec"]["template"]["spec"]["containers"][0][
+        "command"
+    ]
+    endpoint_dns = command[command.index("--endpoint-dns") + 1]
+    assert endpoint_dns == f"{name}-frontend-pods.{fleets.ns}.svc:8000"
+    # The Gateway's verdict still stands: nothing in status needs the Gateway to resolve the picker.
+    assert fleets.conditions(name)[CONDITION]["status"] == "True"
+
+    # Turned off again: the headless Service is deleted and the pool goes back to no picker.
+    off = {"enabled": True, "endpointPicker": {"enabled": False}}
+    fleets.patch_spec(name, {"gateway": {"inferencePool": off}})
+    wait_until(
+        f"Service {name}-frontend-pods deleted",
+        lambda: ("Service", f"{name}-frontend-pods") not in fleets.children(name),
+        timeout_s=60,
+    )
+    wait_until(
+        "the InferencePool without endpointPickerRef",
+        lambda: (p := _pool(fleets, name)) is not None and "endpointPickerRef" not in p["spec"],
+        timeout_s=60,
+    )
+    router = fleets.children(name)[("Service", f"{name}-router")]
+    assert [p["name"] for p in router["spec"]["ports"]] == ["http"]
