@@ -27,9 +27,11 @@ from support.processes import StartKvretention
 from support.real_clients import (
     Client,
     Exchange,
+    Fleet,
     Recorder,
     run_claude,
     run_codex,
+    run_report,
     shape,
 )
 from support.rendered_plane import RenderedPlane, start_rendered_plane
@@ -41,7 +43,6 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "agents.yaml"
 ANSWER = "Hello from the kvretention stand-in."
 STICKY = "kvretention_router_sticky_placements_total"
-GENERATE_PATHS = ("/v1/messages", "/v1/responses", "/v1/chat/completions")
 CLAUDE_CODE_TTL = 300
 """Claude Code's ``cache_control`` carries no ``ttl``: Anthropic's default, 5 minutes."""
 FLEET_POLICY_TTL = 1800
@@ -70,25 +71,15 @@ class Run:
 
     def failure(self) -> str:
         return (
-            f"{self.client.name} {self.client.version} exited {self.result.returncode}\n"
-            f"stdout: {self.result.stdout[-1500:]}\nstderr: {self.result.stderr[-1500:]}\n"
-            f"refused: {json.dumps(self.refused(), indent=1)}"
+            f"{self.client.name} {self.client.version}: {run_report(self.result, self.exchanges)}"
         )
-
-
-@dataclass
-class Fleet:
-    plane: RenderedPlane
-    recorder: Recorder
 
 
 @pytest.fixture(scope="module")
 def fleet(start: StartKvretention, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     plane = start_rendered_plane(EXAMPLE, start=start, tmp=tmp_path_factory.mktemp("plane"))
-    recorder = Recorder(plane.frontend.base_url)
-    recorder.start()
-    yield Fleet(plane, recorder)
-    recorder.stop()
+    with Recorder(plane.frontend.base_url) as recorder:
+        yield Fleet(plane, recorder)
 
 
 @pytest.fixture(scope="module")
@@ -97,10 +88,7 @@ def tokenizer() -> Any:
 
 
 def _generations(exchanges: list[Exchange]) -> int:
-    return sum(
-        e.method == "POST" and e.path.split("?")[0] in GENERATE_PATHS and not e.refused
-        for e in exchanges
-    )
+    return sum(e.is_generation and not e.refused for e in exchanges)
 
 
 def _run(

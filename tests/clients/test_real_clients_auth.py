@@ -21,8 +21,16 @@ import yaml
 
 from kvretention.common.tenancy import cache_salt_for
 from support.processes import StartKvretention
-from support.real_clients import Client, Exchange, Recorder, run_claude, run_codex
-from support.rendered_plane import RenderedPlane, start_rendered_plane
+from support.real_clients import (
+    Client,
+    Exchange,
+    Fleet,
+    Recorder,
+    run_claude,
+    run_codex,
+    run_report,
+)
+from support.rendered_plane import start_rendered_plane
 from support.standin_chain import write_key_files
 from support.worker_client import wait_for
 
@@ -36,13 +44,6 @@ KEYS = {
     "claude-team": "sk-claude-team-5c1e0b7d2a4c68f9",
     "codex-team": "sk-codex-team-8a71d2c4e9f05b36",
 }
-GENERATE_PATHS = ("/v1/messages", "/v1/responses", "/v1/chat/completions")
-
-
-@dataclass
-class Fleet:
-    plane: RenderedPlane
-    recorder: Recorder
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +56,8 @@ def fleet(start: StartKvretention, tmp_path_factory: pytest.TempPathFactory) -> 
     mount = write_key_files(tmp / "secret", KEYS)
     plane = start_rendered_plane(example, start=start, tmp=tmp, secrets={SECRET: mount})
     assert f"--auth-keys-dir=/etc/kvretention/auth/{SECRET}" in plane.commands["frontend"]
-    recorder = Recorder(plane.frontend.base_url)
-    recorder.start()
-    yield Fleet(plane, recorder)
-    recorder.stop()
+    with Recorder(plane.frontend.base_url) as recorder:
+        yield Fleet(plane, recorder)
 
 
 @dataclass
@@ -69,15 +68,11 @@ class Run:
     calls: list[dict[str, Any]]
 
     def failure(self) -> str:
-        refused = [(e.path, e.status, e.answer[:300]) for e in self.exchanges if e.refused]
-        return (
-            f"exit {self.result.returncode}\nstdout: {self.result.stdout[-1500:]}\n"
-            f"stderr: {self.result.stderr[-1500:]}\nrefused: {refused}"
-        )
+        return run_report(self.result, self.exchanges)
 
 
 def _generations(exchanges: list[Exchange]) -> list[Exchange]:
-    return [e for e in exchanges if e.method == "POST" and e.path.split("?")[0] in GENERATE_PATHS]
+    return [e for e in exchanges if e.is_generation]
 
 
 def _run(fleet: Fleet, launch: Any, client: Client, key: str, tmp: Path) -> Run:

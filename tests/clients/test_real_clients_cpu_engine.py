@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from support.processes import StartKvretention
-from support.real_clients import Client, Exchange, Recorder, run_claude, run_codex
+from support.real_clients import Client, Exchange, Recorder, run_claude, run_codex, run_report
 from support.rendered_plane import RenderedPlane, start_rendered_plane
 from support.worker_client import wait_for
 
@@ -53,10 +53,8 @@ class Task:
     """The worker's trace entries for this task's generations."""
 
     def failure(self) -> str:
-        refused = [(e.path, e.status, e.answer[:300]) for e in self.exchanges if e.refused]
         return (
-            f"exit {self.result.returncode}\nstdout: {self.result.stdout[-1200:]}\n"
-            f"stderr: {self.result.stderr[-1200:]}\nrefused: {refused}\n"
+            f"{run_report(self.result, self.exchanges, tail=1200)}\n"
             f"requests: {[(e.method, e.path, e.status) for e in self.exchanges]}\n"
             f"served: {[(e['outcome'], e.get('cached_tokens')) for e in self.served]}"
         )
@@ -66,10 +64,8 @@ class Task:
 def fleet(start: StartKvretention, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     tmp = tmp_path_factory.mktemp("cpu-plane")
     plane = start_rendered_plane(EXAMPLE, start=start, tmp=tmp, engine="cpu")
-    recorder = Recorder(plane.frontend.base_url)
-    recorder.start()
-    yield Fleet(plane, recorder, tmp)
-    recorder.stop()
+    with Recorder(plane.frontend.base_url) as recorder:
+        yield Fleet(plane, recorder, tmp)
 
 
 def _generations(exchanges: list[Exchange]) -> int:

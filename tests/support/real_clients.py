@@ -11,18 +11,19 @@ flag, no feature switched off, only the offline switches and the endpoint.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
-import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 import aiohttp
 from aiohttp import web
+
+from support.rendered_plane import RenderedPlane
+from support.threaded_app import ThreadedApp
 
 ROOT: Final = Path(__file__).resolve().parents[2]
 INSTALL: Final = ROOT / "scripts" / "install-clients.sh"
@@ -37,6 +38,7 @@ CLAUDE_OFFLINE: Final = {
 }
 """FACTS.md: what keeps Claude Code off Anthropic's other services; no feature of a request."""
 CODEX_KEY_ENV: Final = "KVR_FLEET_API_KEY"
+GENERATE_PATHS: Final = ("/v1/messages", "/v1/responses", "/v1/chat/completions")
 
 
 @dataclass(frozen=True)
@@ -77,41 +79,31 @@ class Exchange:
     def refused(self) -> bool:
         return self.status >= 400
 
+    @property
+    def is_generation(self) -> bool:
+        """A request for an answer (not a model list or a token count)."""
+        return self.method == "POST" and self.path.split("?")[0] in GENERATE_PATHS
 
-@dataclass
-class Recorder:
+
+class Recorder(ThreadedApp):
     """A pass-through proxy to ``upstream``; ``start()``, read ``exchanges``, ``stop()``."""
 
-    upstream: str
-    exchanges: list[Exchange] = field(default_factory=list)
-    base_url: str = ""
-    _loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
-    _runner: web.AppRunner | None = None
-    _session: aiohttp.ClientSession | None = None
+    def __init__(self, upstream: str) -> None:
+        super().__init__()
+        self.upstream = upstream
+        self.exchanges: list[Exchange] = []
+        self._session: aiohttp.ClientSession | None = None
 
-    def start(self) -> str:
-        threading.Thread(target=self._loop.run_forever, daemon=True).start()
-        self.base_url = asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
-        return self.base_url
-
-    async def _start(self) -> str:
+    def build_app(self) -> web.Application:
         self._session = aiohttp.ClientSession(auto_decompress=False)
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._forward)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        return f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        app.on_cleanup.append(self._close_session)
+        return app
 
-    def stop(self) -> None:
-        async def close() -> None:
-            if self._runner is not None:
-                await self._runner.cleanup()
-            if self._session is not None:
-                await self._session.close()
-
-        asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
+    async def _close_session(self, app: web.Application) -> None:
+        if self._session is not None:
+            await self._session.close()
 
     def mark(self) -> int:
         return len(self.exchanges)
@@ -144,6 +136,25 @@ class Recorder:
                 await response.write(chunk)
             await response.write_eof()
             return response
+
+
+@dataclass
+class Fleet:
+    """A rendered plane and the recorder in front of its frontend, which the clients talk to."""
+
+    plane: RenderedPlane
+    recorder: Recorder
+
+
+def run_report(
+    result: subprocess.CompletedProcess[str], exchanges: list[Exchange], *, tail: int = 1500
+) -> str:
+    """What a failed client run shows: its exit, the ends of its output, the refused requests."""
+    refused = [(e.path, e.status, e.answer[:300]) for e in exchanges if e.refused]
+    return (
+        f"exit {result.returncode}\nstdout: {result.stdout[-tail:]}\n"
+        f"stderr: {result.stderr[-tail:]}\nrefused: {refused}"
+    )
 
 
 # -- running the CLIs ------------------------------------------------------------------------
