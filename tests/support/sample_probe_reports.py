@@ -17,16 +17,21 @@ HINTS_REPORT: dict[str, Any] = {
 }
 """SGLang 0.5.23 taking kv_hints, with Mooncake's store importable; no retention plugin fields."""
 
-FULL_REPORT: dict[str, Any] = {
-    **HINTS_REPORT,
-    "sglang_installed": True,
-    "async_generate_parameters": ["prompt", "kv_hints"],
+RETENTION_FIELDS: dict[str, Any] = {
     "retention_error": None,
     "retention_plugin": "loaded",
     "retention_target_problems": [],
     "engine_device": "cuda",
     "radix_tree_core": "rust",
     "radix_tree_core_kvretain": "python",
+}
+"""What a probe reports of the retention plugin (a probe that predates it reports none of these)."""
+
+FULL_REPORT: dict[str, Any] = {
+    **HINTS_REPORT,
+    "sglang_installed": True,
+    "async_generate_parameters": ["prompt", "kv_hints"],
+    **RETENTION_FIELDS,
 }
 """The same from a current probe: every field, the retention plugin loaded on a GPU engine."""
 

@@ -18,17 +18,10 @@ from kvretention.api.probe_report import (
     parse_report,
     render_report,
 )
-from support.sample_probe_reports import FULL_REPORT
+from support.sample_probe_reports import FULL_REPORT, RETENTION_FIELDS
 
 GOOD: dict[str, Any] = FULL_REPORT
-RETENTION_KEYS = (
-    "retention_plugin",
-    "retention_error",
-    "retention_target_problems",
-    "engine_device",
-    "radix_tree_core",
-    "radix_tree_core_kvretain",
-)
+RETENTION_KEYS = tuple(RETENTION_FIELDS)
 OLD = {k: v for k, v in GOOD.items() if k not in RETENTION_KEYS}
 """A report from a probe that predates the retention plugin."""
 EMPTY = ProbeReport()
