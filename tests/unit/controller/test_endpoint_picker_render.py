@@ -12,6 +12,7 @@ from fake_kube import load_example
 
 from kvretention.api.models import KvRetentionDeployment
 from kvretention.controller.resources import build_children
+from kvretention.dataplane.frontend.cli import frontend_cmd
 from kvretention.dataplane.router.cli import router_cmd
 from kvretention.dataplane.router.discovery import build_endpoints
 from kvretention.ports import FRONTEND_PORT, ROUTER_EXT_PROC_PORT
@@ -20,6 +21,7 @@ NAME = "qwen"
 ROUTER = f"{NAME}-router"
 POOL = f"{NAME}-frontend"
 PODS = f"{NAME}-frontend-pods"
+PICKER = {"enabled": True}
 GATEWAY = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateways"}}}
 
 
@@ -215,13 +217,33 @@ def test_the_router_cli_takes_the_rendered_picker_flags(
 ) -> None:
     """The contract with ``kvretention router``: what is rendered parses, and the picker is on
     exactly when the operator renders it (the CLI refuses one flag without the other)."""
-    command = _container(_children(pool), ROUTER)["command"]
+    children = _children(pool)
+    command = _container(children, ROUTER)["command"]
     assert command[:2] == ["kvretention", "router"]
     params = router_cmd.make_context("router", command[2:]).params
     frontends = build_endpoints(static=params["endpoints"], dns=params["endpoint_dns"])
     if mode is None:
         assert params["ext_proc_port"] == 0 and frontends is None
+        assert not any(a.startswith("--session-keys") for a in command)
         return
     assert params["ext_proc_port"] == ROUTER_EXT_PROC_PORT
     assert params["endpoint_dns"] == (f"{PODS}.ns.svc:{FRONTEND_PORT}",)
     assert frontends is not None
+    # The picker reads a request's session where the frontends read it.
+    frontend = _container(children, POOL)["command"]
+    assert frontend[:2] == ["kvretention", "frontend"]
+    keys = frontend_cmd.make_context("frontend", frontend[2:]).params["session_keys"]
+    assert params["session_keys"] == keys and "x-session-id" in keys
+
+
+@pytest.mark.parametrize("keys", [[], ["x-tenant-session"]], ids=["none", "one"])
+def test_the_picker_takes_the_frontends_session_keys(keys: list[str]) -> None:
+    body = load_example("aggregated")
+    body["metadata"] = {**body["metadata"], "name": NAME, "namespace": "ns"}
+    body["spec"]["router"] = {"sessionKeys": keys}
+    body["spec"]["gateway"] = {"inferencePool": {"enabled": True, "endpointPicker": PICKER}}
+    children = build_children(KvRetentionDeployment.from_k8s(body))
+    router = _container(children, ROUTER)["command"]
+    frontend = _container(children, POOL)["command"]
+    assert router_cmd.make_context("router", router[2:]).params["session_keys"] == tuple(keys)
+    assert frontend_cmd.make_context("frontend", frontend[2:]).params["session_keys"] == tuple(keys)

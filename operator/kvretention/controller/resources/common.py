@@ -168,6 +168,12 @@ class ExtraPort:
     """The Service port's ``appProtocol``: how a Gateway or mesh speaks to it."""
 
 
+def session_keys_arg(cr: KvRetentionDeployment) -> str:
+    """``--session-keys``, comma-separated in order (empty: no sessions): the frontend's, and the
+    router's as the endpoint picker, which must read a request's session where the frontend does."""
+    return f"--session-keys={','.join(cr.spec.router.session_keys)}"
+
+
 def metrics_container_port() -> dict[str, Any]:
     return {"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT, "protocol": "TCP"}
 

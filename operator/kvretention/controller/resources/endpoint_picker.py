@@ -22,6 +22,7 @@ from kvretention.controller.resources.common import (
     build_service,
     child_name,
     service_host,
+    session_keys_arg,
 )
 
 EXT_PROC_PORT: Final = ExtraPort("ext-proc", ROUTER_EXT_PROC_PORT, "kubernetes.io/h2c")
@@ -35,8 +36,9 @@ def picks_endpoints(cr: KvRetentionDeployment) -> bool:
 
 
 def build_picker_args(cr: KvRetentionDeployment) -> list[str]:
-    """The router's ``--ext-proc-port`` and ``--endpoint-dns`` (the frontend pods by their headless
-    Service); nothing when the router is not the picker."""
+    """The router's ``--ext-proc-port``, ``--endpoint-dns`` (the frontend pods by their headless
+    Service) and the frontend's ``--session-keys`` (a session's requests go to one frontend);
+    nothing when the router is not the picker."""
     if not picks_endpoints(cr):
         return []
     return [
@@ -44,6 +46,7 @@ def build_picker_args(cr: KvRetentionDeployment) -> list[str]:
         str(EXT_PROC_PORT.port),
         "--endpoint-dns",
         f"{service_host(cr, FRONTEND_PODS_SUFFIX)}:{FRONTEND_PORT}",
+        session_keys_arg(cr),
     ]
 
 

@@ -12,6 +12,7 @@ from kvretention.controller.resources.common import (
     child_name,
     serve_command,
     service_host,
+    session_keys_arg,
 )
 from kvretention.controller.resources.hop_key import build_hop_key_args, build_hop_key_volumes
 from kvretention.controller.resources.router import build_http_workload, router_url
@@ -121,8 +122,8 @@ def build_codex_instructions(
 
 def build_frontend_command(cr: KvRetentionDeployment) -> list[str]:
     aliases = [f"--model-alias={alias}={cr.spec.model.name}" for alias in cr.spec.model.aliases]
-    # Comma-separated, in order; an empty value turns session affinity off.
-    session = f"--session-keys={','.join(cr.spec.router.session_keys)}"
+    # An empty value turns session affinity off.
+    session = session_keys_arg(cr)
     return [
         *serve_command("frontend", FRONTEND_PORT),
         "--router-url",
