@@ -13,7 +13,6 @@ import json
 import random
 import time
 import urllib.request
-import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,9 +20,7 @@ import pytest
 
 from kvretention.common.tenancy import HEADER_TENANT, cache_salt_for, scoped_session
 from kvretention.dataplane.protocol import RESIDENCY_PATH
-from support.cpu_engine import SERVED_NAME, CpuWorker, start_cpu_worker
-from support.processes import StartKvretention
-from support.worker_client import post
+from support.cpu_engine import CpuWorker, StartCpuWorker, generate_tokens
 
 pytestmark = pytest.mark.cpu_engine
 
@@ -49,19 +46,9 @@ def tokens(rng: random.Random, n: int) -> list[int]:
 def generate(
     worker: CpuWorker, ids: Sequence[int], *, tenant: str | None = None, session: str | None = None
 ) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "request_id": uuid.uuid4().hex,
-        "model": SERVED_NAME,
-        "token_ids": list(ids),
-        "sampling": {"max_new_tokens": 1, "temperature": 0},
-    }
-    if session is not None:
-        body["session_id"] = session
+    fields = {"session_id": session} if session is not None else {}
     headers = {HEADER_TENANT: tenant} if tenant is not None else {}
-    status, lines = post(worker.base_url, json.dumps(body).encode(), headers)
-    assert status == 200, lines
-    usage: dict[str, Any] = next(line["usage"] for line in reversed(lines) if line.get("usage"))
-    return usage
+    return generate_tokens(worker, ids, headers=headers, **fields)
 
 
 def residency(worker: CpuWorker) -> dict[str, Any]:
@@ -90,13 +77,8 @@ def settled(worker: CpuWorker, until: Callable[[dict[str, Any]], bool]) -> dict[
 
 
 @pytest.fixture(scope="module")
-def worker(start: StartKvretention, tmp_path_factory: pytest.TempPathFactory) -> CpuWorker:
-    return start_cpu_worker(
-        start,
-        tmp_path_factory.mktemp("kv-events"),
-        sglang_args=list(ENGINE_ARGS),
-        worker_args=["--kv-events"],
-    )
+def worker(cpu_worker: StartCpuWorker) -> CpuWorker:
+    return cpu_worker("kv-events", sglang_args=list(ENGINE_ARGS), worker_args=["--kv-events"])
 
 
 @pytest.fixture(scope="module")

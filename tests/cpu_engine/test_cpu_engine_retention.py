@@ -11,18 +11,14 @@ on that turn says whether the prompt's KV survived. The hint travels as the fron
 
 from __future__ import annotations
 
-import json
 import random
 import time
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
-from support.cpu_engine import SERVED_NAME, CpuWorker, start_cpu_worker
-from support.processes import StartKvretention
-from support.worker_client import post
+from support.cpu_engine import CpuWorker, StartCpuWorker, generate_tokens
 
 pytestmark = pytest.mark.cpu_engine
 
@@ -45,18 +41,8 @@ def tokens(rng: random.Random, n: int) -> list[int]:
 
 def generate(worker: CpuWorker, ids: Sequence[int], *, ttl: int | None = None) -> dict[str, Any]:
     """One request straight to the worker; the last stream line's usage."""
-    body: dict[str, Any] = {
-        "request_id": uuid.uuid4().hex,
-        "model": SERVED_NAME,
-        "token_ids": list(ids),
-        "sampling": {"max_new_tokens": 1, "temperature": 0},
-    }
-    if ttl is not None:
-        body["kv_hints"] = {"retain_full_prompt": {"ttl_seconds": ttl}}
-    status, lines = post(worker.base_url, json.dumps(body).encode())
-    assert status == 200, lines
-    usage: dict[str, Any] = next(line["usage"] for line in reversed(lines) if line.get("usage"))
-    return usage
+    hint = {"kv_hints": {"retain_full_prompt": {"ttl_seconds": ttl}}} if ttl is not None else {}
+    return generate_tokens(worker, ids, **hint)
 
 
 def next_turn_cached(
@@ -75,17 +61,13 @@ def next_turn_cached(
 
 
 @pytest.fixture(scope="module")
-def retaining(start: StartKvretention, tmp_path_factory: pytest.TempPathFactory) -> CpuWorker:
-    return start_cpu_worker(
-        start,
-        tmp_path_factory.mktemp("kvretain"),
-        sglang_args=[*ENGINE_ARGS, "--radix-eviction-policy", "kvretain"],
-    )
+def retaining(cpu_worker: StartCpuWorker) -> CpuWorker:
+    return cpu_worker("kvretain", sglang_args=[*ENGINE_ARGS, "--radix-eviction-policy", "kvretain"])
 
 
 @pytest.fixture(scope="module")
-def lru(start: StartKvretention, tmp_path_factory: pytest.TempPathFactory) -> CpuWorker:
-    return start_cpu_worker(start, tmp_path_factory.mktemp("lru"), sglang_args=list(ENGINE_ARGS))
+def lru(cpu_worker: StartCpuWorker) -> CpuWorker:
+    return cpu_worker("lru", sglang_args=list(ENGINE_ARGS))
 
 
 def test_the_pool_is_small_enough_that_unhinted_prompts_are_evicted(retaining: CpuWorker) -> None:

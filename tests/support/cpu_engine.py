@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
-from collections.abc import Sequence
+import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kvretention.dataplane.worker.cpu import chat_format, tiny_model
 from support.processes import KvrProcess, StartKvretention
+from support.worker_client import post
 
 REPO = Path(__file__).resolve().parents[2]
 SHIM_DIR = REPO / "images" / "worker" / "cpu-shim"
@@ -102,6 +106,10 @@ def start_cpu_worker(
     return CpuWorker(process=process, shim_calls=shim_calls)
 
 
+StartCpuWorker = Callable[..., CpuWorker]
+"""The ``cpu_worker`` fixture: ``cpu_worker(name, sglang_args=..., worker_args=...)``."""
+
+
 @dataclass(frozen=True)
 class CpuFleet:
     """A CPU worker, a router in front of it and a frontend serving the tiny model's name."""
@@ -127,3 +135,25 @@ def start_cpu_fleet(
         ["frontend", "--router-url", router.base_url, "--model", SERVED_NAME, *frontend_args]
     )
     return CpuFleet(worker=worker, router=router, frontend=frontend)
+
+
+def generate_tokens(
+    worker: CpuWorker,
+    ids: Sequence[int],
+    *,
+    headers: dict[str, str] | None = None,
+    **fields: Any,
+) -> dict[str, Any]:
+    """One greedy one-token request of token ``ids`` straight to the worker (``fields`` added to
+    its body); the usage its stream ends with."""
+    body = {
+        "request_id": uuid.uuid4().hex,
+        "model": SERVED_NAME,
+        "token_ids": list(ids),
+        "sampling": {"max_new_tokens": 1, "temperature": 0},
+        **fields,
+    }
+    status, lines = post(worker.base_url, json.dumps(body).encode(), headers)
+    assert status == 200, lines
+    usage: dict[str, Any] = next(line["usage"] for line in reversed(lines) if line.get("usage"))
+    return usage
