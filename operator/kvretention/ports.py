@@ -21,8 +21,8 @@ ROUTER_PORT: Final = 8001
 """``kvretention router``: ``POST /v1/generate`` from the frontend."""
 ROUTER_EXT_PROC_PORT: Final = 9004
 """``kvretention router --ext-proc-port``: Envoy ``ext_proc`` (gRPC, cleartext HTTP/2), where a
-Gateway asks the router which frontend pod serves a request (``gateway.inferencePool.
-endpointPicker``)."""
+Gateway asks the router which frontend pod serves a request (the InferencePool's picker, with
+``gateway.inferencePool.enabled``)."""
 WORKER_PORT: Final = 8002
 """``kvretention worker``: ``POST /v1/generate`` from the router."""
 OPERATOR_HEALTH_PORT: Final = 8080

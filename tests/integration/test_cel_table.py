@@ -74,17 +74,15 @@ FIELD_CASES: dict[str, tuple[Any, Any]] = {
     QUANTITY_MESSAGE: ({"cpu": "4", "memory": "64Ti"}, {"memory": "1e100"}),
 }
 
-PICKER_ON: Patch = {
-    "gateway": {"inferencePool": {"enabled": True, "endpointPicker": {"enabled": True}}}
-}
+POOL_ON: Patch = {"gateway": {"inferencePool": {"enabled": True}}}
 
 RULE_CASES: dict[tuple[str, str], tuple[Patch, Patch]] = {
     # (path, message prefix): (a spec patch that passes, one that breaks it); "metadata" patches
     # the object's metadata
     # before the 54-character rule, whose message starts the same
     ("", "metadata.name must be at most 49 characters with"): (
-        {"metadata": {"name": "a" * 49}, **PICKER_ON},
-        {"metadata": {"name": "a" * 50}, **PICKER_ON},
+        {"metadata": {"name": "a" * 49}, **POOL_ON},
+        {"metadata": {"name": "a" * 50}, **POOL_ON},
     ),
     ("", "metadata.name must be at most"): (
         {"metadata": {"name": "a" * 54}},
@@ -121,10 +119,6 @@ RULE_CASES: dict[tuple[str, str], tuple[Patch, Patch]] = {
     (".spec.router", "router.kvEvents places a request by its session"): (
         {"router": {"kvEvents": True}},
         {"router": {"kvEvents": True, "sessionKeys": []}},
-    ),
-    (".spec.gateway.inferencePool", "gateway.inferencePool.endpointPicker.enabled needs"): (
-        PICKER_ON,
-        {"gateway": {"inferencePool": {"enabled": False, "endpointPicker": {"enabled": True}}}},
     ),
     (".spec.model", "model.aliases must not repeat"): (
         {"model": {"aliases": ["m2"]}},

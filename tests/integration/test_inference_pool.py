@@ -2,9 +2,9 @@
 names it and the rest of the fleet is created; once a CRD for ``inferencepools.inference.
 networking.k8s.io`` v1 is installed (no edit, no operator restart) the operator creates the
 InferencePool, owned by the fleet and selecting its frontend pods, and the condition follows what a
-Gateway writes in the pool's ``status.parents``; turning ``endpointPicker`` on names the router in
-the pool's ``endpointPickerRef`` and adds the headless Service ``<name>-frontend-pods``, turning it
-off removes both.
+Gateway writes in the pool's ``status.parents``; the pool names the router in its
+``endpointPickerRef`` (v1 requires a picker) beside the headless Service ``<name>-frontend-pods``,
+the picker's failure mode follows the spec, and turning the pool off removes both.
 
 The CRD is a minimal structural one written here (the fields the operator sets, and a status
 subresource), not the Gateway API Inference Extension's own. The module deletes it first and
@@ -111,10 +111,9 @@ def test_the_pool_waits_for_its_crd_then_selects_the_frontend_and_reports_its_ga
     body = load_example("aggregated", name=name)
     body["spec"]["gateway"] = {"inferencePool": {"enabled": True}}
     created = fleets.create(body)
-    # The API server defaults the picker off: the Gateway balances over the frontends itself.
-    picker_off = {"enabled": False, "failureMode": "FailOpen"}
+    # The API server defaults the picker's failure mode: open, every frontend serves everything.
     assert created["spec"]["gateway"] == {
-        "inferencePool": {"enabled": True, "endpointPicker": picker_off}
+        "inferencePool": {"enabled": True, "endpointPicker": {"failureMode": "FailOpen"}}
     }
 
     missing = fleets.wait_condition(
@@ -148,7 +147,14 @@ def test_the_pool_waits_for_its_crd_then_selects_the_frontend_and_reports_its_ga
     )
     assert pool["spec"]["targetPorts"] == [{"number": 8000}]
     assert pool["spec"]["appProtocol"] == "http"
-    assert "endpointPickerRef" not in pool["spec"]
+    # The router is the pool's endpoint picker: the pool names its ext-proc port.
+    assert pool["spec"]["endpointPickerRef"] == {
+        "group": "",
+        "kind": "Service",
+        "name": f"{name}-router",
+        "port": {"number": 9004},
+        "failureMode": "FailOpen",
+    }
     # It selects exactly the frontend's pods: those its Deployment runs, and no other pod.
     labels = pool["spec"]["selector"]["matchLabels"]
     selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
@@ -197,22 +203,7 @@ def test_the_pool_waits_for_its_crd_then_selects_the_frontend_and_reports_its_ga
     assert f"Gateway {fleets.ns}/inference-gateway" in accepted["message"]
     assert fleets.conditions(name)["Ready"]["status"] == "True"
 
-    # The router becomes the pool's endpoint picker: the pool names its ext-proc port, and a
-    # headless Service publishes the frontend pods it picks among.
-    picker = {"enabled": True, "endpointPicker": {"enabled": True, "failureMode": "FailClose"}}
-    fleets.patch_spec(name, {"gateway": {"inferencePool": picker}})
-    pool = wait_until(
-        "the InferencePool names the router as its picker",
-        lambda: (p := _pool(fleets, name)) and "endpointPickerRef" in p["spec"] and p,
-        timeout_s=60,
-    )
-    assert pool["spec"]["endpointPickerRef"] == {
-        "group": "",
-        "kind": "Service",
-        "name": f"{name}-router",
-        "port": {"number": 9004},
-        "failureMode": "FailClose",
-    }
+    # A headless Service publishes the frontend pods the router picks among.
     pods = wait_until(
         f"Service {name}-frontend-pods",
         lambda: fleets.children(name).get(("Service", f"{name}-frontend-pods")),
@@ -231,20 +222,28 @@ def test_the_pool_waits_for_its_crd_then_selects_the_frontend_and_reports_its_ga
     ]
     endpoint_dns = command[command.index("--endpoint-dns") + 1]
     assert endpoint_dns == f"{name}-frontend-pods.{fleets.ns}.svc:8000"
-    # The Gateway's verdict still stands: nothing in status needs the Gateway to resolve the picker.
-    assert fleets.conditions(name)[CONDITION]["status"] == "True"
 
-    # Turned off again: the headless Service is deleted and the pool goes back to no picker.
-    off = {"enabled": True, "endpointPicker": {"enabled": False}}
-    fleets.patch_spec(name, {"gateway": {"inferencePool": off}})
+    # The picker's failure mode follows the spec; the Gateway's verdict still stands.
+    close = {"enabled": True, "endpointPicker": {"failureMode": "FailClose"}}
+    fleets.patch_spec(name, {"gateway": {"inferencePool": close}})
     wait_until(
-        f"Service {name}-frontend-pods deleted",
-        lambda: ("Service", f"{name}-frontend-pods") not in fleets.children(name),
+        "the InferencePool's picker fails closed",
+        lambda: (
+            (p := _pool(fleets, name)) is not None
+            and p["spec"]["endpointPickerRef"]["failureMode"] == "FailClose"
+        ),
         timeout_s=60,
     )
+    assert fleets.conditions(name)[CONDITION]["status"] == "True"
+
+    # The pool turned off: it and the headless Service are deleted, the router stops picking.
+    fleets.patch_spec(name, {"gateway": {"inferencePool": {"enabled": False}}})
     wait_until(
-        "the InferencePool without endpointPickerRef",
-        lambda: (p := _pool(fleets, name)) is not None and "endpointPickerRef" not in p["spec"],
+        f"Service {name}-frontend-pods and InferencePool {name}-frontend deleted",
+        lambda: (
+            ("Service", f"{name}-frontend-pods") not in fleets.children(name)
+            and _pool(fleets, name) is None
+        ),
         timeout_s=60,
     )
     router = fleets.children(name)[("Service", f"{name}-router")]

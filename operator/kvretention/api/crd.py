@@ -171,7 +171,7 @@ def build_openapi_schema() -> Schema:
             },
             {
                 "rule": (
-                    "!self.spec.gateway.inferencePool.endpointPicker.enabled || "
+                    "!self.spec.gateway.inferencePool.enabled || "
                     f"size(self.metadata.name) <= {PICKER_MAX_NAME_LENGTH}"
                 ),
                 "message": PICKER_NAME_MESSAGE,

@@ -76,7 +76,7 @@ class KvRetentionDeployment(BaseModel):
 
 def _picker_name_problems(obj: KvRetentionDeployment) -> list[str]:
     """The CEL rule on the whole object: the picker's Service name must stay a DNS label."""
-    picker = obj.spec.gateway.inference_pool.endpoint_picker.enabled
+    picker = obj.spec.gateway.inference_pool.enabled
     return [PICKER_NAME_MESSAGE] if picker and len(obj.name) > PICKER_MAX_NAME_LENGTH else []
 
 

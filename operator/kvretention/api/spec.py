@@ -57,7 +57,6 @@ from kvretention.api.spec_model import (
     ToolCallParser,
 )
 from kvretention.api.spec_network import (
-    ENDPOINT_PICKER_MESSAGE,
     FRONTEND_PODS_SUFFIX,
     PICKER_MAX_NAME_LENGTH,
     PICKER_NAME_MESSAGE,
@@ -104,7 +103,6 @@ __all__ = [
     "DEFAULT_IMAGE",
     "DEFAULT_SERVICE_REQUESTS",
     "DEFAULT_WORKER_IMAGE",
-    "ENDPOINT_PICKER_MESSAGE",
     "EXTENDED_RESOURCE_PATTERN",
     "FRONTEND_PODS_SUFFIX",
     "GPU_RESOURCE_MESSAGE",

@@ -7,13 +7,11 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
     Field,
-    model_validator,
 )
 
-from kvretention.api.base import WireModel, cel_config, list_field, nested, require
+from kvretention.api.base import WireModel, list_field, nested
 
 __all__ = [
-    "ENDPOINT_PICKER_MESSAGE",
     "FRONTEND_PODS_SUFFIX",
     "PICKER_MAX_NAME_LENGTH",
     "PICKER_NAME_MESSAGE",
@@ -58,18 +56,10 @@ class NetworkPolicySpec(WireModel):
 
 
 class EndpointPickerSpec(WireModel):
-    """The router as the InferencePool's endpoint picker (Envoy ``ext_proc``)."""
+    """The router as the InferencePool's endpoint picker (Envoy ``ext_proc``): InferencePool v1
+    requires an ``endpointPickerRef``, and the router is the one picker that knows the fleet's
+    sessions, so every pool the operator renders names it."""
 
-    enabled: bool = Field(
-        default=False,
-        description=(
-            "Make the router the InferencePool's endpoint picker: the pool's endpointPickerRef "
-            "names the router Service's ext-proc port (9004), where the router answers the "
-            "Gateway's ext_proc stream with the frontend pod for each request (the same pod for "
-            "a session), found through a headless Service <name>-frontend-pods. Needs "
-            "gateway.inferencePool.enabled."
-        ),
-    )
     failure_mode: Literal["FailOpen", "FailClose"] = Field(
         default="FailOpen",
         description=(
@@ -87,22 +77,14 @@ PICKER_MAX_NAME_LENGTH: Final = 63 - len(f"-{FRONTEND_PODS_SUFFIX}")
 the whole object, since the spec alone cannot see the name)."""
 PICKER_NAME_MESSAGE: Final = (
     f"metadata.name must be at most {PICKER_MAX_NAME_LENGTH} characters with "
-    "gateway.inferencePool.endpointPicker.enabled (its headless Service <name>-frontend-pods "
+    "gateway.inferencePool.enabled (the picker's headless Service <name>-frontend-pods "
     "is a DNS label of at most 63)"
-)
-ENDPOINT_PICKER_MESSAGE: Final = (
-    "gateway.inferencePool.endpointPicker.enabled needs gateway.inferencePool.enabled: the "
-    "picker is the InferencePool's endpointPickerRef"
 )
 
 
 class InferencePoolSpec(WireModel):
     """An ``InferencePool`` (``inference.networking.k8s.io/v1``, Gateway API Inference Extension)
     for the fleet: the backend an ``HTTPRoute`` of the cluster's Gateway names."""
-
-    model_config = cel_config(
-        ("!self.endpointPicker.enabled || self.enabled", ENDPOINT_PICKER_MESSAGE)
-    )
 
     enabled: bool = Field(
         default=False,
@@ -112,17 +94,16 @@ class InferencePoolSpec(WireModel):
             "the fleet through the frontend, where the provider contract is checked, cache "
             "controls become kv.retain hints and API keys apply. Needs the InferencePool CRD, "
             "which the cluster's Gateway stack installs; without it the fleet still runs and "
-            "the InferencePoolAccepted condition says what is missing."
+            "the InferencePoolAccepted condition says what is missing. The router is the pool's "
+            "endpoint picker (endpointPickerRef, which InferencePool v1 requires): it answers "
+            "the Gateway's ext_proc stream on its Service's ext-proc port (9004) with the "
+            "frontend pod for each request, the same pod for a session, found through a "
+            "headless Service <name>-frontend-pods."
         ),
     )
     endpoint_picker: EndpointPickerSpec = nested(
         EndpointPickerSpec, "The router as the pool's endpoint picker (endpointPickerRef)."
     )
-
-    @model_validator(mode="after")
-    def _check_cel_equivalents(self) -> InferencePoolSpec:
-        require(self.enabled or not self.endpoint_picker.enabled, ENDPOINT_PICKER_MESSAGE)
-        return self
 
 
 class GatewaySpec(WireModel):

@@ -1,5 +1,5 @@
-"""``spec.gateway``: off by default, and spelled out in the CRD so ``kubectl explain`` shows it; the
-endpoint picker's rules as pydantic judges them (tests/integration/test_cel_table.py holds the API
+"""``spec.gateway``: off by default, and spelled out in the CRD so ``kubectl explain`` shows it; a
+pool always names the router as its endpoint picker; the picker's rules as pydantic judges them (tests/integration/test_cel_table.py holds the API
 server to the same)."""
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import pytest
 
 from kvretention.api.crd import build_crd
 from kvretention.api.models import (
-    ENDPOINT_PICKER_MESSAGE,
     FRONTEND_PODS_SUFFIX,
     PICKER_MAX_NAME_LENGTH,
     PICKER_NAME_MESSAGE,
@@ -35,17 +34,18 @@ def test_the_inference_pool_is_off_unless_asked_for() -> None:
 
 def test_the_crd_defaults_and_describes_the_option() -> None:
     gateway = _gateway_schema()
-    off = {"enabled": False, "endpointPicker": {"enabled": False, "failureMode": "FailOpen"}}
+    off = {"enabled": False, "endpointPicker": {"failureMode": "FailOpen"}}
     assert gateway["default"] == {"inferencePool": off}
     pool = gateway["properties"]["inferencePool"]
     assert pool["default"] == off
     enabled = pool["properties"]["enabled"]
     assert (enabled["type"], enabled["default"]) == ("boolean", False)
     assert "frontend pods" in enabled["description"]
+    assert "ext-proc port (9004)" in enabled["description"]
     assert pool.get("additionalProperties") in (None, False)
     picker = pool["properties"]["endpointPicker"]["properties"]
     assert picker["failureMode"]["enum"] == ["FailOpen", "FailClose"]
-    assert "ext-proc port (9004)" in picker["enabled"]["description"]
+    assert set(picker) == {"failureMode"}  # v1 requires a picker: there is no turning it off
 
 
 def _fleet(pool: dict[str, Any], *, name: str = "gw") -> dict[str, Any]:
@@ -57,26 +57,21 @@ def _fleet(pool: dict[str, Any], *, name: str = "gw") -> dict[str, Any]:
     }
 
 
-PICKER_ON = {"enabled": True}
-
-
 @pytest.mark.parametrize(
     ("pool", "name", "problem"),
     [
         ({"enabled": True}, "gw", None),
-        ({"enabled": True, "endpointPicker": PICKER_ON}, "gw", None),
-        ({"enabled": False, "endpointPicker": {"enabled": False}}, "gw", None),
+        ({"enabled": False, "endpointPicker": {"failureMode": "FailClose"}}, "gw", None),
         ({"enabled": True, "endpointPicker": {"failureMode": "FailClose"}}, "gw", None),
-        ({"endpointPicker": PICKER_ON}, "gw", ENDPOINT_PICKER_MESSAGE),
-        ({"enabled": False, "endpointPicker": PICKER_ON}, "gw", ENDPOINT_PICKER_MESSAGE),
-        ({"enabled": True, "endpointPicker": PICKER_ON}, "a" * 49, None),
-        ({"enabled": True, "endpointPicker": PICKER_ON}, "a" * 50, PICKER_NAME_MESSAGE),
-        ({"enabled": True}, "a" * 54, None),
+        ({"enabled": True}, "a" * 49, None),
+        ({"enabled": True}, "a" * 50, PICKER_NAME_MESSAGE),
+        ({"enabled": False}, "a" * 54, None),
         ({"enabled": True, "endpointPicker": {"failureMode": "Open"}}, "gw", "failureMode"),
-        ({"enabled": True, "endpointPicker": {"enabled": True, "port": 9}}, "gw", "port"),
+        ({"enabled": True, "endpointPicker": {"enabled": True}}, "gw", "enabled"),
+        ({"enabled": True, "endpointPicker": {"port": 9}}, "gw", "port"),
     ],
 )
-def test_the_picker_needs_the_pool_and_a_name_that_leaves_room_for_its_service(
+def test_a_pool_needs_a_name_that_leaves_room_for_its_pickers_service(
     pool: dict[str, Any], name: str, problem: str | None
 ) -> None:
     body = _fleet(pool, name=name)

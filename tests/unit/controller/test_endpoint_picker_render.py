@@ -1,5 +1,5 @@
-"""``gateway.inferencePool.endpointPicker``: what the builders render with the router as the
-InferencePool's endpoint picker, and that nothing of it is rendered without it: the pool's
+"""The router as the InferencePool's endpoint picker (every pool names it: v1 requires a picker):
+what the builders render with a pool, and that nothing of it is rendered without one: the pool's
 ``endpointPickerRef``, the router's flags and ext-proc port, the headless Service over the frontend
 pods, and the NetworkPolicies that let a Gateway reach both."""
 
@@ -21,7 +21,6 @@ NAME = "qwen"
 ROUTER = f"{NAME}-router"
 POOL = f"{NAME}-frontend"
 PODS = f"{NAME}-frontend-pods"
-PICKER = {"enabled": True}
 GATEWAY = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateways"}}}
 
 
@@ -58,19 +57,16 @@ def _flag(command: list[str], flag: str) -> str | None:
     return command[command.index(flag) + 1] if flag in command else None
 
 
-# (pool option, the failureMode rendered; None: no picker)
+# (pool option, the failureMode rendered; None: no pool, so no picker)
 CASES = [
     pytest.param(None, None, id="no-pool"),
-    pytest.param({"enabled": True}, None, id="pool-without-picker"),
-    pytest.param({"enabled": True, "endpointPicker": {"enabled": False}}, None, id="picker-off"),
+    pytest.param({"enabled": False}, None, id="pool-off"),
     pytest.param(
-        {"enabled": True, "endpointPicker": {"enabled": False, "failureMode": "FailClose"}},
-        None,
-        id="picker-off-with-mode",
+        {"enabled": False, "endpointPicker": {"failureMode": "FailClose"}}, None, id="off-mode"
     ),
-    pytest.param({"enabled": True, "endpointPicker": {"enabled": True}}, "FailOpen", id="default"),
+    pytest.param({"enabled": True}, "FailOpen", id="default"),
     pytest.param(
-        {"enabled": True, "endpointPicker": {"enabled": True, "failureMode": "FailClose"}},
+        {"enabled": True, "endpointPicker": {"failureMode": "FailClose"}},
         "FailClose",
         id="fail-close",
     ),
@@ -78,19 +74,16 @@ CASES = [
 
 
 @pytest.mark.parametrize(("pool", "mode"), CASES)
-def test_the_pool_names_the_router_as_its_picker_only_with_the_option(
+def test_a_pool_names_the_router_as_its_picker(
     pool: dict[str, Any] | None, mode: str | None
 ) -> None:
     children = _children(pool)
     rendered = _of(children, "InferencePool", POOL)
-    if pool is None:
+    if mode is None:
         assert rendered is None
         return
     assert rendered is not None
-    ref = rendered["spec"].get("endpointPickerRef")
-    if mode is None:
-        assert ref is None
-        return
+    ref = rendered["spec"]["endpointPickerRef"]
     assert ref == {
         "group": "",
         "kind": "Service",
@@ -241,7 +234,7 @@ def test_the_picker_takes_the_frontends_session_keys(keys: list[str]) -> None:
     body = load_example("aggregated")
     body["metadata"] = {**body["metadata"], "name": NAME, "namespace": "ns"}
     body["spec"]["router"] = {"sessionKeys": keys}
-    body["spec"]["gateway"] = {"inferencePool": {"enabled": True, "endpointPicker": PICKER}}
+    body["spec"]["gateway"] = {"inferencePool": {"enabled": True}}
     children = build_children(KvRetentionDeployment.from_k8s(body))
     router = _container(children, ROUTER)["command"]
     frontend = _container(children, POOL)["command"]

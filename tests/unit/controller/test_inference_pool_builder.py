@@ -94,7 +94,7 @@ def test_the_pool_selects_the_frontend_pods_on_their_http_port_and_is_owned_by_t
     ]
     assert pool["spec"]["targetPorts"] == [{"number": http["containerPort"]}]
     assert pool["spec"]["appProtocol"] == "http"
-    assert "endpointPickerRef" not in pool["spec"]  # only with endpointPicker (its own tests)
+    assert pool["spec"]["endpointPickerRef"]["name"] == "qwen-router"  # v1 requires one
     (owner,) = pool["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
         "KvRetentionDeployment",

@@ -1,6 +1,6 @@
-"""The router as the InferencePool's endpoint picker (``gateway.inferencePool.endpointPicker``): the
-router's ``ext_proc`` port and flags, and the headless Service whose DNS names the frontend pods it
-picks among.
+"""The router as the InferencePool's endpoint picker (InferencePool v1 requires one, so every pool
+the operator renders names the router): the router's ``ext_proc`` port and flags, and the headless
+Service whose DNS names the frontend pods it picks among.
 
 A Gateway that implements the Inference Extension asks the picker, over Envoy ``ext_proc``, which of
 the pool's pods serves a request, and sends it to that pod's IP. The router resolves
@@ -30,9 +30,8 @@ EXT_PROC_PORT: Final = ExtraPort("ext-proc", ROUTER_EXT_PROC_PORT, "kubernetes.i
 
 
 def picks_endpoints(cr: KvRetentionDeployment) -> bool:
-    """Whether the router is the InferencePool's endpoint picker (CEL: only with the pool on)."""
-    pool = cr.spec.gateway.inference_pool
-    return pool.enabled and pool.endpoint_picker.enabled
+    """Whether the router is the InferencePool's endpoint picker: whenever there is a pool."""
+    return cr.spec.gateway.inference_pool.enabled
 
 
 def build_picker_args(cr: KvRetentionDeployment) -> list[str]:

@@ -3,11 +3,10 @@ Extension), rendered when ``spec.gateway.inferencePool.enabled`` is set.
 
 It selects the frontend pods, not the workers: the frontend is where the provider contract is
 checked, cache controls become ``kv.retain`` hints and API keys and tenant limits apply, so a
-Gateway routing to the workers would bypass all three. With ``endpointPicker`` on, the pool's
-``endpointPickerRef`` names the router Service's ext-proc port, and the router picks the frontend
-pod (:mod:`~kvretention.controller.resources.endpoint_picker`); without it there is no
-``endpointPickerRef`` and the Gateway balances over the frontend pods itself. Either way the router
-keeps placing requests on workers behind the frontends.
+Gateway routing to the workers would bypass all three. The pool's ``endpointPickerRef`` (required
+in v1) names the router Service's ext-proc port: the router picks the frontend pod per session
+(:mod:`~kvretention.controller.resources.endpoint_picker`) and keeps placing requests on workers
+behind the frontends.
 """
 
 from __future__ import annotations
@@ -57,17 +56,16 @@ def build_endpoint_picker_ref(cr: KvRetentionDeployment) -> Manifest:
 
 
 def build_inference_pool(cr: KvRetentionDeployment) -> list[Manifest]:
-    """One InferencePool over the frontend pods' HTTP port, and with the router as its endpoint
-    picker the headless Service the router resolves them by; none unless the spec asks for it."""
-    if not cr.spec.gateway.inference_pool.enabled:
+    """One InferencePool over the frontend pods' HTTP port with the router as its endpoint
+    picker, and the headless Service the router resolves them by; none unless the spec asks."""
+    if not picks_endpoints(cr):
         return []
     spec: Manifest = {
         "selector": {"matchLabels": selector_labels(cr, COMPONENT_FRONTEND)},
         "targetPorts": [{"number": FRONTEND_PORT}],
         "appProtocol": APP_PROTOCOL,
+        "endpointPickerRef": build_endpoint_picker_ref(cr),
     }
-    if picks_endpoints(cr):
-        spec["endpointPickerRef"] = build_endpoint_picker_ref(cr)
     pool = {
         "apiVersion": INFERENCE_POOL_API_VERSION,
         "kind": INFERENCE_POOL_KIND,
