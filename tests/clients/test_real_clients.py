@@ -25,6 +25,7 @@ import pytest
 from support.chat_tokenizer import build_tokenizer
 from support.processes import StartKvretention
 from support.real_clients import (
+    AGENTS_EXAMPLE,
     Client,
     Exchange,
     Fleet,
@@ -35,13 +36,10 @@ from support.real_clients import (
     shape,
 )
 from support.rendered_plane import RenderedPlane, start_rendered_plane
-from support.worker_client import wait_for
+from support.worker_client import STANDIN_ANSWER, wait_for
 
 pytestmark = pytest.mark.clients
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "agents.yaml"
-ANSWER = "Hello from the kvretention stand-in."
 STICKY = "kvretention_router_sticky_placements_total"
 CLAUDE_CODE_TTL = 300
 """Claude Code's ``cache_control`` carries no ``ttl``: Anthropic's default, 5 minutes."""
@@ -77,7 +75,7 @@ class Run:
 
 @pytest.fixture(scope="module")
 def fleet(start: StartKvretention, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    plane = start_rendered_plane(EXAMPLE, start=start, tmp=tmp_path_factory.mktemp("plane"))
+    plane = start_rendered_plane(AGENTS_EXAMPLE, start=start, tmp=tmp_path_factory.mktemp("plane"))
     with Recorder(plane.frontend.base_url) as recorder:
         yield Fleet(plane, recorder)
 
@@ -184,7 +182,7 @@ def claude(
 
 def test_claude_code_finishes_its_task_with_its_defaults(claude: Run) -> None:
     assert claude.result.returncode == 0, claude.failure()
-    assert ANSWER in claude.result.stdout, claude.failure()
+    assert STANDIN_ANSWER in claude.result.stdout, claude.failure()
 
 
 def test_claude_code_gets_no_request_refused(claude: Run) -> None:
@@ -248,7 +246,7 @@ def codex(
 
 def test_codex_finishes_its_task_with_its_defaults(codex: Run) -> None:
     assert codex.result.returncode == 0, codex.failure()
-    assert ANSWER in codex.result.stdout, codex.failure()
+    assert STANDIN_ANSWER in codex.result.stdout, codex.failure()
 
 
 def test_codex_gets_no_request_refused(codex: Run) -> None:

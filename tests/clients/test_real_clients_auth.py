@@ -22,6 +22,7 @@ import yaml
 from kvretention.common.tenancy import cache_salt_for
 from support.processes import StartKvretention
 from support.real_clients import (
+    AGENTS_EXAMPLE,
     Client,
     Exchange,
     Fleet,
@@ -32,13 +33,10 @@ from support.real_clients import (
 )
 from support.rendered_plane import start_rendered_plane
 from support.standin_chain import write_key_files
-from support.worker_client import wait_for
+from support.worker_client import STANDIN_ANSWER, wait_for
 
 pytestmark = pytest.mark.clients
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "agents.yaml"
-ANSWER = "Hello from the kvretention stand-in."
 SECRET = "agent-keys"
 KEYS = {
     "claude-team": "sk-claude-team-5c1e0b7d2a4c68f9",
@@ -49,7 +47,7 @@ KEYS = {
 @pytest.fixture(scope="module")
 def fleet(start: StartKvretention, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     tmp = tmp_path_factory.mktemp("auth-plane")
-    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc = yaml.safe_load(AGENTS_EXAMPLE.read_text())
     doc["spec"].setdefault("frontend", {})["auth"] = {"secretRefs": [{"name": SECRET}]}
     example = tmp / "agents-auth.yaml"
     example.write_text(yaml.safe_dump(doc))
@@ -116,7 +114,7 @@ def test_each_cli_works_with_its_own_key_header_as_its_own_tenant(
     launch = run_claude if name == "claude" else run_codex
     run = _run(fleet, launch, clients[name], KEYS[tenant], tmp_path)
     assert run.result.returncode == 0, run.failure()
-    assert ANSWER in run.result.stdout, run.failure()
+    assert STANDIN_ANSWER in run.result.stdout, run.failure()
     generations = _generations(run.exchanges)
     assert generations and not any(e.refused for e in generations), run.failure()
     for e in generations:

@@ -21,14 +21,20 @@ from typing import Any
 import pytest
 
 from support.processes import StartKvretention
-from support.real_clients import Client, Exchange, Recorder, run_claude, run_codex, run_report
+from support.real_clients import (
+    AGENTS_EXAMPLE,
+    Client,
+    Exchange,
+    Recorder,
+    run_claude,
+    run_codex,
+    run_report,
+)
 from support.rendered_plane import RenderedPlane, start_rendered_plane
 from support.worker_client import wait_for
 
 pytestmark = [pytest.mark.clients, pytest.mark.cpu_engine]
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "agents.yaml"
 GENERATE_PATHS = ("/v1/messages", "/v1/responses")
 SHARED_PREFIX = 1000
 """Tokens a second task surely shares with the first: the CLI's system prompt and tool list."""
@@ -63,7 +69,7 @@ class Task:
 @pytest.fixture(scope="module")
 def fleet(start: StartKvretention, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     tmp = tmp_path_factory.mktemp("cpu-plane")
-    plane = start_rendered_plane(EXAMPLE, start=start, tmp=tmp, engine="cpu")
+    plane = start_rendered_plane(AGENTS_EXAMPLE, start=start, tmp=tmp, engine="cpu")
     with Recorder(plane.frontend.base_url) as recorder:
         yield Fleet(plane, recorder, tmp)
 

@@ -22,7 +22,6 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from email.message import Message
-from pathlib import Path
 from typing import Any, Final
 
 import pytest
@@ -30,13 +29,11 @@ import yaml
 
 from support.claude_gateway import Section, read_protocol, sections
 from support.processes import StartKvretention
-from support.real_clients import Client
+from support.real_clients import AGENTS_EXAMPLE, Client
 from support.rendered_plane import RenderedPlane, start_rendered_plane
 
 pytestmark = pytest.mark.clients
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "agents.yaml"
 SECRET = "agent-keys"
 KEY = "sk-claude-team-5c1e0b7d2a4c68f9"
 THROTTLED_KEY = "sk-throttled-0b7d2a4c68f95c1e"
@@ -105,7 +102,7 @@ def plane(
     start: StartKvretention, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RenderedPlane]:
     tmp = tmp_path_factory.mktemp("protocol-plane")
-    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc = yaml.safe_load(AGENTS_EXAMPLE.read_text())
     doc["spec"].setdefault("frontend", {})["auth"] = {
         "secretRefs": [{"name": SECRET}],
         "tenants": [{"name": "throttled", "requestsPerSecond": 0.001, "burst": 1}],

@@ -26,6 +26,8 @@ from support.rendered_plane import RenderedPlane
 from support.threaded_app import ThreadedApp
 
 ROOT: Final = Path(__file__).resolve().parents[2]
+AGENTS_EXAMPLE: Final = ROOT / "examples" / "agents.yaml"
+"""The fleet the clients tier renders and runs the CLIs against."""
 INSTALL: Final = ROOT / "scripts" / "install-clients.sh"
 RUN_TIMEOUT_S: Final = 180.0
 HOP_HEADERS: Final = frozenset(

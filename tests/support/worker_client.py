@@ -11,6 +11,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 HINT = {"retain_full_prompt": {"ttl_seconds": 1800}}
+STANDIN_ANSWER = "Hello from the kvretention stand-in."
+"""What the engine stand-in answers a request with no marker."""
 
 
 def post(
