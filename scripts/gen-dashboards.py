@@ -473,6 +473,26 @@ def routing() -> dict[str, Any]:
                 unit="reqps",
             ),
             Panel(
+                "Endpoint picker: picks, served reports, ready frontends",
+                "The router as the InferencePool's endpoint picker (gateway.inferencePool): the "
+                "Gateway's ext_proc answers by outcome (unavailable: 503, no frontend ready), "
+                "what the Gateway reported served, and the frontends it may pick.",
+                (
+                    Target(
+                        rate("kvretention_router_endpoint_picks_total", by="outcome"),
+                        "pick {{outcome}}",
+                    ),
+                    Target(
+                        rate("kvretention_router_endpoint_served_total", by="endpoint"),
+                        "served {{endpoint}}",
+                    ),
+                    Target(
+                        gauge("kvretention_router_ready_endpoints", by=FLEET, agg="min"),
+                        "ready frontends {{fleet}}",
+                    ),
+                ),
+            ),
+            Panel(
                 "Healthy workers by pool",
                 "Workers in rotation (KvRetentionNoReadyWorkers fires at 0).",
                 (Target(gauge("kvretention_router_healthy_workers", by="role"), "{{role}}"),),

@@ -43,6 +43,10 @@ NOTHING_TO_SHOW = {
     ("kvretention-routing.json", "Failing workers kept in rotation"): "no worker fails",
     ("kvretention-routing.json", "Hop refusals (unsigned or forged tenant)"): "every hop is signed",
     ("kvretention-retention.json", "Workers by radix-tree core"): "stand-in engines have no tree",
+    (
+        "kvretention-routing.json",
+        "Endpoint picker: picks, served reports, ready frontends",
+    ): "no Gateway asks the router: the plane's fleet has no InferencePool",
 }
 VARIABLES = {"$__rate_interval": "1m", "$fleet_namespace": NS, "$fleet": FLEET}
 
