@@ -15,15 +15,34 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import time
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from kubernetes import client
+from pods_fixtures import (
+    CHART,
+    FLEET_NS,
+    READY_S,
+    RELEASE_NS,
+    build_fleet,
+    condition,
+    fleet_service,
+    get_json,
+    kubectl,
+    service_routes,
+    wait_service_routes,
+    why_not_ready,
+)
 
 from kvretention_devtools.localcluster import ClusterError, down, up
 from kvretention_devtools.localcluster.binaries import resolve_bin_dir
-from support.controlplane import Cluster
+from support.controlplane import Cluster, wait_until
+from support.inference_pool_crd import CRD_NAME, inference_pool_crd
 from support.kube_fixtures import api_client_for, serving
 
 TIER_ENV = "KVR_PODS_TIER"
@@ -86,3 +105,71 @@ def images_listing() -> Path:
 def images(images_listing: Path) -> dict[str, str]:
     """Short name (pause, operator, runtime, worker) -> the image reference containerd has."""
     return {name: v["ref"] for name, v in json.loads(images_listing.read_text()).items()}
+
+
+@pytest.fixture(scope="package")
+def fleet(node_cluster: Cluster, images: dict[str, str]) -> Iterator[str]:
+    """The chart's operator (a pod) and the example fleet it reconciled, with the InferencePool
+    CRD installed first (as a Gateway stack would) and the router as the pool's endpoint picker;
+    one fleet for every module of the tier. Yields the fleet name."""
+    cluster = node_cluster
+    kubectl(cluster, "apply", "-f", "-", stdin=json.dumps(inference_pool_crd()))
+    kubectl(cluster, "wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    kubectl(cluster, "create", "namespace", FLEET_NS)
+    repo, _, tag = images["operator"].rpartition(":")
+    cluster_bin = cluster.bin_dir
+    helm = [
+        str(cluster_bin / "helm"),
+        f"--kubeconfig={cluster.kubeconfig}",
+        "install",
+        "kvretention",
+        str(CHART),
+        f"--namespace={RELEASE_NS}",
+        "--create-namespace",
+        f"--set=image.repository={repo}",
+        f"--set=image.tag={tag}",
+        "--set=image.pullPolicy=Never",
+        f"--set=watch.namespaces={{{FLEET_NS}}}",
+        "--wait",
+        "--timeout=3m",
+    ]
+    done = subprocess.run(helm, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = build_fleet(images)
+    kubectl(cluster, "-n", FLEET_NS, "apply", "--server-side", "-f", "-", stdin=yaml.safe_dump(doc))
+    name = doc["metadata"]["name"]
+    try:
+        wait_until(
+            f"{FLEET_NS}/{name} Ready",
+            lambda: (
+                condition(get_json(cluster, "kvrd", "-n", FLEET_NS, name), "Ready").get("status")
+                == "True"
+            ),
+            timeout_s=READY_S,
+        )
+    except BaseException:
+        print(why_not_ready(cluster, name), file=sys.stderr)
+        raise
+    # Ready counts the Deployments' ready pods; the frontend Service carries a request only once
+    # its EndpointSlice lists the ready pod and kube-proxy has programmed that endpoint.
+    frontend = fleet_service(cluster, name, "frontend")
+    ready_at, routed_at_ready = time.monotonic(), service_routes(cluster, frontend)
+    wait_service_routes(cluster, frontend)
+    print(
+        f"frontend Service: routed at Ready: {routed_at_ready}; "
+        f"routing {time.monotonic() - ready_at:.1f}s after Ready",
+        file=sys.stderr,
+    )
+    yield name
+
+
+@pytest.fixture(autouse=True)
+def dump_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
+    """When a test that uses the fleet fails, what the fleet looked like right then (conditions,
+    pods, warning events such as failed probes, logs of pods not ready) goes with its report."""
+    yield
+    report = getattr(request.node, "report_call", None)
+    args = getattr(request.node, "funcargs", {})
+    if report is None or not report.failed or "fleet" not in args:
+        return
+    print(why_not_ready(args["node_cluster"], args["fleet"]), file=sys.stderr)

@@ -1,8 +1,8 @@
 """Every pod a real process: the chart's operator, examples/cpu-tiny.yaml's fleet, the probe
 init container, and agent requests through the frontend Service to a worker pod.
 
-One fleet for the module (the node starts once, pods take seconds each, the engines a minute or
-so): the chart installs the operator from the image built here, the operator reconciles the example
+One fleet for the tier (``conftest.fleet``: the node starts once, pods take seconds each, the
+engines a minute or so): the chart installs the operator from the image built here, the operator reconciles the example
 with the images built here (the CPU worker image: SGLang's real engine on CPU serving the
 project's tiny model, no GPU on this machine), and the tests read what the real pods did:
 container ids from containerd, the probe's termination message, SGLang's own ``cached_tokens``,
@@ -16,238 +16,38 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+from pods_fixtures import (
+    FLEET_NS,
+    READY_S,
+    RELEASE_NS,
+    REQUEST_S,
+    cached_tokens,
+    condition,
+    fleet_pods,
+    fleet_service,
+    frontend_url,
+    get_json,
+    kubectl,
+    post,
+    traced,
+    wait_service_routes,
+    worker_env,
+    worker_pods,
+)
 
 from kvretention.controller.kvstore_metrics import parse_master_metrics
 from kvretention.replay.sessions import claude_code_session, codex_session
 from support.controlplane import Cluster, wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "kvretention"
-EXAMPLE = ROOT / "examples" / "cpu-tiny.yaml"
-RELEASE_NS = "kvr-system"
-FLEET_NS = "fleet"
-TRACE = "/tmp/kvr-request-trace.jsonl"
-"""The worker's request trace in its pod (``KVR_REQUEST_TRACE``): one line per request, with the
-``kv_hints`` it passed SGLang."""
-READY_S = 600.0
-"""Two SGLang CPU engines (and their probes, which import torch and SGLang) start at once on two
-cores: a minute or two quiet, more on a loaded machine."""
-REQUEST_S = 180.0
-"""An agent's prompt (thousands of tokens) prefilled on CPU while the other engine may be busy."""
-WORKER_ENV = [{"name": "KVR_REQUEST_TRACE", "value": TRACE}]
 CGROUP_PIDS = Path("/sys/fs/cgroup/pids")
-
-
-def kubectl(cluster: Cluster, *args: str, stdin: str | None = None) -> str:
-    return cluster.kubectl(*args, stdin=stdin, timeout_s=120).stdout
-
-
-def get_json(cluster: Cluster, *args: str) -> dict[str, Any]:
-    out: dict[str, Any] = json.loads(kubectl(cluster, "get", *args, "-o", "json"))
-    return out
-
-
-def condition(obj: dict[str, Any], ctype: str) -> dict[str, Any]:
-    for cond in obj.get("status", {}).get("conditions") or []:
-        if cond["type"] == ctype:
-            return dict(cond)
-    return {}
-
-
-def fleet_pods(cluster: Cluster, name: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = get_json(
-        cluster, "pods", "-n", FLEET_NS, "-l", f"app.kubernetes.io/instance={name}"
-    )["items"]
-    return items
-
-
-def why_not_ready(cluster: Cluster, fleet: str) -> str:
-    """What a fleet that did not become Ready shows: its conditions, each pod's phase and waiting
-    reasons, and the last lines of every container of a pod that is not ready (and the operator's)."""
-    lines = ["--- fleet conditions:"]
-    try:
-        status = get_json(cluster, "kvrd", "-n", FLEET_NS, fleet).get("status") or {}
-        lines += [
-            f"{c.get('type')}={c.get('status')} {c.get('reason')}: {c.get('message')}"
-            for c in status.get("conditions") or []
-        ]
-        pods = get_json(cluster, "pods", "-A")["items"]
-    except Exception as exc:  # the dump must not hide the failure it explains
-        return "\n".join([*lines, f"(could not read: {exc!r})"])
-    try:
-        events = get_json(cluster, "events", "-A", "--field-selector=type=Warning")["items"]
-    except Exception as exc:  # the dump must not hide the failure it explains
-        events, lines = [], [*lines, f"(could not read events: {exc!r})"]
-    lines.append("--- warning events:")
-    lines += [
-        f"  {e['metadata']['namespace']}/{e['involvedObject'].get('name')} x{e.get('count', 1)} "
-        f"{e.get('lastTimestamp') or e.get('eventTime')} {e.get('reason')}: {e.get('message')}"
-        for e in events[-40:]
-    ]
-    for pod in pods:
-        meta, pst = pod["metadata"], pod.get("status") or {}
-        states = pst.get("initContainerStatuses", []) + pst.get("containerStatuses", [])
-        ready = all(c.get("ready") for c in pst.get("containerStatuses", []))
-        lines.append(f"--- pod {meta['namespace']}/{meta['name']} {pst.get('phase')} ready={ready}")
-        lines += [f"  {c['name']}: {json.dumps(c.get('state'))[:400]}" for c in states]
-        if ready and "operator" not in meta["name"]:
-            continue
-        for c in states:
-            done = subprocess.run(
-                [
-                    str(cluster.bin_dir / "kubectl"),
-                    f"--kubeconfig={cluster.kubeconfig}",
-                    "logs",
-                    "-n",
-                    meta["namespace"],
-                    meta["name"],
-                    "-c",
-                    c["name"],
-                    "--tail=25",
-                ],
-                capture_output=True,
-                text=True,
-                timeout=30,
-                check=False,
-            )
-            lines.append(f"  logs {c['name']}:\n{done.stdout[-3000:]}{done.stderr[-500:]}")
-    return "\n".join(lines)
-
-
-@pytest.fixture(autouse=True)
-def dump_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
-    """When a test that uses the fleet fails, what the fleet looked like right then (conditions,
-    pods, warning events such as failed probes, logs of pods not ready) goes with its report."""
-    yield
-    report = getattr(request.node, "report_call", None)
-    args = getattr(request.node, "funcargs", {})
-    if report is None or not report.failed or "fleet" not in args:
-        return
-    print(why_not_ready(args["node_cluster"], args["fleet"]), file=sys.stderr)
-
-
-def fleet_service(cluster: Cluster, fleet: str, component: str) -> dict[str, Any]:
-    services = get_json(cluster, "svc", "-n", FLEET_NS, "-l", f"app.kubernetes.io/instance={fleet}")
-    (svc,) = [
-        s
-        for s in services["items"]
-        if s["metadata"]["labels"].get("app.kubernetes.io/component") == component
-    ]
-    return svc
-
-
-def service_routes(cluster: Cluster, svc: dict[str, Any]) -> list[str]:
-    """The endpoints (``ip:port``) a Service's first port routes to on the node: each listed
-    ready in its EndpointSlices *and* programmed by kube-proxy (its iptables rule for the Service,
-    ``<ns>/<svc>:<port> -> <ip>:<port>``). Empty while either lags the pods' readiness."""
-    name, ns = svc["metadata"]["name"], svc["metadata"]["namespace"]
-    port_name = svc["spec"]["ports"][0].get("name", "")
-    slices = get_json(
-        cluster, "endpointslices", "-n", ns, "-l", f"kubernetes.io/service-name={name}"
-    )
-    ready = []
-    for piece in slices["items"]:
-        ports = [p["port"] for p in piece.get("ports") or [] if p.get("name", "") == port_name]
-        for endpoint in piece.get("endpoints") or []:
-            if endpoint.get("conditions", {}).get("ready"):
-                ready += [f"{endpoint['addresses'][0]}:{port}" for port in ports]
-    nat = subprocess.run(
-        ["iptables-save", "-t", "nat"], capture_output=True, text=True, timeout=30, check=True
-    ).stdout
-    comment = f"{ns}/{name}:{port_name}" if port_name else f"{ns}/{name}"
-    return [e for e in ready if f'"{comment} -> {e}"' in nat]
-
-
-def wait_service_routes(cluster: Cluster, svc: dict[str, Any]) -> list[str]:
-    routes: list[str] = wait_until(
-        f"Service {svc['metadata']['name']} routing to a ready pod (EndpointSlice + kube-proxy)",
-        lambda: service_routes(cluster, svc),
-        timeout_s=60,
-    )
-    return routes
-
-
-def worker_env() -> list[dict[str, str]]:
-    """The example's worker env (one OpenMP thread per engine) and the request trace."""
-    doc: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
-    return [*doc["spec"]["workers"].get("pod", {}).get("env", []), *WORKER_ENV]
-
-
-def build_fleet(images: dict[str, str]) -> dict[str, Any]:
-    """examples/cpu-tiny.yaml with the images built here; the workers keep a request trace."""
-    doc: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
-    spec = doc["spec"]
-    spec.setdefault("frontend", {})["image"] = images["runtime"]
-    spec.setdefault("router", {})["image"] = images["runtime"]
-    workers = spec["workers"]
-    workers["image"] = images["worker"]
-    workers.setdefault("pod", {})["env"] = worker_env()
-    kv = spec.setdefault("kvStore", {}).setdefault("mooncake", {})
-    kv.setdefault("master", {})["image"] = images["worker"]
-    return doc
-
-
-@pytest.fixture(scope="module")
-def fleet(node_cluster: Cluster, images: dict[str, str]) -> Iterator[str]:
-    """The chart's operator (a pod) and the example fleet it reconciled; yields the fleet name."""
-    cluster = node_cluster
-    kubectl(cluster, "create", "namespace", FLEET_NS)
-    repo, _, tag = images["operator"].rpartition(":")
-    cluster_bin = cluster.bin_dir
-    helm = [
-        str(cluster_bin / "helm"),
-        f"--kubeconfig={cluster.kubeconfig}",
-        "install",
-        "kvretention",
-        str(CHART),
-        f"--namespace={RELEASE_NS}",
-        "--create-namespace",
-        f"--set=image.repository={repo}",
-        f"--set=image.tag={tag}",
-        "--set=image.pullPolicy=Never",
-        f"--set=watch.namespaces={{{FLEET_NS}}}",
-        "--wait",
-        "--timeout=3m",
-    ]
-    done = subprocess.run(helm, capture_output=True, text=True, timeout=240, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
-    doc = build_fleet(images)
-    kubectl(cluster, "-n", FLEET_NS, "apply", "--server-side", "-f", "-", stdin=yaml.safe_dump(doc))
-    name = doc["metadata"]["name"]
-    try:
-        wait_until(
-            f"{FLEET_NS}/{name} Ready",
-            lambda: (
-                condition(get_json(cluster, "kvrd", "-n", FLEET_NS, name), "Ready").get("status")
-                == "True"
-            ),
-            timeout_s=READY_S,
-        )
-    except BaseException:
-        print(why_not_ready(cluster, name), file=sys.stderr)
-        raise
-    # Ready counts the Deployments' ready pods; the frontend Service carries a request only once
-    # its EndpointSlice lists the ready pod and kube-proxy has programmed that endpoint.
-    frontend = fleet_service(cluster, name, "frontend")
-    ready_at, routed_at_ready = time.monotonic(), service_routes(cluster, frontend)
-    wait_service_routes(cluster, frontend)
-    print(
-        f"frontend Service: routed at Ready: {routed_at_ready}; "
-        f"routing {time.monotonic() - ready_at:.1f}s after Ready",
-        file=sys.stderr,
-    )
-    yield name
 
 
 def test_chart_runs_the_operator_as_a_real_pod(node_cluster: Cluster, fleet: str) -> None:
@@ -302,7 +102,7 @@ def test_probe_init_container_report_reaches_kv_hints_supported(
 def test_worker_pods_serve_sglangs_real_engine_on_cpu(node_cluster: Cluster, fleet: str) -> None:
     """Each worker pod embeds SGLang's real engine on CPU (the worker chose it: no GPU), serving
     the image's tiny model; the HiCache flags it could not start with are named."""
-    for pod in _worker_pods(node_cluster, fleet):
+    for pod in worker_pods(node_cluster, fleet):
         url = f"http://{pod['status']['podIP']}:8002/v1/info"
         with urllib.request.urlopen(url, timeout=10) as resp:
             info = json.load(resp)
@@ -312,45 +112,6 @@ def test_worker_pods_serve_sglangs_real_engine_on_cpu(node_cluster: Cluster, fle
         assert "--enable-hierarchical-cache" in info["left_out"]["flags"], info
 
 
-def _frontend_url(cluster: Cluster, fleet: str) -> str:
-    svc = fleet_service(cluster, fleet, "frontend")
-    port = svc["spec"]["ports"][0]["port"]
-    return f"http://{svc['spec']['clusterIP']}:{port}"
-
-
-def _post(url: str, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
-    data = json.dumps({**body, "stream": False}).encode()
-    req = urllib.request.Request(
-        url, data=data, headers={**headers, "content-type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=REQUEST_S) as resp:
-        answer: dict[str, Any] = json.loads(resp.read())
-    return answer
-
-
-def _traced(cluster: Cluster, fleet: str) -> dict[str, dict[str, Any]]:
-    """request id -> the worker's trace record, from every worker pod's request trace."""
-    records: dict[str, dict[str, Any]] = {}
-    for pod in _worker_pods(cluster, fleet):
-        done = cluster.kubectl(
-            "-n", FLEET_NS, "exec", pod["metadata"]["name"], "-c", "worker", "--", "cat", TRACE,
-            check=False,
-        )  # fmt: skip
-        for line in done.stdout.splitlines():
-            record = json.loads(line)
-            if record.get("component") == "worker":
-                records[record["request_id"]] = record
-    return records
-
-
-def _cached_tokens(agent: str, answer: dict[str, Any]) -> int:
-    """SGLang's ``cached_tokens`` as the provider's usage carries it."""
-    usage = answer["usage"]
-    if agent == "claude-code":
-        return int(usage.get("cache_read_input_tokens") or 0)
-    return int((usage.get("input_tokens_details") or {}).get("cached_tokens") or 0)
-
-
 @pytest.mark.parametrize("agent", ["claude-code", "codex"])
 def test_agent_request_through_the_frontend_service_reaches_a_worker_pod(
     node_cluster: Cluster, fleet: str, agent: str
@@ -358,14 +119,12 @@ def test_agent_request_through_the_frontend_service_reaches_a_worker_pod(
     """Two turns of one agent conversation through the Service get SGLang's answers; the second
     reads its prefix from SGLang's radix cache (the session pins it to the same worker pod), and
     the worker's own trace shows what it passed SGLang."""
-    frontend = _frontend_url(node_cluster, fleet)
+    frontend = frontend_url(node_cluster, fleet)
     answers = []
     if agent == "claude-code":
         *_, first, second = claude_code_session(turns=2)
         for headers, body in (first, second):
-            answer = _post(
-                frontend + "/v1/messages", {**body, "model": "claude-haiku-4-5"}, headers
-            )
+            answer = post(frontend + "/v1/messages", {**body, "model": "claude-haiku-4-5"}, headers)
             # The tiny model may end its answer at once (its end-of-turn token is likely): no
             # text is an answer too.
             assert answer["type"] == "message", answer
@@ -374,16 +133,16 @@ def test_agent_request_through_the_frontend_service_reaches_a_worker_pod(
     else:
         *_, first, second = codex_session(turns=2)
         for headers, body in (first, second):
-            answer = _post(frontend + "/v1/responses", {**body, "model": "gpt-5-codex"}, headers)
+            answer = post(frontend + "/v1/responses", {**body, "model": "gpt-5-codex"}, headers)
             assert answer["status"] in ("completed", "incomplete"), answer
             answers.append(answer)
-    cached = [_cached_tokens(agent, a) for a in answers]
+    cached = [cached_tokens(agent, a) for a in answers]
     # The second turn repeats the first's system prompt, tools and history: SGLang serves that
     # prefix from its radix cache and says so.
     assert cached[1] > 0, cached
     assert cached[1] > cached[0], cached
     rid = answers[1]["id"].partition("_")[2]
-    records = wait_until(f"the worker's trace of {rid}", lambda: _traced(node_cluster, fleet))
+    records = wait_until(f"the worker's trace of {rid}", lambda: traced(node_cluster, fleet))
     assert rid in records, sorted(records)
     record = records[rid]
     assert record["outcome"] == "ok", record
@@ -406,8 +165,8 @@ WEATHER = {
 def test_a_forced_tool_call_comes_back_parsed_by_sglang(node_cluster: Cluster, fleet: str) -> None:
     """A forced ``tool_choice``: SGLang constrains the tiny model to the tool's schema and its
     qwen25 parser (in the worker pod) turns the output into the provider's tool call object."""
-    frontend = _frontend_url(node_cluster, fleet)
-    message = _post(
+    frontend = frontend_url(node_cluster, fleet)
+    message = post(
         frontend + "/v1/messages",
         {
             "model": "claude-haiku-4-5",
@@ -423,7 +182,7 @@ def test_a_forced_tool_call_comes_back_parsed_by_sglang(node_cluster: Cluster, f
     assert uses[0]["id"].startswith("toolu_"), uses
     # The constrained arguments of a random model can run past max_tokens: the call is still parsed.
     assert message["stop_reason"] in ("tool_use", "max_tokens"), message
-    response = _post(
+    response = post(
         frontend + "/v1/responses",
         {
             "model": "gpt-5-codex",
@@ -504,7 +263,7 @@ def test_worker_pods_round_trip_an_object_through_the_mooncake_master_pod(
     master_svc = fleet_service(node_cluster, fleet, "mooncake-master")
     wait_service_routes(node_cluster, master_svc)
     (master,) = [p for p in fleet_pods(node_cluster, fleet) if "mooncake" in p["metadata"]["name"]]
-    writer, reader, *_ = _worker_pods(node_cluster, fleet)
+    writer, reader, *_ = worker_pods(node_cluster, fleet)
     key = f"kvr-pods-tier/{writer['metadata']['name']}"
     before = _master_metrics(master)
     exec_store = [
@@ -580,10 +339,6 @@ def test_worker_pods_round_trip_an_object_through_the_mooncake_master_pod(
             put.kill()
             put.wait()
     assert put.returncode == 0, put_log.read_text()[-3000:]
-
-
-def _worker_pods(cluster: Cluster, fleet: str) -> list[dict[str, Any]]:
-    return [p for p in fleet_pods(cluster, fleet) if p["spec"].get("initContainers")]
 
 
 def _inflight(pod: dict[str, Any]) -> float:
@@ -668,7 +423,7 @@ def _claude_code_error(url: str) -> str | None:
     body["model"] = "claude-haiku-4-5"
     for attempt in range(CONNECT_TRIES):
         try:
-            answer = _post(url + "/v1/messages", body, headers)
+            answer = post(url + "/v1/messages", body, headers)
         except urllib.error.HTTPError as err:
             return f"{err.code}: {err.read()[:300]!r}"
         except OSError as err:
@@ -695,13 +450,13 @@ def _fleet_ready(cluster: Cluster, fleet: str) -> bool:
 def test_worker_killed_mid_stream_gives_a_clean_error_and_the_fleet_recovers(
     node_cluster: Cluster, fleet: str
 ) -> None:
-    frontend = _frontend_url(node_cluster, fleet)
+    frontend = frontend_url(node_cluster, fleet)
     events: list[str] = []
     done = threading.Event()
     threading.Thread(target=_stream_long_answer, args=(frontend, events, done), daemon=True).start()
     serving = wait_until(
         "a worker pod with the stream in flight",
-        lambda: [p for p in _worker_pods(node_cluster, fleet) if _inflight(p) >= 1],
+        lambda: [p for p in worker_pods(node_cluster, fleet) if _inflight(p) >= 1],
         timeout_s=60,
     )
     wait_until(
@@ -736,8 +491,8 @@ def test_worker_killed_mid_stream_gives_a_clean_error_and_the_fleet_recovers(
 def test_rolling_update_drains_workers_without_a_failed_request(
     node_cluster: Cluster, fleet: str
 ) -> None:
-    frontend = _frontend_url(node_cluster, fleet)
-    before = {p["metadata"]["name"] for p in _worker_pods(node_cluster, fleet)}
+    frontend = frontend_url(node_cluster, fleet)
+    before = {p["metadata"]["name"] for p in worker_pods(node_cluster, fleet)}
     patch = {
         "spec": {
             "workers": {
@@ -765,7 +520,7 @@ def test_rolling_update_drains_workers_without_a_failed_request(
 
     def rolled() -> bool:
         results.append(_claude_code_error(frontend))
-        now = {p["metadata"]["name"] for p in _worker_pods(node_cluster, fleet)}
+        now = {p["metadata"]["name"] for p in worker_pods(node_cluster, fleet)}
         return not (now & before) and _fleet_ready(node_cluster, fleet)
 
     # Each new worker pod starts its engine (a minute or two on CPU) before an old one drains.

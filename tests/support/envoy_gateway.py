@@ -4,7 +4,10 @@ the endpoint picker, and an ``ORIGINAL_DST`` cluster sends the request where it 
 
 Two listeners: ``header`` (request body BUFFERED; the destination read from the
 ``x-gateway-destination-endpoint`` header) and ``metadata`` (FULL_DUPLEX_STREAMED, the upstream
-EPP's mode; the destination read from the ``envoy.lb`` dynamic metadata).
+EPP's mode; the destination read from the ``envoy.lb`` dynamic metadata). Each writes an access log
+line (JSON) per request: the listener, the upstream host Envoy connected to, the picked endpoint
+as header and as metadata, the status, and the client's ``x-test-id`` header (:data:`TEST_ID`)
+to find a request by.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from typing import Any
 from kvretention.ports import free_ports
 
 DESTINATION = "x-gateway-destination-endpoint"
+TEST_ID = "x-test-id"
+"""A request header the access log records, so a test can find its request's line."""
 
 
 def envoy_binary() -> Path:
@@ -31,7 +36,34 @@ def envoy_binary() -> Path:
     return path
 
 
-def _listener(name: str, port: int, *, body_mode: str, cluster: str) -> dict[str, Any]:
+def _access_log(name: str, path: str) -> dict[str, Any]:
+    fields = {
+        "listener": name,
+        "test_id": f"%REQ({TEST_ID.upper()})%",
+        "upstream_host": "%UPSTREAM_HOST%",
+        "picked_header": f"%REQ({DESTINATION.upper()})%",
+        "picked_metadata": f"%DYNAMIC_METADATA(envoy.lb:{DESTINATION})%",
+        "status": "%RESPONSE_CODE%",
+    }
+    return {
+        "name": "envoy.access_loggers.file",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+            "path": path,
+            "log_format": {"json_format": fields},
+        },
+    }
+
+
+def _listener(
+    name: str,
+    port: int,
+    *,
+    body_mode: str,
+    cluster: str,
+    access_log: str | None = None,
+    route_timeout_s: float = 60.0,
+) -> dict[str, Any]:
     ext_proc = {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
         "grpc_service": {"envoy_grpc": {"cluster_name": "picker"}, "timeout": "10s"},
@@ -57,11 +89,15 @@ def _listener(name: str, port: int, *, body_mode: str, cluster: str) -> dict[str
                     "name": "all",
                     "domains": ["*"],
                     "routes": [
-                        {"match": {"prefix": "/"}, "route": {"cluster": cluster, "timeout": "60s"}}
+                        {
+                            "match": {"prefix": "/"},
+                            "route": {"cluster": cluster, "timeout": f"{route_timeout_s:g}s"},
+                        }
                     ],
                 }
             ]
         },
+        "access_log": [_access_log(name, access_log)] if access_log else [],
         "http_filters": [
             {"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc},
             {
@@ -95,8 +131,17 @@ def _original_dst(name: str, lb: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def build_config(*, picker: str, header_port: int, metadata_port: int, admin_port: int) -> Any:
-    """Envoy's bootstrap: the two listeners, the picker's HTTP/2 cluster, two ORIGINAL_DST ones."""
+def build_config(
+    *,
+    picker: str,
+    header_port: int,
+    metadata_port: int,
+    admin_port: int,
+    access_log: str | None = None,
+    route_timeout_s: float = 60.0,
+) -> Any:
+    """Envoy's bootstrap: the two listeners (logging each request to ``access_log`` when given;
+    ``route_timeout_s`` for a whole answer), the picker's HTTP/2 cluster, two ORIGINAL_DST ones."""
     host, _, port = picker.rpartition(":")
     http2 = {
         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
@@ -111,12 +156,21 @@ def build_config(*, picker: str, header_port: int, metadata_port: int, admin_por
         },
         "static_resources": {
             "listeners": [
-                _listener("header", header_port, body_mode="BUFFERED", cluster="by_header"),
+                _listener(
+                    "header",
+                    header_port,
+                    body_mode="BUFFERED",
+                    cluster="by_header",
+                    access_log=access_log,
+                    route_timeout_s=route_timeout_s,
+                ),
                 _listener(
                     "metadata",
                     metadata_port,
                     body_mode="FULL_DUPLEX_STREAMED",
                     cluster="by_metadata",
+                    access_log=access_log,
+                    route_timeout_s=route_timeout_s,
                 ),
             ],
             "clusters": [
@@ -149,9 +203,17 @@ class EnvoyGateway:
     metadata_url: str
     admin_url: str
     log_path: Path
+    access_log_path: Path | None = None
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def access(self) -> list[dict[str, Any]]:
+        """The access log's lines so far (Envoy flushes it about once a second)."""
+        if self.access_log_path is None or not self.access_log_path.exists():
+            return []
+        text = self.access_log_path.read_text(errors="replace")
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -163,11 +225,21 @@ class EnvoyGateway:
                 self.proc.wait(timeout=10)
 
 
-def start_envoy(picker: str, directory: Path, *, timeout: float = 30.0) -> EnvoyGateway:
-    """Start Envoy in front of the picker at ``picker`` (``ip:port``); wait for its ``/ready``."""
+def start_envoy(
+    picker: str, directory: Path, *, timeout: float = 30.0, route_timeout_s: float = 60.0
+) -> EnvoyGateway:
+    """Start Envoy in front of the picker at ``picker`` (``ip:port``); wait for its ``/ready``.
+    ``route_timeout_s``: how long Envoy waits for a whole answer (a real engine on CPU may take
+    minutes to prefill an agent's prompt)."""
     header_port, metadata_port, admin_port = free_ports(3)
+    access_log = directory / "access.jsonl"
     config = build_config(
-        picker=picker, header_port=header_port, metadata_port=metadata_port, admin_port=admin_port
+        picker=picker,
+        header_port=header_port,
+        metadata_port=metadata_port,
+        admin_port=admin_port,
+        access_log=str(access_log),
+        route_timeout_s=route_timeout_s,
     )
     path = directory / "envoy.json"
     path.write_text(json.dumps(config))
@@ -184,6 +256,7 @@ def start_envoy(picker: str, directory: Path, *, timeout: float = 30.0) -> Envoy
         f"http://127.0.0.1:{metadata_port}",
         f"http://127.0.0.1:{admin_port}",
         log_path,
+        access_log,
     )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
