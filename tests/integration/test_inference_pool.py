@@ -23,48 +23,13 @@ from operator_fixtures import GOOD_REPORT, Fleets, Operator, fleets_fixture, loa
 from operator_fixtures import operator_fixture as _operator_fixture
 
 from support.controlplane import ApplyCrd, wait_until
-from support.crd_bodies import crd_body
+from support.inference_pool_crd import CRD_NAME, GROUP, inference_pool_crd
 from support.kube_reads import exists, read_or_none
 
 pytestmark = pytest.mark.integration
 
-GROUP = "inference.networking.k8s.io"
-CRD_NAME = f"inferencepools.{GROUP}"
 CONDITION = "InferencePoolAccepted"
-
-_STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
-_PRESERVED = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-CRD = crd_body(
-    GROUP,
-    {
-        "kind": "InferencePool",
-        "listKind": "InferencePoolList",
-        "plural": "inferencepools",
-        "singular": "inferencepool",
-    },
-    # A *.k8s.io group: the API server wants this annotation on any CRD of it.
-    annotations={"api-approved.kubernetes.io": "unapproved, kvretention's own test CRD"},
-    spec={
-        "type": "object",
-        "required": ["selector", "targetPorts"],
-        "properties": {
-            "selector": {"type": "object", "properties": {"matchLabels": _STRING_MAP}},
-            "targetPorts": {
-                "type": "array",
-                "minItems": 1,
-                "maxItems": 8,
-                "items": {
-                    "type": "object",
-                    "required": ["number"],
-                    "properties": {"number": {"type": "integer", "minimum": 1, "maximum": 65535}},
-                },
-            },
-            "appProtocol": {"type": "string", "enum": ["http", "kubernetes.io/h2c"]},
-            "endpointPickerRef": _PRESERVED,
-        },
-    },
-    status={"type": "object", "properties": {"parents": {"type": "array", "items": _PRESERVED}}},
-)
+CRD = inference_pool_crd()
 
 
 def _delete_crd(k8s: client.ApiClient) -> None:

@@ -3,7 +3,8 @@ v1), as a cluster's Gateway stack installs it, for the tiers that run a real API
 
 It is a small structural CRD written here, not the extension's own manifest: the fields the
 operator sets (``selector``, ``targetPorts``, ``appProtocol``, ``endpointPickerRef`` with its
-``port`` and ``failureMode``), typed as the v1 API documents them, and a status subresource whose
+``port`` and ``failureMode``), typed and required as the v1 API documents them (a pool without a
+picker is refused, as a real Gateway stack's CRD refuses it), and a status subresource whose
 ``parents`` a Gateway writes.
 """
 
@@ -48,7 +49,7 @@ def inference_pool_crd() -> dict[str, Any]:
         annotations={"api-approved.kubernetes.io": "unapproved, kvretention's own test CRD"},
         spec={
             "type": "object",
-            "required": ["selector", "targetPorts"],
+            "required": ["selector", "targetPorts", "endpointPickerRef"],  # as v1 requires
             "properties": {
                 "selector": {"type": "object", "properties": {"matchLabels": _STRING_MAP}},
                 "targetPorts": {
