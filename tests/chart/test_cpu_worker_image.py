@@ -88,7 +88,7 @@ def test_the_demo_fleet_serves_the_image_tiny_model() -> None:
     assert spec["workers"]["gpuResource"] == ""
     demo = (ROOT / "scripts" / "demo.sh").read_text()
     assert 'example="${KVR_DEMO_EXAMPLE:-examples/cpu-tiny.yaml}"' in demo
-    pods = (ROOT / "tests" / "pods" / "test_real_pods.py").read_text()
+    pods = (ROOT / "tests" / "pods" / "pods_fixtures.py").read_text()
     assert 'EXAMPLE = ROOT / "examples" / "cpu-tiny.yaml"' in pods
 
 
