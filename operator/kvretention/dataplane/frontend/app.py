@@ -55,7 +55,7 @@ from kvretention.dataplane.frontend.metrics import FrontendMetrics
 from kvretention.dataplane.frontend.prepare import build_preprocessed, hint_policy, router_headers
 from kvretention.dataplane.frontend.resume import Resumer
 from kvretention.dataplane.frontend.tokenizer import ChatTokenizer
-from kvretention.dataplane.frontend.upstream import ROUTER_SLOW, RouterClient
+from kvretention.dataplane.frontend.upstream import ROUTER_SLOW, RouterClient, Upstream
 from kvretention.dataplane.http import (
     PARSER_REFUSALS,
     ParserRefusals,
@@ -75,7 +75,8 @@ SHOULD_RETRY_HEADER: Final = "x-should-retry"
 @dataclass
 class FrontendState:
     config: FrontendConfig
-    router: RouterClient
+    router: Upstream
+    """The router, or the frontend's own placement (``--worker-dns``)."""
     metrics: FrontendMetrics = field(default_factory=FrontendMetrics)
     trace: RequestTrace | None = None
     tokenizer: ChatTokenizer | None = None
@@ -113,13 +114,14 @@ def create_app(
     tokenizer: ChatTokenizer | None = None,
     metrics: FrontendMetrics | None = None,
     gate: Gate | None = None,
+    upstream: Upstream | None = None,
 ) -> web.Application:
     """Build the app; the router session opens on startup and closes on cleanup. With a
     ``gate`` (auth on), every API route needs a key and runs within its tenant's limits, and
     answers ``Expect: 100-continue`` only once the key checks out."""
     state = FrontendState(
         config=config,
-        router=RouterClient(config.router_url, timeout=config.upstream_timeout),
+        router=upstream or RouterClient(config.router_url, timeout=config.upstream_timeout),
         metrics=metrics or FrontendMetrics(),
         trace=trace,
         tokenizer=tokenizer,

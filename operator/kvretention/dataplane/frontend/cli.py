@@ -27,6 +27,8 @@ from kvretention.dataplane.frontend.config import (
 )
 from kvretention.dataplane.frontend.errors import Provider
 from kvretention.dataplane.frontend.limits import LimitPolicy, parse_limits, parse_tenant_limits
+from kvretention.dataplane.frontend.metrics import FrontendMetrics
+from kvretention.dataplane.frontend.placing import PlacingClient, build_placing
 from kvretention.dataplane.frontend.tokenizer import (
     ChatTokenizer,
     TokenizerUnavailable,
@@ -35,6 +37,7 @@ from kvretention.dataplane.frontend.tokenizer import (
 from kvretention.dataplane.gc_tuning import tune_gc
 from kvretention.dataplane.hop_key import hop_key_file_option, load_hop_key_file
 from kvretention.dataplane.http import metrics_port_option, serve_until_signal
+from kvretention.dataplane.router.discovery import DiscoveryError
 from kvretention.dataplane.session_keys import session_keys_option
 from kvretention.hints.envelope import MAX_TTL_SECONDS
 from kvretention.ports import FRONTEND_PORT
@@ -46,9 +49,29 @@ from kvretention.ports import FRONTEND_PORT
 @metrics_port_option
 @click.option(
     "--router-url",
-    required=True,
+    default=None,
     envvar="KVR_ROUTER_URL",
-    help="Base URL of the router (POST {router}/v1/generate, GET {router}/healthz).",
+    help="Base URL of the router (POST {router}/v1/generate, GET {router}/healthz). Give this "
+    "or --worker/--worker-dns.",
+)
+@click.option(
+    "--worker",
+    "workers",
+    multiple=True,
+    help="Place requests in this process and send each straight to a worker (one HTTP hop, the "
+    "router's placement): an aggregated worker's URL (repeatable).",
+)
+@click.option(
+    "--worker-dns",
+    multiple=True,
+    help="As --worker, the aggregated workers' headless Service as host:port (repeatable).",
+)
+@click.option(
+    "--kv-residency",
+    is_flag=True,
+    default=False,
+    help="With --worker/--worker-dns: read each worker's /kv/residency with its health poll and "
+    "send a session without a pin to the worker whose engine holds most of its tokens.",
 )
 @click.option(
     "--model",
@@ -202,7 +225,10 @@ def frontend_cmd(
     host: str,
     port: int,
     metrics_port: int | None,
-    router_url: str,
+    router_url: str | None,
+    workers: tuple[str, ...],
+    worker_dns: tuple[str, ...],
+    kv_residency: bool,
     models: tuple[str, ...],
     aliases: tuple[str, ...],
     body_timeout: float,
@@ -236,8 +262,9 @@ def frontend_cmd(
             tokenizer = load_tokenizer(tokenizer_path)
         except TokenizerUnavailable as exc:
             raise click.UsageError(str(exc)) from exc
+    upstream = _placing(router_url, workers, worker_dns, kv_residency, upstream_timeout)
     config = FrontendConfig(
-        router_url=router_url,
+        router_url=router_url or "",
         served_models=models,
         model_aliases=parse_aliases(aliases, served=models),
         body_timeout=body_timeout,
@@ -270,15 +297,20 @@ def frontend_cmd(
         overrides=tenant_limit_overrides,
     )
     trace = trace_from_env(trace_file, component="frontend")
-    app = create_app(config, trace=trace, tokenizer=tokenizer, gate=gate)
+    metrics = FrontendMetrics()
+    if upstream is not None:  # the placement's own metrics, as the router serves them
+        metrics.registry.register(upstream.state.metrics.registry)
+    app = create_app(
+        config, trace=trace, tokenizer=tokenizer, gate=gate, metrics=metrics, upstream=upstream
+    )
     hop_keys = load_hop_key_file(hop_key_file)
     if hop_keys is not None:
         app[HOP_KEYS] = hop_keys
     logging.getLogger("kvretention.frontend").info(
-        "frontend on %s:%d -> router %s (models: %s)",
+        "frontend on %s:%d -> %s (models: %s)",
         host,
         port,
-        router_url,
+        f"router {router_url}" if upstream is None else "workers placed in this process",
         ", ".join(models) or "any",
     )
     tune_gc()
@@ -287,6 +319,26 @@ def frontend_cmd(
             app, host=host, port=port, metrics_port=metrics_port, shutdown_timeout=5.0
         )
     )
+
+
+def _placing(
+    router_url: str | None,
+    workers: tuple[str, ...],
+    worker_dns: tuple[str, ...],
+    kv_residency: bool,
+    timeout: float,
+) -> PlacingClient | None:
+    """The frontend's own placement, or None to go through ``--router-url``: exactly one."""
+    if bool(router_url) == bool(workers or worker_dns):
+        raise click.UsageError("give --router-url or --worker/--worker-dns (exactly one)")
+    if kv_residency and router_url:
+        raise click.UsageError(
+            "--kv-residency needs --worker/--worker-dns (the router has its own)"
+        )
+    try:
+        return build_placing(workers, worker_dns, kv_residency=kv_residency, timeout=timeout)
+    except DiscoveryError as exc:
+        raise click.UsageError(str(exc)) from exc
 
 
 def build_gate(

@@ -13,8 +13,8 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
-from typing import Any, Final
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, Final, Protocol
 
 import aiohttp
 from pydantic import ValidationError
@@ -37,6 +37,25 @@ _MAX_ERROR_BODY: Final = 64 * 1024
 _DRAIN_LIMIT_S: Final = 1.0
 ROUTER_SLOW: Final = "the router did not answer in time"
 """The router's readiness poll timed out: a loaded node, not a verdict (see ``frontend.app``)."""
+
+
+class Upstream(Protocol):
+    """Where the frontend's requests go: the router (:class:`RouterClient`), or the worker the
+    frontend places them on itself (:class:`~kvretention.dataplane.frontend.placing.PlacingClient`)."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def ready(self, *, within: float = 1.0) -> str | None: ...
+
+    def generate(
+        self,
+        request: PreprocessedRequest,
+        *,
+        hint_param: str | None,
+        headers: Mapping[str, str] | None = None,
+    ) -> AbstractAsyncContextManager[AsyncIterator[GenerateChunk]]: ...
 
 
 class RouterClient:
@@ -114,8 +133,8 @@ class RouterClient:
             raise errors.upstream_disconnected() from None
         try:
             if resp.status != 200:
-                raise await _error_from_status(resp, hint_param=hint_param, limit_s=self.timeout)
-            yield _chunks(resp, hint_param=hint_param, limit_s=self.timeout)
+                raise await error_from_status(resp, hint_param=hint_param, limit_s=self.timeout)
+            yield chunks_of(resp, hint_param=hint_param, limit_s=self.timeout)
         finally:
             # An answer read to its end keeps the pooled connection; anything else (the client
             # went away, a count that stopped at its first chunk) closes it, which is how the
@@ -155,7 +174,7 @@ MAX_TOOL_DUMPS: Final = 1024
 _DUMPS: Final[dict[int, tuple[ToolDefinition, dict[str, Any]]]] = {}
 
 
-async def _error_from_status(
+async def error_from_status(
     resp: aiohttp.ClientResponse, *, hint_param: str | None, limit_s: float
 ) -> FrontendError:
     try:
@@ -172,7 +191,7 @@ async def _error_from_status(
     return errors.from_upstream(line.error, hint_param=hint_param)
 
 
-async def _chunks(
+async def chunks_of(
     resp: aiohttp.ClientResponse, *, hint_param: str | None, limit_s: float
 ) -> AsyncIterator[GenerateChunk]:
     """Parse NDJSON lines until a chunk carries a finish reason; errors raise ``FrontendError``."""

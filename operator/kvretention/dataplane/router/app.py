@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 from typing import Any, Final
 
 import aiohttp
@@ -48,7 +49,14 @@ from kvretention.dataplane.router.state import (
     ready_evidence,
 )
 
-__all__ = ["RouterConfig", "RouterState", "build_app", "check_all", "refresh_membership"]
+__all__ = [
+    "RouterConfig",
+    "RouterState",
+    "build_app",
+    "check_all",
+    "refresh_membership",
+    "running",
+]
 
 log = logging.getLogger(__name__)
 
@@ -135,8 +143,11 @@ async def _every(interval_s: float, job: Any, state: RouterState) -> None:
             log.exception("router background job failed")
 
 
-async def _background(app: web.Application) -> Any:
-    state = app[STATE]
+@contextlib.asynccontextmanager
+async def running(state: RouterState) -> AsyncIterator[None]:
+    """The router's connection pools and background jobs (discovery, health and residency
+    polls, the picker's frontends) for as long as the block runs; a frontend that places in
+    its own process runs them too."""
     timeout = aiohttp.ClientTimeout(
         total=None, connect=state.config.connect_timeout_s, sock_read=state.config.read_timeout_s
     )
@@ -162,6 +173,11 @@ async def _background(app: web.Application) -> Any:
             await task
     await state.session.close()
     await state.health_session.close()
+
+
+async def _background(app: web.Application) -> AsyncIterator[None]:
+    async with running(app[STATE]):
+        yield
 
 
 # ---------------------------------------------------------------- health, metrics, assembly

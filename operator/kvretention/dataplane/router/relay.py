@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import json
 import secrets
-import time
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -22,12 +21,7 @@ import msgspec
 from aiohttp import web
 
 from kvretention.common.hop_auth import HEADER_TENANT_SIG
-from kvretention.common.tenancy import (
-    HEADER_TENANT,
-    scoped_chain,
-    scoped_session,
-    tenant_of_headers,
-)
+from kvretention.common.tenancy import HEADER_TENANT
 from kvretention.dataplane.hop_key import refused_hop
 from kvretention.dataplane.protocol import (
     ERROR_STATUS,
@@ -42,13 +36,13 @@ from kvretention.dataplane.protocol import (
     ErrorCode,
     ErrorLine,
 )
-from kvretention.dataplane.router.discovery import PoolRole
-from kvretention.dataplane.router.placement import (
-    Choice,
-    parse_prefix_header,
-    plan_pair,
-    plan_worker,
-    session_of,
+from kvretention.dataplane.router.placement import plan_pair
+from kvretention.dataplane.router.placing import (
+    Placement,
+    Refused,
+    open_aggregated,
+    pin,
+    read_placement,
 )
 from kvretention.dataplane.router.state import STATE, RouterState, Worker, connect_evidence
 
@@ -125,31 +119,17 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
     if refused is not None:
         return error_response(ErrorCode.HOP_UNAUTHENTICATED, refused)
     body = await request.read()
-    session = session_of(body, {k.lower(): v for k, v in request.headers.items()})
-    chain: list[str] = []
-    if state.config.policy == "cache-aware":
-        chain = parse_prefix_header(request.headers.get(HEADER_PREFIX))
     try:
-        tenant = tenant_of_headers(request.headers)
+        placement = read_placement(state, request.headers, body)
     except ValueError as exc:
         return error_response(ErrorCode.INVALID_REQUEST, str(exc))
-    # Pins and the prefix index per tenant: one tenant's prompts never steer another's placement.
-    session, chain = scoped_session(tenant, session), scoped_chain(tenant, chain)
-    # What the engines hold for this session: the worker files it under the tenant's salt and the
-    # same scoped session.
-    resident = state.resident(
-        "prefill" if state.disaggregated else "aggregated",
-        tenant=tenant,
-        session=session,
-        now=time.monotonic(),
-    )
     mode = "disaggregated" if state.disaggregated else "aggregated"
     outcome = "error"
     try:
         if state.disaggregated:
-            response, outcome = await _disaggregated(request, state, body, session, chain, resident)
+            response, outcome = await _disaggregated(request, state, body, placement)
         else:
-            response, outcome = await _aggregated(request, state, body, session, chain, resident)
+            response, outcome = await _aggregated(request, state, body, placement)
         return response
     except ClientGone as gone:
         outcome = "client_gone"
@@ -177,93 +157,24 @@ def _passed_on(request: web.Request) -> dict[str, str]:
     return headers
 
 
-def _choose(
-    state: RouterState,
-    role: PoolRole,
-    session: str | None,
-    exclude: set[str],
-    chain: list[str],
-    resident: dict[str, int],
-) -> Choice | None:
-    views = [w.view() for w in state.pool(role) if w.url not in exclude]
-    pinned = state.pins.get(role, session)
-    matched = state.prefixes.match(chain) if chain and pinned is None else None
-    return plan_worker(
-        views, pinned=pinned, matched=matched, resident=resident, balance=state.config.balance
-    )
-
-
-def _pin(
-    state: RouterState, role: PoolRole, session: str | None, choice: Choice, chain: list[str]
-) -> None:
-    if choice.sticky:
-        state.metrics.sticky.inc()
-    elif choice.resident:
-        state.metrics.resident.inc()
-    elif choice.matched:
-        state.metrics.prefix.inc()
-    state.pins.set(role, session, choice.url)
-    if chain:
-        state.prefixes.record(chain, choice.url)
-
-
 async def _aggregated(
-    request: web.Request,
-    state: RouterState,
-    body: bytes,
-    session: str | None,
-    chain: list[str],
-    resident: dict[str, int],
+    request: web.Request, state: RouterState, body: bytes, placement: Placement
 ) -> tuple[web.StreamResponse, str]:
-    assert state.session is not None
-    tried: set[str] = set()
-    while True:
-        choice = _choose(state, "aggregated", session, tried, chain, resident)
-        if choice is None:
-            if tried:
-                return error_response(
-                    ErrorCode.WORKER_UNAVAILABLE, "every worker tried was unreachable"
-                ), "worker_unavailable"
-            return error_response(ErrorCode.NO_WORKERS, "no healthy workers"), "no_workers"
-        worker = state.workers[choice.url]
-        _pin(state, "aggregated", session, choice, chain)
-        state.begin(worker)
-        try:
-            async with state.session.post(
-                worker.url + GENERATE_PATH,
-                data=body,
-                headers={**_passed_on(request), HEADER_ROLE: "aggregated"},
-            ) as upstream:
-                if upstream.status == ERROR_STATUS[ErrorCode.DRAINING] and await _is_draining(
-                    upstream
-                ):
-                    # The worker refused before doing anything: another one may take it.
-                    state.observe(worker, "not_ready")
-                    tried.add(worker.url)
-                    continue
-                return await _relay(request, state, worker, upstream)
-        except aiohttp.ClientConnectorError as exc:
-            # Nothing reached the worker, so another one may take the request.
-            state.observe(worker, connect_evidence(exc))
-            tried.add(worker.url)
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            state.observe(worker, "error")
-            return error_response(
-                ErrorCode.WORKER_UNAVAILABLE, f"worker {worker.url} failed: {exc}"
-            ), "worker_unavailable"
-        finally:
-            state.end(worker)
+    opened = await open_aggregated(state, body, _passed_on(request), placement)
+    if isinstance(opened, Refused):
+        return error_response(opened.code, opened.message), opened.outcome
+    try:
+        return await _relay(request, state, opened.worker, opened.response)
+    finally:
+        opened.response.release()
+        state.end(opened.worker)
 
 
 async def _disaggregated(
-    request: web.Request,
-    state: RouterState,
-    body: bytes,
-    session: str | None,
-    chain: list[str],
-    resident: dict[str, int],
+    request: web.Request, state: RouterState, body: bytes, placement: Placement
 ) -> tuple[web.StreamResponse, str]:
     assert state.session is not None
+    session, chain = placement.session, placement.chain
     pinned_prefill = state.pins.get("prefill", session)
     pair = plan_pair(
         [w.view() for w in state.pool("prefill")],
@@ -272,7 +183,7 @@ async def _disaggregated(
         pinned_decode=state.pins.get("decode", session),
         # The prompt is prefilled, and retained, on the prefill side.
         matched_prefill=state.prefixes.match(chain) if chain and pinned_prefill is None else None,
-        resident_prefill=resident,
+        resident_prefill=placement.resident,
         balance=state.config.balance,
     )
     if pair is None:
@@ -287,8 +198,8 @@ async def _disaggregated(
             f"prefill worker {prefill.url} reports no bootstrap port; start the router with "
             "--bootstrap-port or the worker with --bootstrap-port",
         ), "worker_unavailable"
-    _pin(state, "prefill", session, pair.prefill, chain)
-    _pin(state, "decode", session, pair.decode, [])
+    pin(state, "prefill", session, pair.prefill, chain)
+    pin(state, "decode", session, pair.decode, [])
     room = secrets.randbits(63)
     headers = {
         **_passed_on(request),
@@ -341,15 +252,6 @@ async def _disaggregated(
             resp.close()
         state.end(prefill)
         state.end(decode)
-
-
-async def _is_draining(resp: aiohttp.ClientResponse) -> bool:
-    try:
-        body = await resp.json(content_type=None)
-    except (ValueError, aiohttp.ClientError):
-        return False
-    error = body.get("error") if isinstance(body, dict) else None
-    return isinstance(error, dict) and error.get("code") == ErrorCode.DRAINING.value
 
 
 async def _discard(resp: aiohttp.ClientResponse) -> None:
