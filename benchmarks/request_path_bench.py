@@ -8,6 +8,8 @@ Every target answers the same OpenAI chat request from the same bare upstream
 ``frontend``         -> our frontend -> stub speaking the router protocol (frontend alone)
 ``frontend+router``  -> our frontend -> our router -> stub speaking the worker protocol
 ``full``             -> our frontend -> our router -> our worker (``--engine standin:versioned``)
+``frontend/placing`` -> our frontend placing in its own process (``--worker``) -> stub as the worker
+``full/placing``     -> our frontend placing (``--worker``) -> our worker: one Python hop
 ``litellm``          -> LiteLLM's proxy (``.venv-bench``) -> stub
 ``sglang-router``    -> SGLang's router (``.venv-bench``) -> stub
 ``.../uvloop``       ``frontend+router`` again, same code, on uvloop (an event-loop experiment)
@@ -74,6 +76,9 @@ API_KEY: Final = "sk-kvr-bench-0123456789abcdef"
 """LiteLLM's master key; sent to every target (the others ignore it) so the requests are equal."""
 LONG_STREAM_TOKENS: Final = 256
 UVLOOP_TARGET: Final = "frontend+router/uvloop"
+PLACING: Final = "frontend/placing"
+"""Our frontend placing requests itself (``--worker``): one Python hop in front of the upstream."""
+FULL_PLACING: Final = "full/placing"
 CHAT_PATH: Final = "/v1/chat/completions"
 MESSAGES_PATH: Final = "/v1/messages"
 RESPONSES_PATH: Final = "/v1/responses"
@@ -342,19 +347,37 @@ def start_stack(
             rt, fe = router_and_frontend(stub.base_url)
             out.processes |= {"fr.router": rt, "fr.frontend": fe}
             out.targets.append(Target("frontend+router", fe.base_url, (fe.proc.pid, rt.proc.pid)))
-        if want("full"):
+        if want(PLACING):
+            fe = _kvr(stack, [*fe_args, "--worker", stub.base_url], log_dir=log_dir)
+            out.processes["placing.frontend"] = fe
+            out.targets.append(Target(PLACING, fe.base_url, (fe.proc.pid,)))
+        if want("full") or want(FULL_PLACING):
             wk = _kvr(
                 stack,
                 ["worker", "--engine", "standin:versioned", "--log-level", "WARNING"],
                 log_dir=log_dir,
             )
+            out.processes["full.worker"] = wk
+        if want("full"):
             rt, fe = router_and_frontend(wk.base_url)
-            out.processes |= {"full.worker": wk, "full.router": rt, "full.frontend": fe}
+            out.processes |= {"full.router": rt, "full.frontend": fe}
             out.targets.append(
                 Target(
                     "full",
                     fe.base_url,
                     (fe.proc.pid, rt.proc.pid),
+                    worker_pids=(wk.proc.pid,),
+                    max_tokens_cap=6,
+                )
+            )
+        if want(FULL_PLACING):
+            fe = _kvr(stack, [*fe_args, "--worker", wk.base_url], log_dir=log_dir)
+            out.processes["full.placing"] = fe
+            out.targets.append(
+                Target(
+                    FULL_PLACING,
+                    fe.base_url,
+                    (fe.proc.pid,),
                     worker_pids=(wk.proc.pid,),
                     max_tokens_cap=6,
                 )
@@ -595,6 +618,7 @@ def summarize(runs: list[Run]) -> dict[str, dict[str, dict[str, float]]]:
             pairs = [(r, by_key.get((scenario, "direct", r.repeat))) for r in mine]
             pairs_ok = [(r, d) for r, d in pairs if d is not None]
             litellm = [by_key.get((scenario, "litellm", r.repeat)) for r in mine]
+            rust = [by_key.get((scenario, "sglang-router", r.repeat)) for r in mine]
             out[scenario][target] = {
                 "repeats": len(mine),
                 "requests": sum(r.requests for r in mine),
@@ -618,6 +642,13 @@ def summarize(runs: list[Run]) -> dict[str, dict[str, dict[str, float]]]:
                         r.proxy_cpu_ms_per_req / ll.proxy_cpu_ms_per_req
                         for r, ll in zip(mine, litellm, strict=True)
                         if ll is not None and ll.proxy_cpu_ms_per_req > 0
+                    ]
+                ),
+                "cpu_ratio_to_sglang_router": _median(
+                    [
+                        r.proxy_cpu_ms_per_req / sr.proxy_cpu_ms_per_req
+                        for r, sr in zip(mine, rust, strict=True)
+                        if sr is not None and sr.proxy_cpu_ms_per_req > 0
                     ]
                 ),
                 "chunks_per_request": _median([r.chunks / max(1, r.requests) for r in mine]),
@@ -647,6 +678,11 @@ def build_goals() -> list[Goal]:
             goals.append(Goal(">= 80% of direct throughput at c=64", ours, f"c64-{kind}-small", "throughput_ratio", ">=", 0.8))  # fmt: skip
             goals.append(Goal("<= 1/3 of LiteLLM CPU/request", ours, f"c64-{kind}-small", "cpu_ratio_to_litellm", "<=", 1 / 3))  # fmt: skip
     goals.append(Goal(">= 5000 streamed chunks/s per core", "frontend+router", long_stream, "chunks_per_proxy_cpu_s", ">=", 5000.0))  # fmt: skip
+    # Issue 32: one Python hop, beside SGLang's Rust router in the same run.
+    for ours in ("frontend+router", PLACING):
+        for kind in ("json", "stream"):
+            goals.append(Goal("small-body CPU <= 2x sglang-router", ours, f"c1-{kind}-small", "cpu_ratio_to_sglang_router", "<=", 2.0))  # fmt: skip
+            goals.append(Goal("added p50 <= 0.5 ms at c=1", ours, f"c1-{kind}-small", "added_p50_ms", "<=", 0.5))  # fmt: skip
     for scenario in agent_scenarios(0):
         for ours in ("frontend+router", "full"):
             goals.append(Goal("<= 1/3 of LiteLLM CPU/request", ours, scenario.name, "cpu_ratio_to_litellm", "<=", 1 / 3))  # fmt: skip
@@ -660,8 +696,9 @@ def check_goals(
     out = []
     for goal in goals:
         measured = summary.get(goal.scenario, {})
+        peer = {"cpu_ratio_to_litellm": "litellm", "cpu_ratio_to_sglang_router": "sglang-router"}
         if goal.target not in measured or (
-            goal.metric == "cpu_ratio_to_litellm" and "litellm" not in measured
+            goal.metric in peer and peer[goal.metric] not in measured
         ):
             continue
         value = measured[goal.target].get(goal.metric, float("nan"))

@@ -120,6 +120,13 @@ RULE_CASES: dict[tuple[str, str], tuple[Patch, Patch]] = {
         {"router": {"kvEvents": True}},
         {"router": {"kvEvents": True, "sessionKeys": []}},
     ),
+    (".spec", "router.placement Frontend places on aggregated workers only"): (
+        {"router": {"placement": "Frontend"}},
+        {
+            "router": {"placement": "Frontend"},
+            "workers": {"mode": "disaggregated", "prefill": {}, "decode": {}},
+        },
+    ),
     (".spec.model", "model.aliases must not repeat"): (
         {"model": {"aliases": ["m2"]}},
         {"model": {"aliases": ["m"]}},

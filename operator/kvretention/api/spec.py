@@ -198,6 +198,15 @@ _NO_ZERO_WHILE_RETAINED_MESSAGE = (
 )
 
 
+_FRONTEND_PLACES_AGGREGATED: Final = (
+    "self.router.placement != 'Frontend' || self.workers.mode == 'aggregated'"
+)
+_FRONTEND_PLACES_AGGREGATED_MESSAGE: Final = (
+    "router.placement Frontend places on aggregated workers only: a prefill/decode pair "
+    "needs the router's bootstrap rooms (use router.placement Router)"
+)
+
+
 class KvRetentionDeploymentSpec(WireModel):
     """A hinted SGLang/Mooncake fleet: frontend, router, workers and the KV store."""
 
@@ -205,6 +214,7 @@ class KvRetentionDeploymentSpec(WireModel):
         (_HINTS_NEED_L3, _HINTS_NEED_L3_MESSAGE),
         (_DEFAULT_TTL_FITS, _DEFAULT_TTL_FITS_MESSAGE),
         (_NO_ZERO_WHILE_RETAINED, _NO_ZERO_WHILE_RETAINED_MESSAGE),
+        (_FRONTEND_PLACES_AGGREGATED, _FRONTEND_PLACES_AGGREGATED_MESSAGE),
     )
 
     model: ModelSpec = Field(description="The model the fleet serves.")
@@ -238,5 +248,9 @@ class KvRetentionDeploymentSpec(WireModel):
             not hints_on
             or all(a is None or a.min_replicas > 0 or a.allow_scale_to_zero for a in retaining),
             _NO_ZERO_WHILE_RETAINED_MESSAGE,
+        )
+        require(
+            self.router.placement != "Frontend" or self.workers.mode == "aggregated",
+            _FRONTEND_PLACES_AGGREGATED_MESSAGE,
         )
         return self

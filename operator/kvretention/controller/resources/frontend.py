@@ -8,6 +8,7 @@ from kvretention.api.models import KvRetentionDeployment, TenantLimitsSpec
 from kvretention.controller.resources.common import (
     COMPONENT_FRONTEND,
     FRONTEND_PORT,
+    WORKER_PORT,
     Manifest,
     child_name,
     serve_command,
@@ -15,7 +16,12 @@ from kvretention.controller.resources.common import (
     session_keys_arg,
 )
 from kvretention.controller.resources.hop_key import build_hop_key_args, build_hop_key_volumes
-from kvretention.controller.resources.router import build_http_workload, router_url
+from kvretention.controller.resources.router import (
+    build_http_workload,
+    build_placement_args,
+    router_url,
+)
+from kvretention.controller.resources.workers import ROLE_SUFFIX
 
 FRONTEND_SUFFIX: Final = "frontend"
 AUTH_MOUNT: Final = "/etc/kvretention/auth"
@@ -120,14 +126,25 @@ def build_codex_instructions(
     return [f"--codex-instructions-file={CODEX_MOUNT}/{CODEX_FILE}"], [volume], [mount]
 
 
+def build_upstream_args(cr: KvRetentionDeployment) -> list[str]:
+    """Where requests go: the router, or (``router.placement: Frontend``) the aggregated workers,
+    placed in the frontend with the router's own policy and residency flags."""
+    if cr.spec.router.placement == "Router":
+        return ["--router-url", router_url(cr)]
+    return [
+        "--worker-dns",
+        f"{service_host(cr, ROLE_SUFFIX['aggregated'])}:{WORKER_PORT}",
+        *build_placement_args(cr),
+    ]
+
+
 def build_frontend_command(cr: KvRetentionDeployment) -> list[str]:
     aliases = [f"--model-alias={alias}={cr.spec.model.name}" for alias in cr.spec.model.aliases]
     # An empty value turns session affinity off.
     session = session_keys_arg(cr)
     return [
         *serve_command("frontend", FRONTEND_PORT),
-        "--router-url",
-        router_url(cr),
+        *build_upstream_args(cr),
         "--model",
         cr.spec.model.name,
         # A provider turned off gets its cache controls accepted and ignored, never a hint.

@@ -108,8 +108,12 @@ def _ingress_by_component(cr: KvRetentionDeployment) -> list[tuple[str, str, lis
         router_ports = [WORKER_PORT]
         if role == "prefill":
             router_ports.append(spec.workers.bootstrap_port)
+        # What places requests sends them: the router, and the frontend when it places.
+        placers = [COMPONENT_ROUTER]
+        if spec.router.placement == "Frontend":
+            placers.append(COMPONENT_FRONTEND)
         ingress = [
-            {"from": [_pods(cr, COMPONENT_ROUTER)], "ports": _ports(*router_ports)},
+            {"from": [_pods(cr, *placers)], "ports": _ports(*router_ports)},
             {"from": [_pods(cr, *WORKER_COMPONENTS)]},  # every port: KV transfers
             *_metrics(cr, METRICS_PORT, operator=True),
         ]

@@ -35,12 +35,15 @@ def router_url(cr: KvRetentionDeployment) -> str:
 ROUTER_POLICY: Final = {"CacheAware": "cache-aware", "LeastOutstanding": "least-outstanding"}
 
 
+def build_placement_args(cr: KvRetentionDeployment) -> list[str]:
+    """The placement flags of whichever process places (the router, or the frontend)."""
+    residency = ["--kv-residency"] if cr.spec.router.kv_events else []
+    return ["--policy", ROUTER_POLICY[cr.spec.router.policy], *residency]
+
+
 def build_router_command(cr: KvRetentionDeployment) -> list[str]:
-    policy = ROUTER_POLICY[cr.spec.router.policy]
     command = serve_command("router", ROUTER_PORT)
-    command += ["--policy", policy, *build_hop_key_args(cr)]
-    if cr.spec.router.kv_events:
-        command.append("--kv-residency")
+    command += [*build_placement_args(cr), *build_hop_key_args(cr)]
     command += build_picker_args(cr)
     if cr.spec.workers.mode == "disaggregated":
         command += [

@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import Mapping
 from pathlib import Path
+from typing import cast
 
 import click
 
@@ -38,6 +39,7 @@ from kvretention.dataplane.gc_tuning import tune_gc
 from kvretention.dataplane.hop_key import hop_key_file_option, load_hop_key_file
 from kvretention.dataplane.http import metrics_port_option, serve_until_signal
 from kvretention.dataplane.router.discovery import DiscoveryError
+from kvretention.dataplane.router.placement import POLICIES, Policy
 from kvretention.dataplane.session_keys import session_keys_option
 from kvretention.hints.envelope import MAX_TTL_SECONDS
 from kvretention.ports import FRONTEND_PORT
@@ -65,6 +67,13 @@ from kvretention.ports import FRONTEND_PORT
     "--worker-dns",
     multiple=True,
     help="As --worker, the aggregated workers' headless Service as host:port (repeatable).",
+)
+@click.option(
+    "--policy",
+    type=click.Choice(POLICIES),
+    default="cache-aware",
+    show_default=True,
+    help="With --worker/--worker-dns: placement without a session pin, as the router's --policy.",
 )
 @click.option(
     "--kv-residency",
@@ -228,6 +237,7 @@ def frontend_cmd(
     router_url: str | None,
     workers: tuple[str, ...],
     worker_dns: tuple[str, ...],
+    policy: str,
     kv_residency: bool,
     models: tuple[str, ...],
     aliases: tuple[str, ...],
@@ -262,7 +272,9 @@ def frontend_cmd(
             tokenizer = load_tokenizer(tokenizer_path)
         except TokenizerUnavailable as exc:
             raise click.UsageError(str(exc)) from exc
-    upstream = _placing(router_url, workers, worker_dns, kv_residency, upstream_timeout)
+    upstream = _placing(
+        router_url, workers, worker_dns, cast(Policy, policy), kv_residency, upstream_timeout
+    )
     config = FrontendConfig(
         router_url=router_url or "",
         served_models=models,
@@ -325,6 +337,7 @@ def _placing(
     router_url: str | None,
     workers: tuple[str, ...],
     worker_dns: tuple[str, ...],
+    policy: Policy,
     kv_residency: bool,
     timeout: float,
 ) -> PlacingClient | None:
@@ -336,7 +349,9 @@ def _placing(
             "--kv-residency needs --worker/--worker-dns (the router has its own)"
         )
     try:
-        return build_placing(workers, worker_dns, kv_residency=kv_residency, timeout=timeout)
+        return build_placing(
+            workers, worker_dns, policy=policy, kv_residency=kv_residency, timeout=timeout
+        )
     except DiscoveryError as exc:
         raise click.UsageError(str(exc)) from exc
 

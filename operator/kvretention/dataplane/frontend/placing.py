@@ -33,6 +33,7 @@ from kvretention.dataplane.protocol import (
 )
 from kvretention.dataplane.router.app import running
 from kvretention.dataplane.router.discovery import build_sources
+from kvretention.dataplane.router.placement import Policy
 from kvretention.dataplane.router.placing import Refused, open_aggregated, read_placement
 from kvretention.dataplane.router.state import RouterConfig, RouterState, Worker
 
@@ -139,7 +140,12 @@ async def _watched(
 
 
 def build_placing(
-    workers: tuple[str, ...], worker_dns: tuple[str, ...], *, kv_residency: bool, timeout: float
+    workers: tuple[str, ...],
+    worker_dns: tuple[str, ...],
+    *,
+    policy: Policy = "cache-aware",
+    kv_residency: bool = False,
+    timeout: float,
 ) -> PlacingClient | None:
     """The frontend's own placement for ``--worker``/``--worker-dns`` (None without either);
     ``DiscoveryError`` for an address discovery cannot use."""
@@ -151,6 +157,7 @@ def build_placing(
     config = RouterConfig(
         connect_timeout_s=min(DEFAULT_CONNECT_TIMEOUT_S, timeout),
         read_timeout_s=timeout,
+        policy=policy,
         kv_residency=kv_residency,
     )
     return PlacingClient(RouterState(sources=sources, config=config), timeout=timeout)
