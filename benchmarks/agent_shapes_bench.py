@@ -256,12 +256,16 @@ def _measure(
     return ok, errors, latencies, first_error, spent
 
 
-def _start_floor(stub: Any, log_dir: Path) -> rpb.Target:
-    """Two bare hops in a row in front of the stub's Chat Completions path (the stub reads only
-    ``stream`` and the token limit, so it answers every body); stopped with this process."""
+TARGETS: Final = {"frontend+router": 2, rpb.PLACING: 1}
+"""What is measured, and how many bare hops its floor has (as many as its Python HTTP hops)."""
+
+
+def _start_floor(stub: Any, log_dir: Path, *, count: int = 2) -> rpb.Target:
+    """``count`` bare hops in a row in front of the stub's Chat Completions path (the stub reads
+    only ``stream`` and the token limit, so it answers every body); stopped with this process."""
     hops = []
     upstream = stub.base_url + rpb.CHAT_PATH
-    for name in ("bare-hop-2", "bare-hop-1"):
+    for name in [f"bare-hop-{i}" for i in range(count, 0, -1)]:
         port = rpb.helpers.free_port()
         hop = rpb.start_external(
             [sys.executable, str(HERE / "bare_hop.py"), "--port", str(port), "--upstream", upstream],
@@ -277,7 +281,7 @@ def format_table(rows: list[Row]) -> str:
     head = (
         f"{'shape':<26} {'c':>3} {'stream':>6} {'KB':>6} {'req':>5} {'err':>4} "
         f"{'fe+rt cpu ms/req':>16} {'fe':>5} {'json.loads ms':>13} {'ratio':>6} {'p50 ms':>7} "
-        f"{'2 bare hops':>11} {'ratio':>6}"
+        f"{'bare hops':>11} {'ratio':>6}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -335,7 +339,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", default=None, help="comma-separated (default 1,4,16)")
     parser.add_argument("--shapes", default=None, help="comma-separated subset of shape names")
     parser.add_argument("--stream", choices=("both", "yes", "no"), default="both")
-    parser.add_argument("--no-floor", action="store_true", help="skip the two bare hops")
+    parser.add_argument("--no-floor", action="store_true", help="skip the bare hops")
+    parser.add_argument(
+        "--target",
+        choices=TARGETS,
+        default="frontend+router",
+        help="frontend -> router (two hops, beside two bare hops) or the frontend placing in its "
+        "own process (one hop, beside one bare hop)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument(
         "--compare",
@@ -367,13 +378,16 @@ def main(argv: list[str] | None = None) -> None:
     with (
         tempfile.TemporaryDirectory(prefix="kvr-shapes-") as tmp,
         rpb.start_stack(
-            log_dir=Path(tmp), peers=False, only={"frontend+router"}, server_cpus=server_cpus
+            log_dir=Path(tmp), peers=False, only={args.target}, server_cpus=server_cpus
         ) as stack,
     ):
         if server_cpus:
             os.sched_setaffinity(0, {cpus[-1]})
-        target = next(t for t in stack.targets if t.name == "frontend+router")
-        floor = None if args.no_floor else _start_floor(stack.processes["stub"], Path(tmp))
+        target = next(t for t in stack.targets if t.name == args.target)
+        hops = TARGETS[args.target]
+        floor = (
+            None if args.no_floor else _start_floor(stack.processes["stub"], Path(tmp), count=hops)
+        )
         for shape in chosen:
             for concurrency in levels:
                 for stream in streams:
@@ -391,6 +405,7 @@ def main(argv: list[str] | None = None) -> None:
                     )
     report = {
         "benchmark": "agent_shapes",
+        "target": args.target,
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "machine": rpb.machine_info(),
         "elapsed_s": round(time.monotonic() - started, 1),
