@@ -36,7 +36,7 @@ from kvretention.dataplane.protocol import (
     ErrorCode,
     ErrorLine,
 )
-from kvretention.dataplane.router.placement import plan_pair
+from kvretention.dataplane.router.placement import PairChoice, plan_pair
 from kvretention.dataplane.router.placing import (
     Placement,
     Refused,
@@ -170,22 +170,27 @@ async def _aggregated(
         state.end(opened.worker)
 
 
-async def _disaggregated(
-    request: web.Request, state: RouterState, body: bytes, placement: Placement
-) -> tuple[web.StreamResponse, str]:
-    assert state.session is not None
-    session, chain = placement.session, placement.chain
-    pinned_prefill = state.pins.get("prefill", session)
-    pair = plan_pair(
+def _choose_pair(state: RouterState, placement: Placement) -> PairChoice | None:
+    pinned_prefill = state.pins.get("prefill", placement.session)
+    chain = placement.chain
+    return plan_pair(
         [w.view() for w in state.pool("prefill")],
         [w.view() for w in state.pool("decode")],
         pinned_prefill=pinned_prefill,
-        pinned_decode=state.pins.get("decode", session),
+        pinned_decode=state.pins.get("decode", placement.session),
         # The prompt is prefilled, and retained, on the prefill side.
         matched_prefill=state.prefixes.match(chain) if chain and pinned_prefill is None else None,
         resident_prefill=placement.resident,
         balance=state.config.balance,
     )
+
+
+async def _disaggregated(
+    request: web.Request, state: RouterState, body: bytes, placement: Placement
+) -> tuple[web.StreamResponse, str]:
+    assert state.session is not None
+    session, chain = placement.session, placement.chain
+    pair = _choose_pair(state, placement)
     if pair is None:
         return error_response(
             ErrorCode.NO_WORKERS, "no healthy prefill/decode worker pair"

@@ -99,6 +99,16 @@ class Worker:
 class RouterMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._declare_load()
+        self._declare_health()
+        self._declare_placement()
+        # Every request moves these; each label set is resolved once (kvretention.dataplane.labelled).
+        self.requests_of = Children(self.requests)
+        self.outstanding_of = Children(self.outstanding)
+        self.pool_outstanding_of = Children(self.pool_outstanding)
+
+    def _declare_load(self) -> None:
+        """Requests by outcome, and in flight per worker and per pool."""
         self.requests = Counter(
             "kvretention_router_requests",
             "Routed requests by mode and outcome.",
@@ -125,6 +135,9 @@ class RouterMetrics:
         )
         for role in ("aggregated", "prefill", "decode"):
             self.pool_outstanding.labels(role)  # present at 0 before the first request
+
+    def _declare_health(self) -> None:
+        """What the health checks and the hop check decided."""
         self.ejections = Counter(
             "kvretention_router_worker_ejections",
             "Workers taken out of rotation.",
@@ -150,6 +163,9 @@ class RouterMetrics:
             ["reason"],
             registry=self.registry,
         )
+
+    def _declare_placement(self) -> None:
+        """What decided each placement, and the endpoint picker's answers."""
         self.sticky = Counter(
             "kvretention_router_sticky_placements",
             "Placements decided by a session pin.",
@@ -185,10 +201,6 @@ class RouterMetrics:
             "kvretention_router_ready_endpoints",
             "Frontends the endpoint picker may choose (--endpoint, --endpoint-dns) that are ready.",
         )
-        # Every request moves these; each label set is resolved once (kvretention.dataplane.labelled).
-        self.requests_of = Children(self.requests)
-        self.outstanding_of = Children(self.outstanding)
-        self.pool_outstanding_of = Children(self.pool_outstanding)
 
 
 @dataclass
