@@ -104,91 +104,60 @@ def codex_session(*, turns: int = 12, marker: str = "", result_marker: str = "")
         "accept": "text/event-stream",
     }
     instructions = "You are Codex, a coding agent based on GPT-5. " * 30
-    items: list[dict[str, Any]] = [
-        {
-            "type": "message",
-            "role": "developer",
-            "content": [
-                {
-                    "type": "input_text",
-                    "text": "<permissions>sandbox: workspace-write</permissions>",
-                }
-            ],
-        },
-        {
-            "type": "message",
-            "role": "user",
-            "content": [
-                {
-                    "type": "input_text",
-                    "text": "<environment_context><cwd>/repo</cwd></environment_context>",
-                }
-            ],
-        },
-        {
-            "type": "message",
-            "role": "user",
-            "content": [
-                {"type": "input_text", "text": f"Fix the failing test in parser.py {marker}"}
-            ],
-        },
-    ]
+    items = _codex_opening(marker)
     requests: list[Request] = []
     for turn in range(turns):
         requests.append((dict(headers), _codex_body(instructions, list(items), conversation)))
-        call_id = f"call_{turn:02d}_{conversation[:8]}"
-        items.append(
-            {
-                "type": "reasoning",
-                "id": f"rs_{turn:02d}",
-                "summary": [{"type": "summary_text", "text": f"Looking at step {turn}."}],
-                "content": None,
-                "encrypted_content": "gAAAAB" + "x" * 64,
-            }
-        )
-        if turn % 3 == 2:
-            patch = "*** Begin Patch\n*** Update File: parser.py\n@@\n-    return None\n+    return node\n*** End Patch\n"
-            items.append(
-                {
-                    "type": "custom_tool_call",
-                    "call_id": call_id,
-                    "name": "apply_patch",
-                    "input": patch,
-                }
-            )
-            items.append(
-                {
-                    "type": "custom_tool_call_output",
-                    "call_id": call_id,
-                    "output": "Success. Updated the following files:\nM parser.py\n"
-                    + result_marker,
-                }
-            )
-        else:
-            arguments = json.dumps(
-                {"command": ["bash", "-lc", f"rg -n parse src {turn}"], "workdir": "/repo"}
-            )
-            items.append(
-                {
-                    "type": "function_call",
-                    "call_id": call_id,
-                    "name": "shell",
-                    "arguments": arguments,
-                }
-            )
-            items.append(
-                {
-                    "type": "function_call_output",
-                    "call_id": call_id,
-                    "output": json.dumps(
-                        {
-                            "output": f"src/parser.py:{turn}: def parse()\n" * 5 + result_marker,
-                            "metadata": {"exit_code": 0},
-                        }
-                    ),
-                }
-            )
+        items += _codex_round(turn, f"call_{turn:02d}_{conversation[:8]}", result_marker)
     return requests
+
+
+def _codex_opening(marker: str) -> list[dict[str, Any]]:
+    """The developer and environment messages Codex opens with, and the task ending in ``marker``."""
+
+    def message(role: str, text: str) -> dict[str, Any]:
+        return {"type": "message", "role": role, "content": [{"type": "input_text", "text": text}]}
+
+    return [
+        message("developer", "<permissions>sandbox: workspace-write</permissions>"),
+        message("user", "<environment_context><cwd>/repo</cwd></environment_context>"),
+        message("user", f"Fix the failing test in parser.py {marker}"),
+    ]
+
+
+def _codex_round(turn: int, call_id: str, result_marker: str) -> list[dict[str, Any]]:
+    """One model call's output items: its reasoning, a tool call (every third an ``apply_patch``
+    custom tool, else ``shell``) and the tool's output ending in ``result_marker``."""
+    reasoning = {
+        "type": "reasoning",
+        "id": f"rs_{turn:02d}",
+        "summary": [{"type": "summary_text", "text": f"Looking at step {turn}."}],
+        "content": None,
+        "encrypted_content": "gAAAAB" + "x" * 64,
+    }
+    if turn % 3 == 2:
+        patch = "*** Begin Patch\n*** Update File: parser.py\n@@\n-    return None\n+    return node\n*** End Patch\n"
+        return [
+            reasoning,
+            {"type": "custom_tool_call", "call_id": call_id, "name": "apply_patch", "input": patch},
+            {
+                "type": "custom_tool_call_output",
+                "call_id": call_id,
+                "output": "Success. Updated the following files:\nM parser.py\n" + result_marker,
+            },
+        ]
+    arguments = json.dumps(
+        {"command": ["bash", "-lc", f"rg -n parse src {turn}"], "workdir": "/repo"}
+    )
+    output = {
+        "output": f"src/parser.py:{turn}: def parse()\n" * 5 + result_marker,
+        "metadata": {"exit_code": 0},
+    }
+    return [
+        reasoning,
+        {"type": "function_call", "call_id": call_id, "name": "shell", "arguments": arguments},
+        {"type": "function_call_output", "call_id": call_id, "output": json.dumps(output)},
+    ]
 
 
 def _codex_body(
@@ -267,25 +236,7 @@ def claude_code_session(
     control: dict[str, Any] = {"type": "ephemeral"}
     if ttl is not None:
         control["ttl"] = ttl
-    requests: list[Request] = [
-        (
-            dict(headers),
-            {
-                "model": CLAUDE_SMALL_MODEL,
-                "max_tokens": 512,
-                "system": [
-                    _billing_header(0),
-                    {
-                        "type": "text",
-                        "text": "Summarize this coding conversation in a short title.",
-                    },
-                ],
-                "messages": [{"role": "user", "content": "fix the parser bug"}],
-                "metadata": {"user_id": user_id},
-                "stream": True,
-            },
-        )
-    ]
+    requests: list[Request] = [(dict(headers), _title_call(user_id))]
     messages: list[dict[str, Any]] = [
         {
             "role": "user",
@@ -299,70 +250,82 @@ def claude_code_session(
         }
     ]
     for turn in range(turns):
-        system = [
-            _billing_header(turn + 1),
-            {"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude."},
-            {
-                "type": "text",
-                "text": "You are an interactive CLI tool that helps users with software engineering tasks. "
-                * 20,
-            },
-        ]
+        system = _claude_system(turn)
         body_messages = json.loads(json.dumps(messages))
         if cache_control:
             system[-1]["cache_control"] = dict(control)
             last = body_messages[-1]["content"]
             last[-1]["cache_control"] = dict(control)
-        requests.append(
-            (
-                dict(headers),
-                {
-                    "model": CLAUDE_MODEL,
-                    "max_tokens": 32000,
-                    "system": system,
-                    "messages": body_messages,
-                    "tools": _claude_tools(),
-                    "metadata": {"user_id": user_id},
-                    "thinking": {"type": "enabled", "budget_tokens": 4000},
-                    "stream": True,
-                },
-            )
-        )
+        body = {
+            "model": CLAUDE_MODEL,
+            "max_tokens": 32000,
+            "system": system,
+            "messages": body_messages,
+            "tools": _claude_tools(),
+            "metadata": {"user_id": user_id},
+            "thinking": {"type": "enabled", "budget_tokens": 4000},
+            "stream": True,
+        }
+        requests.append((dict(headers), body))
         tool_id = f"toolu_{turn:02d}{session[:10].replace('-', '')}"
-        messages.append(
-            {
-                "role": "assistant",
-                "content": [
-                    {
-                        "type": "thinking",
-                        "thinking": f"I should look at step {turn}.",
-                        "signature": "EqQBCkYIBxgCKkB" + "a" * 40,
-                    },
-                    {"type": "text", "text": "Let me check."},
-                    {
-                        "type": "tool_use",
-                        "id": tool_id,
-                        "name": "Bash",
-                        "input": {
-                            "command": f"pytest -q tests/test_parser.py -k {turn}",
-                            "description": "Run the test",
-                        },
-                    },
-                ],
-            }
-        )
-        messages.append(
-            {
-                "role": "user",
-                "content": [
-                    {
-                        "type": "tool_result",
-                        "tool_use_id": tool_id,
-                        "content": f"FAILED tests/test_parser.py::test_{turn}\n" * 4
-                        + result_marker,
-                        "is_error": turn % 4 == 3,
-                    }
-                ],
-            }
-        )
+        messages += _claude_round(turn, tool_id, result_marker)
     return requests
+
+
+def _title_call(user_id: str) -> dict[str, Any]:
+    """Claude Code's side call on the small model that names the conversation."""
+    return {
+        "model": CLAUDE_SMALL_MODEL,
+        "max_tokens": 512,
+        "system": [
+            _billing_header(0),
+            {"type": "text", "text": "Summarize this coding conversation in a short title."},
+        ],
+        "messages": [{"role": "user", "content": "fix the parser bug"}],
+        "metadata": {"user_id": user_id},
+        "stream": True,
+    }
+
+
+def _claude_system(turn: int) -> list[dict[str, Any]]:
+    """The system blocks of a model call: the billing header that changes every request first."""
+    return [
+        _billing_header(turn + 1),
+        {"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude."},
+        {
+            "type": "text",
+            "text": "You are an interactive CLI tool that helps users with software engineering tasks. "
+            * 20,
+        },
+    ]
+
+
+def _claude_round(turn: int, tool_id: str, result_marker: str) -> list[dict[str, Any]]:
+    """The assistant's thinking, text and ``Bash`` tool use, and the tool result answering it."""
+    tool_use = {
+        "type": "tool_use",
+        "id": tool_id,
+        "name": "Bash",
+        "input": {
+            "command": f"pytest -q tests/test_parser.py -k {turn}",
+            "description": "Run the test",
+        },
+    }
+    thinking = {
+        "type": "thinking",
+        "thinking": f"I should look at step {turn}.",
+        "signature": "EqQBCkYIBxgCKkB" + "a" * 40,
+    }
+    result = {
+        "type": "tool_result",
+        "tool_use_id": tool_id,
+        "content": f"FAILED tests/test_parser.py::test_{turn}\n" * 4 + result_marker,
+        "is_error": turn % 4 == 3,
+    }
+    return [
+        {
+            "role": "assistant",
+            "content": [thinking, {"type": "text", "text": "Let me check."}, tool_use],
+        },
+        {"role": "user", "content": [result]},
+    ]
