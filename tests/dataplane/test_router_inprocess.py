@@ -11,17 +11,11 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
 from kvretention.dataplane.protocol import GENERATE_PATH, HEADER_SESSION
-from kvretention.dataplane.router.app import (
-    RouterConfig,
-    RouterState,
-    build_app,
-    check_all,
-    refresh_membership,
-)
-from kvretention.dataplane.router.discovery import build_sources
+from kvretention.dataplane.router.app import RouterConfig, check_all, refresh_membership
+from support.router_inprocess import answer_line, start_router, start_servers, url_of, worker_app
 
 
 @dataclass
@@ -41,19 +35,11 @@ class FakeWorker:
                 await asyncio.Event().wait()
             return web.json_response({}, status=200 if self.ready else 503)
 
-        async def info(_: web.Request) -> web.Response:
-            return web.json_response({"role": "aggregated"})
-
         async def generate(request: web.Request) -> web.Response:
             self.bodies.append(await request.read())
-            line = {"text": self.name, "finish_reason": "stop"}
-            return web.Response(body=json.dumps(line) + "\n", content_type="application/x-ndjson")
+            return answer_line(self.name)
 
-        app = web.Application()
-        app.router.add_get("/readyz", readyz)
-        app.router.add_get("/v1/info", info)
-        app.router.add_post(GENERATE_PATH, generate)
-        return app
+        return worker_app(generate, readyz=readyz)
 
 
 @dataclass
@@ -78,20 +64,9 @@ class Fleet:
 @pytest.fixture
 async def fleet() -> AsyncIterator[Fleet]:
     workers = [FakeWorker("w0"), FakeWorker("w1")]
-    servers = [TestServer(w.app()) for w in workers]
-    for server in servers:
-        await server.start_server()
-    sources = build_sources(
-        workers=[str(s.make_url("")).rstrip("/") for s in servers],
-        worker_dns=(),
-        prefill=(),
-        prefill_dns=(),
-        decode=(),
-        decode_dns=(),
-    )
+    servers = await start_servers(w.app() for w in workers)
     config = RouterConfig(health_interval_s=0.02, policy="least-outstanding")
-    router: TestClient[Any, Any] = TestClient(TestServer(build_app(RouterState(sources, config))))
-    await router.start_server()
+    router, _ = await start_router([url_of(s) for s in servers], config)
     fleet = Fleet(router, workers)
     await fleet.settle(2)
     yield fleet
@@ -152,17 +127,10 @@ async def test_answered_requests_keep_a_worker_whose_polls_time_out() -> None:
     The polls are driven one by one (the background loop waits an hour after its first round),
     so the outcome depends on the order of polls and answers only, not on timing."""
     slow, other = FakeWorker("slow"), FakeWorker("other")
-    servers = [TestServer(w.app()) for w in (slow, other)]
-    for server in servers:
-        await server.start_server()
-    urls = [str(s.make_url("")).rstrip("/") for s in servers]
-    sources = build_sources(
-        workers=urls, worker_dns=(), prefill=(), prefill_dns=(), decode=(), decode_dns=()
-    )
+    servers = await start_servers(w.app() for w in (slow, other))
+    urls = [url_of(s) for s in servers]
     config = RouterConfig(health_interval_s=3600.0, health_timeout_s=0.3)
-    state = RouterState(sources, config)
-    router: TestClient[Any, Any] = TestClient(TestServer(build_app(state)))
-    await router.start_server()
+    router, state = await start_router(urls, config)
     try:
         assert all(w.healthy for w in state.workers.values())
         slow.stalled = asyncio.Event()
@@ -191,17 +159,11 @@ async def test_a_swapped_last_worker_serves_until_its_replacement_is_ready() -> 
     """A rolling update swaps the pool's only pod in one discovery answer: the departing worker
     keeps serving while the newcomer is not ready (no 503), and leaves once it is admitted."""
     old, new = FakeWorker("old"), FakeWorker("new")
-    servers = [TestServer(w.app()) for w in (old, new)]
-    for server in servers:
-        await server.start_server()
-    old_url, new_url = (str(s.make_url("")).rstrip("/") for s in servers)
+    servers = await start_servers(w.app() for w in (old, new))
+    old_url, new_url = (url_of(s) for s in servers)
     new.ready = False
-    sources = build_sources(
-        workers=[old_url], worker_dns=(), prefill=(), prefill_dns=(), decode=(), decode_dns=()
-    )
-    state = RouterState(sources, RouterConfig(health_interval_s=3600.0, health_timeout_s=0.5))
-    router: TestClient[Any, Any] = TestClient(TestServer(build_app(state)))
-    await router.start_server()
+    config = RouterConfig(health_interval_s=3600.0, health_timeout_s=0.5)
+    router, state = await start_router([old_url], config)
     try:
         assert state.workers[old_url].healthy
         state.sources[0] = replace(state.sources[0], static=(new_url,))

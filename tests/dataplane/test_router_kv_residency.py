@@ -15,8 +15,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from kvretention.common.tenancy import HEADER_TENANT, cache_salt_for, scoped_session
 from kvretention.dataplane.protocol import GENERATE_PATH, HEADER_SESSION, RESIDENCY_PATH
-from kvretention.dataplane.router.app import RouterConfig, RouterState, build_app
-from kvretention.dataplane.router.discovery import build_sources
+from kvretention.dataplane.router.app import RouterConfig, RouterState
+from support.router_inprocess import answer_line, start_router, start_servers, url_of, worker_app
 
 
 @dataclass
@@ -30,9 +30,6 @@ class ResidentWorker:
     polled: int = 0
 
     def app(self) -> web.Application:
-        async def readyz(_: web.Request) -> web.Response:
-            return web.json_response({})
-
         async def residency(_: web.Request) -> web.Response:
             self.polled += 1
             if self.entries is None:
@@ -41,14 +38,9 @@ class ResidentWorker:
 
         async def generate(_: web.Request) -> web.Response:
             self.served += 1
-            line = {"text": self.name, "finish_reason": "stop"}
-            return web.Response(body=json.dumps(line) + "\n", content_type="application/x-ndjson")
+            return answer_line(self.name)
 
-        app = web.Application()
-        app.router.add_get("/readyz", readyz)
-        app.router.add_get(RESIDENCY_PATH, residency)
-        app.router.add_post(GENERATE_PATH, generate)
-        return app
+        return worker_app(generate, gets={RESIDENCY_PATH: residency})
 
 
 @dataclass
@@ -72,7 +64,7 @@ class Fleet:
 
     def least_loaded(self) -> str:
         """The worker load alone picks first: all idle, so the lowest URL."""
-        urls = [str(s.make_url("")).rstrip("/") for s in self.servers]
+        urls = [url_of(s) for s in self.servers]
         return self.workers[urls.index(min(urls))].name
 
     async def polled(self) -> None:
@@ -95,21 +87,9 @@ def entry(tenant: str, session: str, tokens: int) -> dict[str, Any]:
 
 
 async def start_fleet(workers: list[ResidentWorker], *, kv_residency: bool = True) -> Fleet:
-    servers = [TestServer(w.app()) for w in workers]
-    for server in servers:
-        await server.start_server()
-    sources = build_sources(
-        workers=[str(s.make_url("")).rstrip("/") for s in servers],
-        worker_dns=(),
-        prefill=(),
-        prefill_dns=(),
-        decode=(),
-        decode_dns=(),
-    )
+    servers = await start_servers(w.app() for w in workers)
     config = RouterConfig(health_interval_s=0.02, kv_residency=kv_residency)
-    state = RouterState(sources, config)
-    router: TestClient[Any, Any] = TestClient(TestServer(build_app(state)))
-    await router.start_server()
+    router, state = await start_router([url_of(s) for s in servers], config)
     return Fleet(router, workers, state, servers)
 
 

@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvretention.dataplane.protocol import GENERATE_PATH
-from kvretention.dataplane.router.app import RouterConfig, RouterState, build_app
-from kvretention.dataplane.router.discovery import build_sources
+from kvretention.dataplane.router.app import RouterConfig, RouterState
 from kvretention.dataplane.router.state import Worker
+from support.router_inprocess import answer_line, start_router, start_servers, url_of, worker_app
 
 POOL = "kvretention_router_pool_outstanding_requests"
 
@@ -31,24 +31,13 @@ class HeldWorker:
     arrived: int = 0
 
     def app(self) -> web.Application:
-        async def readyz(_: web.Request) -> web.Response:
-            return web.json_response({})
-
-        async def info(_: web.Request) -> web.Response:
-            return web.json_response({"role": "aggregated"})
-
         async def generate(request: web.Request) -> web.Response:
             await request.read()
             self.arrived += 1
             await self.release.wait()
-            line = {"text": "ok", "finish_reason": "stop"}
-            return web.Response(body=json.dumps(line) + "\n", content_type="application/x-ndjson")
+            return answer_line("ok")
 
-        app = web.Application()
-        app.router.add_get("/readyz", readyz)
-        app.router.add_get("/v1/info", info)
-        app.router.add_post(GENERATE_PATH, generate)
-        return app
+        return worker_app(generate)
 
 
 def pool_outstanding(text: str) -> dict[str, float]:
@@ -60,19 +49,8 @@ def pool_outstanding(text: str) -> dict[str, float]:
 @pytest.fixture
 async def router_and_worker() -> AsyncIterator[tuple[TestClient[Any, Any], HeldWorker]]:
     worker = HeldWorker()
-    server = TestServer(worker.app())
-    await server.start_server()
-    sources = build_sources(
-        workers=[str(server.make_url("")).rstrip("/")],
-        worker_dns=(),
-        prefill=(),
-        prefill_dns=(),
-        decode=(),
-        decode_dns=(),
-    )
-    config = RouterConfig(health_interval_s=0.02)
-    router: TestClient[Any, Any] = TestClient(TestServer(build_app(RouterState(sources, config))))
-    await router.start_server()
+    (server,) = await start_servers([worker.app()])
+    router, _ = await start_router([url_of(server)], RouterConfig(health_interval_s=0.02))
     for _ in range(200):
         if (await router.get("/readyz")).status == 200:
             break

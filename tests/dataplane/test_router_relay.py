@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
 from kvretention.dataplane.protocol import GENERATE_PATH
-from kvretention.dataplane.router.app import RouterConfig, RouterState, build_app
-from kvretention.dataplane.router.discovery import build_sources
+from kvretention.dataplane.router.app import RouterConfig
+from support.router_inprocess import start_router, start_servers, url_of, worker_app
 
 DONE = b'{"text": "a", "finish_reason": "stop"}\n'
 TOKEN = b'{"text": "a", "token_ids": [1]}\n'
@@ -38,12 +38,6 @@ async def router_for() -> AsyncIterator[Any]:
     made: list[Any] = []
 
     async def make(writes: list[bytes]) -> TestClient[Any, Any]:
-        async def ready(_: web.Request) -> web.Response:
-            return web.json_response({})
-
-        async def info(_: web.Request) -> web.Response:
-            return web.json_response({"role": "aggregated"})
-
         async def generate(request: web.Request) -> web.StreamResponse:
             await request.read()
             out = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
@@ -57,25 +51,9 @@ async def router_for() -> AsyncIterator[Any]:
                     await out.write(data)
             return out
 
-        app = web.Application()
-        app.router.add_get("/readyz", ready)
-        app.router.add_get("/v1/info", info)
-        app.router.add_post(GENERATE_PATH, generate)
-        worker = TestServer(app)
-        await worker.start_server()
-        sources = build_sources(
-            workers=[str(worker.make_url("")).rstrip("/")],
-            worker_dns=(),
-            prefill=(),
-            prefill_dns=(),
-            decode=(),
-            decode_dns=(),
-        )
+        (worker,) = await start_servers([worker_app(generate)])
         config = RouterConfig(health_interval_s=0.02, policy="least-outstanding")
-        router: TestClient[Any, Any] = TestClient(
-            TestServer(build_app(RouterState(sources, config)))
-        )
-        await router.start_server()
+        router, _ = await start_router([url_of(worker)], config)
         made.extend([router, worker])
         for _ in range(200):
             workers = await (await router.get("/v1/workers")).json()
