@@ -11,7 +11,7 @@ from typing import Any, Final
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
 from kvretention.common.hop_auth import HopKeyFile
 from kvretention.common.sessions import DEFAULT_SESSION_KEYS
@@ -109,78 +109,80 @@ class RouterMetrics:
 
     def _declare_load(self) -> None:
         """Requests by outcome, and in flight per worker and per pool."""
-        self.requests = Counter(
+        self.requests = counter(
+            self.registry,
             "kvretention_router_requests",
             "Routed requests by mode and outcome.",
-            ["mode", "outcome"],
-            registry=self.registry,
+            "mode",
+            "outcome",
         )
-        self.healthy = Gauge(
-            "kvretention_router_healthy_workers",
-            "Healthy workers by role.",
-            ["role"],
-            registry=self.registry,
+        self.healthy = gauge(
+            self.registry, "kvretention_router_healthy_workers", "Healthy workers by role.", "role"
         )
-        self.outstanding = Gauge(
+        self.outstanding = gauge(
+            self.registry,
             "kvretention_router_outstanding_requests",
             "Requests in flight per worker.",
-            ["role", "url"],
-            registry=self.registry,
+            "role",
+            "url",
         )
-        self.pool_outstanding = Gauge(
+        self.pool_outstanding = gauge(
+            self.registry,
             "kvretention_router_pool_outstanding_requests",
             "Requests in flight per pool (role): the signal a pool's autoscaler divides by replicas.",
-            ["role"],
-            registry=self.registry,
+            "role",
         )
         for role in ("aggregated", "prefill", "decode"):
             self.pool_outstanding.labels(role)  # present at 0 before the first request
 
     def _declare_health(self) -> None:
         """What the health checks and the hop check decided."""
-        self.ejections = Counter(
+        self.ejections = counter(
+            self.registry,
             "kvretention_router_worker_ejections",
             "Workers taken out of rotation.",
-            ["role", "reason"],
-            registry=self.registry,
+            "role",
+            "reason",
         )
-        self.health_failures = Counter(
+        self.health_failures = counter(
+            self.registry,
             "kvretention_router_worker_health_failures",
             "Failed health polls and broken requests, by what they showed.",
-            ["role", "evidence"],
-            registry=self.registry,
+            "role",
+            "evidence",
         )
-        self.kept = Counter(
+        self.kept = counter(
+            self.registry,
             "kvretention_router_worker_kept",
             "Failing workers kept in rotation: answering real requests, or the pool's last one.",
-            ["role", "why"],
-            registry=self.registry,
+            "role",
+            "why",
         )
-        self.hop_refusals = Counter(
+        self.hop_refusals = counter(
+            self.registry,
             "kvretention_router_hop_refusals",
             "Requests refused with a 403 for a missing or bad x-kvr-tenant-sig (only with "
             "--hop-key-file), by reason (missing, malformed, stale, invalid).",
-            ["reason"],
-            registry=self.registry,
+            "reason",
         )
 
     def _declare_placement(self) -> None:
         """What decided each placement, and the endpoint picker's answers."""
-        self.sticky = Counter(
+        self.sticky = counter(
+            self.registry,
             "kvretention_router_sticky_placements",
             "Placements decided by a session pin.",
-            registry=self.registry,
         )
-        self.prefix = Counter(
+        self.prefix = counter(
+            self.registry,
             "kvretention_router_prefix_placements",
             "Placements decided by a prefix match (cache-aware policy).",
-            registry=self.registry,
         )
-        self.resident = Counter(
+        self.resident = counter(
+            self.registry,
             "kvretention_router_resident_placements",
             "Placements decided by a worker's engine reporting the session's KV resident "
             "(--kv-residency).",
-            registry=self.registry,
         )
         self.picks = counter(
             self.registry,
