@@ -133,23 +133,28 @@ def _condition(obj: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
     return {}
 
 
+def _desired_replicas(spec: Mapping[str, Any], live: Mapping[str, Any] | None) -> int:
+    """The desired manifest's ``replicas``; an autoscaled pool's workload is applied without
+    them (its HPA sizes it), so then the live object's, or 1 before there is one."""
+    replicas = spec.get("replicas")
+    if replicas is not None:
+        return int(replicas)
+    return int(((live or {}).get("spec") or {}).get("replicas") or 1)
+
+
 def observe_workload(desired: Mapping[str, Any], live: Mapping[str, Any] | None) -> Workload:
     """Pair a desired Deployment manifest with the live object of the same name (or none)."""
     meta = desired["metadata"]
     spec = desired.get("spec") or {}
-    replicas = spec.get("replicas")
     base = Workload(
         name=meta["name"],
         component=(meta.get("labels") or {}).get(COMPONENT_LABEL, ""),
-        desired=1 if replicas is None else int(replicas),
+        desired=_desired_replicas(spec, live),
         selector=dict((spec.get("selector") or {}).get("matchLabels") or {}),
     )
     if live is None:
         return base
     status = live.get("status") or {}
-    if replicas is None:
-        # An autoscaled pool's workload is applied without replicas: its HPA sizes it.
-        base = replace(base, desired=int((live.get("spec") or {}).get("replicas") or 1))
     generation = int((live.get("metadata") or {}).get("generation") or 0)
     observed_generation = int(status.get("observedGeneration") or 0)
     failure = _condition(live, "ReplicaFailure")
@@ -190,11 +195,10 @@ def observe_group_workload(desired: Mapping[str, Any], live: Mapping[str, Any] |
     spec = desired.get("spec") or {}
     template = (spec.get("leaderWorkerTemplate") or {}).get("leaderTemplate") or {}
     template_labels = (template.get("metadata") or {}).get("labels") or {}
-    replicas = spec.get("replicas")
     base = Workload(
         name=meta["name"],
         component=(meta.get("labels") or {}).get(COMPONENT_LABEL, ""),
-        desired=1 if replicas is None else int(replicas),
+        desired=_desired_replicas(spec, live),
         kind=LEADER_WORKER_SET,
         selector={k: template_labels[k] for k in _SELECTOR_KEYS if k in template_labels},
         group_size=int((spec.get("leaderWorkerTemplate") or {}).get("size") or 1),
@@ -202,8 +206,6 @@ def observe_group_workload(desired: Mapping[str, Any], live: Mapping[str, Any] |
     if live is None:
         return base
     status = live.get("status") or {}
-    if replicas is None:  # autoscaled: its HPA sizes the live LeaderWorkerSet
-        base = replace(base, desired=int((live.get("spec") or {}).get("replicas") or 1))
     ready = int(status.get("readyReplicas") or 0)
     # The LWS controller writes no observedGeneration: a status it has written counts as current.
     seen = bool(status.get("conditions")) or "replicas" in status
