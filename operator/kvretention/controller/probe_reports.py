@@ -93,25 +93,26 @@ def worker_reports(pods: Sequence[Mapping[str, Any]]) -> list[PodReport | ProbeF
     return out
 
 
-def _not_yet_read(
+def _read_reports(
     reports: Sequence[PodReport | ProbeFailure], *, invalid: CondStatus
-) -> Verdict | None:
-    """Unknown while no worker pod has reported; ``invalid`` for the first report that cannot be
-    read; None when every report reads."""
+) -> Verdict | list[PodReport]:
+    """Every report, when there are some and each reads; else the verdict: Unknown while no
+    worker pod has reported, ``invalid`` for the first report that cannot be read."""
     if not reports:
         return Verdict("Unknown", "ProbePending", "no worker pod has reported its engine yet")
+    good = []
     for r in reports:
         if isinstance(r, ProbeFailure):
             return Verdict(invalid, "ProbeReportInvalid", f"pod {r.pod}: {r.error}")
-    return None
+        good.append(r)
+    return good
 
 
 def check_kv_hints(reports: Sequence[PodReport | ProbeFailure]) -> Verdict:
     """Every worker pod's engine must take kv_hints; the first pod that cannot names the reason."""
-    unread = _not_yet_read(reports, invalid="False")
-    if unread is not None:
-        return unread
-    good = [r for r in reports if isinstance(r, PodReport)]
+    good = _read_reports(reports, invalid="False")
+    if isinstance(good, Verdict):
+        return good
     for r in good:
         if not r.report.kv_hints_parameter or r.report.dialect == "none":
             return Verdict(
@@ -208,10 +209,9 @@ def check_retention_applied(
         )
     if wiring.blocked_reason is not None:
         return Verdict("False", wiring.blocked_reason, wiring.blocked_message)
-    unread = _not_yet_read(reports, invalid="Unknown")
-    if unread is not None:
-        return unread
-    good = [r for r in reports if isinstance(r, PodReport)]
+    good = _read_reports(reports, invalid="Unknown")
+    if isinstance(good, Verdict):
+        return good
     for r in good:
         verdict = _plugin_verdict(r)
         if verdict is not None:
