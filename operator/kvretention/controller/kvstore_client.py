@@ -12,7 +12,8 @@ import asyncio
 import datetime as dt
 import http.client
 import urllib.request
-from typing import Final
+from collections.abc import Callable
+from typing import Final, TypeVar
 
 from kvretention.controller.kvstore_metrics import (
     KvStoreReading,
@@ -21,6 +22,8 @@ from kvretention.controller.kvstore_metrics import (
     parse_usage,
 )
 from kvretention.controller.worker_metrics import PodFailures, parse_hook_failures
+
+T = TypeVar("T")
 
 TIMEOUT_SECONDS: Final = 2.0
 MAX_BYTES: Final = 4 * 1024 * 1024
@@ -48,30 +51,32 @@ async def _fetch(url: str, limit_seconds: float) -> str:
     return got
 
 
+async def _read(url: str, parse: Callable[[str], T], limit_seconds: float) -> T | str:
+    """``parse`` of the body, or why there is none, as status words it (naming the URL)."""
+    try:
+        return parse(await _fetch(url, limit_seconds))
+    except TimeoutError:
+        return f"{url}: no answer within {limit_seconds:g}s"
+    except (OSError, ValueError, http.client.HTTPException) as err:  # MetricsFormatError too
+        return f"{url}: {err}"
+
+
 async def read_master_metrics(
     url: str, *, now: dt.datetime, limit_seconds: float = TIMEOUT_SECONDS
 ) -> KvStoreReading:
     """The master's usage, or why it could not be read within ``limit_seconds``."""
     observed_at = format_time(now)
-    try:
-        text = await _fetch(url, limit_seconds)
-        return KvStoreReading(observed_at, usage=parse_usage(text))
-    except TimeoutError:
-        return KvStoreReading(observed_at, error=f"{url}: no answer within {limit_seconds:g}s")
-    except MetricsFormatError as err:
-        return KvStoreReading(observed_at, error=f"{url}: {err}")
-    except (OSError, ValueError, http.client.HTTPException) as err:
-        return KvStoreReading(observed_at, error=f"{url}: {err}")
+    usage = await _read(url, parse_usage, limit_seconds)
+    if isinstance(usage, str):
+        return KvStoreReading(observed_at, error=usage)
+    return KvStoreReading(observed_at, usage=usage)
 
 
 async def read_worker_failures(
     pod: str, url: str, *, limit_seconds: float = TIMEOUT_SECONDS
 ) -> PodFailures:
     """A worker pod's retention hook failure counts, or why they could not be read in time."""
-    try:
-        text = await _fetch(url, limit_seconds)
-        return PodFailures(pod, counts=parse_hook_failures(text))
-    except TimeoutError:
-        return PodFailures(pod, error=f"{url}: no answer within {limit_seconds:g}s")
-    except (OSError, ValueError, http.client.HTTPException) as err:
-        return PodFailures(pod, error=f"{url}: {err}")
+    counts = await _read(url, parse_hook_failures, limit_seconds)
+    if isinstance(counts, str):
+        return PodFailures(pod, error=counts)
+    return PodFailures(pod, counts=counts)
