@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import time
 import urllib.request
@@ -12,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from support.processes import KvrProcess, StartKvretention, free_port, http_ok
-from support.worker_client import calls, post, request_body, wait_for
+from support.worker_client import calls, leave_after_first_chunk, post, request_body, wait_for
 
 FAST_HEALTH = ["--health-interval", "0.2", "--health-timeout", "0.5"]
 
@@ -112,18 +111,7 @@ def test_client_disconnect_through_the_router_aborts_in_the_engine(
         env={"KVR_STANDIN_RECORD": str(record), "KVR_STANDIN_DELAY_S": "0.3"},
     )
     router = kvretention_process(["router", "--worker", worker.base_url])
-    body = request_body("walk-away")
-    with socket.create_connection(("127.0.0.1", router.port), timeout=5) as sock:
-        sock.sendall(
-            b"POST /v1/generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            + f"Content-Length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
-        received = b""
-        while b"Hello" not in received:
-            data = sock.recv(4096)
-            assert data
-            received += data
+    leave_after_first_chunk(router.port, request_body("walk-away"))
     (abort,) = wait_for(lambda: calls(record, "walk-away", event="abort"))
     assert abort["rid"] == "walk-away"
 

@@ -6,7 +6,6 @@ import contextlib
 import http.client
 import json
 import signal
-import socket
 import threading
 import time
 from pathlib import Path
@@ -16,7 +15,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from support.processes import KvrProcess, StartKvretention, http_ok
-from support.worker_client import calls, post, request_body, wait_for
+from support.worker_client import calls, leave_after_first_chunk, post, request_body, wait_for
 
 
 def start_worker(
@@ -120,18 +119,7 @@ def test_client_disconnect_aborts_the_engine_request(
     kvretention_process: StartKvretention, tmp_path: Path
 ) -> None:
     proc, record = start_worker(kvretention_process, tmp_path, env={"KVR_STANDIN_DELAY_S": "0.3"})
-    body = request_body("gone-1")
-    with socket.create_connection(("127.0.0.1", proc.port), timeout=5) as sock:
-        sock.sendall(
-            b"POST /v1/generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            + f"Content-Length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
-        received = b""
-        while b"Hello" not in received:
-            data = sock.recv(4096)
-            assert data, "worker closed before the first chunk"
-            received += data
+    leave_after_first_chunk(proc.port, request_body("gone-1"))
     (abort,) = wait_for(lambda: calls(record, "gone-1", event="abort"))
     assert abort["rid"] == "gone-1"
     assert http_ok(proc.base_url + "/readyz")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,22 @@ def post(
     finally:
         conn.close()
     return resp.status, [json.loads(line) for line in raw.splitlines() if line.strip()]
+
+
+def leave_after_first_chunk(port: int, body: bytes) -> None:
+    """POST ``body`` to /v1/generate on 127.0.0.1:``port`` by hand, read until the stand-in's first
+    chunk (``Hello``) arrives, then close the connection: a client that walks away mid-stream."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(
+            b"POST /v1/generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        received = b""
+        while b"Hello" not in received:
+            data = sock.recv(4096)
+            assert data, "closed before the first chunk"
+            received += data
 
 
 def request_body(rid: str, *, hint: Any = None, **fields: Any) -> bytes:
