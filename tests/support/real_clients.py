@@ -169,6 +169,22 @@ def _base_env(home: Path) -> dict[str, str]:
     return {**keep, "HOME": str(home), "TMPDIR": str(home)}
 
 
+def _run_cli(
+    argv: list[str], *, workdir: Path, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """One non-interactive CLI run in ``workdir``: no stdin, output captured, bounded."""
+    return subprocess.run(
+        argv,
+        cwd=workdir,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )
+
+
 def run_claude(
     client: Client,
     prompt: str,
@@ -188,16 +204,7 @@ def run_claude(
         "ANTHROPIC_API_KEY": key,
         **(extra_env or {}),
     }
-    return subprocess.run(
-        [str(client.binary), "-p", prompt],
-        cwd=workdir,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        check=False,
-    )
+    return _run_cli([str(client.binary), "-p", prompt], workdir=workdir, env=env)
 
 
 def codex_config(base_url: str, *, catalog: bool = False) -> str:
@@ -236,15 +243,8 @@ def run_codex(
     codex_home.mkdir(parents=True, exist_ok=True)
     (codex_home / "config.toml").write_text(codex_config(base_url, catalog=catalog))
     env = {**_base_env(home), "CODEX_HOME": str(codex_home), CODEX_KEY_ENV: key}
-    return subprocess.run(
-        [str(client.binary), "exec", "--skip-git-repo-check", prompt],
-        cwd=workdir,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        check=False,
+    return _run_cli(
+        [str(client.binary), "exec", "--skip-git-repo-check", prompt], workdir=workdir, env=env
     )
 
 
