@@ -48,6 +48,15 @@ def list_field(max_length: int, description: str, **extra: Any) -> Any:
     return Field(default_factory=list, max_length=max_length, description=description, **extra)
 
 
+def map_field(max_properties: int, description: str) -> Any:
+    """A string map that defaults to empty and holds at most ``max_properties`` keys."""
+    return Field(
+        default_factory=dict,
+        description=description,
+        json_schema_extra={"maxProperties": max_properties},
+    )
+
+
 def cel_config(*rules: tuple[str, str]) -> ConfigDict:
     """A model's config that adds these (CEL rule, message) validations to its schema."""
     return ConfigDict(json_schema_extra=cel_rules(*rules))

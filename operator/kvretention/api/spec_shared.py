@@ -12,7 +12,7 @@ from pydantic import (
     field_validator,
 )
 
-from kvretention.api.base import WireModel, cel_rules, list_field, require
+from kvretention.api.base import WireModel, cel_rules, list_field, map_field, require
 from kvretention.api.quantity import (
     QUANTITY_MAX_LENGTH,
     QUANTITY_MESSAGE,
@@ -194,20 +194,12 @@ class PodOptions(WireModel):
     overridden (``InvalidSpec``).
     """
 
-    labels: dict[str, _MapValue] = Field(
-        default_factory=dict,
-        description="Extra pod labels (the operator's app.kubernetes.io/* labels are reserved).",
-        json_schema_extra={"maxProperties": 64},
+    labels: dict[str, _MapValue] = map_field(
+        64, "Extra pod labels (the operator's app.kubernetes.io/* labels are reserved)."
     )
-    annotations: dict[str, _MapValue] = Field(
-        default_factory=dict,
-        description="Extra pod annotations.",
-        json_schema_extra={"maxProperties": 64},
-    )
-    node_selector: dict[str, _MapValue] = Field(
-        default_factory=dict,
-        description="Node labels the pods must run on (pod spec nodeSelector).",
-        json_schema_extra={"maxProperties": 64},
+    annotations: dict[str, _MapValue] = map_field(64, "Extra pod annotations.")
+    node_selector: dict[str, _MapValue] = map_field(
+        64, "Node labels the pods must run on (pod spec nodeSelector)."
     )
     tolerations: list[Toleration] = list_field(
         64, "Tolerations, e.g. for tainted GPU nodes (pod spec tolerations)."
