@@ -37,6 +37,7 @@ from support.chat_tokenizer import save
 from support.envoy_gateway import EnvoyGateway, start_envoy
 from support.extproc_client import build_extproc_client, play
 from support.processes import KvrProcess, StartKvretention
+from support.standin_chain import start_recorded_workers, worker_flags
 from support.worker_client import calls, wait_for
 
 MODEL_ARGS = ("--model", "m", "--model-alias", "claude-*=m", "--model-alias", "gpt-*=m")
@@ -95,15 +96,10 @@ def fleet(
     d = tmp_path_factory.mktemp("extproc")
     tokenizer = str(save(d / "tokenizer"))
     records = [d / f"w{i}.jsonl" for i in range(2)]
-    workers = [
-        kvretention_process(
-            ["worker", "--engine", "standin:versioned", "--model-path", tokenizer],
-            env={"KVR_STANDIN_RECORD": str(r)},
-            timeout=90.0,
-        ).base_url
-        for r in records
-    ]
-    worker_args = [a for u in workers for a in ("--worker", u)]
+    workers = start_recorded_workers(
+        kvretention_process, records, args=["--model-path", tokenizer], timeout=90.0
+    )
+    worker_args = worker_flags(workers)
     router = kvretention_process(["router", *worker_args])
     frontends = [
         kvretention_process(

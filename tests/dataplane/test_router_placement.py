@@ -17,6 +17,7 @@ import pytest
 
 from support.kv_retain_rules import retain_envelope
 from support.processes import StartKvretention
+from support.standin_chain import start_recorded_workers, worker_flags
 from support.worker_client import HINT, calls, post, request_body, wait_for
 
 PD_BOOTSTRAP_PORT = 8998
@@ -48,14 +49,8 @@ class Pool:
 def pool(kvretention_process: StartKvretention, tmp_path_factory: pytest.TempPathFactory) -> Pool:
     d = tmp_path_factory.mktemp("placement")
     records = [d / f"w{i}.jsonl" for i in range(2)]
-    urls = [
-        kvretention_process(
-            ["worker", "--engine", "standin:versioned"],
-            env={"KVR_STANDIN_RECORD": str(r), "KVR_STANDIN_DELAY_S": "0.1"},
-        ).base_url
-        for r in records
-    ]
-    router = kvretention_process(["router", *(a for u in urls for a in ("--worker", u))])
+    urls = start_recorded_workers(kvretention_process, records, env={"KVR_STANDIN_DELAY_S": "0.1"})
+    router = kvretention_process(["router", *worker_flags(urls)])
     return Pool(records, urls, router.base_url)
 
 

@@ -18,7 +18,13 @@ import pytest
 from kvretention.common.tenancy import HEADER_TENANT, cache_salt_for
 from kvretention.dataplane.protocol import HEADER_PREFIX, HEADER_SESSION
 from support.processes import StartKvretention
-from support.standin_chain import post_chat, start_standin_chain, write_key_files
+from support.standin_chain import (
+    post_chat,
+    start_recorded_workers,
+    start_standin_chain,
+    worker_flags,
+    write_key_files,
+)
 from support.worker_client import calls, post, request_body, wait_for
 
 KEYS = {"team-a": "sk-team-a-0123456789abcdef", "team-b": "sk-team-b-0123456789abcdef"}
@@ -43,13 +49,8 @@ class Pool:
 def pool(kvretention_process: StartKvretention, tmp_path_factory: pytest.TempPathFactory) -> Pool:
     d = tmp_path_factory.mktemp("tenant-placement")
     records = [d / f"w{i}.jsonl" for i in range(2)]
-    urls = [
-        kvretention_process(
-            ["worker", "--engine", "standin:versioned"], env={"KVR_STANDIN_RECORD": str(r)}
-        ).base_url
-        for r in records
-    ]
-    router = kvretention_process(["router", *(a for u in urls for a in ("--worker", u))])
+    urls = start_recorded_workers(kvretention_process, records)
+    router = kvretention_process(["router", *worker_flags(urls)])
     return Pool(records, router.base_url)
 
 

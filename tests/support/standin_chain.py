@@ -31,6 +31,31 @@ def write_key_files(directory: Path, keys: Mapping[str, str]) -> Path:
     return directory
 
 
+def start_recorded_workers(
+    start: StartKvretention,
+    records: Sequence[Path],
+    *,
+    args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    **kwargs: Any,
+) -> list[str]:
+    """One ``standin:versioned`` worker (with ``args``) per record file, each recording its engine
+    calls there; their base URLs, in ``records`` order."""
+    return [
+        start(
+            ["worker", "--engine", "standin:versioned", *args],
+            env={"KVR_STANDIN_RECORD": str(record), **(env or {})},
+            **kwargs,
+        ).base_url
+        for record in records
+    ]
+
+
+def worker_flags(urls: Sequence[str]) -> list[str]:
+    """``--worker URL`` for each worker, as a router takes its static pool."""
+    return [flag for url in urls for flag in ("--worker", url)]
+
+
 def start_standin_chain(
     start: StartKvretention,
     d: Path,
