@@ -28,12 +28,7 @@ from kvretention.dataplane.router.placement import (
     plan_pair,
     plan_worker,
 )
-
-A, B, C = "http://a:1", "http://b:1", "http://c:1"
-
-
-def w(url: str, outstanding: int = 0, served: int = 0, healthy: bool = True) -> WorkerView:
-    return WorkerView(url=url, healthy=healthy, outstanding=outstanding, served=served)
+from support.worker_views import A, B, C, w
 
 
 @pytest.mark.parametrize(
