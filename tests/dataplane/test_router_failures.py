@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from support.processes import KvrProcess, StartKvretention, free_port, http_ok
+from support.standin_chain import start_recorded_worker
 from support.worker_client import calls, leave_after_first_chunk, post, request_body, wait_for
 
 FAST_HEALTH = ["--health-interval", "0.2", "--health-timeout", "0.5"]
@@ -55,10 +56,8 @@ def restart(process: KvrProcess, env: dict[str, str]) -> KvrProcess:
 def test_worker_dying_mid_stream_gives_a_clean_error_then_is_readmitted(
     kvretention_process: StartKvretention, tmp_path: Path
 ) -> None:
-    record = tmp_path / "calls.jsonl"
-    worker = kvretention_process(
-        ["worker", "--engine", "standin:flat"],
-        env={"KVR_STANDIN_RECORD": str(record), "KVR_STANDIN_FAIL": "die"},
+    worker, record = start_recorded_worker(
+        kvretention_process, tmp_path, env={"KVR_STANDIN_FAIL": "die"}
     )
     router = kvretention_process(["router", "--worker", worker.base_url, *FAST_HEALTH])
     started = time.monotonic()
@@ -105,10 +104,8 @@ def test_killed_worker_is_ejected_and_traffic_moves_on(
 def test_client_disconnect_through_the_router_aborts_in_the_engine(
     kvretention_process: StartKvretention, tmp_path: Path
 ) -> None:
-    record = tmp_path / "calls.jsonl"
-    worker = kvretention_process(
-        ["worker", "--engine", "standin:flat"],
-        env={"KVR_STANDIN_RECORD": str(record), "KVR_STANDIN_DELAY_S": "0.3"},
+    worker, record = start_recorded_worker(
+        kvretention_process, tmp_path, env={"KVR_STANDIN_DELAY_S": "0.3"}
     )
     router = kvretention_process(["router", "--worker", worker.base_url])
     leave_after_first_chunk(router.port, request_body("walk-away"))

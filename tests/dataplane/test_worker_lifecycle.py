@@ -15,18 +15,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from support.processes import KvrProcess, StartKvretention, http_ok
+from support.standin_chain import start_recorded_worker
 from support.worker_client import calls, leave_after_first_chunk, post, request_body, wait_for
-
-
-def start_worker(
-    start: StartKvretention, tmp: Path, *, env: dict[str, str], extra: list[str] | None = None
-) -> tuple[KvrProcess, Path]:
-    record = tmp / "calls.jsonl"
-    proc = start(
-        ["worker", "--engine", "standin:flat", *(extra or [])],
-        env={"KVR_STANDIN_RECORD": str(record), **env},
-    )
-    return proc, record
 
 
 def post_ignoring_errors(url: str, rid: str) -> None:
@@ -49,11 +39,11 @@ def status_of(url: str, path: str, method: str = "GET", body: bytes | None = Non
 def test_sigterm_drains_in_flight_streams_then_exits(
     kvretention_process: StartKvretention, tmp_path: Path
 ) -> None:
-    proc, record = start_worker(
+    proc, record = start_recorded_worker(
         kvretention_process,
         tmp_path,
         env={"KVR_STANDIN_DELAY_S": "0.25"},
-        extra=["--drain-seconds", "4"],
+        args=["--drain-seconds", "4"],
     )
     result: dict[str, Any] = {}
     client = threading.Thread(
@@ -92,11 +82,11 @@ def sigterm_during_a_slow_request(proc: KvrProcess, record: Path) -> float:
 def test_drain_deadline_aborts_what_is_left(
     kvretention_process: StartKvretention, tmp_path: Path
 ) -> None:
-    proc, record = start_worker(
+    proc, record = start_recorded_worker(
         kvretention_process,
         tmp_path,
         env={"KVR_STANDIN_DELAY_S": "2.0"},  # six chunks: left alone, the stream takes 12 s
-        extra=["--drain-seconds", "0.3"],
+        args=["--drain-seconds", "0.3"],
     )
     assert sigterm_during_a_slow_request(proc, record) < 8.0  # cut at the deadline, not its end
 
@@ -107,10 +97,12 @@ def test_sigterm_with_no_drain_time_refuses_new_work_and_exits_at_once(
 ) -> None:
     """``--drain-seconds 0``: SIGTERM still stops the worker, promptly, cutting what is in flight
     (before: a second of shutdown grace on top, past twice that under load)."""
-    record = tmp_path / "calls.jsonl"
-    proc = kvretention_process(
-        ["worker", "--engine", engine, "--drain-seconds", "0"],
-        env={"KVR_STANDIN_RECORD": str(record), "KVR_STANDIN_DELAY_S": "9.0"},
+    proc, record = start_recorded_worker(
+        kvretention_process,
+        tmp_path,
+        engine=engine,
+        args=["--drain-seconds", "0"],
+        env={"KVR_STANDIN_DELAY_S": "9.0"},
     )
     assert sigterm_during_a_slow_request(proc, record) < 1.5
 
@@ -118,7 +110,9 @@ def test_sigterm_with_no_drain_time_refuses_new_work_and_exits_at_once(
 def test_client_disconnect_aborts_the_engine_request(
     kvretention_process: StartKvretention, tmp_path: Path
 ) -> None:
-    proc, record = start_worker(kvretention_process, tmp_path, env={"KVR_STANDIN_DELAY_S": "0.3"})
+    proc, record = start_recorded_worker(
+        kvretention_process, tmp_path, env={"KVR_STANDIN_DELAY_S": "0.3"}
+    )
     leave_after_first_chunk(proc.port, request_body("gone-1"))
     (abort,) = wait_for(lambda: calls(record, "gone-1", event="abort"))
     assert abort["rid"] == "gone-1"
@@ -136,7 +130,7 @@ def test_engine_failures_are_typed_errors(
     status: int,
     last_code: str,
 ) -> None:
-    proc, _ = start_worker(kvretention_process, tmp_path, env={"KVR_STANDIN_FAIL": fail})
+    proc, _ = start_recorded_worker(kvretention_process, tmp_path, env={"KVR_STANDIN_FAIL": fail})
     got, lines = post(proc.base_url, request_body(f"fail-{fail}"))
     assert got == status
     assert lines[-1]["error"]["code"] == last_code

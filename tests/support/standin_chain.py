@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from support.chat_tokenizer import save
-from support.processes import StartKvretention
+from support.processes import KvrProcess, StartKvretention
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,23 @@ def write_key_files(directory: Path, keys: Mapping[str, str]) -> Path:
     for tenant, key in keys.items():
         (directory / tenant).write_text(key + "\n")
     return directory
+
+
+def start_recorded_worker(
+    start: StartKvretention,
+    directory: Path,
+    *,
+    env: Mapping[str, str],
+    engine: str = "standin:flat",
+    args: Sequence[str] = (),
+) -> tuple[KvrProcess, Path]:
+    """One stand-in worker (``engine``, with ``args`` and ``env``) recording its engine calls to
+    ``directory/calls.jsonl``; the process and that record."""
+    record = directory / "calls.jsonl"
+    proc = start(
+        ["worker", "--engine", engine, *args], env={"KVR_STANDIN_RECORD": str(record), **env}
+    )
+    return proc, record
 
 
 def start_recorded_workers(
