@@ -28,6 +28,7 @@ from kvretention.controller.kvstore_metrics import (
 )
 from kvretention.controller.metrics import Metrics
 from support.loop_tasks import ended_with_exception, recording_tasks
+from support.loopback_http import serving
 
 REAL_DUMP = Path(__file__).parents[2] / "fixtures" / "mooncake_master_metrics.prom"
 """A real mooncake_master 0.3.13.post1 /metrics after 8 pinned and 80 pressure writes of 256 KiB
@@ -427,15 +428,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def server() -> Iterator[tuple[str, type[_Handler]]]:
     handler = type("Handler", (_Handler,), {"stop": threading.Event()})
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}/metrics", handler
-    finally:
-        handler.stop.set()
-        httpd.shutdown()
-        httpd.server_close()
+    with serving(handler) as base_url:
+        try:
+            yield f"{base_url}/metrics", handler
+        finally:
+            handler.stop.set()  # before the shutdown, which waits for a delayed answer
 
 
 async def test_reads_a_master(server: tuple[str, type[_Handler]]) -> None:

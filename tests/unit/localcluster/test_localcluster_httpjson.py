@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import http.server
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -13,6 +12,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from kvretention_devtools.localcluster.httpjson import is_transient, write
+from support.loopback_http import serving
 
 DROP = -1  # close the connection without an answer (what a just-started API server can do)
 
@@ -52,15 +52,8 @@ def server() -> Iterator[tuple[str, Script]]:
         def log_message(self, format: str, *args: object) -> None:
             pass
 
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}", script
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join()
+    with serving(Handler) as base_url:
+        yield base_url, script
 
 
 @pytest.mark.parametrize(
