@@ -122,19 +122,21 @@ def test_a_failing_clock_agreement_is_inside_the_guard(
     assert failures.read_counts(stats_dir)["checkpoint"] == 1
 
 
-def _fill_after_a_hold(tree: RadixTree) -> None:
-    """Block 0 held for 10 s, blocks 1-3 after it: the tree (4 blocks) is full."""
+def _full_after_a_hold(monkeypatch: pytest.MonkeyPatch) -> tuple[RadixTree, _Ranks]:
+    """A tree of 4 blocks, its ranks counted from the start, filled: block 0 held for 10 s, blocks
+    1-3 after it."""
+    tree = RadixTree(TreeSpec(kind="unified", page_size=4, tokens=4 * BLOCK))
+    ranks = _Ranks(tree, monkeypatch)
     tree.run(_tokens(0), kv_hints=retain(BLOCK, duration=10))
     for i in (1, 2, 3):
         tree.run(_tokens(i))
+    return tree, ranks
 
 
 def test_an_eviction_after_an_idle_spell_agrees_on_the_time_before_it_ranks(
     clock: FakeClock, stats_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tree = RadixTree(TreeSpec(kind="unified", page_size=4, tokens=4 * BLOCK))
-    ranks = _Ranks(tree, monkeypatch)
-    _fill_after_a_hold(tree)
+    tree, ranks = _full_after_a_hold(monkeypatch)
     agreed = ranks.reductions
     clock.advance(60)  # idle: no checkpoint since, the hold expired 50 s ago
     tree.run(_tokens(4))  # needs one block: the pass agrees on the time, then ranks
@@ -146,9 +148,7 @@ def test_an_eviction_after_an_idle_spell_agrees_on_the_time_before_it_ranks(
 def test_a_failing_agreement_before_an_eviction_ranks_by_the_last_agreed_time(
     clock: FakeClock, stats_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tree = RadixTree(TreeSpec(kind="unified", page_size=4, tokens=4 * BLOCK))
-    ranks = _Ranks(tree, monkeypatch)
-    _fill_after_a_hold(tree)
+    tree, ranks = _full_after_a_hold(monkeypatch)
     clock.advance(60)
     ranks.fail = True
     tree.run(_tokens(4))  # served: the pass goes on by the time agreed before the idle spell
