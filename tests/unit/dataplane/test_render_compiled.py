@@ -429,16 +429,23 @@ def test_a_template_error_gets_transformers_error(tokenizer: Any) -> None:
         render_template(tok, template_input)
 
 
-def test_a_sampled_difference_serves_transformers_text_and_turns_minijinja_off() -> None:
+def _checked_every_third(reference_text: str) -> tuple[CompiledTemplate, list[bool]]:
+    """A template rendering the first message's content, checked against a reference renderer
+    that answers ``reference_text`` on every third render; the list grows by one per check."""
     calls: list[bool] = []
 
     def reference(messages: list[dict[str, Any]], **kwargs: Any) -> str:
         calls.append(True)
-        return "transformers' text"
+        return reference_text
 
     compiled = CompiledTemplate(
         "{{ messages[0].content }}", special_tokens={}, reference=reference, verify_every=3
     )
+    return compiled, calls
+
+
+def test_a_sampled_difference_serves_transformers_text_and_turns_minijinja_off() -> None:
+    compiled, calls = _checked_every_third("transformers' text")
     messages = [{"role": "user", "content": "hi"}]
     first = compiled.render(messages, None, add_generation_prompt=True, kwargs={})
     assert first == "transformers' text" and calls == [True]
@@ -447,15 +454,7 @@ def test_a_sampled_difference_serves_transformers_text_and_turns_minijinja_off()
 
 
 def test_renders_are_sampled_every_verify_every() -> None:
-    calls: list[bool] = []
-
-    def reference(messages: list[dict[str, Any]], **kwargs: Any) -> str:
-        calls.append(True)
-        return "hi"
-
-    compiled = CompiledTemplate(
-        "{{ messages[0].content }}", special_tokens={}, reference=reference, verify_every=3
-    )
+    compiled, calls = _checked_every_third("hi")
     for _ in range(7):
         assert (
             compiled.render([{"content": "hi"}], None, add_generation_prompt=True, kwargs={})
