@@ -48,6 +48,15 @@ def _get(children: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]
     return found
 
 
+def _picker_child(
+    children: list[dict[str, Any]], kind: str, name: str, mode: str | None
+) -> dict[str, Any] | None:
+    """``kind`` ``name``, which is rendered exactly when the router is the picker (``mode`` set)."""
+    found = _of(children, kind, name)
+    assert (found is not None) == (mode is not None), f"{kind} {name} with failureMode {mode}"
+    return found
+
+
 def _container(children: list[dict[str, Any]], name: str) -> dict[str, Any]:
     (container,) = _get(children, "Deployment", name)["spec"]["template"]["spec"]["containers"]
     return container
@@ -78,11 +87,9 @@ def test_a_pool_names_the_router_as_its_picker(
     pool: dict[str, Any] | None, mode: str | None
 ) -> None:
     children = _children(pool)
-    rendered = _of(children, "InferencePool", POOL)
-    if mode is None:
-        assert rendered is None
+    rendered = _picker_child(children, "InferencePool", POOL, mode)
+    if rendered is None:
         return
-    assert rendered is not None
     ref = rendered["spec"]["endpointPickerRef"]
     assert ref == {
         "group": "",
@@ -131,11 +138,9 @@ def test_a_headless_service_publishes_the_ready_frontend_pods_only_for_the_picke
     pool: dict[str, Any] | None, mode: str | None
 ) -> None:
     children = _children(pool)
-    pods = _of(children, "Service", PODS)
-    if mode is None:
-        assert pods is None
+    pods = _picker_child(children, "Service", PODS, mode)
+    if pods is None:
         return
-    assert pods is not None
     spec = pods["spec"]
     assert spec["clusterIP"] == "None"
     assert spec["publishNotReadyAddresses"] is False
