@@ -20,6 +20,7 @@ alone: they never make, widen or shorten a hint. Messages follow OpenAI's own wo
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from itertools import compress, count
 from typing import Any, Final
 
 from kvretention.hints.envelope import KvHintEnvelope
@@ -226,10 +227,16 @@ def _maybe_marked(
     item) only those whose encoding names the key, so a request without markers is not walked."""
     if type(items) is not list:
         return
-    if encoded is not None and len(encoded) != len(items):
-        encoded = None
-    for i, item in enumerate(items):
-        if type(item) is dict and (encoded is None or BREAKPOINT_KEY in encoded[i]):
+    if encoded is None or len(encoded) != len(items):
+        for i, item in enumerate(items):
+            if type(item) is dict:
+                yield i, item
+        return
+    # an empty encoding never names the key: those positions are skipped in C (a Python test of
+    # each item's bytes costs more than walking the item)
+    for i in compress(count(), encoded):
+        item = items[i]
+        if type(item) is dict and BREAKPOINT_KEY in encoded[i]:
             yield i, item
 
 

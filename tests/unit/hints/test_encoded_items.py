@@ -71,6 +71,10 @@ def _same(normalize: Normalizer, request: dict[str, Any], key: str) -> None:
     assert _outcome(normalize, request, encoded=encoded) == full
     if encoded:  # a list that is not this body's (another length) is not used
         assert _outcome(normalize, request, encoded=[*encoded, b"{}"]) == full
+        # what the resumer passes: b"" for each item whose bytes do not name the key
+        marker = b'"cache_control"' if normalize is hints_from_messages else f'"{BP}"'.encode()
+        named = [blob if marker in blob else b"" for blob in encoded]
+        assert _outcome(normalize, request, encoded=named) == full
 
 
 @pytest.mark.parametrize("stream", STREAM_VARIANTS)
