@@ -386,6 +386,14 @@ def test_agent_routing_flags(
     assert router_cmd[router_cmd.index("--policy") + 1] == router_policy
 
 
+HICACHE_LAYOUT = [
+    *("--hicache-write-policy", "write_through"),
+    *("--hicache-io-backend", "kernel"),
+    *("--hicache-mem-layout", "page_first"),
+]
+"""The host-cache flags every enabled hicache gets, whatever its ratio and storage backend."""
+
+
 @pytest.mark.parametrize(
     ("hicache", "expected_tail"),
     [
@@ -393,31 +401,14 @@ def test_agent_routing_flags(
             {},
             [
                 "--enable-hierarchical-cache",
-                "--hicache-write-policy",
-                "write_through",
-                "--hicache-io-backend",
-                "kernel",
-                "--hicache-mem-layout",
-                "page_first",
-                "--hicache-storage-backend",
-                "mooncake",
-                "--hicache-storage-prefetch-policy",
-                "timeout",
+                *HICACHE_LAYOUT,
+                *("--hicache-storage-backend", "mooncake"),
+                *("--hicache-storage-prefetch-policy", "timeout"),
             ],
         ),
         (
             {"ratio": 1.5, "storageBackend": "none"},
-            [
-                "--enable-hierarchical-cache",
-                "--hicache-ratio",
-                "1.5",
-                "--hicache-write-policy",
-                "write_through",
-                "--hicache-io-backend",
-                "kernel",
-                "--hicache-mem-layout",
-                "page_first",
-            ],
+            ["--enable-hierarchical-cache", "--hicache-ratio", "1.5", *HICACHE_LAYOUT],
         ),
         ({"enabled": False}, ["--enable-metrics"]),
     ],
