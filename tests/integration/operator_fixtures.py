@@ -287,17 +287,8 @@ def resource_versions(fleets: Fleets, name: str) -> dict[str, str]:
     return out
 
 
-def start_operator(
-    cluster: Cluster,
-    log_dir: Path,
-    *args: str,
-    name: str = "operator",
-    env: Mapping[str, str] | None = None,
-    hold_after_applies: int | None = None,
-) -> Operator:
-    return Operator(
-        cluster, log_dir, *args, name=name, env=env, hold_after_applies=hold_after_applies
-    )
+start_operator = Operator
+"""Start an operator process: constructing an :class:`Operator` starts it."""
 
 
 def operators_fixture() -> Any:
