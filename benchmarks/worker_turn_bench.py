@@ -29,7 +29,6 @@ frontend -> router -> one worker (stand-in engine with the chat template), as in
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import platform
@@ -77,6 +76,7 @@ from kvretention.dataplane.worker.wire import ConversationMemo  # noqa: E402
 from kvretention.replay.sessions import claude_code_session, codex_session  # noqa: E402
 from support import chat_tokenizer  # noqa: E402
 from support.processes import start_kvretention  # noqa: E402
+from support.worker_client import post_messages  # noqa: E402
 
 GOAL_MS = 2.0
 
@@ -357,19 +357,7 @@ def burst(
             started.append(f)
 
             def one(_: int) -> int:
-                conn = http.client.HTTPConnection("127.0.0.1", f.port, timeout=600)
-                try:
-                    conn.request(
-                        "POST",
-                        "/v1/messages?beta=true",
-                        body=raw,
-                        headers={**headers, "content-type": "application/json"},
-                    )
-                    resp = conn.getresponse()
-                    resp.read()
-                    return int(resp.status)
-                finally:
-                    conn.close()
+                return post_messages(f.port, headers, raw, timeout=600)[0]
 
             cpu_before = _cpu_s(w.proc.pid)
             wall = time.monotonic()

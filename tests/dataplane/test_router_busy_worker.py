@@ -10,7 +10,6 @@ request must be answered: the pool's last worker is never ejected for slowness.
 
 from __future__ import annotations
 
-import http.client
 import json
 import signal
 import urllib.request
@@ -25,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvretention.replay.sessions import CLAUDE_MODEL, claude_code_session
 from support.chat_tokenizer import save
 from support.processes import KvrProcess, StartKvretention
-from support.worker_client import wait_for
+from support.worker_client import post_messages, wait_for
 
 SERVED = "standin"
 BURST = 8
@@ -52,19 +51,8 @@ def metric(router: KvrProcess, name: str, **labels: str) -> float:
     )
 
 
-def post_messages(frontend: KvrProcess, headers: dict[str, str], body: bytes) -> tuple[int, str]:
-    conn = http.client.HTTPConnection("127.0.0.1", frontend.port, timeout=300)
-    try:
-        conn.request(
-            "POST",
-            "/v1/messages?beta=true",
-            body=body,
-            headers={**headers, "content-type": "application/json", "x-api-key": "k"},
-        )
-        resp = conn.getresponse()
-        return resp.status, resp.read().decode()
-    finally:
-        conn.close()
+def post_turn(frontend: KvrProcess, headers: dict[str, str], body: bytes) -> tuple[int, str]:
+    return post_messages(frontend.port, {**headers, "x-api-key": "k"}, body, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +88,7 @@ def test_a_burst_of_agent_bodies_at_a_stalled_worker_gets_no_503(
     raw = json.dumps(body).encode()
     assert len(raw) > 200_000
     wait_for(lambda: workers_view(router)["healthy"], timeout=30)
-    status, _ = post_messages(frontend, headers, raw)
+    status, _ = post_turn(frontend, headers, raw)
     assert status == 200
 
     worker.proc.send_signal(signal.SIGSTOP)
@@ -109,7 +97,7 @@ def test_a_burst_of_agent_bodies_at_a_stalled_worker_gets_no_503(
         wait_for(lambda: workers_view(router)["failures"] > EJECT_AFTER, timeout=60)
         assert workers_view(router)["healthy"] is True
         with ThreadPoolExecutor(BURST) as pool:
-            answers = [pool.submit(post_messages, frontend, headers, raw) for _ in range(BURST)]
+            answers = [pool.submit(post_turn, frontend, headers, raw) for _ in range(BURST)]
             # Every request is with the router (forwarded, waiting on the stalled worker).
             wait_for(lambda: workers_view(router)["outstanding"] == BURST, timeout=120)
             assert workers_view(router)["healthy"] is True

@@ -1,5 +1,6 @@
-"""A client for the worker's and router's ``POST /v1/generate`` and the engine stand-in's record,
-shared by the data-plane tests that run them as processes."""
+"""A client for the worker's and router's ``POST /v1/generate``, a frontend's Claude Code path and
+the engine stand-in's record, shared by the data-plane tests (and benchmarks) that run them as
+processes."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import http.client
 import json
 import socket
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -45,6 +47,25 @@ def leave_after_first_chunk(port: int, body: bytes) -> None:
             data = sock.recv(4096)
             assert data, "closed before the first chunk"
             received += data
+
+
+def post_messages(
+    port: int, headers: Mapping[str, str], body: bytes, *, timeout: float
+) -> tuple[int, str]:
+    """POST a Claude Code turn to the frontend on 127.0.0.1:``port`` as Claude Code sends it
+    (``/v1/messages?beta=true``, ``headers`` and a JSON ``body``); (status, answer text)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(
+            "POST",
+            "/v1/messages?beta=true",
+            body=body,
+            headers={**headers, "content-type": "application/json"},
+        )
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode()
+    finally:
+        conn.close()
 
 
 def request_body(rid: str, *, hint: Any = None, **fields: Any) -> bytes:
