@@ -270,9 +270,10 @@ class Resumer:
         if flags is None:
             flags = known.names.setdefault(key, [None] * len(items))
         if None in flags:
-            for i, blob in enumerate(encoded):
+            # a conversation's repeated items kept theirs: look from the first one not yet known
+            for i in range(flags.index(None), len(flags)):
                 if flags[i] is None:
-                    flags[i] = key in blob
+                    flags[i] = key in encoded[i]
         return flags  # type: ignore[return-value]  # every flag set above
 
     def named_encodings(
@@ -301,18 +302,15 @@ class Resumer:
         if known is None or known.values is not items:
             return encode_items(items)
         blobs = known.blobs
-        if None not in blobs:
-            return list(blobs)  # type: ignore[arg-type]  # every item's encoding made
-        out = []
-        for i, item in enumerate(items):
-            blob = blobs[i]
-            if blob is None:
-                blob = _encoded(item)
-                if blob is None:
-                    return None
-                blobs[i] = blob
-            out.append(blob)
-        return out
+        if None in blobs:
+            # a conversation's repeated items kept theirs: encode from the first one not yet made
+            for i in range(blobs.index(None), len(blobs)):
+                if blobs[i] is None:
+                    blob = _encoded(items[i])
+                    if blob is None:
+                        return None
+                    blobs[i] = blob
+        return list(blobs)  # type: ignore[arg-type]  # every item's encoding made
 
     def resumes(self, raw: bytes) -> bool:
         """Whether a body that starts like ``raw`` (its first :data:`HEAD_BYTES`) was parsed
