@@ -574,6 +574,11 @@ def measure(
 # --- profiling --------------------------------------------------------------------------------------
 
 
+def _file_safe(name: str) -> str:
+    """A target's name as part of a file name (``frontend/placing`` holds a slash)."""
+    return name.replace("/", "_")
+
+
 def profile_run(
     scenario: Scenario,
     target: Target,
@@ -587,7 +592,9 @@ def profile_run(
     """One measurement with py-spy sampling every proxy process; returns the top frames of each."""
     samplers = [
         start_sampler(
-            pid, out_dir / f"{target.name}-{scenario.name}-{pid}.txt", max_seconds=max_seconds + 60
+            pid,
+            out_dir / f"{_file_safe(target.name)}-{scenario.name}-{pid}.txt",
+            max_seconds=max_seconds + 60,
         )
         for pid in target.proxy_pids + target.worker_pids
     ]
@@ -820,7 +827,12 @@ def main(argv: list[str] | None = None) -> None:
                     loadgen_cpu=loadgen_cpu, max_seconds=args.max_seconds,
                     out_dir=HERE / "results" / "profiles",
                 )  # fmt: skip
-                out = HERE / "results" / "profiles" / f"{target_name}-{scenario_name}.json"
+                out = (
+                    HERE
+                    / "results"
+                    / "profiles"
+                    / f"{_file_safe(target_name)}-{scenario_name}.json"
+                )
                 out.write_text(json.dumps(prof, indent=2) + "\n")
                 print(json.dumps(prof, indent=2))
                 return

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the peers the benchmarks run side by side (LiteLLM's proxy, SGLang's router) and the
 # profilers into a SEPARATE venv, .venv-bench/: LiteLLM pulls in many packages that must not reach
-# the project's own venv. uvloop, prometheus-client and msgspec (which the data plane imports) let
+# the project's own venv. uvloop, prometheus-client, msgspec and grpcio (which the data plane imports) let
 # uvloop_launch.py run our frontend and router from here (an event-loop experiment). Idempotent: a
 # second run only checks a stamp.
 set -euo pipefail
@@ -22,7 +22,7 @@ fi
 log "creating $VENV (LiteLLM's proxy, sglang-router, py-spy, pyinstrument)"
 python3 -m venv "$VENV"
 "$VENV/bin/pip" install -q --upgrade pip
-"$VENV/bin/pip" install -q "$LITELLM_SPEC" "$SGLANG_ROUTER_SPEC" py-spy pyinstrument uvloop prometheus-client msgspec
+"$VENV/bin/pip" install -q "$LITELLM_SPEC" "$SGLANG_ROUTER_SPEC" py-spy pyinstrument uvloop prometheus-client msgspec grpcio
 rm -f "$VENV"/.kvr-bench-stamp-*
 touch "$stamp"
 "$VENV/bin/pip" list 2>/dev/null | grep -Ei '^(litellm|sglang-router|sglang_router|py-spy|pyinstrument) ' >&2 || true
