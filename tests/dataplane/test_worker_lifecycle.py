@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.client
 import json
 import signal
@@ -15,7 +16,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from support.processes import KvrProcess, StartKvretention, http_ok
-from support.standin_chain import start_recorded_worker
+from support.standin_chain import StartRecordedWorker, start_recorded_worker
 from support.worker_client import calls, leave_after_first_chunk, post, request_body, wait_for
 
 
@@ -23,6 +24,13 @@ def post_ignoring_errors(url: str, rid: str) -> None:
     """A client whose stream is cut off by the shutdown; only the worker's side is checked."""
     with contextlib.suppress(http.client.HTTPException, OSError, ValueError):
         post(url, request_body(rid))
+
+
+@pytest.fixture
+def worker(kvretention_process: StartKvretention, tmp_path: Path) -> StartRecordedWorker:
+    """``worker(env=..., args=...)``: a stand-in worker recording its engine calls under the
+    test's own directory (see :func:`start_recorded_worker`)."""
+    return functools.partial(start_recorded_worker, kvretention_process, tmp_path)
 
 
 def status_of(url: str, path: str, method: str = "GET", body: bytes | None = None) -> int:
@@ -36,12 +44,8 @@ def status_of(url: str, path: str, method: str = "GET", body: bytes | None = Non
     return status
 
 
-def test_sigterm_drains_in_flight_streams_then_exits(
-    kvretention_process: StartKvretention, tmp_path: Path
-) -> None:
-    proc, record = start_recorded_worker(
-        kvretention_process,
-        tmp_path,
+def test_sigterm_drains_in_flight_streams_then_exits(worker: StartRecordedWorker) -> None:
+    proc, record = worker(
         env={"KVR_STANDIN_DELAY_S": "0.25"},
         args=["--drain-seconds", "4"],
     )
@@ -79,12 +83,8 @@ def sigterm_during_a_slow_request(proc: KvrProcess, record: Path) -> float:
     return took
 
 
-def test_drain_deadline_aborts_what_is_left(
-    kvretention_process: StartKvretention, tmp_path: Path
-) -> None:
-    proc, record = start_recorded_worker(
-        kvretention_process,
-        tmp_path,
+def test_drain_deadline_aborts_what_is_left(worker: StartRecordedWorker) -> None:
+    proc, record = worker(
         env={"KVR_STANDIN_DELAY_S": "2.0"},  # six chunks: left alone, the stream takes 12 s
         args=["--drain-seconds", "0.3"],
     )
@@ -93,13 +93,11 @@ def test_drain_deadline_aborts_what_is_left(
 
 @pytest.mark.parametrize("engine", ["standin:flat", "standin:versioned"])
 def test_sigterm_with_no_drain_time_refuses_new_work_and_exits_at_once(
-    kvretention_process: StartKvretention, tmp_path: Path, engine: str
+    worker: StartRecordedWorker, engine: str
 ) -> None:
     """``--drain-seconds 0``: SIGTERM still stops the worker, promptly, cutting what is in flight
     (before: a second of shutdown grace on top, past twice that under load)."""
-    proc, record = start_recorded_worker(
-        kvretention_process,
-        tmp_path,
+    proc, record = worker(
         engine=engine,
         args=["--drain-seconds", "0"],
         env={"KVR_STANDIN_DELAY_S": "9.0"},
@@ -107,12 +105,8 @@ def test_sigterm_with_no_drain_time_refuses_new_work_and_exits_at_once(
     assert sigterm_during_a_slow_request(proc, record) < 1.5
 
 
-def test_client_disconnect_aborts_the_engine_request(
-    kvretention_process: StartKvretention, tmp_path: Path
-) -> None:
-    proc, record = start_recorded_worker(
-        kvretention_process, tmp_path, env={"KVR_STANDIN_DELAY_S": "0.3"}
-    )
+def test_client_disconnect_aborts_the_engine_request(worker: StartRecordedWorker) -> None:
+    proc, record = worker(env={"KVR_STANDIN_DELAY_S": "0.3"})
     leave_after_first_chunk(proc.port, request_body("gone-1"))
     (abort,) = wait_for(lambda: calls(record, "gone-1", event="abort"))
     assert abort["rid"] == "gone-1"
@@ -124,13 +118,12 @@ def test_client_disconnect_aborts_the_engine_request(
     [("start", 500, "engine_error"), ("midstream", 200, "engine_error")],
 )
 def test_engine_failures_are_typed_errors(
-    kvretention_process: StartKvretention,
-    tmp_path: Path,
+    worker: StartRecordedWorker,
     fail: str,
     status: int,
     last_code: str,
 ) -> None:
-    proc, _ = start_recorded_worker(kvretention_process, tmp_path, env={"KVR_STANDIN_FAIL": fail})
+    proc, _ = worker(env={"KVR_STANDIN_FAIL": fail})
     got, lines = post(proc.base_url, request_body(f"fail-{fail}"))
     assert got == status
     assert lines[-1]["error"]["code"] == last_code

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,10 @@ def start_recorded_worker(
         ["worker", "--engine", engine, *args], env={"KVR_STANDIN_RECORD": str(record), **env}
     )
     return proc, record
+
+
+StartRecordedWorker = Callable[..., tuple[KvrProcess, Path]]
+""":func:`start_recorded_worker` with its start function and directory bound."""
 
 
 def start_recorded_workers(
