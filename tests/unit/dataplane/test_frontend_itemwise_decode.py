@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 
 import pytest
 
@@ -16,14 +15,17 @@ from kvretention.dataplane.frontend import body as frontend_body
 from kvretention.dataplane.frontend import compat
 from kvretention.dataplane.frontend.anthropic import parse_messages
 from kvretention.dataplane.frontend.body import ITEMWISE_BYTES, decode_json_body
-from kvretention.dataplane.frontend.common import ParsedRequest
 from kvretention.dataplane.frontend.errors import FrontendError
 from kvretention.dataplane.frontend.openai import parse_chat, parse_responses
 from kvretention.dataplane.frontend.resume import CONTROL_KEY, Resumer, encode_items
-from kvretention.replay.sessions import claude_code_session, codex_session
-
-Body = dict[str, Any]
-Parse = Callable[..., ParsedRequest]
+from support.agent_sessions import (
+    Body,
+    Session,
+    agent_sessions,
+    claude_code_bodies,
+    codex_bodies,
+    with_output_config,
+)
 
 
 def _chat(bodies: list[Body]) -> list[Body]:
@@ -34,19 +36,6 @@ def _chat(bodies: list[Body]) -> list[Body]:
             {"role": m["role"], "content": json.dumps(m["content"])} for m in body["messages"]
         ]
         out.append({"model": "m", "messages": messages})
-    return out
-
-
-def _output_config(bodies: list[Body], *, early: bool) -> list[Body]:
-    """An ``output_config`` on the last message (this turn's effort) and, with ``early``, on
-    the first (ignored, counted): found by the messages' bytes."""
-    out = []
-    for body in bodies:
-        body = copy.deepcopy(body)
-        if early:
-            body["messages"][0]["output_config"] = {"effort": "low"}
-        body["messages"][-1]["output_config"] = {"effort": "high"}
-        out.append(body)
     return out
 
 
@@ -113,30 +102,16 @@ def _additional_tools(bodies: list[Body]) -> list[Body]:
     return out
 
 
-SESSIONS: Final[dict[str, tuple[Parse, Callable[[], list[Body]]]]] = {
-    "claude-code": (parse_messages, lambda: [b for _, b in claude_code_session(turns=8)]),
+SESSIONS: Final[dict[str, Session]] = {
+    **agent_sessions(8),
     "claude-code-output-config": (
         parse_messages,
-        lambda: _output_config([b for _, b in claude_code_session(turns=8)], early=False),
+        lambda: with_output_config(claude_code_bodies(8), early=False),
     ),
-    "claude-code-early-output-config": (
-        parse_messages,
-        lambda: _output_config([b for _, b in claude_code_session(turns=8)], early=True),
-    ),
-    "codex": (parse_responses, lambda: [b for _, b in codex_session(turns=8)]),
-    "codex-additional-tools": (
-        parse_responses,
-        lambda: _additional_tools([b for _, b in codex_session(turns=8)]),
-    ),
-    "codex-breakpoints": (
-        parse_responses,
-        lambda: _responses_breakpoints([b for _, b in codex_session(turns=8)]),
-    ),
-    "chat": (parse_chat, lambda: _chat([b for _, b in claude_code_session(turns=8)])),
-    "chat-breakpoints": (
-        parse_chat,
-        lambda: _chat_breakpoints(_chat([b for _, b in claude_code_session(turns=8)])),
-    ),
+    "codex-additional-tools": (parse_responses, lambda: _additional_tools(codex_bodies(8))),
+    "codex-breakpoints": (parse_responses, lambda: _responses_breakpoints(codex_bodies(8))),
+    "chat": (parse_chat, lambda: _chat(claude_code_bodies(8))),
+    "chat-breakpoints": (parse_chat, lambda: _chat_breakpoints(_chat(claude_code_bodies(8)))),
 }
 
 

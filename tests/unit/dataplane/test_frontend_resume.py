@@ -12,19 +12,22 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 
 import pytest
 
 from kvretention.dataplane.frontend.anthropic import parse_messages
 from kvretention.dataplane.frontend.common import ParsedRequest
-from kvretention.dataplane.frontend.openai import parse_chat, parse_responses
+from kvretention.dataplane.frontend.openai import parse_chat
 from kvretention.dataplane.frontend.resume import Resumer
 from kvretention.hints.errors import ClientError
-from kvretention.replay.sessions import claude_code_session, codex_session
-
-Parse = Callable[..., ParsedRequest]
-Body = dict[str, Any]
+from kvretention.replay.sessions import claude_code_session
+from support.agent_sessions import (
+    Body,
+    Session,
+    agent_sessions,
+    claude_code_bodies,
+)
 
 
 def _chat_session(turns: int) -> list[Body]:
@@ -71,25 +74,8 @@ def _with_breakpoint(bodies: list[Body]) -> list[Body]:
     return out
 
 
-def _with_output_config(bodies: list[Body]) -> list[Body]:
-    """Claude Code bodies with an ``output_config`` on an early message (ignored, counted) and on
-    the last one (this turn's effort): the parse looks only at messages whose bytes name it."""
-    out = []
-    for body in bodies:
-        body = copy.deepcopy(body)
-        body["messages"][0]["output_config"] = {"effort": "low"}
-        body["messages"][-1]["output_config"] = {"effort": "high"}
-        out.append(body)
-    return out
-
-
-SESSIONS: Final[dict[str, tuple[Parse, Callable[[], list[Body]]]]] = {
-    "claude-code": (parse_messages, lambda: [b for _, b in claude_code_session(turns=6)]),
-    "claude-code-output-config": (
-        parse_messages,
-        lambda: _with_output_config([b for _, b in claude_code_session(turns=6)]),
-    ),
-    "codex": (parse_responses, lambda: [b for _, b in codex_session(turns=6)]),
+SESSIONS: Final[dict[str, Session]] = {
+    **agent_sessions(6),
     "chat": (parse_chat, lambda: _chat_session(6)),
     "chat-breakpoints": (parse_chat, lambda: _with_breakpoint(_chat_session(6))),
 }
@@ -116,7 +102,7 @@ def test_a_body_repeated_resumes_to_the_same_request(name: str) -> None:
 
 
 def _claude_turns() -> tuple[Body, Body]:
-    bodies = [b for _, b in claude_code_session(turns=4)]
+    bodies = claude_code_bodies(4)
     return bodies[-2], bodies[-1]
 
 
