@@ -180,16 +180,6 @@ def claude(
     return _run(fleet, clients["claude"], run_claude, prompt, tmp)
 
 
-def test_claude_code_finishes_its_task_with_its_defaults(claude: Run) -> None:
-    assert claude.result.returncode == 0, claude.failure()
-    assert STANDIN_ANSWER in claude.result.stdout, claude.failure()
-
-
-def test_claude_code_gets_no_request_refused(claude: Run) -> None:
-    assert claude.refused() == [], claude.failure()
-    assert [e for e in claude.trace if e["status"] != 200] == []
-
-
 def test_claude_code_runs_the_tool_and_the_result_reaches_the_engine(
     claude: Run, tokenizer: Any
 ) -> None:
@@ -216,12 +206,6 @@ def test_claude_code_breakpoints_reach_the_engine_as_retention(claude: Run) -> N
         assert _retain_ttls(call) == {CLAUDE_CODE_TTL}
 
 
-def test_claude_code_session_keeps_the_conversation_on_one_worker(claude: Run) -> None:
-    assert len(claude.calls) >= 2, claude.failure()
-    assert len({worker for worker, _ in claude.calls}) == 1
-    assert claude.sticky == len(claude.calls) - 1
-
-
 # ------------------------------------------------------------------ Codex
 
 
@@ -244,16 +228,6 @@ def codex(
     return _run(fleet, clients["codex"], run_codex, prompt, tmp)
 
 
-def test_codex_finishes_its_task_with_its_defaults(codex: Run) -> None:
-    assert codex.result.returncode == 0, codex.failure()
-    assert STANDIN_ANSWER in codex.result.stdout, codex.failure()
-
-
-def test_codex_gets_no_request_refused(codex: Run) -> None:
-    assert codex.refused() == [], codex.failure()
-    assert [e for e in codex.trace if e["status"] != 200] == []
-
-
 def test_codex_runs_the_tool_and_the_result_reaches_the_engine(codex: Run, tokenizer: Any) -> None:
     """exec (custom tool) -> exec_command runs printf -> its output -> a text answer."""
     outputs = [
@@ -267,14 +241,6 @@ def test_codex_runs_the_tool_and_the_result_reaches_the_engine(codex: Run, token
     first, *later = [_prompt(call, tokenizer) for _, call in codex.calls]
     assert codex.proof not in first
     assert later and codex.proof in later[-1].rsplit("<tool_response>", 1)[-1]
-
-
-def test_codex_second_request_is_placed_by_its_session(codex: Run) -> None:
-    """Codex names its conversation only in headers (thread-id, session-id): the router pins it,
-    so every request after the first is placed by the session, not by a prefix match."""
-    assert len(codex.calls) >= 2, codex.failure()
-    assert len({worker for worker, _ in codex.calls}) == 1
-    assert codex.sticky == len(codex.calls) - 1
 
 
 def test_codex_names_its_cache_by_session_and_sends_no_cache_options(codex: Run) -> None:
@@ -320,7 +286,38 @@ def _assistant_texts(run: Run) -> list[str]:
     return texts
 
 
-@pytest.mark.parametrize("name", ["claude", "codex"])
+BOTH = pytest.mark.parametrize("name", ["claude", "codex"])
+
+
+@BOTH
+def test_the_client_finishes_its_task_with_its_defaults(
+    name: str, request: pytest.FixtureRequest
+) -> None:
+    run: Run = request.getfixturevalue(name)
+    assert run.result.returncode == 0, run.failure()
+    assert STANDIN_ANSWER in run.result.stdout, run.failure()
+
+
+@BOTH
+def test_the_client_gets_no_request_refused(name: str, request: pytest.FixtureRequest) -> None:
+    run: Run = request.getfixturevalue(name)
+    assert run.refused() == [], run.failure()
+    assert [e for e in run.trace if e["status"] != 200] == []
+
+
+@BOTH
+def test_the_clients_session_keeps_the_conversation_on_one_worker(
+    name: str, request: pytest.FixtureRequest
+) -> None:
+    """The router pins the session, so every request after the first is placed by it, not by a
+    prefix match (Codex names its conversation only in headers: thread-id, session-id)."""
+    run: Run = request.getfixturevalue(name)
+    assert len(run.calls) >= 2, run.failure()
+    assert len({worker for worker, _ in run.calls}) == 1
+    assert run.sticky == len(run.calls) - 1
+
+
+@BOTH
 def test_no_whitespace_only_text_comes_back_before_a_tool_call(
     name: str, request: pytest.FixtureRequest
 ) -> None:
