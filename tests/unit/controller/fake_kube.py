@@ -282,6 +282,14 @@ def condition_messages(body: Mapping[str, Any]) -> dict[str, tuple[str, str, str
     }
 
 
+async def reconcile_rolled_out(fake: FakeKube, c: Controller) -> None:
+    """Roll every Deployment out and reconcile fleet ``ns/qwen`` again: its frontend is then
+    Ready (``PodsReady``), whatever kept it from being so before."""
+    make_ready(fake)
+    await c.reconcile(("ns", "qwen"))
+    assert condition_messages(fake.cr())["FrontendReady"][:2] == ("True", "PodsReady")
+
+
 def fleet_deployment(name: str, component: str, replicas: int = 1) -> dict[str, Any]:
     """A Deployment of fleet ``f`` as a builder renders it, reduced to its labels and replicas."""
     labels = {LABEL_COMPONENT: component}

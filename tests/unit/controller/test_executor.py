@@ -22,6 +22,7 @@ from fake_kube import (
     load_example,
     make_ready,
     master_only_controller,
+    reconcile_rolled_out,
     reconciled_with_frontend,
 )
 
@@ -392,9 +393,7 @@ async def test_a_missing_auth_secret_is_named_until_the_frontend_is_ready(fake: 
     fake.put(k.SECRET, {"metadata": {"name": "fleet-keys", "namespace": "ns"}})
     await c.reconcile(("ns", "qwen"))
     assert _condition(fake, "FrontendReady")[1] != "AuthSecretMissing"
-    make_ready(fake)
-    await c.reconcile(("ns", "qwen"))
-    assert _condition(fake, "FrontendReady")[:2] == ("True", "PodsReady")
+    await reconcile_rolled_out(fake, c)
     fake.reads.clear()
     del fake.objects[("secrets", "ns", "fleet-keys")]
     await c.reconcile(("ns", "qwen"))

@@ -15,7 +15,7 @@ from fake_kube import (
     controller,
     fake,
     load_example,
-    make_ready,
+    reconcile_rolled_out,
     reconciled_with_frontend,
 )
 
@@ -250,9 +250,7 @@ async def test_a_missing_codex_configmap_or_key_is_named_until_the_frontend_is_r
     )
     await c.reconcile(("ns", "qwen"))
     assert _condition(fake, "FrontendReady")[1] != "CodexInstructionsMissing"
-    make_ready(fake)
-    await c.reconcile(("ns", "qwen"))
-    assert _condition(fake, "FrontendReady")[:2] == ("True", "PodsReady")
+    await reconcile_rolled_out(fake, c)
     fake.reads.clear()
     await c.reconcile(("ns", "qwen"))
     assert ("GET", "configmaps") not in fake.reads  # a ready frontend: nothing is read
