@@ -30,6 +30,8 @@ cores: a minute or two quiet, more on a loaded machine."""
 REQUEST_S = 180.0
 """An agent's prompt (thousands of tokens) prefilled on CPU while the other engine may be busy."""
 WORKER_ENV = [{"name": "KVR_REQUEST_TRACE", "value": TRACE}]
+METRICS_PORT = 9100
+"""Every data-plane pod's ``--metrics-port`` (``kvretention.ports.METRICS_PORT``)."""
 
 
 def kubectl(cluster: Cluster, *args: str, stdin: str | None = None) -> str:
@@ -53,6 +55,32 @@ def fleet_pods(cluster: Cluster, name: str) -> list[dict[str, Any]]:
         cluster, "pods", "-n", FLEET_NS, "-l", f"app.kubernetes.io/instance={name}"
     )["items"]
     return items
+
+
+def component_pods(cluster: Cluster, fleet: str, component: str) -> list[dict[str, Any]]:
+    """The fleet's pods of one component (``frontend``, ``router``...) that are not going away."""
+    return [
+        p
+        for p in fleet_pods(cluster, fleet)
+        if p["metadata"]["labels"].get("app.kubernetes.io/component") == component
+        and p.get("metadata", {}).get("deletionTimestamp") is None
+    ]
+
+
+def pod_metric(pod: dict[str, Any], name: str, *, port: int = METRICS_PORT) -> float | None:
+    """The sum of a metric's samples (every label set) on a pod's metrics port, read at its pod
+    IP (the host is on the pods' bridge); 0 when it has none, None while it does not answer."""
+    url = f"http://{pod['status'].get('podIP')}:{port}/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    return sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith((name + " ", name + "{"))
+    )
 
 
 def why_not_ready(cluster: Cluster, fleet: str) -> str:

@@ -30,10 +30,11 @@ from pods_fixtures import (
     FLEET_NS,
     REQUEST_S,
     cached_tokens,
+    component_pods,
     condition,
-    fleet_pods,
     get_json,
     kubectl,
+    pod_metric,
     traced,
     wait_service_routes,
 )
@@ -47,7 +48,6 @@ GATEWAY = "kvr-pods-envoy"
 """The Gateway the test's Envoy stands for, as the pool's ``status.parents`` names it."""
 PICKER_PORT = 9004
 FRONTEND_PORT = 8000
-METRICS_PORT = 9100
 
 
 def _pool_name(fleet: str) -> str:
@@ -62,36 +62,18 @@ def _pool(cluster: Cluster, fleet: str) -> dict[str, Any]:
     return json.loads(done.stdout) if done.returncode == 0 else {}
 
 
-def _component_pods(cluster: Cluster, fleet: str, component: str) -> list[dict[str, Any]]:
-    return [
-        p
-        for p in fleet_pods(cluster, fleet)
-        if p["metadata"]["labels"].get("app.kubernetes.io/component") == component
-        and p.get("metadata", {}).get("deletionTimestamp") is None
-    ]
-
-
 def _frontend_endpoints(cluster: Cluster, fleet: str) -> set[str]:
     """``podIP:8000`` of each running frontend pod: what the picker may answer."""
     return {
         f"{p['status']['podIP']}:{FRONTEND_PORT}"
-        for p in _component_pods(cluster, fleet, "frontend")
+        for p in component_pods(cluster, fleet, "frontend")
         if p["status"].get("podIP")
     }
 
 
 def _router_metric(cluster: Cluster, fleet: str, name: str) -> float | None:
-    """A router pod's metric, read from its metrics port at its pod IP (the host is on the
-    pods' bridge); None while it does not answer."""
-    (router,) = _component_pods(cluster, fleet, "router")
-    url = f"http://{router['status'].get('podIP')}:{METRICS_PORT}/metrics"
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            text = resp.read().decode()
-    except OSError:
-        return None
-    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")]
-    return values[0] if values else None
+    (router,) = component_pods(cluster, fleet, "router")
+    return pod_metric(router, name)
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +157,7 @@ def test_the_fleet_renders_its_inference_pool_with_the_router_as_picker(
     labels = pool["spec"]["selector"]["matchLabels"]
     selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
     selected = get_json(node_cluster, "pods", "-n", FLEET_NS, "-l", selector)["items"]
-    frontend_pods = _component_pods(node_cluster, fleet, "frontend")
+    frontend_pods = component_pods(node_cluster, fleet, "frontend")
     assert selected
     assert {p["metadata"]["name"] for p in selected} == {
         p["metadata"]["name"] for p in frontend_pods
@@ -185,7 +167,7 @@ def test_the_fleet_renders_its_inference_pool_with_the_router_as_picker(
     ports = {p["name"]: p for p in router_svc["spec"]["ports"]}
     assert ports["ext-proc"]["port"] == PICKER_PORT, ports
     assert ports["ext-proc"]["appProtocol"] == "kubernetes.io/h2c", ports
-    (router,) = _component_pods(node_cluster, fleet, "router")
+    (router,) = component_pods(node_cluster, fleet, "router")
     (container,) = [c for c in router["spec"]["containers"] if c["name"] == "router"]
     argv = [*container.get("command", []), *container.get("args", [])]
     assert argv[argv.index("--ext-proc-port") + 1] == str(PICKER_PORT), argv
