@@ -7,6 +7,7 @@ traces, SGLang's ``cached_tokens``).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import urllib.request
 from pathlib import Path
@@ -168,11 +169,21 @@ def service_routes(
         for endpoint in piece.get("endpoints") or []:
             if endpoint.get("conditions", {}).get("ready"):
                 ready += [f"{endpoint['addresses'][0]}:{port}" for port in ports]
+    programmed = programmed_routes(svc, port_name)
+    return [e for e in ready if e in programmed]
+
+
+def programmed_routes(svc: dict[str, Any], port_name: str | None = None) -> set[str]:
+    """Every endpoint (``ip:port``) kube-proxy's iptables rules send a Service's port to, ready or
+    not: after a rollout, a replaced pod's address stays here until kube-proxy drops it."""
+    name, ns = svc["metadata"]["name"], svc["metadata"]["namespace"]
+    if port_name is None:
+        port_name = svc["spec"]["ports"][0].get("name", "")
     nat = subprocess.run(
         ["iptables-save", "-t", "nat"], capture_output=True, text=True, timeout=30, check=True
     ).stdout
     comment = f"{ns}/{name}:{port_name}" if port_name else f"{ns}/{name}"
-    return [e for e in ready if f'"{comment} -> {e}"' in nat]
+    return set(re.findall(rf'"{re.escape(comment)} -> ([^"\s]+)"', nat))
 
 
 def wait_service_routes(

@@ -28,6 +28,7 @@ from pods_fixtures import (
     kubectl,
     pod_metric,
     post,
+    programmed_routes,
     traced,
     wait_service_routes,
 )
@@ -77,7 +78,16 @@ def _place_in(cluster: Cluster, fleet: str, placement: str) -> list[dict[str, An
         lambda: _rolled_to(cluster, fleet, placement),
         timeout_s=READY_S,
     )
-    wait_service_routes(cluster, fleet_service(cluster, fleet, "frontend"))
+    # The next module posts through the Service: it must route to these pods and no replaced one
+    # (a replaced pod's address answers "No route to host").
+    svc = fleet_service(cluster, fleet, "frontend")
+    wait_service_routes(cluster, svc)
+    ips = {p["status"]["podIP"] for p in pods}
+    wait_until(
+        f"Service {svc['metadata']['name']} routing to the rolled pods {sorted(ips)} only",
+        lambda: {route.rpartition(":")[0] for route in programmed_routes(svc)} == ips,
+        timeout_s=60,
+    )
     return pods
 
 
