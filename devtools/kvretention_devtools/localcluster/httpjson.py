@@ -12,7 +12,7 @@ import ssl
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Final
+from typing import Any, Final, TypedDict, Unpack
 
 # How long a write keeps retrying transient answers before the last one is the caller's error.
 WRITE_BUDGET_S: Final = 30.0
@@ -48,6 +48,16 @@ def request(
         return 0, f"no answer from {url}: {reason!r}"
 
 
+class RequestOptions(TypedDict, total=False):
+    """What ``write`` passes on to ``request`` as it is (the same names and defaults)."""
+
+    token: str | None
+    body: Any
+    ca_pem: bytes | None
+    timeout_s: float
+    content_type: str
+
+
 def is_transient(status: int) -> bool:
     """No answer, too many requests, or a server error: worth asking again."""
     return status in (0, 429) or status >= 500
@@ -57,28 +67,16 @@ def write(
     method: str,
     url: str,
     *,
-    token: str | None = None,
-    body: Any = None,
-    ca_pem: bytes | None = None,
-    timeout_s: float = 5.0,
-    content_type: str = "application/json",
     budget_s: float = WRITE_BUDGET_S,
     first_delay_s: float = 0.2,
+    **options: Unpack[RequestOptions],
 ) -> tuple[int, Any]:
     """``request``, asked again with a doubling delay (at most 2 s) while the answer is
     transient and ``budget_s`` lasts; returns the first lasting answer, else the last one."""
     deadline = time.monotonic() + budget_s
     delay = first_delay_s
     while True:
-        status, answer = request(
-            method,
-            url,
-            token=token,
-            body=body,
-            ca_pem=ca_pem,
-            timeout_s=timeout_s,
-            content_type=content_type,
-        )
+        status, answer = request(method, url, **options)
         if not is_transient(status) or time.monotonic() + delay > deadline:
             return status, answer
         time.sleep(delay)
