@@ -28,7 +28,8 @@ from kvretention.common.trace import RequestTrace
 from kvretention.dataplane.frontend.app import create_app
 from kvretention.dataplane.frontend.config import FrontendConfig
 from kvretention.dataplane.protocol import HEADER_SESSION
-from kvretention.replay.sessions import claude_code_session, codex_session
+from kvretention.replay.plan import MESSAGES_PATH, RESPONSES_PATH
+from kvretention.replay.sessions import Request, claude_code_session, codex_session
 from support.openai_shapes import APPLY_PATCH, SHELL, codex_body
 from support.router_standin import RouterStandIn, parse_sse
 
@@ -82,6 +83,17 @@ def recorded(name: str) -> dict[str, Any]:
 
 CLAUDE_CODE: Final = recorded("claude-code-2.1.328")
 CODEX: Final = recorded("codex-0.169.0")
+
+
+def _session_turn(
+    name: str, session: Callable[..., list[Request]], turns: int, note: str, **expect: Any
+) -> Shape:
+    """The last request of a replayed ``session`` of ``turns`` turns, on the path the replay sends
+    it to, with the headers of a one-turn replay's first request."""
+    path = MESSAGES_PATH if session is claude_code_session else RESPONSES_PATH
+    source = f"kvretention.replay.sessions.{session.__name__} ({note})"
+    body = session(turns=turns)[-1][1]
+    return Shape(name, source, path, body, headers=session(turns=1)[0][0], **expect)
 
 
 def _claude_code(**changes: Any) -> dict[str, Any]:
@@ -333,13 +345,7 @@ RESPONSES_ROWS: Final = [
         },
         check=_reasoning_replayed("raw-thought"),
     ),
-    Shape(
-        "codex-session-turn-12",
-        "kvretention.replay.sessions.codex_session (12 turns of history)",
-        "/v1/responses",
-        codex_session(turns=12)[-1][1],
-        headers=codex_session(turns=1)[0][0],
-    ),
+    _session_turn("codex-session-turn-12", codex_session, 12, "12 turns of history"),
     Shape(
         "sdk-function-tool-sdk-only-fields",
         "openai-python FunctionToolParam: allowed_callers, defer_loading, output_schema",
@@ -889,14 +895,7 @@ MESSAGES_ROWS: Final = [
         headers=CLAUDE_CODE["headers"],
         refused="safeguards",
     ),
-    Shape(
-        "claude-code-session-turn",
-        "kvretention.replay.sessions.claude_code_session (FACTS.md)",
-        "/v1/messages?beta=true",
-        claude_code_session(turns=6)[-1][1],
-        headers=claude_code_session(turns=1)[0][0],
-        hinted=True,
-    ),
+    _session_turn("claude-code-session-turn", claude_code_session, 6, "FACTS.md", hinted=True),
     Shape(
         "claude-code-adaptive-thinking-effort-context-management",
         "Claude Code: thinking adaptive, output_config.effort, clear_thinking keep all",
