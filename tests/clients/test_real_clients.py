@@ -17,7 +17,6 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from subprocess import CompletedProcess
 from typing import Any
 
 import pytest
@@ -27,16 +26,17 @@ from support.processes import StartKvretention
 from support.real_clients import (
     AGENTS_EXAMPLE,
     Client,
-    Exchange,
     Fleet,
+    Launch,
     Recorder,
+    Task,
     run_claude,
     run_codex,
-    run_report,
+    run_task,
     shape,
 )
 from support.rendered_plane import RenderedPlane, start_rendered_plane
-from support.worker_client import STANDIN_ANSWER, wait_for
+from support.worker_client import STANDIN_ANSWER
 
 pytestmark = pytest.mark.clients
 
@@ -46,19 +46,12 @@ CLAUDE_CODE_TTL = 300
 FLEET_POLICY_TTL = 1800
 """``hints.defaultTtlSeconds`` of the example: what Codex's requests (no cache control) get."""
 
-Launch = Callable[..., "CompletedProcess[str]"]
-
 
 @dataclass
-class Run:
+class Run(Task):
     """One CLI task: the process, what went through the recorder, and the fleet's view of it."""
 
     client: Client
-    result: CompletedProcess[str]
-    exchanges: list[Exchange]
-    trace: list[dict[str, Any]]
-    calls: list[tuple[str, dict[str, Any]]]
-    """(worker, engine call) of each request the frontend forwarded, in the trace's order."""
     sticky: float
     """Router placements decided by a session pin during the run."""
     proof: str
@@ -68,9 +61,7 @@ class Run:
         return [(e.path, e.status, e.answer[:400]) for e in self.exchanges if e.refused]
 
     def failure(self) -> str:
-        return (
-            f"{self.client.name} {self.client.version}: {run_report(self.result, self.exchanges)}"
-        )
+        return f"{self.client.name} {self.client.version}: {super().failure()}"
 
 
 @pytest.fixture(scope="module")
@@ -85,39 +76,16 @@ def tokenizer() -> Any:
     return build_tokenizer()
 
 
-def _generations(exchanges: list[Exchange]) -> int:
-    return sum(e.is_generation and not e.refused for e in exchanges)
-
-
 def _run(
     fleet: Fleet, client: Client, launch: Launch, prompt: Callable[[str], str], tmp: Path
 ) -> Run:
-    plane, recorder = fleet.plane, fleet.recorder
-    exchanges_mark, trace_mark = recorder.mark(), len(plane.trace())
-    sticky = plane.router_metric(STICKY)
+    sticky = fleet.plane.router_metric(STICKY)
     token = uuid.uuid4().hex[:12]
-    workdir = tmp / "work"
-    workdir.mkdir()
-    result = launch(
-        client, prompt(token), base_url=recorder.base_url, workdir=workdir, home=tmp / "home"
-    )
-    exchanges = recorder.since(exchanges_mark)
-
-    def settled() -> list[dict[str, Any]] | None:
-        """The run's trace once every accepted generation is in it (written as a stream ends)."""
-        trace = plane.trace()[trace_mark:]
-        return trace if sum(e["status"] == 200 for e in trace) >= _generations(exchanges) else None
-
-    trace = wait_for(settled, timeout=10.0)
-    engine = plane.engine_calls()
-    calls = [engine[e["request_id"]] for e in trace if e["request_id"] in engine]
+    task = run_task(fleet, client, launch, prompt(token), tmp)
     run = Run(
+        **vars(task),
         client=client,
-        result=result,
-        exchanges=exchanges,
-        trace=trace,
-        calls=calls,
-        sticky=plane.router_metric(STICKY) - sticky,
+        sticky=fleet.plane.router_metric(STICKY) - sticky,
         proof=f"kvr-{token}",
     )
     _report(run)

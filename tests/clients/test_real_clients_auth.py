@@ -11,10 +11,7 @@ wrong key Claude Code's requests are refused with Anthropic's 401 and nothing re
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from subprocess import CompletedProcess
-from typing import Any
 
 import pytest
 import yaml
@@ -29,11 +26,11 @@ from support.real_clients import (
     Recorder,
     run_claude,
     run_codex,
-    run_report,
+    run_task,
 )
 from support.rendered_plane import start_rendered_plane
 from support.standin_chain import write_key_files
-from support.worker_client import STANDIN_ANSWER, wait_for
+from support.worker_client import STANDIN_ANSWER
 
 pytestmark = pytest.mark.clients
 
@@ -42,6 +39,7 @@ KEYS = {
     "claude-team": "sk-claude-team-5c1e0b7d2a4c68f9",
     "codex-team": "sk-codex-team-8a71d2c4e9f05b36",
 }
+PROMPT = "Say hello."
 
 
 @pytest.fixture(scope="module")
@@ -58,45 +56,8 @@ def fleet(start: StartKvretention, tmp_path_factory: pytest.TempPathFactory) -> 
         yield Fleet(plane, recorder)
 
 
-@dataclass
-class Run:
-    result: CompletedProcess[str]
-    exchanges: list[Exchange]
-    trace: list[dict[str, Any]]
-    calls: list[dict[str, Any]]
-
-    def failure(self) -> str:
-        return run_report(self.result, self.exchanges)
-
-
 def _generations(exchanges: list[Exchange]) -> list[Exchange]:
     return [e for e in exchanges if e.is_generation]
-
-
-def _run(fleet: Fleet, launch: Any, client: Client, key: str, tmp: Path) -> Run:
-    plane, recorder = fleet.plane, fleet.recorder
-    mark, trace_mark = recorder.mark(), len(plane.trace())
-    workdir = tmp / "work"
-    workdir.mkdir()
-    result = launch(
-        client,
-        "Say hello.",
-        base_url=recorder.base_url,
-        workdir=workdir,
-        home=tmp / "home",
-        key=key,
-    )
-    exchanges = recorder.since(mark)
-    served = sum(not e.refused for e in _generations(exchanges))
-
-    def settled() -> tuple[list[dict[str, Any]]] | None:
-        trace = plane.trace()[trace_mark:]
-        return (trace,) if sum(e["status"] == 200 for e in trace) >= served else None
-
-    (trace,) = wait_for(settled, timeout=10.0)
-    engine = plane.engine_calls()
-    calls = [engine[e["request_id"]][1] for e in trace if e["request_id"] in engine]
-    return Run(result, exchanges, trace, calls)
 
 
 @pytest.mark.parametrize(
@@ -112,7 +73,7 @@ def test_each_cli_works_with_its_own_key_header_as_its_own_tenant(
     header: str,
 ) -> None:
     launch = run_claude if name == "claude" else run_codex
-    run = _run(fleet, launch, clients[name], KEYS[tenant], tmp_path)
+    run = run_task(fleet, clients[name], launch, PROMPT, tmp_path, key=KEYS[tenant])
     assert run.result.returncode == 0, run.failure()
     assert STANDIN_ANSWER in run.result.stdout, run.failure()
     generations = _generations(run.exchanges)
@@ -121,7 +82,7 @@ def test_each_cli_works_with_its_own_key_header_as_its_own_tenant(
         sent = {k.lower(): v for k, v in e.headers.items()}[header]
         assert KEYS[tenant] in sent
     assert run.trace and {e.get("tenant") for e in run.trace} == {tenant}
-    assert run.calls and {c["kwargs"].get("cache_salt") for c in run.calls} == {
+    assert run.calls and {c["kwargs"].get("cache_salt") for _, c in run.calls} == {
         cache_salt_for(tenant)
     }
     for entry in run.trace:
@@ -131,7 +92,8 @@ def test_each_cli_works_with_its_own_key_header_as_its_own_tenant(
 def test_claude_code_with_a_wrong_key_is_refused_with_anthropics_401(
     fleet: Fleet, clients: dict[str, Client], tmp_path: Path
 ) -> None:
-    run = _run(fleet, run_claude, clients["claude"], "sk-not-a-fleet-key-00000000", tmp_path)
+    wrong_key = "sk-not-a-fleet-key-00000000"
+    run = run_task(fleet, clients["claude"], run_claude, PROMPT, tmp_path, key=wrong_key)
     assert run.result.returncode != 0, run.failure()
     generations = _generations(run.exchanges)
     assert generations, run.failure()

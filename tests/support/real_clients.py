@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -24,6 +24,7 @@ from aiohttp import web
 
 from support.rendered_plane import RenderedPlane
 from support.threaded_app import ThreadedApp
+from support.worker_client import wait_for
 
 ROOT: Final = Path(__file__).resolve().parents[2]
 AGENTS_EXAMPLE: Final = ROOT / "examples" / "agents.yaml"
@@ -157,6 +158,52 @@ def run_report(
         f"exit {result.returncode}\nstdout: {result.stdout[-tail:]}\n"
         f"stderr: {result.stderr[-tail:]}\nrefused: {refused}"
     )
+
+
+@dataclass
+class Task:
+    """One CLI task through a fleet's recorder (:func:`run_task`)."""
+
+    result: subprocess.CompletedProcess[str]
+    exchanges: list[Exchange]
+    """What went through the recorder during the task."""
+    trace: list[dict[str, Any]]
+    """The frontend's trace entries the task left."""
+    calls: list[tuple[str, dict[str, Any]]]
+    """(worker, engine call) of each request the frontend forwarded, in the trace's order."""
+
+    def failure(self) -> str:
+        return run_report(self.result, self.exchanges)
+
+
+Launch = Callable[..., subprocess.CompletedProcess[str]]
+""":func:`run_claude` or :func:`run_codex` (or either with some of its options bound)."""
+
+
+def run_task(
+    fleet: Fleet, client: Client, launch: Launch, prompt: str, tmp: Path, **options: Any
+) -> Task:
+    """``launch`` runs ``prompt`` (with ``options``) in ``tmp/work``, its home in ``tmp/home``,
+    through the fleet's recorder; the task's trace is read once every generation the frontend
+    accepted is in it (written as a stream ends)."""
+    plane, recorder = fleet.plane, fleet.recorder
+    mark, trace_mark = recorder.mark(), len(plane.trace())
+    workdir = tmp / "work"
+    workdir.mkdir()
+    result = launch(
+        client, prompt, base_url=recorder.base_url, workdir=workdir, home=tmp / "home", **options
+    )
+    exchanges = recorder.since(mark)
+    accepted = sum(e.is_generation and not e.refused for e in exchanges)
+
+    def settled() -> tuple[list[dict[str, Any]]] | None:
+        trace = plane.trace()[trace_mark:]
+        return (trace,) if sum(e["status"] == 200 for e in trace) >= accepted else None
+
+    (trace,) = wait_for(settled, timeout=10.0)
+    engine = plane.engine_calls()
+    calls = [engine[e["request_id"]] for e in trace if e["request_id"] in engine]
+    return Task(result, exchanges, trace, calls)
 
 
 # -- running the CLIs ------------------------------------------------------------------------
