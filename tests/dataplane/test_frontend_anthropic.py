@@ -140,6 +140,16 @@ def test_messages_map_sampling_and_session(frontend: Any, router_standin: Router
     }
 
 
+def split_block(word: str, fields: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """A table row's ``fields`` as the user's content (a text part of ``word``, then the row's
+    ``messages_block`` if it has one) and a copy of the other fields, for the request's top level."""
+    fields = dict(fields)
+    content: list[dict[str, Any]] = [{"type": "text", "text": word}]
+    if "messages_block" in fields:
+        content.append(fields.pop("messages_block"))
+    return content, fields
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 @pytest.mark.parametrize(
     ("fields", "param"),
@@ -212,22 +222,22 @@ def test_messages_block_breakpoints_per_mode(
     ``Prefix`` forwards one breakpoint on the element made from that block. A malformed control
     is refused in both modes, and nothing refused reaches the router."""
     word = tag()
-    fields = dict(fields)
-    content: list[dict[str, Any]] = [{"type": "text", "text": word}]
-    if "messages_block" in fields:
-        content.append(fields.pop("messages_block"))
+    content, fields = split_block(word, fields)
     if top_level and "cache_control" not in fields:
         fields["cache_control"] = EPHEMERAL
-    client = clients[mode]
-    malformed = param.endswith((".ttl", ".type"))
-    if mode == "prefix" and not malformed:
-        client.messages.create(
+
+    def send() -> object:
+        return clients[mode].messages.create(
             model="claude-test",
             max_tokens=16,
             messages=untyped([{"role": "user", "content": content}]),
             stream=stream,
             **fields,
         )
+
+    malformed = param.endswith((".ttl", ".type"))
+    if mode == "prefix" and not malformed:
+        send()
         [body] = router_standin.bodies_for(word)
         expected: dict[str, Any] = {"retain_prefixes": {"breakpoints": 1}}
         if top_level:
@@ -238,13 +248,7 @@ def test_messages_block_breakpoints_per_mode(
     if mode == "reject":  # v1 names the block before looking inside its control
         param = param.removesuffix(".type")
     with pytest.raises(anthropic.BadRequestError) as info:
-        client.messages.create(
-            model="claude-test",
-            max_tokens=16,
-            messages=untyped([{"role": "user", "content": content}]),
-            stream=stream,
-            **fields,
-        )
+        send()
     assert info.value.status_code == 400
     assert info.value.response.headers["content-type"].startswith("application/json")
     body = info.value.body
@@ -688,10 +692,7 @@ def test_refusals_are_400_naming_the_field_and_not_retried(
     client: anthropic.Anthropic, router_standin: RouterStandIn, fields: dict[str, Any], param: str
 ) -> None:
     word = tag()
-    fields = dict(fields)
-    content: list[dict[str, Any]] = [{"type": "text", "text": word}]
-    if "messages_block" in fields:
-        content.append(fields.pop("messages_block"))
+    content, fields = split_block(word, fields)
     with pytest.raises(anthropic.BadRequestError) as info:
         client.messages.create(
             model="claude-test",
