@@ -90,6 +90,15 @@ def received(router: RouterStandIn, needle: str) -> list[dict[str, Any]]:
     return router.bodies_for(needle)
 
 
+def marked_content(text_type: str, word: str, part: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """A user message's content: ``word`` as a ``text_type`` part, then ``part`` (if any) marked
+    as an explicit breakpoint."""
+    content: list[dict[str, Any]] = [{"type": text_type, "text": word}]
+    if part is not None:
+        content.append({**part, "prompt_cache_breakpoint": {"mode": "explicit"}})
+    return content
+
+
 def forwarded_or_refused(
     send: Callable[[], object],
     expected: Refused | dict[str, Any],
@@ -265,9 +274,7 @@ def test_chat_cache_controls_per_breakpoint_mode(
     """``reject`` is the v1 table; ``prefix`` forwards a breakpoint as a marker on its part. What
     is refused never reaches the router."""
     word = tag()
-    content: list[dict[str, Any]] = [{"type": "text", "text": word}]
-    if messages_part is not None:
-        content.append({**messages_part, "prompt_cache_breakpoint": {"mode": "explicit"}})
+    content = marked_content("text", word, messages_part)
     expected = expect_per_mode(mode, reject, prefix)
 
     def send() -> None:
@@ -436,9 +443,7 @@ def test_responses_cache_controls_per_breakpoint_mode(
     stream: bool,
 ) -> None:
     word = tag()
-    content: list[dict[str, Any]] = [{"type": "input_text", "text": word}]
-    if part is not None:
-        content.append({**part, "prompt_cache_breakpoint": {"mode": "explicit"}})
+    content = marked_content("input_text", word, part)
     expected = expect_per_mode(mode, reject, prefix)
 
     def send() -> None:
