@@ -23,6 +23,7 @@ from kvretention.api.names import READY_PATH
 from kvretention.dataplane.frontend import errors
 from kvretention.dataplane.frontend.errors import FrontendError
 from kvretention.dataplane.frontend.repeats import router_messages
+from kvretention.dataplane.hop_client import HopClient, HopConnectError, HopResponse
 from kvretention.dataplane.protocol import (
     GENERATE_PATH,
     ErrorLine,
@@ -59,18 +60,15 @@ class Upstream(Protocol):
 
 
 class RouterClient:
-    """A pooled aiohttp session to one router base URL."""
+    """Pooled connections to one router base URL."""
 
     def __init__(self, base_url: str, *, timeout: float) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
-        self._session: aiohttp.ClientSession | None = None
+        self._session: HopClient | None = None
 
     async def start(self) -> None:
-        client_timeout = aiohttp.ClientTimeout(
-            total=None, connect=self.timeout, sock_connect=self.timeout, sock_read=self.timeout
-        )
-        self._session = aiohttp.ClientSession(timeout=client_timeout, raise_for_status=False)
+        self._session = HopClient(connect_timeout=self.timeout, read_timeout=self.timeout)
 
     async def close(self) -> None:
         if self._session is not None:
@@ -78,7 +76,7 @@ class RouterClient:
             self._session = None
 
     @property
-    def session(self) -> aiohttp.ClientSession:
+    def session(self) -> HopClient:
         if self._session is None:
             raise RuntimeError("RouterClient.start() was not awaited")
         return self._session
@@ -88,13 +86,17 @@ class RouterClient:
         :data:`ROUTER_SLOW` when it did not answer within ``within`` seconds, else why not, in
         words that name no internal address."""
         try:
-            async with self.session.get(
-                f"{self.base_url}{READY_PATH}", timeout=aiohttp.ClientTimeout(total=within)
-            ) as resp:
-                if resp.status < 300:
-                    return None
-                log.warning("router readiness: HTTP %d from %s", resp.status, self.base_url)
-                return "the router reports no ready worker"
+            async with asyncio.timeout(within):
+                resp = await self.session.get(f"{self.base_url}{READY_PATH}", limit_s=within)
+                try:
+                    status = resp.status
+                    await resp.read()
+                finally:
+                    resp.release()  # closes the connection unless the answer was read whole
+            if status < 300:
+                return None
+            log.warning("router readiness: HTTP %d from %s", status, self.base_url)
+            return "the router reports no ready worker"
         except TimeoutError:
             log.warning("router readiness: %s did not answer within %.1fs", self.base_url, within)
             return ROUTER_SLOW
@@ -125,7 +127,7 @@ class RouterClient:
             )
         except TimeoutError:
             raise errors.upstream_timeout(self.timeout) from None
-        except aiohttp.ClientConnectorError as exc:
+        except HopConnectError as exc:
             log.warning("router %s unavailable: %s", self.base_url, _describe(exc))
             raise errors.router_unavailable() from None
         except aiohttp.ClientError as exc:
@@ -175,7 +177,7 @@ _DUMPS: Final[dict[int, tuple[ToolDefinition, dict[str, Any]]]] = {}
 
 
 async def error_from_status(
-    resp: aiohttp.ClientResponse, *, hint_param: str | None, limit_s: float
+    resp: HopResponse, *, hint_param: str | None, limit_s: float
 ) -> FrontendError:
     try:
         raw = await resp.content.read(_MAX_ERROR_BODY)
@@ -192,7 +194,7 @@ async def error_from_status(
 
 
 async def chunks_of(
-    resp: aiohttp.ClientResponse, *, hint_param: str | None, limit_s: float
+    resp: HopResponse, *, hint_param: str | None, limit_s: float
 ) -> AsyncIterator[GenerateChunk]:
     """Parse NDJSON lines until a chunk carries a finish reason; errors raise ``FrontendError``."""
     buffer = b""
@@ -220,8 +222,8 @@ async def chunks_of(
             yield chunk
 
 
-async def _drain(resp: aiohttp.ClientResponse) -> None:
-    """Read to the end of the body so aiohttp pools the connection instead of closing it.
+async def _drain(resp: HopResponse) -> None:
+    """Read to the end of the body so the connection is pooled again instead of closed.
 
     After the finish line only the chunked terminator is left; a router that sends it late costs
     a new connection on the next request, never a wait of more than ``_DRAIN_LIMIT_S``.

@@ -29,6 +29,7 @@ import aiohttp
 from aiohttp import web
 
 from kvretention.api.names import READY_PATH
+from kvretention.dataplane.hop_client import HopClient
 from kvretention.dataplane.http import Readiness, add_metrics, add_probes
 from kvretention.dataplane.protocol import GENERATE_PATH, RESIDENCY_PATH
 from kvretention.dataplane.router.discovery import discover, held_departing, plan_membership
@@ -148,10 +149,9 @@ async def running(state: RouterState) -> AsyncIterator[None]:
     """The router's connection pools and background jobs (discovery, health and residency
     polls, the picker's frontends) for as long as the block runs; a frontend that places in
     its own process runs them too."""
-    timeout = aiohttp.ClientTimeout(
-        total=None, connect=state.config.connect_timeout_s, sock_read=state.config.read_timeout_s
+    state.session = HopClient(
+        connect_timeout=state.config.connect_timeout_s, read_timeout=state.config.read_timeout_s
     )
-    state.session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False)
     state.health_session = aiohttp.ClientSession()
     await refresh_membership(state)
     await check_all(state)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from kvretention.common.tenancy import scoped_chain, scoped_session, tenant_of_headers
+from kvretention.dataplane.hop_client import HopConnectError, HopResponse
 from kvretention.dataplane.protocol import (
     ERROR_STATUS,
     GENERATE_PATH,
@@ -99,7 +100,7 @@ class Opened:
     """A worker's answer, its status line read; the caller releases it and ends the worker."""
 
     worker: Worker
-    response: aiohttp.ClientResponse
+    response: HopResponse
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,7 @@ async def open_aggregated(
                 tried.add(worker.url)
                 state.end(worker)
                 continue
-        except aiohttp.ClientConnectorError as exc:
+        except HopConnectError as exc:
             # Nothing reached the worker, so another one may take the request.
             state.observe(worker, connect_evidence(exc))
             tried.add(worker.url)
@@ -164,7 +165,7 @@ async def open_aggregated(
         return Opened(worker=worker, response=response)
 
 
-async def _is_draining(resp: aiohttp.ClientResponse) -> bool:
+async def _is_draining(resp: HopResponse) -> bool:
     try:
         body = await resp.json(content_type=None)
     except (ValueError, aiohttp.ClientError):

@@ -22,6 +22,7 @@ from aiohttp import web
 
 from kvretention.common.hop_auth import HEADER_TENANT_SIG
 from kvretention.common.tenancy import HEADER_TENANT
+from kvretention.dataplane.hop_client import HopConnectError, HopResponse
 from kvretention.dataplane.hop_key import refused_hop
 from kvretention.dataplane.protocol import (
     ERROR_STATUS,
@@ -215,10 +216,10 @@ async def _disaggregated(
     session_http = state.session
     state.begin(prefill)
     state.begin(decode)
-    opened: list[aiohttp.ClientResponse] = []
+    opened: list[HopResponse] = []
     drain_task: asyncio.Task[None] | None = None
 
-    async def send(worker: Worker, role: str) -> aiohttp.ClientResponse:
+    async def send(worker: Worker, role: str) -> HopResponse:
         resp = await session_http.post(
             worker.url + GENERATE_PATH, data=body, headers={**headers, HEADER_ROLE: role}
         )
@@ -230,7 +231,7 @@ async def _disaggregated(
             send(prefill, "prefill"), send(decode, "decode"), return_exceptions=True
         )
         for worker, result in zip((prefill, decode), results, strict=True):
-            if isinstance(result, aiohttp.ClientConnectorError):
+            if isinstance(result, HopConnectError):
                 state.observe(worker, connect_evidence(result))
             if isinstance(result, BaseException):
                 return error_response(
@@ -238,8 +239,8 @@ async def _disaggregated(
                     f"{worker.role} worker {worker.url} unreachable: {result}",
                 ), "worker_unavailable"
         resp_p, resp_d = results
-        assert isinstance(resp_p, aiohttp.ClientResponse)
-        assert isinstance(resp_d, aiohttp.ClientResponse)
+        assert isinstance(resp_p, HopResponse)
+        assert isinstance(resp_d, HopResponse)
         for resp in (resp_p, resp_d):
             if resp.status != 200:
                 return await _passthrough_error(resp), "upstream_error"
@@ -259,19 +260,19 @@ async def _disaggregated(
         state.end(decode)
 
 
-async def _discard(resp: aiohttp.ClientResponse) -> None:
+async def _discard(resp: HopResponse) -> None:
     with contextlib.suppress(aiohttp.ClientError, TimeoutError):
         await resp.read()
 
 
-async def _passthrough_error(resp: aiohttp.ClientResponse) -> web.Response:
+async def _passthrough_error(resp: HopResponse) -> web.Response:
     """A worker's non-2xx answer reaches the client as the worker wrote it (typed error codes)."""
     body = await resp.read()
     return web.Response(status=resp.status, body=body, content_type="application/json")
 
 
 async def _relay(
-    request: web.Request, state: RouterState, worker: Worker, upstream: aiohttp.ClientResponse
+    request: web.Request, state: RouterState, worker: Worker, upstream: HopResponse
 ) -> tuple[web.StreamResponse, str]:
     """Stream a worker's NDJSON answer to the client, ending with an error line if it breaks off.
 

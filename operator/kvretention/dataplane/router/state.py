@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from kvretention.common.hop_auth import HopKeyFile
 from kvretention.common.sessions import DEFAULT_SESSION_KEYS
+from kvretention.dataplane.hop_client import HopClient, HopConnectError
 from kvretention.dataplane.labelled import Children
 from kvretention.dataplane.metric_decl import counter, gauge
 from kvretention.dataplane.router.discovery import Endpoints, PoolRole, Source
@@ -211,7 +212,7 @@ class RouterState:
     config: RouterConfig = field(default_factory=RouterConfig)
     workers: dict[str, Worker] = field(default_factory=dict)
     metrics: RouterMetrics = field(default_factory=RouterMetrics)
-    session: aiohttp.ClientSession | None = None
+    session: HopClient | None = None
     health_session: aiohttp.ClientSession | None = None
     """Polls travel on their own connections, never queued behind long streams."""
     hop_keys: HopKeyFile | None = None
@@ -306,7 +307,7 @@ class RouterState:
 STATE: Final = web.AppKey("router_state", RouterState)
 
 
-def connect_evidence(exc: aiohttp.ClientConnectorError) -> Evidence:
+def connect_evidence(exc: aiohttp.ClientConnectorError | HopConnectError) -> Evidence:
     """A refused connection is decisive (no process listens); anything else is not."""
     return "refused" if isinstance(exc.os_error, ConnectionRefusedError) else "error"
 
@@ -315,7 +316,7 @@ def failure_evidence(exc: TimeoutError | aiohttp.ClientError) -> Evidence:
     """What a failed poll shows: slowness (a timeout), no listener (refused), or another error."""
     if isinstance(exc, TimeoutError):
         return "timeout"
-    if isinstance(exc, aiohttp.ClientConnectorError):
+    if isinstance(exc, aiohttp.ClientConnectorError | HopConnectError):
         return connect_evidence(exc)
     return "error"
 
