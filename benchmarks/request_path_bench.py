@@ -31,6 +31,8 @@ excluded). By default the servers share CPU 0 and the load generator runs pinned
     .venv/bin/python benchmarks/request_path_bench.py            # ~5 min on 2 cores
     .venv/bin/python benchmarks/request_path_bench.py --quick    # ~1 min smoke run
     .venv/bin/python benchmarks/request_path_bench.py --agents   # agent scenarios + c64-json-small
+    git archive REV operator | (mkdir -p /tmp/before && tar -x -C /tmp/before)
+    .venv/bin/python benchmarks/request_path_bench.py --before /tmp/before   # + <target>@before
 
 Needs ``benchmarks/setup.sh`` for the peers (they are skipped, and say so, when it has not run).
 """
@@ -299,9 +301,16 @@ class Stack:
     processes: dict[str, Any] = field(default_factory=dict)
 
 
-def _kvr(stack: ExitStack, args: list[str], *, log_dir: Path, ready: str = "/healthz") -> Any:
+def _kvr(
+    stack: ExitStack,
+    args: list[str],
+    *,
+    log_dir: Path,
+    ready: str = "/healthz",
+    env: dict[str, str] | None = None,
+) -> Any:
     proc = helpers.start_kvretention(
-        args, log_dir=log_dir, ready_path=ready, timeout=READY_TIMEOUT_S
+        args, log_dir=log_dir, ready_path=ready, timeout=READY_TIMEOUT_S, env=env
     )
     stack.callback(proc.stop)
     return proc
@@ -309,9 +318,16 @@ def _kvr(stack: ExitStack, args: list[str], *, log_dir: Path, ready: str = "/hea
 
 @contextmanager
 def start_stack(
-    *, log_dir: Path, peers: bool, only: set[str] | None, server_cpus: set[int] | None
+    *,
+    log_dir: Path,
+    peers: bool,
+    only: set[str] | None,
+    server_cpus: set[int] | None,
+    before: Path | None = None,
 ) -> Iterator[Stack]:
-    """Start every target's processes (once, for all scenarios) and stop them all at the end."""
+    """Start every target's processes (once, for all scenarios) and stop them all at the end;
+    with ``before``, ``frontend``, ``frontend+router`` and ``frontend/placing`` run a second time
+    from that tree's ``operator/`` as ``<target>@before``."""
     out = Stack()
 
     def want(name: str) -> bool:
@@ -329,28 +345,39 @@ def start_stack(
         out.targets.append(Target("direct", stub.base_url, (), fixed_path=CHAT_PATH))
         fe_args = ["frontend", "--model", MODEL, "--log-level", "warning"]
 
-        def router_and_frontend(upstream: str) -> tuple[Any, Any]:
+        def router_and_frontend(
+            upstream: str, env: dict[str, str] | None = None
+        ) -> tuple[Any, Any]:
             """A router over ``upstream`` and a frontend in front of it."""
             rt = _kvr(
                 stack,
                 ["router", "--worker", upstream, "--log-level", "WARNING"],
                 log_dir=log_dir,
                 ready="/readyz",
+                env=env,
             )
-            return rt, _kvr(stack, [*fe_args, "--router-url", rt.base_url], log_dir=log_dir)
+            fe = _kvr(stack, [*fe_args, "--router-url", rt.base_url], log_dir=log_dir, env=env)
+            return rt, fe
 
-        if want("frontend"):
-            fe = _kvr(stack, [*fe_args, "--router-url", stub.base_url], log_dir=log_dir)
-            out.processes["frontend"] = fe
-            out.targets.append(Target("frontend", fe.base_url, (fe.proc.pid,)))
-        if want("frontend+router"):
-            rt, fe = router_and_frontend(stub.base_url)
-            out.processes |= {"fr.router": rt, "fr.frontend": fe}
-            out.targets.append(Target("frontend+router", fe.base_url, (fe.proc.pid, rt.proc.pid)))
-        if want(PLACING):
-            fe = _kvr(stack, [*fe_args, "--worker", stub.base_url], log_dir=log_dir)
-            out.processes["placing.frontend"] = fe
-            out.targets.append(Target(PLACING, fe.base_url, (fe.proc.pid,)))
+        trees: list[tuple[str, dict[str, str] | None]] = [("", None)]
+        if before is not None:
+            trees.append(("@before", {"PYTHONPATH": str(before.resolve() / "operator")}))
+        for tag, env in trees:
+            if want("frontend"):
+                fe = _kvr(
+                    stack, [*fe_args, "--router-url", stub.base_url], log_dir=log_dir, env=env
+                )
+                out.processes["frontend" + tag] = fe
+                out.targets.append(Target("frontend" + tag, fe.base_url, (fe.proc.pid,)))
+            if want("frontend+router"):
+                rt, fe = router_and_frontend(stub.base_url, env)
+                out.processes |= {"fr.router" + tag: rt, "fr.frontend" + tag: fe}
+                pids = (fe.proc.pid, rt.proc.pid)
+                out.targets.append(Target("frontend+router" + tag, fe.base_url, pids))
+            if want(PLACING):
+                fe = _kvr(stack, [*fe_args, "--worker", stub.base_url], log_dir=log_dir, env=env)
+                out.processes["placing.frontend" + tag] = fe
+                out.targets.append(Target(PLACING + tag, fe.base_url, (fe.proc.pid,)))
         if want("full") or want(FULL_PLACING):
             wk = _kvr(
                 stack,
@@ -784,6 +811,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-pin", action="store_true", help="do not pin servers / load generator")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument(
+        "--before",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also run our targets from DIR/operator as <target>@before (git archive REV operator)",
+    )
+    parser.add_argument(
         "--profile",
         metavar="TARGET:SCENARIO",
         default=None,
@@ -813,7 +847,11 @@ def main(argv: list[str] | None = None) -> None:
             bodies[s.name] = log_dir / f"{s.name}.json"
             bodies[s.name].write_bytes(build_body(s))
         with start_stack(
-            log_dir=log_dir, peers=not args.no_peers, only=only, server_cpus=server_cpus
+            log_dir=log_dir,
+            peers=not args.no_peers,
+            only=only,
+            server_cpus=server_cpus,
+            before=args.before,
         ) as stack:
             for name, why in stack.skipped.items():
                 print(f"skipping {name}: {why}", file=sys.stderr)
@@ -851,7 +889,7 @@ def main(argv: list[str] | None = None) -> None:
                         runs.append(run)
                         print(
                             f"[{time.monotonic() - started:6.0f}s] r{repeat} {scenario.name:<26} "
-                            f"{target.name:<16} p50 {run.p50_ms:7.2f} ms  {run.throughput_rps:7.0f} "
+                            f"{target.name:<24} p50 {run.p50_ms:7.2f} ms  {run.throughput_rps:7.0f} "
                             f"req/s  cpu {run.proxy_cpu_ms_per_req:6.3f} ms/req  err {run.errors}",
                             file=sys.stderr,
                         )  # fmt: skip

@@ -23,7 +23,7 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Final
+from typing import Any, Final, cast
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -98,8 +98,8 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # a socket transport (uvloop's is one without asyncio.Transport as its base)
+        self.transport = cast(asyncio.Transport, transport)
         self._open.add(self)
 
     def data_received(self, data: bytes) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 import pytest
+import uvloop
 
 from kvretention.dataplane.hop_client import (
     HIGH_WATER,
@@ -344,3 +345,20 @@ async def test_close_closes_the_pooled_connections() -> None:
         resp.release()
         await client.close()
         await asyncio.wait_for(server.closed_by_client.wait(), 2.0)
+
+
+def test_the_client_runs_on_uvloop_too() -> None:
+    """SGLang's processes install uvloop; its transports are not ``asyncio.Transport``s."""
+
+    async def exchange() -> tuple[int, bytes, int]:
+        client = HopClient(connect_timeout=1.0, read_timeout=1.0)
+        async with serving(ok()) as server:
+            for _ in range(2):
+                resp = await client.post(server.url + "/generate", data=b"{}", headers={})
+                status, body = resp.status, await resp.read()
+                resp.release()
+            await client.close()
+            return status, body, server.connections
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        assert runner.run(exchange()) == (200, b"ok", 1)
