@@ -131,6 +131,7 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
+_HEX_DIGITS: Final = b"0123456789abcdefABCDEF"
 _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILER, _UNTIL_CLOSE, _DONE = range(8)
 
 
@@ -202,13 +203,13 @@ class HopResponse:
                 head = bytes(raw[:end])
                 del raw[: end + 4]
                 self._read_head(head)
-            elif self._phase == _LENGTH:
+            elif self._phase in (_LENGTH, _CHUNK_DATA):  # body bytes, ``_left`` of them
                 take = min(self._left, len(raw))
                 self._body += raw[:take]
                 del raw[:take]
                 self._left -= take
                 if self._left == 0:
-                    self._phase = _DONE
+                    self._phase = _DONE if self._phase == _LENGTH else _CHUNK_END
             elif self._phase == _CHUNK_SIZE:
                 end = raw.find(b"\r\n")
                 if end < 0:
@@ -217,20 +218,10 @@ class HopResponse:
                     return
                 size_text = bytes(raw[:end]).split(b";", 1)[0].strip()
                 del raw[: end + 2]
-                try:
-                    self._left = int(size_text, 16)
-                except ValueError:
-                    raise HopError(f"bad chunk size {size_text[:20]!r}") from None
-                if self._left < 0:
-                    raise HopError("negative chunk size")
+                if not size_text or size_text.strip(_HEX_DIGITS):  # int() would take 0x, +, _
+                    raise HopError(f"bad chunk size {size_text[:20]!r}")
+                self._left = int(size_text, 16)
                 self._phase = _CHUNK_DATA if self._left else _TRAILER
-            elif self._phase == _CHUNK_DATA:
-                take = min(self._left, len(raw))
-                self._body += raw[:take]
-                del raw[:take]
-                self._left -= take
-                if self._left == 0:
-                    self._phase = _CHUNK_END
             elif self._phase == _CHUNK_END:
                 if len(raw) < 2:
                     return
