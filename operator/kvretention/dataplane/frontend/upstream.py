@@ -235,6 +235,14 @@ async def _drain(resp: HopResponse) -> None:
 
 
 def _parse_line(line: bytes, *, hint_param: str | None) -> GenerateChunk:
+    if b'"error"' not in line and b"\\u" not in line:  # a chunk: one typed decode, no dict
+        # (an escaped key could spell "error" unseen: those lines take the path below)
+        try:
+            chunk = GenerateChunk.model_validate_json(line)
+        except ValidationError:
+            pass  # said below, in the words the slow path picks
+        else:
+            return _checked(chunk)
     try:
         obj = json.loads(line)
     except ValueError:
@@ -249,6 +257,10 @@ def _parse_line(line: bytes, *, hint_param: str | None) -> GenerateChunk:
         chunk = GenerateChunk.model_validate(obj)
     except ValidationError:
         raise errors.router_malformed("chunk") from None
+    return _checked(chunk)
+
+
+def _checked(chunk: GenerateChunk) -> GenerateChunk:
     if chunk.finish_reason == "abort":
         raise FrontendError(
             status=500, code="engine_error", message="The engine aborted the generation."
