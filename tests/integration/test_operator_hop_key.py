@@ -80,3 +80,23 @@ def test_the_hop_key_is_made_once_kept_across_reconciles_and_goes_with_the_fleet
         lambda: secret_or_none(fleets, "hop-hop-key") is None,
         timeout_s=90,
     )
+
+
+def test_turning_auth_off_deletes_the_hop_key_the_fleet_made(
+    operator: Operator, fleets: Fleets
+) -> None:
+    fleets.create_secret("fleet-keys-off", {"team-a": "sk-team-a-3f9c1e0b7d2a4c68\n"})
+    body = load_example("aggregated", name="hopoff")
+    body["spec"].setdefault("frontend", {})["auth"] = {"secretRefs": [{"name": "fleet-keys-off"}]}
+    fleets.create(body)
+    wait_until(
+        "Secret hopoff-hop-key", lambda: secret_or_none(fleets, "hopoff-hop-key"), timeout_s=90
+    )
+    fleets.patch_spec("hopoff", {"frontend": {"auth": None}})
+    wait_until(
+        "the hop key deleted once no pod reads it",
+        lambda: secret_or_none(fleets, "hopoff-hop-key") is None,
+        timeout_s=90,
+    )
+    pod = fleets.deployment("hopoff-frontend")["spec"]["template"]["spec"]
+    assert not [v for v in pod.get("volumes") or [] if v["name"] == "hop-key"]

@@ -385,6 +385,9 @@ class Controller:
         refused += await self._hop_key(plan, previous)
         if not refused:
             await self._prune(namespace, plan_prune(plan.desired, live, uid=plan.uid))
+            await named.retire_hop_key(
+                self.kube, plan, live, ensured=self._hop_keys, deletes=self.metrics.deletes
+            )
         # Every pod of the fleet: worker pods carry the probe reports, and any pod that is not
         # ready says why (the scheduler's message, the kubelet's waiting reason).
         observed = Observed(

@@ -1,6 +1,7 @@
 """The objects a fleet names but does not reconcile as children: the auth Secrets and the
 ``codexInstructions`` ConfigMap it reads (checked only while the frontend is not ready, to say why
-in status), and the hop-key Secret it needs once (created when absent, never rewritten).
+in status), and the hop-key Secret it needs once (created when absent, never rewritten, deleted
+when auth is turned off if the fleet made it).
 
 Secrets and ConfigMaps are not watched kinds, so each is a direct read or create, bounded to the
 moments it can change the answer.
@@ -17,14 +18,20 @@ from typing import Any
 from prometheus_client import Counter
 
 from kvretention.controller import kube as k
+from kvretention.controller.objects import ChildKey, component_of, is_controlled_by, uid_of
 from kvretention.controller.planner import (
     FleetPlan,
     plan_codex_read,
     plan_hop_key,
+    plan_hop_key_retired,
     plan_secret_reads,
     refused_message,
 )
-from kvretention.controller.resources.hop_key import HOP_KEY_BYTES, build_hop_key_secret
+from kvretention.controller.resources.hop_key import (
+    HOP_KEY_BYTES,
+    HOP_KEY_COMPONENT,
+    build_hop_key_secret,
+)
 
 log = logging.getLogger("kvretention.controller.executor")
 
@@ -104,3 +111,35 @@ async def ensure_hop_key(
         log.info("created Secret %s/%s (the fleet's hop key)", plan.cr.namespace, name)
     ensured.add(key)
     return []
+
+
+async def retire_hop_key(
+    kube: k.Kube,
+    plan: FleetPlan,
+    live: Mapping[ChildKey, Mapping[str, Any]],
+    *,
+    ensured: set[tuple[str, str]],
+    deletes: Counter,
+) -> None:
+    """Delete the hop-key Secret of a fleet whose auth was just turned off (its live frontend
+    still mounts the key, ``live`` being read before this reconcile's applies), when the fleet
+    made it: owned by the fleet, with the hop-key label. One a user made is left as it is. A
+    failed delete is logged; the Secret goes with its fleet in any case."""
+    name = plan_hop_key_retired(plan, live)
+    if name is None:
+        return
+    namespace = plan.cr.namespace
+    ensured.discard((plan.uid, name))  # auth turned on again makes the key anew
+    try:
+        found = await kube.get_or_none(k.SECRET, namespace, name)
+        if found is None:
+            return
+        if not is_controlled_by(found, plan.uid) or component_of(found) != HOP_KEY_COMPONENT:
+            log.info("kept Secret %s/%s: the fleet did not make it", namespace, name)
+            return
+        await kube.delete(k.SECRET, namespace, name, uid=uid_of(found))
+    except Exception as exc:
+        log.warning("Secret %s/%s (a hop key no pod reads) not deleted: %s", namespace, name, exc)
+        return
+    deletes.labels(k.SECRET.kind).inc()
+    log.info("deleted Secret %s/%s (auth is off: the fleet signs nothing)", namespace, name)

@@ -40,7 +40,7 @@ from kvretention.controller.resources import (
 )
 from kvretention.controller.resources.common import child_name, service_host
 from kvretention.controller.resources.frontend import FRONTEND_SUFFIX
-from kvretention.controller.resources.hop_key import hop_key_secret
+from kvretention.controller.resources.hop_key import HOP_KEY_SUFFIX, hop_key_secret
 from kvretention.controller.resources.inference_pool import inference_pool_name
 from kvretention.controller.resources.mooncake import MASTER_SUFFIX, uses_mooncake
 from kvretention.controller.resources.sglang_args import plan_retention
@@ -291,6 +291,21 @@ def plan_hop_key(
     if ensured and _frontend_ready(previous):
         return None
     return plan.hop_key_secret
+
+
+def plan_hop_key_retired(plan: FleetPlan, live: Mapping[ChildKey, Mapping[str, Any]]) -> str | None:
+    """The hop-key Secret to delete once this reconcile's children are applied: the fleet signs
+    nothing now (no auth) while its live frontend Deployment still mounts the key, so auth was
+    just turned off. Whether the Secret is the fleet's own to delete is read on the Secret."""
+    if plan.hop_key_secret is not None:
+        return None
+    frontend = live.get(("Deployment", child_name(plan.cr, FRONTEND_SUFFIX)))
+    if frontend is None or not is_controlled_by(frontend, plan.uid):
+        return None
+    name = child_name(plan.cr, HOP_KEY_SUFFIX)
+    volumes = frontend.get("spec", {}).get("template", {}).get("spec", {}).get("volumes") or []
+    mounted = any((v.get("secret") or {}).get("secretName") == name for v in volumes)
+    return name if mounted else None
 
 
 def plan_lookups(

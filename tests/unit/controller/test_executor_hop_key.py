@@ -102,3 +102,53 @@ async def test_a_refused_create_is_said_in_status_and_retried(fake: FakeKube) ->
         await controller(fake).reconcile(FLEET)
     messages = [c["message"] for c in fake.cr()["status"]["conditions"]]
     assert any("Secret qwen-hop-key" in m and "forbidden" in m for m in messages), messages
+
+
+def set_auth(fake: FakeKube, on: bool) -> None:
+    frontend = fake.cr()["spec"].setdefault("frontend", {})
+    if on:
+        frontend["auth"] = {"secretRefs": [{"name": "fleet-keys"}]}
+    else:
+        frontend.pop("auth", None)
+
+
+async def test_turning_auth_off_deletes_the_key_the_fleet_made_once(fake: FakeKube) -> None:
+    auth_fleet(fake)
+    c = controller(fake)
+    await c.reconcile(FLEET)
+    make_ready(fake)
+    await c.reconcile(FLEET)
+    assert SECRET in fake.objects
+    set_auth(fake, False)
+    await c.reconcile(FLEET)
+    assert SECRET not in fake.objects
+    frontend = fake.objects[("deployments", "ns", "qwen-frontend")]["spec"]["template"]["spec"]
+    assert not [v for v in frontend.get("volumes") or [] if "secret" in v]
+    fake.reads.clear()
+    await c.reconcile(FLEET)  # the frontend mounts no key now: nothing more is looked up
+    assert ("GET", "secrets") not in fake.reads
+
+
+async def test_turning_auth_off_keeps_a_key_its_user_made(fake: FakeKube) -> None:
+    auth_fleet(fake)
+    mine = {"metadata": {"name": "qwen-hop-key", "namespace": "ns"}, "data": {"hop-key": "eA=="}}
+    fake.put(k.SECRET, mine)
+    c = controller(fake)
+    await c.reconcile(FLEET)
+    set_auth(fake, False)
+    await c.reconcile(FLEET)
+    assert fake.objects[SECRET]["data"] == {"hop-key": "eA=="}
+
+
+async def test_auth_turned_on_again_gets_a_new_key(fake: FakeKube) -> None:
+    auth_fleet(fake)
+    c = controller(fake)
+    await c.reconcile(FLEET)
+    first = hop_key(fake)
+    make_ready(fake)
+    await c.reconcile(FLEET)
+    set_auth(fake, False)
+    await c.reconcile(FLEET)
+    set_auth(fake, True)
+    await c.reconcile(FLEET)  # the status still says the frontend is ready
+    assert hop_key(fake) != first

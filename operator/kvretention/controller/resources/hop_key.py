@@ -5,7 +5,8 @@ ports can act as a tenant.
 Only fleets with ``spec.frontend.auth`` have tenants to protect, and only they get one. The
 Secret ``<fleet>-hop-key`` is made once with a random key and never rewritten (a new key at each
 reconcile would split the fleet's pods between two keys); it is owned by the fleet, so it goes
-with it. A Secret of that name that is already there is used as it is, whoever made it: that is
+with it, and when auth is turned off the operator deletes it (``named_objects.retire_hop_key``).
+A Secret of that name that is already there is used as it is, whoever made it: that is
 how a fleet gets a key of its own choosing. Its one key is mounted read-only in the frontend,
 router and worker pods (as a volume, not subPath, so a rotated key reaches running pods).
 """
