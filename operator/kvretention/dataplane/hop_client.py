@@ -357,10 +357,11 @@ class HopResponse:
             conn.close()
 
     def close(self) -> None:
-        """Done with the answer and its connection: the peer sees the connection go."""
+        """Done with the answer and its connection: the peer sees the connection go. After
+        :meth:`release` it does nothing (the connection may carry another answer by then)."""
         if self._conn.answer is self:
             self._conn.answer = None
-        self._conn.close()
+            self._conn.close()
 
 
 def _expire(waiter: asyncio.Future[None]) -> None:

@@ -369,3 +369,20 @@ def test_the_client_runs_on_uvloop_too() -> None:
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         assert runner.run(exchange()) == (200, b"ok", 1)
+
+
+async def test_close_after_release_leaves_the_pooled_connection_alone() -> None:
+    client = HopClient(connect_timeout=1.0, read_timeout=1.0)
+    async with serving(ok()) as server:
+        first = await client.post(server.url + "/generate", data=b"{}", headers={})
+        await first.read()
+        first.release()
+        second = await client.post(server.url + "/generate", data=b"{}", headers={})
+        first.close()  # late, from a cleanup path: the connection is the second answer's now
+        assert await second.read() == b"ok"
+        second.release()
+        third = await client.post(server.url + "/generate", data=b"{}", headers={})
+        assert await third.read() == b"ok"
+        third.release()
+        assert server.connections == 1
+    await client.close()
