@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -237,6 +237,18 @@ def ok(body: bytes = b"ok") -> Callable[[bytes], bytes]:
     return lambda _: b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
 
 
+def post(client: HopClient, server: Server) -> Awaitable[HopResponse]:
+    return client.post(server.url + "/generate", data=b"{}", headers={})
+
+
+async def exchange(client: HopClient, server: Server) -> tuple[int, bytes]:
+    """One request read whole and released (its connection pooled again)."""
+    resp = await post(client, server)
+    answer = (resp.status, await resp.read())
+    resp.release()
+    return answer
+
+
 async def test_answers_read_whole_share_one_connection_and_the_request_goes_out_exact() -> None:
     client = HopClient(connect_timeout=1.0, read_timeout=1.0)
     async with serving(ok()) as server:
@@ -259,12 +271,12 @@ async def test_an_answer_not_read_whole_closes_its_connection_and_the_peer_sees_
     client = HopClient(connect_timeout=1.0, read_timeout=1.0)
     stream = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n"  # no end
     async with serving(lambda _: stream) as server:
-        resp = await client.post(server.url + "/generate", data=b"{}", headers={})
+        resp = await post(client, server)
         assert await resp.readany() == b"abc"
         assert not resp.content.is_eof()
         resp.close()
         await asyncio.wait_for(server.closed_by_client.wait(), 2.0)
-        resp = await client.post(server.url + "/generate", data=b"{}", headers={})
+        resp = await post(client, server)
         resp.close()
         assert server.connections == 2
     await client.close()
@@ -273,16 +285,14 @@ async def test_an_answer_not_read_whole_closes_its_connection_and_the_peer_sees_
 async def test_a_connection_the_peer_closed_while_idle_is_not_reused() -> None:
     client = HopClient(connect_timeout=1.0, read_timeout=1.0)
     async with serving(ok()) as server:
-        resp = await client.post(server.url + "/generate", data=b"{}", headers={})
+        resp = await post(client, server)
         await resp.read()
         conn = resp._conn
         resp.release()
         assert conn.transport is not None
         conn.transport.close()  # as if the peer had gone: the socket is closed under the pool
         await asyncio.sleep(0.05)
-        resp = await client.post(server.url + "/generate", data=b"{}", headers={})
-        assert await resp.read() == b"ok"
-        resp.release()
+        assert await exchange(client, server) == (200, b"ok")
         assert server.connections == 2
     await client.close()
 
@@ -291,9 +301,7 @@ async def test_an_idle_connection_older_than_the_limit_is_not_reused() -> None:
     client = HopClient(connect_timeout=1.0, read_timeout=1.0, idle_s=0.0)
     async with serving(ok()) as server:
         for _ in range(2):
-            resp = await client.post(server.url + "/generate", data=b"{}", headers={})
-            await resp.read()
-            resp.release()
+            await exchange(client, server)
         assert server.connections == 2
     await client.close()
 
@@ -315,7 +323,7 @@ async def test_a_peer_that_never_answers_times_out_and_loses_the_connection() ->
     async with serving(lambda _: None) as server:
         started = asyncio.get_running_loop().time()
         with pytest.raises(TimeoutError):
-            await client.post(server.url + "/generate", data=b"{}", headers={})
+            await post(client, server)
         assert asyncio.get_running_loop().time() - started < 1.0
         await asyncio.wait_for(server.closed_by_client.wait(), 2.0)
     await client.close()
@@ -325,7 +333,7 @@ async def test_a_stream_that_stalls_times_out_on_the_read_not_before() -> None:
     client = HopClient(connect_timeout=1.0, read_timeout=0.2)
     stream = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n"
     async with serving(lambda _: stream) as server:
-        resp = await client.post(server.url + "/generate", data=b"{}", headers={})
+        resp = await post(client, server)
         assert await resp.readany() == b"abc"
         with pytest.raises(TimeoutError):
             await resp.readany()
@@ -337,7 +345,7 @@ async def test_a_body_larger_than_the_high_water_mark_arrives_whole() -> None:
     body = bytes(range(256)) * (HIGH_WATER // 256 + 4096)
     client = HopClient(connect_timeout=1.0, read_timeout=2.0)
     async with serving(ok(body)) as server:
-        resp = await client.post(server.url + "/generate", data=b"{}", headers={})
+        resp = await post(client, server)
         await asyncio.sleep(0.2)  # let the socket fill the buffer past the mark
         assert await resp.read() == body
         resp.release()
@@ -347,9 +355,7 @@ async def test_a_body_larger_than_the_high_water_mark_arrives_whole() -> None:
 async def test_close_closes_the_pooled_connections() -> None:
     client = HopClient(connect_timeout=1.0, read_timeout=1.0)
     async with serving(ok()) as server:
-        resp = await client.post(server.url + "/generate", data=b"{}", headers={})
-        await resp.read()
-        resp.release()
+        await exchange(client, server)
         await client.close()
         await asyncio.wait_for(server.closed_by_client.wait(), 2.0)
 
@@ -357,32 +363,28 @@ async def test_close_closes_the_pooled_connections() -> None:
 def test_the_client_runs_on_uvloop_too() -> None:
     """SGLang's processes install uvloop; its transports are not ``asyncio.Transport``s."""
 
-    async def exchange() -> tuple[int, bytes, int]:
+    async def run() -> tuple[int, bytes, int]:
         client = HopClient(connect_timeout=1.0, read_timeout=1.0)
         async with serving(ok()) as server:
             for _ in range(2):
-                resp = await client.post(server.url + "/generate", data=b"{}", headers={})
-                status, body = resp.status, await resp.read()
-                resp.release()
+                status, body = await exchange(client, server)
             await client.close()
             return status, body, server.connections
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        assert runner.run(exchange()) == (200, b"ok", 1)
+        assert runner.run(run()) == (200, b"ok", 1)
 
 
 async def test_close_after_release_leaves_the_pooled_connection_alone() -> None:
     client = HopClient(connect_timeout=1.0, read_timeout=1.0)
     async with serving(ok()) as server:
-        first = await client.post(server.url + "/generate", data=b"{}", headers={})
+        first = await post(client, server)
         await first.read()
         first.release()
-        second = await client.post(server.url + "/generate", data=b"{}", headers={})
+        second = await post(client, server)
         first.close()  # late, from a cleanup path: the connection is the second answer's now
         assert await second.read() == b"ok"
         second.release()
-        third = await client.post(server.url + "/generate", data=b"{}", headers={})
-        assert await third.read() == b"ok"
-        third.release()
+        assert await exchange(client, server) == (200, b"ok")  # on the same connection
         assert server.connections == 1
     await client.close()
