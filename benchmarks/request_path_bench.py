@@ -185,16 +185,17 @@ def build_scenarios(*, quick: bool) -> list[Scenario]:
                         requests=n(budget),
                     )
                 )
-    out.append(
-        Scenario(
-            name=f"c64-stream-small-{LONG_STREAM_TOKENS}tok",
-            concurrency=64,
-            stream=True,
-            prompt_bytes=64,
-            max_tokens=LONG_STREAM_TOKENS,
-            requests=n(400),
+    for stream in (True, False):  # a long answer, streamed and read whole
+        out.append(
+            Scenario(
+                name=f"c64-{'stream' if stream else 'json'}-small-{LONG_STREAM_TOKENS}tok",
+                concurrency=64,
+                stream=stream,
+                prompt_bytes=64,
+                max_tokens=LONG_STREAM_TOKENS,
+                requests=n(400),
+            )
         )
-    )
     out += agent_scenarios(n(400))
     return out
 

@@ -282,7 +282,11 @@ class StubProtocol(asyncio.Protocol):
                     keep_alive=keep_alive,
                 )
         elif path == "/v1/generate":
-            self._stream(ndjson_chunks(count), b"application/x-ndjson", keep_alive=keep_alive)
+            lines = ndjson_chunks(count)
+            if req.get("stream") is False and count > PACING.above:
+                self._whole(lines, keep_alive=keep_alive)
+            else:
+                self._stream(lines, b"application/x-ndjson", keep_alive=keep_alive)
         elif path == "/generate":
             stream = bool(req.get("stream"))
             parts = sglang_generate(count=count, stream=stream)
@@ -323,6 +327,26 @@ class StubProtocol(asyncio.Protocol):
         # per-chunk cost (a read, a parse, a write) for every piece instead of one batched read.
         self.transport.writelines(out)
         self._paced(framed, 0, keep_alive)
+
+    def _whole(self, lines: list[bytes], *, keep_alive: bool) -> None:
+        """A paced answer its client reads whole, as our worker sends it
+        (``kvretention.dataplane.worker.whole_answer``): the first line at once, the rest as one
+        merged line when the last piece would have come (these streams are shorter than its
+        ``WHOLE_ANSWER_FLUSH_S``)."""
+        assert self.transport is not None
+        rest = [json.loads(line) for line in lines[1:]]
+        merged = dict(rest[-1], text="".join(c["text"] for c in rest))
+        merged["token_ids"] = [t for c in rest for t in c["token_ids"]]
+        framed = [b"%x\r\n%s\r\n" % (len(p), p) for p in (lines[0], _json(merged) + b"\n")]
+        self.transport.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
+            b"Transfer-Encoding: chunked\r\n%s\r\n%s"
+            % (b"" if keep_alive else b"Connection: close\r\n", framed[0])
+        )
+        delay = PACING.pace_s * len(rest)
+        asyncio.get_running_loop().call_later(
+            delay, self._paced, [framed[1] + b"0\r\n\r\n"], 0, keep_alive
+        )
 
     def _paced(self, framed: list[bytes], i: int, keep_alive: bool) -> None:
         if self.transport is None or self.transport.is_closing():

@@ -437,6 +437,7 @@ def test_tool_loop_call_result_answer(
         ],
         tools=[tool],
         sampling=SamplingParams(max_new_tokens=256),
+        stream=stream,
     )
 
 

@@ -263,6 +263,26 @@ async def test_the_router_connection_is_pooled_across_requests(
     assert len(peers) == 1, peers
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("/v1/responses", {"input": "hi"}),
+        ("/v1/messages", {"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}),
+    ],
+    ids=["chat", "responses", "messages"],
+)
+async def test_the_worker_is_told_whether_the_client_streams(
+    router_standin: RouterStandIn, path: str, body: dict[str, Any], stream: bool
+) -> None:
+    """A client that reads its answer whole lets the worker send it in a few merged chunks."""
+    router_standin.clear()
+    app = create_app(FrontendConfig(router_url=router_standin.base_url))
+    received = await _forwarded(app, router_standin, path, {"model": "m", "stream": stream, **body})
+    assert received.body["stream"] is stream
+
+
 async def test_tool_conversations_get_token_ids_and_keep_their_tools(
     router_standin: RouterStandIn,
 ) -> None:

@@ -496,6 +496,10 @@ class PreprocessedRequest(BaseModel):
     """``None``: the template's default; otherwise passed to the template as thinking switches."""
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     session_id: str | None = None
+    stream: bool = True
+    """``False``: the client reads the answer whole, so the worker sends it in a few larger
+    writes (the first chunk at once, the rest held up to ``WHOLE_ANSWER_FLUSH_S``) instead of
+    one per token: each hop wakes per write. A worker that predates the field streams."""
     count_only: bool = False
     """Render and count the prompt, answer one chunk with ``usage.prompt_tokens``, generate nothing
     (``/v1/messages/count_tokens``)."""

@@ -120,6 +120,7 @@ def build_preprocessed(
         reasoning=parsed.reasoning,
         sampling=parsed.sampling,
         session_id=session_id,
+        stream=parsed.stream,
         count_only=count_only,
         kv_hints=wire,
     )

@@ -62,6 +62,7 @@ from kvretention.dataplane.worker.parsing import OutputParser, ParserConfigError
 from kvretention.dataplane.worker.plan import PlannedCall, plan_call
 from kvretention.dataplane.worker.planning import DEFAULT_THREADS, MAX_BODY_BYTES, PlanningPool
 from kvretention.dataplane.worker.render_cache import DEFAULT_MAX_BYTES, RenderCache
+from kvretention.dataplane.worker.whole_answer import WHOLE_ANSWER_FLUSH_S, HeldChunks
 from kvretention.dataplane.worker.wire import RequestRejected
 from kvretention.retention.failures import FailureCollector
 from kvretention.retention.l3_export import L3Collector
@@ -261,11 +262,11 @@ async def _stream(
     response: web.StreamResponse | None = None
     usage: Usage | None = None
 
-    def emit(output: dict[str, Any]) -> bytes:
+    def next_chunk(output: dict[str, Any]) -> GenerateChunk:
         nonlocal usage
         chunk = _with_retained(adapter.chunk(output), planned)
         usage = chunk.usage or usage
-        return _line(chunk)
+        return chunk
 
     try:
         try:
@@ -286,18 +287,26 @@ async def _stream(
             return error_response(ErrorCode.ENGINE_ERROR, f"engine error: {exc}")
         response = web.StreamResponse(headers={"Content-Type": NDJSON})
         await response.prepare(request)
-        await response.write(emit(first))
+        await response.write(_line(next_chunk(first)))
+        # an answer the client reads whole goes out in a few merged chunks (whole_answer.py)
+        held = (
+            None if planned.request.stream else HeldChunks(WHOLE_ANSWER_FLUSH_S, time.monotonic())
+        )
+        tail = b""
         try:
             async for output in gen:
-                await response.write(emit(output))
+                chunk = next_chunk(output)
+                due = chunk if held is None else held.add(chunk, time.monotonic())
+                if due is not None:
+                    await response.write(_line(due))
         except (asyncio.CancelledError, ConnectionResetError):
             raise
         except Exception as exc:
             outcome = "error"
             log.exception("engine failed mid-stream for %s", rid)
-            err = ErrorLine(error=ErrorBody(code=ErrorCode.ENGINE_ERROR, message=str(exc)))
-            await response.write(_line(err))
-        await response.write_eof()
+            tail = _line(ErrorLine(error=ErrorBody(code=ErrorCode.ENGINE_ERROR, message=str(exc))))
+        rest = held.take(time.monotonic()) if held is not None else None
+        await response.write_eof((b"" if rest is None else _line(rest)) + tail)
         return response
     except (asyncio.CancelledError, ConnectionResetError):
         outcome = "aborted"

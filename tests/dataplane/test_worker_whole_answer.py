@@ -1,0 +1,107 @@
+"""An answer the client reads whole leaves the worker in a few merged chunks, not one per token.
+
+The real worker app with the engine stand-in and SGLang's own parsers: the same request asked
+with ``stream`` true and false must fold into the same answer (text, reasoning, tool calls,
+finish reason, usage), the second in two lines (the first chunk at once, the rest merged) while
+the engine is faster than the flush interval, and in one line per output when every output is
+due (interval 0).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from kvretention.dataplane.frontend.common import Completion
+from kvretention.dataplane.protocol import GenerateChunk
+from kvretention.dataplane.worker import app as worker_app
+from kvretention.dataplane.worker.app import WorkerState, build_app
+from kvretention.dataplane.worker.dialect import Dialect
+from kvretention.dataplane.worker.engine import LoadedEngine
+from kvretention.dataplane.worker.parsing import ParserNames
+from kvretention.dataplane.worker.standin import STANDINS, StandinConfig
+from support.chat_tokenizer import build_tokenizer
+
+WEATHER = {
+    "name": "get_weather",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
+PROMPTS = {
+    "text": "Say something long about the weather in Paris and Rome, please.",
+    "reasoning": "[[standin:reasoning]] Think, then say hello.",
+    "two tool calls": "[[standin:parallel_tool_calls]] Weather, twice.",
+}
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[TestClient[Any, Any]]:
+    parsers = ParserNames(tool_call_parser="qwen25", reasoning_parser="qwen3")
+    engine = STANDINS[Dialect.FLAT](StandinConfig(thinks=True), tokenizer=build_tokenizer())
+    loaded = LoadedEngine(engine=engine, name="standin", dialect=Dialect.FLAT, parsers=parsers)
+    server = TestClient(TestServer(build_app(WorkerState(engine=loaded, role="aggregated"))))
+    await server.start_server()
+    yield server
+    await server.close()
+
+
+async def lines_of(
+    client: TestClient[Any, Any], prompt: str, *, stream: bool
+) -> list[GenerateChunk]:
+    payload = {
+        "request_id": f"r-{stream}",
+        "model": "m",
+        "messages": [{"role": "user", "content": prompt}],
+        "tools": [WEATHER],
+        "stream": stream,
+    }
+    resp = await client.post("/v1/generate", json=payload)
+    assert resp.status == 200, await resp.text()
+    text = await resp.text()
+    return [GenerateChunk.model_validate(json.loads(line)) for line in text.splitlines()]
+
+
+def answer(chunks: list[GenerateChunk]) -> tuple[Any, ...]:
+    """What the frontend makes of the lines (the prompt's cached tokens and the calls' ids aside:
+    the second ask of a prompt finds it cached, and each answer names its calls anew)."""
+    out = Completion()
+    for chunk in chunks:
+        out.add(chunk)
+    usage = (out.usage.prompt_tokens, out.usage.completion_tokens)
+    assert all(call.id.startswith("call_") for call in out.tool_calls)  # fresh ids each answer
+    calls = [(call.name, call.arguments, call.kind) for call in out.tool_calls]
+    return out.text, out.reasoning, calls, out.finish_reason, usage
+
+
+def ids(chunks: list[GenerateChunk]) -> list[int]:
+    return [t for c in chunks for t in c.token_ids]
+
+
+@pytest.mark.parametrize("prompt", list(PROMPTS.values()), ids=list(PROMPTS))
+async def test_a_whole_answer_is_the_streamed_one_in_two_lines(
+    client: TestClient[Any, Any], prompt: str
+) -> None:
+    streamed = await lines_of(client, prompt, stream=True)
+    whole = await lines_of(client, prompt, stream=False)
+    assert len(streamed) > 2, "the stand-in answers in many outputs"
+    assert len(whole) == 2
+    assert ids(whole[:1]) == ids(streamed[:1])  # the first chunk is not held
+    assert answer(whole) == answer(streamed)
+    assert ids(whole) == ids(streamed)
+
+
+async def test_every_output_is_written_once_it_is_due(
+    client: TestClient[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(worker_app, "WHOLE_ANSWER_FLUSH_S", 0.0)
+    streamed = await lines_of(client, PROMPTS["text"], stream=True)
+    whole = await lines_of(client, PROMPTS["text"], stream=False)
+    assert [ids([c]) for c in whole] == [ids([c]) for c in streamed]
+    assert answer(whole) == answer(streamed)
