@@ -155,9 +155,12 @@ def test_a_taken_api_server_port_is_refused_with_the_fix() -> None:
 def test_stop_never_signals_a_pid_running_something_else(tmp_path: Path) -> None:
     sleeper = subprocess.Popen(["sleep", "30"])
     try:
-        # Right after fork the child may not have exec'd yet (its cmdline is still Python's).
+        # Right after fork the child may not have exec'd yet: its cmdline is still Python's or
+        # empty, which ``is_alive`` counts as our child running anything (so it cannot be the
+        # wait here; on a loaded machine the exec takes a while).
+        cmdline = Path(f"/proc/{sleeper.pid}/cmdline")
         deadline = time.monotonic() + 5
-        while not process.is_alive(sleeper.pid, "sleep") and time.monotonic() < deadline:
+        while not cmdline.read_bytes().startswith(b"sleep\0") and time.monotonic() < deadline:
             time.sleep(0.01)
         assert process.is_alive(sleeper.pid, "/usr/bin/sleep")
         assert not process.is_alive(sleeper.pid, "etcd")
