@@ -26,14 +26,8 @@ from kvretention.dataplane.worker.parsing import ParserNames
 from kvretention.dataplane.worker.standin import STANDINS, StandinConfig
 from support.chat_tokenizer import build_tokenizer
 
-WEATHER = {
-    "name": "get_weather",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-    },
-}
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+WEATHER = {"name": "get_weather", "parameters": CITY}
 PROMPTS = {
     "text": "Say something long about the weather in Paris and Rome, please.",
     "reasoning": "[[standin:reasoning]] Think, then say hello.",
