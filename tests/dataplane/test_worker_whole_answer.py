@@ -9,6 +9,7 @@ due (interval 0).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -35,20 +36,23 @@ PROMPTS = {
 }
 
 
-@pytest.fixture
-async def client() -> AsyncIterator[TestClient[Any, Any]]:
+async def start(config: StandinConfig) -> TestClient[Any, Any]:
     parsers = ParserNames(tool_call_parser="qwen25", reasoning_parser="qwen3")
-    engine = STANDINS[Dialect.FLAT](StandinConfig(thinks=True), tokenizer=build_tokenizer())
+    engine = STANDINS[Dialect.FLAT](config, tokenizer=build_tokenizer())
     loaded = LoadedEngine(engine=engine, name="standin", dialect=Dialect.FLAT, parsers=parsers)
     server = TestClient(TestServer(build_app(WorkerState(engine=loaded, role="aggregated"))))
     await server.start_server()
+    return server
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[TestClient[Any, Any]]:
+    server = await start(StandinConfig(thinks=True))
     yield server
     await server.close()
 
 
-async def lines_of(
-    client: TestClient[Any, Any], prompt: str, *, stream: bool
-) -> list[GenerateChunk]:
+async def raw_lines(client: TestClient[Any, Any], prompt: str, *, stream: bool) -> list[Any]:
     payload = {
         "request_id": f"r-{stream}",
         "model": "m",
@@ -58,8 +62,14 @@ async def lines_of(
     }
     resp = await client.post("/v1/generate", json=payload)
     assert resp.status == 200, await resp.text()
-    text = await resp.text()
-    return [GenerateChunk.model_validate(json.loads(line)) for line in text.splitlines()]
+    return [json.loads(line) for line in (await resp.text()).splitlines()]
+
+
+async def lines_of(
+    client: TestClient[Any, Any], prompt: str, *, stream: bool
+) -> list[GenerateChunk]:
+    lines = await raw_lines(client, prompt, stream=stream)
+    return [GenerateChunk.model_validate(line) for line in lines]
 
 
 def answer(chunks: list[GenerateChunk]) -> tuple[Any, ...]:
@@ -99,3 +109,40 @@ async def test_every_output_is_written_once_it_is_due(
     whole = await lines_of(client, PROMPTS["text"], stream=False)
     assert [ids([c]) for c in whole] == [ids([c]) for c in streamed]
     assert answer(whole) == answer(streamed)
+
+
+def fail_after(engine: Any, outputs: int) -> None:
+    """The engine's answers break off with an exception after ``outputs`` outputs (wrapped so
+    that its signature still reads as the engine's)."""
+    generate = engine.async_generate
+
+    @functools.wraps(generate)
+    async def failing(**kwargs: Any) -> AsyncIterator[dict[str, Any]]:
+        inner = await generate(**kwargs)
+
+        async def broken() -> AsyncIterator[dict[str, Any]]:
+            count = 0
+            async for output in inner:
+                yield output
+                count += 1
+                if count == outputs:
+                    raise RuntimeError("the engine died")
+
+        return broken()
+
+    engine.async_generate = failing
+
+
+async def test_an_answer_that_breaks_off_sends_what_was_held_then_the_error() -> None:
+    server = await start(StandinConfig())
+    fail_after(server.server.app[worker_app.STATE].engine.engine, 4)
+    try:
+        streamed = await raw_lines(server, PROMPTS["text"], stream=True)
+        whole = await raw_lines(server, PROMPTS["text"], stream=False)
+    finally:
+        await server.close()
+    assert len(streamed) == 5 and len(whole) == 3  # four outputs and the error; 1 + 3 merged
+    assert whole[-1]["error"]["code"] == streamed[-1]["error"]["code"] == "engine_error"
+    assert [t for line in whole[:-1] for t in line["token_ids"]] == [
+        t for line in streamed[:-1] for t in line["token_ids"]
+    ]
