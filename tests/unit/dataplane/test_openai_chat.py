@@ -224,6 +224,7 @@ REFUSALS = [
         "web_search_options",
         "unsupported_parameter",
     ),
+    ({"web_search_options": {}}, "web_search_options", "unsupported_parameter"),
     ({"top_logprobs": 2}, "top_logprobs", "unsupported_parameter"),
     ({"logprobs": True}, "logprobs", "unsupported_parameter"),
     ({"n": 2}, "n", "unsupported_parameter"),
@@ -390,6 +391,14 @@ def test_refusals_name_the_field(extra: dict[str, Any], param: str, code: str) -
     err = refused(lambda: parse_chat(body(**extra)))
     assert (err.param, err.code.value) == (param, code)
     assert err.status == 400
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"functions": []}, {"function_call": None}, {"audio": {}}, {"prediction": {}}, {"n": 1}],
+)
+def test_a_refused_field_that_asks_for_nothing_is_accepted(extra: dict[str, Any]) -> None:
+    assert parse_chat(body(**extra)).messages
 
 
 # -- formatting --------------------------------------------------------------------------------

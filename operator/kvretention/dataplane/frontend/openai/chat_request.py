@@ -80,6 +80,9 @@ REFUSED: Final[Mapping[str, str]] = {
     "moderation": "moderation is not supported.",
     "top_logprobs": "log probabilities are not supported.",
 }
+ASKED_BY_EMPTY: Final = frozenset({"web_search_options"})
+"""Refused fields whose empty object asks for the feature: ``"web_search_options": {}`` is how
+a client turns on web search with its defaults."""
 FIELDS: Final = HONOURED | NO_OP | frozenset(REFUSED)
 
 
@@ -108,7 +111,7 @@ def parse_chat(body: dict[str, Any], opening: Opening, resumer: Resumer | None) 
     )
     messages = fold_messages(raw, marks=marks, resumer=resumer, encoded=encoded)
     only_keys(body, where="", allowed=FIELDS)
-    refuse_set(body, REFUSED)
+    refuse_set(body, REFUSED, asked_by_empty=ASKED_BY_EMPTY)
     _check_no_ops(body)
     n = F.opt_int(body, "n", minimum=1)
     if n is not None and n != 1:

@@ -77,11 +77,21 @@ def ignore_present(body: Mapping[str, Any], keys: Collection[str], *, where: str
     compat.ignore_set(body, keys, where=where)
 
 
-def refuse_set(body: Mapping[str, Any], refused: Mapping[str, str], *, where: str = "") -> None:
-    """Fields this server cannot honour: a 400 naming the field when it is set to anything."""
+def refuse_set(
+    body: Mapping[str, Any],
+    refused: Mapping[str, str],
+    *,
+    where: str = "",
+    asked_by_empty: frozenset[str] = frozenset(),
+) -> None:
+    """Fields this server cannot honour: a 400 naming the field when it is set to anything (an
+    empty object or list, or ``false``, asks for nothing, except for the ``asked_by_empty``
+    fields, whose ``{}`` turns the feature on with its defaults)."""
     for key, why in refused.items():
         value = body.get(key)
-        if value is not None and value is not False and value != [] and value != {}:
+        if value is None:
+            continue
+        if key in asked_by_empty or (value is not False and value != [] and value != {}):
             raise F.unsupported(f"{where}.{key}" if where else key, why)
 
 
