@@ -70,6 +70,29 @@ def stat(title: str, description: str, target: Target, *, width: int = 6) -> Pan
     return Panel(title, description, (target,), kind="stat", width=width)
 
 
+def legend_of(by: str) -> str:
+    """A series named by its ``by`` labels: ``role, reason`` -> ``{{role}} {{reason}}``."""
+    return " ".join(f"{{{{{label}}}}}" for label in by.split(", "))
+
+
+def rate_target(metric: str, *, by: str, name: str = "", sel: str = SEL) -> Target:
+    """Per-second ``metric``, a series per ``by`` group named ``name`` and the group's labels."""
+    legend = legend_of(by)
+    return Target(rate(metric, by=by, sel=sel), f"{name} {legend}" if name else legend)
+
+
+def rate_by(
+    title: str, description: str, metric: str, *, by: str, unit: str, sel: str = SEL
+) -> Panel:
+    """Per-second ``metric``, a series per ``by`` group named by its labels."""
+    return Panel(title, description, (rate_target(metric, by=by, sel=sel),), unit=unit)
+
+
+def gauge_by(title: str, description: str, metric: str, *, by: str) -> Panel:
+    """``metric`` summed per ``by`` group, a series per group named by its labels."""
+    return Panel(title, description, (Target(gauge(metric, by=by), legend_of(by)),))
+
+
 def pinned_vs_budget(title: str, description: str) -> Panel:
     """Soft pins' share of the Mooncake pool beside the budget, per fleet (the operator's gauges)."""
     return Panel(
@@ -199,10 +222,11 @@ def request_path() -> dict[str, Any]:
         "was ignored or normalized.",
         source_metric=FRONTEND_REQ,
         panels=[
-            Panel(
+            rate_by(
                 "Requests by endpoint and outcome",
                 "Finished frontend requests per second (ok, rejected, error, client_disconnected).",
-                (Target(rate(FRONTEND_REQ, by="endpoint, outcome"), "{{endpoint}} {{outcome}}"),),
+                FRONTEND_REQ,
+                by="endpoint, outcome",
                 unit="reqps",
             ),
             Panel(
@@ -217,10 +241,11 @@ def request_path() -> dict[str, Any]:
                 ),
                 unit="percentunit",
             ),
-            Panel(
+            rate_by(
                 "Rejections by reason",
                 "Requests refused before anything was forwarded, by error code.",
-                (Target(rate("kvretention_frontend_rejections_total", by="reason"), "{{reason}}"),),
+                "kvretention_frontend_rejections_total",
+                by="reason",
                 unit="reqps",
             ),
             Panel(
@@ -255,21 +280,18 @@ def request_path() -> dict[str, Any]:
                 ),
                 unit="reqps",
             ),
-            Panel(
+            rate_by(
                 "Client quirks normalized",
                 "Client quirks removed before templating, by kind.",
-                (Target(rate("kvretention_frontend_normalized_total", by="kind"), "{{kind}}"),),
+                "kvretention_frontend_normalized_total",
+                by="kind",
                 unit="reqps",
             ),
-            Panel(
+            rate_by(
                 "Worker requests by outcome",
                 "Generate requests the workers finished.",
-                (
-                    Target(
-                        rate("kvretention_worker_requests_total", by="component, outcome"),
-                        "{{component}} {{outcome}}",
-                    ),
-                ),
+                "kvretention_worker_requests_total",
+                by="component, outcome",
                 unit="reqps",
             ),
             Panel(
@@ -313,18 +335,33 @@ def retention() -> dict[str, Any]:
                 ),
                 unit="reqps",
             ),
-            Panel(
+            rate_by(
                 "Hints passed by engine dialect",
                 "versioned: kv.retain token ranges (SGLang >= 0.5.23); flat: full prompt only.",
-                (Target(rate(passed, by="dialect"), "{{dialect}}"),),
+                passed,
+                by="dialect",
                 unit="reqps",
             ),
-            Panel(
+            rate_by(
                 "Prompt tokens reused vs tokenized",
                 "Worker render cache: tokens reused from the conversation's previous prompt vs "
                 "tokenized anew.",
-                (Target(rate("kvretention_worker_prompt_tokens_total", by="how"), "{{how}}"),),
+                "kvretention_worker_prompt_tokens_total",
+                by="how",
                 unit="short",
+            ),
+            Panel(
+                "Worker fast paths serving",
+                "Lowest over the workers, per fast path: 1 serving, 0 a worker turned it off after "
+                "a difference from the exact path (token_reuse: the previous prompt's tokens; "
+                "compiled_template: minijinja for the chat template); answers stay exact, turns "
+                "cost more CPU (KvRetentionWorkerFastPathOff).",
+                (
+                    Target(
+                        gauge("kvretention_worker_fast_path_enabled", by="path", agg="min"),
+                        "{{path}}",
+                    ),
+                ),
             ),
             stat(
                 "Workers by radix-tree core",
@@ -405,11 +442,12 @@ def kvstore() -> dict[str, Any]:
                 (Target(rate("kvretention_kvstore_evicted_bytes", by=FLEET), "{{fleet}}"),),
                 unit="Bps",
             ),
-            Panel(
+            rate_by(
                 "Pages the workers put, by outcome",
                 "The retention plugin's L3 hook on the workers: retained pages pinned, and those "
                 "written unpinned (over_budget, over_tenant_budget, expired, pin_refused).",
-                (Target(rate("kvretention_l3_pages_total", by="outcome"), "{{outcome}}"),),
+                "kvretention_l3_pages_total",
+                by="outcome",
                 unit="ops",
             ),
             Panel(
@@ -466,10 +504,11 @@ def routing() -> dict[str, Any]:
                 ),
                 unit="reqps",
             ),
-            Panel(
+            rate_by(
                 "Routed requests by mode and outcome",
                 "Requests the router forwarded.",
-                (Target(rate(routed, by="mode, outcome"), "{{mode}} {{outcome}}"),),
+                routed,
+                by="mode, outcome",
                 unit="reqps",
             ),
             Panel(
@@ -478,13 +517,11 @@ def routing() -> dict[str, Any]:
                 "Gateway's ext_proc answers by outcome (unavailable: 503, no frontend ready), "
                 "what the Gateway reported served, and the frontends it may pick.",
                 (
-                    Target(
-                        rate("kvretention_router_endpoint_picks_total", by="outcome"),
-                        "pick {{outcome}}",
+                    rate_target(
+                        "kvretention_router_endpoint_picks_total", by="outcome", name="pick"
                     ),
-                    Target(
-                        rate("kvretention_router_endpoint_served_total", by="endpoint"),
-                        "served {{endpoint}}",
+                    rate_target(
+                        "kvretention_router_endpoint_served_total", by="endpoint", name="served"
                     ),
                     Target(
                         gauge("kvretention_router_ready_endpoints", by=FLEET, agg="min"),
@@ -492,25 +529,23 @@ def routing() -> dict[str, Any]:
                     ),
                 ),
             ),
-            Panel(
+            gauge_by(
                 "Healthy workers by pool",
                 "Workers in rotation (KvRetentionNoReadyWorkers fires at 0).",
-                (Target(gauge("kvretention_router_healthy_workers", by="role"), "{{role}}"),),
+                "kvretention_router_healthy_workers",
+                by="role",
             ),
-            Panel(
+            gauge_by(
                 "Outstanding requests by pool",
                 "In flight per pool: what the pool's autoscaler reads.",
-                (
-                    Target(
-                        gauge("kvretention_router_pool_outstanding_requests", by="role"),
-                        "{{role}}",
-                    ),
-                ),
+                "kvretention_router_pool_outstanding_requests",
+                by="role",
             ),
-            Panel(
+            gauge_by(
                 "Outstanding requests per worker",
                 "In flight per worker URL.",
-                (Target(gauge(outstanding, by="role, url"), "{{role}} {{url}}"),),
+                outstanding,
+                by="role, url",
             ),
             Panel(
                 "Imbalance (max - min outstanding) by pool",
@@ -523,39 +558,25 @@ def routing() -> dict[str, Any]:
                     ),
                 ),
             ),
-            Panel(
+            rate_by(
                 "Worker ejections by reason",
                 "Workers taken out of rotation (refused, broken, not_ready, timeout, error).",
-                (
-                    Target(
-                        rate("kvretention_router_worker_ejections_total", by="role, reason"),
-                        "{{role}} {{reason}}",
-                    ),
-                ),
+                "kvretention_router_worker_ejections_total",
+                by="role, reason",
                 unit="ops",
             ),
-            Panel(
+            rate_by(
                 "Failed health polls and broken requests",
                 "By what they showed.",
-                (
-                    Target(
-                        rate(
-                            "kvretention_router_worker_health_failures_total", by="role, evidence"
-                        ),
-                        "{{role}} {{evidence}}",
-                    ),
-                ),
+                "kvretention_router_worker_health_failures_total",
+                by="role, evidence",
                 unit="ops",
             ),
-            Panel(
+            rate_by(
                 "Failing workers kept in rotation",
                 "Answering real requests, or the pool's last one.",
-                (
-                    Target(
-                        rate("kvretention_router_worker_kept_total", by="role, why"),
-                        "{{role}} {{why}}",
-                    ),
-                ),
+                "kvretention_router_worker_kept_total",
+                by="role, why",
                 unit="ops",
             ),
             Panel(
@@ -564,13 +585,11 @@ def routing() -> dict[str, Any]:
                 "their tenant (--hop-key-file), by reason: a peer inside the cluster, or keys "
                 "out of step between components.",
                 (
-                    Target(
-                        rate("kvretention_router_hop_refusals_total", by="reason"),
-                        "router {{reason}}",
+                    rate_target(
+                        "kvretention_router_hop_refusals_total", by="reason", name="router"
                     ),
-                    Target(
-                        rate("kvretention_worker_hop_refusals_total", by="reason"),
-                        "worker {{reason}}",
+                    rate_target(
+                        "kvretention_worker_hop_refusals_total", by="reason", name="worker"
                     ),
                 ),
                 unit="ops",
@@ -626,11 +645,13 @@ def operator() -> dict[str, Any]:
                 "KvRetentionDeployments the leader knows about.",
                 Target("max(kvretention_operator_watched_objects)", "fleets"),
             ),
-            Panel(
+            rate_by(
                 "Reconciles by result",
                 "ok, invalid (a spec that can never work), error (requeued with backoff).",
-                (Target(orate("kvretention_operator_reconciles_total", "result"), "{{result}}"),),
+                "kvretention_operator_reconciles_total",
+                by="result",
                 unit="ops",
+                sel="",
             ),
             Panel(
                 "Reconcile duration (p50, p95)",
@@ -648,13 +669,15 @@ def operator() -> dict[str, Any]:
                 "API writes by kind",
                 "Server-side applies that changed a child, drift dry-runs, deletions.",
                 (
-                    Target(
-                        orate("kvretention_operator_apply_writes_total", "kind"), "apply {{kind}}"
+                    rate_target(
+                        "kvretention_operator_apply_writes_total", by="kind", name="apply", sel=""
                     ),
-                    Target(
-                        orate("kvretention_operator_dry_runs_total", "kind"), "dry-run {{kind}}"
+                    rate_target(
+                        "kvretention_operator_dry_runs_total", by="kind", name="dry-run", sel=""
                     ),
-                    Target(orate("kvretention_operator_deletes_total", "kind"), "delete {{kind}}"),
+                    rate_target(
+                        "kvretention_operator_deletes_total", by="kind", name="delete", sel=""
+                    ),
                 ),
                 unit="ops",
             ),

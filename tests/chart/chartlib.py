@@ -34,6 +34,7 @@ ALERTS = frozenset(
         "KvRetentionHookFailures",
         "KvRetentionMooncakeMasterRestarted",
         "KvRetentionHopRefusals",
+        "KvRetentionWorkerFastPathOff",
     }
 )
 

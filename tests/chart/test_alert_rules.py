@@ -132,6 +132,26 @@ HOP_REFUSED = {
 }
 
 
+def fast_path(pod: str, path: str, values: str) -> tuple[str, str]:
+    return f'kvretention_worker_fast_path_enabled{{{AT}, pod="{pod}", path="{path}"}}', values
+
+
+def fast_path_off(path: str) -> dict[str, Any]:
+    """The alert for one path: it carries the path among its labels."""
+    return {
+        "labels": {**LABELS, "path": path, "severity": "warning"},
+        "annotations": {
+            "summary": f"KvRetentionDeployment {NS}/{FLEET}: a worker turned its {path} fast "
+            "path off",
+            "description": f"A worker's {path} fast path differed from the exact path it stands "
+            "in for and is off until the worker restarts: answers stay exact, each agent turn "
+            "costs more CPU (token_reuse: the whole prompt tokenized every turn; "
+            "compiled_template: the chat template rendered by Jinja2). The worker's log has the "
+            "first difference; report it with the model's chat template.",
+        },
+    }
+
+
 @dataclass(frozen=True)
 class Case:
     id: str
@@ -366,6 +386,26 @@ CASES = [
         "no-hop-refusals",
         "KvRetentionHopRefusals",
         [hop_refusals("router", "missing", "0x40"), hop_refusals("worker", "stale", "0x40")],
+        "30m",
+    ),
+    Case(
+        "one-worker-stopped-reusing-tokens",
+        "KvRetentionWorkerFastPathOff",
+        [
+            fast_path("worker-0", "token_reuse", "1x40"),
+            fast_path("worker-1", "token_reuse", "1x5 0x35"),
+            fast_path("worker-1", "compiled_template", "1x40"),
+        ],
+        "10m",
+        [fast_path_off("token_reuse")],
+    ),
+    Case(
+        "fast-paths-serving",
+        "KvRetentionWorkerFastPathOff",
+        [
+            fast_path("worker-0", "token_reuse", "1x40"),
+            fast_path("worker-0", "compiled_template", "1x40"),
+        ],
         "30m",
     ),
     Case(

@@ -409,3 +409,24 @@ def test_max_tokens_out_of_bounds_is_the_providers_400_before_anything_is_forwar
     if value == TOO_MANY:
         assert str(TOO_MANY) in resp.text and str(2**31 - 1) in resp.text
     assert forwarded(fleet) == before
+
+
+def test_the_workers_fast_paths_serve_sglangs_own_template_and_tokenizer(fleet: Fleet) -> None:
+    """After turns on the real tokenizer, the worker's exact fast paths still serve: neither found
+    a difference from the exact path (a ``0`` is what ``KvRetentionWorkerFastPathOff`` fires on)."""
+    messages = [{"role": "user", "content": SYSTEM + nonce()}]
+    for _ in range(2):
+        reply = fleet.openai.chat.completions.create(
+            model=SERVED_NAME,
+            messages=messages,
+            max_tokens=2,  # type: ignore[arg-type]
+        )
+        messages += [
+            {"role": "assistant", "content": reply.choices[0].message.content or ""},
+            {"role": "user", "content": nonce()},
+        ]
+    text = httpx.get(fleet.worker.base_url + "/metrics", timeout=10).text
+    serving = dict(
+        re.findall(r'^kvretention_worker_fast_path_enabled\{path="(\w+)"\} (\S+)$', text, re.M)
+    )
+    assert serving == {"compiled_template": "1.0", "token_reuse": "1.0"}, text

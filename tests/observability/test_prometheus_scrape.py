@@ -44,6 +44,10 @@ NOTHING_TO_SHOW = {
     ("kvretention-routing.json", "Hop refusals (unsigned or forged tenant)"): "every hop is signed",
     ("kvretention-retention.json", "Workers by radix-tree core"): "stand-in engines have no tree",
     (
+        "kvretention-retention.json",
+        "Worker fast paths serving",
+    ): "stand-in engines have no tokenizer: no fast path runs",
+    (
         "kvretention-routing.json",
         "Endpoint picker: picks, served reports, ready frontends",
     ): "no Gateway asks the router: the plane's fleet has no InferencePool",

@@ -554,6 +554,19 @@ _COMPILED: weakref.WeakKeyDictionary[Any, tuple[Any, CompiledTemplate | Refusal]
 _COMPILED_LOCK = threading.Lock()
 
 
+def compiled_template_serving(tokenizer: Any) -> bool | None:
+    """Whether minijinja still renders ``tokenizer``'s template (``False``: a difference from
+    Jinja2 turned it off); ``None`` before its first render compiled it, or where Jinja2 renders it
+    from the start. Compiles nothing: the worker's metrics read it on each scrape."""
+    try:
+        memo = _COMPILED.get(tokenizer)
+    except TypeError:
+        return None
+    if memo is None or memo[0] != getattr(tokenizer, "chat_template", None):
+        return None
+    return memo[1].enabled if isinstance(memo[1], CompiledTemplate) else None
+
+
 def compiled_template_for(tokenizer: Any) -> CompiledTemplate | None:
     """The tokenizer's compiled template (checked once per tokenizer and template text), or
     ``None`` where Jinja2 renders it; a refusal is logged once."""

@@ -30,6 +30,7 @@ from kvretention.dataplane.compiled_template import (
     Refusal,
     compile_template,
     compiled_template_for,
+    compiled_template_serving,
     has_odd_number,
     probe_inputs,
     tojson,
@@ -340,6 +341,7 @@ def test_a_dict_of_named_templates_stays_on_jinja2(
     tok = _with_template(tokenizer, {"default": CHAT_TEMPLATE})
     assert isinstance(compile_template(tok), Refusal)
     assert compiled_template_for(tok) is None
+    assert compiled_template_serving(tok) is None  # Jinja2 from the start: not a fault
     checks: list[Any] = []
     monkeypatch.setattr(compiled_template, "compile_template", checks.append)
     assert compiled_template_for(tok) is None
@@ -478,10 +480,13 @@ def test_probes_cover_what_the_worker_hands_templates() -> None:
 
 
 def test_the_compiled_template_is_checked_once_per_tokenizer_and_template(tokenizer: Any) -> None:
-    tok = _with_template(tokenizer, CHAT_TEMPLATE)
+    tok = _with_template(tokenizer, CHAT_TEMPLATE + "{# not compiled yet #}")
+    assert compiled_template_serving(tok) is None  # reading the state compiles nothing
     first = compiled_template_for(tok)
     assert first is not None and compiled_template_for(tok) is first
+    assert compiled_template_serving(tok) is True
     tok.chat_template = QWEN3_STYLE
+    assert compiled_template_serving(tok) is None  # the memo is the old template's
     second = compiled_template_for(tok)
     assert second is not None and second is not first and second.source == QWEN3_STYLE
     assert compiled_template.compiled_template_for(tok) is second

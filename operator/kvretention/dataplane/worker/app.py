@@ -41,6 +41,7 @@ from kvretention.api.names import Role
 from kvretention.common.hop_auth import HopKeyFile
 from kvretention.common.tenancy import CACHE_SALT_PARAM, HEADER_TENANT, tenant_of_salt
 from kvretention.common.trace import RequestTrace
+from kvretention.dataplane.compiled_template import compiled_template_serving
 from kvretention.dataplane.hop_key import refused_hop
 from kvretention.dataplane.http import Readiness, add_metrics, add_probes
 from kvretention.dataplane.metric_decl import counter, gauge
@@ -57,6 +58,11 @@ from kvretention.dataplane.protocol import (
 )
 from kvretention.dataplane.worker.call import StreamAdapter
 from kvretention.dataplane.worker.engine import LoadedEngine
+from kvretention.dataplane.worker.fast_paths import (
+    COMPILED_TEMPLATE,
+    TOKEN_REUSE,
+    FastPathCollector,
+)
 from kvretention.dataplane.worker.kv_feed import ResidencyFeed
 from kvretention.dataplane.worker.parsing import OutputParser, ParserConfigError
 from kvretention.dataplane.worker.plan import PlannedCall, plan_call
@@ -109,6 +115,8 @@ class WorkerMetrics:
             "--hop-key-file), by reason (missing, malformed, stale, invalid).",
             "reason",
         )
+        self.fast_paths = FastPathCollector()
+        self.registry.register(self.fast_paths)
         self.prompt_tokens = counter(
             self.registry,
             "kvretention_worker_prompt_tokens",
@@ -150,7 +158,11 @@ class WorkerState:
         self.planner = PlanningPool(threads=self.planning_threads)
         tokenizer = self.engine.tokenizer
         if self.render_cache_bytes > 0 and getattr(tokenizer, "chat_template", None):
-            self.render_cache = RenderCache(tokenizer, max_bytes=self.render_cache_bytes)
+            cache = self.render_cache = RenderCache(tokenizer, max_bytes=self.render_cache_bytes)
+            self.metrics.fast_paths.sources[TOKEN_REUSE] = lambda: cache.enabled
+        if getattr(tokenizer, "chat_template", None):
+            sources = self.metrics.fast_paths.sources
+            sources[COMPILED_TEMPLATE] = lambda: compiled_template_serving(tokenizer)
 
     def enter(self) -> None:
         self.inflight += 1
