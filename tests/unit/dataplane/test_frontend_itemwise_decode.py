@@ -17,7 +17,13 @@ from kvretention.dataplane.frontend.anthropic import parse_messages
 from kvretention.dataplane.frontend.body import ITEMWISE_BYTES, decode_json_body
 from kvretention.dataplane.frontend.errors import FrontendError
 from kvretention.dataplane.frontend.openai import parse_chat, parse_responses
-from kvretention.dataplane.frontend.resume import CONTROL_KEY, Resumer, encode_items
+from kvretention.dataplane.frontend.resume import (
+    BACK,
+    CONTROL_KEY,
+    PER_HEAD,
+    Resumer,
+    encode_items,
+)
 from support.agent_sessions import (
     Body,
     Session,
@@ -215,6 +221,49 @@ def test_decoded_bodies_remembered_are_bounded() -> None:
     assert resumer.reused_items == 0  # the oldest was forgotten
     decode_json_body(_padded(ITEMS["true"], first=firsts[2]), resumer=resumer)
     assert resumer.reused_items == 3
+
+
+def test_conversations_that_open_alike_each_reuse_their_own_items(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Agents that start from the same task (the same prompt sent again, sub-agents) share their
+    first message and then diverge: each one's next turn must reuse its own last body, not
+    lose it to the others' turns (they used to take one memory slot per first message)."""
+    monkeypatch.setattr(frontend_body, "ITEMWISE_BYTES", 0)
+    sessions = [claude_code_bodies(8) for _ in range(PER_HEAD)]
+    assert len({json.dumps(s[-1]["messages"][0]) for s in sessions}) == 1  # they open alike
+    assert len({json.dumps(s[-1]["messages"][1]) for s in sessions}) == PER_HEAD  # then diverge
+    resumer = Resumer()
+    for session in sessions:
+        decode_json_body(json.dumps(session[2]).encode(), resumer=resumer)
+    for turn in range(3, 8):
+        for session in sessions:  # interleaved, as concurrent clients send them
+            raw = json.dumps(session[turn]).encode()
+            before = resumer.reused_items
+            assert repr(decode_json_body(raw, resumer=resumer)) == repr(json.loads(raw))
+            repeated = len(session[turn - 1]["messages"]) - BACK  # Claude Code rewrites its last
+            assert resumer.reused_items - before >= repeated
+
+
+def _conversation(n: int) -> bytes:
+    """Five messages past :data:`ITEMWISE_BYTES`: the same two, then three of conversation
+    ``n`` (more than :data:`BACK`: a body that repeats all but its last two items is the same
+    conversation's next turn)."""
+    own = json.dumps({"role": "user", "content": f"conversation {n}"}).encode()
+    return _padded(b", ".join([own] * 3))
+
+
+def test_conversations_kept_per_first_message_are_bounded() -> None:
+    resumer = Resumer()
+    bodies = [_conversation(n) for n in range(PER_HEAD + 1)]
+    for raw in bodies:  # one more conversation than are kept per first message
+        decode_json_body(raw, resumer=resumer)
+    before = resumer.reused_items
+    decode_json_body(bodies[0], resumer=resumer)
+    assert resumer.reused_items - before == 2  # its own went: only the shared two are found
+    before = resumer.reused_items
+    decode_json_body(bodies[-1], resumer=resumer)
+    assert resumer.reused_items - before == 5
 
 
 def test_small_bodies_are_decoded_whole() -> None:

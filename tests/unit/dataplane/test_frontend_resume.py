@@ -19,7 +19,7 @@ import pytest
 from kvretention.dataplane.frontend.anthropic import parse_messages
 from kvretention.dataplane.frontend.common import ParsedRequest
 from kvretention.dataplane.frontend.openai import parse_chat
-from kvretention.dataplane.frontend.resume import Resumer
+from kvretention.dataplane.frontend.resume import HEAD_BYTES, Resumer
 from kvretention.hints.errors import ClientError
 from kvretention.replay.sessions import claude_code_session
 from support.agent_sessions import (
@@ -252,3 +252,19 @@ def test_growing_conversations_round_robin_each_hold_one_entry() -> None:
                 resumer.resumed_items - resumed
                 >= capacity * len(session[turn - 1][1]["messages"]) - capacity * 2
             )
+
+
+def test_a_claude_code_turn_is_known_to_resume_though_its_billing_header_changed() -> None:
+    """Claude Code's first system block (``x-anthropic-billing-header: cc_version=...;
+    cch=...;``) changes on every request: the scheduling guess must look past it, or every turn
+    of a conversation is handed to the parse thread as if it were new."""
+    session = claude_code_session(turns=6)
+    first, second = (json.dumps(body).encode() for _, body in session[-2:])
+    assert first[:HEAD_BYTES] != second[:HEAD_BYTES]  # the header did change
+    resumer = Resumer().scoped("team-a")
+    resumer.parsed(first)
+    assert resumer.resumes(second)
+    other = json.loads(second)
+    other["system"][1]["text"] = "Another agent entirely."
+    assert not resumer.resumes(json.dumps(other).encode())
+    assert not Resumer().scoped("team-b").resumes(second)

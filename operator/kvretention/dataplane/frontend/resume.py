@@ -21,6 +21,9 @@ message list as each item's raw bytes (a fifth of a full decode), and an item wh
 same item of the conversation's last body is that body's decoded value, not decoded again; nor
 encoded again for the comparison above (:meth:`Resumer.encode_items`). The same bytes decode to
 the same value, and nothing downstream changes a decoded body, so the body equals a full decode.
+Conversations that open alike (the same task sent again, sub-agents started from one prompt) keep
+one decoded list each, up to :data:`PER_HEAD` per first item, as the checkpoints do: a body takes
+the list it repeats most of, and replaces it only when it is that conversation's next turn.
 
 Every entry is the tenant's (:meth:`Resumer.scoped`): a body is only ever compared with the same
 tenant's bodies. A memory shared between tenants would answer a tenant that sends another's recent
@@ -42,6 +45,7 @@ from typing import Any, Final, Generic, Protocol, TypeVar, Union
 import msgspec
 
 from kvretention.dataplane.frontend import compat
+from kvretention.dataplane.frontend.affinity import BILLING_HEADER
 from kvretention.dataplane.frontend.repeats import common_prefix
 
 _S = TypeVar("_S")
@@ -57,6 +61,7 @@ BACK: Final = 2
 moves its newest breakpoint, so the last item comes back changed)."""
 HEAD_BYTES: Final = 4096
 """How much of a raw body :meth:`Resumer.resumes` compares."""
+_BILLING: Final = BILLING_HEADER.encode()
 _ENCODE: Final = msgspec.json.Encoder().encode
 _DECODE: Final = msgspec.json.Decoder().decode
 _DECODE_TOP: Final = msgspec.json.Decoder(
@@ -132,6 +137,7 @@ class _Counts:
     """What every view of one memory (:meth:`Resumer.scoped`) counts together."""
 
     entries: int = 0
+    item_lists: int = 0
     resumed_items: int = 0
     reused_items: int = 0
 
@@ -157,8 +163,10 @@ class Resumer:
         self._counts = _Counts()
         self._heads: OrderedDict[tuple[str | None, bytes], None] = OrderedDict()
         self._lock = threading.Lock()
-        self._items: OrderedDict[tuple[str | None, str, bytes], _Items] = OrderedDict()
-        """The last body's items per list and first item's bytes (LRU, ``capacity`` of them)."""
+        self._items: OrderedDict[tuple[str | None, str, bytes], list[_Items]] = OrderedDict()
+        """The last bodies' items per list and first item's bytes, newest first: up to
+        :data:`PER_HEAD` conversations that open alike (the same task sent again, sub-agents),
+        ``capacity`` lists in all (least recently used out first)."""
         self._by_list: dict[int, _Items] = {}
         """The same, by the identity of the decoded list a body holds (for :meth:`encode_items`)."""
         self._shared: OrderedDict[tuple[str | None, str, bytes], _Shared] = OrderedDict()
@@ -212,9 +220,13 @@ class Resumer:
     def _decoded_items(self, key: str, raws: list[msgspec.Raw]) -> list[Any]:
         mkey = (self._tenant, key, bytes(raws[0]))
         with self._lock:
-            last = self._items.get(mkey)
-        same = 0 if last is None else _common(last.raws, raws, upto=len(last.raws))
-        if last is not None and same:
+            candidates = list(self._items.get(mkey, ()))
+        last, same = None, 0
+        for candidate in candidates:  # the conversation this body repeats most of
+            shared = _common(candidate.raws, raws, upto=len(candidate.raws))
+            if shared > same:
+                last, same = candidate, shared
+        if last is not None:
             values, blobs = last.values[:same], last.blobs[:same]
             names = {key: flags[:same] for key, flags in last.names.items()}
         else:
@@ -225,10 +237,35 @@ class Resumer:
         for flags in names.values():
             flags += [None] * new
         items = _Items(raws, values, blobs, names)
+        # the conversation's next body (all but its last item or two repeated) replaces it;
+        # another conversation that opens alike keeps its own
+        extended = last if last is not None and same >= len(last.raws) - BACK else None
         with self._lock:
             self._counts.reused_items += same
-            _remember(self._items, self._by_list, mkey, items, capacity=self._capacity)
+            self._keep_items(mkey, items, replacing=extended)
         return values
+
+    def _keep_items(
+        self, key: tuple[str | None, str, bytes], items: _Items, *, replacing: _Items | None
+    ) -> None:
+        """``items`` as the newest list under ``key``, in place of ``replacing`` (the same
+        conversation's last body); the least recently used lists go past the bound (the caller
+        holds the lock)."""
+        lists = self._items.pop(key, [])
+        kept = [old for old in lists if old is not replacing]
+        dropped = [old for old in lists if old is replacing] + kept[PER_HEAD - 1 :]
+        self._items[key] = [items, *kept[: PER_HEAD - 1]]
+        self._by_list[id(items.values)] = items
+        self._counts.item_lists += 1 - len(dropped)
+        while self._counts.item_lists > self._capacity:
+            oldest = next(iter(self._items))
+            dropped.append(self._items[oldest].pop())
+            self._counts.item_lists -= 1
+            if not self._items[oldest]:
+                del self._items[oldest]
+        for old in dropped:
+            if self._by_list.get(id(old.values)) is old:
+                del self._by_list[id(old.values)]
 
     def _shared_list(self, key: str, raws: list[msgspec.Raw]) -> list[Any]:
         # "[" + the elements' bytes joined by "," + "]" is the list's JSON: one decoded value
@@ -317,11 +354,11 @@ class Resumer:
         lately by this tenant: its parse will likely resume, cheaply enough for the event loop. A
         guess for scheduling only; :meth:`fold` decides what is reused."""
         with self._lock:
-            return (self._tenant, raw[:HEAD_BYTES]) in self._heads
+            return (self._tenant, head_of(raw)) in self._heads
 
     def parsed(self, raw: bytes) -> None:
         """Note that a body starting like ``raw`` was parsed (see :meth:`resumes`)."""
-        head = (self._tenant, raw[:HEAD_BYTES])
+        head = (self._tenant, head_of(raw))
         with self._lock:
             self._heads[head] = None
             self._heads.move_to_end(head)
@@ -337,6 +374,7 @@ class Resumer:
             self._shared.clear()
             self._shared_by_list.clear()
             self._counts.entries = 0
+            self._counts.item_lists = 0
 
     def fold(
         self,
@@ -434,6 +472,19 @@ class Resumer:
     def __len__(self) -> int:
         """Conversations remembered, every tenant's."""
         return self._counts.entries
+
+
+def head_of(raw: bytes) -> bytes:
+    """A body's first :data:`HEAD_BYTES`, less the value of Claude Code's billing header: it
+    changes on every request (``cc_version=...; cch=...;``), and would make every turn of a
+    Claude Code conversation look like a new one (parsed off the event loop, at the cost of a
+    thread hand-off per turn)."""
+    head = raw[:HEAD_BYTES]
+    at = head.find(_BILLING)
+    if at < 0:
+        return head
+    end = head.find(b'"', at)  # the JSON string's end (an escaped quote only ends it sooner)
+    return head[:at] + head[end:] if end >= 0 else head[:at]
 
 
 def context_bytes(*parts: object) -> bytes | None:
