@@ -180,13 +180,23 @@ _TRACEBACK: Final = (
 )
 
 
-def small_turns_body(turns: int, *, tag: str = "", model: str = "claude-sonnet-4-5") -> Body:
+def small_turns_body(
+    turns: int,
+    *,
+    tag: str = "",
+    branch: str = "",
+    billing: int | None = None,
+    model: str = "claude-sonnet-4-5",
+) -> Body:
     """A Claude Code ``/v1/messages`` body of ``turns`` small tool rounds (an assistant ``tool_use``
     and a user ``tool_result``, a few hundred bytes each) after the task message, with one
     block-level ``cache_control`` on the newest block (the shape of issue 32: ~400 messages,
     ~192 KB at 200 turns). ``tag`` goes into the task message, so each tag is its own
     conversation; ``small_turns_body(n + 1)`` is ``small_turns_body(n)`` plus one round, with the
-    breakpoint moved to the new last block, as Claude Code moves it."""
+    breakpoint moved to the new last block, as Claude Code moves it. ``branch`` goes into every
+    tool result (conversations of one task that diverge from its first round); ``billing`` adds
+    Claude Code's billing header as the first system block, its value changing with the number
+    (Claude Code's changes on every request)."""
     tools = claude_code_session(turns=1)[-1][1]["tools"]
     messages: list[dict[str, Any]] = [
         {"role": "user", "content": [{"type": "text", "text": f"Fix the failing tests {tag}"}]}
@@ -220,18 +230,21 @@ def small_turns_body(turns: int, *, tag: str = "", model: str = "claude-sonnet-4
                         "content": f"F.. [100%]\nFAILED tests/test_parser.py::test_case_{turn} - "
                         f"AssertionError: expected {turn} tokens, got {turn + 1}\n"
                         + _TRACEBACK.format(turn=turn)
-                        + "1 failed, 2 passed in 0.31s",
+                        + "1 failed, 2 passed in 0.31s"
+                        + (f" ({branch})" if branch else ""),
                     }
                 ],
             }
         )
     messages[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
+    system = [{"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude."}]
+    if billing is not None:
+        header = f"x-anthropic-billing-header: cc_version=2.0.14.{billing}; cch={billing:05x};"
+        system.insert(0, {"type": "text", "text": header})
     return {
         "model": model,
         "max_tokens": 32000,
-        "system": [
-            {"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude."},
-        ],
+        "system": system,
         "messages": messages,
         "tools": tools,
         "stream": True,

@@ -16,7 +16,9 @@ this process right after the run (so every ratio is taken side by side):
 
 Each shape is sent ``identical`` (every client the same bytes, every request) or ``growing`` (each
 client its own conversation, each request the last one plus one tool round; ``cc-turns`` only),
-with and without Claude Code's ``x-claude-code-session-id`` header (``+session``). Each client's
+with and without Claude Code's ``x-claude-code-session-id`` header (``+session``); ``cc-turns
+same task`` grows each client's own conversation from one shared task message (the same prompt
+sent by several agents at once), each request with a new Claude Code billing header. Each client's
 first request (a conversation's first body, decoded whole) is sent before the count starts; the
 rows count the requests after it (at least ``--requests``, 3 per client).
 
@@ -73,6 +75,9 @@ class Shape:
     path: str
     growing: bool
     session: bool
+    same_task: bool = False
+    """Growing conversations that all open with the same task message and diverge from their
+    first tool round, each request with a new billing header (as Claude Code sends it)."""
 
 
 @dataclass
@@ -115,7 +120,10 @@ def body_maker(shape: Shape, *, stream: bool, requests_per_client: int) -> BodyM
         start = TURNS - requests_per_client
 
         def grow(client: int, i: int) -> bytes:
-            body = small_turns_body(start + i, tag=f"{tag}-{client}")
+            if shape.same_task:
+                body = small_turns_body(start + i, tag=tag, branch=str(client), billing=i)
+            else:
+                body = small_turns_body(start + i, tag=f"{tag}-{client}")
             return json.dumps(_fixed(body, stream=stream)).encode()
 
         return grow
@@ -135,6 +143,7 @@ def shapes(*, quick: bool) -> list[Shape]:
         Shape("cc-turns+session", rpb.MESSAGES_PATH, growing=False, session=True),
         Shape("cc-turns growing", rpb.MESSAGES_PATH, growing=True, session=False),
         Shape("cc-turns growing+session", rpb.MESSAGES_PATH, growing=True, session=True),
+        Shape("cc-turns same task", rpb.MESSAGES_PATH, growing=True, session=False, same_task=True),
     ]
     if not quick:
         out += [
