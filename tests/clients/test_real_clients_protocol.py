@@ -125,11 +125,15 @@ class Answer:
     def json(self) -> Any:
         return json.loads(self.body)
 
-    def error(self) -> tuple[str, str]:
-        """(``error.type``, ``error.message``) of an Anthropic error envelope."""
+    def error(self, status: int, kind: str) -> str:
+        """``error.message`` of the Anthropic error envelope this answer must be: ``status``, with
+        an error of type ``kind``."""
+        assert self.status == status, self.body[:500]
         body = self.json()
         assert body["type"] == "error", body
-        return body["error"]["type"], body["error"]["message"]
+        assert body["error"]["type"] == kind
+        message: str = body["error"]["message"]
+        return message
 
 
 def call(
@@ -269,9 +273,7 @@ def test_safeguards_are_refused_with_a_400_that_names_them(
     safeguards = [{"type": "dangerous_tool_use", "classifier_context": "rm -rf build/"}]
     for value in (safeguards, {"auto_mode": {}}):
         answer = call(plane, "POST", "/v1/messages", message(safeguards=value))
-        assert answer.status == 400, answer.body[:500]
-        kind, text = answer.error()[:2]
-        assert kind == "invalid_request_error"
+        text = answer.error(400, "invalid_request_error")
         assert "safeguards" in text
     assert call(plane, "POST", "/v1/messages", message()).status == 200
 
@@ -282,8 +284,7 @@ def test_a_model_the_fleet_does_not_serve(
     """A deviation (:data:`DEVIATIONS`): Anthropic's own answer, not the gateway's 400."""
     says(protocol, "Messages", "returning `400 invalid_request_error` for a denied model")
     answer = call(plane, "POST", "/v1/messages", message(model="mistral-large-2"))
-    assert answer.status == 404, answer.body[:500]
-    assert answer.error()[0] == "not_found_error"
+    answer.error(404, "not_found_error")
     assert answer.headers["x-should-retry"] == "false"
 
 
@@ -294,8 +295,7 @@ def test_a_body_over_the_cap_is_a_413_request_too_large(
     says(protocol, "Errors", "| 413 | `request_too_large` |")
     big = message(messages=[{"role": "user", "content": "x" * (9 * 1024 * 1024)}])
     answer = call(plane, "POST", "/v1/messages", big)
-    assert answer.status == 413, answer.body[:500]
-    assert answer.error()[0] == "request_too_large"
+    answer.error(413, "request_too_large")
 
 
 # ------------------------------------------------------------------ Errors
@@ -307,8 +307,7 @@ def test_a_wrong_key_is_a_401_that_is_not_retried(
     says(protocol, "Errors", "| 401 | `authentication_error` |", "Send `x-should-retry: false`")
     for key in (None, "sk-not-a-fleet-key-00000000"):
         answer = call(plane, "POST", "/v1/messages", message(), key=key)
-        assert answer.status == 401, answer.body[:500]
-        assert answer.error()[0] == "authentication_error"
+        answer.error(401, "authentication_error")
         assert answer.headers["x-should-retry"] == "false"
 
 
@@ -318,8 +317,7 @@ def test_a_malformed_body_is_a_400_invalid_request_error(
     says(protocol, "Errors", "| 400 | `invalid_request_error` | Denied model, malformed body")
     for raw in (b"{not json", json.dumps({"model": MODEL, "max_tokens": 8}).encode()):
         answer = call(plane, "POST", "/v1/messages", raw=raw)
-        assert answer.status == 400, answer.body[:500]
-        assert answer.error()[0] == "invalid_request_error"
+        answer.error(400, "invalid_request_error")
 
 
 def test_throttling_is_a_429_rate_limit_error_with_retry_after(
@@ -329,8 +327,7 @@ def test_throttling_is_a_429_rate_limit_error_with_retry_after(
     first = call(plane, "POST", "/v1/messages", message(), key=THROTTLED_KEY)
     assert first.status == 200, first.body[:500]
     second = call(plane, "POST", "/v1/messages", message(), key=THROTTLED_KEY)
-    assert second.status == 429, second.body[:500]
-    assert second.error()[0] == "rate_limit_error"
+    second.error(429, "rate_limit_error")
     assert int(second.headers["retry-after"]) >= 1
 
 

@@ -6,6 +6,7 @@ and it goes with the fleet."""
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -26,17 +27,27 @@ def secret_or_none(fleets: Fleets, name: str) -> client.V1Secret | None:
     return read_or_none(lambda: fleets.core.read_namespaced_secret(name, fleets.ns))
 
 
+def create_auth_fleet(fleets: Fleets, name: str, *, keys: str) -> dict[str, Any]:
+    """Fleet ``name`` (the aggregated example) with frontend auth on, its tenants' keys in the
+    Secret ``keys`` (made first)."""
+    fleets.create_secret(keys, {"team-a": "sk-team-a-3f9c1e0b7d2a4c68\n"})
+    body = load_example("aggregated", name=name)
+    body["spec"].setdefault("frontend", {})["auth"] = {"secretRefs": [{"name": keys}]}
+    return fleets.create(body)
+
+
+def wait_for_hop_key(fleets: Fleets, fleet: str) -> client.V1Secret:
+    """The hop-key Secret the operator makes for ``fleet``, once it exists."""
+    name = f"{fleet}-hop-key"
+    return wait_until(f"Secret {name}", lambda: secret_or_none(fleets, name), timeout_s=90)
+
+
 def test_the_hop_key_is_made_once_kept_across_reconciles_and_goes_with_the_fleet(
     operator: Operator, fleets: Fleets
 ) -> None:
-    fleets.create_secret("fleet-keys", {"team-a": "sk-team-a-3f9c1e0b7d2a4c68\n"})
-    body = load_example("aggregated", name="hop")
-    body["spec"].setdefault("frontend", {})["auth"] = {"secretRefs": [{"name": "fleet-keys"}]}
-    fleet = fleets.create(body)
+    fleet = create_auth_fleet(fleets, "hop", keys="fleet-keys")
 
-    secret = wait_until(
-        "Secret hop-hop-key", lambda: secret_or_none(fleets, "hop-hop-key"), timeout_s=90
-    )
+    secret = wait_for_hop_key(fleets, "hop")
     (owner,) = secret.metadata.owner_references
     assert (owner.kind, owner.uid, owner.controller) == (
         "KvRetentionDeployment",
@@ -85,13 +96,8 @@ def test_the_hop_key_is_made_once_kept_across_reconciles_and_goes_with_the_fleet
 def test_turning_auth_off_deletes_the_hop_key_the_fleet_made(
     operator: Operator, fleets: Fleets
 ) -> None:
-    fleets.create_secret("fleet-keys-off", {"team-a": "sk-team-a-3f9c1e0b7d2a4c68\n"})
-    body = load_example("aggregated", name="hopoff")
-    body["spec"].setdefault("frontend", {})["auth"] = {"secretRefs": [{"name": "fleet-keys-off"}]}
-    fleets.create(body)
-    wait_until(
-        "Secret hopoff-hop-key", lambda: secret_or_none(fleets, "hopoff-hop-key"), timeout_s=90
-    )
+    create_auth_fleet(fleets, "hopoff", keys="fleet-keys-off")
+    wait_for_hop_key(fleets, "hopoff")
     fleets.patch_spec("hopoff", {"frontend": {"auth": None}})
     wait_until(
         "the hop key deleted once no pod reads it",

@@ -35,6 +35,13 @@ def _tree(kind: str, *, policy: str = EVICTION_POLICY, tokens: int = 4 * BLOCK) 
     return RadixTree(TreeSpec(kind=kind, policy=policy, page_size=PAGE, tokens=tokens))
 
 
+@pytest.fixture(params=KINDS)
+def tree(request: pytest.FixtureRequest) -> RadixTree:
+    """Each kind of tree, with room for eight requests' blocks (a test that needs another size or
+    policy builds its own)."""
+    return _tree(request.param, tokens=8 * BLOCK)
+
+
 def _held(
     tree: RadixTree, tokens: list[int], salt: str | None = None
 ) -> list[tuple[int, int, int | None]]:
@@ -199,18 +206,14 @@ def test_eagle_bigram_keys_hold_whole_pages_of_token_pairs(
     assert _held(tree, prompt + output) == expected
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_output_directive_covers_whole_output_pages_only(kind: str) -> None:
-    tree = _tree(kind, tokens=8 * BLOCK)
+def test_output_directive_covers_whole_output_pages_only(tree: RadixTree) -> None:
     prompt, output = _tokens(0, 10), list(range(1, 15))  # 24 tokens: output is [10, 24)
     hints = retain_hints([{"covers_output": True, "priority": 30, "duration": 60}])
     tree.run(prompt, output=output, kv_hints=hints)
     assert _held(tree, prompt + output) == [(0, 8, None), (8, 12, None), (12, 24, 30)]
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_priority_zero_releases_that_scopes_hold_only(kind: str, clock: FakeClock) -> None:
-    tree = _tree(kind, tokens=8 * BLOCK)
+def test_priority_zero_releases_that_scopes_hold_only(tree: RadixTree, clock: FakeClock) -> None:
     shared = _tokens(0)
     tree.run(shared, kv_hints=retain(BLOCK, scope="a", priority=40))
     tree.run(shared, kv_hints=retain(BLOCK, scope="b", priority=60))
@@ -238,11 +241,9 @@ def test_a_released_prefix_is_evicted_like_any_unretained_one(kind: str, release
     )
 
 
-@pytest.mark.parametrize("kind", KINDS)
 def test_unscoped_holds_of_two_requests_on_a_shared_prefix_keep_the_longer(
-    kind: str, clock: FakeClock
+    tree: RadixTree, clock: FakeClock
 ) -> None:
-    tree = _tree(kind, tokens=8 * BLOCK)
     shared = _tokens(0)
     a, b = shared + _tokens(1), shared + _tokens(2)
     tree.run(a, kv_hints=retain(2 * BLOCK, duration=300))
@@ -252,11 +253,9 @@ def test_unscoped_holds_of_two_requests_on_a_shared_prefix_keep_the_longer(
     assert _held(tree, b) == [(0, BLOCK, 50), (BLOCK, 2 * BLOCK, None)]  # only b's own tail ended
 
 
-@pytest.mark.parametrize("kind", KINDS)
 def test_a_directive_that_does_not_cover_a_node_leaves_it_alone(
-    kind: str, clock: FakeClock
+    tree: RadixTree, clock: FakeClock
 ) -> None:
-    tree = _tree(kind, tokens=8 * BLOCK)
     base = _tokens(0)
     tree.run(base, kv_hints=retain(BLOCK, scope="s", priority=20, duration=100))
     before = getattr(tree.leaf(base), HOLD_UNTIL_ATTR)
@@ -268,18 +267,14 @@ def test_a_directive_that_does_not_cover_a_node_leaves_it_alone(
     assert getattr(tree.leaf(longer), HOLD_UNTIL_ATTR) == clock.now + 100
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_a_later_split_keeps_the_hold_on_both_halves(kind: str) -> None:
-    tree = _tree(kind, tokens=8 * BLOCK)
+def test_a_later_split_keeps_the_hold_on_both_halves(tree: RadixTree) -> None:
     held = _tokens(0)
     tree.run(held, kv_hints=retain(BLOCK))
     tree.run(held[:8] + _tokens(5, 8))  # unhinted, shares two pages: SGLang splits the node
     assert _held(tree, held) == [(0, 8, 50), (8, BLOCK, 50)]
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_holds_stay_in_the_requests_namespace(kind: str) -> None:
-    tree = _tree(kind, tokens=8 * BLOCK)
+def test_holds_stay_in_the_requests_namespace(tree: RadixTree) -> None:
     tokens = _tokens(0)
     tree.run(tokens)
     tree.run(tokens, salt="tenant-a", kv_hints=retain(10))  # splits its own node at page 8

@@ -12,7 +12,7 @@ import copy
 import datetime as dt
 import itertools
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -263,6 +263,17 @@ async def reconcile_unserved(fake: FakeKube, c: Controller, kind: str) -> None:
         with pytest.raises(k.RetryLater, match=f"does not serve {kind}"):
             await c.reconcile(("ns", "qwen"))
         make_ready(fake)
+
+
+async def reconciled(
+    fake: FakeKube, make: Callable[[FakeKube], Controller] = controller
+) -> Controller:
+    """The aggregated example put as fleet ``ns/qwen`` and reconciled once by the controller
+    ``make`` builds (after the put)."""
+    fake.put(CR_KIND, load_example("aggregated"))
+    c = make(fake)
+    await c.reconcile(("ns", "qwen"))
+    return c
 
 
 async def reconciled_with_frontend(fake: FakeKube, frontend: Mapping[str, Any]) -> Controller:

@@ -23,6 +23,7 @@ from fake_kube import (
     make_ready,
     master_only_controller,
     reconcile_rolled_out,
+    reconciled,
     reconciled_with_frontend,
 )
 
@@ -97,9 +98,7 @@ async def test_a_resync_at_rest_reads_nothing_from_the_api_server(fake: FakeKube
 async def test_a_first_reconcile_reads_each_child_name_once_and_then_trusts_the_indexes(
     fake: FakeKube,
 ) -> None:
-    fake.put(CR_KIND, load_example("aggregated"))
-    c = _indexed(fake)
-    await c.reconcile(("ns", "qwen"))
+    c = await reconciled(fake, _indexed)
     children = len(fake.children())
     # No LIST at all; one GET per child name, to see that no object of ours has it yet.
     assert sorted({verb for verb, _ in fake.reads}) == ["GET"]
@@ -186,9 +185,7 @@ async def test_after_a_relist_each_fleet_reads_the_api_server_once_and_forgets_s
 async def test_a_reconcile_before_the_watch_delivers_its_own_status_posts_nothing_twice(
     fake: FakeKube,
 ) -> None:
-    fake.put(CR_KIND, load_example("aggregated"))
-    c = _indexed(fake)
-    await c.reconcile(("ns", "qwen"))
+    c = await reconciled(fake, _indexed)
     make_ready(fake)
     snapshot = FakeIndices(fake)
     frozen = {i: snapshot[i] for i in snapshot}  # the indexes before the status write lands

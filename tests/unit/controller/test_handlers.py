@@ -23,6 +23,7 @@ from fake_kube import (
     fake,
     load_example,
     make_ready,
+    reconciled,
 )
 
 from kvretention.api.models import KIND
@@ -41,9 +42,7 @@ __all__ = ["fake"]  # the fixture
 
 async def ready_fleet(fake: FakeKube) -> Controller:
     """The aggregated example reconciled, its children made ready, and reconciled again."""
-    fake.put(CR_KIND, load_example("aggregated"))
-    c = controller(fake)
-    await c.reconcile(("ns", "qwen"))
+    c = await reconciled(fake)
     make_ready(fake)
     await c.reconcile(("ns", "qwen"))
     return c
@@ -143,9 +142,7 @@ async def test_user_metadata_is_never_written(fake: FakeKube) -> None:
 
 
 async def test_mode_change_prunes_children_the_spec_no_longer_wants(fake: FakeKube) -> None:
-    fake.put(CR_KIND, load_example("aggregated"))
-    c = controller(fake)
-    await c.reconcile(("ns", "qwen"))
+    c = await reconciled(fake)
     cr = fake.cr()
     uid = cr["metadata"]["uid"]
     for obj in fake.objects.values():  # the builders set ownerReferences from the CR's uid
@@ -280,9 +277,7 @@ def _fleet_pod(fake: FakeKube, name: str, component: str, status: dict[str, Any]
 async def test_a_pod_the_scheduler_cannot_place_names_the_reason_and_warns(
     fake: FakeKube,
 ) -> None:
-    fake.put(CR_KIND, load_example("aggregated"))
-    c = controller(fake)
-    await c.reconcile(("ns", "qwen"))
+    c = await reconciled(fake)
     assert fake.events == []  # a fleet coming up is not news
     make_ready(fake)
     worker = fake.objects[("deployments", "ns", "qwen-worker")]

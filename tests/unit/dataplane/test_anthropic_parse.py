@@ -28,6 +28,7 @@ from kvretention.dataplane.protocol import (
 )
 from kvretention.hints.errors import ClientError, ClientErrorCode
 from support.client_refusals import refused
+from support.messages_body import messages_body
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 WEATHER = {"name": "get_weather", "description": "Weather now", "input_schema": SCHEMA}
@@ -35,12 +36,7 @@ PNG = {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}
 
 
 def body(**extra: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "model": "m",
-        "max_tokens": 4096,
-        "messages": [{"role": "user", "content": "hi"}],
-    }
-    return {**base, **extra}
+    return messages_body(4096, **extra)
 
 
 def test_a_tool_loop_converts_exactly() -> None:

@@ -19,6 +19,7 @@ from kvretention.hints import (
     normalize_messages,
 )
 from support.hint_outcomes import Err, assert_full_prompt, refusal
+from support.messages_body import messages_body
 
 Normalizer = Callable[[Mapping[str, Any]], KvHintEnvelope | None]
 
@@ -41,12 +42,7 @@ STREAM_IDS = ["no_stream", "stream_false", "stream"]
 
 
 def body(**fields: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "model": "m",
-        "max_tokens": 16,
-        "messages": [{"role": "user", "content": "hi"}],
-    }
-    return {**base, **fields}
+    return messages_body(16, **fields)
 
 
 def assert_outcome(request: dict[str, Any], expected: Outcome) -> None:

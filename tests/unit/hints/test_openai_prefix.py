@@ -119,24 +119,29 @@ CONTEXTS: dict[str, tuple[dict[str, Any], int | None]] = {
 }
 
 
-@pytest.mark.parametrize("stream", STREAM_VARIANTS, ids=STREAM_IDS)
-@pytest.mark.parametrize("context", CONTEXTS)
-@pytest.mark.parametrize("part_type", CHAT_PARTS)
-def test_chat_part_breakpoint_is_a_prefix(part_type: str, context: str, stream: Any) -> None:
-    fields, full = CONTEXTS[context]
-    part = {**CHAT_PARTS[part_type], BP: BREAKPOINT}
-    expected = Ok(full=full, breakpoints=((f"messages[1].content[1].{BP}", 1800),))
-    assert_outcome(hints_from_chat_completions, _chat(part, **fields, **stream), expected)
+# Per API: its content parts, the request around one of them, and the field holding the turns.
+PART_SHAPES: dict[str, tuple[dict[str, dict[str, Any]], Callable[..., dict[str, Any]], str]] = {
+    "chat": (CHAT_PARTS, _chat, "messages"),
+    "responses": (RESPONSES_PARTS, _responses, "input"),
+}
 
 
 @pytest.mark.parametrize("stream", STREAM_VARIANTS, ids=STREAM_IDS)
 @pytest.mark.parametrize("context", CONTEXTS)
-@pytest.mark.parametrize("part_type", RESPONSES_PARTS)
-def test_responses_part_breakpoint_is_a_prefix(part_type: str, context: str, stream: Any) -> None:
+@pytest.mark.parametrize(
+    ("api", "part_type"),
+    [
+        pytest.param(api, part_type, id=f"{api}-{part_type}")
+        for api, (parts, _, _) in PART_SHAPES.items()
+        for part_type in parts
+    ],
+)
+def test_part_breakpoint_is_a_prefix(api: str, part_type: str, context: str, stream: Any) -> None:
+    parts, build, turns = PART_SHAPES[api]
     fields, full = CONTEXTS[context]
-    part = {**RESPONSES_PARTS[part_type], BP: BREAKPOINT}
-    expected = Ok(full=full, breakpoints=((f"input[1].content[1].{BP}", 1800),))
-    assert_outcome(hints_from_responses, _responses(part, **fields, **stream), expected)
+    part = {**parts[part_type], BP: BREAKPOINT}
+    expected = Ok(full=full, breakpoints=((f"{turns}[1].content[1].{BP}", 1800),))
+    assert_outcome(API[api], build(part, **fields, **stream), expected)
 
 
 TEXT = CHAT_PARTS["text"]
