@@ -60,6 +60,9 @@ WEATHER = {
     "required": ["city"],
 }
 """A small tool schema: a forced call fits in a few dozen tokens of the tiny model."""
+FORCED_CALL_TOKENS = 256
+"""Room for one call: ``strict`` has SGLang constrain the arguments to the schema, so even the
+tiny model's noise parses as ``{"city": "..."}`` once the call is complete."""
 
 TraceLookup = Callable[[str], tuple[str, dict[str, Any]]]
 """request id -> (where the worker ran, its request trace record)."""
@@ -216,17 +219,21 @@ def _codex(frontend: str, trace: TraceLookup, alias: str) -> None:
 
 def _tool_calls(frontend: str, alias: str, codex_alias: str) -> None:
     print(
-        "\n  Forced tool calls (tool_choice): SGLang constrains the tiny model's output to the "
-        "tool's schema and its qwen25 parser turns it into the provider's object"
+        "\n  Forced tool calls (tool_choice, strict, one call): SGLang constrains the tiny model's "
+        "output to the tool's schema and its qwen25 parser turns it into the provider's object"
     )
     message = _post(
         frontend + "/v1/messages",
         {
             "model": alias,
-            "max_tokens": 64,
+            "max_tokens": FORCED_CALL_TOKENS,
             "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
-            "tools": [{"name": "get_weather", "input_schema": WEATHER}],
-            "tool_choice": {"type": "tool", "name": "get_weather"},
+            "tools": [{"name": "get_weather", "input_schema": WEATHER, "strict": True}],
+            "tool_choice": {
+                "type": "tool",
+                "name": "get_weather",
+                "disable_parallel_tool_use": True,
+            },
         },
         {"anthropic-version": "2023-06-01"},
     )
@@ -235,15 +242,18 @@ def _tool_calls(frontend: str, alias: str, codex_alias: str) -> None:
         for b in message["content"]
         if b["type"] == "tool_use"
     ]
-    _show("Anthropic /v1/messages content", uses)
+    _show(f"Anthropic /v1/messages content (stop_reason {message['stop_reason']})", uses)
     response = _post(
         frontend + "/v1/responses",
         {
             "model": codex_alias,
-            "max_output_tokens": 64,
+            "max_output_tokens": FORCED_CALL_TOKENS,
             "input": "What is the weather in Paris?",
-            "tools": [{"type": "function", "name": "get_weather", "parameters": WEATHER}],
+            "tools": [
+                {"type": "function", "name": "get_weather", "parameters": WEATHER, "strict": True}
+            ],
             "tool_choice": "required",
+            "parallel_tool_calls": False,
         },
         {},
     )
@@ -252,7 +262,7 @@ def _tool_calls(frontend: str, alias: str, codex_alias: str) -> None:
         for o in response["output"]
         if o["type"] == "function_call"
     ]
-    _show("OpenAI /v1/responses output", calls)
+    _show(f"OpenAI /v1/responses output (status {response['status']})", calls)
     if not uses or not calls:
         raise SystemExit("a forced tool call did not come back as a parsed tool call object")
 

@@ -486,6 +486,29 @@ def test_stream_names_each_call_first_then_sends_argument_fragments() -> None:
     assert frames[-1]["choices"] == [] and frames[-1]["usage"]["prompt_tokens"] == 3
 
 
+FINISH_REASONS = [
+    # (the engine's finish reason, whether a call was parsed, the chat finish_reason)
+    ("stop", False, "stop"),
+    ("length", False, "length"),
+    ("stop", True, "tool_calls"),
+    ("tool_calls", True, "tool_calls"),
+    (None, True, "tool_calls"),
+    # a call cut off by max_tokens: its arguments are partial, and the client must know
+    ("length", True, "length"),
+]
+
+
+@pytest.mark.parametrize(("reason", "called", "expected"), FINISH_REASONS)
+def test_finish_reason_whole_and_streamed(reason: str | None, called: bool, expected: str) -> None:
+    calls = [ToolCall(id="call_a", name="get_weather", arguments='{"city": "Pa')] if called else []
+    result = Completion(tool_calls=calls, finish_reason=reason, usage=Usage(prompt_tokens=1))
+    whole = chat_response(_parsed(), result, request_id="r1")
+    assert whole["choices"][0]["finish_reason"] == expected
+    delta = [ToolCallDelta(index=0, id="call_a", name="get_weather", arguments="{")]
+    frames = _stream([GenerateChunk(tool_calls=delta if called else [], finish_reason=reason)])
+    assert frames[-1]["choices"][0]["finish_reason"] == expected
+
+
 def test_stream_text_finish_is_stop() -> None:
     frames = _stream([GenerateChunk(text="a"), GenerateChunk(text="b", finish_reason="stop")])
     assert [f["choices"][0]["delta"].get("content") for f in frames] == ["", "a", "b", None]

@@ -258,3 +258,46 @@ def test_an_empty_think_block_is_no_reasoning() -> None:
     kept = [thinking.feed(p) for p in ("<think>", "\n", "plan", "</think>", "Hi")]
     kept.append(thinking.finish())
     assert "".join(s.reasoning for s in kept) == "\nplan"
+
+
+def _structural_tag_grammar(key: str) -> Any:
+    """The grammar SGLang's xgrammar backend compiles from a ``structural_tag`` sampling param
+    (``dispatch_structural_tag``: the legacy form is converted first)."""
+    from xgrammar import Grammar, StructuralTag, StructuralTagItem
+
+    tag = json.loads(key)
+    if "structures" not in tag:
+        return Grammar.from_structural_tag(key)
+    items = [
+        StructuralTagItem(begin=s["begin"], schema=json.dumps(s["schema"] or {}), end=s["end"])
+        for s in tag["structures"]
+    ]
+    converted = StructuralTag.from_legacy_structural_tag(items, tag["triggers"])
+    converted.format.at_least_one = tag.get("at_least_one", False)
+    return Grammar.from_structural_tag(converted)
+
+
+ONE_CALL = '<tool_call>\n{"name":"get_weather", "arguments":{"city": "Paris"}}\n</tool_call>'
+
+
+@pytest.mark.parametrize(
+    ("choice", "parallel", "accepts_two"),
+    [
+        ({"mode": "required"}, True, True),
+        ({"mode": "required"}, False, False),
+        ({"mode": "named", "name": "get_weather"}, False, False),
+    ],
+)
+def test_parallel_tool_calls_false_lets_one_forced_call_through(
+    choice: dict[str, Any], parallel: bool, accepts_two: bool
+) -> None:
+    """SGLang's legacy structural tag (qwen25) has no count: the plan adds xgrammar's
+    stop-after-first, so the grammar itself refuses a second call."""
+    from xgrammar.testing import _is_grammar_accept_string
+
+    request = _request(tools=[WEATHER], tool_choice=choice, parallel_tool_calls=parallel)
+    params = constrained_sampling(request, plan_output(request, QWEN))
+    grammar = _structural_tag_grammar(params["structural_tag"])
+    assert _is_grammar_accept_string(grammar, ONE_CALL)
+    assert _is_grammar_accept_string(grammar, ONE_CALL + ONE_CALL) is accepts_two
+    assert not _is_grammar_accept_string(grammar, "no call")

@@ -217,6 +217,8 @@ def plan_output(
             parallel_tool_calls=request.parallel_tool_calls,
             thinking_mode=plan.force_reasoning and names.reasoning_parser is None,
         )
+        if not request.parallel_tool_calls:
+            plan.constraint = one_call_at_most(plan.constraint)
         if required:
             probe = function_call_parser(
                 plan.tools, names.tool_call_parser, tool_choice=plan.tool_choice
@@ -233,6 +235,41 @@ def plan_output(
         plan.constraint = ("json_schema", schema)
         plan.json_array = True
     return plan
+
+
+def one_call_at_most(constraint: Any) -> Any:
+    """The constraint with xgrammar's stop-after-first-call rule when it is SGLang's legacy
+    structural tag: 0.5.23 builds that tag for formats without a native one (``qwen25``,
+    ``mistral``...) with no count, so ``parallel_tool_calls: false`` still let a second call
+    through; native tags and JSON arrays take the count from SGLang already."""
+    if constraint is None or constraint[0] != "structural_tag":
+        return constraint
+    legacy = constraint[1]
+    if getattr(legacy, "structures", None) is None:
+        return constraint
+    try:
+        from xgrammar.structural_tag import (
+            JSONSchemaFormat,
+            StructuralTag,
+            TagFormat,
+            TriggeredTagsFormat,
+        )
+    except ImportError:  # no xgrammar, no grammar backend to compile either form: SGLang's as is
+        return constraint
+
+    tags = [
+        TagFormat(begin=s.begin, content=JSONSchemaFormat(json_schema=s.schema_ or {}), end=s.end)
+        for s in legacy.structures
+    ]
+    tag = StructuralTag(
+        format=TriggeredTagsFormat(
+            triggers=list(legacy.triggers),
+            tags=tags,
+            at_least_one=bool(legacy.at_least_one),
+            stop_after_first=True,
+        )
+    )
+    return ("structural_tag", tag)
 
 
 def constrained_sampling(request: PreprocessedRequest, plan: OutputPlan | None) -> dict[str, Any]:

@@ -18,9 +18,10 @@ _FINISH: Final = {"stop": "stop", "length": "length", "tool_calls": "tool_calls"
 
 
 def _finish(reason: str | None, *, called: bool) -> str:
-    if called:
-        return "tool_calls"
-    return _FINISH.get(reason or "stop", "stop")
+    """``tool_calls`` when a call ended the answer; a call cut off by the token limit stays
+    ``length`` (as OpenAI and SGLang report it), so a client knows its arguments are partial."""
+    finish = _FINISH.get(reason or "stop", "stop")
+    return "tool_calls" if called and finish != "length" else finish
 
 
 def _tool_call(call: ToolCall) -> dict[str, Any]:
