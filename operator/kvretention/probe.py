@@ -50,7 +50,7 @@ from kvretention.dataplane.worker.sglang_source import (
     read_version,
 )
 from kvretention.retention import EVICTION_POLICY
-from kvretention.retention.tree_core import plan_tree_core
+from kvretention.retention.tree_core import core_label, plan_tree_core
 
 EXIT_USABLE: Final = 0
 EXIT_NO_HINTS: Final = 3
@@ -306,7 +306,7 @@ def tree_cores(retention: RetentionFinding | None) -> dict[str, str | None]:
     return {
         "radix_tree_core": default,
         "radix_tree_core_kvretain": (
-            plan_tree_core(EVICTION_POLICY, default=default)
+            core_label(plan_tree_core(EVICTION_POLICY, default=default))
             if loaded and default is not None
             else None
         ),

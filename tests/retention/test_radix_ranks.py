@@ -1,4 +1,5 @@
-"""Tensor-parallel ranks evict in step: they expire holds by the time they agreed on."""
+"""Tensor-parallel ranks evict in step: they expire holds by the time they agreed on, whether
+the holds rank nodes (Python core) or are pins (SGLang's default Rust core)."""
 
 from __future__ import annotations
 
@@ -27,8 +28,14 @@ CHECK = Path(__file__).with_name("tp_ranks_check.py")
         ("idle", 60.0, [0, 16, 16, 16, 16], [0, 0, 0, 16, 16]),
     ],
 )
+@pytest.mark.parametrize("core", ["python", "rust"])
 def test_two_ranks_reading_their_clocks_apart_keep_and_evict_the_same_prefixes(
-    tmp_path: Path, scenario: str, agreed: float, first_pass: list[int], cached: list[int]
+    tmp_path: Path,
+    scenario: str,
+    agreed: float,
+    first_pass: list[int],
+    cached: list[int],
+    core: str,
 ) -> None:
     port = free_port()
     outs = [tmp_path / f"rank{r}.json" for r in (0, 1)]
@@ -43,6 +50,7 @@ def test_two_ranks_reading_their_clocks_apart_keep_and_evict_the_same_prefixes(
                 str(port),
                 str(outs[r]),
                 scenario,
+                core,
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

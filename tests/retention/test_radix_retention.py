@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from kvretention.retention import EVICTION_POLICY, HOLD_UNTIL_ATTR, radix
+from kvretention.retention import EVICTION_POLICY, HOLD_UNTIL_ATTR, pins, radix, tree_core
 from kvretention.retention.contract import HOOK_TARGETS
 from kvretention.retention.plugin import RetainStrategy
 from support.sglang_radix import FakeClock, RadixTree, TreeSpec, retain, retain_hints
@@ -23,6 +23,11 @@ from support.sglang_radix import FakeClock, RadixTree, TreeSpec, retain, retain_
 pytestmark = pytest.mark.retention
 
 KINDS = ["unified", "radix"]
+"""Trees whose nodes carry the holds: the unified cache on SGLang's Python core, the classic one."""
+PINNED = "pinned"
+"""The unified cache on SGLang's default (Rust) core, where ``kvretain`` holds are pins."""
+ORDER_KINDS = [*KINDS, PINNED]
+"""Kinds for the tests that read what SGLang evicts, not the holds on nodes."""
 PAGE = 4
 BLOCK = 16  # tokens per request in the pressure tables: four pages
 
@@ -32,7 +37,15 @@ def _tokens(i: int, n: int = BLOCK) -> list[int]:
 
 
 def _tree(kind: str, *, policy: str = EVICTION_POLICY, tokens: int = 4 * BLOCK) -> RadixTree:
-    return RadixTree(TreeSpec(kind=kind, policy=policy, page_size=PAGE, tokens=tokens))
+    core = {"unified": "python", PINNED: None}.get(kind)
+    spec = TreeSpec(
+        kind="radix" if kind == "radix" else "unified",
+        policy=policy,
+        page_size=PAGE,
+        tokens=tokens,
+        tree_core=core,
+    )
+    return RadixTree(spec)
 
 
 @pytest.fixture(params=KINDS)
@@ -67,12 +80,17 @@ def test_sglangs_loader_installed_every_hook_and_the_policy_choice() -> None:
     assert args.radix_eviction_policy == EVICTION_POLICY
 
 
-def test_kvretain_runs_on_the_python_tree_core_others_keep_sglangs_default() -> None:
-    kept = _tree("unified")
-    assert kept.cache._tree_core_backend == "python"
-    assert isinstance(kept.cache.tree_core.eviction_strategy, RetainStrategy)
-    stock = _tree("unified", policy="lru")
+def test_kvretain_pins_on_sglangs_rust_core_and_ranks_nodes_on_its_python_core() -> None:
+    pinned = _tree(PINNED)
+    assert pinned.cache._tree_core_backend == tree_core.PINNED
+    assert type(pinned.cache.tree_core).__name__ == "RustUnifiedTreeCore"
+    assert isinstance(getattr(pinned.cache.tree_core, pins.ATTR), pins.PinTable)
+    ranked = _tree("unified")  # SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python, or its fallbacks
+    assert ranked.cache._tree_core_backend == "python"
+    assert isinstance(ranked.cache.tree_core.eviction_strategy, RetainStrategy)
+    stock = _tree(PINNED, policy="lru")
     assert stock.cache._tree_core_backend == "rust"  # SGLang's default, untouched
+    assert not hasattr(stock.cache.tree_core, pins.ATTR)
 
 
 # (requests in order: hold as (priority, duration) or None; clock advance before the pressure
@@ -113,7 +131,7 @@ EVICTION_CASES = [
 ]
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", ORDER_KINDS)
 @pytest.mark.parametrize(
     ("holds", "advance", "survives"),
     [c[1:] for c in EVICTION_CASES],
@@ -136,7 +154,7 @@ def test_eviction_order_under_pressure(
     assert [tree.cached(_tokens(i)) == BLOCK for i in range(4)] == survives
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", ORDER_KINDS)
 def test_unhinted_requests_are_untouched_and_evicted_as_lru_evicts_them(kind: str) -> None:
     orders = {}
     for policy in (EVICTION_POLICY, "lru"):
@@ -146,7 +164,7 @@ def test_unhinted_requests_are_untouched_and_evicted_as_lru_evicts_them(kind: st
         tree.run(_tokens(2))  # refresh one
         tree.run(_tokens(9, 2 * BLOCK))
         orders[policy] = [tree.cached(_tokens(i)) for i in range(4)]
-        if policy == EVICTION_POLICY:
+        if policy == EVICTION_POLICY and kind != PINNED:
             for i in (2, 3):
                 for node, _, _ in radix.path_spans(tree.leaf(_tokens(i))):
                     assert not hasattr(node, radix.HOLDS_ATTR)
@@ -200,7 +218,9 @@ EAGLE_CASES = [
 def test_eagle_bigram_keys_hold_whole_pages_of_token_pairs(
     kind: str, span: tuple[int, int], expected: list[tuple[int, int, int | None]]
 ) -> None:
+    # EAGLE's bigram keys stay on the Python core (the pins match token keys)
     tree = RadixTree(TreeSpec(kind=kind, page_size=PAGE, tokens=4 * BLOCK, eagle=True))
+    assert kind == "radix" or tree.cache._tree_core_backend == "python"
     prompt, output = _tokens(0, 22), [7, 8]  # 24 tokens: 23 pairs, 20 of them in whole pages
     tree.run(prompt, output=output, kv_hints=retain(span[1], start=span[0]))
     assert _held(tree, prompt + output) == expected
@@ -226,7 +246,7 @@ def test_priority_zero_releases_that_scopes_hold_only(tree: RadixTree, clock: Fa
     assert not hasattr(node, radix.HOLDS_ATTR) and not hasattr(node, HOLD_UNTIL_ATTR)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", ORDER_KINDS)
 @pytest.mark.parametrize("released", [False, True])
 def test_a_released_prefix_is_evicted_like_any_unretained_one(kind: str, released: bool) -> None:
     tree = _tree(kind)
@@ -312,7 +332,9 @@ def test_hicache_host_tier_keeps_the_retained_prefix_under_host_pressure(
 ) -> None:
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
-    tree = RadixTree(TreeSpec(kind="unified", page_size=PAGE, tokens=8 * BLOCK, hicache=True))
+    tree = RadixTree(
+        TreeSpec(kind="unified", page_size=PAGE, tokens=8 * BLOCK, hicache=True, tree_core="python")
+    )
     sessions = [_tokens(i) for i in range(4)]
     for tokens in sessions:
         _host_chain(tree, tokens)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from kvretention.retention import failures, plugin, radix
+from kvretention.retention import failures, pins, plugin, radix
 from support.sglang_radix import FakeClock, RadixTree, TreeSpec, retain
 
 pytestmark = pytest.mark.retention
@@ -37,21 +37,29 @@ def stats_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
+CORES = ["python", None]
+"""The unified tree on SGLang's Python core (holds rank nodes) and on its default Rust core
+(holds are pins)."""
+
+
 def _break(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(*_: Any, **__: Any) -> int:
         raise RuntimeError("SGLang moved the tree under the plugin")
 
     monkeypatch.setattr(radix, "apply_holds", broken)
+    monkeypatch.setattr(pins.PinTable, "hold", broken)
 
 
-@pytest.mark.parametrize("kind", ["unified", "radix"])
+@pytest.mark.parametrize(
+    ("kind", "core"), [("unified", "python"), ("radix", None), ("unified", None)]
+)
 def test_a_failing_hold_is_served_unretained_and_counted_on_the_workers_metrics(
-    kind: str, stats_dir: Path, monkeypatch: pytest.MonkeyPatch
+    kind: str, core: str | None, stats_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     zero = 'kvretention_retention_hook_failures_total{fallback="unretained",hook="checkpoint"} 0.0'
     assert zero in _scrape(stats_dir)  # present from zero, so increase() sees the first failure
     _break(monkeypatch)
-    tree = RadixTree(TreeSpec(kind=kind, page_size=4, tokens=4 * BLOCK))
+    tree = RadixTree(TreeSpec(kind=kind, page_size=4, tokens=4 * BLOCK, tree_core=core))
     tree.run(_tokens(0), kv_hints=retain(BLOCK, duration=100))
     tree.run(_tokens(1), kv_hints=retain(BLOCK, duration=100))
     assert tree.cached(_tokens(0)) == BLOCK  # served, and its KV entered the tree
@@ -61,7 +69,11 @@ def test_a_failing_hold_is_served_unretained_and_counted_on_the_workers_metrics(
         in text
     )
     monkeypatch.undo()  # read the tree with the real module
-    assert radix.active_hold(tree.leaf(_tokens(0)), radix.clock()) is None  # evicted as plain LRU
+    table = getattr(getattr(tree.cache, "tree_core", None), pins.ATTR, None)
+    if table is not None:
+        assert len(table) == 0  # nothing pinned: evicted as plain LRU
+    else:
+        assert radix.active_hold(tree.leaf(_tokens(0)), radix.clock()) is None
 
 
 def test_counts_from_several_processes_are_summed(stats_dir: Path) -> None:
@@ -93,10 +105,11 @@ class _Ranks:
         monkeypatch.setattr(tree.cache, "_all_reduce", all_reduce)
 
 
+@pytest.mark.parametrize("core", CORES)
 def test_ranks_agree_on_the_time_only_when_a_hold_is_at_stake(
-    clock: FakeClock, stats_dir: Path, monkeypatch: pytest.MonkeyPatch
+    core: str | None, clock: FakeClock, stats_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tree = RadixTree(TreeSpec(kind="unified", page_size=4, tokens=8 * BLOCK))
+    tree = RadixTree(TreeSpec(kind="unified", page_size=4, tokens=8 * BLOCK, tree_core=core))
     ranks = _Ranks(tree, monkeypatch)
     tree.run(_tokens(0))
     assert ranks.reductions == 0  # unhinted, nothing held: no all-reduce
@@ -111,10 +124,11 @@ def test_ranks_agree_on_the_time_only_when_a_hold_is_at_stake(
     assert ranks.reductions == 3  # nothing at stake any more
 
 
+@pytest.mark.parametrize("core", CORES)
 def test_a_failing_clock_agreement_is_inside_the_guard(
-    stats_dir: Path, monkeypatch: pytest.MonkeyPatch
+    core: str | None, stats_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tree = RadixTree(TreeSpec(kind="unified", page_size=4, tokens=8 * BLOCK))
+    tree = RadixTree(TreeSpec(kind="unified", page_size=4, tokens=8 * BLOCK, tree_core=core))
     ranks = _Ranks(tree, monkeypatch)
     ranks.fail = True
     tree.run(_tokens(0), kv_hints=retain(BLOCK, duration=10))  # served: the checkpoint returns
@@ -122,10 +136,12 @@ def test_a_failing_clock_agreement_is_inside_the_guard(
     assert failures.read_counts(stats_dir)["checkpoint"] == 1
 
 
-def _full_after_a_hold(monkeypatch: pytest.MonkeyPatch) -> tuple[RadixTree, _Ranks]:
+def _full_after_a_hold(
+    monkeypatch: pytest.MonkeyPatch, core: str | None
+) -> tuple[RadixTree, _Ranks]:
     """A tree of 4 blocks, its ranks counted from the start, filled: block 0 held for 10 s, blocks
     1-3 after it."""
-    tree = RadixTree(TreeSpec(kind="unified", page_size=4, tokens=4 * BLOCK))
+    tree = RadixTree(TreeSpec(kind="unified", page_size=4, tokens=4 * BLOCK, tree_core=core))
     ranks = _Ranks(tree, monkeypatch)
     tree.run(_tokens(0), kv_hints=retain(BLOCK, duration=10))
     for i in (1, 2, 3):
@@ -133,10 +149,11 @@ def _full_after_a_hold(monkeypatch: pytest.MonkeyPatch) -> tuple[RadixTree, _Ran
     return tree, ranks
 
 
+@pytest.mark.parametrize("core", CORES)
 def test_an_eviction_after_an_idle_spell_agrees_on_the_time_before_it_ranks(
-    clock: FakeClock, stats_dir: Path, monkeypatch: pytest.MonkeyPatch
+    core: str | None, clock: FakeClock, stats_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tree, ranks = _full_after_a_hold(monkeypatch)
+    tree, ranks = _full_after_a_hold(monkeypatch, core)
     agreed = ranks.reductions
     clock.advance(60)  # idle: no checkpoint since, the hold expired 50 s ago
     tree.run(_tokens(4))  # needs one block: the pass agrees on the time, then ranks
@@ -145,10 +162,11 @@ def test_an_eviction_after_an_idle_spell_agrees_on_the_time_before_it_ranks(
     assert tree.cached(_tokens(1)) == BLOCK
 
 
+@pytest.mark.parametrize("core", CORES)
 def test_a_failing_agreement_before_an_eviction_ranks_by_the_last_agreed_time(
-    clock: FakeClock, stats_dir: Path, monkeypatch: pytest.MonkeyPatch
+    core: str | None, clock: FakeClock, stats_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tree, ranks = _full_after_a_hold(monkeypatch)
+    tree, ranks = _full_after_a_hold(monkeypatch, core)
     clock.advance(60)
     ranks.fail = True
     tree.run(_tokens(4))  # served: the pass goes on by the time agreed before the idle spell

@@ -28,10 +28,13 @@ def test_each_tree_reports_the_core_sglang_built(
     for policy in (EVICTION_POLICY, "lru"):
         tree = RadixTree(TreeSpec(kind="unified", policy=policy, page_size=4))
         assert tree.cache._tree_core_backend == plan_tree_core(policy, default=default)
+    ranked = RadixTree(TreeSpec(kind="unified", page_size=4, tree_core="python"))
+    assert ranked.cache._tree_core_backend == "python"
     text = generate_latest(WorkerMetrics(retention_stats_dir=str(tmp_path)).registry).decode()
     samples = sorted(line for line in text.splitlines() if line.startswith("kvretention_worker_"))
     cores = [s for s in samples if s.startswith("kvretention_worker_radix_core_info")]
     assert cores == [
         'kvretention_worker_radix_core_info{core="python",policy="kvretain"} 1.0',
+        'kvretention_worker_radix_core_info{core="rust",policy="kvretain"} 1.0',
         'kvretention_worker_radix_core_info{core="rust",policy="lru"} 1.0',
     ]

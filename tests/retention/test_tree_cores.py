@@ -1,13 +1,14 @@
-"""Why ``kvretain`` runs on SGLang's Python TreeCore: what the default (Rust) core of the installed
-SGLang offers a plugin (docs/retention.md, "Which tree core"). Each test pins one fact; when an
-SGLang upgrade changes it, the test fails and the plugin's choice of core is worth revisiting.
+"""Why ``kvretain`` carries its holds as pins on SGLang's default (Rust) TreeCore: what that core
+of the installed SGLang offers a plugin (docs/retention.md, "Which tree core"). Each test pins one
+fact; when an SGLang upgrade changes it, the test fails and the plugin's use of the core is worth
+revisiting.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from kvretention.retention import EVICTION_POLICY
+from kvretention.retention import EVICTION_POLICY, tree_core
 from support.sglang_radix import RadixTree, TreeSpec
 
 pytestmark = pytest.mark.retention
@@ -20,12 +21,31 @@ def _tokens(i: int, n: int = BLOCK) -> list[int]:
     return list(range(1000 * (i + 1), 1000 * (i + 1) + n))
 
 
-def test_sglangs_default_core_is_rust_and_kvretain_moves_to_python() -> None:
+def test_sglangs_default_core_is_rust_and_kvretain_keeps_it() -> None:
     stock = RadixTree(TreeSpec(kind="unified", policy="priority", page_size=PAGE))
     assert stock.cache._tree_core_backend == "rust"
     assert type(stock.cache.tree_core).__name__ == "RustUnifiedTreeCore"
     kept = RadixTree(TreeSpec(kind="unified", policy=EVICTION_POLICY, page_size=PAGE))
-    assert kept.cache._tree_core_backend == "python"
+    assert kept.cache._tree_core_backend == tree_core.PINNED
+    assert type(kept.cache.tree_core).__name__ == "RustUnifiedTreeCore"
+
+
+def test_the_rust_core_pins_a_prefix_and_lets_it_go() -> None:
+    """What the pins stand on: ``inc_full_pin`` on the node where a prefix ends keeps it through
+    pressure that evicts everything else; ``dec_full_pin`` makes it evictable again, LRU's oldest."""
+    tree = RadixTree(TreeSpec(kind="unified", policy="lru", page_size=PAGE, tokens=3 * BLOCK))
+    core = tree.cache.tree_core
+    tree.run(_tokens(0))
+    matched, node, pinned = core.match_full_device_prefix(tree.key(_tokens(0)))
+    assert (matched, pinned) == (BLOCK, BLOCK)
+    core.inc_full_pin(node)
+    tree.run(_tokens(1, 2 * BLOCK))  # fills the pool
+    tree.run(_tokens(2, 2 * BLOCK))  # pressure: all but the pinned block must go
+    assert core.match_full_device_prefix(tree.key(_tokens(0)))[0] == BLOCK  # read-only match
+    assert core.match_full_device_prefix(tree.key(_tokens(1, 2 * BLOCK)))[0] == 0
+    core.dec_full_pin(node)
+    tree.run(_tokens(3, BLOCK))  # one block must go: the unpinned one, now LRU's oldest
+    assert [tree.cached(_tokens(0)), tree.cached(_tokens(2, 2 * BLOCK))] == [0, 2 * BLOCK]
 
 
 def test_the_rust_core_takes_policy_names_only() -> None:

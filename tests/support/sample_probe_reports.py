@@ -23,7 +23,7 @@ RETENTION_FIELDS: dict[str, Any] = {
     "retention_target_problems": [],
     "engine_device": "cuda",
     "radix_tree_core": "rust",
-    "radix_tree_core_kvretain": "python",
+    "radix_tree_core_kvretain": "rust",
 }
 """What a probe reports of the retention plugin (a probe that predates it reports none of these)."""
 

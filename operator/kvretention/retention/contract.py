@@ -41,7 +41,7 @@ HOOK_TARGETS: Final = (  # the radix tiers'; L3_HOOK_TARGETS has the Mooncake ti
         ("name", "params"),
         "_tree_core_backend",
         "AROUND",
-        "keeps kvretain on the Python TreeCore (the Rust core has no per-node hook)",
+        "puts kvretain on SGLang's Rust TreeCore with holds as pins (Python where SGLang falls back)",
     ),
     HookTarget(
         "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.checkpoint_into_tree",

@@ -11,8 +11,10 @@ in every process before server args are parsed. It adds the ``kvretain`` choice 
   get its scope's hold (priority, ``now + duration``); priority 0 releases it; the tree is split
   at hold edges so no node is half retained;
 - a node split copies the holds to the new parent;
-- ``kvretain`` runs on SGLang's Python TreeCore: the default Rust core takes policy names only and
-  never lowers a node's priority, so a hold could neither expire nor be released there
+- where SGLang builds its default Rust TreeCore, ``kvretain`` keeps it (LRU order) and carries the
+  holds as pins instead (:mod:`kvretention.retention.pins`: the calls the core has for that, within
+  a budget of the pool); the holds above rank nodes only where SGLang resolves to its Python core
+  (its own fallbacks, ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python``, EAGLE's bigram keys)
   (docs/retention.md, "Which tree core"); the core each tree resolves to is recorded for the
   worker's ``/metrics`` (:mod:`kvretention.retention.tree_core`);
 - and :func:`kvretention.retention.l3.register_l3_hooks`: HiCache's Mooncake writes of retained
@@ -27,10 +29,11 @@ it. The checkpoint hook fails open: whatever it raises is logged, counted in
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
-from kvretention.retention import EVICTION_POLICY, PLUGIN_NAME, radix, tree_core
+from kvretention.retention import EVICTION_POLICY, PLUGIN_NAME, pins, radix, tree_core
 from kvretention.retention.contract import HOOK_TARGETS
 from kvretention.retention.directives import Hold, holds_for, read_retain
 from kvretention.retention.failures import COUNTS
@@ -91,14 +94,66 @@ def _eviction_strategy(original: Any, eviction_policy: str, config: Any = None) 
 
 def _tree_core_backend(original: Any, name: str, params: Any) -> Any:
     policy = str(params.eviction_policy)
-    core = tree_core.plan_tree_core(policy, default=name)
-    if core != name:
-        logger.info("kvretention: %s runs on SGLang's Python TreeCore", EVICTION_POLICY)
-    else:
-        core = original(name, params)
+    resolved = str(original(name, params))  # SGLang's own fallbacks first
+    backend = tree_core.plan_tree_core(policy, default=resolved)
+    if backend == tree_core.PINNED and getattr(params, "is_eagle", False):
+        backend = tree_core.PYTHON  # bigram keys: the pins' prefix match reads token keys
+    if backend != resolved:
+        _register_pinned_backend()
+        logger.info("kvretention: %s on SGLang's %s TreeCore", EVICTION_POLICY, backend)
     # For the worker's /metrics (kvretention_worker_radix_core_info): the core this tree runs.
-    tree_core.record_tree_core(core=str(core), policy=policy.lower())
+    tree_core.record_tree_core(core=tree_core.core_label(backend), policy=policy.lower())
+    return backend
+
+
+def _register_pinned_backend() -> None:
+    """Register :data:`tree_core.PINNED` with SGLang's tree-core registry, once per process."""
+    from sglang.srt.mem_cache.unified_cache import tree_core_registry as registry
+
+    if tree_core.PINNED not in registry.registered_tree_core_backends():
+        registry.register_tree_core_backend(tree_core.PINNED, _pinned_rust_core)
+
+
+def _pinned_rust_core(params: Any, _components: Any) -> Any:
+    """SGLang's Rust TreeCore in LRU order, with a :class:`pins.PinTable` for the holds."""
+    from dataclasses import replace
+
+    from sglang.srt.mem_cache.rust_tree_core.adapter import RustUnifiedTreeCore
+
+    core = RustUnifiedTreeCore(replace(params, eviction_policy="lru", eviction_policy_config=None))
+    cap = pins.pin_cap(_pool_tokens(params), _context_tokens(), _pin_ratio())
+    setattr(core, pins.ATTR, pins.PinTable(core, cap_tokens=cap))
+    logger.info("kvretention: radix pins may keep %d tokens of the device pool protected", cap)
     return core
+
+
+def _pool_tokens(params: Any) -> int:
+    allocator = getattr(params, "token_to_kv_pool_allocator", None)
+    return int(getattr(allocator, "size", 0) or 0)
+
+
+def _context_tokens() -> int:
+    """The longest request the engine admits (SGLang's model context), 0 when unknown."""
+    try:
+        from sglang.srt.runtime_context import get_model
+
+        return int(get_model().context_length or 0)
+    except Exception:  # no model context in this process (a test's bare tree)
+        return 0
+
+
+def _pin_ratio() -> float:
+    raw = os.environ.get(pins.RATIO_ENV, "")
+    try:
+        ratio = float(raw) if raw else pins.DEFAULT_RATIO
+    except ValueError:
+        ratio = -1.0
+    if not 0 < ratio <= 1:
+        logger.warning(
+            "kvretention: %s=%r is not in (0, 1]; using %s", pins.RATIO_ENV, raw, pins.DEFAULT_RATIO
+        )
+        return pins.DEFAULT_RATIO
+    return ratio
 
 
 def _bigram(holds: tuple[Hold, ...], page_size: int) -> tuple[Hold, ...]:
@@ -141,12 +196,27 @@ def agree_on_now(cache: Any, strategy: RetainStrategy) -> float:
     """
     if not _multi_rank(cache):
         return radix.clock()
+    strategy.agreed_now = _earliest_clock(cache)
+    return strategy.agreed_now
+
+
+def _earliest_clock(cache: Any) -> float:
+    """The earliest of the ranks' clocks (every rank must call it, in the same order)."""
     import torch
 
     now = torch.tensor([radix.clock()], dtype=torch.float64)
     cache._all_reduce(now, torch.distributed.ReduceOp.MIN)
-    strategy.agreed_now = float(now.item())
-    return strategy.agreed_now
+    return float(now.item())
+
+
+def _pins_now(cache: Any, table: pins.PinTable, *, hinted: bool) -> float:
+    """The time pins are set and expired by: the ranks' earliest clock when a pin is at stake on
+    a tree spread over ranks (the same question on every rank: same requests, same pins)."""
+    at_stake = hinted or len(table) > 0
+    if at_stake and _multi_rank(cache):
+        table.agreed_now = _earliest_clock(cache)
+        return table.agreed_now
+    return radix.clock()
 
 
 def hold_request(
@@ -218,8 +288,55 @@ def _unified_now(cache: Any, req: Any, strategy: RetainStrategy) -> float:
     return strategy.now()  # unhinted: read by no hold
 
 
+def pin_request(cache: Any, req: Any, table: pins.PinTable, *, up_to: int) -> int:
+    """Expire due pins, then pin ``req``'s holds on the path its KV occupies (within the budget);
+    the pins added (0 for an unhinted request)."""
+    now = _pins_now(cache, table, hinted=getattr(req, "kv_hints", None) is not None)
+    table.expire(now)
+    plan = read_retain(getattr(req, "kv_hints", None))
+    added = 0
+    if plan is not None:
+        tokens = req.full_untruncated_fill_ids[:up_to]
+        holds = holds_for(
+            plan,
+            seq_len=len(tokens),
+            page_size=int(cache.page_size),
+            now=now,
+            prompt_len=len(req.origin_input_ids),
+        )
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+
+        def key_for(end: int) -> Any:
+            return RadixKey(tokens[:end], req.extra_key, cache_salt=req.cache_salt)
+
+        added = table.hold(plan.scope, holds, key_for)
+    return added
+
+
+def _pin_or_log(cache: Any, req: Any, table: pins.PinTable, *, up_to: int) -> bool:
+    """:func:`pin_request`, failing open as :func:`_hold_or_log` does."""
+    try:
+        pin_request(cache, req, table, up_to=up_to)
+    except Exception:
+        failures = COUNTS.count("checkpoint")
+        if failures == 1 or failures % 1000 == 0:
+            logger.exception(
+                "%s: kv.retain not pinned for request %s (%d so far); serving goes on",
+                PLUGIN_NAME,
+                getattr(req, "rid", "?"),
+                failures,
+            )
+        return False
+    return True
+
+
 def _after_unified_checkpoint(_result: Any, cache: Any, req: Any, *, up_to: int, **_: Any) -> None:
     core = cache.tree_core
+    table = getattr(core, pins.ATTR, None)
+    if isinstance(table, pins.PinTable):
+        if not cache.disable:
+            _pin_or_log(cache, req, table, up_to=up_to)
+        return
     strategy = getattr(core, "eviction_strategy", None)
     if cache.disable or not isinstance(strategy, RetainStrategy):
         return
@@ -242,6 +359,10 @@ def _before_unified_evict(cache: Any, *_: Any, **__: Any) -> None:
     and asks the same question of the same state, so every rank reaches the reduction or none
     does. One rank (no agreed time) reads its own clock in the pass and skips this. Fails open:
     the pass then ranks by the last agreed time, as before."""
+    table = getattr(cache.tree_core, pins.ATTR, None)
+    if isinstance(table, pins.PinTable):
+        _unpin_due_or_log(cache, table)
+        return
     strategy = getattr(cache.tree_core, "eviction_strategy", None)
     if cache.disable or not isinstance(strategy, RetainStrategy) or strategy.agreed_now is None:
         return
@@ -255,6 +376,23 @@ def _before_unified_evict(cache: Any, *_: Any, **__: Any) -> None:
             logger.exception(
                 "%s: ranks could not agree on the time before an eviction (%d so far); the pass "
                 "ranks holds by the last agreed time",
+                PLUGIN_NAME,
+                failures,
+            )
+
+
+def _unpin_due_or_log(cache: Any, table: pins.PinTable) -> None:
+    """Before an eviction pass on the pinned Rust core: drop expired pins, so the pass can take
+    what they kept. Fails open: the pass then runs with the pins as they are."""
+    if cache.disable or len(table) == 0:
+        return
+    try:
+        table.expire(_pins_now(cache, table, hinted=False))
+    except Exception:
+        failures = COUNTS.count("evict")
+        if failures == 1 or failures % 1000 == 0:
+            logger.exception(
+                "%s: expired radix pins not dropped before an eviction (%d so far)",
                 PLUGIN_NAME,
                 failures,
             )
@@ -312,4 +450,4 @@ def register() -> None:
     )
 
 
-__all__ = ["RetainStrategy", "agree_on_now", "hold_request", "hooks", "register"]
+__all__ = ["RetainStrategy", "agree_on_now", "hold_request", "hooks", "pin_request", "register"]

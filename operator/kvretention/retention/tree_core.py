@@ -1,9 +1,12 @@
 """Which of SGLang's radix-tree cores a worker runs: the rule, and its report on ``/metrics``.
 
 SGLang 0.5.23's unified radix cache picks its ``TreeCore`` by name, default
-``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND`` (``rust``); the retention plugin's ``kvretain`` policy
-moves it to the ``python`` core (docs/retention.md, "Which tree core"), every other policy keeps
-SGLang's choice. :func:`plan_tree_core` is that rule, used by the plugin's hook and by the probe.
+``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND`` (``rust``). The retention plugin's ``kvretain`` policy
+keeps the Rust core and carries its holds as pins (:data:`PINNED`, a backend the plugin registers:
+SGLang's Rust core with LRU order plus :mod:`kvretention.retention.pins`); where SGLang resolves to
+its Python core (its own fallbacks, or ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python``),
+``kvretain`` ranks nodes there with its eviction strategy (docs/retention.md, "Which tree core").
+:func:`plan_tree_core` is that rule, used by the plugin's hook and by the probe.
 The hook runs in SGLang's scheduler (one process per rank), so it writes the core it resolved into
 the worker's stats directory (``<STATS_DIR>/tree_core/<pid>.json``, as the L3 numbers travel:
 :mod:`kvretention.retention.l3_export`), and the worker's :class:`TreeCoreCollector` exports it as
@@ -29,15 +32,24 @@ SGLANG_ENV_DEFAULT: Final = "sglang.srt.environ.envs.SGLANG_UNIFIED_RADIX_TREE_C
 """Where SGLang keeps its default core's name (an ``EnvStr``: the environment, else ``rust``)."""
 
 
+PINNED: Final = "kvretain-rust"
+"""The backend ``kvretain`` asks for where SGLang would build its Rust core: that core with LRU
+order, holds as pins (registered by the plugin; :func:`core_label` reports it as ``rust``)."""
+
+
 def plan_tree_core(policy: str | None, *, default: str) -> str:
-    """The core a tree with ``--radix-eviction-policy policy`` asks SGLang for, ``default`` being
-    the name SGLang would ask for (its env default, or the cache's override): ``kvretain`` turns a
-    ``rust`` request into ``python`` (the Rust core cannot lower a node's priority); anything else
-    is left as SGLang has it. SGLang may still fall back to ``python`` for reasons of its own
-    (session caching, other components, the platform): the worker's metric says what it ran."""
+    """The backend a tree with ``--radix-eviction-policy policy`` is built on, ``default`` being
+    the one SGLang resolved to (its env default or the cache's override, after its own
+    fallbacks): ``kvretain`` turns ``rust`` into :data:`PINNED`; anything else is left as SGLang
+    has it (``kvretain`` on ``python`` ranks nodes with the plugin's eviction strategy)."""
     if default == RUST and str(policy or "").lower() == EVICTION_POLICY:
-        return PYTHON
+        return PINNED
     return default
+
+
+def core_label(backend: str) -> str:
+    """The core a backend name runs, as the metric and the probe report say it."""
+    return RUST if backend == PINNED else backend
 
 
 def sglang_default_core() -> str | None:
@@ -88,8 +100,8 @@ class TreeCoreCollector(StatsDirCollector):
     metric = METRIC
     documentation = (
         "The radix-tree core SGLang's unified cache runs on in this worker (rust: SGLang's "
-        "default; python: the kvretain policy's, or SGLang's own fallback), with its "
-        "--radix-eviction-policy; always 1."
+        "default, kvretain's holds as pins there; python: SGLang's own fallback, kvretain's "
+        "holds as node ranks there), with its --radix-eviction-policy; always 1."
     )
     labels = ("core", "policy")
 
@@ -99,9 +111,11 @@ class TreeCoreCollector(StatsDirCollector):
 
 __all__ = [
     "METRIC",
+    "PINNED",
     "PYTHON",
     "RUST",
     "TreeCoreCollector",
+    "core_label",
     "plan_tree_core",
     "read_tree_cores",
     "record_tree_core",

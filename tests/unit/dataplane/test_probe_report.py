@@ -325,7 +325,7 @@ def test_the_childs_engine_device_reaches_the_report(device: str, read: str | No
 @pytest.mark.parametrize(
     ("child", "default", "kvretain"),
     [
-        ('"state": "loaded", "tree_core": "rust"', "rust", "python"),
+        ('"state": "loaded", "tree_core": "rust"', "rust", "rust"),  # kvretain's holds as pins
         ('"state": "loaded", "tree_core": "python"', "python", "python"),
         ('"state": "not_selected", "tree_core": "rust"', "rust", None),
         ('"state": "loaded", "tree_core": 3', None, None),

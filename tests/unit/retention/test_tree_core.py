@@ -14,26 +14,33 @@ from prometheus_client import generate_latest
 from kvretention.dataplane.worker.app import WorkerMetrics
 from kvretention.retention.failures import STATS_DIR_ENV
 from kvretention.retention.plugin import _tree_core_backend
-from kvretention.retention.tree_core import SUBDIR, plan_tree_core, read_tree_cores
+from kvretention.retention.tree_core import (
+    PINNED,
+    SUBDIR,
+    core_label,
+    plan_tree_core,
+    read_tree_cores,
+)
 
 
 @pytest.mark.parametrize(
-    ("policy", "default", "core"),
+    ("policy", "default", "backend", "label"),
     [
-        ("kvretain", "rust", "python"),
-        ("KVRETAIN", "rust", "python"),  # SGLang compares policies case-blind
-        ("lru", "rust", "rust"),
-        ("priority", "rust", "rust"),
-        (None, "rust", "rust"),
-        ("kvretain", "python", "python"),
-        ("lru", "python", "python"),
-        ("kvretain", "custom", "custom"),  # a backend someone registered: left as asked
+        ("kvretain", "rust", PINNED, "rust"),
+        ("KVRETAIN", "rust", PINNED, "rust"),  # SGLang compares policies case-blind
+        ("lru", "rust", "rust", "rust"),
+        ("priority", "rust", "rust", "rust"),
+        (None, "rust", "rust", "rust"),
+        ("kvretain", "python", "python", "python"),  # SGLang's fallback: holds rank nodes there
+        ("lru", "python", "python", "python"),
+        ("kvretain", "custom", "custom", "custom"),  # a backend someone registered: left as asked
     ],
 )
-def test_only_kvretain_moves_the_rust_core_to_python(
-    policy: str | None, default: str, core: str
+def test_only_kvretain_on_the_rust_core_gets_the_pinned_backend(
+    policy: str | None, default: str, backend: str, label: str
 ) -> None:
-    assert plan_tree_core(policy, default=default) == core
+    assert plan_tree_core(policy, default=default) == backend
+    assert core_label(backend) == label
 
 
 def scrape(directory: Path) -> dict[str, float]:
@@ -66,22 +73,33 @@ def test_the_collector_serves_each_core_and_policy_once(tmp_path: Path) -> None:
     }
 
 
+@pytest.fixture
+def no_registry(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The pinned backend's registration with SGLang's registry, counted instead of done."""
+    calls: list[int] = []
+    monkeypatch.setattr(
+        "kvretention.retention.plugin._register_pinned_backend", lambda: calls.append(1)
+    )
+    return calls
+
+
 @pytest.mark.parametrize(
-    ("name", "policy", "core", "asked_sglang"),
+    ("name", "policy", "backend", "core"),
     [
-        ("rust", "kvretain", "python", False),
-        ("rust", "lru", "rust", True),
-        ("rust", "LRU", "python", True),  # SGLang's own fallback (here: the fake's) is recorded
-        ("python", "kvretain", "python", True),
+        ("rust", "kvretain", PINNED, "rust"),
+        ("rust", "lru", "rust", "rust"),
+        ("rust", "LRU", "python", "python"),  # SGLang's own fallback (here: the fake's) is kept
+        ("python", "kvretain", "python", "python"),
     ],
 )
 def test_the_hook_records_the_core_the_tree_resolves_to(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    no_registry: list[int],
     name: str,
     policy: str,
+    backend: str,
     core: str,
-    asked_sglang: bool,
 ) -> None:
     monkeypatch.setenv(STATS_DIR_ENV, str(tmp_path))
     monkeypatch.setattr("kvretention.retention.tree_core._RECORDED", {})  # a fresh process
@@ -92,27 +110,36 @@ def test_the_hook_records_the_core_the_tree_resolves_to(
         return "python" if params.eviction_policy == "LRU" else name
 
     params = SimpleNamespace(eviction_policy=policy)
-    assert _tree_core_backend(original, name, params) == core
-    assert bool(asked) == asked_sglang
+    assert _tree_core_backend(original, name, params) == backend
+    assert asked == [name]  # SGLang's own fallbacks come first
+    assert no_registry == ([1] if backend == PINNED else [])
     assert read_tree_cores(tmp_path) == {(core, policy.lower())}
 
 
+def test_eagle_keeps_kvretain_on_the_python_core(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_registry: list[int]
+) -> None:
+    monkeypatch.setenv(STATS_DIR_ENV, str(tmp_path))
+    params = SimpleNamespace(eviction_policy="kvretain", is_eagle=True)
+    assert _tree_core_backend(lambda name, _: name, "rust", params) == "python"
+
+
 def test_a_process_lists_every_tree_it_built(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_registry: list[int]
 ) -> None:
     monkeypatch.setenv(STATS_DIR_ENV, str(tmp_path))
     monkeypatch.setattr("kvretention.retention.tree_core._RECORDED", {})
     for policy in ("kvretain", "kvretain", "lru"):  # SGLang resolves each tree twice
         _tree_core_backend(lambda name, _: name, "rust", SimpleNamespace(eviction_policy=policy))
-    assert read_tree_cores(tmp_path) == {("python", "kvretain"), ("rust", "lru")}
+    assert read_tree_cores(tmp_path) == {("rust", "kvretain"), ("rust", "lru")}
     assert len(list((tmp_path / SUBDIR).glob("*.json"))) == 1
 
 
 def test_without_a_worker_the_hook_writes_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_registry: list[int]
 ) -> None:
     monkeypatch.delenv(STATS_DIR_ENV, raising=False)
     monkeypatch.chdir(tmp_path)
     params = SimpleNamespace(eviction_policy="kvretain")
-    assert _tree_core_backend(lambda *_: "rust", "rust", params) == "python"
+    assert _tree_core_backend(lambda *_: "rust", "rust", params) == PINNED
     assert list(tmp_path.iterdir()) == []
