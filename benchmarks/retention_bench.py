@@ -5,12 +5,14 @@ over CPU pools, fed as its scheduler feeds it; see ``tests/support/sglang_radix.
 side by side in one run:
 
 - ``plugin``: ``--radix-eviction-policy kvretain`` with the retention plugin loaded by SGLang's
-  plugin loader; hinted turns carry the ``kv.retain`` envelope the worker sends (``[0, prompt)``,
-  priority 50, 300 s: Anthropic's default 5-minute TTL);
+  plugin loader, on SGLang's default Rust core (holds as pins); hinted turns carry the
+  ``kv.retain`` envelope the worker sends (``[0, prompt)``, priority 50, 300 s: Anthropic's
+  default 5-minute TTL); ``plugin-python`` the same on the Python core (holds rank nodes), where
+  SGLang falls back to it;
 - ``priority``: SGLang's ``priority`` policy alone, hinted turns carrying request priority 50 (the
   most a fleet gets from stock SGLang: no ranges, no expiry, no release);
-- ``lru``: SGLang's default; ``lru-python`` the same on the Python TreeCore the plugin runs on
-  (SGLang's default core is Rust), to tell the plugin's cost from the core's.
+- ``lru``: SGLang's default; ``lru-python`` the same on the Python TreeCore, to tell
+  ``plugin-python``'s cost from its core's.
 
 The workload: 16 agent conversations of 10 turns (two agent kinds, each with its own shared
 system-and-tools prefix; every turn appends the previous answer and a tool result), one new
@@ -104,10 +106,11 @@ def build_schedule(w: Workload) -> tuple[list[list[Any]], list[list[int]]]:
 
 ARMS = {
     # arm: (--radix-eviction-policy, TreeCore: None = SGLang's default for that policy)
-    "plugin": ("kvretain", None),
+    "plugin": ("kvretain", None),  # SGLang's default Rust core, holds as pins
+    "plugin-python": ("kvretain", "python"),  # where SGLang falls back: holds rank nodes
     "priority": ("priority", None),
     "lru": ("lru", None),
-    "lru-python": ("lru", "python"),  # the same core as the plugin's: what the plugin itself costs
+    "lru-python": ("lru", "python"),  # the Python core's own cost, beside plugin-python
 }
 
 
@@ -154,7 +157,7 @@ def run_arm(arm: str, w: Workload, rounds: list[list[Any]]) -> dict[str, Any]:
                 continue
             turn: Turn = item
             hints = priority = None
-            if arm == "plugin":
+            if policy == "kvretain":
                 hints = retain(len(turn.prompt), priority=PRIORITY, duration=TTL)
             elif arm == "priority":
                 priority = PRIORITY

@@ -2,16 +2,17 @@
 
 Side by side in one run, on SGLang 0.5.23's own ``UnifiedRadixCache`` over CPU pools (see
 ``tests/support/sglang_radix.py``), one arm per (policy, TreeCore): ``lru`` and ``priority`` on
-SGLang's default Rust core, ``lru`` on the Python core, and ``kvretain`` (the retention plugin,
-which runs on the Python core: see docs/retention.md, "Which tree core"). ``--before PATH`` adds
-the ``kvretain`` arms of another source tree (``PATH/operator`` first on the path, in a subprocess).
+SGLang's default Rust core, ``lru`` on the Python core, and ``kvretain`` (the retention plugin) on
+both: pins on the Rust core, node ranks on the Python core where SGLang falls back to it (see
+docs/retention.md, "Which tree core"). ``--before PATH`` adds the ``kvretain`` arms of another
+source tree (``PATH/operator`` first on the path, in a subprocess).
 
 - *per request*: the retention benchmark's workload (``retention_bench.py``: agent conversations
   with ``kv.retain`` on hinted turns, Zipf background, the cache under pressure), the CPU time of
   the tree calls a request makes (``match_prefix``, ``lock``, ``evict``, ``checkpoint`` with the
   plugin's hook, ``unlock``), median of the rounds;
 - *eviction pass*: a tree of ``--leaves`` evictable leaves (half of them held on the hinted
-  ``kvretain`` arm, none on ``kvretain-python-unhinted``), the CPU time of one ``evict`` of one
+  ``kvretain`` arms, none on the ``-unhinted`` ones), the CPU time of one ``evict`` of one
   page (SGLang ranks every evictable leaf per pass on the Python core), median and least over
   ``--passes``, arms interleaved; and the least CPU time of ranking every evictable leaf once,
   per leaf.
@@ -45,9 +46,11 @@ from support.sglang_radix import RadixTree, TreeSpec, load_sglang, retain  # noq
 ARMS = {  # arm: (--radix-eviction-policy, TreeCore (None: SGLang's choice), hinted)
     "lru-rust": ("lru", None, False),
     "priority-rust": ("priority", None, True),
+    "kvretain-rust": ("kvretain", None, True),  # SGLang's choice: its Rust core, holds as pins
+    "kvretain-rust-unhinted": ("kvretain", None, False),  # the plugin on hint-free traffic
     "lru-python": ("lru", "python", False),
-    "kvretain-python": ("kvretain", None, True),  # SGLang's choice: the plugin's (Python)
-    "kvretain-python-unhinted": ("kvretain", None, False),  # the plugin on hint-free traffic
+    "kvretain-python": ("kvretain", "python", True),  # where SGLang falls back: node ranks
+    "kvretain-python-unhinted": ("kvretain", "python", False),
 }
 TREE_CALLS = ("match_prefix", "lock", "evict", "checkpoint", "unlock")
 

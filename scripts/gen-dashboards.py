@@ -366,8 +366,8 @@ def retention() -> dict[str, Any]:
             stat(
                 "Workers by radix-tree core",
                 "Worker pods by the radix-tree core SGLang's unified cache runs on and its "
-                "--radix-eviction-policy: kvretain runs on the python core (the Rust core cannot "
-                "lower a hold), every other policy on SGLang's default, rust (docs/retention.md).",
+                "--radix-eviction-policy: kvretain keeps SGLang's default, rust, with its holds as "
+                "pins; python only where SGLang falls back to it (docs/retention.md).",
                 Target(
                     gauge("kvretention_worker_radix_core_info", by="core, policy"),
                     "{{core}} ({{policy}})",

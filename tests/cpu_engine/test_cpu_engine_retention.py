@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import httpx
 import pytest
 
 from support.cpu_engine import CpuWorker, StartCpuWorker, generate_tokens
@@ -85,3 +86,12 @@ def test_an_expired_hold_is_evicted_like_any_other_prompt(retaining: CpuWorker) 
 
 def test_the_same_workload_on_sglangs_lru_loses_the_prompt(lru: CpuWorker) -> None:
     assert next_turn_cached(lru, random.Random(2), ttl=600) <= LOST
+
+
+def test_the_retaining_worker_keeps_sglangs_rust_tree_core(retaining: CpuWorker) -> None:
+    """kvretain's holds are pins on SGLang's default core: the scheduler built that core (not a
+    fallback to the Python one), as the worker's own metric says."""
+    generate(retaining, tokens(random.Random(4), 32))
+    text = httpx.get(retaining.base_url + "/metrics", timeout=10).text
+    assert 'kvretention_worker_radix_core_info{core="rust",policy="kvretain"} 1.0' in text, text
+    assert 'core="python"' not in text

@@ -15,12 +15,12 @@ a pin, and the tree otherwise evicts by LRU in its native order:
   inside it;
 - an expired pin is dropped before the next checkpoint or eviction pass, after which its prefix
   is evicted as LRU evicts any unretained one;
-- the pins may keep at most :attr:`PinTable.cap_tokens` protected, counted as SGLang counts its
-  anchor pins (each pin: its path's tokens, the whole deepest node; a prefix two scopes share
-  counts for each, so the count never undercounts what is protected). A pin that would pass the
-  cap takes the place of lower-ranked ones (lowest priority first, then the soonest to expire,
-  then the oldest); with none to take, it is not set. The cap leaves room for the longest request
-  the engine admits, as SGLang's anchor cap does.
+- the pins may keep at most :attr:`PinTable.cap_tokens` protected: the union of their paths
+  (each node once, the whole deepest node included, as SGLang pins it; a prefix many scopes share
+  counts once). A pin that would pass the cap takes the place of lower-ranked ones (lowest
+  priority first, then the soonest to expire, then the oldest); with none left to take, it is not
+  set. The cap leaves room for the longest request the engine admits, as SGLang's anchor cap
+  (half the pool by default, like this one) does.
 
 Pure bookkeeping over a duck-typed core (those three calls and ``collect_path_info``, which
 lists the node ids from the root to a node): no SGLang
@@ -57,8 +57,9 @@ class Pin:
     scope: str | None
     node: int
     end: int
-    tokens: int
-    """What it protects, as SGLang counts it: the path's tokens through the whole deepest node."""
+    path: tuple[tuple[int, int], ...]
+    """``(node id, tokens)`` of each node from the root to ``node`` when it was pinned: what it
+    protects (the whole deepest node included, as SGLang pins it)."""
     priority: int
     until: float | None
     seq: int
@@ -93,6 +94,9 @@ class PinTable:
         self.agreed_now: float | None = None
         """On a tree spread over ranks: the time they last agreed on (None: never asked)."""
         self._at: dict[tuple[str | None, int], Pin] = {}
+        self._covers: dict[int, int] = {}
+        """Per node id: how many pins' paths hold it (a node counts once in ``pinned_tokens``)."""
+        self._lengths: dict[int, int] = {}
         self._expiry: list[tuple[float, int, Pin]] = []
         self._ranked: list[tuple[tuple[float, float, int], Pin]] = []
         self._seq = 0
@@ -114,14 +118,18 @@ class PinTable:
                     self._unpin(pin)
         return sum(self._pin(scope, h, key_for) for h in ordered if not h.releases)
 
+    def _path(self, node: int) -> tuple[tuple[int, int], ...]:
+        """``(node id, tokens)`` from the root to ``node``, ``node`` included."""
+        (path,) = self.core.collect_path_info([node])
+        return tuple((int(i.node_id), int(i.path_end) - int(i.path_start)) for i in path)
+
     def _on_path(self, scope: str | None, node: int) -> list[Pin]:
         """The scope's pins on the path from the root to ``node``, ``node`` included."""
-        (path,) = self.core.collect_path_info([node])
-        found = (self._at.get((scope, info.node_id)) for info in path)
+        found = (self._at.get((scope, n)) for n, _ in self._path(node))
         return [p for p in found if p is not None]
 
     def _pin(self, scope: str | None, hold: Hold, key_for: KeyFor) -> int:
-        matched, node, tokens = self.core.match_full_device_prefix(key_for(hold.end))
+        matched, node, _tokens = self.core.match_full_device_prefix(key_for(hold.end))
         end = min(hold.end, int(matched))
         if end <= 0:
             return 0
@@ -131,18 +139,36 @@ class PinTable:
             self._track(same)
             return 0
         self._seq += 1
-        pin = Pin(scope, node, end, int(tokens), hold.priority, hold.until, self._seq)
-        older = [p for p in self._on_path(scope, node) if p.end < end]
-        if not self._make_room(pin, replacing=older):
+        path = self._path(node)
+        pin = Pin(scope, node, end, path, hold.priority, hold.until, self._seq)
+        on_path = (self._at.get((scope, n)) for n, _ in path)
+        older = [p for p in on_path if p is not None and p.end < end]
+        if not self._make_room(pin):
             self._count_shed(1)
             return 0  # the scope's older pins on this path stay
-        for p in older:
-            self._unpin(p)  # the new pin keeps their path and more
         self.core.inc_full_pin(node)
-        self.pinned_tokens += pin.tokens
+        self._cover(pin, +1)
         self._at[(scope, node)] = pin
         self._track(pin)
+        for p in older:
+            self._unpin(p)  # the new pin keeps their path and more
         return 1
+
+    def _added(self, pin: Pin) -> int:
+        """Tokens ``pin`` would add to ``pinned_tokens``: its path's nodes no pin holds yet."""
+        return sum(length for n, length in pin.path if n not in self._covers)
+
+    def _cover(self, pin: Pin, step: int) -> None:
+        for n, length in pin.path:
+            count = self._covers.get(n, 0) + step
+            if count > 0:
+                if n not in self._covers:
+                    self._lengths[n] = length
+                    self.pinned_tokens += length
+                self._covers[n] = count
+            else:
+                del self._covers[n]
+                self.pinned_tokens -= self._lengths.pop(n)
 
     def _track(self, pin: Pin) -> None:
         """(Re)file ``pin`` in the expiry and rank heaps; older entries go stale, and the heaps
@@ -157,40 +183,38 @@ class PinTable:
             heapq.heappush(self._expiry, (pin.until, pin.seq, pin))
         heapq.heappush(self._ranked, (pin.rank(), pin))
 
-    def _make_room(self, pin: Pin, *, replacing: list[Pin]) -> bool:
-        """Drop lower-ranked pins until ``pin`` fits the cap once ``replacing`` (the pins it
-        takes over) are gone; False, with nothing dropped, when even all of them would not do."""
-        need = self.pinned_tokens - sum(p.tokens for p in replacing) + pin.tokens - self.cap_tokens
-        taken: list[tuple[tuple[float, float, int], Pin]] = []
-        while need > 0 and self._ranked:
-            rank, lowest = self._ranked[0]
-            if not lowest.live or rank != lowest.rank():
-                heapq.heappop(self._ranked)  # stale
-                continue
-            if rank >= pin.rank():
-                break
-            taken.append(heapq.heappop(self._ranked))
-            if lowest not in replacing:
-                need -= lowest.tokens
-        if need > 0:
-            for entry in taken:
-                heapq.heappush(self._ranked, entry)
+    def _make_room(self, pin: Pin) -> bool:
+        """Drop lower-ranked pins, lowest first, until ``pin`` fits the cap; False when it cannot
+        fit: alone (nothing is dropped then), or once every lower-ranked pin is gone."""
+        if self._added(pin) > self.cap_tokens:
             return False
-        dropped = [p for _, p in taken if p not in replacing]
-        for other in dropped:
-            self._unpin(other)
-        for entry in taken:
-            if entry[1].live:
-                heapq.heappush(self._ranked, entry)  # a replaced pin: unpinned by the caller
-        self._count_shed(len(dropped))
+        dropped = 0
+        while self.pinned_tokens + self._added(pin) > self.cap_tokens:
+            lowest = self._lowest_below(pin.rank())
+            if lowest is None:
+                self._count_shed(dropped)
+                return False
+            self._unpin(lowest)
+            dropped += 1
+        self._count_shed(dropped)
         return True
+
+    def _lowest_below(self, rank: tuple[float, float, int]) -> Pin | None:
+        """The live pin of lowest rank, if it ranks below ``rank`` (stale entries are skipped)."""
+        while self._ranked:
+            entry_rank, lowest = self._ranked[0]
+            if not lowest.live or entry_rank != lowest.rank():
+                heapq.heappop(self._ranked)
+                continue
+            return lowest if entry_rank < rank else None
+        return None
 
     def _unpin(self, pin: Pin) -> None:
         if not pin.live:
             return
         pin.live = False
         del self._at[(pin.scope, pin.node)]
-        self.pinned_tokens -= pin.tokens
+        self._cover(pin, -1)
         self.core.dec_full_pin(pin.node)
 
     def expire(self, now: float) -> int:

@@ -29,6 +29,13 @@ def test_the_cap_leaves_room_for_the_longest_request(
     assert pin_cap(pool, context, ratio) == cap
 
 
+@dataclass(frozen=True)
+class Info:
+    node_id: int
+    path_start: int
+    path_end: int
+
+
 @dataclass
 class FakeCore:
     """Keys are token tuples; each distinct prefix is its own node on a chain from the root."""
@@ -42,10 +49,10 @@ class FakeCore:
     def match_full_device_prefix(self, key: tuple[int, ...]) -> tuple[int, int, int]:
         return len(key), self.node(key), len(key)
 
-    def collect_path_info(self, nodes: list[int]) -> tuple[tuple[object, ...], ...]:
+    def collect_path_info(self, nodes: list[int]) -> tuple[tuple[Info, ...], ...]:
         by_id = {v: k for k, v in self.nodes.items()}
         key = by_id[nodes[0]]
-        path = [type("Info", (), {"node_id": self.node(key[:n])}) for n in range(1, len(key) + 1)]
+        path = [Info(self.node(key[:n]), n - 1, n) for n in range(1, len(key) + 1)]
         return (tuple(path),)
 
     def inc_full_pin(self, node: int) -> None:
@@ -77,6 +84,22 @@ def test_a_conversation_keeps_one_pin_and_scopes_share_nothing() -> None:
         table.hold("a", [Hold(0, end, 50, None)], lambda n: tokens[:n])
     table.hold("b", [Hold(0, 8, 50, None)], lambda n: tokens[:n])
     assert sorted((p.scope, p.end) for p in table.pins()) == [("a", 24), ("b", 8)]
-    assert table.pinned_tokens == 32 and sum(core.pins.values()) == 2
+    assert table.pinned_tokens == 24  # b's path lies within a's: counted once
+    assert sum(core.pins.values()) == 2
     table.hold("a", [Hold(0, 40, 0, None)], lambda n: tokens[:n])  # a release over the path
     assert [(p.scope, p.end) for p in table.pins()] == [("b", 8)]
+
+
+def test_a_pin_larger_than_the_cap_drops_nothing_and_lower_ranks_make_room() -> None:
+    core = FakeCore()
+    table = PinTable(core, cap_tokens=16)
+    a, b, c = (tuple(range(k * 100, k * 100 + 16)) for k in (1, 2, 3))
+    table.hold("a", [Hold(0, 8, 10, None)], lambda n: a[:n])
+    table.hold("b", [Hold(0, 8, 20, None)], lambda n: b[:n])
+    table.hold("c", [Hold(0, 16, 90, None)], lambda n: c[:n])  # 16 fits once a and b are gone
+    assert [p.scope for p in table.pins()] == ["c"] and table.shed == 2
+    table.hold("a", [Hold(0, 8, 10, None)], lambda n: a[:n])  # lower than c: not set
+    assert [p.scope for p in table.pins()] == ["c"] and table.shed == 3
+    big = tuple(range(900, 940))
+    table.hold("d", [Hold(0, 40, 99, None)], lambda n: big[:n])  # over the cap alone
+    assert [p.scope for p in table.pins()] == ["c"] and table.pinned_tokens == 16
