@@ -94,8 +94,8 @@ class ProbeReport(BaseModel):
     ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND`` says otherwise): the core a worker runs under any
     ``--radix-eviction-policy`` but ``kvretain``. None: not measured."""
     radix_tree_core_kvretain: str | None = None
-    """The core a worker runs under ``--radix-eviction-policy kvretain`` (``python``: the policy
-    moves it there); None without the loaded plugin."""
+    """The core a worker runs under ``--radix-eviction-policy kvretain`` (the default core: on
+    ``rust`` the plugin carries holds as pins); None without the loaded plugin."""
 
     @field_validator(
         "sglang_installed",
