@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from kvretention.retention import pins, tree_core
-from support.sglang_radix import FakeClock, RadixTree, TreeSpec, retain
+from support.sglang_radix import FakeClock, RadixTree, TreeSpec, retain, retain_hints
 
 pytestmark = pytest.mark.retention
 
@@ -130,3 +130,34 @@ def test_expired_pins_go_before_the_next_eviction(clock: FakeClock) -> None:
     tree.run(_tokens(9))
     assert len(table) == 0
     assert [_present(tree, _tokens(i)) for i in range(4)] == [0, BLOCK, BLOCK, BLOCK]
+
+
+def test_a_pin_ends_where_its_hold_does() -> None:
+    """The tree is split at the hold's end (SGLang's own split): half a prompt held is half kept."""
+    tree, table = _pinned(4 * BLOCK)
+    tree.run(_tokens(0), kv_hints=retain(8))
+    assert table.pinned_tokens == 8
+    for i in (1, 2, 3, 4):
+        tree.run(_tokens(i))  # pressure: everything unpinned goes, oldest first
+    assert _present(tree, _tokens(0)) == 8
+
+
+def test_a_system_prompts_longer_hold_outlives_the_conversations_in_one_request(
+    clock: FakeClock,
+) -> None:
+    """Anthropic's two breakpoints in one request: the system prompt for an hour, the rest for
+    five minutes. Two pins on one path; the shorter one does not take over the longer."""
+    tree, table = _pinned(8 * BLOCK)
+    prompt = _tokens(0) + _tokens(1)
+    hints = retain_hints(
+        [
+            {"start": 0, "end": BLOCK, "priority": 50, "duration": 3600},
+            {"start": BLOCK, "end": 2 * BLOCK, "priority": 50, "duration": 300},
+        ]
+    )
+    tree.run(prompt, kv_hints=hints)
+    assert sorted(p.end for p in table.pins()) == [BLOCK, 2 * BLOCK]
+    clock.advance(301)
+    for i in range(2, 9):
+        tree.run(_tokens(i))  # pressure past the five minutes
+    assert _present(tree, prompt) == BLOCK  # the system prompt's hour still holds

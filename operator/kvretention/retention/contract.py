@@ -111,6 +111,48 @@ contract test)."""
 
 CALLED_TARGETS: Final = (
     HookTarget(
+        "sglang.srt.mem_cache.unified_cache.tree_core_registry.register_tree_core_backend",
+        ("name", "factory"),
+        "",
+        "CALL",
+        "registers kvretain's backend: the Rust TreeCore with holds as pins",
+    ),
+    HookTarget(
+        "sglang.srt.mem_cache.rust_tree_core.adapter.RustUnifiedTreeCore",
+        ("params",),
+        "",
+        "CALL",
+        "the Rust TreeCore the pinned backend builds (in LRU order)",
+    ),
+    HookTarget(
+        "sglang.srt.mem_cache.rust_tree_core.adapter.RustUnifiedTreeCore.match_full_device_prefix",
+        ("self", "key"),
+        "",
+        "CALL",
+        "the node where a hold's prefix ends (read-only)",
+    ),
+    HookTarget(
+        "sglang.srt.mem_cache.rust_tree_core.adapter.RustUnifiedTreeCore.inc_full_pin",
+        ("self", "node_id"),
+        "",
+        "CALL",
+        "pins a hold's prefix",
+    ),
+    HookTarget(
+        "sglang.srt.mem_cache.rust_tree_core.adapter.RustUnifiedTreeCore.dec_full_pin",
+        ("self", "node_id"),
+        "",
+        "CALL",
+        "unpins it (expiry, release, budget)",
+    ),
+    HookTarget(
+        "sglang.srt.mem_cache.rust_tree_core.adapter.RustUnifiedTreeCore.collect_path_info",
+        ("self", "end_node_ids"),
+        "",
+        "CALL",
+        "the node ids on a pin's path (older pins it replaces, the budget's union)",
+    ),
+    HookTarget(
         "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.touch_prefix",
         ("self", "key"),
         "",

@@ -9,8 +9,11 @@ a pin, and the tree otherwise evicts by LRU in its native order:
 
 - a hold pins ``[0, end)``: a radix prefix is only usable from the root, so what a hold keeps is
   the path down to its end (the Python core's holds rank the same path, leaf first);
-- a scope's newer hold on the same path replaces its older one (priority and expiry are the newer
-  one's); holds on other paths stay until they expire or are released;
+- the tree is split at each hold's end (SGLang's own split, as the Python core's holds do), so a
+  pin ends where its hold does; a request's holds of different ranges are pins of their own;
+- a scope's newer pin replaces its pins on the same path that it outlasts (a conversation's earlier
+  turn); one that outranks it (a longer-lived hold on the system prompt) stays; pins on other
+  paths stay until they expire or are released;
 - a release (priority 0) over ``[start, end)`` drops the scope's pins on this path that end
   inside it;
 - an expired pin is dropped before the next checkpoint or eviction pass, after which its prefix
@@ -70,6 +73,12 @@ class Pin:
         return (self.priority, math.inf if self.until is None else self.until, self.seq)
 
 
+def _covers(new: Pin, old: Pin) -> bool:
+    """Whether ``new`` keeps ``old``'s tokens at least as high and as long."""
+    outlasts = new.until is None or (old.until is not None and new.until >= old.until)
+    return new.priority >= old.priority and outlasts
+
+
 def pin_cap(pool_tokens: int, context_tokens: int, ratio: float = DEFAULT_RATIO) -> int:
     """Tokens pins may keep protected: ``ratio`` of the pool, and never so much that the longest
     request the engine admits (``context_tokens``; 0 unknown) would find no room."""
@@ -109,14 +118,16 @@ class PinTable:
 
     def hold(self, scope: str | None, holds: Iterable[Hold], key_for: KeyFor) -> int:
         """Apply one request's holds (already page-aligned, ``until`` set) to the path its KV
-        occupies; ``key_for(end)`` is the key of its first ``end`` tokens. The pins added."""
+        occupies; ``key_for(end)`` is the key of its first ``end`` tokens (the tree split at each
+        hold's end, so a pin ends where its hold does). The pins added."""
         ordered = sorted(holds, key=lambda h: h.end)
         for release in (h for h in ordered if h.releases):
             _matched, node, _ = self.core.match_full_device_prefix(key_for(release.end))
             for pin in self._on_path(scope, node):
                 if release.start < pin.end <= release.end:
                     self._unpin(pin)
-        return sum(self._pin(scope, h, key_for) for h in ordered if not h.releases)
+        mine: set[int] = set()
+        return sum(self._pin(scope, h, key_for, mine) for h in ordered if not h.releases)
 
     def _path(self, node: int) -> tuple[tuple[int, int], ...]:
         """``(node id, tokens)`` from the root to ``node``, ``node`` included."""
@@ -128,27 +139,41 @@ class PinTable:
         found = (self._at.get((scope, n)) for n, _ in self._path(node))
         return [p for p in found if p is not None]
 
-    def _pin(self, scope: str | None, hold: Hold, key_for: KeyFor) -> int:
+    def _pin(self, scope: str | None, hold: Hold, key_for: KeyFor, mine: set[int]) -> int:
+        """Pin one hold; ``mine``: the nodes this request pinned already (two of its holds that
+        end in one node keep the stronger, where a later request's hold replaces the pin)."""
         matched, node, _tokens = self.core.match_full_device_prefix(key_for(hold.end))
         end = min(hold.end, int(matched))
         if end <= 0:
             return 0
         same = self._at.get((scope, node))
         if same is not None:
-            same.end, same.priority, same.until = end, hold.priority, hold.until
+            if node in mine:
+                longest = (
+                    None
+                    if same.until is None or hold.until is None
+                    else max(same.until, hold.until)
+                )
+                same.priority, same.until = max(same.priority, hold.priority), longest
+            else:
+                same.end, same.priority, same.until = end, hold.priority, hold.until
+            mine.add(node)
             self._track(same)
             return 0
         self._seq += 1
         path = self._path(node)
         pin = Pin(scope, node, end, path, hold.priority, hold.until, self._seq)
         on_path = (self._at.get((scope, n)) for n, _ in path)
-        older = [p for p in on_path if p is not None and p.end < end]
+        # The scope's pins this one outlasts on its path (a conversation's earlier turns) go; one
+        # that outranks it (a system prompt's longer hold) stays.
+        older = [p for p in on_path if p is not None and p.end < end and _covers(pin, p)]
         if not self._make_room(pin):
             self._count_shed(1)
             return 0  # the scope's older pins on this path stay
         self.core.inc_full_pin(node)
         self._cover(pin, +1)
         self._at[(scope, node)] = pin
+        mine.add(node)
         self._track(pin)
         for p in older:
             self._unpin(p)  # the new pin keeps their path and more

@@ -309,6 +309,8 @@ def pin_request(cache: Any, req: Any, table: pins.PinTable, *, up_to: int) -> in
         def key_for(end: int) -> Any:
             return RadixKey(tokens[:end], req.extra_key, cache_salt=req.cache_salt)
 
+        for end in sorted({h.end for h in holds if not h.releases}):
+            cache.touch_prefix(key_for(end))  # split there: a pin ends where its hold does
         added = table.hold(plan.scope, holds, key_for)
     return added
 
