@@ -374,6 +374,26 @@ def retention() -> dict[str, Any]:
                 ),
                 width=12,
             ),
+            Panel(
+                "Radix pins: tokens kept vs budget",
+                "Largest over the workers: device KV tokens the kvretain pins keep out of "
+                "eviction on SGLang's Rust tree core, and the most they may keep "
+                "(KVR_RADIX_PIN_RATIO of the pool, room left for the longest request; "
+                "docs/retention.md).",
+                (
+                    Target(
+                        gauge("kvretention_worker_radix_pinned_tokens", by="kind", agg="max"),
+                        "{{kind}}",
+                    ),
+                ),
+            ),
+            Panel(
+                "Radix pins left out by the budget",
+                "kv.retain holds the pin budget left out or dropped for higher-ranked ones: "
+                "those prefixes are evicted as LRU evicts them (KvRetentionRadixPinsDropped).",
+                (Target(rate("kvretention_worker_radix_pins_dropped_total"), "left out"),),
+                unit="ops",
+            ),
             pinned_vs_budget(
                 "Pinned share of the L3 pool vs budget",
                 "Soft pins' estimated share of the Mooncake pool and softPin.budgetRatio.",

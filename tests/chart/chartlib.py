@@ -35,6 +35,7 @@ ALERTS = frozenset(
         "KvRetentionMooncakeMasterRestarted",
         "KvRetentionHopRefusals",
         "KvRetentionWorkerFastPathOff",
+        "KvRetentionRadixPinsDropped",
     }
 )
 

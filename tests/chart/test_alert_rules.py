@@ -132,6 +132,20 @@ HOP_REFUSED = {
 }
 
 
+def pins_dropped(pod: str, values: str) -> tuple[str, str]:
+    return f'kvretention_worker_radix_pins_dropped_total{{{AT}, pod="{pod}"}}', values
+
+
+PINS_DROPPED = {
+    "summary": f"KvRetentionDeployment {NS}/{FLEET}: the workers' radix pin budget leaves "
+    "retained prefixes out",
+    "description": "kv.retain holds did not fit the pins' budget "
+    '(kvretention_worker_radix_pinned_tokens kind="budget", half the KV pool by default) and are '
+    "evicted as LRU evicts them. Raise KVR_RADIX_PIN_RATIO in workers.pod.env, give the workers "
+    "a larger KV pool, or shorten the retention TTLs (docs/retention.md).",
+}
+
+
 def fast_path(pod: str, path: str, values: str) -> tuple[str, str]:
     return f'kvretention_worker_fast_path_enabled{{{AT}, pod="{pod}", path="{path}"}}', values
 
@@ -386,6 +400,25 @@ CASES = [
         "no-hop-refusals",
         "KvRetentionHopRefusals",
         [hop_refusals("router", "missing", "0x40"), hop_refusals("worker", "stale", "0x40")],
+        "30m",
+    ),
+    Case(
+        "pins-left-out-at-one-worker",
+        "KvRetentionRadixPinsDropped",
+        [pins_dropped("worker-0", "0x40"), pins_dropped("worker-1", "0x5 2x10")],
+        "10m",
+        [firing("warning", PINS_DROPPED)],
+    ),
+    Case(
+        "pins-left-out-long-ago",
+        "KvRetentionRadixPinsDropped",
+        [pins_dropped("worker-0", "0x5 3x40")],
+        "40m",
+    ),
+    Case(
+        "every-pin-fits",
+        "KvRetentionRadixPinsDropped",
+        [pins_dropped("worker-0", "0x40")],
         "30m",
     ),
     Case(

@@ -12,6 +12,7 @@ on that turn says whether the prompt's KV survived. The hint travels as the fron
 from __future__ import annotations
 
 import random
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -95,3 +96,10 @@ def test_the_retaining_worker_keeps_sglangs_rust_tree_core(retaining: CpuWorker)
     text = httpx.get(retaining.base_url + "/metrics", timeout=10).text
     assert 'kvretention_worker_radix_core_info{core="rust",policy="kvretain"} 1.0' in text, text
     assert 'core="python"' not in text
+    # The pins' budget: half the 2,048-token pool, which leaves the 1,024-token context its room;
+    # the retained prompt held (600 s) fits it, nothing was left out.
+    budget = 'kvretention_worker_radix_pinned_tokens{kind="budget"} 1024.0'
+    assert budget in text, text
+    pinned = re.search(r'kvretention_worker_radix_pinned_tokens\{kind="pinned"\} (\S+)', text)
+    assert pinned is not None and KEPT <= float(pinned.group(1)) <= 1024, text
+    assert "kvretention_worker_radix_pins_dropped_total 0.0" in text

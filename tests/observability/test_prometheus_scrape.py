@@ -43,6 +43,8 @@ NOTHING_TO_SHOW = {
     ("kvretention-routing.json", "Failing workers kept in rotation"): "no worker fails",
     ("kvretention-routing.json", "Hop refusals (unsigned or forged tenant)"): "every hop is signed",
     ("kvretention-retention.json", "Workers by radix-tree core"): "stand-in engines have no tree",
+    ("kvretention-retention.json", "Radix pins: tokens kept vs budget"): "stand-ins have no tree",
+    ("kvretention-retention.json", "Radix pins left out by the budget"): "stand-ins have no tree",
     (
         "kvretention-retention.json",
         "Worker fast paths serving",

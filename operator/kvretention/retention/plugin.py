@@ -33,7 +33,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from kvretention.retention import EVICTION_POLICY, PLUGIN_NAME, pins, radix, tree_core
+from kvretention.retention import EVICTION_POLICY, PLUGIN_NAME, pin_stats, pins, radix, tree_core
 from kvretention.retention.contract import HOOK_TARGETS
 from kvretention.retention.directives import Hold, holds_for, read_retain
 from kvretention.retention.failures import COUNTS
@@ -312,6 +312,7 @@ def pin_request(cache: Any, req: Any, table: pins.PinTable, *, up_to: int) -> in
         for end in sorted({h.end for h in holds if not h.releases}):
             cache.touch_prefix(key_for(end))  # split there: a pin ends where its hold does
         added = table.hold(plan.scope, holds, key_for)
+    pin_stats.record_pins(table)
     return added
 
 
@@ -390,6 +391,7 @@ def _unpin_due_or_log(cache: Any, table: pins.PinTable) -> None:
         return
     try:
         table.expire(_pins_now(cache, table, hinted=False))
+        pin_stats.record_pins(table)
     except Exception:
         failures = COUNTS.count("evict")
         if failures == 1 or failures % 1000 == 0:

@@ -72,6 +72,7 @@ from kvretention.dataplane.worker.whole_answer import WHOLE_ANSWER_FLUSH_S, Held
 from kvretention.dataplane.worker.wire import RequestRejected
 from kvretention.retention.failures import FailureCollector
 from kvretention.retention.l3_export import L3Collector
+from kvretention.retention.pin_stats import PinnedTokensCollector, PinsDroppedCollector
 from kvretention.retention.tree_core import TreeCoreCollector
 
 __all__ = ["PlannedCall", "RequestRejected", "WorkerState", "build_app", "drain", "plan_call"]
@@ -93,6 +94,8 @@ class WorkerMetrics:
             self.registry.register(FailureCollector(self.retention_stats_dir))
             self.registry.register(L3Collector(self.retention_stats_dir))
             self.registry.register(TreeCoreCollector(self.retention_stats_dir))
+            self.registry.register(PinnedTokensCollector(self.retention_stats_dir))
+            self.registry.register(PinsDroppedCollector(self.retention_stats_dir))
         self.requests = counter(
             self.registry,
             "kvretention_worker_requests",
