@@ -59,3 +59,18 @@ def exported_series() -> dict[str, frozenset[str]]:
             for suffix in _SUFFIXES[kind]:
                 out[name + suffix] = labels | ({"le"} if suffix == "_bucket" else set())
     return out
+
+
+def worker_samples(stats_dir: object, prefix: str) -> dict[str, float]:
+    """``series -> value`` of a worker's ``/metrics`` whose names start with ``prefix``, the
+    worker reading the retention plugin's numbers from ``stats_dir``."""
+    from prometheus_client import generate_latest
+
+    from kvretention.dataplane.worker.app import WorkerMetrics
+
+    text = generate_latest(WorkerMetrics(retention_stats_dir=str(stats_dir)).registry).decode()
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(prefix)
+    }

@@ -8,21 +8,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import generate_latest
 
-from kvretention.dataplane.worker.app import WorkerMetrics
 from kvretention.retention import pin_stats
 from kvretention.retention.failures import STATS_DIR_ENV
 from kvretention.retention.pins import PinTable
+from support.metric_registries import worker_samples
 
 
 def scrape(directory: Path) -> dict[str, float]:
-    text = generate_latest(WorkerMetrics(retention_stats_dir=str(directory)).registry).decode()
-    return {
-        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("kvretention_worker_radix_pin")
-    }
+    return worker_samples(directory, "kvretention_worker_radix_pin")
 
 
 @pytest.fixture

@@ -9,9 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from prometheus_client import generate_latest
 
-from kvretention.dataplane.worker.app import WorkerMetrics
 from kvretention.retention.failures import STATS_DIR_ENV
 from kvretention.retention.plugin import _tree_core_backend
 from kvretention.retention.tree_core import (
@@ -21,6 +19,7 @@ from kvretention.retention.tree_core import (
     plan_tree_core,
     read_tree_cores,
 )
+from support.metric_registries import worker_samples
 
 
 @pytest.mark.parametrize(
@@ -44,12 +43,7 @@ def test_only_kvretain_on_the_rust_core_gets_the_pinned_backend(
 
 
 def scrape(directory: Path) -> dict[str, float]:
-    text = generate_latest(WorkerMetrics(retention_stats_dir=str(directory)).registry).decode()
-    return {
-        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("kvretention_worker_radix_core_info")
-    }
+    return worker_samples(directory, "kvretention_worker_radix_core_info")
 
 
 def write(directory: Path, name: str, text: str) -> None:
