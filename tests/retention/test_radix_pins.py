@@ -161,3 +161,17 @@ def test_a_system_prompts_longer_hold_outlives_the_conversations_in_one_request(
     for i in range(2, 9):
         tree.run(_tokens(i))  # pressure past the five minutes
     assert _present(tree, prompt) == BLOCK  # the system prompt's hour still holds
+
+
+def test_a_reset_tree_forgets_its_pins_and_pins_anew(clock: FakeClock) -> None:
+    """SGLang's flush_cache resets the tree: the pins went with its nodes, none is released twice."""
+    tree, table = _pinned(4 * BLOCK)
+    tree.run(_tokens(0), kv_hints=retain(BLOCK, duration=10))
+    tree.cache.reset()
+    assert len(table) == 0 and table.pinned_tokens == 0
+    clock.advance(11)
+    tree.run(_tokens(1), kv_hints=retain(BLOCK))  # expiry finds nothing stale to unpin
+    assert [p.end for p in table.pins()] == [BLOCK] and table.pinned_tokens == BLOCK
+    for i in (2, 3, 4, 5):
+        tree.run(_tokens(i))
+    assert _present(tree, _tokens(1)) == BLOCK

@@ -242,6 +242,16 @@ class PinTable:
         self._cover(pin, -1)
         self.core.dec_full_pin(pin.node)
 
+    def forget(self) -> None:
+        """Drop every pin without unpinning: the tree was reset (SGLang's ``flush_cache``), its
+        nodes and their pins are gone, and a node id may name a new node."""
+        self._at.clear()
+        self._covers.clear()
+        self._lengths.clear()
+        self._expiry.clear()
+        self._ranked.clear()
+        self.pinned_tokens = 0
+
     def expire(self, now: float) -> int:
         """Drop every pin whose hold has expired at ``now``; how many."""
         dropped = 0

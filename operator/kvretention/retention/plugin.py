@@ -122,7 +122,15 @@ def _pinned_rust_core(params: Any, _components: Any) -> Any:
 
     core = RustUnifiedTreeCore(replace(params, eviction_policy="lru", eviction_policy_config=None))
     cap = pins.pin_cap(_pool_tokens(params), _context_tokens(), _pin_ratio())
-    setattr(core, pins.ATTR, pins.PinTable(core, cap_tokens=cap))
+    table = pins.PinTable(core, cap_tokens=cap)
+    setattr(core, pins.ATTR, table)
+    reset = core.reset
+
+    def reset_and_forget() -> None:  # a reset tree (flush_cache) has no pins left to release
+        reset()
+        table.forget()
+
+    core.reset = reset_and_forget
     logger.info("kvretention: radix pins may keep %d tokens of the device pool protected", cap)
     return core
 
