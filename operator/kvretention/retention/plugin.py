@@ -267,6 +267,16 @@ def hold_request(
     return radix.apply_holds(radix.path_spans(leaf()), holds, scope=plan.scope, now=now)
 
 
+def _count_failure(hook: str, message: str, *args: Any) -> None:
+    """Count a fail-open fallback of ``hook`` (a :data:`~kvretention.retention.failures.FALLBACKS`
+    key) for the worker's ``/metrics`` and log it with its traceback, the first and every
+    thousandth time (a hook failing on every request must not flood the log). Call it inside the
+    ``except``; ``message`` takes ``args`` and then this process's count (``%d``)."""
+    failures = COUNTS.count(hook)
+    if failures == 1 or failures % 1000 == 0:
+        logger.exception("%s: " + message, PLUGIN_NAME, *args, failures)
+
+
 def _hold_or_log(cache: Any, req: Any, *, now: Callable[[], float], **kwargs: Any) -> bool:
     """Apply the holds, failing open: a retention bug must never take the scheduler down. The
     time (``now``: the ranks' agreement included) is taken inside the guard. False when the holds
@@ -275,14 +285,11 @@ def _hold_or_log(cache: Any, req: Any, *, now: Callable[[], float], **kwargs: An
     try:
         hold_request(cache, req, now=now(), **kwargs)
     except Exception:
-        failures = COUNTS.count("checkpoint")
-        if failures == 1 or failures % 1000 == 0:
-            logger.exception(
-                "%s: kv.retain not applied to request %s (%d so far); serving goes on",
-                PLUGIN_NAME,
-                getattr(req, "rid", "?"),
-                failures,
-            )
+        _count_failure(
+            "checkpoint",
+            "kv.retain not applied to request %s (%d so far); serving goes on",
+            getattr(req, "rid", "?"),
+        )
         return False
     return True
 
@@ -329,14 +336,11 @@ def _pin_or_log(cache: Any, req: Any, table: pins.PinTable, *, up_to: int) -> bo
     try:
         pin_request(cache, req, table, up_to=up_to)
     except Exception:
-        failures = COUNTS.count("checkpoint")
-        if failures == 1 or failures % 1000 == 0:
-            logger.exception(
-                "%s: kv.retain not pinned for request %s (%d so far); serving goes on",
-                PLUGIN_NAME,
-                getattr(req, "rid", "?"),
-                failures,
-            )
+        _count_failure(
+            "checkpoint",
+            "kv.retain not pinned for request %s (%d so far); serving goes on",
+            getattr(req, "rid", "?"),
+        )
         return False
     return True
 
@@ -382,14 +386,11 @@ def _before_unified_evict(cache: Any, *_: Any, **__: Any) -> None:
     try:
         agree_on_now(cache, strategy)
     except Exception:
-        failures = COUNTS.count("evict")
-        if failures == 1 or failures % 1000 == 0:
-            logger.exception(
-                "%s: ranks could not agree on the time before an eviction (%d so far); the pass "
-                "ranks holds by the last agreed time",
-                PLUGIN_NAME,
-                failures,
-            )
+        _count_failure(
+            "evict",
+            "ranks could not agree on the time before an eviction (%d so far); the pass ranks "
+            "holds by the last agreed time",
+        )
 
 
 def _unpin_due_or_log(cache: Any, table: pins.PinTable) -> None:
@@ -401,13 +402,7 @@ def _unpin_due_or_log(cache: Any, table: pins.PinTable) -> None:
         table.expire(_pins_now(cache, table, hinted=False))
         pin_stats.record_pins(table)
     except Exception:
-        failures = COUNTS.count("evict")
-        if failures == 1 or failures % 1000 == 0:
-            logger.exception(
-                "%s: expired radix pins not dropped before an eviction (%d so far)",
-                PLUGIN_NAME,
-                failures,
-            )
+        _count_failure("evict", "expired radix pins not dropped before an eviction (%d so far)")
 
 
 def _after_radix_checkpoint(_result: Any, cache: Any, req: Any, *, up_to: int) -> None:
