@@ -34,6 +34,7 @@ from kvretention.controller.leader import (
 )
 from kvretention.controller.metrics import Metrics
 from kvretention.controller.watch import Watches
+from kvretention.dataplane.cli_options import log_level_option
 from kvretention.dataplane.http import Readiness, add_metrics, add_probes, start_site
 from kvretention.ports import OPERATOR_HEALTH_PORT, OPERATOR_METRICS_PORT
 
@@ -334,7 +335,7 @@ def _own_signals_once(kopf_ready: asyncio.Event, stop: asyncio.Event) -> asyncio
     type=click.IntRange(min=1, max=64),
     help="Objects reconciled at once (one reconcile per object at a time, whatever this is).",
 )
-@click.option("--log-level", default="INFO", show_default=True)
+@log_level_option
 def operator_cmd(
     namespaces: tuple[str, ...],
     all_namespaces: bool,

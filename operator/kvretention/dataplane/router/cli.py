@@ -23,6 +23,7 @@ from typing import cast
 
 import click
 
+from kvretention.dataplane.cli_options import configure_logging, host_option, log_level_option
 from kvretention.dataplane.gc_tuning import tune_gc
 from kvretention.dataplane.hop_key import hop_key_file_option, load_hop_key_file
 from kvretention.dataplane.http import metrics_port_option, serve_until_signal
@@ -42,7 +43,7 @@ log = logging.getLogger("kvretention.router")
 
 
 @click.command("router")
-@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@host_option
 @click.option("--port", default=ROUTER_PORT, show_default=True, type=int, help="Port to listen on.")
 @metrics_port_option
 @click.option("--worker", "workers", multiple=True, help="Aggregated worker URL (repeatable).")
@@ -123,7 +124,7 @@ log = logging.getLogger("kvretention.router")
     "metadata.<field> of the body): give the frontends' own --session-keys."
 )
 @hop_key_file_option
-@click.option("--log-level", default="INFO", show_default=True)
+@log_level_option
 def router_cmd(
     host: str,
     port: int,
@@ -153,7 +154,7 @@ def router_cmd(
     log_level: str,
 ) -> None:
     """Route PreprocessedRequests to workers: sticky sessions, least outstanding, PD pairs."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    configure_logging(log_level)
     try:
         sources = build_sources(
             workers=workers,

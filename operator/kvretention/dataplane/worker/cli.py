@@ -26,6 +26,7 @@ import click
 from kvretention.api.names import Role
 from kvretention.common.hop_auth import HopKeyFile
 from kvretention.common.trace import trace_from_env
+from kvretention.dataplane.cli_options import configure_logging, host_option, log_level_option
 from kvretention.dataplane.gc_tuning import tune_gc
 from kvretention.dataplane.hop_key import hop_key_file_option, load_hop_key_file
 from kvretention.dataplane.http import metrics_port_option, serve_until_signal
@@ -46,7 +47,7 @@ log = logging.getLogger("kvretention.worker")
 
 
 @click.command("worker", context_settings={"ignore_unknown_options": True})
-@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@host_option
 @click.option("--port", default=WORKER_PORT, show_default=True, type=int, help="Port to listen on.")
 @metrics_port_option
 @click.option(
@@ -125,7 +126,7 @@ log = logging.getLogger("kvretention.worker")
     "say are resident, per tenant salt and session, on GET /kv/residency (--engine sglang only).",
 )
 @hop_key_file_option
-@click.option("--log-level", default="INFO", show_default=True)
+@log_level_option
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
 def worker_cmd(
     host: str,
@@ -147,7 +148,7 @@ def worker_cmd(
     server_args: tuple[str, ...],
 ) -> None:
     """Serve one SGLang engine (or the stand-in) behind the router."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    configure_logging(log_level)
     typed_role = cast(Role, role)
     hop_keys = load_hop_key_file(hop_key_file)  # before the engine loads: a bad file stops it now
     argv = build_sglang_argv(
