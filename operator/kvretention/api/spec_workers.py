@@ -44,6 +44,7 @@ __all__ = [
     "STARTUP_ALLOWANCE_SECONDS",
     "ExtraArg",
     "HiCacheSpec",
+    "NodesPerReplica",
     "PoolAutoscalingSpec",
     "PrefillPoolSpec",
     "WorkerPoolSpec",
@@ -55,6 +56,8 @@ __all__ = [
 
 MAX_NODES_PER_REPLICA: Final = 64
 """Most nodes one multinode worker (a LeaderWorkerSet group) may span."""
+NodesPerReplica = Annotated[int, Field(ge=1, le=MAX_NODES_PER_REPLICA)]
+"""The nodes (pods, one per node) one worker spans: 1 to :data:`MAX_NODES_PER_REPLICA`."""
 DEFAULT_PLANNING_THREADS: Final = 4
 """The worker's ``--planning-threads`` default (``dataplane.worker.planning.DEFAULT_THREADS``, which
 the API may not import; a unit test holds the two equal): named in the spec's description only."""
@@ -102,10 +105,8 @@ class WorkerPoolSpec(WireModel):
     extra_args: list[ExtraArg] = list_field(
         128, "Extra SGLang server arguments appended after the ones the operator renders."
     )
-    nodes_per_replica: int | None = Field(
+    nodes_per_replica: NodesPerReplica | None = Field(
         default=None,
-        ge=1,
-        le=MAX_NODES_PER_REPLICA,
         description=(
             "Nodes one worker of this pool spans (overrides workers.nodesPerReplica). Above 1 "
             "each worker is a LeaderWorkerSet group of this many pods, one per node, each running "
@@ -418,10 +419,8 @@ class WorkersSpec(WireModel):
         ),
     )
 
-    nodes_per_replica: int = Field(
+    nodes_per_replica: NodesPerReplica = Field(
         default=1,
-        ge=1,
-        le=MAX_NODES_PER_REPLICA,
         description=(
             "Nodes each worker spans (each pool may override it). 1: a worker is one pod, and "
             "the pools are Deployments. Above 1: each worker is a LeaderWorkerSet group of this "

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field
 
 from kvretention.api.base import WireModel
+from kvretention.api.spec_workers import NodesPerReplica
 
 __all__ = [
     "Condition",
@@ -91,10 +92,8 @@ class WorkerPoolStatus(ReplicaCount):
         default="",
         description="Details: the Deployment, the pod, the scheduler's or kubelet's message.",
     )
-    nodes_per_replica: int | None = Field(
+    nodes_per_replica: NodesPerReplica | None = Field(
         default=None,
-        ge=1,
-        le=64,
         description=(
             "Set for a multinode pool (a LeaderWorkerSet): the pods of each worker, one per node. "
             "The counts are then of workers (groups), each ready only when all its pods are."
