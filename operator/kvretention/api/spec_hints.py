@@ -10,7 +10,8 @@ from pydantic import (
 )
 
 from kvretention.api.base import WireModel, cel_config, nested, require
-from kvretention.api.spec_shared import MAX_SOFT_PIN_TTL_SECONDS
+from kvretention.api.spec_shared import SoftPinTtlSeconds
+from kvretention.common.kv_retain import MAX_PRIORITY
 
 __all__ = [
     "HintProviders",
@@ -71,13 +72,11 @@ class HintsSpec(WireModel):
     priority: int = Field(
         default=50,
         ge=1,
-        le=100,
+        le=MAX_PRIORITY,
         description="Priority of the retention the frontend asks for (kv.retain 1..100).",
     )
-    default_ttl_seconds: int | None = Field(
+    default_ttl_seconds: SoftPinTtlSeconds | None = Field(
         default=None,
-        ge=1,
-        le=MAX_SOFT_PIN_TTL_SECONDS,
         description=(
             "Fleet policy, off when unset: retain the prompt of requests that carry no cache "
             "control at all (Codex sends none) for this many seconds. Recorded in the request "

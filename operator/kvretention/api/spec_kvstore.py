@@ -19,6 +19,7 @@ from kvretention.api.spec_shared import (
     Image,
     PodOptions,
     ResourceRequirements,
+    SoftPinTtlSeconds,
     _pod_field,
 )
 
@@ -58,10 +59,8 @@ class SoftPinSpec(WireModel):
         (_PINS_HOLD_NEED_BUDGET, _PINS_HOLD_NEED_BUDGET_MESSAGE),
     )
 
-    default_ttl_seconds: int = Field(
+    default_ttl_seconds: SoftPinTtlSeconds = Field(
         default=1800,
-        ge=1,
-        le=MAX_SOFT_PIN_TTL_SECONDS,
         description="Soft-pin TTL when a write asks for none (--default_kv_soft_pin_ttl).",
     )
     max_ttl_seconds: int = Field(

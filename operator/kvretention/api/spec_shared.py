@@ -33,6 +33,7 @@ __all__ = [
     "Quantity",
     "Replicas",
     "ResourceRequirements",
+    "SoftPinTtlSeconds",
     "Toleration",
 ]
 
@@ -47,6 +48,9 @@ MAX_NAME_LENGTH: Final = 54
 LARGEST_HINT_TTL_SECONDS: Final = LONGEST_EMITTED_TTL_SECONDS
 """The longest TTL the frontend emits (OpenAI Responses ``12h``): a soft pin must hold it."""
 MAX_SOFT_PIN_TTL_SECONDS: Final = 86_400
+SoftPinTtlSeconds = Annotated[int, Field(ge=1, le=MAX_SOFT_PIN_TTL_SECONDS)]
+"""A retention TTL in seconds the store can hold as one soft pin: 1 to
+:data:`MAX_SOFT_PIN_TTL_SECONDS`."""
 MAX_REPLICAS: Final = 1000
 
 Replicas = Annotated[int, Field(ge=0, le=MAX_REPLICAS)]
