@@ -369,6 +369,14 @@ class OutputParser:
         out.text, out.tool_calls = self._feed_tools(text)
         return self._settle(out, final=False)
 
+    def _one_call_kept(self, calls: list[ToolCallDelta]) -> list[ToolCallDelta]:
+        """``parallel_tool_calls: false``: the first call only. An automatic tool choice is not
+        constrained (SGLang constrains it only for strict tools), so a model may still write a
+        second call; the client asked for at most one and gets one."""
+        if self._plan.parallel_tool_calls:
+            return calls
+        return [call for call in calls if call.index == 0]
+
     def _settle(self, out: ParsedDelta, *, final: bool) -> ParsedDelta:
         """Hold whitespace-only text until it is known whether a tool call follows it, and
         whitespace-only reasoning until real reasoning follows it (clients would show either as
@@ -397,7 +405,7 @@ class OutputParser:
             normal, calls = result.normal_text, result.calls
         else:
             normal, calls = self._tools.parse_stream_chunk(text)
-        return normal or "", self._deltas(calls)
+        return normal or "", self._one_call_kept(self._deltas(calls))
 
     def finish(self) -> ParsedDelta:
         out = ParsedDelta()
@@ -419,6 +427,7 @@ class OutputParser:
             out.text += end_text or ""
         out.tool_calls += self._deltas(calls) + self._unstreamed_arguments()
         out.tool_calls += self._release_custom()
+        out.tool_calls = self._one_call_kept(out.tool_calls)
         return self._settle(out, final=True)
 
     def parse_whole(self, text: str) -> ParsedDelta:
@@ -452,6 +461,7 @@ class OutputParser:
                     index=index, id=new_tool_call_id(), name=name, arguments=args, kind=kind
                 )
             )
+        out.tool_calls = self._one_call_kept(out.tool_calls)
         if out.tool_calls and not out.text.strip():
             out.text = ""  # the template's whitespace before the calls
         return out
