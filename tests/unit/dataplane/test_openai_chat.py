@@ -559,3 +559,9 @@ def test_whitespace_before_tool_calls_is_not_content() -> None:
     result = Completion(text="\n\n", tool_calls=[call], finish_reason="tool_calls")
     raw = chat_response(_parsed(), result, request_id="r1")
     assert raw["choices"][0]["message"]["content"] is None
+
+
+def test_function_tools_are_strict_only_when_they_say_so() -> None:
+    """Chat Completions' rule (Responses tools are strict unless they opt out)."""
+    parsed = parse_chat(body(tools=[WEATHER, TIME]))
+    assert [t.strict for t in parsed.tools] == [True, None]

@@ -626,3 +626,19 @@ def test_metric_labels_are_bounded_and_keep_tool_types() -> None:
     assert budget.label("store") == "store"
     assert budget.label("third") == "other"  # past the limit
     assert budget.label("store") == "store"  # a known one stays itself
+
+
+@pytest.mark.parametrize(
+    ("given", "strict"),
+    [
+        pytest.param({}, True, id="omitted"),
+        pytest.param({"strict": None}, True, id="null"),
+        pytest.param({"strict": True}, True, id="true"),
+        pytest.param({"strict": False}, False, id="opted-out"),
+    ],
+)
+def test_function_tools_are_strict_unless_they_opt_out(given: dict[str, Any], strict: bool) -> None:
+    """OpenAI's rule for Responses (Chat Completions tools stay non-strict by default)."""
+    tool = {"type": "function", "name": "f", "parameters": {"type": "object"}, **given}
+    parsed = parse_responses({"model": "m", "input": "hi", "tools": [tool]})
+    assert [t.strict for t in parsed.tools] == [strict]

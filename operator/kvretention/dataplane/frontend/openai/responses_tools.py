@@ -126,6 +126,13 @@ def _declared(raw: list[Any], *, where: str) -> list[_Declared]:
     return out
 
 
+def _strict_unless_opted_out(tool: Mapping[str, Any], *, where: str) -> bool:
+    """Responses function tools are strict unless they say ``strict: false`` (OpenAI's rule for
+    this API; Chat Completions tools are not strict unless they say so)."""
+    strict = opt_strict(tool, where=where)
+    return True if strict is None else strict
+
+
 def _tool(tool: Mapping[str, Any], *, where: str) -> ToolDefinition:
     kind = tool.get("type")
     if isinstance(kind, str) and kind in _TOOL_KEYS:
@@ -136,7 +143,7 @@ def _tool(tool: Mapping[str, Any], *, where: str) -> ToolDefinition:
             name=tool_name(tool, where=where),
             description=opt_str(tool, "description", where=where),
             parameters=parameters_schema(tool, where=where),
-            strict=opt_strict(tool, where=where),
+            strict=_strict_unless_opted_out(tool, where=where),
         )
     if kind == "custom":
         return ToolDefinition(
