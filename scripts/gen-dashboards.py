@@ -378,7 +378,7 @@ def retention() -> dict[str, Any]:
                 "Radix pins: tokens kept vs budget",
                 "Largest over the workers: device KV tokens the kvretain pins keep out of "
                 "eviction on SGLang's Rust tree core, and the most they may keep "
-                "(KVR_RADIX_PIN_RATIO of the pool, room left for the longest request; "
+                "(spec.workers.radixPinRatio of the pool, room left for the longest request; "
                 "docs/retention.md).",
                 (
                     Target(

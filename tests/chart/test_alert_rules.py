@@ -141,7 +141,7 @@ PINS_DROPPED = {
     "retained prefixes out",
     "description": "kv.retain holds did not fit the pins' budget "
     '(kvretention_worker_radix_pinned_tokens kind="budget", half the KV pool by default) and are '
-    "evicted as LRU evicts them. Raise KVR_RADIX_PIN_RATIO in workers.pod.env, give the workers "
+    "evicted as LRU evicts them. Raise spec.workers.radixPinRatio, give the workers "
     "a larger KV pool, or shorten the retention TTLs (docs/retention.md).",
 }
 

@@ -1,4 +1,5 @@
-"""``spec.frontend.codexInstructions`` and ``spec.workers.planningThreads`` on the real control plane:
+"""``spec.frontend.codexInstructions``, ``spec.workers.planningThreads`` and the bounds of
+``spec.workers.radixPinRatio`` on the real control plane:
 the API server keeps them (the CRD has them) and refuses malformed ones; the frontend Deployment
 mounts the ConfigMap key read-only and passes it as ``--codex-instructions-file``; the workers get
 ``--planning-threads``. (That FrontendReady names a missing ConfigMap is the unit tier's: kwok marks
@@ -86,6 +87,8 @@ def test_codex_instructions_are_mounted_and_planning_threads_passed(
         pytest.param({"frontend": {"codexInstructions": {}}}, "configMapKeyRef", id="no-ref"),
         pytest.param({"workers": {"planningThreads": 0}}, "planningThreads", id="threads-0"),
         pytest.param({"workers": {"planningThreads": 65}}, "planningThreads", id="threads-65"),
+        pytest.param({"workers": {"radixPinRatio": 0}}, "radixPinRatio", id="pin-ratio-0"),
+        pytest.param({"workers": {"radixPinRatio": 1.5}}, "radixPinRatio", id="pin-ratio-1.5"),
     ],
 )
 def test_the_api_server_refuses_malformed_gateway_features(

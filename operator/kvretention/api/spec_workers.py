@@ -34,6 +34,7 @@ from kvretention.api.spec_shared import (
 
 __all__ = [
     "DEFAULT_PLANNING_THREADS",
+    "DEFAULT_RADIX_PIN_RATIO",
     "EXTENDED_RESOURCE_PATTERN",
     "GPU_RESOURCE_MESSAGE",
     "GPU_RESOURCE_RULE",
@@ -64,6 +65,9 @@ the API may not import; a unit test holds the two equal): named in the spec's de
 MAX_PLANNING_THREADS: Final = 64
 """Each planning thread may hold a huge prompt's tokens and offsets at once: more is memory, not
 speed, past the pod's CPUs."""
+DEFAULT_RADIX_PIN_RATIO: Final = 0.5
+"""The retention plugin's own default share (``retention.pins.DEFAULT_RATIO``; a test keeps
+them equal: ``api`` may not import the plugin)."""
 
 
 def _tp_divisible_rule(pool: str, *, always: bool) -> str:
@@ -416,6 +420,19 @@ class WorkersSpec(WireModel):
             "but one of them at most, so a huge prompt does not hold up a small one. Each may "
             "hold a huge prompt's tokens at once, so more costs memory. Unset: the worker's "
             f"default, {DEFAULT_PLANNING_THREADS}."
+        ),
+    )
+    radix_pin_ratio: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=1.0,
+        description=(
+            "Share of each worker's GPU KV pool that kv.retain holds may keep pinned in SGLang's "
+            "radix tree (never so much that a request of the model's context length finds no "
+            "room). A hold past it takes the place of lower-ranked ones (priority, then soonest "
+            "expiry) or is left to LRU, counted in kvretention_worker_radix_pins_dropped_total. "
+            f"Unset: the retention plugin's default, {DEFAULT_RADIX_PIN_RATIO}. Set as the "
+            "worker container's KVR_RADIX_PIN_RATIO; a change rolls the workers."
         ),
     )
 

@@ -76,8 +76,8 @@ class PinnedTokensCollector(StatsDirCollector):
     metric = TOKENS_METRIC
     documentation = (
         "Tokens of the device KV pool the kvretain pins keep out of eviction on SGLang's Rust "
-        "tree core (kind=pinned), and the most they may keep (kind=budget: KVR_RADIX_PIN_RATIO "
-        "of the pool, leaving room for the longest request); no sample before the first pin."
+        "tree core (kind=pinned), and the most they may keep (kind=budget: "
+        "spec.workers.radixPinRatio of the pool, leaving room for the longest request); no sample before the first pin."
     )
     labels = ("kind",)
 
@@ -95,7 +95,7 @@ class PinsDroppedCollector(StatsDirCollector):
     metric = DROPPED_METRIC
     documentation = (
         "kv.retain holds the pin budget left out or dropped for a higher-ranked one: those "
-        "prefixes are evicted as LRU evicts them (raise KVR_RADIX_PIN_RATIO or the pool)."
+        "prefixes are evicted as LRU evicts them (raise spec.workers.radixPinRatio or the pool)."
     )
     labels = ()
 

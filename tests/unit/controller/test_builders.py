@@ -120,6 +120,14 @@ def _set(path: str, value: Any) -> Callable[[Body], None]:
             {"ConfigMap/f-mooncake-config", "Deployment/f-prefill"},
         ),
         ({"workers": PD}, "workers.hicache", {"ratio": 3.0}, {"Deployment/f-prefill"}),
+        # The pins' budget is read by SGLang's scheduler at start: every pool's workers roll.
+        ({}, "workers.radixPinRatio", 0.75, {"Deployment/f-worker"}),
+        (
+            {"workers": PD},
+            "workers.radixPinRatio",
+            0.75,
+            {"Deployment/f-prefill", "Deployment/f-decode"},
+        ),
     ],
 )
 def test_a_change_touches_only_its_children(

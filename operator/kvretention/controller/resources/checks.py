@@ -48,6 +48,7 @@ from kvretention.controller.resources.workers import (
     serves_residency,
     worker_roles,
 )
+from kvretention.retention.pins import RATIO_ENV as PIN_RATIO_ENV
 
 _DNS_SUBDOMAIN: Final = re.compile(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -312,6 +313,7 @@ def check_pod_options(cr: KvRetentionDeployment) -> list[str]:
         *_RESERVED_MOUNTS,
         *([posixpath.normpath(model_mount)] if model_mount else []),
     }
+    pin_ratio = cr.spec.workers.radix_pin_ratio is not None
     for path, options in _pod_options(cr):
         for key in sorted(RESERVED_LABELS & options.labels.keys()):
             problems.append(f"{path}.labels: {key} is set by the operator (it selects pods on it)")
@@ -328,6 +330,11 @@ def check_pod_options(cr: KvRetentionDeployment) -> list[str]:
         for index, env in enumerate(options.env):
             if env.get("name") in RESERVED_ENV:
                 problems.append(f"{path}.env[{index}]: {env['name']} is set by the operator")
+            elif env.get("name") == PIN_RATIO_ENV and path == "spec.workers.pod" and pin_ratio:
+                problems.append(
+                    f"{path}.env[{index}]: {PIN_RATIO_ENV} is set by spec.workers.radixPinRatio; "
+                    "set one of the two"
+                )
         for index, volume in enumerate(options.volumes):
             if volume.get("name") in RESERVED_VOLUMES:
                 problems.append(

@@ -48,6 +48,7 @@ from kvretention.controller.resources.sglang_args import (
     pool_for,
     user_plugins_env,
 )
+from kvretention.retention.pins import RATIO_ENV as PIN_RATIO_ENV
 
 PRESTOP_SECONDS: Final = 10
 """A stopping worker keeps serving this long before its SIGTERM: the router's DNS discovery (every
@@ -224,6 +225,9 @@ def _env(cr: KvRetentionDeployment, role: Role) -> list[dict[str, Any]]:
             # SGLang prefers this over the config file: each pod registers its own IP.
             {"name": LOCAL_HOSTNAME_ENV, "value": "$(POD_IP)"},
         ]
+    ratio = cr.spec.workers.radix_pin_ratio
+    if ratio is not None:
+        env.append({"name": PIN_RATIO_ENV, "value": str(ratio)})
     return env
 
 
