@@ -11,9 +11,16 @@ from typing import Any
 
 import pytest
 from kubernetes.client.rest import ApiException
-from operator_fixtures import Fleets, Operator, fleets_fixture, load_example, operator_fixture
+from operator_fixtures import (
+    CRD_PATH,
+    Fleets,
+    Operator,
+    fleets_fixture,
+    load_example,
+    operator_fixture,
+)
 
-from support.controlplane import wait_until
+from support.controlplane import ApplyCrd, wait_until
 from support.kube_reads import read_or_none
 
 pytestmark = pytest.mark.integration
@@ -92,8 +99,9 @@ def test_codex_instructions_are_mounted_and_planning_threads_passed(
     ],
 )
 def test_the_api_server_refuses_malformed_gateway_features(
-    fleets: Fleets, patch: dict[str, dict[str, Any]], field: str
+    fleets: Fleets, apply_crd: ApplyCrd, patch: dict[str, dict[str, Any]], field: str
 ) -> None:
+    apply_crd(CRD_PATH)  # this test needs the CRD, not the module's operator
     body = load_example("aggregated", name="bad-gateway")
     for section, values in patch.items():
         body["spec"].setdefault(section, {}).update(values)
