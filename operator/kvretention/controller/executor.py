@@ -196,6 +196,9 @@ class Controller:
         next read's increases, and its rate limit)."""
         self._hop_keys: set[tuple[str, str]] = set()
         """(fleet uid, Secret) of the hop keys made sure of since the operator started."""
+        self._hop_key_retries: set[tuple[str, str]] = set()
+        """(fleet uid, Secret) of hop keys of fleets without auth whose delete failed: tried
+        again on the fleet's next reconciles."""
         self.terminating: set[str] = set()
         """Namespaces being deleted: nothing is applied there (every create would be refused)
         until the last fleet in one is gone (a namespace of that name made later is new)."""
@@ -223,6 +226,7 @@ class Controller:
             if owner is not None:
                 self.applied.forget_owner(owner)
                 self.own_writes.forget(owner)
+                self._hop_key_retries = {r for r in self._hop_key_retries if r[0] != owner}
             if owner is None or self._uids.get(key) == owner:
                 self._uids.pop(key, None)
             if not any(ns == key[0] for ns, _ in self.known):
@@ -386,7 +390,12 @@ class Controller:
         if not refused:
             await self._prune(namespace, plan_prune(plan.desired, live, uid=plan.uid))
             await named.retire_hop_key(
-                self.kube, plan, live, ensured=self._hop_keys, deletes=self.metrics.deletes
+                self.kube,
+                plan,
+                live,
+                ensured=self._hop_keys,
+                retries=self._hop_key_retries,
+                deletes=self.metrics.deletes,
             )
         # Every pod of the fleet: worker pods carry the probe reports, and any pod that is not
         # ready says why (the scheduler's message, the kubelet's waiting reason).

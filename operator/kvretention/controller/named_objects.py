@@ -119,17 +119,22 @@ async def retire_hop_key(
     live: Mapping[ChildKey, Mapping[str, Any]],
     *,
     ensured: set[tuple[str, str]],
+    retries: set[tuple[str, str]],
     deletes: Counter,
 ) -> None:
     """Delete the hop-key Secret of a fleet whose auth was just turned off (its live frontend
     still mounts the key, ``live`` being read before this reconcile's applies), when the fleet
     made it: owned by the fleet, with the hop-key label. One a user made is left as it is. A
-    failed delete is logged; the Secret goes with its fleet in any case."""
+    failed delete is logged and tried again on the fleet's next reconciles (``retries``, kept by
+    this process); the Secret goes with its fleet in any case."""
     name = plan_hop_key_retired(plan, live)
+    if name is None and plan.hop_key_secret is None:
+        name = next((n for uid, n in retries if uid == plan.uid), None)
     if name is None:
         return
     namespace = plan.cr.namespace
     ensured.discard((plan.uid, name))  # auth turned on again makes the key anew
+    retries.discard((plan.uid, name))
     try:
         found = await kube.get_or_none(k.SECRET, namespace, name)
         if found is None:
@@ -139,7 +144,14 @@ async def retire_hop_key(
             return
         await kube.delete(k.SECRET, namespace, name, uid=uid_of(found))
     except Exception as exc:
-        log.warning("Secret %s/%s (a hop key no pod reads) not deleted: %s", namespace, name, exc)
+        retries.add((plan.uid, name))
+        log.warning(
+            "Secret %s/%s (a hop key no pod reads) not deleted, tried again on the next "
+            "reconcile: %s",
+            namespace,
+            name,
+            exc,
+        )
         return
     deletes.labels(k.SECRET.kind).inc()
     log.info("deleted Secret %s/%s (auth is off: the fleet signs nothing)", namespace, name)

@@ -152,3 +152,30 @@ async def test_auth_turned_on_again_gets_a_new_key(fake: FakeKube) -> None:
     set_auth(fake, True)
     await c.reconcile(FLEET)  # the status still says the frontend is ready
     assert hop_key(fake) != first
+
+
+async def test_a_failed_delete_of_the_retired_key_is_tried_again(fake: FakeKube) -> None:
+    """The reconcile that turns auth off is the only one that sees the frontend mount the key:
+    a delete it could not make is remembered and made on the next reconcile."""
+    auth_fleet(fake)
+    c = controller(fake)
+    await c.reconcile(FLEET)
+    make_ready(fake)
+    await c.reconcile(FLEET)
+    set_auth(fake, False)
+    delete = fake.delete
+
+    async def refused(*_: Any, **__: Any) -> None:
+        raise k.ApiError(503, "etcdserver: request timed out")
+
+    fake.delete = refused  # type: ignore[method-assign]
+    await c.reconcile(FLEET)
+    assert SECRET in fake.objects
+    await c.reconcile(FLEET)  # still refused: still remembered
+    assert SECRET in fake.objects
+    fake.delete = delete  # type: ignore[method-assign]
+    await c.reconcile(FLEET)
+    assert SECRET not in fake.objects
+    fake.reads.clear()
+    await c.reconcile(FLEET)  # done: nothing more is looked up
+    assert ("GET", "secrets") not in fake.reads
