@@ -1,4 +1,4 @@
-"""Command-line options the router, the worker and the operator share, so each reads and behaves
+"""Command-line options the data-plane servers and the operator share, so each reads and behaves
 the same everywhere: the address a server listens on, and the log level with its setup."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import click
 host_option: Final = click.option(
     "--host", default="0.0.0.0", show_default=True, help="Address to listen on."
 )
-"""``--host``: the address the router and the worker listen on."""
+"""``--host``: the address the frontend, the router and the worker listen on."""
 
 log_level_option: Final = click.option("--log-level", default="INFO", show_default=True)
 """``--log-level``: a :mod:`logging` level name, in any case."""

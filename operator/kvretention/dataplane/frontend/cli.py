@@ -12,6 +12,7 @@ import click
 
 from kvretention.common.kv_retain import MAX_PRIORITY
 from kvretention.common.trace import TRACE_ENV, trace_from_env
+from kvretention.dataplane.cli_options import host_option
 from kvretention.dataplane.frontend.app import create_app
 from kvretention.dataplane.frontend.auth import (
     DEFAULT_RELOAD_S,
@@ -46,7 +47,7 @@ from kvretention.ports import FRONTEND_PORT
 
 
 @click.command("frontend")
-@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@host_option
 @click.option("--port", default=FRONTEND_PORT, show_default=True, type=click.IntRange(0, 65535))
 @metrics_port_option
 @click.option(
