@@ -159,6 +159,31 @@ async def test_parallel_tool_calls_get_their_own_indices_and_ids(worker: Client)
     assert lines[-1]["finish_reason"] == "tool_calls"
 
 
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+async def test_one_call_only_stops_the_engine_at_the_second(worker: Client, stream: bool) -> None:
+    """``parallel_tool_calls: false`` with an automatic choice (unconstrained, as SGLang): the
+    client gets the first call whole, the finish reason ``tool_calls`` and the usage so far, and
+    the engine request is aborted when a second call begins instead of running to its end."""
+    client, engine = await worker()
+    payload = body(
+        "Both please [[standin:parallel_tool_calls]]",
+        tools=[WEATHER, TIME],
+        parallel_tool_calls=False,
+        stream=stream,
+    )
+    _, lines = await generate(client, payload)
+    (call,) = calls_of(lines)
+    assert (call["name"], json.loads(call["arguments"])) == ("get_weather", {"city": "stand-in"})
+    assert lines[-1]["finish_reason"] == "tool_calls"
+    assert "r1" in engine.tokenizer_manager.aborted
+    _, everything = await generate(
+        client, {**payload, "parallel_tool_calls": True, "request_id": "r2"}
+    )
+    both = everything[-1]["usage"]["completion_tokens"]
+    assert 0 < lines[-1]["usage"]["completion_tokens"] < both
+    assert "<tool_call>" not in joined(lines, "text")
+
+
 async def test_reasoning_is_split_from_the_answer(worker: Client) -> None:
     client, _ = await worker()
     _, lines = await generate(client, body("Think first [[standin:reasoning]]"))

@@ -314,6 +314,9 @@ async def _stream(
                 due = chunk if held is None else held.add(chunk, time.monotonic())
                 if due is not None:
                     await response.write(_line(due))
+                if adapter.stopped:  # the answer is complete: no more engine tokens for it
+                    state.engine.abort(rid)
+                    break
         except (asyncio.CancelledError, ConnectionResetError):
             raise
         except Exception as exc:

@@ -324,7 +324,8 @@ def usage_of(meta: dict[str, Any]) -> Usage:
 class StreamAdapter:
     """Turns SGLang stream outputs (cumulative by default, deltas when incremental) into parsed
     :class:`GenerateChunk` deltas: text, reasoning and tool calls, the finish reason
-    ``tool_calls`` when the answer called a tool (and the engine stopped by itself)."""
+    ``tool_calls`` when the answer called a tool (and the engine stopped by itself, or a second
+    call began that ``parallel_tool_calls: false`` leaves out: :attr:`stopped`)."""
 
     def __init__(self, *, incremental: bool = False, parser: OutputParser | None = None) -> None:
         self._incremental = incremental
@@ -333,6 +334,9 @@ class StreamAdapter:
         self._ids = 0
         self._fed = False
         self._first = True
+        self.stopped = False
+        """The answer ended before the engine did (a second tool call began under
+        ``parallel_tool_calls: false``): the caller aborts the engine request."""
 
     def chunk(self, output: dict[str, Any]) -> GenerateChunk:
         text = output.get("text") or ""
@@ -351,6 +355,9 @@ class StreamAdapter:
         reason: FinishReason | None = finish
         if finish == "stop" and self._parser is not None and self._parser.called:
             reason = "tool_calls"
+        elif finish is None and self._parser is not None and self._parser.dropped_call:
+            # the client's one call is complete: what the engine writes next is not sent
+            reason, usage, self.stopped = "tool_calls", usage_of(meta), True
         return GenerateChunk(
             text=parsed.text,
             reasoning=parsed.reasoning,

@@ -344,6 +344,9 @@ class OutputParser:
         """Whitespace-only reasoning not sent yet (an empty ``<think>\n\n</think>``): sent with
         the next reasoning, dropped once the answer moves on without any."""
         self.called = False
+        self.dropped_call = False
+        """A call after the first began under ``parallel_tool_calls: false``: the answer the
+        client gets is complete, the rest of the engine's output is not needed."""
         if plan.names.reasoning_parser is not None:
             _, reasoning_parser = _sglang_parsers()
             self._reasoning = reasoning_parser(
@@ -375,7 +378,9 @@ class OutputParser:
         second call; the client asked for at most one and gets one."""
         if self._plan.parallel_tool_calls:
             return calls
-        return [call for call in calls if call.index == 0]
+        kept = [call for call in calls if call.index == 0]
+        self.dropped_call = self.dropped_call or len(kept) < len(calls)
+        return kept
 
     def _settle(self, out: ParsedDelta, *, final: bool) -> ParsedDelta:
         """Hold whitespace-only text until it is known whether a tool call follows it, and
