@@ -63,8 +63,8 @@ from kvretention.dataplane.frontend.endpoints import MESSAGES, RESPONSES, Genera
 from kvretention.dataplane.frontend.upstream import RouterClient  # noqa: E402
 from kvretention.dataplane.gc_tuning import tune_gc  # noqa: E402
 from kvretention.dataplane.protocol import HEADER_PREFIX  # noqa: E402
-from kvretention.dataplane.worker import app as worker  # noqa: E402
 from kvretention.dataplane.worker import call  # noqa: E402
+from kvretention.dataplane.worker import plan as worker  # noqa: E402
 from kvretention.dataplane.worker.call import (  # noqa: E402
     build_engine_prompt,
     resolve_prompt_breakpoints,
