@@ -127,12 +127,14 @@ def test_workers_asking_for_more_gpus_than_a_node_has_say_so_and_recover(
     assert f"Insufficient {GPU}" in ready["message"]
     # The rest of the fleet is up; only the workers are stuck, and the fleet is not "Converged".
     fleets.wait_condition("greedy", "FrontendReady", "True")
-    progressing = fleets.conditions("greedy")["Progressing"]
-    assert (progressing["status"], progressing["reason"]) == ("True", "RollingOut"), progressing
-    assert (
-        "greedy-worker (2/2 updated, 0/2 ready, 0/2 available, Unschedulable)"
-        in (progressing["message"])
+    # The Deployment controller counts the updated pods after the scheduler has refused them: the
+    # message follows once its status does.
+    stuck = "greedy-worker (2/2 updated, 0/2 ready, 0/2 available, Unschedulable)"
+    progressing = wait_until(
+        "Progressing to name the stuck rollout",
+        lambda: (c := fleets.conditions("greedy")["Progressing"]) and stuck in c["message"] and c,
     )
+    assert (progressing["status"], progressing["reason"]) == ("True", "RollingOut"), progressing
 
     status = fleets.get("greedy")["status"]
     assert status["workersReady"] == "0/2"
