@@ -164,7 +164,9 @@ WEATHER = {
 
 def test_a_forced_tool_call_comes_back_parsed_by_sglang(node_cluster: Cluster, fleet: str) -> None:
     """A forced ``tool_choice``: SGLang constrains the tiny model to the tool's schema and its
-    qwen25 parser (in the worker pod) turns the output into the provider's tool call object."""
+    qwen25 parser (in the worker pod) turns the output into the provider's tool call object.
+    One call is asked for (as Codex does): a forced choice with parallel calls allowed lets a
+    random model write several, each a valid call."""
     frontend = frontend_url(node_cluster, fleet)
     message = post(
         frontend + "/v1/messages",
@@ -173,7 +175,11 @@ def test_a_forced_tool_call_comes_back_parsed_by_sglang(node_cluster: Cluster, f
             "max_tokens": 64,
             "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
             "tools": [{"name": "get_weather", "input_schema": WEATHER}],
-            "tool_choice": {"type": "tool", "name": "get_weather"},
+            "tool_choice": {
+                "type": "tool",
+                "name": "get_weather",
+                "disable_parallel_tool_use": True,
+            },
         },
         {"anthropic-version": "2023-06-01"},
     )
@@ -190,6 +196,7 @@ def test_a_forced_tool_call_comes_back_parsed_by_sglang(node_cluster: Cluster, f
             "input": "What is the weather in Paris?",
             "tools": [{"type": "function", "name": "get_weather", "parameters": WEATHER}],
             "tool_choice": "required",
+            "parallel_tool_calls": False,
         },
         {},
     )
