@@ -36,6 +36,10 @@ continuation shares: the separator joining two text parts, and characters the el
 markup and the next element's opening markup have in common when the tokenizer splits them (a
 lone ``<`` where ``<tool_response>`` is not one token).
 
+The newest message needs no probe when the prompt starts with the whole conversation's
+rendering (it always does where the template writes the generation prompt last): it ends where
+that rendering ends, and nothing the client wrote follows it.
+
 A marker whose end cannot be told (the template renders nothing for the sentinel after it, e.g. a
 tool hidden by ``tool_choice``; a cut the template refuses) or that ends before the first whole
 token is dropped and reported, not widened. The prompt is tokenized once by the caller; the extra
@@ -235,6 +239,10 @@ def _char_end(
         message = messages[marker.index]
         cut = message if marker.kind == "message" else _truncated(message, marker.kind, marker.sub)
         upto = render([*head, cut], tools)
+        if marker.kind == "message" and marker.index == len(messages) - 1:
+            ends_conversation = _newest_message_end(upto, prompt)
+            if ends_conversation is not None:
+                return ends_conversation, None
         probe = render([*head, _with_sentinel(cut, marker)], tools)
     if probe == upto:
         return None, (
@@ -251,6 +259,14 @@ def _char_end(
     # cut conversation differently (e.g. reasoning replayed only after the last user turn). Find
     # the content's end in the whole conversation instead; both bounds are safe.
     return max(in_prompt, _content_end(marker, messages, tools, render=render, prompt=prompt)), None
+
+
+def _newest_message_end(upto: str, prompt: str) -> int | None:
+    """The newest message ends where the conversation's rendering does, when the prompt starts
+    with that rendering: nothing the client wrote comes after it, so no probe (a second render
+    of the whole conversation, the costliest step of an agent turn) is needed to tell where it
+    ends. ``None`` where the prompt renders the conversation otherwise (then probe as usual)."""
+    return len(upto) if upto and prompt.startswith(upto) else None
 
 
 def _content_end(

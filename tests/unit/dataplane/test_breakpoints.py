@@ -309,6 +309,38 @@ def test_a_template_that_renders_the_cut_differently_never_widens(
     assert after.startswith(case.followed_by), after[:60]
 
 
+@pytest.mark.parametrize(
+    ("where", "renders"),
+    [
+        (("messages", 5), 1),  # the newest message: the conversation's rendering, no probe
+        (("messages", 4), 2),  # any earlier message: the cut and its probe
+        (("messages", 5, "content", 0), 2),  # a part ends before its closing markup: probed
+    ],
+    ids=["newest_message", "earlier_message", "newest_part"],
+)
+def test_only_the_newest_message_resolves_without_a_probe(
+    tokenizer: Any, where: tuple[Any, ...], renders: int
+) -> None:
+    """The probe is a second render of the whole conversation on an agent turn (the newest
+    message carries Claude Code's moving breakpoint): the newest message ends where the
+    conversation's rendering ends, so it is not rendered again."""
+    messages, tools = mark(conversation(), TOOLS, where, 300)
+    text, _, offsets = _prompt(tokenizer, messages, tools)
+    seen: list[int] = []
+
+    def counting(ms: Sequence[ChatMessage], ts: Sequence[ToolDefinition]) -> str:
+        seen.append(len(ms))
+        return _render(tokenizer, ms, ts)
+
+    resolution = resolve_breakpoints(
+        messages, tools, render=counting, prompt=text, offsets=offsets, expected=1
+    )
+    (bp,) = resolution.resolved
+    assert len(seen) == renders, seen
+    if renders == 1:  # the same end the probe found (test_offset_is_exact_token_by_token)
+        assert bp.char_end == len(_render(tokenizer, messages, tools))
+
+
 def test_an_image_part_resolves_after_its_placeholder(tokenizer: Any) -> None:
     messages = [
         ChatMessage(
