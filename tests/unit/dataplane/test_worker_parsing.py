@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from kvretention.dataplane.protocol import PreprocessedRequest, ToolCallDelta
+from kvretention.dataplane.worker import parsing
 from kvretention.dataplane.worker.call import StreamAdapter
 from kvretention.dataplane.worker.parsing import (
     ConstraintConflict,
@@ -154,6 +156,58 @@ def test_streamed_and_whole_parses_agree(marker: str, tool_format: str, parallel
     ]
     assert "".join(s.reasoning for s in steps).strip() == whole.reasoning.strip() != ""
     assert streamed.called and len({d.id for d in whole.tool_calls}) == count
+
+
+class _LateDetector:
+    """A tool-call parser that names the second call before it has streamed all of the
+    first call's arguments (SGLang's base detectors flush them first; others need not). Its
+    ``prev_tool_call_arr`` / ``streamed_args_for_tool`` are what SGLang's detectors keep."""
+
+    STEPS = (
+        [SimpleNamespace(tool_index=0, name="get_weather", parameters='{"city": "Pa')],
+        [SimpleNamespace(tool_index=1, name="get_weather", parameters="")],
+        [SimpleNamespace(tool_index=1, name=None, parameters='{"city": "Rome"}')],
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.detector = self
+        self.prev_tool_call_arr: list[dict[str, Any]] = []
+        self.streamed_args_for_tool: list[str] = []
+        self._step = 0
+
+    def parse_stream_chunk(self, text: str) -> tuple[str, list[Any]]:
+        calls = self.STEPS[self._step] if self._step < len(self.STEPS) else []
+        self._step += 1
+        if self._step == 2:  # the first call parsed whole, its end never streamed
+            self.prev_tool_call_arr = [{"name": "get_weather", "arguments": {"city": "Paris"}}]
+        for call in calls:
+            while len(self.streamed_args_for_tool) <= call.tool_index:
+                self.streamed_args_for_tool.append("")
+            self.streamed_args_for_tool[call.tool_index] += call.parameters
+        return "", calls
+
+    def parse_stream_end(self) -> tuple[str, list[Any]]:
+        return "", []
+
+
+@pytest.mark.parametrize("parallel", [True, False], ids=["parallel", "one_call"])
+def test_a_call_the_detector_finishes_late_is_sent_whole(
+    monkeypatch: pytest.MonkeyPatch, parallel: bool
+) -> None:
+    """The first call's unstreamed arguments go out when the second call begins, before an
+    answer under ``parallel_tool_calls: false`` ends there."""
+    request = _request(tools=[WEATHER], parallel_tool_calls=parallel)
+    plan = plan_output(request, ParserNames(tool_call_parser="qwen25"))
+    real = parsing._sglang_parsers()
+    monkeypatch.setattr(parsing, "_sglang_parsers", lambda: (_LateDetector, real[1]))
+    parser = OutputParser(plan)
+    steps = [parser.feed(piece) for piece in ("a", "b", "c")]
+    if parallel:
+        steps.append(parser.finish())
+    calls = _merge([d for s in steps for d in s.tool_calls])
+    assert calls[0] == ("get_weather", '{"city": "Paris"}')
+    assert calls[1:] == ([("get_weather", '{"city": "Rome"}')] if parallel else [])
+    assert parser.dropped_call is not parallel
 
 
 def test_a_single_final_output_is_parsed_whole() -> None:

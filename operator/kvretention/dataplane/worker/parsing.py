@@ -335,7 +335,6 @@ class OutputParser:
         self._reasoning: Any = None
         self._tools: Any = None
         self._call_ids: dict[int, str] = {}
-        self._call_names: dict[int, str] = {}
         self._held_custom: dict[int, str] = {}
         self._held_space = ""
         """Whitespace-only answer text not sent yet: dropped when a tool call follows it (the
@@ -490,7 +489,12 @@ class OutputParser:
             arguments = call.parameters or ""
             if call.name and index not in self._call_ids:
                 self.called = True
-                out += self._release_custom()  # a new call began: earlier ones are complete
+                # A new call began: earlier ones are complete. What the detector parsed of the
+                # previous one but has not streamed (a detector may finish a call's arguments
+                # late) goes out first; the answer may end here (``parallel_tool_calls: false``).
+                if index > 0:
+                    out += self._unstreamed_arguments(index - 1)
+                out += self._release_custom()
                 self._call_ids[index] = new_tool_call_id()
                 kind = self._kind(call.name)
                 first = ToolCallDelta(
@@ -516,16 +520,16 @@ class OutputParser:
             out.append(ToolCallDelta(index=index, arguments=_custom_input(raw), kind="custom"))
         return out
 
-    def _unstreamed_arguments(self) -> list[ToolCallDelta]:
+    def _unstreamed_arguments(self, index: int | None = None) -> list[ToolCallDelta]:
         """Arguments the detector parsed but never streamed (SGLang's
-        ``_check_for_unstreamed_tool_args``)."""
+        ``_check_for_unstreamed_tool_args``), of call ``index`` (default: the last)."""
         detector = getattr(self._tools, "detector", self._tools)
         prev = getattr(detector, "prev_tool_call_arr", None)
         streamed = getattr(detector, "streamed_args_for_tool", None)
         if not prev or not streamed:
             return []
-        index = len(prev) - 1
-        if index < 0 or index >= len(streamed):
+        index = len(prev) - 1 if index is None else index
+        if index < 0 or index >= len(prev) or index >= len(streamed):
             return []
         expected = prev[index].get("arguments", {})
         expected_text = (
@@ -535,6 +539,7 @@ class OutputParser:
         remaining = expected_text[len(actual) :] if expected_text.startswith(actual) else ""
         if not remaining:
             return []
+        streamed[index] = actual + remaining  # sent now: a later check must not send it again
         if index in self._held_custom:
             self._held_custom[index] += remaining
             return []
