@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from types import SimpleNamespace
 from typing import Any
 
@@ -156,6 +157,70 @@ def test_streamed_and_whole_parses_agree(marker: str, tool_format: str, parallel
     ]
     assert "".join(s.reasoning for s in steps).strip() == whole.reasoning.strip() != ""
     assert streamed.called and len({d.id for d in whole.tool_calls}) == count
+
+
+_PARIS, _ROME = {"city": "Paris"}, {"city": "Rome"}
+_QWEN_CALLS = "".join(
+    f"<tool_call>\n{json.dumps({'name': 'get_weather', 'arguments': a})}\n</tool_call>\n"
+    for a in (_PARIS, _ROME)
+)
+TWO_CALLS: dict[str, str] = {
+    "qwen25": _QWEN_CALLS,
+    "hermes": _QWEN_CALLS,
+    "llama3": "<|python_tag|>"
+    + ";".join(json.dumps({"name": "get_weather", "parameters": a}) for a in (_PARIS, _ROME)),
+    "kimi_k2": "<|tool_calls_section_begin|>"
+    + "".join(
+        f"<|tool_call_begin|>functions.get_weather:{i}<|tool_call_argument_begin|>"
+        f"{json.dumps(a)}<|tool_call_end|>"
+        for i, a in enumerate((_PARIS, _ROME))
+    )
+    + "<|tool_calls_section_end|>",
+    "pythonic": "[get_weather(city='Paris'), get_weather(city='Rome')]",
+    "qwen3_coder": "".join(
+        f"<tool_call>\n<function=get_weather>\n<parameter=city>\n{a['city']}\n</parameter>\n"
+        "</function>\n</tool_call>\n"
+        for a in (_PARIS, _ROME)
+    ),
+    "glm45": "".join(
+        f"<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>{a['city']}</arg_value>\n"
+        "</tool_call>"
+        for a in (_PARIS, _ROME)
+    ),
+    "gpt-oss": "".join(
+        "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+        f"<|message|>{json.dumps(a)}<|call|>"
+        for a in (_PARIS, _ROME)
+    ),
+}
+"""Two calls in each tool-call format, as the model writes them."""
+_SPECIAL = re.compile(r"(<\|[^|]*\|>)")
+
+
+def _chunks(text: str, tokens: int) -> list[str]:
+    """``text`` as an engine streams it, ``tokens`` characters (special tokens whole) a chunk."""
+    atoms = [a for p in _SPECIAL.split(text) for a in ([p] if _SPECIAL.fullmatch(p) else p)]
+    return ["".join(atoms[i : i + tokens]) for i in range(0, len(atoms), tokens)]
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 10, 40, 100_000], ids=lambda n: f"{n}_per_chunk")
+@pytest.mark.parametrize("tool_format", TWO_CALLS)
+def test_streamed_calls_match_the_whole_parse_however_the_engine_chunks(
+    tool_format: str, tokens: int
+) -> None:
+    """An engine whose reader lags sends many tokens in one chunk, up to the whole answer
+    before its finish: every call comes out with its arguments, as the whole parse gives them."""
+    text = TWO_CALLS[tool_format]
+    plan = plan_output(_request(tools=[WEATHER]), ParserNames(tool_call_parser=tool_format))
+    whole = OutputParser(plan).parse_whole(text).tool_calls
+    expected = [("get_weather", _PARIS), ("get_weather", _ROME)]
+    assert [(d.name, json.loads(d.arguments)) for d in whole] == expected
+    parser = OutputParser(plan)
+    steps = [parser.feed(chunk) for chunk in _chunks(text, tokens)] + [parser.finish()]
+    streamed = _merge([d for s in steps for d in s.tool_calls])
+    assert [(n, json.loads(a)) for n, a in streamed] == [
+        (d.name, json.loads(d.arguments)) for d in whole
+    ]
 
 
 class _LateDetector:

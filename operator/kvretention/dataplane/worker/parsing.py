@@ -30,6 +30,11 @@ from kvretention.dataplane.protocol import (
 
 TOOL_CALL_PARSER_FLAG: Final = "--tool-call-parser"
 REASONING_PARSER_FLAG: Final = "--reasoning-parser"
+MIN_DRAIN_CHARS: Final = 16
+"""A chunk this long may hold several parser steps (several tokens coalesced)."""
+MAX_DRAIN_STEPS: Final = 256
+"""Empty increments one chunk may take to drain a detector's buffer (each step is a call's
+name or its arguments; a bound, so a detector that reports progress forever cannot spin)."""
 
 
 class ParserConfigError(ValueError):
@@ -400,16 +405,36 @@ class OutputParser:
         out.text = text
         return out
 
-    def _feed_tools(self, text: str) -> tuple[str, list[ToolCallDelta]]:
-        """Answer text (reasoning already split off) through the tool-call parser."""
-        if self._tools is None or not text:
+    def _feed_tools(self, text: str, *, drain: bool = False) -> tuple[str, list[ToolCallDelta]]:
+        """Answer text (reasoning already split off) through the tool-call parser.
+
+        SGLang's detectors take one step per increment (a call's name, then its arguments,
+        then the next call) and keep the rest in their buffer. A chunk of many tokens (the
+        engine coalesces them when its reader lags) can hold several steps: the buffer is
+        drained with empty increments while they make progress, else a call's arguments, or
+        the next call, would wait for text that may never come. A chunk of a token or two holds
+        one step at most and is not drained (a drain re-parses the call so far, which would
+        double the cost of a long call streamed token by token). ``drain``: always, even with
+        no new text (the stream's end)."""
+        if self._tools is None or not (text or drain):
             return text, []
+        normal, calls = self._step_tools(text)
+        progressed = bool(normal or calls) and (drain or len(text) >= MIN_DRAIN_CHARS)
+        for _ in range(MAX_DRAIN_STEPS):
+            if not progressed:
+                break
+            more, more_calls = self._step_tools("")
+            normal, calls = normal + more, [*calls, *more_calls]
+            progressed = bool(more or more_calls)
+        return normal, self._one_call_kept(self._deltas(calls))
+
+    def _step_tools(self, text: str) -> tuple[str, list[Any]]:
+        """One increment of SGLang's tool-call parser."""
         if self._plan.json_array:
             result = self._tools.parse_streaming_increment(text, self._plan.tools)
-            normal, calls = result.normal_text, result.calls
-        else:
-            normal, calls = self._tools.parse_stream_chunk(text)
-        return normal or "", self._one_call_kept(self._deltas(calls))
+            return result.normal_text or "", list(result.calls)
+        normal, calls = self._tools.parse_stream_chunk(text)
+        return normal or "", list(calls)
 
     def finish(self) -> ParsedDelta:
         out = ParsedDelta()
@@ -421,7 +446,7 @@ class OutputParser:
         if self._tools is None:
             out.text = tail
             return self._settle(out, final=True)
-        out.text, out.tool_calls = self._feed_tools(tail)
+        out.text, out.tool_calls = self._feed_tools(tail, drain=True)
         if self._plan.json_array:
             end = self._tools.finish(self._plan.tools)
             out.text += end.normal_text
