@@ -203,24 +203,35 @@ def _chunks(text: str, tokens: int) -> list[str]:
     return ["".join(atoms[i : i + tokens]) for i in range(0, len(atoms), tokens)]
 
 
+_LEADS = [
+    (tool_format, lead)
+    for tool_format in TWO_CALLS
+    for lead in ("", "Let me check both. ")
+    if not (lead and tool_format == "gpt-oss")  # harmony writes text in a channel of its own
+]
+
+
 @pytest.mark.parametrize("tokens", [1, 3, 10, 40, 100_000], ids=lambda n: f"{n}_per_chunk")
-@pytest.mark.parametrize("tool_format", TWO_CALLS)
+@pytest.mark.parametrize(
+    ("tool_format", "lead"), _LEADS, ids=[f"{f}-{'text' if t else 'calls'}" for f, t in _LEADS]
+)
 def test_streamed_calls_match_the_whole_parse_however_the_engine_chunks(
-    tool_format: str, tokens: int
+    tool_format: str, lead: str, tokens: int
 ) -> None:
     """An engine whose reader lags sends many tokens in one chunk, up to the whole answer
-    before its finish: every call comes out with its arguments, as the whole parse gives them."""
-    text = TWO_CALLS[tool_format]
+    before its finish: every call comes out with its arguments, and the text before them,
+    as the whole parse gives them."""
+    text = lead + TWO_CALLS[tool_format]
     plan = plan_output(_request(tools=[WEATHER]), ParserNames(tool_call_parser=tool_format))
-    whole = OutputParser(plan).parse_whole(text).tool_calls
+    whole = OutputParser(plan).parse_whole(text)
     expected = [("get_weather", _PARIS), ("get_weather", _ROME)]
-    assert [(d.name, json.loads(d.arguments)) for d in whole] == expected
+    assert [(d.name, json.loads(d.arguments)) for d in whole.tool_calls] == expected
+    assert whole.text.strip() == lead.strip()
     parser = OutputParser(plan)
     steps = [parser.feed(chunk) for chunk in _chunks(text, tokens)] + [parser.finish()]
     streamed = _merge([d for s in steps for d in s.tool_calls])
-    assert [(n, json.loads(a)) for n, a in streamed] == [
-        (d.name, json.loads(d.arguments)) for d in whole
-    ]
+    assert [(n, json.loads(a)) for n, a in streamed] == expected
+    assert "".join(s.text for s in steps).strip() == lead.strip()
 
 
 class _LateDetector:

@@ -409,24 +409,56 @@ class OutputParser:
         """Answer text (reasoning already split off) through the tool-call parser.
 
         SGLang's detectors take one step per increment (a call's name, then its arguments,
-        then the next call) and keep the rest in their buffer. A chunk of many tokens (the
-        engine coalesces them when its reader lags) can hold several steps: the buffer is
-        drained with empty increments while they make progress, else a call's arguments, or
-        the next call, would wait for text that may never come. A chunk of a token or two holds
-        one step at most and is not drained (a drain re-parses the call so far, which would
-        double the cost of a long call streamed token by token). ``drain``: always, even with
-        no new text (the stream's end)."""
+        then the next call), keep the rest in their buffer, and drop text that comes before a
+        call in the same increment. The engine coalesces tokens into one chunk whenever its
+        reader lags, so a chunk is fed in pieces that each start at a call's opening marker,
+        and each piece is drained with empty increments while they make progress; else text
+        before a call, a call's arguments or the next call would be lost or wait for text
+        that may never come. A piece of a token or two holds one step at most and is not
+        drained (a drain re-parses the call so far, which would double the cost of a long call
+        streamed token by token). ``drain``: always, even with no new text (the stream's
+        end)."""
         if self._tools is None or not (text or drain):
             return text, []
+        normal = ""
+        calls: list[Any] = []
+        for piece in self._at_call_starts(text):
+            more, more_calls = self._step_drained(
+                piece, drain=drain or len(piece) >= MIN_DRAIN_CHARS
+            )
+            normal, calls = normal + more, calls + more_calls
+        return normal, self._one_call_kept(self._deltas(calls))
+
+    def _at_call_starts(self, text: str) -> list[str]:
+        """``text`` cut before each of the detector's call-opening markers after its start
+        (the marker's first word: Qwen's ``<tool_call>\n`` may come without its newline), and
+        before a trailing start of one (a detector holds a partial marker with the text before
+        it, and drops that text once the marker completes)."""
+        token = "" if self._plan.json_array else getattr(self._tools.detector, "bot_token", "")
+        if not isinstance(token, str) or not token.strip():
+            return [text]
+        marker = token.split()[0]
+        pieces, start = [], 0
+        at = text.find(marker, 1)
+        while at != -1:
+            pieces.append(text[start:at])
+            start, at = at, text.find(marker, at + 1)
+        last = text[start:]
+        partial = _partial_marker_at_end(last, token)
+        if 0 < partial < len(last):
+            return [*pieces, last[:-partial], last[-partial:]]
+        return [*pieces, last]
+
+    def _step_drained(self, text: str, *, drain: bool) -> tuple[str, list[Any]]:
         normal, calls = self._step_tools(text)
-        progressed = bool(normal or calls) and (drain or len(text) >= MIN_DRAIN_CHARS)
+        progressed = drain and bool(normal or calls)
         for _ in range(MAX_DRAIN_STEPS):
             if not progressed:
                 break
             more, more_calls = self._step_tools("")
             normal, calls = normal + more, [*calls, *more_calls]
             progressed = bool(more or more_calls)
-        return normal, self._one_call_kept(self._deltas(calls))
+        return normal, calls
 
     def _step_tools(self, text: str) -> tuple[str, list[Any]]:
         """One increment of SGLang's tool-call parser."""
@@ -569,6 +601,14 @@ class OutputParser:
             self._held_custom[index] += remaining
             return []
         return [ToolCallDelta(index=index, arguments=remaining)]
+
+
+def _partial_marker_at_end(text: str, marker: str) -> int:
+    """How many of ``text``'s last characters begin ``marker`` without completing it."""
+    for size in range(min(len(text), len(marker) - 1), 0, -1):
+        if marker.startswith(text[-size:]):
+            return size
+    return 0
 
 
 def _custom_input(arguments: str) -> str:
