@@ -160,6 +160,14 @@ def test_streamed_and_whole_parses_agree(marker: str, tool_format: str, parallel
 
 
 _PARIS, _ROME = {"city": "Paris"}, {"city": "Rome"}
+_BAR, _SPACE = "\uff5c", "\u2581"  # DeepSeek's special tokens: fullwidth bars, block spaces
+
+
+def _ds(words: str) -> str:
+    """A DeepSeek special token: ``_ds("tool sep")`` is ``<BAR tool SPACE sep BAR>``."""
+    return f"<{_BAR}{words.replace(' ', _SPACE)}{_BAR}>"
+
+
 _QWEN_CALLS = "".join(
     f"<tool_call>\n{json.dumps({'name': 'get_weather', 'arguments': a})}\n</tool_call>\n"
     for a in (_PARIS, _ROME)
@@ -176,6 +184,13 @@ TWO_CALLS: dict[str, str] = {
         for i, a in enumerate((_PARIS, _ROME))
     )
     + "<|tool_calls_section_end|>",
+    "deepseekv3": _ds("tool calls begin")
+    + "\n".join(
+        f"{_ds('tool call begin')}function{_ds('tool sep')}get_weather\n```json\n"
+        f"{json.dumps(a)}\n```{_ds('tool call end')}"
+        for a in (_PARIS, _ROME)
+    )
+    + _ds("tool calls end"),
     "pythonic": "[get_weather(city='Paris'), get_weather(city='Rome')]",
     "qwen3_coder": "".join(
         f"<tool_call>\n<function=get_weather>\n<parameter=city>\n{a['city']}\n</parameter>\n"
@@ -194,7 +209,7 @@ TWO_CALLS: dict[str, str] = {
     ),
 }
 """Two calls in each tool-call format, as the model writes them."""
-_SPECIAL = re.compile(r"(<\|[^|]*\|>)")
+_SPECIAL = re.compile(rf"(<\|[^|]*\|>|<{_BAR}[^{_BAR}]*{_BAR}>)")
 
 
 def _chunks(text: str, tokens: int) -> list[str]:

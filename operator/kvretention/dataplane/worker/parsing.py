@@ -15,8 +15,9 @@ is configured (its modules import torch).
 from __future__ import annotations
 
 import json
+import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -365,6 +366,9 @@ class OutputParser:
             self._tools = JsonArrayParser()
         elif plan.parses_tools:
             self._tools = self._function_call_parser()
+        self._opening, self._call_markers = _call_markers(
+            None if plan.json_array else getattr(self._tools, "detector", None)
+        )
 
     def feed(self, delta: str) -> ParsedDelta:
         out = ParsedDelta()
@@ -430,24 +434,19 @@ class OutputParser:
         return normal, self._one_call_kept(self._deltas(calls))
 
     def _at_call_starts(self, text: str) -> list[str]:
-        """``text`` cut before each of the detector's call-opening markers after its start
-        (the marker's first word: Qwen's ``<tool_call>\n`` may come without its newline), and
-        before a trailing start of one (a detector holds a partial marker with the text before
-        it, and drops that text once the marker completes)."""
-        token = "" if self._plan.json_array else getattr(self._tools.detector, "bot_token", "")
-        if not isinstance(token, str) or not token.strip():
+        """``text`` cut before each call-opening marker of the detector after its start, and
+        before a trailing start of its first one (a detector holds a partial marker with the
+        text before it, and drops that text once the marker completes)."""
+        markers = self._call_markers
+        if not markers:
             return [text]
-        marker = token.split()[0]
-        pieces, start = [], 0
-        at = text.find(marker, 1)
-        while at != -1:
-            pieces.append(text[start:at])
-            start, at = at, text.find(marker, at + 1)
-        last = text[start:]
-        partial = _partial_marker_at_end(last, token)
+        cuts = sorted({at for m in markers for at in _occurrences(text, m) if at > 0})
+        pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+        last = pieces[-1]
+        partial = _partial_marker_at_end(last, self._opening)
         if 0 < partial < len(last):
-            return [*pieces, last[:-partial], last[-partial:]]
-        return [*pieces, last]
+            return [*pieces[:-1], last[:-partial], last[-partial:]]
+        return pieces
 
     def _step_drained(self, text: str, *, drain: bool) -> tuple[str, list[Any]]:
         normal, calls = self._step_tools(text)
@@ -601,6 +600,35 @@ class OutputParser:
             self._held_custom[index] += remaining
             return []
         return [ToolCallDelta(index=index, arguments=remaining)]
+
+
+CALL_MARKER_ATTRIBUTES: Final = (
+    "bot_token",
+    "tool_call_start_token",
+    "tool_call_begin",
+    "invoke_start_token",
+)
+"""Where SGLang's detectors keep the markers that open a tool-call section or one call."""
+
+
+def _call_markers(detector: Any) -> tuple[str, tuple[str, ...]]:
+    """The detector's section-opening marker (``""``: none) and every call-opening marker it
+    keeps, each cut at its first whitespace (Qwen's ``<tool_call>\\n`` may come without its
+    newline); a ``func_call_regex``'s literal start counts too (DeepSeek's per-call marker)."""
+    found = [getattr(detector, name, "") for name in CALL_MARKER_ATTRIBUTES]
+    pattern = getattr(detector, "func_call_regex", "")
+    if isinstance(pattern, str):
+        found.append(re.split(r"[.\\(\[*+?{|^$]", pattern, maxsplit=1)[0])
+    words = [m.split()[0] for m in found if isinstance(m, str) and m.strip()]
+    opening = getattr(detector, "bot_token", "")
+    return (opening if isinstance(opening, str) else ""), tuple(dict.fromkeys(words))
+
+
+def _occurrences(text: str, marker: str) -> Iterator[int]:
+    at = text.find(marker)
+    while at != -1:
+        yield at
+        at = text.find(marker, at + 1)
 
 
 def _partial_marker_at_end(text: str, marker: str) -> int:
