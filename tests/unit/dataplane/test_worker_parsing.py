@@ -13,6 +13,7 @@ from kvretention.dataplane.protocol import PreprocessedRequest, ToolCallDelta
 from kvretention.dataplane.worker import parsing
 from kvretention.dataplane.worker.call import StreamAdapter
 from kvretention.dataplane.worker.parsing import (
+    BATCH_AFTER_CHARS,
     ConstraintConflict,
     OutputParser,
     ParserNames,
@@ -247,6 +248,40 @@ def test_streamed_calls_match_the_whole_parse_however_the_engine_chunks(
     streamed = _merge([d for s in steps for d in s.tool_calls])
     assert [(n, json.loads(a)) for n, a in streamed] == expected
     assert "".join(s.text for s in steps).strip() == lead.strip()
+
+
+def test_a_long_call_reaches_the_detector_in_growing_batches() -> None:
+    """SGLang's detectors re-parse a call's arguments whole on every increment: a 2,000-token
+    file fed token by token made that quadratic. Its arguments reach the detector in batches
+    that grow with the call past its first ``BATCH_AFTER_CHARS``, still stream to the client
+    before the answer ends, and come out as the whole parse gives them."""
+    write = {
+        "name": "write",
+        "parameters": {"type": "object", "properties": {"content": {"type": "string"}}},
+    }
+    content = "".join(f"line {i}: x = {i} * 2\n" for i in range(400))
+    text = "<tool_call>\n" + json.dumps({"name": "write", "arguments": {"content": content}})
+    text += "\n</tool_call>"
+    plan = plan_output(_request(tools=[write]), ParserNames(tool_call_parser="qwen25"))
+    parser = OutputParser(plan)
+    fed: list[str] = []
+    step = parser._step_tools
+
+    def counted(piece: str) -> tuple[str, list[Any]]:
+        fed.append(piece)
+        return step(piece)
+
+    parser._step_tools = counted  # type: ignore[method-assign]
+    tokens = _chunks(text, 1)
+    steps = [parser.feed(token) for token in tokens]
+    before_end = sum(1 for s in steps if s.tool_calls)
+    steps.append(parser.finish())
+    [(name, arguments)] = _merge([d for s in steps for d in s.tool_calls])
+    assert (name, json.loads(arguments)) == ("write", {"content": content})
+    # one increment a token (a character here) for the call's opening and first
+    # BATCH_AFTER_CHARS of arguments, then batches a quarter of the call long: about a dozen
+    assert len(tokens) > 9_000 and len(fed) < BATCH_AFTER_CHARS + 80, (len(fed), len(tokens))
+    assert before_end > 5  # the arguments stream while the engine writes them
 
 
 class _LateDetector:
