@@ -117,7 +117,9 @@ def main() -> None:
     print("| shape | tokens | tokens per chunk | CPU µs per token |")
     print("|---|---:|---:|---:|")
     for row in rows:
-        print(f"| {row['shape']} | {row['tokens']} | {row['per_chunk']} | {row['cpu_us_per_token']} |")
+        print(
+            f"| {row['shape']} | {row['tokens']} | {row['per_chunk']} | {row['cpu_us_per_token']} |"
+        )
     if args.out:
         result = {"machine": platform.processor() or platform.machine(), "rows": rows}
         args.out.write_text(json.dumps(result, indent=2) + "\n")
