@@ -254,15 +254,17 @@ def test_a_long_call_reaches_the_detector_in_growing_batches() -> None:
     """SGLang's detectors re-parse a call's arguments whole on every increment: a 2,000-token
     file fed token by token made that quadratic. Its arguments reach the detector in batches
     that grow with the call past its first ``BATCH_AFTER_CHARS``, still stream to the client
-    before the answer ends, and come out as the whole parse gives them."""
+    before the answer ends, and come out as the whole parse gives them; a short call after it
+    streams token by token again."""
     write = {
         "name": "write",
         "parameters": {"type": "object", "properties": {"content": {"type": "string"}}},
     }
     content = "".join(f"line {i}: x = {i} * 2\n" for i in range(400))
+    short = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
     text = "<tool_call>\n" + json.dumps({"name": "write", "arguments": {"content": content}})
-    text += "\n</tool_call>"
-    plan = plan_output(_request(tools=[write]), ParserNames(tool_call_parser="qwen25"))
+    text += "\n</tool_call>\n" + short
+    plan = plan_output(_request(tools=[write, WEATHER]), ParserNames(tool_call_parser="qwen25"))
     parser = OutputParser(plan)
     fed: list[str] = []
     step = parser._step_tools
@@ -276,11 +278,15 @@ def test_a_long_call_reaches_the_detector_in_growing_batches() -> None:
     steps = [parser.feed(token) for token in tokens]
     before_end = sum(1 for s in steps if s.tool_calls)
     steps.append(parser.finish())
-    [(name, arguments)] = _merge([d for s in steps for d in s.tool_calls])
+    [(name, arguments), second] = _merge([d for s in steps for d in s.tool_calls])
     assert (name, json.loads(arguments)) == ("write", {"content": content})
+    assert (second[0], json.loads(second[1])) == ("get_weather", {"city": "Paris"})
     # one increment a token (a character here) for the call's opening and first
-    # BATCH_AFTER_CHARS of arguments, then batches a quarter of the call long: about a dozen
-    assert len(tokens) > 9_000 and len(fed) < BATCH_AFTER_CHARS + 80, (len(fed), len(tokens))
+    # BATCH_AFTER_CHARS of arguments, then batches a quarter of the call long: about a dozen;
+    # then the short call one character at a time
+    last_batch = max(i for i, piece in enumerate(fed) if len(piece) > 1)
+    assert len(fed) - last_batch > len(short) - 20, (len(fed), last_batch)
+    assert len(tokens) > 9_000 and len(fed) < BATCH_AFTER_CHARS + 80 + len(short), len(fed)
     assert before_end > 5  # the arguments stream while the engine writes them
 
 

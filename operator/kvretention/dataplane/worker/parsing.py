@@ -347,12 +347,12 @@ class OutputParser:
         self._call_ids: dict[int, str] = {}
         self._held_custom: dict[int, str] = {}
         self._held_space = ""
+        """Whitespace-only answer text not sent yet: dropped when a tool call follows it (the
+        template's ``"\n\n"`` before a call), sent with the next text otherwise."""
         self._held_arguments = ""
         """Text for the detector held while it streams a call's arguments (batched)."""
         self._call_chars = 0
         """How much of the current call the detector has been fed (the batch grows with it)."""
-        """Whitespace-only answer text not sent yet: dropped when a tool call follows it (the
-        template's ``"\n\n"`` before a call), sent with the next text otherwise."""
         self._held_thought = ""
         """Whitespace-only reasoning not sent yet (an empty ``<think>\n\n</think>``): sent with
         the next reasoning, dropped once the answer moves on without any."""
@@ -380,6 +380,8 @@ class OutputParser:
         self._opening, self._call_markers = _call_markers(
             None if plan.json_array else self._detector
         )
+        self._call_edges = (*self._call_markers, *_call_ends(self._detector))
+        """Markers that end a call or open the next: held arguments go out when one shows."""
         starts = {m[0] for m in (*self._call_markers, self._opening) if m}
         self._marker_start = (
             re.compile(f"[{re.escape(''.join(sorted(starts)))}]") if starts else None
@@ -444,6 +446,8 @@ class OutputParser:
             text = self._batched_arguments(text, drain=drain)
             if not (text or drain):
                 return "", []
+        else:
+            self._call_chars = 0  # between calls: the next one starts short
         if not drain and len(text) < MIN_DRAIN_CHARS and self._whole(text):
             normal, found = self._step_tools(text)  # most chunks: a token of text
             return normal, self._one_call_kept(self._deltas(found)) if found else []
@@ -469,7 +473,8 @@ class OutputParser:
             self._held_arguments, self._call_chars = "", 0
             return held
         short = self._call_chars < BATCH_AFTER_CHARS
-        if short or len(held) >= self._call_chars // ARGUMENT_BATCH_SHARE:
+        ends = any(marker in held for marker in self._call_edges)  # the call may be over
+        if short or ends or len(held) >= self._call_chars // ARGUMENT_BATCH_SHARE:
             self._held_arguments = ""
             self._call_chars += len(held)
             return held
@@ -660,6 +665,8 @@ CALL_MARKER_ATTRIBUTES: Final = (
     "invoke_start_token",
 )
 """Where SGLang's detectors keep the markers that open a tool-call section or one call."""
+CALL_END_ATTRIBUTES: Final = ("eot_token", "tool_call_end_token", "invoke_end_token")
+"""Where they keep the markers that end one call or the section."""
 
 
 def _call_markers(detector: Any) -> tuple[str, tuple[str, ...]]:
@@ -673,6 +680,12 @@ def _call_markers(detector: Any) -> tuple[str, tuple[str, ...]]:
     words = [m.split()[0] for m in found if isinstance(m, str) and m.strip()]
     opening = getattr(detector, "bot_token", "")
     return (opening if isinstance(opening, str) else ""), tuple(dict.fromkeys(words))
+
+
+def _call_ends(detector: Any) -> tuple[str, ...]:
+    """The markers the detector keeps for the end of a call or of the tool-call section."""
+    found = (getattr(detector, name, "") for name in CALL_END_ATTRIBUTES)
+    return tuple(dict.fromkeys(m.strip() for m in found if isinstance(m, str) and m.strip()))
 
 
 def _occurrences(text: str, marker: str) -> Iterator[int]:
