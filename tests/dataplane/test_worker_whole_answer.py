@@ -74,14 +74,16 @@ async def lines_of(
 
 def answer(chunks: list[GenerateChunk]) -> tuple[Any, ...]:
     """What the frontend makes of the lines (the prompt's cached tokens and the calls' ids aside:
-    the second ask of a prompt finds it cached, and each answer names its calls anew)."""
+    the second ask of a prompt finds it cached, and each answer names its calls anew; and the
+    newline before ``</think>``, which SGLang's whole reasoning parse drops and its streaming
+    one keeps)."""
     out = Completion()
     for chunk in chunks:
         out.add(chunk)
     usage = (out.usage.prompt_tokens, out.usage.completion_tokens)
     assert all(call.id.startswith("call_") for call in out.tool_calls)  # fresh ids each answer
     calls = [(call.name, call.arguments, call.kind) for call in out.tool_calls]
-    return out.text, out.reasoning, calls, out.finish_reason, usage
+    return out.text, out.reasoning.strip(), calls, out.finish_reason, usage
 
 
 def ids(chunks: list[GenerateChunk]) -> list[int]:

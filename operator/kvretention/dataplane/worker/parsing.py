@@ -37,6 +37,12 @@ ARGUMENT_BATCH_SHARE: Final = 4
 of what the call has had (see ``OutputParser._batched_arguments``)."""
 MIN_DRAIN_CHARS: Final = 16
 """A chunk this long may hold several parser steps (several tokens coalesced)."""
+WHOLE_SECTION_PARSERS: Final = frozenset({"cohere_command4", "interns1", "mistral"})
+"""Formats whose SGLang streaming detector gives other calls than its own whole parse of the
+same text (0.5.23): ``mistral`` sends an array's second call as text (upstream
+sgl-project/sglang PR #36692), ``cohere_command4`` joins both calls' arguments under one index,
+``interns1`` loses the second call when it comes a token at a time. Their calls section is held
+from its opening marker and parsed whole at the end (see ``OutputParser._held_section``)."""
 MAX_DRAIN_STEPS: Final = 256
 """Empty increments one chunk may take to drain a detector's buffer (each step is a call's
 name or its arguments; a bound, so a detector that reports progress forever cannot spin)."""
@@ -162,6 +168,9 @@ class OutputPlan:
     tool_kinds: dict[str, str] = field(default_factory=dict)
     tool_choice: Any = "auto"
     parallel_tool_calls: bool = True
+    read_whole: bool = False
+    """The client reads the answer whole (``stream: false``) and takes every call it writes:
+    parsed once at the end, by SGLang's non-streaming parsers, as its own server does."""
     constraint: tuple[str, Any] | None = None
     json_array: bool = False
     """Required / named choice constrained to SGLang's JSON array: parse it back as such."""
@@ -185,7 +194,12 @@ def plan_output(
     request: PreprocessedRequest, names: ParserNames, *, prompt_text: str = ""
 ) -> OutputPlan:
     """Decide the structure constraint and parsers of one request, as SGLang's server does."""
-    plan = OutputPlan(names=names, parallel_tool_calls=request.parallel_tool_calls)
+    plan = OutputPlan(
+        names=names,
+        parallel_tool_calls=request.parallel_tool_calls,
+        # one call at most is parsed as it streams: the engine stops once a second one begins
+        read_whole=not request.stream and request.parallel_tool_calls,
+    )
     # deferred tools are not in the prompt's tool list, but a tool search loaded them: their
     # calls are parsed like any other
     effective = (
@@ -353,6 +367,8 @@ class OutputParser:
         """Text for the detector held while it streams a call's arguments (batched)."""
         self._call_chars = 0
         """How much of the current call the detector has been fed (the batch grows with it)."""
+        self._answer = ""
+        """The whole answer so far, when the plan reads it whole (parsed at :meth:`finish`)."""
         self._held_thought = ""
         """Whitespace-only reasoning not sent yet (an empty ``<think>\n\n</think>``): sent with
         the next reasoning, dropped once the answer moves on without any."""
@@ -387,8 +403,18 @@ class OutputParser:
             re.compile(f"[{re.escape(''.join(sorted(starts)))}]") if starts else None
         )
         """Any character a marker starts with: a chunk without one is fed whole, at once."""
+        holds = plan.names.tool_call_parser in WHOLE_SECTION_PARSERS and not plan.json_array
+        self._section_marker = self._opening.split()[0] if holds and self._opening.strip() else ""
+        """Where a calls section parsed whole at the end begins (``""``: calls stream)."""
+        self._section: str | None = None
+        """The calls section held since its marker showed."""
+        self._section_lead = ""
+        """Text that may be the start of the section's marker, held until the next chunk."""
 
     def feed(self, delta: str) -> ParsedDelta:
+        if self._plan.read_whole:
+            self._answer += delta
+            return ParsedDelta()
         out = ParsedDelta()
         text = delta
         if self._reasoning is not None and delta:
@@ -442,6 +468,8 @@ class OutputParser:
         end)."""
         if self._tools is None or not (text or drain):
             return text, []
+        if self._section_marker:
+            return self._held_section(text), []
         if self._held_arguments or self._streaming_arguments():
             text = self._batched_arguments(text, drain=drain)
             if not (text or drain):
@@ -459,6 +487,24 @@ class OutputParser:
             )
             normal, calls = normal + more, calls + more_calls
         return normal, self._one_call_kept(self._deltas(calls))
+
+    def _held_section(self, text: str) -> str:
+        """The text before the calls section, to send now; the section from its marker on is
+        held for :meth:`finish` (formats in ``WHOLE_SECTION_PARSERS``: their calls are sent
+        whole at the end, as SGLang's non-streaming parse reads them)."""
+        if self._section is not None:
+            self._section += text
+            return ""
+        text, self._section_lead = self._section_lead + text, ""
+        at = text.find(self._section_marker)
+        if at >= 0:
+            self._section = text[at:]
+            return text[:at]
+        partial = _partial_marker_at_end(text, self._section_marker)
+        if partial:
+            self._section_lead = text[-partial:]
+            return text[:-partial]
+        return text
 
     def _batched_arguments(self, text: str, *, drain: bool) -> str:
         """What to feed the detector now. While it streams a call's arguments it re-parses
@@ -524,6 +570,8 @@ class OutputParser:
         return normal or "", list(calls)
 
     def finish(self) -> ParsedDelta:
+        if self._plan.read_whole:
+            return self.parse_whole(self._answer)
         out = ParsedDelta()
         tail = ""
         if self._reasoning is not None:
@@ -532,6 +580,12 @@ class OutputParser:
             tail = tail or ""
         if self._tools is None:
             out.text = tail
+            return self._settle(out, final=True)
+        if self._section_marker:
+            lead = self._held_section(tail) + self._section_lead
+            normal, out.tool_calls = self._calls_whole(self._section or "")
+            out.text = lead + normal
+            out.tool_calls = self._one_call_kept(out.tool_calls)
             return self._settle(out, final=True)
         out.text, out.tool_calls = self._feed_tools(tail, drain=True)
         if self._plan.json_array:
@@ -556,31 +610,37 @@ class OutputParser:
                 out.reasoning = ""  # an empty think block is no reasoning
         if self._tools is None:
             return out
+        out.text, out.tool_calls = self._calls_whole(out.text)
+        out.tool_calls = self._one_call_kept(out.tool_calls)
+        return out
+
+    def _calls_whole(self, text: str) -> tuple[str, list[ToolCallDelta]]:
+        """Answer text (reasoning split off) through SGLang's non-streaming tool-call parser:
+        the text around the calls, and each call whole."""
         if self._plan.json_array:
-            items = _json_array_calls(out.text)
+            items = _json_array_calls(text)
             if items is None:
-                return out
-            out.text = ""
-            calls = items
+                return text, []
+            text, calls = "", items
         else:
             parser = self._function_call_parser()
-            if not parser.has_tool_call(out.text):
-                return out
-            out.text, found = parser.parse_non_stream(out.text)
+            if not parser.has_tool_call(text):
+                return text, []
+            text, found = parser.parse_non_stream(text)
             calls = [(c.name, c.parameters) for c in found]
+        deltas = []
         for index, (name, arguments) in enumerate(calls):
             self.called = True
             kind = self._kind(name)
             args = _custom_input(arguments) if kind == "custom" else arguments
-            out.tool_calls.append(
+            deltas.append(
                 ToolCallDelta(
                     index=index, id=new_tool_call_id(), name=name, arguments=args, kind=kind
                 )
             )
-        out.tool_calls = self._one_call_kept(out.tool_calls)
-        if out.tool_calls and not out.text.strip():
-            out.text = ""  # the template's whitespace before the calls
-        return out
+        if deltas and not text.strip():
+            text = ""  # the template's whitespace before the calls
+        return text, deltas
 
     def _function_call_parser(self) -> Any:
         """SGLang's parser as its server builds it: with the tool choice when one is forced."""
