@@ -3,9 +3,10 @@
 The worker feeds every engine chunk to ``OutputParser`` (``dataplane/worker/parsing.py``), which
 runs SGLang's reasoning and tool-call detectors. Answers in the Qwen 2.5 format, streamed as an
 engine sends them: one token (~4 characters, special tokens whole) per chunk, and 16 tokens per
-chunk (an engine whose reader lags coalesces them). Shapes: a 2,000-token text answer; one call
-whose arguments are a 2,000-token file (an agent writing code); text then two short calls. Process
-CPU per token, medians over repeats. Run it against two trees side by side::
+chunk (an engine whose reader lags coalesces them), for a client that streams and one that reads
+the answer whole (``stream: false``). Shapes: a 2,000-token text answer; one call whose arguments
+are a 2,000-token file (an agent writing code); text then two short calls. Process CPU per token,
+medians over repeats. Run it against two trees side by side::
 
     for t in before after; do PYTHONPATH=/tmp/kvr-$t/operator \\
       .venv/bin/python benchmarks/output_parser_bench.py --out /tmp/parser_$t.json; done
@@ -76,13 +77,14 @@ def tokens(text: str) -> list[str]:
     return [t for t in out if t]
 
 
-def cpu_us_per_token(text: str, per_chunk: int, repeats: int) -> float:
+def cpu_us_per_token(text: str, per_chunk: int, repeats: int, *, stream: bool = True) -> float:
     request = PreprocessedRequest.model_validate(
         {
             "request_id": "r",
             "model": "m",
             "messages": [{"role": "user", "content": "x"}],
             "tools": [WEATHER, WRITE],
+            "stream": stream,
         }
     )
     plan = plan_output(request, ParserNames(tool_call_parser="qwen25"))
@@ -109,16 +111,20 @@ def main() -> None:
             "shape": name,
             "tokens": len(tokens(text)),
             "per_chunk": per_chunk,
-            "cpu_us_per_token": cpu_us_per_token(text, per_chunk, args.repeats),
+            "stream": stream,
+            "cpu_us_per_token": cpu_us_per_token(text, per_chunk, args.repeats, stream=stream),
         }
         for name, text in shapes().items()
+        for stream in (True, False)
         for per_chunk in (1, 16)
     ]
-    print("| shape | tokens | tokens per chunk | CPU µs per token |")
-    print("|---|---:|---:|---:|")
+    print("| shape | tokens | client | tokens per chunk | CPU µs per token |")
+    print("|---|---:|---|---:|---:|")
     for row in rows:
+        client = "streams" if row["stream"] else "reads whole"
         print(
-            f"| {row['shape']} | {row['tokens']} | {row['per_chunk']} | {row['cpu_us_per_token']} |"
+            f"| {row['shape']} | {row['tokens']} | {client} | {row['per_chunk']} "
+            f"| {row['cpu_us_per_token']} |"
         )
     if args.out:
         result = {"machine": platform.processor() or platform.machine(), "rows": rows}
