@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from types import SimpleNamespace
 from typing import Any
 
@@ -23,6 +22,7 @@ from kvretention.dataplane.worker.parsing import (
     thinking_requested,
 )
 from kvretention.dataplane.worker.standin_reply import plan_reply
+from support.tool_call_texts import LEAD, LEADS, PARIS, ROME, TWO_CALLS, chunks, parser_name
 from support.weather_tool import WEATHER
 
 QWEN = ParserNames(tool_call_parser="qwen25", reasoning_parser="qwen3")
@@ -160,86 +160,7 @@ def test_streamed_and_whole_parses_agree(marker: str, tool_format: str, parallel
     assert streamed.called and len({d.id for d in whole.tool_calls}) == count
 
 
-_PARIS, _ROME = {"city": "Paris"}, {"city": "Rome"}
-_BAR, _SPACE = "\uff5c", "\u2581"  # DeepSeek's special tokens: fullwidth bars, block spaces
-
-
-def _ds(words: str) -> str:
-    """A DeepSeek special token: ``_ds("tool sep")`` is ``<BAR tool SPACE sep BAR>``."""
-    return f"<{_BAR}{words.replace(' ', _SPACE)}{_BAR}>"
-
-
-_QWEN_CALLS = "".join(
-    f"<tool_call>\n{json.dumps({'name': 'get_weather', 'arguments': a})}\n</tool_call>\n"
-    for a in (_PARIS, _ROME)
-)
-TWO_CALLS: dict[str, str] = {
-    "qwen25": _QWEN_CALLS,
-    "hermes": _QWEN_CALLS,
-    "llama3": "<|python_tag|>"
-    + ";".join(json.dumps({"name": "get_weather", "parameters": a}) for a in (_PARIS, _ROME)),
-    "kimi_k2": "<|tool_calls_section_begin|>"
-    + "".join(
-        f"<|tool_call_begin|>functions.get_weather:{i}<|tool_call_argument_begin|>"
-        f"{json.dumps(a)}<|tool_call_end|>"
-        for i, a in enumerate((_PARIS, _ROME))
-    )
-    + "<|tool_calls_section_end|>",
-    "deepseekv3": _ds("tool calls begin")
-    + "\n".join(
-        f"{_ds('tool call begin')}function{_ds('tool sep')}get_weather\n```json\n"
-        f"{json.dumps(a)}\n```{_ds('tool call end')}"
-        for a in (_PARIS, _ROME)
-    )
-    + _ds("tool calls end"),
-    "pythonic": "[get_weather(city='Paris'), get_weather(city='Rome')]",
-    "qwen3_coder": "".join(
-        f"<tool_call>\n<function=get_weather>\n<parameter=city>\n{a['city']}\n</parameter>\n"
-        "</function>\n</tool_call>\n"
-        for a in (_PARIS, _ROME)
-    ),
-    "glm45": "".join(
-        f"<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>{a['city']}</arg_value>\n"
-        "</tool_call>"
-        for a in (_PARIS, _ROME)
-    ),
-    "gpt-oss": "".join(
-        "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
-        f"<|message|>{json.dumps(a)}<|call|>"
-        for a in (_PARIS, _ROME)
-    ),
-    "mistral": "[TOOL_CALLS] "
-    + json.dumps([{"name": "get_weather", "arguments": a} for a in (_PARIS, _ROME)]),
-    "cohere_command4": "<|START_ACTION|>"
-    + json.dumps(
-        [
-            {"tool_call_id": str(i), "tool_name": "get_weather", "parameters": a}
-            for i, a in enumerate((_PARIS, _ROME))
-        ]
-    )
-    + "<|END_ACTION|>",
-    "interns1": "".join(
-        f"<|action_start|> <|plugin|>\n{json.dumps({'name': 'get_weather', 'parameters': a})}"
-        "<|action_end|>"
-        for a in (_PARIS, _ROME)
-    ),
-}
-"""Two calls in each tool-call format, as the model writes them."""
-_SPECIAL = re.compile(rf"(<\|[^|]*\|>|<{_BAR}[^{_BAR}]*{_BAR}>|\[TOOL_CALLS\])")
-
-
-def _chunks(text: str, tokens: int) -> list[str]:
-    """``text`` as an engine streams it, ``tokens`` characters (special tokens whole) a chunk."""
-    atoms = [a for p in _SPECIAL.split(text) for a in ([p] if _SPECIAL.fullmatch(p) else p)]
-    return ["".join(atoms[i : i + tokens]) for i in range(0, len(atoms), tokens)]
-
-
-_LEADS = [
-    (tool_format, lead)
-    for tool_format in TWO_CALLS
-    for lead in ("", "Let me check both. ")
-    if not (lead and tool_format == "gpt-oss")  # harmony writes text in a channel of its own
-]
+_LEADS = [(key, lead) for key in TWO_CALLS for lead in dict.fromkeys(("", LEADS.get(key, LEAD)))]
 
 
 @pytest.mark.parametrize("tokens", [1, 3, 10, 40, 100_000], ids=lambda n: f"{n}_per_chunk")
@@ -253,16 +174,17 @@ def test_streamed_calls_match_the_whole_parse_however_the_engine_chunks(
     before its finish: every call comes out with its arguments, and the text before them,
     as the whole parse gives them."""
     text = lead + TWO_CALLS[tool_format]
-    plan = plan_output(_request(tools=[WEATHER]), ParserNames(tool_call_parser=tool_format))
+    names = ParserNames(tool_call_parser=parser_name(tool_format))
+    plan = plan_output(_request(tools=[WEATHER]), names)
     whole = OutputParser(plan).parse_whole(text)
-    expected = [("get_weather", _PARIS), ("get_weather", _ROME)]
+    expected = [("get_weather", PARIS), ("get_weather", ROME)]
     assert [(d.name, json.loads(d.arguments)) for d in whole.tool_calls] == expected
-    assert whole.text.strip() == lead.strip()
+    assert (LEAD.strip() in whole.text) == bool(lead)
     parser = OutputParser(plan)
-    steps = [parser.feed(chunk) for chunk in _chunks(text, tokens)] + [parser.finish()]
+    steps = [parser.feed(c) for c in chunks(text, tokens, tool_format)] + [parser.finish()]
     streamed = _merge([d for s in steps for d in s.tool_calls])
     assert [(n, json.loads(a)) for n, a in streamed] == expected
-    assert "".join(s.text for s in steps).strip() == lead.strip()
+    assert "".join(s.text for s in steps).strip() == whole.text.strip()
 
 
 @pytest.mark.parametrize("tokens", [1, 10], ids=lambda n: f"{n}_per_chunk")
@@ -271,11 +193,12 @@ def test_an_answer_read_whole_is_parsed_once_at_the_end(tool_format: str, tokens
     """A client that does not stream gets SGLang's non-streaming parse of the whole answer,
     as SGLang's own server gives it, however the engine chunked it; with one call at most the
     answer is parsed as it streams (the engine is stopped once a second call begins)."""
-    text = "<think>\nBoth cities.\n</think>\n\nLet me check both. " + TWO_CALLS[tool_format]
-    names = ParserNames(tool_call_parser=tool_format, reasoning_parser="qwen3")
+    lead = LEADS.get(tool_format, LEAD)
+    text = "<think>\nBoth cities.\n</think>\n\n" + lead + TWO_CALLS[tool_format]
+    names = ParserNames(tool_call_parser=parser_name(tool_format), reasoning_parser="qwen3")
     plan = plan_output(_request(tools=[WEATHER], stream=False), names)
     parser = OutputParser(plan)
-    steps = [parser.feed(chunk) for chunk in _chunks(text, tokens)]
+    steps = [parser.feed(chunk) for chunk in chunks(text, tokens, tool_format)]
     assert all(s == parsing.ParsedDelta() for s in steps)
     end, whole = parser.finish(), OutputParser(plan).parse_whole(text)
     assert [(d.index, d.name, d.arguments) for d in end.tool_calls] == [
@@ -289,6 +212,23 @@ def test_an_answer_read_whole_is_parsed_once_at_the_end(tool_format: str, tokens
     assert not one_call.read_whole
 
 
+@pytest.mark.parametrize("tokens", [1, 100_000], ids=lambda n: f"{n}_per_chunk")
+def test_calls_are_numbered_as_they_begin_whatever_the_detector_numbers(tokens: int) -> None:
+    """Gemma 4's detector numbers a call by its tool's place in the request's list: a call of
+    the second tool first, then one of the first, comes out as calls 0 and 1 all the same."""
+    clock = {"name": "get_time", "parameters": {"type": "object", "properties": {}}}
+    text = '<|tool_call>call:get_time{}<tool_call|><|tool_call>call:get_weather{city:<|"|>Rome<|"|>}<tool_call|>'
+    plan = plan_output(_request(tools=[WEATHER, clock]), ParserNames(tool_call_parser="gemma4"))
+    parser = OutputParser(plan)
+    steps = [parser.feed(c) for c in chunks(text, tokens, "gemma4")] + [parser.finish()]
+    deltas = [d for s in steps for d in s.tool_calls]
+    assert [(d.index, d.name) for d in deltas if d.name] == [(0, "get_time"), (1, "get_weather")]
+    assert [(n, json.loads(a)) for n, a in _merge(deltas)] == [
+        ("get_time", {}),
+        ("get_weather", ROME),
+    ]
+
+
 @pytest.mark.parametrize("tool_format", sorted(parsing.WHOLE_SECTION_PARSERS))
 def test_the_formats_held_whole_still_stream_wrong_in_sglang(tool_format: str) -> None:
     """Why their sections are held: SGLang's own streaming detector, fed the two calls a token
@@ -300,7 +240,7 @@ def test_the_formats_held_whole_still_stream_wrong_in_sglang(tool_format: str) -
     detector = FunctionCallParser(plan.tools, tool_format)
     deltas = [
         ToolCallDelta(index=c.tool_index, name=c.name, arguments=c.parameters or "")
-        for chunk in _chunks(TWO_CALLS[tool_format], 1)
+        for chunk in chunks(TWO_CALLS[tool_format], 1, tool_format)
         for c in detector.parse_stream_chunk(chunk)[1]
     ]
     whole = OutputParser(plan).parse_whole(TWO_CALLS[tool_format])
@@ -332,7 +272,7 @@ def test_a_long_call_reaches_the_detector_in_growing_batches() -> None:
         return step(piece)
 
     parser._step_tools = counted  # type: ignore[method-assign]
-    tokens = _chunks(text, 1)
+    tokens = chunks(text, 1)
     steps = [parser.feed(token) for token in tokens]
     before_end = sum(1 for s in steps if s.tool_calls)
     steps.append(parser.finish())

@@ -359,6 +359,9 @@ class OutputParser:
         self._reasoning: Any = None
         self._tools: Any = None
         self._call_ids: dict[int, str] = {}
+        self._index_of: dict[int, int] = {}
+        """The detector's index of a call -> the client's (see :meth:`_client_index`)."""
+        self._calls_begun = 0
         self._held_custom: dict[int, str] = {}
         self._held_space = ""
         """Whitespace-only answer text not sent yet: dropped when a tool call follows it (the
@@ -657,7 +660,7 @@ class OutputParser:
     def _deltas(self, calls: Sequence[Any]) -> list[ToolCallDelta]:
         out: list[ToolCallDelta] = []
         for call in calls:
-            index = int(call.tool_index)
+            index = self._client_index(call)
             arguments = call.parameters or ""
             if call.name and index not in self._call_ids:
                 self.called = True
@@ -682,6 +685,18 @@ class OutputParser:
             elif arguments:
                 out.append(ToolCallDelta(index=index, arguments=arguments))
         return out
+
+    def _client_index(self, call: Any) -> int:
+        """The call's index for the client: calls numbered as they begin. Some detectors number
+        a call by its tool's place in the request's list (Gemma 4's, LFM2's JSON form), so two
+        calls of one tool share an index and a call of the second tool comes as index 1 first:
+        a name on an index whose call is already named is a new call."""
+        theirs = int(call.tool_index)
+        ours = self._index_of.get(theirs)
+        if ours is None or (call.name and ours in self._call_ids):
+            ours = self._index_of[theirs] = self._calls_begun
+            self._calls_begun += 1
+        return ours
 
     def _release_custom(self) -> list[ToolCallDelta]:
         """Send held custom-tool inputs once their call is complete (a later call began, or the
@@ -723,21 +738,25 @@ CALL_MARKER_ATTRIBUTES: Final = (
     "tool_call_start_token",
     "tool_call_begin",
     "invoke_start_token",
+    "tool_call_prefix",
+    "eot_token",
 )
-"""Where SGLang's detectors keep the markers that open a tool-call section or one call."""
+"""Where SGLang's detectors keep the markers that open a tool-call section or one call, and the
+section's end (Step3 loses a call that shares an increment with it)."""
 CALL_END_ATTRIBUTES: Final = ("eot_token", "tool_call_end_token", "invoke_end_token")
 """Where they keep the markers that end one call or the section."""
 
 
 def _call_markers(detector: Any) -> tuple[str, tuple[str, ...]]:
-    """The detector's section-opening marker (``""``: none) and every call-opening marker it
-    keeps, each cut at its first whitespace (Qwen's ``<tool_call>\\n`` may come without its
+    """The detector's section-opening marker (``""``: none) and every marker a chunk is cut
+    before (``CALL_MARKER_ATTRIBUTES``), each cut at its first whitespace (Qwen's ``<tool_call>\\n`` may come without its
     newline); a ``func_call_regex``'s literal start counts too (DeepSeek's per-call marker)."""
     found = [getattr(detector, name, "") for name in CALL_MARKER_ATTRIBUTES]
     pattern = getattr(detector, "func_call_regex", "")
     if isinstance(pattern, str):
         found.append(re.split(r"[.\\(\[*+?{|^$]", pattern, maxsplit=1)[0])
     words = [m.split()[0] for m in found if isinstance(m, str) and m.strip()]
+    words = [w for w in words if len(w) > 2]  # not Mistral's ``]``: text is full of them
     opening = getattr(detector, "bot_token", "")
     return (opening if isinstance(opening, str) else ""), tuple(dict.fromkeys(words))
 
