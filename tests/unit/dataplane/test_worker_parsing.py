@@ -229,6 +229,93 @@ def test_calls_are_numbered_as_they_begin_whatever_the_detector_numbers(tokens: 
     ]
 
 
+def _reasoning_texts() -> list[tuple[str, str]]:
+    """A thought and an answer in each reasoning format, with its block's opening marker and
+    without (the template opened it), as the model writes them."""
+    from sglang.srt.parser.reasoning_parser import ReasoningParser
+
+    answers = {
+        "cohere_command4": "<|START_TEXT|>The answer is 4.<|END_TEXT|>",
+        "gpt-oss": "<|start|>assistant<|channel|>final<|message|>The answer is 4.<|return|>",
+        "beam": "<|channel|>final<|message|>The answer is 4.<|return|>",
+    }
+    out = []
+    for name, detector_class in sorted(ReasoningParser.DetectorMap.items()):
+        if name == "response_template":
+            continue  # needs a tokenizer's template
+        detector = detector_class()
+        start, end = detector.think_start_token, detector.think_end_token
+        answer = answers.get(name, "\n\nThe answer is 4.")
+        out.append((name, f"Plan it.{end}{answer}"))
+        if name != "cohere_command4":  # its template opens the block; an echo leaks upstream
+            out.append((name, f"{start}Plan it.{end}{answer}"))
+    return out
+
+
+_REASONING = _reasoning_texts()
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 10, 100_000], ids=lambda n: f"{n}_per_chunk")
+@pytest.mark.parametrize(
+    ("reasoning_parser", "text"),
+    _REASONING,
+    ids=[f"{n}-{'opened' if t.startswith('Plan') else 'opens'}" for n, t in _REASONING],
+)
+def test_reasoning_and_answer_match_the_whole_parse_however_the_engine_chunks(
+    reasoning_parser: str, text: str, tokens: int
+) -> None:
+    """A chunk that holds the reasoning's end and what follows it loses nothing (Cohere
+    Command's detector dropped the answer, or the calls, that shared its increment)."""
+    plan = plan_output(
+        _request(reasoning={"enabled": True}), ParserNames(reasoning_parser=reasoning_parser)
+    )
+    whole = OutputParser(plan).parse_whole(text)
+    assert "The answer is 4." in whole.text
+    parser = OutputParser(plan)
+    steps = [parser.feed(c) for c in chunks(text, tokens)] + [parser.finish()]
+    assert "".join(s.text for s in steps).strip() == whole.text.strip()
+    assert "".join(s.reasoning for s in steps).strip() == whole.reasoning.strip()
+
+
+_FAMILIES = [
+    ("qwen25", "qwen3", "<think>"),
+    ("deepseekv3", "deepseek-r1", "<think>"),
+    ("glm45", "glm45", "<think>"),
+    ("kimi_k2", "kimi_k2", "<think>"),
+    ("minimax-m2", "minimax", "<think>"),
+    ("step3", "step3", "<think>"),
+    ("mistral", "mistral", "[THINK]"),
+    ("cohere_command4", "cohere_command4", ""),
+]
+"""A model family's tool-call and reasoning parsers, and how its reasoning opens (``""``: the
+template opened it)."""
+
+
+@pytest.mark.parametrize("tokens", [1, 10, 100_000], ids=lambda n: f"{n}_per_chunk")
+@pytest.mark.parametrize(("tool_format", "reasoning_parser", "opening"), _FAMILIES)
+def test_reasoning_then_calls_stream_as_the_whole_parse_reads_them(
+    tool_format: str, reasoning_parser: str, opening: str, tokens: int
+) -> None:
+    from sglang.srt.parser.reasoning_parser import ReasoningParser
+
+    end = ReasoningParser.DetectorMap[reasoning_parser]().think_end_token
+    text = f"{opening}Plan it.{end}" + TWO_CALLS[tool_format]
+    names = ParserNames(tool_call_parser=tool_format, reasoning_parser=reasoning_parser)
+    plan = plan_output(_request(tools=[WEATHER], reasoning={"enabled": True}), names)
+    whole = OutputParser(plan).parse_whole(text)
+    assert [(d.name, json.loads(d.arguments)) for d in whole.tool_calls] == [
+        ("get_weather", PARIS),
+        ("get_weather", ROME),
+    ]
+    parser = OutputParser(plan)
+    steps = [parser.feed(c) for c in chunks(text, tokens, tool_format)] + [parser.finish()]
+    streamed = _merge([d for s in steps for d in s.tool_calls])
+    assert [(n, json.loads(a)) for n, a in streamed] == [
+        (d.name, json.loads(d.arguments)) for d in whole.tool_calls
+    ]
+    assert "".join(s.reasoning for s in steps).strip() == whole.reasoning.strip() == "Plan it."
+
+
 @pytest.mark.parametrize("tool_format", sorted(parsing.WHOLE_SECTION_PARSERS))
 def test_the_formats_held_whole_still_stream_wrong_in_sglang(tool_format: str) -> None:
     """Why their sections are held: SGLang's own streaming detector, fed the two calls a token

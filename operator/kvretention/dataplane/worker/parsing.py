@@ -387,6 +387,8 @@ class OutputParser:
                 force_reasoning=plan.force_reasoning,
                 tool_call_parser_active=plan.parses_tools,
             )
+        think_end = getattr(getattr(self._reasoning, "detector", None), "think_end_token", "")
+        self._think_end: str = think_end if isinstance(think_end, str) else ""
         if plan.json_array:
             from sglang.srt.function_call.json_array_parser import JsonArrayParser
 
@@ -421,11 +423,20 @@ class OutputParser:
         out = ParsedDelta()
         text = delta
         if self._reasoning is not None and delta:
-            reasoning, text = self._reasoning.parse_stream_chunk(delta)
-            out.reasoning = reasoning or ""
-            text = text or ""
+            out.reasoning, text = self._split_reasoning(delta)
         out.text, out.tool_calls = self._feed_tools(text)
         return self._settle(out, final=False)
+
+    def _split_reasoning(self, delta: str) -> tuple[str, str]:
+        """Reasoning and answer text of one chunk. A chunk that goes on past the reasoning's end
+        marker is fed as two increments, ending at the marker: some detectors drop what shares
+        an increment with it (Cohere Command's lost the answer or the calls after
+        ``<|END_THINKING|>``)."""
+        reasoning, text = "", ""
+        for piece in _after_each(delta, self._think_end):
+            more_reasoning, more_text = self._reasoning.parse_stream_chunk(piece)
+            reasoning, text = reasoning + (more_reasoning or ""), text + (more_text or "")
+        return reasoning, text
 
     def _one_call_kept(self, calls: list[ToolCallDelta]) -> list[ToolCallDelta]:
         """``parallel_tool_calls: false``: the first call only. An automatic tool choice is not
@@ -772,6 +783,14 @@ def _occurrences(text: str, marker: str) -> Iterator[int]:
     while at != -1:
         yield at
         at = text.find(marker, at + 1)
+
+
+def _after_each(text: str, marker: str) -> list[str]:
+    """``text`` cut after each ``marker`` that has more text after it."""
+    if not marker or marker not in text[: -len(marker)]:
+        return [text]
+    pieces = text.split(marker)
+    return [piece + marker for piece in pieces[:-1]] + ([pieces[-1]] if pieces[-1] else [])
 
 
 def _partial_marker_at_end(text: str, marker: str) -> int:
