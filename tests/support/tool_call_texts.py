@@ -181,6 +181,7 @@ TWO_CALLS: Final[dict[str, str]] = {
     ),
     "mistral": "[TOOL_CALLS] "
     + json.dumps([{"name": "get_weather", "arguments": a} for a in _BOTH]),
+    "mistral:name_args": _each("[TOOL_CALLS]get_weather[ARGS]{args}"),
     "cohere_command4": "<|START_ACTION|>"
     + json.dumps(
         [
@@ -194,7 +195,8 @@ TWO_CALLS: Final[dict[str, str]] = {
     ),
 }
 """Two calls in each tool-call format; a key's part before ``:`` is the parser's name (``lfm2``
-reads a pythonic list and a JSON one)."""
+reads a pythonic list and a JSON one, ``mistral`` a JSON array and Devstral's and Magistral's
+``[TOOL_CALLS]name[ARGS]{...}``)."""
 
 LEADS: Final[dict[str, str]] = {
     "muse": " to=user<|message|>Let me check both. <|eom|><|start|>assistant",
@@ -204,7 +206,12 @@ LEADS: Final[dict[str, str]] = {
 """Text before the calls, where the format does not take plain text there."""
 LEAD: Final = "Let me check both. "
 
-_TOKENS: Final = (r"<\|[^|<>]*\|>", rf"<{_BAR}[^{_BAR}]*{_BAR}>", re.escape("[TOOL_CALLS]"))
+_TOKENS: Final = (
+    r"<\|[^|<>]*\|>",
+    rf"<{_BAR}[^{_BAR}]*{_BAR}>",
+    re.escape("[TOOL_CALLS]"),
+    re.escape("[ARGS]"),
+)
 """Markers every tokenizer here holds as one token: ``<|...|>``, DeepSeek's, Mistral's."""
 _TAGS: Final = ("<tool_call>", "</tool_call>")
 _ARG_TAGS: Final = (*_TAGS, "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")

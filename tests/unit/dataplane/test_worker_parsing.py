@@ -316,6 +316,21 @@ def test_reasoning_then_calls_stream_as_the_whole_parse_reads_them(
     assert "".join(s.reasoning for s in steps).strip() == whole.reasoning.strip() == "Plan it."
 
 
+@pytest.mark.parametrize(
+    ("key", "streams"), [("mistral", False), ("mistral:name_args", True), ("interns1", False)]
+)
+def test_only_the_forms_streamed_wrong_wait_for_the_end(key: str, streams: bool) -> None:
+    """Mistral's JSON array is held to the end; its ``[TOOL_CALLS]name[ARGS]{...}`` form
+    streams each call as it is written, the first before the second begins."""
+    plan = plan_output(_request(tools=[WEATHER]), ParserNames(tool_call_parser=parser_name(key)))
+    parser = OutputParser(plan)
+    steps = [parser.feed(c) for c in chunks(TWO_CALLS[key], 1, key)]
+    early = [d.name for s in steps for d in s.tool_calls if d.name]
+    end = parser.finish()
+    assert early == (["get_weather", "get_weather"] if streams else [])
+    assert len([d for d in end.tool_calls if d.name]) == (0 if streams else 2)
+
+
 @pytest.mark.parametrize("tool_format", sorted(parsing.WHOLE_SECTION_PARSERS))
 def test_the_formats_held_whole_still_stream_wrong_in_sglang(tool_format: str) -> None:
     """Why their sections are held: SGLang's own streaming detector, fed the two calls a token

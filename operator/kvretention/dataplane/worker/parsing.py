@@ -37,12 +37,18 @@ ARGUMENT_BATCH_SHARE: Final = 4
 of what the call has had (see ``OutputParser._batched_arguments``)."""
 MIN_DRAIN_CHARS: Final = 16
 """A chunk this long may hold several parser steps (several tokens coalesced)."""
-WHOLE_SECTION_PARSERS: Final = frozenset({"cohere_command4", "interns1", "mistral"})
+WHOLE_SECTION_PARSERS: Final[dict[str, str]] = {
+    "cohere_command4": "",
+    "interns1": "",
+    "mistral": "[",
+}
 """Formats whose SGLang streaming detector gives other calls than its own whole parse of the
 same text (0.5.23): ``mistral`` sends an array's second call as text (upstream
 sgl-project/sglang PR #36692), ``cohere_command4`` joins both calls' arguments under one index,
 ``interns1`` loses the second call when it comes a token at a time. Their calls section is held
-from its opening marker and parsed whole at the end (see ``OutputParser._held_section``)."""
+from its opening marker and parsed whole at the end (see ``OutputParser._held_section``) when
+it begins as the value says after the marker: Mistral's newer ``[TOOL_CALLS]name[ARGS]{...}``
+streams right, only its JSON array is held."""
 MAX_DRAIN_STEPS: Final = 256
 """Empty increments one chunk may take to drain a detector's buffer (each step is a call's
 name or its arguments; a bound, so a detector that reports progress forever cannot spin)."""
@@ -411,6 +417,8 @@ class OutputParser:
         holds = plan.names.tool_call_parser in WHOLE_SECTION_PARSERS and not plan.json_array
         self._section_marker = self._opening.split()[0] if holds and self._opening.strip() else ""
         """Where a calls section parsed whole at the end begins (``""``: calls stream)."""
+        self._section_form = WHOLE_SECTION_PARSERS.get(plan.names.tool_call_parser or "", "")
+        """How a held section begins after its marker; another beginning streams after all."""
         self._section: str | None = None
         """The calls section held since its marker showed."""
         self._section_lead = ""
@@ -483,7 +491,9 @@ class OutputParser:
         if self._tools is None or not (text or drain):
             return text, []
         if self._section_marker:
-            return self._held_section(text), []
+            text = self._held_section(text)
+            if self._section_marker:
+                return text, []
         if self._held_arguments or self._streaming_arguments():
             text = self._batched_arguments(text, drain=drain)
             if not (text or drain):
@@ -505,20 +515,23 @@ class OutputParser:
     def _held_section(self, text: str) -> str:
         """The text before the calls section, to send now; the section from its marker on is
         held for :meth:`finish` (formats in ``WHOLE_SECTION_PARSERS``: their calls are sent
-        whole at the end, as SGLang's non-streaming parse reads them)."""
-        if self._section is not None:
-            self._section += text
-            return ""
-        text, self._section_lead = self._section_lead + text, ""
-        at = text.find(self._section_marker)
-        if at >= 0:
-            self._section = text[at:]
-            return text[:at]
-        partial = _partial_marker_at_end(text, self._section_marker)
-        if partial:
-            self._section_lead = text[-partial:]
-            return text[:-partial]
-        return text
+        whole at the end, as SGLang's non-streaming parse reads them). A section in a form the
+        detector streams right is let go: the text then returned holds it, for the detector."""
+        lead = ""
+        if self._section is None:
+            text, self._section_lead = self._section_lead + text, ""
+            at = text.find(self._section_marker)
+            if at < 0:
+                partial = _partial_marker_at_end(text, self._section_marker)
+                self._section_lead = text[len(text) - partial :]
+                return text[: len(text) - partial]
+            lead, text, self._section = text[:at], text[at:], ""
+        self._section += text
+        begins = self._section[len(self._section_marker) :].lstrip()
+        if self._section_form and begins and not begins.startswith(self._section_form):
+            section, self._section, self._section_marker = self._section, None, ""
+            return lead + section
+        return lead
 
     def _batched_arguments(self, text: str, *, drain: bool) -> str:
         """What to feed the detector now. While it streams a call's arguments it re-parses
@@ -596,9 +609,10 @@ class OutputParser:
             out.text = tail
             return self._settle(out, final=True)
         if self._section_marker:
-            lead = self._held_section(tail) + self._section_lead
+            tail = self._held_section(tail)
+        if self._section_marker:  # still held: parsed whole
             normal, out.tool_calls = self._calls_whole(self._section or "")
-            out.text = lead + normal
+            out.text = tail + self._section_lead + normal
             out.tool_calls = self._one_call_kept(out.tool_calls)
             return self._settle(out, final=True)
         out.text, out.tool_calls = self._feed_tools(tail, drain=True)
