@@ -85,6 +85,7 @@ def test_the_worker_serves_sglangs_real_engine_on_cpu(fleet: Fleet) -> None:
     assert info["engine"] == "sglang-0.5.23"
     assert info["device"] == "cpu"
     assert info["dialect"] == "versioned"
+    assert info["model_type"] == "llama"  # the tiny model: what SGLang's special-token rules read
     assert fleet.worker.shim_functions_called() == []
 
 

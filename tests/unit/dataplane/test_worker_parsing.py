@@ -26,6 +26,7 @@ from support.tool_call_texts import LEAD, LEADS, PARIS, ROME, TWO_CALLS, chunks,
 from support.weather_tool import WEATHER
 
 QWEN = ParserNames(tool_call_parser="qwen25", reasoning_parser="qwen3")
+KEEP = {"skip_special_tokens"}
 
 
 @pytest.mark.parametrize(
@@ -95,6 +96,15 @@ def _request(**fields: Any) -> PreprocessedRequest:
             {"skip_special_tokens", "json_schema"},
         ),
         ({"sampling": {"max_new_tokens": 5}}, QWEN, {"max_new_tokens"}),
+        # SGLang keeps special tokens without tools for these models and reasoning formats
+        ({}, ParserNames(reasoning_parser="gpt-oss", model_type="gpt_oss"), KEEP),
+        ({}, ParserNames(model_type="gemma4"), KEEP),
+        ({}, ParserNames(reasoning_parser="qwen3", model_type="qwen3"), set()),
+        ({}, ParserNames(reasoning_parser="kimi_k3"), KEEP),
+        ({}, ParserNames(reasoning_parser="muse"), KEEP),
+        ({}, ParserNames(reasoning_parser="mistral"), set()),
+        ({"reasoning": {"enabled": True}}, ParserNames(reasoning_parser="mistral"), KEEP),
+        ({"reasoning": {"enabled": False}}, ParserNames(reasoning_parser="mistral"), set()),
     ],
 )
 def test_sampling_params_carry_sglangs_constraints(

@@ -421,6 +421,7 @@ async def handle_info(request: web.Request) -> web.Response:
             "engine": state.engine.name,
             "dialect": str(state.engine.dialect),
             "device": state.engine.device,
+            "model_type": state.engine.parsers.model_type,
             "left_out": {
                 "flags": list(state.engine.left_out),
                 "reason": state.engine.left_out_reason,

@@ -160,8 +160,17 @@ def load_engine(
             _load_standin(spec.removeprefix(STANDIN_PREFIX), server_argv), parsers=parsers
         )
     if spec == "sglang":
-        return replace(_load_sglang(server_argv, device=device), parsers=parsers)
+        loaded = _load_sglang(server_argv, device=device)
+        return replace(loaded, parsers=replace(parsers, model_type=model_type_of(loaded.engine)))
     raise EngineLoadError(f"unknown --engine {spec!r}: use 'sglang' or 'standin:<dialect>'")
+
+
+def model_type_of(engine: Any) -> str | None:
+    """The served model's ``model_type`` from SGLang's model config (``None``: not known)."""
+    manager = getattr(engine, "tokenizer_manager", None)
+    config = getattr(getattr(manager, "model_config", None), "hf_config", None)
+    model_type = getattr(config, "model_type", None)
+    return model_type if isinstance(model_type, str) else None
 
 
 def _load_standin(dialect_name: str, server_argv: Sequence[str] = ()) -> LoadedEngine:

@@ -68,6 +68,26 @@ class ParserNames:
 
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    model_type: str | None = None
+    """The served model's ``model_type`` (its ``config.json``): SGLang keeps special tokens in
+    the text of some models' answers (``special_tokens_kept``)."""
+
+
+SPECIAL_TOKEN_MODELS: Final = frozenset({"gpt_oss", "gemma4", "gemma4_unified"})
+SPECIAL_TOKEN_REASONING: Final = frozenset({"apertus2509", "inkling", "kimi_k3", "muse"})
+
+
+def special_tokens_kept(names: ParserNames, reasoning: ReasoningControl | None) -> bool:
+    """Whether an answer's text keeps its special tokens with no tools offered, as SGLang's
+    server decides it (0.5.23 ``serving_chat``): harmony's channels (gpt-oss) and Gemma 4's, and
+    the reasoning formats whose markers are special tokens, would otherwise be decoded away and
+    the reasoning could not be told from the answer. Mistral's ``[THINK]`` when the request
+    thinks (SGLang: when it names a ``reasoning_effort``)."""
+    if names.model_type in SPECIAL_TOKEN_MODELS:
+        return True
+    if names.reasoning_parser in SPECIAL_TOKEN_REASONING:
+        return True
+    return names.reasoning_parser == "mistral" and reasoning is not None and reasoning.enabled
 
 
 def parser_names_from_argv(argv: Sequence[str]) -> ParserNames:
@@ -185,8 +205,9 @@ class OutputPlan:
     leaves the think section unconstrained and counts reasoning tokens)."""
     force_reasoning: bool = False
     """Parse from the start as reasoning (thinking mode, or the template opened the block)."""
-    tools_offered: bool = False
-    """The template was shown tools (SGLang then keeps special tokens in the output)."""
+    special_tokens: bool = False
+    """The answer's text keeps its special tokens: the template was shown tools, or the model or
+    the reasoning format needs them (``special_tokens_kept``), as SGLang's server decides."""
     parses_without_tools: bool = False
     """The tool-call format is parsed even with no tools declared (SGLang's rule per detector)."""
 
@@ -205,6 +226,7 @@ def plan_output(
         parallel_tool_calls=request.parallel_tool_calls,
         # one call at most is parsed as it streams: the engine stops once a second one begins
         read_whole=not request.stream and request.parallel_tool_calls,
+        special_tokens=special_tokens_kept(names, request.reasoning),
     )
     # deferred tools are not in the prompt's tool list, but a tool search loaded them: their
     # calls are parsed like any other
@@ -231,7 +253,7 @@ def plan_output(
             detector = function_call_parser.ToolCallParserEnum[names.tool_call_parser]
             plan.parses_without_tools = bool(detector.parses_without_tools())
         return plan
-    plan.tools_offered = True
+    plan.special_tokens = True  # the template was shown tools
     required = request.tool_choice.mode in ("required", "named")
     if names.tool_call_parser is None and not required:
         return plan  # as SGLang: without a tool-call parser, calls stay in the text
@@ -311,7 +333,7 @@ def constrained_sampling(request: PreprocessedRequest, plan: OutputPlan | None) 
         params["json_schema"] = json.dumps(fmt.json_schema)
     elif fmt is not None:
         params["json_schema"] = '{"type": "object"}'
-    if plan is not None and plan.tools_offered:
+    if plan is not None and plan.special_tokens:
         params["skip_special_tokens"] = False
     if plan is None or plan.constraint is None:
         return params
