@@ -18,6 +18,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from kvretention.dataplane.worker import app as worker_app
+from kvretention.dataplane.worker import parsing
 from kvretention.dataplane.worker.app import WorkerState, build_app
 from kvretention.dataplane.worker.dialect import Dialect
 from kvretention.dataplane.worker.engine import EngineLoadError, LoadedEngine, load_engine
@@ -499,3 +500,27 @@ async def test_a_deferred_tool_is_callable_but_not_listed(worker: Client, tokeni
     assert (call["name"], json.loads(call["arguments"])) == ("get_weather", {"city": "Rome"})
     prompt = engine_prompt(engine, tokenizer)
     assert '"name": "get_time"' in prompt and '"name": "get_weather"' not in prompt
+
+
+@pytest.mark.parametrize("unlike", [False, True], ids=["alike", "unlike"])
+async def test_calls_unlike_the_whole_parse_are_counted(
+    worker: Client, monkeypatch: pytest.MonkeyPatch, unlike: bool
+) -> None:
+    """The worker compares each streamed answer's calls with SGLang's whole parse of its text
+    and counts those that differ, by parser, on ``/metrics``."""
+    if unlike:  # a detector whose whole parse reads another call than it streamed
+        real = parsing.OutputParser._parsed_calls
+
+        def another(self: Any, text: str) -> tuple[str, list[tuple[str, str]]]:
+            rest, calls = real(self, text)
+            return rest, [*calls, ("get_time", '{"zone": "UTC"}')]
+
+        monkeypatch.setattr(parsing.OutputParser, "_parsed_calls", another)
+    client, _ = await worker()
+    _, lines = await generate(
+        client, body("Weather? [[standin:tool_call]]", tools=[WEATHER], stream=True)
+    )
+    assert [c["name"] for c in calls_of(lines)] == ["get_weather"]
+    metrics = await (await client.get("/metrics")).text()
+    counted = 'kvretention_worker_tool_calls_unlike_whole_total{parser="qwen25"} 1.0'
+    assert (counted in metrics) is unlike

@@ -195,6 +195,7 @@ def test_streamed_calls_match_the_whole_parse_however_the_engine_chunks(
     streamed = _merge([d for s in steps for d in s.tool_calls])
     assert [(n, json.loads(a)) for n, a in streamed] == expected
     assert "".join(s.text for s in steps).strip() == whole.text.strip()
+    assert not parser.differs_from_whole
 
 
 @pytest.mark.parametrize("tokens", [1, 10], ids=lambda n: f"{n}_per_chunk")
@@ -430,6 +431,37 @@ class _LateDetector:
 
     def parse_stream_end(self) -> tuple[str, list[Any]]:
         return "", []
+
+    WHOLE = (("get_weather", PARIS), ("get_weather", ROME))
+    """What its non-streaming parse reads from any text."""
+
+    def has_tool_call(self, text: str) -> bool:
+        return True
+
+    def parse_non_stream(self, text: str) -> tuple[str, list[Any]]:
+        return "", [SimpleNamespace(name=n, parameters=json.dumps(a)) for n, a in self.WHOLE]
+
+
+class _LosingDetector(_LateDetector):
+    """One whose whole parse reads a third call its streaming never gave."""
+
+    WHOLE = (*_LateDetector.WHOLE, ("get_weather", {"city": "Oslo"}))
+
+
+@pytest.mark.parametrize("detector", [_LateDetector, _LosingDetector])
+def test_streamed_calls_that_differ_from_the_whole_parse_are_told(
+    monkeypatch: pytest.MonkeyPatch, detector: type[_LateDetector]
+) -> None:
+    """The worker counts an answer whose streamed calls are not what SGLang's whole parse of
+    the same text reads (``kvretention_worker_tool_calls_unlike_whole_total``)."""
+    plan = plan_output(_request(tools=[WEATHER]), ParserNames(tool_call_parser="qwen25"))
+    real = parsing._sglang_parsers()
+    monkeypatch.setattr(parsing, "_sglang_parsers", lambda: (detector, real[1]))
+    parser = OutputParser(plan)
+    for piece in ("a", "b", "c"):
+        parser.feed(piece)
+    parser.finish()
+    assert parser.differs_from_whole is (detector is _LosingDetector)
 
 
 @pytest.mark.parametrize("parallel", [True, False], ids=["parallel", "one_call"])

@@ -111,6 +111,14 @@ class WorkerMetrics:
         self.inflight = gauge(
             self.registry, "kvretention_worker_inflight", "Generate requests in flight."
         )
+        self.tool_calls_unlike_whole = counter(
+            self.registry,
+            "kvretention_worker_tool_calls_unlike_whole",
+            "Streamed answers whose tool calls are not the ones SGLang's non-streaming parse "
+            "reads from the same text, by --tool-call-parser (its streaming detector lost, "
+            "joined or misplaced a call).",
+            "parser",
+        )
         self.hop_refusals = counter(
             self.registry,
             "kvretention_worker_hop_refusals",
@@ -325,6 +333,8 @@ async def _stream(
             tail = _line(ErrorLine(error=ErrorBody(code=ErrorCode.ENGINE_ERROR, message=str(exc))))
         rest = held.take(time.monotonic()) if held is not None else None
         await response.write_eof((b"" if rest is None else _line(rest)) + tail)
+        if parser is not None and parser.differs_from_whole:
+            _tell_unlike_whole(state, planned)
         return response
     except (asyncio.CancelledError, ConnectionResetError):
         outcome = "aborted"
@@ -333,6 +343,25 @@ async def _stream(
     finally:
         await _close(gen)
         _account(state, planned, outcome=outcome, usage=usage, started=started)
+
+
+_TOLD_UNLIKE_WHOLE: set[str] = set()
+
+
+def _tell_unlike_whole(state: WorkerState, planned: PlannedCall) -> None:
+    """Count an answer whose streamed calls differ from SGLang's whole parse; log the first of
+    each parser (the count says how often)."""
+    name = str(state.engine.parsers.tool_call_parser)
+    state.metrics.tool_calls_unlike_whole.labels(name).inc()
+    if name not in _TOLD_UNLIKE_WHOLE:
+        _TOLD_UNLIKE_WHOLE.add(name)
+        log.warning(
+            "request %s: the tool calls streamed by SGLang's %r detector are not the ones its "
+            "non-streaming parse reads from the same answer (counted in "
+            "kvretention_worker_tool_calls_unlike_whole_total; later ones are not logged)",
+            planned.request.request_id,
+            name,
+        )
 
 
 async def _close(gen: AsyncIterator[dict[str, Any]] | None) -> None:

@@ -400,6 +400,12 @@ class OutputParser:
         """How much of the current call the detector has been fed (the batch grows with it)."""
         self._answer = ""
         """The whole answer so far, when the plan reads it whole (parsed at :meth:`finish`)."""
+        self._answer_text = ""
+        """The answer's text past the reasoning, as the tool-call parser was fed it."""
+        self._sent: list[ToolCallDelta] = []
+        """Every call delta sent, for :meth:`_check_against_whole`."""
+        self.differs_from_whole = False
+        """The streamed calls are not the ones SGLang's whole parse reads (set by :meth:`finish`)."""
         self._held_thought = ""
         """Whitespace-only reasoning not sent yet (an empty ``<think>\n\n</think>``): sent with
         the next reasoning, dropped once the answer moves on without any."""
@@ -472,9 +478,7 @@ class OutputParser:
         """``parallel_tool_calls: false``: the first call only. An automatic tool choice is not
         constrained (SGLang constrains it only for strict tools), so a model may still write a
         second call; the client asked for at most one and gets one."""
-        if self._plan.parallel_tool_calls:
-            return calls
-        kept = [call for call in calls if call.index == 0]
+        kept = calls if self._plan.parallel_tool_calls else [c for c in calls if c.index == 0]
         self.dropped_call = self.dropped_call or len(kept) < len(calls)
         return kept
 
@@ -488,6 +492,7 @@ class OutputParser:
             moved_on = final or bool(out.text.strip()) or bool(out.tool_calls)
             self._held_thought, thought = ("", "") if moved_on else (thought, "")
         out.reasoning = thought
+        self._sent += out.tool_calls
         text = self._held_space + out.text
         self._held_space = ""
         if not text.strip() and (out.tool_calls or (final and self.called)):
@@ -512,6 +517,7 @@ class OutputParser:
         end)."""
         if self._tools is None or not (text or drain):
             return text, []
+        self._answer_text += text
         if self._section_marker:
             text = self._held_section(text)
             if self._section_marker:
@@ -648,7 +654,9 @@ class OutputParser:
         out.tool_calls += self._deltas(calls) + self._unstreamed_arguments()
         out.tool_calls += self._release_custom()
         out.tool_calls = self._one_call_kept(out.tool_calls)
-        return self._settle(out, final=True)
+        out = self._settle(out, final=True)
+        self._check_against_whole()
+        return out
 
     def parse_whole(self, text: str) -> ParsedDelta:
         """A complete answer through SGLang's non-streaming parsers."""
@@ -667,6 +675,26 @@ class OutputParser:
     def _calls_whole(self, text: str) -> tuple[str, list[ToolCallDelta]]:
         """Answer text (reasoning split off) through SGLang's non-streaming tool-call parser:
         the text around the calls, and each call whole."""
+        text, calls = self._parsed_calls(text)
+        deltas = []
+        for index, (name, arguments) in enumerate(calls):
+            self.called = True
+            deltas.append(
+                ToolCallDelta(
+                    index=index,
+                    id=new_tool_call_id(),
+                    name=name,
+                    arguments=arguments,
+                    kind=self._kind(name),
+                )
+            )
+        if deltas and not text.strip():
+            text = ""  # the template's whitespace before the calls
+        return text, deltas
+
+    def _parsed_calls(self, text: str) -> tuple[str, list[tuple[str, str]]]:
+        """SGLang's non-streaming reading of ``text``: the text around the calls and each call's
+        name and arguments (a custom tool's as its free-form input)."""
         if self._plan.json_array:
             items = _json_array_calls(text)
             if items is None:
@@ -678,19 +706,25 @@ class OutputParser:
                 return text, []
             text, found = parser.parse_non_stream(text)
             calls = [(c.name, c.parameters) for c in found]
-        deltas = []
-        for index, (name, arguments) in enumerate(calls):
-            self.called = True
-            kind = self._kind(name)
-            args = _custom_input(arguments) if kind == "custom" else arguments
-            deltas.append(
-                ToolCallDelta(
-                    index=index, id=new_tool_call_id(), name=name, arguments=args, kind=kind
-                )
-            )
-        if deltas and not text.strip():
-            text = ""  # the template's whitespace before the calls
-        return text, deltas
+        return text, [
+            (name, _custom_input(args) if self._kind(name) == "custom" else args)
+            for name, args in calls
+        ]
+
+    def _check_against_whole(self) -> None:
+        """Whether the calls this answer streamed are the ones SGLang's non-streaming parse reads
+        from the same text (``differs_from_whole``): a detector's streaming can lose, join or
+        misplace calls where its whole parse does not (the formats found so far are worked
+        around; this makes a new one visible). One whole parse per answer."""
+        _, whole = self._parsed_calls(self._answer_text)
+        if not self._plan.parallel_tool_calls:
+            whole = whole[:1]
+        streamed: dict[int, tuple[str, str]] = {}
+        for delta in self._sent:
+            name, arguments = streamed.get(delta.index, (delta.name or "", ""))
+            streamed[delta.index] = (name, arguments + delta.arguments)
+        calls = [streamed[i] for i in sorted(streamed)]
+        self.differs_from_whole = [_call_key(c) for c in calls] != [_call_key(c) for c in whole]
 
     def _function_call_parser(self) -> Any:
         """SGLang's parser as its server builds it: with the tool choice when one is forced."""
@@ -835,6 +869,15 @@ def _partial_marker_at_end(text: str, marker: str) -> int:
         if marker.startswith(text[-size:]):
             return size
     return 0
+
+
+def _call_key(call: tuple[str, str]) -> tuple[str, Any]:
+    """A call's name and arguments, compared as JSON where they are JSON."""
+    name, arguments = call
+    try:
+        return name, json.loads(arguments)
+    except ValueError:
+        return name, arguments
 
 
 def _custom_input(arguments: str) -> str:
