@@ -715,7 +715,11 @@ class OutputParser:
         """Whether the calls this answer streamed are the ones SGLang's non-streaming parse reads
         from the same text (``differs_from_whole``): a detector's streaming can lose, join or
         misplace calls where its whole parse does not (the formats found so far are worked
-        around; this makes a new one visible). One whole parse per answer."""
+        around; this makes a new one visible). One whole parse per answer with a call in it;
+        an answer of text with no call's marker in it is passed by the detector's own check."""
+        has_call = getattr(self._detector, "has_tool_call", None)
+        if not self._sent and callable(has_call) and not has_call(self._answer_text):
+            return
         _, whole = self._parsed_calls(self._answer_text)
         if not self._plan.parallel_tool_calls:
             whole = whole[:1]
