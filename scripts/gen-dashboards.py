@@ -299,6 +299,16 @@ def request_path() -> dict[str, Any]:
                 "Generate requests in flight per worker pod.",
                 (Target(gauge("kvretention_worker_inflight", by="component, pod"), "{{pod}}"),),
             ),
+            rate_by(
+                "Streamed tool calls unlike SGLang's whole parse",
+                "Streamed answers whose tool calls differ from what SGLang's non-streaming parse "
+                "reads from the same text, by --tool-call-parser: its streaming detector lost, "
+                "joined or misplaced a call (docs/request-path.md, Tool calls out of the "
+                "engine's chunks). Zero is the norm.",
+                "kvretention_worker_tool_calls_unlike_whole_total",
+                by="parser",
+                unit="reqps",
+            ),
         ],
     )
 
