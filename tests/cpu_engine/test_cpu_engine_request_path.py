@@ -453,3 +453,49 @@ def test_the_workers_fast_paths_serve_sglangs_own_template_and_tokenizer(fleet: 
         re.findall(r'^kvretention_worker_fast_path_enabled\{path="(\w+)"\} (\S+)$', text, re.M)
     )
     assert serving == {"compiled_template": "1.0", "token_reuse": "1.0"}, text
+
+
+def test_sglangs_own_fields_reach_the_engine(fleet: Fleet) -> None:
+    """SGLang's extensions (the SDK's ``extra_body``) do what SGLang's server makes them do: a
+    ``regex`` holds the noise to its pattern, ``min_tokens`` with ``ignore_eos`` fills the budget,
+    and ``top_k: 1`` is greedy, so the same request answers the same."""
+    question = [{"role": "user", "content": "yes or no? " + nonce()}]
+    constrained = fleet.openai.chat.completions.create(
+        model=SERVED_NAME, max_tokens=8, messages=question, extra_body={"regex": "(yes|no)"}
+    )
+    assert constrained.choices[0].message.content in ("yes", "no")
+    filled = fleet.openai.chat.completions.create(
+        model=SERVED_NAME,
+        max_tokens=6,
+        messages=question,
+        extra_body={"min_tokens": 6, "ignore_eos": True},
+    )
+    assert filled.usage is not None and filled.usage.completion_tokens == 6
+    greedy = [
+        fleet.openai.chat.completions.create(
+            model=SERVED_NAME,
+            max_tokens=8,
+            temperature=1.0,
+            messages=question,
+            extra_body={"top_k": 1},
+        )
+        .choices[0]
+        .message.content
+        for _ in range(2)
+    ]
+    assert greedy[0] == greedy[1]
+
+
+def test_an_anthropic_prefill_is_continued_not_closed(fleet: Fleet) -> None:
+    """A last assistant message is where the answer starts: the prompt grows by the prefill's own
+    tokens, not by a closed turn and a new assistant header (at least five more)."""
+    question = {"role": "user", "content": "Name a city. " + nonce()}
+    counts = []
+    for messages in ([question], [question, {"role": "assistant", "content": "Sure"}]):
+        message = fleet.anthropic.messages.create(
+            model=SERVED_NAME, max_tokens=2, messages=messages
+        )
+        usage = message.usage  # the prompt: what was read from the cache, written, and the rest
+        read, written = usage.cache_read_input_tokens or 0, usage.cache_creation_input_tokens or 0
+        counts.append(usage.input_tokens + read + written)
+    assert 1 <= counts[1] - counts[0] <= 4, counts

@@ -26,7 +26,8 @@ The conversion follows what SGLang's OpenAI server (``serving_chat.py``, 0.5.23)
 - ``tool_choice: none`` offers no tools; a named tool choice offers only that tool (as SGLang);
 - :class:`ReasoningControl` becomes ``chat_template_kwargs``: ``enable_thinking`` and ``thinking``
   (the two switches templates use) and ``reasoning_effort`` when an effort is given. ``None``
-  leaves the template's default.
+  leaves the template's default. The client's own ``chat_template_kwargs`` (SGLang's extension)
+  are passed after them, so the client's win, as in SGLang's server.
 
 Rendering is ``apply_chat_template(..., tokenize=False, add_generation_prompt=True)``, or the same
 template compiled by minijinja where it was shown to render identically
@@ -181,13 +182,18 @@ def custom_tool_parameters(tool: ToolDefinition) -> dict[str, Any]:
     }
 
 
-def build_template_kwargs(reasoning: ReasoningControl | None) -> dict[str, Any]:
-    """Thinking switches for the template; empty when the request leaves the default."""
-    if reasoning is None:
-        return {}
-    kwargs: dict[str, Any] = {"enable_thinking": reasoning.enabled, "thinking": reasoning.enabled}
-    if reasoning.effort is not None:
-        kwargs["reasoning_effort"] = reasoning.effort
+def build_template_kwargs(
+    reasoning: ReasoningControl | None, client: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Thinking switches for the template, then the client's own ``chat_template_kwargs`` over
+    them (as SGLang's server applies them); empty when the request leaves the defaults."""
+    kwargs: dict[str, Any] = {}
+    if reasoning is not None:
+        kwargs = {"enable_thinking": reasoning.enabled, "thinking": reasoning.enabled}
+        if reasoning.effort is not None:
+            kwargs["reasoning_effort"] = reasoning.effort
+    if client:
+        kwargs.update(client)
     return kwargs
 
 
@@ -340,6 +346,7 @@ def build_template_input(
     tools: Sequence[ToolDefinition] = (),
     tool_choice: ToolChoice | None = None,
     reasoning: ReasoningControl | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
     developer_role: bool = False,
     converted: ConvertedMessages | None = None,
     keep: bool = True,
@@ -369,10 +376,11 @@ def build_template_input(
         found = [converted.tool_schema(t) for t in shown]
         schemas = [f.schema for f in found]
         odd = odd or any(f.odd for f in found)
+    odd = odd or (bool(template_kwargs) and has_odd_number(dict(template_kwargs or {})))
     return TemplateInput(
         messages=out,
         tools=schemas or None,
-        template_kwargs=build_template_kwargs(reasoning),
+        template_kwargs=build_template_kwargs(reasoning, template_kwargs),
         image_urls=images,
         odd_numbers=odd,
         json_memo=converted.json if converted is not None else None,
@@ -492,6 +500,7 @@ def breakpoint_renderer(
     *,
     tool_choice: ToolChoice | None = None,
     reasoning: ReasoningControl | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
     converted: ConvertedMessages | None = None,
     prompt: Rendering | None = None,
 ) -> Callable[[Sequence[ChatMessage], Sequence[ToolDefinition]], str]:
@@ -509,6 +518,7 @@ def breakpoint_renderer(
             tools=tools,
             tool_choice=tool_choice,
             reasoning=reasoning,
+            template_kwargs=template_kwargs,
             developer_role=developer_role,
             converted=converted,
             keep=False,
@@ -551,6 +561,7 @@ def render_prompt(
     tools: Sequence[ToolDefinition] = (),
     tool_choice: ToolChoice | None = None,
     reasoning: ReasoningControl | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
     converted: ConvertedMessages | None = None,
 ) -> tuple[str, list[str]]:
     """Convert and render with the model's template: the prompt text and its image URLs
@@ -560,6 +571,7 @@ def render_prompt(
         tools=tools,
         tool_choice=tool_choice,
         reasoning=reasoning,
+        template_kwargs=template_kwargs,
         developer_role=template_has_developer_role(getattr(tokenizer, "chat_template", None)),
         converted=converted,
     )
@@ -573,12 +585,18 @@ def render_and_encode(
     tools: Sequence[ToolDefinition] = (),
     tool_choice: ToolChoice | None = None,
     reasoning: ReasoningControl | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
     with_offsets: bool = False,
 ) -> RenderedPrompt:
     """Convert, render with the model's template, and tokenize once (with token offsets when
     asked: raises :class:`OffsetsUnavailable` if the tokenizer has none)."""
     text, images = render_prompt(
-        tokenizer, messages, tools=tools, tool_choice=tool_choice, reasoning=reasoning
+        tokenizer,
+        messages,
+        tools=tools,
+        tool_choice=tool_choice,
+        reasoning=reasoning,
+        template_kwargs=template_kwargs,
     )
     if with_offsets:
         ids, offsets = encode_with_offsets(tokenizer, text)

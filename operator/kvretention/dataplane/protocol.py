@@ -101,7 +101,11 @@ class SamplingParams(BaseModel):
     min_p: float | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_new_tokens: int | None = Field(default=None, ge=0)
     stop: list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool | None = None
     seed: int | None = Field(default=None, alias="sampling_seed")
     logit_bias: dict[str, float] | None = None
     """Token id (as a string) -> bias, as SGLang's ``logit_bias`` takes it."""
@@ -494,6 +498,13 @@ class PreprocessedRequest(BaseModel):
     response_format: ResponseFormat | None = None
     reasoning: ReasoningControl | None = None
     """``None``: the template's default; otherwise passed to the template as thinking switches."""
+    template_kwargs: dict[str, Any] | None = None
+    """The client's own chat-template arguments (SGLang's ``chat_template_kwargs``), passed to
+    the template after the thinking switches, so the client's win."""
+    continue_final_message: bool = False
+    """The conversation ends with the start of the answer (an Anthropic prefill, SGLang's
+    ``continue_final_message``): the model continues that assistant text instead of starting a
+    turn. A worker that predates the field renders it as a finished turn."""
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     session_id: str | None = None
     stream: bool = True

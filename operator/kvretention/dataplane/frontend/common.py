@@ -167,6 +167,10 @@ class ParsedRequest:
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
     reasoning: ReasoningControl | None = None
+    template_kwargs: dict[str, Any] | None = None
+    """The client's ``chat_template_kwargs`` (SGLang's extension), passed to the template."""
+    continue_final_message: bool = False
+    """The answer continues the last, assistant message (Anthropic's prefill)."""
     client_controls: bool = False
     """The client sent a retention control (even one that retains nothing): the fleet's default
     TTL policy never applies over it."""

@@ -118,6 +118,8 @@ def build_preprocessed(
         parallel_tool_calls=parsed.parallel_tool_calls,
         response_format=parsed.response_format,
         reasoning=parsed.reasoning,
+        template_kwargs=parsed.template_kwargs,
+        continue_final_message=parsed.continue_final_message,
         sampling=parsed.sampling,
         session_id=session_id,
         stream=parsed.stream,

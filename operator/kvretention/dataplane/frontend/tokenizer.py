@@ -24,8 +24,9 @@ class ChatTokenizer(Protocol):
         ...
 
     def encode_request(self, request: PreprocessedRequest) -> list[int] | None:
-        """The request's prompt tokens (tools, tool choice and thinking switches included), or
-        ``None`` when the worker must tokenize (images)."""
+        """The request's prompt tokens (tools, tool choice, thinking switches and template
+        arguments included), or ``None`` when the worker must tokenize (images, an answer that
+        continues the last message)."""
         ...
 
 
@@ -44,7 +45,7 @@ class HfChatTokenizer:
 
     def encode_request(self, request: PreprocessedRequest) -> list[int] | None:
         messages = request.messages or []
-        if any(m.images() for m in messages):
+        if request.continue_final_message or any(m.images() for m in messages):
             return None
         rendered = render_and_encode(
             self._tokenizer,
@@ -52,6 +53,7 @@ class HfChatTokenizer:
             tools=request.tools,
             tool_choice=request.tool_choice,
             reasoning=request.reasoning,
+            template_kwargs=request.template_kwargs,
         )
         return rendered.token_ids
 

@@ -11,7 +11,7 @@ gets no ``kv_hints`` key at all); ``StreamAdapter`` turns SGLang's stream output
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Literal
 
@@ -28,6 +28,7 @@ from kvretention.dataplane.chat_template import (
     Rendering,
     breakpoint_renderer,
     build_template_input,
+    encode_prompt,
     has_chat_template,
     render_and_encode,
     render_template_traced,
@@ -109,6 +110,20 @@ def build_engine_prompt(
     the prefix-hash ``chain``) lends the tokens the new prompt shares with it, and ``memo`` (what
     :func:`~kvretention.dataplane.worker.wire.decode_request` filled) its converted messages; the
     memo is kept with the prompt for the next turn."""
+    prefix = continued_text(request)
+    if prefix is not None:
+        head = request.model_copy(
+            update={"messages": (request.messages or [])[:-1], "continue_final_message": False}
+        )
+        prompt = build_engine_prompt(
+            head,
+            tokenizer=tokenizer,
+            with_offsets=with_offsets,
+            cache=cache,
+            chain=chain,
+            memo=memo,
+        )
+        return _continued(prompt, prefix, tokenizer=tokenizer)
     messages = request.messages or []
     if request.token_ids is not None:
         images = [part.url for m in messages for part in m.images()]
@@ -136,6 +151,34 @@ def build_engine_prompt(
     )
 
 
+def continued_text(request: PreprocessedRequest) -> str | None:
+    """The assistant text the answer continues (``continue_final_message``), or ``None`` when the
+    request does not continue one: the last message must be the assistant's, text only."""
+    messages = request.messages or []
+    if not request.continue_final_message or not messages or request.token_ids is not None:
+        return None
+    last = messages[-1]
+    if last.role != "assistant" or last.tool_calls or last.reasoning or last.images():
+        return None
+    return last.text()
+
+
+def _continued(prompt: EnginePrompt, prefix: str, *, tokenizer: Any) -> EnginePrompt:
+    """The prompt of the conversation before the assistant's text, with that text after its
+    generation prompt: tokenized on its own and appended, as SGLang's server does, so the
+    model's answer continues it. The token offsets still cover the conversation before it."""
+    if prompt.input_ids is None:
+        text = (prompt.text or "") + prefix
+        return replace(prompt, text=text, rendered=prompt.rendered + prefix)
+    ids = encode_prompt(tokenizer, prefix) if hasattr(tokenizer, "encode") else []
+    return replace(
+        prompt,
+        input_ids=[*prompt.input_ids, *ids],
+        rendered=prompt.rendered + prefix,
+        prompt_tokens=prompt.prompt_tokens + len(ids),
+    )
+
+
 def _templated_prompt(
     request: PreprocessedRequest, *, tokenizer: Any, with_offsets: bool
 ) -> EnginePrompt:
@@ -148,6 +191,7 @@ def _templated_prompt(
         tools=request.tools,
         tool_choice=request.tool_choice,
         reasoning=request.reasoning,
+        template_kwargs=request.template_kwargs,
     )
     try:
         rendered = render(with_offsets=with_offsets)
@@ -184,6 +228,7 @@ def _reused_prompt(
         tools=request.tools,
         tool_choice=request.tool_choice,
         reasoning=request.reasoning,
+        template_kwargs=request.template_kwargs,
         developer_role=template_has_developer_role(getattr(tokenizer, "chat_template", None)),
         converted=converted,
     )
@@ -215,6 +260,16 @@ def resolve_prompt_breakpoints(
     """Each breakpoint's token offset in ``prompt``; dropped (with why) when the prompt has no
     offsets. Raises :class:`MarkerMismatch` when the conversation carries a different count."""
     messages = request.messages or []
+    held: list[DroppedBreakpoint] = []
+    if continued_text(request) is not None:
+        # the answer continues the last message, which is not in the prompt as a message
+        last = len(messages) - 1
+        held = [
+            DroppedBreakpoint(m.element, m.ttl_seconds, "the answer continues this message")
+            for m in find_markers(messages, ())
+            if m.kind != "tool" and m.index == last
+        ]
+        messages, expected = messages[:-1], expected - len(held)
     if not prompt.has_offsets:
         markers = find_markers(messages, request.tools)
         if len(markers) != expected:
@@ -223,15 +278,16 @@ def resolve_prompt_breakpoints(
                 f"carries {len(markers)}"
             )
         dropped = (DroppedBreakpoint(m.element, m.ttl_seconds, prompt.no_offsets) for m in markers)
-        return Resolution(resolved=(), dropped=tuple(dropped))
+        return Resolution(resolved=(), dropped=(*dropped, *held))
     render = breakpoint_renderer(
         tokenizer,
         tool_choice=request.tool_choice,
         reasoning=request.reasoning,
+        template_kwargs=request.template_kwargs,
         converted=prompt.converted,
         prompt=prompt.rendering,
     )
-    return resolve_breakpoints(
+    resolution = resolve_breakpoints(
         messages,
         request.tools,
         render=render,
@@ -241,6 +297,7 @@ def resolve_prompt_breakpoints(
         ordered=prompt.ends_ordered if prompt.token_ends is not None else None,
         expected=expected,
     )
+    return replace(resolution, dropped=(*resolution.dropped, *held)) if held else resolution
 
 
 def build_generate_kwargs(

@@ -84,7 +84,8 @@ class _Conversation:
 
     def request(self, model: str, *, sampling: SamplingParams, stream: bool) -> ParsedRequest:
         """These messages and tool controls as a request without a hint: what ``count_tokens``
-        answers; ``/v1/messages`` adds its hint and echo fields to it."""
+        answers; ``/v1/messages`` adds its hint and echo fields to it. A last message of the
+        assistant's is a prefill: the answer continues it (Anthropic's rule)."""
         return ParsedRequest(
             model=model,
             messages=self.messages,
@@ -98,6 +99,7 @@ class _Conversation:
             response_format=self.response_format,
             reasoning=self.reasoning,
             deferred_tools=self.deferred_tools,
+            continue_final_message=bool(self.messages) and self.messages[-1].role == "assistant",
         )
 
 

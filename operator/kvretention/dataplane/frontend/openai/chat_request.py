@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
+import kvretention.dataplane.frontend.openai.sglang_fields as sglang
 from kvretention.dataplane.frontend import compat
 from kvretention.dataplane.frontend.common import Opener, Opening, ParsedRequest
 from kvretention.dataplane.frontend.openai.chat_conversation import fold_messages
@@ -83,7 +84,7 @@ REFUSED: Final[Mapping[str, str]] = {
 ASKED_BY_EMPTY: Final = frozenset({"web_search_options"})
 """Refused fields whose empty object asks for the feature: ``"web_search_options": {}`` is how
 a client turns on web search with its defaults."""
-FIELDS: Final = HONOURED | NO_OP | frozenset(REFUSED)
+FIELDS: Final = HONOURED | NO_OP | frozenset(REFUSED) | sglang.FIELDS
 
 
 _OPENER: Final = Opener(
@@ -112,6 +113,8 @@ def parse_chat(body: dict[str, Any], opening: Opening, resumer: Resumer | None) 
     messages = fold_messages(raw, marks=marks, resumer=resumer, encoded=encoded)
     only_keys(body, where="", allowed=FIELDS)
     refuse_set(body, REFUSED, asked_by_empty=ASKED_BY_EMPTY)
+    refuse_set(body, sglang.REFUSED)
+    sglang.check_reasoning_shape(body)
     _check_no_ops(body)
     n = F.opt_int(body, "n", minimum=1)
     if n is not None and n != 1:
@@ -131,10 +134,15 @@ def parse_chat(body: dict[str, Any], opening: Opening, resumer: Resumer | None) 
         ignore_present(options, ("include_obfuscation",), where="stream_options")
     include_usage = bool(options and options.get("include_usage") is True)
     tools = _tools(body, resumer=resumer)
+    response_format = _response_format(body.get("response_format"))
+    extra = sglang.sglang_sampling(body, max_tokens=max_tokens, response_format=response_format)
+    base = sampling(body, max_tokens=max_tokens, logit_bias=logit_bias(body))
+    kwargs = sglang.template_kwargs(body)
+    effort = reasoning_effort(body.get("reasoning_effort"), param="reasoning_effort")
     return ParsedRequest(
         model=model,
         messages=messages,
-        sampling=sampling(body, max_tokens=max_tokens, logit_bias=logit_bias(body)),
+        sampling=base.model_copy(update=extra) if extra else base,
         stream=F.opt_bool(body, "stream"),
         envelope=envelope,
         hint_param=OPTIONS if envelope is not None else None,
@@ -142,14 +150,17 @@ def parse_chat(body: dict[str, Any], opening: Opening, resumer: Resumer | None) 
         tools=_allowed(tools, body),
         tool_choice=_tool_choice(body.get("tool_choice"), tools=tools),
         parallel_tool_calls=F.opt_bool(body, "parallel_tool_calls", default=True),
-        response_format=_response_format(body.get("response_format")),
-        reasoning=reasoning_effort(body.get("reasoning_effort"), param="reasoning_effort"),
+        response_format=response_format,
+        reasoning=sglang.thinking_switch(kwargs, effort),
+        template_kwargs=kwargs,
+        continue_final_message=F.opt_bool(body, "continue_final_message"),
         client_controls=cache.client_controls,
     )
 
 
 def _check_no_ops(body: Mapping[str, Any]) -> None:
     ignore_present(body, NO_OP - {"metadata"})  # metadata may hold the session key
+    ignore_present(body, sglang.NO_OP)
     metadata(body)
     F.opt_bool(body, "store")
     for key in ("user", "safety_identifier", "service_tier"):  # prompt_cache_*: the normalizer's

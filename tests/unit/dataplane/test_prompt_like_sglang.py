@@ -1,0 +1,267 @@
+"""A Chat Completions request gets the prompt and sampling SGLang's own server would give it.
+
+Each body goes through this fleet (the frontend's ``parse_chat``, the wire, the worker's
+``plan_call``) and through SGLang 0.5.23's ``OpenAIServingChat._process_messages`` and
+``to_sampling_params``, with the same tokenizer, template and parsers. The prompt token ids must
+be equal, and the sampling parameters must be equal once SGLang's ``SamplingParams`` has filled
+in its defaults (what the engine computes with). Where the fleet renders unlike SGLang's server
+on purpose (docs/frontend.md, "OpenAI Chat Completions fields"), the difference is named and
+must stay exactly that.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import types
+import warnings
+from typing import Any
+
+import pytest
+
+from kvretention.dataplane.frontend.openai import parse_chat
+from kvretention.dataplane.frontend.prepare import build_preprocessed
+from kvretention.dataplane.worker.app import plan_call
+from kvretention.dataplane.worker.dialect import Dialect
+from kvretention.dataplane.worker.engine import LoadedEngine
+from kvretention.dataplane.worker.parsing import ParserNames
+from support.chat_tokenizer import build_tokenizer
+
+PARSERS = ParserNames(tool_call_parser="qwen25", reasoning_parser="qwen3", model_type="llama")
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather for a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+CALL = {
+    "id": "c1",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+}
+USER = {"role": "user", "content": "Weather in Paris?"}
+
+
+def _body(*messages: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": list(messages or [USER]), **fields}
+
+
+SAME: dict[str, dict[str, Any]] = {
+    "plain": _body(),
+    "system": _body({"role": "system", "content": "Be brief."}, USER),
+    "empty content": _body({"role": "user", "content": ""}),
+    "a participant name": _body({"role": "user", "content": "hi", "name": "bob"}),
+    "reasoning replayed": _body(
+        USER,
+        {"role": "assistant", "content": "Sunny.", "reasoning_content": "Look it up."},
+        {"role": "user", "content": "And Rome?"},
+    ),
+    "thinking off by template kwargs": _body(chat_template_kwargs={"enable_thinking": False}),
+    "thinking on by template kwargs": _body(chat_template_kwargs={"enable_thinking": True}),
+    "a template kwarg the template does not read": _body(chat_template_kwargs={"house": "x"}),
+    "thinking off by effort": _body(reasoning_effort="none"),
+    "sampling, OpenAI's": _body(
+        temperature=0.3,
+        top_p=0.9,
+        frequency_penalty=0.5,
+        presence_penalty=-0.5,
+        seed=7,
+        max_tokens=12,
+        stop=["END", "STOP"],
+        logit_bias={"17": 5},
+    ),
+    "sampling, SGLang's": _body(
+        top_k=20,
+        min_p=0.05,
+        repetition_penalty=1.1,
+        min_tokens=3,
+        max_tokens=30,
+        stop_token_ids=[5, 6],
+        ignore_eos=True,
+        no_stop_trim=True,
+    ),
+    "top_k -1 is every token": _body(top_k=-1),
+    "special tokens kept": _body(skip_special_tokens=False),
+    "regex": _body(regex="(yes|no)"),
+    "ebnf": _body(ebnf='root ::= "yes" | "no"'),
+    "json_schema": _body(
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "x", "schema": {"type": "object"}},
+        }
+    ),
+    "json_object": _body(response_format={"type": "json_object"}),
+    "continue the last assistant message": _body(
+        USER, {"role": "assistant", "content": "It is"}, continue_final_message=True
+    ),
+    "continue with thinking off": _body(
+        USER,
+        {"role": "assistant", "content": "{"},
+        continue_final_message=True,
+        chat_template_kwargs={"enable_thinking": False},
+    ),
+    "continue without an assistant message": _body(continue_final_message=True),
+    "tool_choice none": _body(tools=[WEATHER], tool_choice="none"),
+}
+
+DEFER_LOADING = ', "defer_loading": null'
+"""SGLang's server dumps each tool with its ``defer_loading`` field, set or not; the fleet shows
+the model the tool as the client wrote it."""
+WITH_TOOLS: dict[str, dict[str, Any]] = {
+    "tools": _body(tools=[WEATHER]),
+    "tools required": _body(tools=[WEATHER], tool_choice="required"),
+    "a named tool": _body(
+        tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}}
+    ),
+    "one call at most": _body(tools=[WEATHER], parallel_tool_calls=False),
+    "a call and its result": _body(
+        USER,
+        {"role": "assistant", "content": None, "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        tools=[WEATHER],
+    ),
+    "text, a call, a result in parts": _body(
+        USER,
+        {"role": "assistant", "content": "Let me see.", "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "sunny"}]},
+        tools=[WEATHER],
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def sglang_server(tokenizer: Any) -> Any:
+    """SGLang's OpenAI chat serving over the test tokenizer and its template, as its server
+    builds it (``TemplateManager.load_chat_template``), with no engine behind it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # SGLang's GPU-only quantizers warn on import
+        from sglang.srt.entrypoints.openai import serving_chat
+        from sglang.srt.parser.template_manager import TemplateManager
+
+    hf_config = types.SimpleNamespace(model_type="llama", architectures=["LlamaForCausalLM"])
+    config = {"tool_call_parser": PARSERS.tool_call_parser, "reasoning_parser": "qwen3"}
+    manager = types.SimpleNamespace(
+        config_value=config.get,
+        tokenizer=tokenizer,
+        model_config=types.SimpleNamespace(
+            hf_config=hf_config, get_default_sampling_params=lambda: {}
+        ),
+        server_args=None,
+        served_model_name="m",
+    )
+    templates = TemplateManager()
+    templates.load_chat_template(manager, None, "/no/model")
+    serving = types.SimpleNamespace(default_chat_template_kwargs=None)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(serving_chat, "get_serving", lambda: serving)
+        return serving_chat.OpenAIServingChat(manager, templates)
+
+
+def _sglang(server: Any, body: dict[str, Any]) -> tuple[list[int], dict[str, Any]]:
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
+
+    request = ChatCompletionRequest.model_validate(copy.deepcopy(body))
+    processed = server._process_messages(request, False)
+    params = request.to_sampling_params(
+        stop=processed.stop,
+        model_generation_config={},
+        tool_call_constraint=processed.tool_call_constraint,
+    )
+    return list(processed.prompt_ids), _engine_view(params)
+
+
+def _ours(tokenizer: Any, body: dict[str, Any]) -> tuple[list[int], dict[str, Any]]:
+    parsed = parse_chat(copy.deepcopy(body))
+    request = build_preprocessed(parsed, request_id="r", session_id=None, tokenizer=None)
+    engine = LoadedEngine(
+        engine=types.SimpleNamespace(tokenizer_manager=types.SimpleNamespace(tokenizer=tokenizer)),
+        name="test",
+        dialect=Dialect.FLAT,
+        parsers=PARSERS,
+    )
+    planned = plan_call(request.to_json_bytes(), headers={}, state_role="aggregated", engine=engine)
+    return planned.kwargs["input_ids"], _engine_view(planned.kwargs["sampling_params"])
+
+
+def _engine_view(params: dict[str, Any]) -> dict[str, Any]:
+    """What the engine samples with: SGLang's ``SamplingParams`` with its defaults filled in,
+    grammars read as JSON where they are JSON (the same value written either way)."""
+    import msgspec
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    given = {k: v for k, v in params.items() if v is not None}
+    view = msgspec.structs.asdict(SamplingParams(**given))
+    for key in ("json_schema", "structural_tag"):
+        if isinstance(view.get(key), str):
+            view[key] = json.loads(view[key])
+    return view
+
+
+@pytest.mark.parametrize("name", sorted(SAME))
+def test_the_prompt_and_sampling_are_sglangs(tokenizer: Any, sglang_server: Any, name: str) -> None:
+    body = SAME[name]
+    ours, theirs = _ours(tokenizer, body), _sglang(sglang_server, body)
+    assert tokenizer.decode(ours[0]) == tokenizer.decode(theirs[0])
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("name", sorted(WITH_TOOLS))
+def test_with_tools_only_sglangs_defer_loading_differs(
+    tokenizer: Any, sglang_server: Any, name: str
+) -> None:
+    body = WITH_TOOLS[name]
+    (ours, our_params), (theirs, their_params) = (
+        _ours(tokenizer, body),
+        _sglang(sglang_server, body),
+    )
+    their_text = tokenizer.decode(theirs)
+    assert DEFER_LOADING in their_text
+    assert tokenizer.decode(ours) == their_text.replace(DEFER_LOADING, "")
+    assert our_params == their_params
+
+
+SYSTEM = {"role": "system", "content": "Be brief."}
+DIFFERENT: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    # our body -> the body SGLang renders as we render ours
+    "developer is system where the template has no developer role": (
+        _body({"role": "developer", "content": "Be brief."}, USER),
+        _body(SYSTEM, USER),
+    ),
+    "text parts joined by newlines": (
+        _body({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}),
+        _body({"role": "user", "content": "a\nb"}),
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(DIFFERENT))
+def test_where_the_fleet_renders_unlike_sglang_on_purpose(
+    tokenizer: Any, sglang_server: Any, name: str
+) -> None:
+    body, equivalent = DIFFERENT[name]
+    ours = _ours(tokenizer, body)
+    assert ours != _sglang(sglang_server, body)
+    assert ours == _sglang(sglang_server, equivalent)
+
+
+def test_a_last_assistant_message_is_history_not_a_user_turn(
+    tokenizer: Any, sglang_server: Any
+) -> None:
+    body = _body(USER, {"role": "assistant", "content": "It is"})
+    ours, theirs = _ours(tokenizer, body), _sglang(sglang_server, body)
+    assert tokenizer.decode(ours[0]).endswith(
+        "<|im_start|>assistant\nIt is<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert "<|im_start|>user\nIt is<|im_end|>" in tokenizer.decode(theirs[0])
+    assert ours[1] == theirs[1]
