@@ -2,9 +2,10 @@
 
 Each body goes through this fleet (the frontend's ``parse_chat``, the wire, the worker's
 ``plan_call``) and through SGLang 0.5.23's ``OpenAIServingChat._process_messages`` and
-``to_sampling_params``, with the same tokenizer, template and parsers. The prompt token ids must
-be equal, and the sampling parameters must be equal once SGLang's ``SamplingParams`` has filled
-in its defaults (what the engine computes with). Where the fleet renders unlike SGLang's server
+``to_sampling_params``, with the same tokenizer and parsers, over each template of
+``support.real_templates``. The prompt token ids must be equal (or both sides refuse the
+conversation), and the sampling parameters must be equal once SGLang's ``SamplingParams`` has
+filled in its defaults (what the engine computes with). Where the fleet renders unlike SGLang's server
 on purpose (docs/frontend.md, "OpenAI Chat Completions fields"), the difference is named and
 must stay exactly that.
 """
@@ -26,6 +27,7 @@ from kvretention.dataplane.worker.dialect import Dialect
 from kvretention.dataplane.worker.engine import LoadedEngine
 from kvretention.dataplane.worker.parsing import ParserNames
 from support.chat_tokenizer import build_tokenizer
+from support.real_templates import HELPERS, TEMPLATES
 
 PARSERS = ParserNames(tool_call_parser="qwen25", reasoning_parser="qwen3", model_type="llama")
 WEATHER = {
@@ -135,6 +137,9 @@ WITH_TOOLS: dict[str, dict[str, Any]] = {
 }
 
 
+TINY = "kvretention tiny-model chat format"
+
+
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
     return build_tokenizer()
@@ -142,8 +147,20 @@ def tokenizer() -> Any:
 
 @pytest.fixture(scope="module")
 def sglang_server(tokenizer: Any) -> Any:
-    """SGLang's OpenAI chat serving over the test tokenizer and its template, as its server
-    builds it (``TemplateManager.load_chat_template``), with no engine behind it."""
+    return sglang_serving(tokenizer)
+
+
+@pytest.fixture(scope="module", params=sorted(TEMPLATES))
+def served(request: pytest.FixtureRequest) -> tuple[Any, Any]:
+    """A tokenizer with one of the real templates, and SGLang's serving over it."""
+    tokenizer = build_tokenizer()
+    tokenizer.chat_template = TEMPLATES[request.param]()
+    return tokenizer, sglang_serving(tokenizer)
+
+
+def sglang_serving(tokenizer: Any) -> Any:
+    """SGLang's OpenAI chat serving over ``tokenizer`` and its template, as its server builds it
+    (``TemplateManager.load_chat_template``), with no engine behind it."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # SGLang's GPU-only quantizers warn on import
         from sglang.srt.entrypoints.openai import serving_chat
@@ -208,16 +225,67 @@ def _engine_view(params: dict[str, Any]) -> dict[str, Any]:
     return view
 
 
+Outcome = tuple[list[int], dict[str, Any]] | str
+
+
+def _outcome(run: Any, *args: Any) -> Outcome:
+    """The prompt and sampling, or ``"refused"`` where the template refuses the conversation."""
+    from kvretention.dataplane.worker.app import RequestRejected
+
+    try:
+        return run(*args)  # type: ignore[no-any-return]
+    except (RequestRejected, ValueError):
+        return "refused"
+
+
+KNOWN: dict[tuple[str, str], str] = {
+    ("thinking off by effort", "helpers: macros, loop, break, dictsort, items, unique"): (
+        "reasoning_effort none is a thinking switch here, not a template variable"
+    ),
+}
+"""(row, template) pairs that differ on purpose; each has its own test below."""
+
+
 @pytest.mark.parametrize("name", sorted(SAME))
-def test_the_prompt_and_sampling_are_sglangs(tokenizer: Any, sglang_server: Any, name: str) -> None:
-    body = SAME[name]
-    ours, theirs = _ours(tokenizer, body), _sglang(sglang_server, body)
-    assert tokenizer.decode(ours[0]) == tokenizer.decode(theirs[0])
+def test_the_prompt_and_sampling_are_sglangs(served: tuple[Any, Any], name: str) -> None:
+    tokenizer, server = served
+    ours = _outcome(_ours, tokenizer, SAME[name])
+    theirs = _outcome(_sglang, server, SAME[name])
+    if (name, _template_of(tokenizer)) in KNOWN:
+        assert ours != theirs
+        return
+    if isinstance(ours, tuple) and isinstance(theirs, tuple):
+        assert tokenizer.decode(ours[0]) == tokenizer.decode(theirs[0])
     assert ours == theirs
 
 
+def _template_of(tokenizer: Any) -> str:
+    return next(name for name, source in TEMPLATES.items() if source() == tokenizer.chat_template)
+
+
 @pytest.mark.parametrize("name", sorted(WITH_TOOLS))
-def test_with_tools_only_sglangs_defer_loading_differs(
+def test_with_tools_the_prompt_and_sampling_are_sglangs_but_for_defer_loading(
+    served: tuple[Any, Any], name: str
+) -> None:
+    from sglang.srt.entrypoints.openai.protocol import Tool
+
+    tokenizer, server = served
+    dump = Tool.model_dump
+
+    def without_defer_loading(tool: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        data: dict[str, Any] = dump(tool, *args, **kwargs)
+        if data.get("defer_loading") is None:
+            data.pop("defer_loading", None)
+        return data
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Tool, "model_dump", without_defer_loading)
+        theirs = _outcome(_sglang, server, WITH_TOOLS[name])
+    assert _outcome(_ours, tokenizer, WITH_TOOLS[name]) == theirs
+
+
+@pytest.mark.parametrize("name", sorted(WITH_TOOLS))
+def test_sglang_shows_the_model_each_tools_defer_loading(
     tokenizer: Any, sglang_server: Any, name: str
 ) -> None:
     body = WITH_TOOLS[name]
@@ -229,6 +297,15 @@ def test_with_tools_only_sglangs_defer_loading_differs(
     assert DEFER_LOADING in their_text
     assert tokenizer.decode(ours) == their_text.replace(DEFER_LOADING, "")
     assert our_params == their_params
+
+
+def test_reasoning_effort_none_switches_thinking_off_without_naming_an_effort() -> None:
+    tokenizer = build_tokenizer()
+    tokenizer.chat_template = HELPERS
+    body = _body(reasoning_effort="none")
+    ours, theirs = _ours(tokenizer, body), _sglang(sglang_serving(tokenizer), body)
+    assert tokenizer.decode(ours[0]).endswith("<assistant>")
+    assert tokenizer.decode(theirs[0]).endswith("<assistant>none")
 
 
 SYSTEM = {"role": "system", "content": "Be brief."}
