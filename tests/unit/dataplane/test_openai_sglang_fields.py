@@ -8,9 +8,15 @@ from typing import Any
 
 import pytest
 
-from kvretention.dataplane.frontend.openai import parse_chat
+from kvretention.dataplane.frontend.openai import parse_chat, parse_responses
 from kvretention.dataplane.frontend.openai.chat_request import FIELDS
-from kvretention.dataplane.frontend.openai.sglang_fields import HONOURED, NO_OP, REFUSED
+from kvretention.dataplane.frontend.openai.responses_request import FIELDS as RESPONSES_ALL
+from kvretention.dataplane.frontend.openai.sglang_fields import (
+    HONOURED,
+    NO_OP,
+    REFUSED,
+    RESPONSES_NO_OP,
+)
 from kvretention.dataplane.protocol import ReasoningControl
 from support.client_refusals import refusal_cases, refused
 
@@ -157,3 +163,68 @@ def test_no_ops_are_accepted_and_counted(key: str) -> None:
     parsed = parse_chat(body(**{key: 1}))
     assert parsed.ignored == (key,)
     assert parsed.sampling.to_sglang() == {}
+
+
+# -- Responses: the subset SGLang's ResponsesRequest takes -------------------------------------
+
+
+def responses_body(**extra: Any) -> dict[str, Any]:
+    return {"model": "m", "input": "hi", **extra}
+
+
+def test_the_responses_tables_cover_sglangs_own_request_model() -> None:
+    from sglang.srt.entrypoints.openai.protocol import ResponsesRequest
+
+    assert set(ResponsesRequest.model_fields) - RESPONSES_ALL == set()
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ({"top_k": 20, "min_p": 0.1}, {"top_k": 20, "min_p": 0.1}),
+        ({"repetition_penalty": 1.05}, {"repetition_penalty": 1.05}),
+        (
+            {"frequency_penalty": 0.5, "presence_penalty": 0.25, "seed": 3},
+            {"frequency_penalty": 0.5, "presence_penalty": 0.25, "sampling_seed": 3},
+        ),
+        ({"stop": "END"}, {"stop": ["END"]}),
+    ],
+)
+def test_responses_sampling_extensions_are_honoured_not_ignored(
+    extra: dict[str, Any], expected: dict[str, Any]
+) -> None:
+    parsed = parse_responses(responses_body(**extra))
+    assert parsed.sampling.to_sglang() == expected
+    assert parsed.ignored == ()
+
+
+def test_responses_template_kwargs_switch_thinking() -> None:
+    parsed = parse_responses(
+        responses_body(chat_template_kwargs={"enable_thinking": False, "house": 1})
+    )
+    assert parsed.reasoning == ReasoningControl(enabled=False)
+    assert parsed.template_kwargs == {"enable_thinking": False, "house": 1}
+
+
+@pytest.mark.parametrize(
+    ("extra", "param", "code"),
+    refusal_cases(
+        [
+            ({"cache_salt": "s"}, "cache_salt", "unsupported_parameter"),
+            ({"top_k": 0}, "top_k", "invalid_value"),
+            (
+                {"chat_template_kwargs": {"messages": []}},
+                "chat_template_kwargs.messages",
+                "invalid_value",
+            ),
+        ]
+    ),
+)
+def test_responses_refusals_name_the_field(extra: dict[str, Any], param: str, code: str) -> None:
+    err = refused(lambda: parse_responses(responses_body(**extra)))
+    assert (err.param, err.code.value) == (param, code)
+
+
+@pytest.mark.parametrize("key", sorted(RESPONSES_NO_OP))
+def test_responses_no_ops_are_accepted_and_counted(key: str) -> None:
+    assert parse_responses(responses_body(**{key: 1})).ignored == (key,)

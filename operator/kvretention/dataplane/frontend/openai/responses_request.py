@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
+import kvretention.dataplane.frontend.openai.sglang_fields as sglang
 from kvretention.dataplane.frontend import compat
 from kvretention.dataplane.frontend.common import Opener, Opening, ParsedRequest
 from kvretention.dataplane.frontend.openai.fields import (
@@ -57,6 +58,7 @@ HONOURED: Final = frozenset(
         "max_output_tokens",
         "temperature",
         "top_p",
+        "seed",
         "tools",
         "tool_choice",
         "parallel_tool_calls",
@@ -97,7 +99,7 @@ REFUSED: Final[Mapping[str, str]] = {
     "image": "image generation is not supported.",
     "access_programs": "programmatic tool calling is not supported.",
 }
-FIELDS: Final = HONOURED | NO_OP | frozenset(REFUSED)
+FIELDS: Final = HONOURED | NO_OP | frozenset(REFUSED) | sglang.RESPONSES_FIELDS
 _REASONING_CONTEXTS: Final = ("auto", "current_turn", "all_turns")
 
 
@@ -119,6 +121,8 @@ def parse_responses(
     model = F.required_str(body, "model")
     only_keys(body, where="", allowed=FIELDS)
     refuse_set(body, REFUSED)
+    refuse_set(body, sglang.RESPONSES_REFUSED)
+    ignore_present(body, sglang.RESPONSES_NO_OP)
     no_ops = _no_ops(body)
     listed = body.get("input")
     additional = (
@@ -147,7 +151,10 @@ def parse_responses(
     text_format, text_echo = _text(body.get("text"))
     control, reasoning_echo = _reasoning_control(body.get("reasoning"))
     max_tokens = F.opt_int(body, "max_output_tokens", minimum=1)
-    params = sampling(body, max_tokens=max_tokens, stop_key=None)
+    base = sampling(body, max_tokens=max_tokens)
+    extra = sglang.shared_sampling(body)
+    params = base.model_copy(update=extra) if extra else base
+    kwargs = sglang.template_kwargs(body)
     cache_key = body.get("prompt_cache_key")  # type-checked by the normalizer when hints are on
     echo: dict[str, Any] = {
         "instructions": instructions,
@@ -176,7 +183,8 @@ def parse_responses(
         tool_choice=tool_choice,
         parallel_tool_calls=parallel,
         response_format=text_format,
-        reasoning=control,
+        reasoning=sglang.thinking_switch(kwargs, control),
+        template_kwargs=kwargs,
         client_controls=cache.client_controls,
         tool_origin={
             n: (o.namespace, o.name)

@@ -89,6 +89,35 @@ REFUSED: Final[Mapping[str, str]] = {
 """Set to anything but ``null``, ``false`` or empty: a 400 naming the field."""
 FIELDS: Final = HONOURED | NO_OP | frozenset(REFUSED)
 
+RESPONSES_HONOURED: Final = frozenset(
+    {
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "frequency_penalty",
+        "presence_penalty",
+        "stop",
+        "chat_template_kwargs",
+    }
+)
+"""What SGLang's ``ResponsesRequest`` takes beyond OpenAI's Responses fields and acts on."""
+RESPONSES_NO_OP: Final = frozenset(
+    {
+        "request_id",
+        "priority",
+        "extra_key",
+        "session_id",
+        "data_parallel_rank",
+        "routed_dp_rank",
+        "disagg_prefill_dp_rank",
+        "bootstrap_host",
+        "bootstrap_port",
+        "bootstrap_room",
+    }
+)
+RESPONSES_REFUSED: Final[Mapping[str, str]] = {"cache_salt": REFUSED["cache_salt"]}
+RESPONSES_FIELDS: Final = RESPONSES_HONOURED | RESPONSES_NO_OP | frozenset(RESPONSES_REFUSED)
+
 TEMPLATE_RESERVED: Final = frozenset(
     {
         "messages",
@@ -118,16 +147,7 @@ def sglang_sampling(
 ) -> dict[str, Any]:
     """The SGLang sampling parameters the body sets (``SamplingParams`` names), checked as
     SGLang's ``SamplingParams.verify`` checks them, so a bad value is the client's 400 here."""
-    out: dict[str, Any] = {}
-    top_k = F.opt_int(body, "top_k", minimum=-1)
-    if top_k == 0:
-        raise F.invalid_value("top_k", "0 is not allowed: -1 (every token) or at least 1.")
-    out["top_k"] = top_k
-    out["min_p"] = F.opt_number(body, "min_p", minimum=0, maximum=1)
-    penalty = F.opt_number(body, "repetition_penalty", minimum=0, maximum=2)
-    if penalty == 0:
-        raise F.invalid_value("repetition_penalty", "0 is below the exclusive minimum of 0.")
-    out["repetition_penalty"] = penalty
+    out = shared_sampling(body)
     least = F.opt_int(body, "min_tokens", minimum=0)
     if least is not None and max_tokens is not None and least > max_tokens:
         raise F.invalid_value("min_tokens", f"{least} is above max_tokens ({max_tokens}).")
@@ -145,6 +165,22 @@ def sglang_sampling(
         )
     for key in grammars:
         out[key] = body[key]
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def shared_sampling(body: Mapping[str, Any]) -> dict[str, Any]:
+    """``top_k``, ``min_p`` and ``repetition_penalty``, which both SGLang endpoints take."""
+    top_k = F.opt_int(body, "top_k", minimum=-1)
+    if top_k == 0:
+        raise F.invalid_value("top_k", "0 is not allowed: -1 (every token) or at least 1.")
+    penalty = F.opt_number(body, "repetition_penalty", minimum=0, maximum=2)
+    if penalty == 0:
+        raise F.invalid_value("repetition_penalty", "0 is below the exclusive minimum of 0.")
+    out = {
+        "top_k": top_k,
+        "min_p": F.opt_number(body, "min_p", minimum=0, maximum=1),
+        "repetition_penalty": penalty,
+    }
     return {k: v for k, v in out.items() if v is not None}
 
 
