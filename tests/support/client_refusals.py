@@ -23,3 +23,9 @@ def refused(parse: Callable[[], object]) -> ClientError:
     with pytest.raises(ClientError) as info:
         parse()
     return info.value
+
+
+def assert_refused(parse: Callable[[], object], *, param: str, code: str) -> None:
+    """``parse()`` is a 400 naming ``param`` with ``code``."""
+    err = refused(parse)
+    assert (err.param, err.code.value, err.status) == (param, code, 400)

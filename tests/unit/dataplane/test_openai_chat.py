@@ -28,7 +28,7 @@ from kvretention.dataplane.protocol import (
     ToolDefinition,
     Usage,
 )
-from support.client_refusals import refusal_cases, refused
+from support.client_refusals import assert_refused, refusal_cases
 
 WEATHER = {
     "type": "function",
@@ -388,9 +388,7 @@ REFUSALS = [
 
 @pytest.mark.parametrize(("extra", "param", "code"), refusal_cases(REFUSALS))
 def test_refusals_name_the_field(extra: dict[str, Any], param: str, code: str) -> None:
-    err = refused(lambda: parse_chat(body(**extra)))
-    assert (err.param, err.code.value) == (param, code)
-    assert err.status == 400
+    assert_refused(lambda: parse_chat(body(**extra)), param=param, code=code)
 
 
 @pytest.mark.parametrize(

@@ -35,7 +35,7 @@ from kvretention.dataplane.protocol import (
     ToolChoice,
     Usage,
 )
-from support.client_refusals import refusal_cases, refused
+from support.client_refusals import assert_refused, refusal_cases
 from support.openai_shapes import (
     APPLY_PATCH,
     CODEX_MESSAGES,
@@ -362,9 +362,9 @@ REFUSALS = [
 
 @pytest.mark.parametrize(("extra", "param", "code"), refusal_cases(REFUSALS))
 def test_refusals_name_the_field(extra: dict[str, Any], param: str, code: str) -> None:
-    err = refused(lambda: parse_responses({"model": "m", "input": "x", **extra}))
-    assert (err.param, err.code.value) == (param, code)
-    assert err.status == 400
+    assert_refused(
+        lambda: parse_responses({"model": "m", "input": "x", **extra}), param=param, code=code
+    )
 
 
 # -- formatting --------------------------------------------------------------------------------

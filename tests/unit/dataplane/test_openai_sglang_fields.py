@@ -18,7 +18,7 @@ from kvretention.dataplane.frontend.openai.sglang_fields import (
     RESPONSES_NO_OP,
 )
 from kvretention.dataplane.protocol import ReasoningControl
-from support.client_refusals import refusal_cases, refused
+from support.client_refusals import assert_refused, refusal_cases
 
 
 def body(**extra: Any) -> dict[str, Any]:
@@ -139,9 +139,7 @@ REFUSALS = [
 
 @pytest.mark.parametrize(("extra", "param", "code"), refusal_cases(REFUSALS))
 def test_refusals_name_the_field(extra: dict[str, Any], param: str, code: str) -> None:
-    err = refused(lambda: parse_chat(body(**extra)))
-    assert (err.param, err.code.value) == (param, code)
-    assert err.status == 400
+    assert_refused(lambda: parse_chat(body(**extra)), param=param, code=code)
 
 
 @pytest.mark.parametrize(
@@ -221,8 +219,7 @@ def test_responses_template_kwargs_switch_thinking() -> None:
     ),
 )
 def test_responses_refusals_name_the_field(extra: dict[str, Any], param: str, code: str) -> None:
-    err = refused(lambda: parse_responses(responses_body(**extra)))
-    assert (err.param, err.code.value) == (param, code)
+    assert_refused(lambda: parse_responses(responses_body(**extra)), param=param, code=code)
 
 
 @pytest.mark.parametrize("key", sorted(RESPONSES_NO_OP))

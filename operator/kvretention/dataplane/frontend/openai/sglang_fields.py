@@ -34,9 +34,8 @@ HONOURED: Final = frozenset(
         "stream_reasoning",
     }
 )
-NO_OP: Final = frozenset(
+PLACEMENT: Final = frozenset(
     {
-        "rid",
         "extra_key",
         "priority",
         "session_id",
@@ -46,13 +45,18 @@ NO_OP: Final = frozenset(
         "bootstrap_host",
         "bootstrap_port",
         "bootstrap_room",
-        "routed_experts_start_len",
-        "return_cached_tokens_details",
-        "return_spec_tokens_details",
-        "return_flat_raw_top_logprobs_b64",
-        "thinking",
     }
 )
+"""Priorities and placement, which both SGLang endpoints take: the fleet's router places (on the
+session), so these are counted no-ops."""
+NO_OP: Final = PLACEMENT | {
+    "rid",
+    "routed_experts_start_len",
+    "return_cached_tokens_details",
+    "return_spec_tokens_details",
+    "return_flat_raw_top_logprobs_b64",
+    "thinking",
+}
 """Request ids, priorities and placement (the router places, on the session), and details of
 SGLang's own usage object or log probabilities (refused apart): nothing the model computes.
 ``thinking`` is MiniMax M3's switch in SGLang (its server reads it for no other model); the
@@ -101,20 +105,7 @@ RESPONSES_HONOURED: Final = frozenset(
     }
 )
 """What SGLang's ``ResponsesRequest`` takes beyond OpenAI's Responses fields and acts on."""
-RESPONSES_NO_OP: Final = frozenset(
-    {
-        "request_id",
-        "priority",
-        "extra_key",
-        "session_id",
-        "data_parallel_rank",
-        "routed_dp_rank",
-        "disagg_prefill_dp_rank",
-        "bootstrap_host",
-        "bootstrap_port",
-        "bootstrap_room",
-    }
-)
+RESPONSES_NO_OP: Final = PLACEMENT | {"request_id"}
 RESPONSES_REFUSED: Final[Mapping[str, str]] = {"cache_salt": REFUSED["cache_salt"]}
 RESPONSES_FIELDS: Final = RESPONSES_HONOURED | RESPONSES_NO_OP | frozenset(RESPONSES_REFUSED)
 
