@@ -12,10 +12,12 @@ must stay exactly that.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import types
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -188,7 +190,12 @@ def sglang_serving(tokenizer: Any) -> Any:
 def _sglang(server: Any, body: dict[str, Any]) -> tuple[list[int], dict[str, Any]]:
     from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
 
-    request = ChatCompletionRequest.model_validate(copy.deepcopy(body))
+    return _processed(server, ChatCompletionRequest.model_validate(copy.deepcopy(body)))
+
+
+def _processed(server: Any, request: Any) -> tuple[list[int], dict[str, Any]]:
+    """SGLang's prompt ids and sampling for a ``ChatCompletionRequest``, as its server makes
+    them before calling the engine."""
     processed = server._process_messages(request, False)
     params = request.to_sampling_params(
         stop=processed.stop,
@@ -199,7 +206,11 @@ def _sglang(server: Any, body: dict[str, Any]) -> tuple[list[int], dict[str, Any
 
 
 def _ours(tokenizer: Any, body: dict[str, Any]) -> tuple[list[int], dict[str, Any]]:
-    parsed = parse_chat(copy.deepcopy(body))
+    return _planned(tokenizer, parse_chat(copy.deepcopy(body)))
+
+
+def _planned(tokenizer: Any, parsed: Any) -> tuple[list[int], dict[str, Any]]:
+    """The worker's engine call for a parsed request: its prompt ids and sampling."""
     request = build_preprocessed(parsed, request_id="r", session_id=None, tokenizer=None)
     engine = LoadedEngine(
         engine=types.SimpleNamespace(tokenizer_manager=types.SimpleNamespace(tokenizer=tokenizer)),
@@ -267,21 +278,31 @@ def _template_of(tokenizer: Any) -> str:
 def test_with_tools_the_prompt_and_sampling_are_sglangs_but_for_defer_loading(
     served: tuple[Any, Any], name: str
 ) -> None:
+    tokenizer, server = served
+    with _tools_as_the_client_wrote_them():
+        theirs = _outcome(_sglang, server, WITH_TOOLS[name])
+    assert _outcome(_ours, tokenizer, WITH_TOOLS[name]) == theirs
+
+
+@contextlib.contextmanager
+def _tools_as_the_client_wrote_them() -> Iterator[None]:
+    """SGLang's tool dumps without the fields the client did not set: ``defer_loading: null``,
+    and the ``strict: false`` its Anthropic adapter writes."""
     from sglang.srt.entrypoints.openai.protocol import Tool
 
-    tokenizer, server = served
     dump = Tool.model_dump
 
-    def without_defer_loading(tool: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    def unset_dropped(tool: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
         data: dict[str, Any] = dump(tool, *args, **kwargs)
         if data.get("defer_loading") is None:
             data.pop("defer_loading", None)
+        if data.get("function", {}).get("strict") is False:
+            del data["function"]["strict"]
         return data
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Tool, "model_dump", without_defer_loading)
-        theirs = _outcome(_sglang, server, WITH_TOOLS[name])
-    assert _outcome(_ours, tokenizer, WITH_TOOLS[name]) == theirs
+        patch.setattr(Tool, "model_dump", unset_dropped)
+        yield
 
 
 @pytest.mark.parametrize("name", sorted(WITH_TOOLS))
@@ -342,3 +363,107 @@ def test_a_last_assistant_message_is_history_not_a_user_turn(
     )
     assert "<|im_start|>user\nIt is<|im_end|>" in tokenizer.decode(theirs[0])
     assert ours[1] == theirs[1]
+
+
+# -- Anthropic Messages, against SGLang's own Anthropic adapter --------------------------------
+
+ANTHROPIC_WEATHER = {
+    "name": "get_weather",
+    "description": "Weather for a city.",
+    "input_schema": WEATHER["function"]["parameters"],  # type: ignore[index]
+}
+USE = {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Paris"}}
+
+
+def _messages(*messages: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    return {"model": "m", "max_tokens": 16, "messages": list(messages or [USER]), **fields}
+
+
+def _answered(content: Any, **result: Any) -> dict[str, Any]:
+    """A tool loop: the question, a call, and ``content`` as its result."""
+    return _messages(
+        USER,
+        {"role": "assistant", "content": [{"type": "text", "text": "Let me see."}, USE]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": content, **result}]},
+        tools=[ANTHROPIC_WEATHER],
+    )  # fmt: skip
+
+
+THINKING = {"type": "enabled", "budget_tokens": 2048}
+ANTHROPIC_SAME: dict[str, dict[str, Any]] = {
+    "plain": _messages(),
+    "system": _messages(system="Be brief."),
+    "system blocks": _messages(system=[{"type": "text", "text": "A"}, {"type": "text", "text": "B"}]),
+    "tools": _messages(tools=[ANTHROPIC_WEATHER]),
+    "any tool": _messages(tools=[ANTHROPIC_WEATHER], tool_choice={"type": "any"}),
+    "a named tool": _messages(tools=[ANTHROPIC_WEATHER], tool_choice={"type": "tool", "name": "get_weather"}),
+    "no tool": _messages(tools=[ANTHROPIC_WEATHER], tool_choice={"type": "none"}),
+    "a call and its result": _answered("sunny"),
+    "a result in blocks": _answered([{"type": "text", "text": "sunny"}]),
+    "thinking on": _messages(thinking=THINKING, max_tokens=4096),
+    "thinking off": _messages(thinking={"type": "disabled"}),
+    "sampling": _messages(temperature=0.5, top_p=0.9, top_k=20, stop_sequences=["END"]),
+    "effort": _messages(output_config={"effort": "low"}),
+    "format": _messages(output_config={"format": {"type": "json_schema", "schema": {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"], "additionalProperties": False}}}),
+}  # fmt: skip
+
+
+def _ours_anthropic(tokenizer: Any, body: dict[str, Any]) -> tuple[list[int], dict[str, Any]]:
+    from kvretention.dataplane.frontend.anthropic import parse_messages
+
+    return _planned(tokenizer, parse_messages(copy.deepcopy(body)))
+
+
+def _sglang_anthropic(server: Any, body: dict[str, Any]) -> tuple[list[int], dict[str, Any]]:
+    from sglang.srt.entrypoints.anthropic.protocol import AnthropicMessagesRequest
+    from sglang.srt.entrypoints.anthropic.serving import AnthropicServing
+
+    request = AnthropicMessagesRequest.model_validate(copy.deepcopy(body))
+    with warnings.catch_warnings(), _tools_as_the_client_wrote_them():
+        warnings.simplefilter("ignore")
+        chat = AnthropicServing(server)._convert_to_chat_completion_request(request)
+        return _processed(server, chat)
+
+
+@pytest.mark.parametrize("name", sorted(ANTHROPIC_SAME))
+def test_anthropic_prompts_and_sampling_are_sglangs(served: tuple[Any, Any], name: str) -> None:
+    tokenizer, server = served
+    body = ANTHROPIC_SAME[name]
+    ours = _outcome(_ours_anthropic, tokenizer, body)
+    assert ours == _outcome(_sglang_anthropic, server, body)
+
+
+ANTHROPIC_DIFFERENT: dict[str, tuple[dict[str, Any], str, str]] = {
+    # our body -> the end of our prompt, the end of SGLang's (the tiny model's format)
+    "a prefill is continued (SGLang's adapter makes it a user turn)": (
+        _messages(USER, {"role": "assistant", "content": "{"}),
+        "Paris?<|im_end|>\n<|im_start|>assistant\n{",
+        "Paris?<|im_end|>\n<|im_start|>user\n{<|im_end|>\n<|im_start|>assistant\n",
+    ),
+    "a failed tool's result says so (SGLang drops is_error)": (
+        _answered("boom", is_error=True),
+        "<tool_response>\nError: boom\n</tool_response>\n<|im_end|>\n<|im_start|>assistant\n",
+        "<tool_response>\nboom\n</tool_response>\n<|im_end|>\n<|im_start|>assistant\n",
+    ),
+    "earlier thinking is left to the template (SGLang writes it into the text)": (
+        _messages(
+            USER,
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "hmm", "signature": "x"}, {"type": "text", "text": "Sunny."}]},
+            {"role": "user", "content": "And Rome?"},
+            thinking=THINKING,
+            max_tokens=4096,
+        ),
+        "assistant\nSunny.<|im_end|>\n<|im_start|>user\nAnd Rome?<|im_end|>\n<|im_start|>assistant\n",
+        "assistant\n<think>hmm\n</think> Sunny.<|im_end|>\n<|im_start|>user\nAnd Rome?<|im_end|>\n<|im_start|>assistant\n",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(ANTHROPIC_DIFFERENT))
+def test_where_anthropic_prompts_differ_from_sglangs_adapter_on_purpose(
+    tokenizer: Any, sglang_server: Any, name: str
+) -> None:
+    body, our_end, their_end = ANTHROPIC_DIFFERENT[name]
+    ours, theirs = _ours_anthropic(tokenizer, body), _sglang_anthropic(sglang_server, body)
+    assert tokenizer.decode(ours[0]).endswith(our_end)
+    assert tokenizer.decode(theirs[0]).endswith(their_end)
