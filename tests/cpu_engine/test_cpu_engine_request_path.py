@@ -86,6 +86,7 @@ def test_the_worker_serves_sglangs_real_engine_on_cpu(fleet: Fleet) -> None:
     assert info["device"] == "cpu"
     assert info["dialect"] == "versioned"
     assert info["model_type"] == "llama"  # the tiny model: what SGLang's special-token rules read
+    assert info["sampling_defaults"] == {}  # its generation config recommends no sampling
     assert fleet.worker.shim_functions_called() == []
 
 

@@ -26,7 +26,7 @@ from kvretention.dataplane.frontend.openai import parse_chat
 from kvretention.dataplane.frontend.prepare import build_preprocessed
 from kvretention.dataplane.worker.app import plan_call
 from kvretention.dataplane.worker.dialect import Dialect
-from kvretention.dataplane.worker.engine import LoadedEngine
+from kvretention.dataplane.worker.engine import LoadedEngine, sampling_defaults_of
 from kvretention.dataplane.worker.parsing import ParserNames
 from support.chat_tokenizer import build_tokenizer
 from support.real_templates import HELPERS, TEMPLATES
@@ -193,13 +193,15 @@ def _sglang(server: Any, body: dict[str, Any]) -> tuple[list[int], dict[str, Any
     return _processed(server, ChatCompletionRequest.model_validate(copy.deepcopy(body)))
 
 
-def _processed(server: Any, request: Any) -> tuple[list[int], dict[str, Any]]:
+def _processed(
+    server: Any, request: Any, generation: dict[str, Any] | None = None
+) -> tuple[list[int], dict[str, Any]]:
     """SGLang's prompt ids and sampling for a ``ChatCompletionRequest``, as its server makes
-    them before calling the engine."""
+    them before calling the engine (``generation``: its ``default_sampling_params``)."""
     processed = server._process_messages(request, False)
     params = request.to_sampling_params(
         stop=processed.stop,
-        model_generation_config={},
+        model_generation_config=generation or {},
         tool_call_constraint=processed.tool_call_constraint,
     )
     return list(processed.prompt_ids), _engine_view(params)
@@ -209,15 +211,21 @@ def _ours(tokenizer: Any, body: dict[str, Any]) -> tuple[list[int], dict[str, An
     return _planned(tokenizer, parse_chat(copy.deepcopy(body)))
 
 
-def _planned(tokenizer: Any, parsed: Any) -> tuple[list[int], dict[str, Any]]:
-    """The worker's engine call for a parsed request: its prompt ids and sampling."""
-    request = build_preprocessed(parsed, request_id="r", session_id=None, tokenizer=None)
+def _planned(
+    tokenizer: Any, parsed: Any, generation: dict[str, Any] | None = None
+) -> tuple[list[int], dict[str, Any]]:
+    """The worker's engine call for a parsed request: its prompt ids and sampling.
+    ``generation``: the model's generation-config sampling, as SGLang's model config gives it."""
+    model_config = types.SimpleNamespace(get_default_sampling_params=lambda: dict(generation or {}))
+    manager = types.SimpleNamespace(tokenizer=tokenizer, model_config=model_config)
     engine = LoadedEngine(
-        engine=types.SimpleNamespace(tokenizer_manager=types.SimpleNamespace(tokenizer=tokenizer)),
+        engine=types.SimpleNamespace(tokenizer_manager=manager),
         name="test",
         dialect=Dialect.FLAT,
         parsers=PARSERS,
+        sampling_defaults=sampling_defaults_of(types.SimpleNamespace(tokenizer_manager=manager)),
     )
+    request = build_preprocessed(parsed, request_id="r", session_id=None, tokenizer=None)
     planned = plan_call(request.to_json_bytes(), headers={}, state_role="aggregated", engine=engine)
     return planned.kwargs["input_ids"], _engine_view(planned.kwargs["sampling_params"])
 
@@ -467,3 +475,25 @@ def test_where_anthropic_prompts_differ_from_sglangs_adapter_on_purpose(
     ours, theirs = _ours_anthropic(tokenizer, body), _sglang_anthropic(sglang_server, body)
     assert tokenizer.decode(ours[0]).endswith(our_end)
     assert tokenizer.decode(theirs[0]).endswith(their_end)
+
+
+QWEN3_GENERATION = {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0}
+"""Qwen3's ``generation_config.json`` sampling, which SGLang's server applies by default
+(``--sampling-defaults model``) and its engine does not."""
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{}, {"temperature": 1.0}, {"top_k": 5, "min_p": 0.2}, {"temperature": 0}, {"top_p": 0.5}],
+    ids=str,
+)
+def test_the_models_generation_config_fills_what_the_request_leaves_unset(
+    tokenizer: Any, sglang_server: Any, fields: dict[str, Any]
+) -> None:
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
+
+    body = _body(**fields)
+    ours = _planned(tokenizer, parse_chat(copy.deepcopy(body)), QWEN3_GENERATION)
+    request = ChatCompletionRequest.model_validate(copy.deepcopy(body))
+    assert ours == _processed(sglang_server, request, QWEN3_GENERATION)
+    assert ours[1] != _ours(tokenizer, body)[1] or fields.keys() >= QWEN3_GENERATION.keys()

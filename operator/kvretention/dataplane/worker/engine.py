@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
@@ -71,6 +71,9 @@ class LoadedEngine:
     """SGLang flags the worker did not pass on this device (HiCache on CPU), with
     :attr:`left_out_reason`."""
     left_out_reason: str = ""
+    sampling_defaults: Mapping[str, Any] = field(default_factory=dict)
+    """The model's recommended sampling (its ``generation_config.json``, under SGLang's
+    ``--sampling-defaults model``, SGLang's default), for what a request leaves unset."""
 
     def abort(self, rid: str) -> None:
         """Abort an in-flight request (``Engine`` has no abort of its own; its tokenizer manager does)."""
@@ -161,7 +164,11 @@ def load_engine(
         )
     if spec == "sglang":
         loaded = _load_sglang(server_argv, device=device)
-        return replace(loaded, parsers=replace(parsers, model_type=model_type_of(loaded.engine)))
+        return replace(
+            loaded,
+            parsers=replace(parsers, model_type=model_type_of(loaded.engine)),
+            sampling_defaults=sampling_defaults_of(loaded.engine),
+        )
     raise EngineLoadError(f"unknown --engine {spec!r}: use 'sglang' or 'standin:<dialect>'")
 
 
@@ -171,6 +178,28 @@ def model_type_of(engine: Any) -> str | None:
     config = getattr(getattr(manager, "model_config", None), "hf_config", None)
     model_type = getattr(config, "model_type", None)
     return model_type if isinstance(model_type, str) else None
+
+
+SAMPLING_DEFAULT_KEYS: Final = frozenset(
+    {"temperature", "top_p", "top_k", "min_p", "repetition_penalty"}
+)
+"""What SGLang's OpenAI server takes from the model's generation config (0.5.23
+``ModelConfig.get_default_sampling_params``)."""
+
+
+def sampling_defaults_of(engine: Any) -> dict[str, Any]:
+    """The sampling SGLang's own OpenAI server would use for what a request leaves unset: the
+    engine applies no such defaults itself (its server's ``to_sampling_params`` does), so the
+    worker, which calls the engine, must. Empty under ``--sampling-defaults openai`` or when the
+    model has no generation config."""
+    manager = getattr(engine, "tokenizer_manager", None)
+    read = getattr(getattr(manager, "model_config", None), "get_default_sampling_params", None)
+    if read is None:
+        return {}
+    defaults = read()
+    if not isinstance(defaults, dict):
+        return {}
+    return {k: v for k, v in defaults.items() if k in SAMPLING_DEFAULT_KEYS and v is not None}
 
 
 def _load_standin(dialect_name: str, server_argv: Sequence[str] = ()) -> LoadedEngine:

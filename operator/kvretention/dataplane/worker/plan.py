@@ -226,7 +226,7 @@ def _plan_answer(
     """How the answer is parsed and sampled, and where the breakpoints fall in the prompt."""
     output = plan_output(request, engine.parsers, prompt_text=prompt.rendered)
     sampling = fit_max_new_tokens(
-        constrained_sampling(request, output),
+        {**engine.sampling_defaults, **constrained_sampling(request, output)},
         prompt_tokens=prompt.prompt_tokens,
         context_length=engine.context_length,
     )
