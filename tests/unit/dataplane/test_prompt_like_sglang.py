@@ -12,26 +12,23 @@ must stay exactly that.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import json
-import types
-import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from kvretention.dataplane.frontend.openai import parse_chat
-from kvretention.dataplane.frontend.prepare import build_preprocessed
-from kvretention.dataplane.worker.app import plan_call
-from kvretention.dataplane.worker.dialect import Dialect
-from kvretention.dataplane.worker.engine import LoadedEngine, sampling_defaults_of
-from kvretention.dataplane.worker.parsing import ParserNames
 from support.chat_tokenizer import build_tokenizer
 from support.real_templates import HELPERS, TEMPLATES
+from support.sglang_serving import (
+    EngineCall,
+    outcome,
+    planned,
+    processed,
+    sglang_serving,
+    tools_as_the_client_wrote_them,
+)
 
-PARSERS = ParserNames(tool_call_parser="qwen25", reasoning_parser="qwen3", model_type="llama")
 WEATHER = {
     "type": "function",
     "function": {
@@ -139,9 +136,6 @@ WITH_TOOLS: dict[str, dict[str, Any]] = {
 }
 
 
-TINY = "kvretention tiny-model chat format"
-
-
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
     return build_tokenizer()
@@ -160,101 +154,14 @@ def served(request: pytest.FixtureRequest) -> tuple[Any, Any]:
     return tokenizer, sglang_serving(tokenizer)
 
 
-def sglang_serving(tokenizer: Any) -> Any:
-    """SGLang's OpenAI chat serving over ``tokenizer`` and its template, as its server builds it
-    (``TemplateManager.load_chat_template``), with no engine behind it."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # SGLang's GPU-only quantizers warn on import
-        from sglang.srt.entrypoints.openai import serving_chat
-        from sglang.srt.parser.template_manager import TemplateManager
-
-    hf_config = types.SimpleNamespace(model_type="llama", architectures=["LlamaForCausalLM"])
-    config = {"tool_call_parser": PARSERS.tool_call_parser, "reasoning_parser": "qwen3"}
-    manager = types.SimpleNamespace(
-        config_value=config.get,
-        tokenizer=tokenizer,
-        model_config=types.SimpleNamespace(
-            hf_config=hf_config, get_default_sampling_params=lambda: {}
-        ),
-        server_args=None,
-        served_model_name="m",
-    )
-    templates = TemplateManager()
-    templates.load_chat_template(manager, None, "/no/model")
-    serving = types.SimpleNamespace(default_chat_template_kwargs=None)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(serving_chat, "get_serving", lambda: serving)
-        return serving_chat.OpenAIServingChat(manager, templates)
-
-
-def _sglang(server: Any, body: dict[str, Any]) -> tuple[list[int], dict[str, Any]]:
+def _sglang(server: Any, body: dict[str, Any]) -> EngineCall:
     from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
 
-    return _processed(server, ChatCompletionRequest.model_validate(copy.deepcopy(body)))
-
-
-def _processed(
-    server: Any, request: Any, generation: dict[str, Any] | None = None
-) -> tuple[list[int], dict[str, Any]]:
-    """SGLang's prompt ids and sampling for a ``ChatCompletionRequest``, as its server makes
-    them before calling the engine (``generation``: its ``default_sampling_params``)."""
-    processed = server._process_messages(request, False)
-    params = request.to_sampling_params(
-        stop=processed.stop,
-        model_generation_config=generation or {},
-        tool_call_constraint=processed.tool_call_constraint,
-    )
-    return list(processed.prompt_ids), _engine_view(params)
+    return processed(server, ChatCompletionRequest.model_validate(copy.deepcopy(body)))
 
 
 def _ours(tokenizer: Any, body: dict[str, Any]) -> tuple[list[int], dict[str, Any]]:
-    return _planned(tokenizer, parse_chat(copy.deepcopy(body)))
-
-
-def _planned(
-    tokenizer: Any, parsed: Any, generation: dict[str, Any] | None = None
-) -> tuple[list[int], dict[str, Any]]:
-    """The worker's engine call for a parsed request: its prompt ids and sampling.
-    ``generation``: the model's generation-config sampling, as SGLang's model config gives it."""
-    model_config = types.SimpleNamespace(get_default_sampling_params=lambda: dict(generation or {}))
-    manager = types.SimpleNamespace(tokenizer=tokenizer, model_config=model_config)
-    engine = LoadedEngine(
-        engine=types.SimpleNamespace(tokenizer_manager=manager),
-        name="test",
-        dialect=Dialect.FLAT,
-        parsers=PARSERS,
-        sampling_defaults=sampling_defaults_of(types.SimpleNamespace(tokenizer_manager=manager)),
-    )
-    request = build_preprocessed(parsed, request_id="r", session_id=None, tokenizer=None)
-    planned = plan_call(request.to_json_bytes(), headers={}, state_role="aggregated", engine=engine)
-    return planned.kwargs["input_ids"], _engine_view(planned.kwargs["sampling_params"])
-
-
-def _engine_view(params: dict[str, Any]) -> dict[str, Any]:
-    """What the engine samples with: SGLang's ``SamplingParams`` with its defaults filled in,
-    grammars read as JSON where they are JSON (the same value written either way)."""
-    import msgspec
-    from sglang.srt.sampling.sampling_params import SamplingParams
-
-    given = {k: v for k, v in params.items() if v is not None}
-    view = msgspec.structs.asdict(SamplingParams(**given))
-    for key in ("json_schema", "structural_tag"):
-        if isinstance(view.get(key), str):
-            view[key] = json.loads(view[key])
-    return view
-
-
-Outcome = tuple[list[int], dict[str, Any]] | str
-
-
-def _outcome(run: Any, *args: Any) -> Outcome:
-    """The prompt and sampling, or ``"refused"`` where the template refuses the conversation."""
-    from kvretention.dataplane.worker.app import RequestRejected
-
-    try:
-        return run(*args)  # type: ignore[no-any-return]
-    except (RequestRejected, ValueError):
-        return "refused"
+    return planned(tokenizer, parse_chat(copy.deepcopy(body)))
 
 
 KNOWN: dict[tuple[str, str], str] = {
@@ -268,8 +175,8 @@ KNOWN: dict[tuple[str, str], str] = {
 @pytest.mark.parametrize("name", sorted(SAME))
 def test_the_prompt_and_sampling_are_sglangs(served: tuple[Any, Any], name: str) -> None:
     tokenizer, server = served
-    ours = _outcome(_ours, tokenizer, SAME[name])
-    theirs = _outcome(_sglang, server, SAME[name])
+    ours = outcome(_ours, tokenizer, SAME[name])
+    theirs = outcome(_sglang, server, SAME[name])
     if (name, _template_of(tokenizer)) in KNOWN:
         assert ours != theirs
         return
@@ -287,30 +194,9 @@ def test_with_tools_the_prompt_and_sampling_are_sglangs_but_for_defer_loading(
     served: tuple[Any, Any], name: str
 ) -> None:
     tokenizer, server = served
-    with _tools_as_the_client_wrote_them():
-        theirs = _outcome(_sglang, server, WITH_TOOLS[name])
-    assert _outcome(_ours, tokenizer, WITH_TOOLS[name]) == theirs
-
-
-@contextlib.contextmanager
-def _tools_as_the_client_wrote_them() -> Iterator[None]:
-    """SGLang's tool dumps without the fields the client did not set: ``defer_loading: null``,
-    and the ``strict: false`` its Anthropic adapter writes."""
-    from sglang.srt.entrypoints.openai.protocol import Tool
-
-    dump = Tool.model_dump
-
-    def unset_dropped(tool: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        data: dict[str, Any] = dump(tool, *args, **kwargs)
-        if data.get("defer_loading") is None:
-            data.pop("defer_loading", None)
-        if data.get("function", {}).get("strict") is False:
-            del data["function"]["strict"]
-        return data
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Tool, "model_dump", unset_dropped)
-        yield
+    with tools_as_the_client_wrote_them():
+        theirs = outcome(_sglang, server, WITH_TOOLS[name])
+    assert outcome(_ours, tokenizer, WITH_TOOLS[name]) == theirs
 
 
 @pytest.mark.parametrize("name", sorted(WITH_TOOLS))
@@ -373,110 +259,6 @@ def test_a_last_assistant_message_is_history_not_a_user_turn(
     assert ours[1] == theirs[1]
 
 
-# -- Anthropic Messages, against SGLang's own Anthropic adapter --------------------------------
-
-ANTHROPIC_WEATHER = {
-    "name": "get_weather",
-    "description": "Weather for a city.",
-    "input_schema": WEATHER["function"]["parameters"],  # type: ignore[index]
-}
-USE = {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Paris"}}
-
-
-def _messages(*messages: dict[str, Any], **fields: Any) -> dict[str, Any]:
-    return {"model": "m", "max_tokens": 16, "messages": list(messages or [USER]), **fields}
-
-
-def _answered(content: Any, **result: Any) -> dict[str, Any]:
-    """A tool loop: the question, a call, and ``content`` as its result."""
-    return _messages(
-        USER,
-        {"role": "assistant", "content": [{"type": "text", "text": "Let me see."}, USE]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": content, **result}]},
-        tools=[ANTHROPIC_WEATHER],
-    )  # fmt: skip
-
-
-THINKING = {"type": "enabled", "budget_tokens": 2048}
-ANTHROPIC_SAME: dict[str, dict[str, Any]] = {
-    "plain": _messages(),
-    "system": _messages(system="Be brief."),
-    "system blocks": _messages(system=[{"type": "text", "text": "A"}, {"type": "text", "text": "B"}]),
-    "tools": _messages(tools=[ANTHROPIC_WEATHER]),
-    "any tool": _messages(tools=[ANTHROPIC_WEATHER], tool_choice={"type": "any"}),
-    "a named tool": _messages(tools=[ANTHROPIC_WEATHER], tool_choice={"type": "tool", "name": "get_weather"}),
-    "no tool": _messages(tools=[ANTHROPIC_WEATHER], tool_choice={"type": "none"}),
-    "a call and its result": _answered("sunny"),
-    "a result in blocks": _answered([{"type": "text", "text": "sunny"}]),
-    "thinking on": _messages(thinking=THINKING, max_tokens=4096),
-    "thinking off": _messages(thinking={"type": "disabled"}),
-    "sampling": _messages(temperature=0.5, top_p=0.9, top_k=20, stop_sequences=["END"]),
-    "effort": _messages(output_config={"effort": "low"}),
-    "format": _messages(output_config={"format": {"type": "json_schema", "schema": {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"], "additionalProperties": False}}}),
-}  # fmt: skip
-
-
-def _ours_anthropic(tokenizer: Any, body: dict[str, Any]) -> tuple[list[int], dict[str, Any]]:
-    from kvretention.dataplane.frontend.anthropic import parse_messages
-
-    return _planned(tokenizer, parse_messages(copy.deepcopy(body)))
-
-
-def _sglang_anthropic(server: Any, body: dict[str, Any]) -> tuple[list[int], dict[str, Any]]:
-    from sglang.srt.entrypoints.anthropic.protocol import AnthropicMessagesRequest
-    from sglang.srt.entrypoints.anthropic.serving import AnthropicServing
-
-    request = AnthropicMessagesRequest.model_validate(copy.deepcopy(body))
-    with warnings.catch_warnings(), _tools_as_the_client_wrote_them():
-        warnings.simplefilter("ignore")
-        chat = AnthropicServing(server)._convert_to_chat_completion_request(request)
-        return _processed(server, chat)
-
-
-@pytest.mark.parametrize("name", sorted(ANTHROPIC_SAME))
-def test_anthropic_prompts_and_sampling_are_sglangs(served: tuple[Any, Any], name: str) -> None:
-    tokenizer, server = served
-    body = ANTHROPIC_SAME[name]
-    ours = _outcome(_ours_anthropic, tokenizer, body)
-    assert ours == _outcome(_sglang_anthropic, server, body)
-
-
-ANTHROPIC_DIFFERENT: dict[str, tuple[dict[str, Any], str, str]] = {
-    # our body -> the end of our prompt, the end of SGLang's (the tiny model's format)
-    "a prefill is continued (SGLang's adapter makes it a user turn)": (
-        _messages(USER, {"role": "assistant", "content": "{"}),
-        "Paris?<|im_end|>\n<|im_start|>assistant\n{",
-        "Paris?<|im_end|>\n<|im_start|>user\n{<|im_end|>\n<|im_start|>assistant\n",
-    ),
-    "a failed tool's result says so (SGLang drops is_error)": (
-        _answered("boom", is_error=True),
-        "<tool_response>\nError: boom\n</tool_response>\n<|im_end|>\n<|im_start|>assistant\n",
-        "<tool_response>\nboom\n</tool_response>\n<|im_end|>\n<|im_start|>assistant\n",
-    ),
-    "earlier thinking is left to the template (SGLang writes it into the text)": (
-        _messages(
-            USER,
-            {"role": "assistant", "content": [{"type": "thinking", "thinking": "hmm", "signature": "x"}, {"type": "text", "text": "Sunny."}]},
-            {"role": "user", "content": "And Rome?"},
-            thinking=THINKING,
-            max_tokens=4096,
-        ),
-        "assistant\nSunny.<|im_end|>\n<|im_start|>user\nAnd Rome?<|im_end|>\n<|im_start|>assistant\n",
-        "assistant\n<think>hmm\n</think> Sunny.<|im_end|>\n<|im_start|>user\nAnd Rome?<|im_end|>\n<|im_start|>assistant\n",
-    ),
-}  # fmt: skip
-
-
-@pytest.mark.parametrize("name", sorted(ANTHROPIC_DIFFERENT))
-def test_where_anthropic_prompts_differ_from_sglangs_adapter_on_purpose(
-    tokenizer: Any, sglang_server: Any, name: str
-) -> None:
-    body, our_end, their_end = ANTHROPIC_DIFFERENT[name]
-    ours, theirs = _ours_anthropic(tokenizer, body), _sglang_anthropic(sglang_server, body)
-    assert tokenizer.decode(ours[0]).endswith(our_end)
-    assert tokenizer.decode(theirs[0]).endswith(their_end)
-
-
 QWEN3_GENERATION = {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0}
 """Qwen3's ``generation_config.json`` sampling, which SGLang's server applies by default
 (``--sampling-defaults model``) and its engine does not."""
@@ -493,7 +275,7 @@ def test_the_models_generation_config_fills_what_the_request_leaves_unset(
     from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
 
     body = _body(**fields)
-    ours = _planned(tokenizer, parse_chat(copy.deepcopy(body)), QWEN3_GENERATION)
+    ours = planned(tokenizer, parse_chat(copy.deepcopy(body)), QWEN3_GENERATION)
     request = ChatCompletionRequest.model_validate(copy.deepcopy(body))
-    assert ours == _processed(sglang_server, request, QWEN3_GENERATION)
+    assert ours == processed(sglang_server, request, QWEN3_GENERATION)
     assert ours[1] != _ours(tokenizer, body)[1] or fields.keys() >= QWEN3_GENERATION.keys()
