@@ -64,6 +64,18 @@ def sglang_serving(tokenizer: Any, *, responses: bool = False) -> Any:
         return serving_responses.OpenAIServingResponses(manager, templates)
 
 
+def template_served(name: str | None = None, *, responses: bool = False) -> tuple[Any, Any]:
+    """A test tokenizer with the real template ``name`` (``None``: the tiny model's own), and
+    SGLang's serving over it (``responses``: its Responses serving)."""
+    from support.chat_tokenizer import build_tokenizer
+    from support.real_templates import TEMPLATES
+
+    tokenizer = build_tokenizer()
+    if name is not None:
+        tokenizer.chat_template = TEMPLATES[name]()
+    return tokenizer, sglang_serving(tokenizer, responses=responses)
+
+
 def processed(server: Any, request: Any, generation: dict[str, Any] | None = None) -> EngineCall:
     """SGLang's engine call for a ``ChatCompletionRequest``, as its chat server makes it
     (``generation``: the model's generation-config sampling, its ``default_sampling_params``)."""

@@ -16,36 +16,28 @@ from typing import Any
 import pytest
 
 from kvretention.dataplane.frontend.anthropic import parse_messages
-from support.chat_tokenizer import build_tokenizer
 from support.real_templates import TEMPLATES
 from support.sglang_serving import (
     EngineCall,
     outcome,
     planned,
     processed,
-    sglang_serving,
+    template_served,
     tools_as_the_client_wrote_them,
 )
 
 USER = {"role": "user", "content": "Weather in Paris?"}
 
 
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return build_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def sglang_server(tokenizer: Any) -> Any:
-    return sglang_serving(tokenizer)
-
-
 @pytest.fixture(scope="module", params=sorted(TEMPLATES))
 def served(request: pytest.FixtureRequest) -> tuple[Any, Any]:
     """A tokenizer with one of the real templates, and SGLang's serving over it."""
-    tokenizer = build_tokenizer()
-    tokenizer.chat_template = TEMPLATES[request.param]()
-    return tokenizer, sglang_serving(tokenizer)
+    return template_served(request.param)
+
+
+@pytest.fixture(scope="module")
+def tiny() -> tuple[Any, Any]:
+    return template_served()
 
 
 ANTHROPIC_WEATHER = {
@@ -144,8 +136,9 @@ ANTHROPIC_DIFFERENT: dict[str, tuple[dict[str, Any], str, str]] = {
 
 @pytest.mark.parametrize("name", sorted(ANTHROPIC_DIFFERENT))
 def test_where_anthropic_prompts_differ_from_sglangs_adapter_on_purpose(
-    tokenizer: Any, sglang_server: Any, name: str
+    tiny: tuple[Any, Any], name: str
 ) -> None:
+    tokenizer, sglang_server = tiny
     body, our_end, their_end = ANTHROPIC_DIFFERENT[name]
     ours, theirs = _ours_anthropic(tokenizer, body), _sglang_anthropic(sglang_server, body)
     assert tokenizer.decode(ours[0]).endswith(our_end)

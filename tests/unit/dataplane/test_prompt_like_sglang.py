@@ -18,14 +18,13 @@ from typing import Any
 import pytest
 
 from kvretention.dataplane.frontend.openai import parse_chat
-from support.chat_tokenizer import build_tokenizer
-from support.real_templates import HELPERS, TEMPLATES
+from support.real_templates import TEMPLATES
 from support.sglang_serving import (
     EngineCall,
     outcome,
     planned,
     processed,
-    sglang_serving,
+    template_served,
     tools_as_the_client_wrote_them,
 )
 
@@ -136,22 +135,15 @@ WITH_TOOLS: dict[str, dict[str, Any]] = {
 }
 
 
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return build_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def sglang_server(tokenizer: Any) -> Any:
-    return sglang_serving(tokenizer)
-
-
 @pytest.fixture(scope="module", params=sorted(TEMPLATES))
 def served(request: pytest.FixtureRequest) -> tuple[Any, Any]:
     """A tokenizer with one of the real templates, and SGLang's serving over it."""
-    tokenizer = build_tokenizer()
-    tokenizer.chat_template = TEMPLATES[request.param]()
-    return tokenizer, sglang_serving(tokenizer)
+    return template_served(request.param)
+
+
+@pytest.fixture(scope="module")
+def tiny() -> tuple[Any, Any]:
+    return template_served()
 
 
 def _sglang(server: Any, body: dict[str, Any]) -> EngineCall:
@@ -164,8 +156,9 @@ def _ours(tokenizer: Any, body: dict[str, Any]) -> tuple[list[int], dict[str, An
     return planned(tokenizer, parse_chat(copy.deepcopy(body)))
 
 
+HELPERS_NAME = "helpers: macros, loop, break, dictsort, items, unique"
 KNOWN: dict[tuple[str, str], str] = {
-    ("thinking off by effort", "helpers: macros, loop, break, dictsort, items, unique"): (
+    ("thinking off by effort", HELPERS_NAME): (
         "reasoning_effort none is a thinking switch here, not a template variable"
     ),
 }
@@ -200,9 +193,8 @@ def test_with_tools_the_prompt_and_sampling_are_sglangs_but_for_defer_loading(
 
 
 @pytest.mark.parametrize("name", sorted(WITH_TOOLS))
-def test_sglang_shows_the_model_each_tools_defer_loading(
-    tokenizer: Any, sglang_server: Any, name: str
-) -> None:
+def test_sglang_shows_the_model_each_tools_defer_loading(tiny: tuple[Any, Any], name: str) -> None:
+    tokenizer, sglang_server = tiny
     body = WITH_TOOLS[name]
     (ours, our_params), (theirs, their_params) = (
         _ours(tokenizer, body),
@@ -215,10 +207,9 @@ def test_sglang_shows_the_model_each_tools_defer_loading(
 
 
 def test_reasoning_effort_none_switches_thinking_off_without_naming_an_effort() -> None:
-    tokenizer = build_tokenizer()
-    tokenizer.chat_template = HELPERS
+    tokenizer, server = template_served(HELPERS_NAME)
     body = _body(reasoning_effort="none")
-    ours, theirs = _ours(tokenizer, body), _sglang(sglang_serving(tokenizer), body)
+    ours, theirs = _ours(tokenizer, body), _sglang(server, body)
     assert tokenizer.decode(ours[0]).endswith("<assistant>")
     assert tokenizer.decode(theirs[0]).endswith("<assistant>none")
 
@@ -238,9 +229,8 @@ DIFFERENT: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
 
 
 @pytest.mark.parametrize("name", sorted(DIFFERENT))
-def test_where_the_fleet_renders_unlike_sglang_on_purpose(
-    tokenizer: Any, sglang_server: Any, name: str
-) -> None:
+def test_where_the_fleet_renders_unlike_sglang_on_purpose(tiny: tuple[Any, Any], name: str) -> None:
+    tokenizer, sglang_server = tiny
     body, equivalent = DIFFERENT[name]
     ours = _ours(tokenizer, body)
     assert ours != _sglang(sglang_server, body)
@@ -248,8 +238,9 @@ def test_where_the_fleet_renders_unlike_sglang_on_purpose(
 
 
 def test_a_last_assistant_message_is_history_not_a_user_turn(
-    tokenizer: Any, sglang_server: Any
+    tiny: tuple[Any, Any],
 ) -> None:
+    tokenizer, sglang_server = tiny
     body = _body(USER, {"role": "assistant", "content": "It is"})
     ours, theirs = _ours(tokenizer, body), _sglang(sglang_server, body)
     assert tokenizer.decode(ours[0]).endswith(
@@ -270,8 +261,9 @@ QWEN3_GENERATION = {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0
     ids=str,
 )
 def test_the_models_generation_config_fills_what_the_request_leaves_unset(
-    tokenizer: Any, sglang_server: Any, fields: dict[str, Any]
+    tiny: tuple[Any, Any], fields: dict[str, Any]
 ) -> None:
+    tokenizer, sglang_server = tiny
     from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
 
     body = _body(**fields)

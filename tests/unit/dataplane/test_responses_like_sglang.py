@@ -15,14 +15,13 @@ from typing import Any
 import pytest
 
 from kvretention.dataplane.frontend.openai import parse_responses
-from support.chat_tokenizer import build_tokenizer
 from support.real_templates import HELPERS, TEMPLATES
 from support.sglang_serving import (
     EngineCall,
     outcome,
     planned,
     responses_processed,
-    sglang_serving,
+    template_served,
 )
 
 SHELL = {
@@ -82,16 +81,13 @@ WITH_TOOLS: dict[str, dict[str, Any]] = {
 
 @pytest.fixture(scope="module", params=sorted(TEMPLATES))
 def served(request: pytest.FixtureRequest) -> tuple[Any, Any]:
-    """A tokenizer with one of the real templates, and SGLang's Responses serving over it."""
-    tokenizer = build_tokenizer()
-    tokenizer.chat_template = TEMPLATES[request.param]()
-    return tokenizer, sglang_serving(tokenizer, responses=True)
+    """A tokenizer with one of the real templates, and SGLang's serving over it."""
+    return template_served(request.param, responses=True)
 
 
 @pytest.fixture(scope="module")
 def tiny() -> tuple[Any, Any]:
-    tokenizer = build_tokenizer()
-    return tokenizer, sglang_serving(tokenizer, responses=True)
+    return template_served(responses=True)
 
 
 def _ours(tokenizer: Any, body: dict[str, Any]) -> EngineCall:
