@@ -13,6 +13,7 @@ must stay exactly that.
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -45,7 +46,15 @@ CALL = {
     "type": "function",
     "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
 }
+ROME = {
+    "id": "c2",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'},
+}
 USER = {"role": "user", "content": "Weather in Paris?"}
+AGAIN = {"role": "user", "content": "And Rome?"}
+SYSTEM = {"role": "system", "content": "Be brief."}
+STRICT = {**WEATHER, "function": {**WEATHER["function"], "strict": True}}  # type: ignore[dict-item]
 
 
 def _body(*messages: dict[str, Any], **fields: Any) -> dict[str, Any]:
@@ -108,6 +117,18 @@ SAME: dict[str, dict[str, Any]] = {
     ),
     "continue without an assistant message": _body(continue_final_message=True),
     "tool_choice none": _body(tools=[WEATHER], tool_choice="none"),
+    "assistant text in parts": _body(
+        USER, {"role": "assistant", "content": [{"type": "text", "text": "Sunny."}]}, AGAIN
+    ),
+    "a system message mid-way": _body(
+        USER, {"role": "assistant", "content": "Sunny."}, {"role": "system", "content": "S"}, AGAIN
+    ),
+    "two system messages": _body({"role": "system", "content": "A"}, SYSTEM, USER),
+    "non-ASCII": _body({"role": "user", "content": "é 漢字 🙂 \u2028 <b>&amp;</b>"}),
+    "max_completion_tokens": _body(max_completion_tokens=7),
+    "a template kwarg that is an object": _body(
+        chat_template_kwargs={"thinking": {"type": "enabled"}}
+    ),
 }
 
 DEFER_LOADING = ', "defer_loading": null'
@@ -126,6 +147,23 @@ WITH_TOOLS: dict[str, dict[str, Any]] = {
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
         tools=[WEATHER],
     ),
+    "two calls, two results": _body(
+        USER,
+        {"role": "assistant", "content": None, "tool_calls": [CALL, ROME]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "c2", "content": "rain"},
+        tools=[WEATHER],
+    ),
+    "results in another order than the calls": _body(
+        USER,
+        {"role": "assistant", "content": None, "tool_calls": [CALL, ROME]},
+        {"role": "tool", "tool_call_id": "c2", "content": "rain"},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        tools=[WEATHER],
+    ),
+    "a strict tool": _body(tools=[STRICT]),
+    "a strict tool required": _body(tools=[STRICT], tool_choice="required"),
+    "json_object with tools": _body(tools=[WEATHER], response_format={"type": "json_object"}),
     "text, a call, a result in parts": _body(
         USER,
         {"role": "assistant", "content": "Let me see.", "tool_calls": [CALL]},
@@ -214,7 +252,6 @@ def test_reasoning_effort_none_switches_thinking_off_without_naming_an_effort() 
     assert tokenizer.decode(theirs[0]).endswith("<assistant>none")
 
 
-SYSTEM = {"role": "system", "content": "Be brief."}
 DIFFERENT: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     # our body -> the body SGLang renders as we render ours
     "developer is system where the template has no developer role": (
@@ -271,3 +308,16 @@ def test_the_models_generation_config_fills_what_the_request_leaves_unset(
     request = ChatCompletionRequest.model_validate(copy.deepcopy(body))
     assert ours == processed(sglang_server, request, QWEN3_GENERATION)
     assert ours[1] != _ours(tokenizer, body)[1] or fields.keys() >= QWEN3_GENERATION.keys()
+
+
+def test_one_call_at_most_is_held_by_the_grammar_here(tiny: tuple[Any, Any]) -> None:
+    """``parallel_tool_calls: false`` with a required choice: the grammar stops after the first
+    call here (docs/frontend.md); SGLang's server asks only for at least one."""
+    tokenizer, sglang_server = tiny
+    body = _body(tools=[WEATHER], tool_choice="required", parallel_tool_calls=False)
+    with tools_as_the_client_wrote_them():
+        theirs = _sglang(sglang_server, body)
+    ours = _ours(tokenizer, body)
+    assert ours[0] == theirs[0]
+    assert ours[1]["structural_tag"]["format"]["stop_after_first"] is True
+    assert "stop_after_first" not in json.dumps(theirs[1]["structural_tag"])
