@@ -143,3 +143,16 @@ def test_where_anthropic_prompts_differ_from_sglangs_adapter_on_purpose(
     ours, theirs = _ours_anthropic(tokenizer, body), _sglang_anthropic(sglang_server, body)
     assert tokenizer.decode(ours[0]).endswith(our_end)
     assert tokenizer.decode(theirs[0]).endswith(their_end)
+
+
+def test_top_k_zero_is_no_top_k(tiny: tuple[Any, Any]) -> None:
+    """Anthropic takes ``top_k`` from 0; SGLang's sampling refuses 0 ("-1 or at least 1"), which
+    its adapter passes on, so its engine would fail the request. Here 0 means no top-k."""
+    tokenizer, sglang_server = tiny
+    ours = _ours_anthropic(tokenizer, _messages(top_k=0))
+    assert ours == _ours_anthropic(tokenizer, _messages())
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    assert _sglang_anthropic(sglang_server, _messages(top_k=0))[1]["top_k"] == 0
+    with pytest.raises(ValueError, match="top_k must be -1"):
+        SamplingParams(top_k=0).verify(vocab_size=len(tokenizer))

@@ -133,7 +133,7 @@ def parse_messages(
         max_new_tokens=max_tokens,
         temperature=F.opt_number(body, "temperature", minimum=0, maximum=1),
         top_p=_top_p(body),
-        top_k=F.opt_int(body, "top_k", minimum=0),
+        top_k=F.opt_int(body, "top_k", minimum=0) or None,  # 0: no top-k (SGLang refuses 0)
         stop=F.opt_stop(body, "stop_sequences", limit=_MAX_STOP_SEQUENCES),
     )
     return replace(
