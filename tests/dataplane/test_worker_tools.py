@@ -195,6 +195,30 @@ async def test_reasoning_is_split_from_the_answer(worker: Client) -> None:
     assert "<think>" not in joined(lines, "text")
 
 
+async def test_reasoning_left_in_the_text_when_not_separated(worker: Client) -> None:
+    """SGLang's ``separate_reasoning: false``: no reasoning parser, the markers stay."""
+    client, _ = await worker()
+    payload = body("Think first [[standin:reasoning]]", separate_reasoning=False)
+    _, lines = await generate(client, payload)
+    assert joined(lines, "reasoning") == ""
+    text = joined(lines, "text")
+    assert "<think>" in text and "The user wants the stand-in answer." in text
+    assert text.rstrip().endswith("Hello from the kvretention stand-in.")
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+async def test_reasoning_streams_as_it_comes_or_in_one_piece(
+    worker: Client, streamed: bool
+) -> None:
+    """SGLang's ``stream_reasoning: false``: the reasoning comes in one piece once it ends."""
+    client, _ = await worker()
+    payload = body("Think first [[standin:reasoning]]", stream_reasoning=streamed)
+    _, lines = await generate(client, payload)
+    pieces = [line["reasoning"] for line in lines if line.get("reasoning", "").strip()]
+    assert "".join(pieces).strip() == "The user wants the stand-in answer."
+    assert (len(pieces) > 1) == streamed
+
+
 async def test_reasoning_then_tool_call(worker: Client) -> None:
     client, _ = await worker()
     _, lines = await generate(

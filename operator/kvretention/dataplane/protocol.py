@@ -505,6 +505,10 @@ class PreprocessedRequest(BaseModel):
     """The conversation ends with the start of the answer (an Anthropic prefill, SGLang's
     ``continue_final_message``): the model continues that assistant text instead of starting a
     turn. A worker that predates the field renders it as a finished turn."""
+    separate_reasoning: bool = True
+    """``False`` (SGLang's field): the reasoning stays in the answer's text, markers and all."""
+    stream_reasoning: bool = True
+    """``False`` (SGLang's field): the reasoning is sent in one piece once it ends."""
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     session_id: str | None = None
     stream: bool = True

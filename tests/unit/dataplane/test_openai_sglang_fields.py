@@ -101,9 +101,13 @@ def test_template_kwargs_pass_and_their_thinking_switch_is_read(
     assert (parsed.reasoning, parsed.template_kwargs) == (reasoning, kwargs)
 
 
-def test_continue_final_message_is_carried() -> None:
+def test_continue_final_message_and_the_reasoning_switches_are_carried() -> None:
     assert parse_chat(body(continue_final_message=True)).continue_final_message
-    assert not parse_chat(body()).continue_final_message
+    parsed = parse_chat(body(separate_reasoning=False, stream_reasoning=False))
+    assert (parsed.separate_reasoning, parsed.stream_reasoning) == (False, False)
+    default = parse_chat(body())
+    assert not default.continue_final_message
+    assert (default.separate_reasoning, default.stream_reasoning) == (True, True)
 
 
 REFUSALS = [
@@ -132,8 +136,8 @@ REFUSALS = [
         "invalid_value",
     ),
     ({"continue_final_message": "yes"}, "continue_final_message", "invalid_type"),
-    ({"separate_reasoning": False}, "separate_reasoning", "unsupported_parameter"),
-    ({"stream_reasoning": False}, "stream_reasoning", "unsupported_parameter"),
+    ({"separate_reasoning": "no"}, "separate_reasoning", "invalid_type"),
+    ({"stream_reasoning": 0}, "stream_reasoning", "invalid_type"),
 ]
 
 
@@ -149,7 +153,6 @@ def test_refusals_name_the_field(extra: dict[str, Any], param: str, code: str) -
         {"lora_path": None},
         {"custom_params": {}},
         {"use_audio_in_video": False},
-        {"separate_reasoning": True, "stream_reasoning": True},
     ],
 )
 def test_a_refused_field_that_asks_for_nothing_is_accepted(extra: dict[str, Any]) -> None:

@@ -171,6 +171,9 @@ class ParsedRequest:
     """The client's ``chat_template_kwargs`` (SGLang's extension), passed to the template."""
     continue_final_message: bool = False
     """The answer continues the last, assistant message (Anthropic's prefill)."""
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True
+    """SGLang's two reasoning switches (``PreprocessedRequest``)."""
     client_controls: bool = False
     """The client sent a retention control (even one that retains nothing): the fleet's default
     TTL policy never applies over it."""

@@ -120,6 +120,8 @@ def build_preprocessed(
         reasoning=parsed.reasoning,
         template_kwargs=parsed.template_kwargs,
         continue_final_message=parsed.continue_final_message,
+        separate_reasoning=parsed.separate_reasoning,
+        stream_reasoning=parsed.stream_reasoning,
         sampling=parsed.sampling,
         session_id=session_id,
         stream=parsed.stream,

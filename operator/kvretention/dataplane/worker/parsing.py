@@ -210,6 +210,10 @@ class OutputPlan:
     the reasoning format needs them (``special_tokens_kept``), as SGLang's server decides."""
     parses_without_tools: bool = False
     """The tool-call format is parsed even with no tools declared (SGLang's rule per detector)."""
+    separate_reasoning: bool = True
+    """Split the reasoning off the answer (``False``: it stays in the text, as SGLang leaves it)."""
+    stream_reasoning: bool = True
+    """Send the reasoning as it comes (``False``: in one piece once it ends)."""
 
     @property
     def parses_tools(self) -> bool:
@@ -227,6 +231,8 @@ def plan_output(
         # one call at most is parsed as it streams: the engine stops once a second one begins
         read_whole=not request.stream and request.parallel_tool_calls,
         special_tokens=special_tokens_kept(names, request.reasoning),
+        separate_reasoning=request.separate_reasoning,
+        stream_reasoning=request.stream_reasoning,
     )
     # deferred tools are not in the prompt's tool list, but a tool search loaded them: their
     # calls are parsed like any other
@@ -413,11 +419,11 @@ class OutputParser:
         self.dropped_call = False
         """A call after the first began under ``parallel_tool_calls: false``: the answer the
         client gets is complete, the rest of the engine's output is not needed."""
-        if plan.names.reasoning_parser is not None:
+        if plan.names.reasoning_parser is not None and plan.separate_reasoning:
             _, reasoning_parser = _sglang_parsers()
             self._reasoning = reasoning_parser(
                 plan.names.reasoning_parser,
-                stream_reasoning=True,
+                stream_reasoning=plan.stream_reasoning,
                 force_reasoning=plan.force_reasoning,
                 tool_call_parser_active=plan.parses_tools,
             )

@@ -114,7 +114,7 @@ def parse_chat(body: dict[str, Any], opening: Opening, resumer: Resumer | None) 
     only_keys(body, where="", allowed=FIELDS)
     refuse_set(body, REFUSED, asked_by_empty=ASKED_BY_EMPTY)
     refuse_set(body, sglang.REFUSED)
-    sglang.check_reasoning_shape(body)
+    separate, streamed = sglang.reasoning_shape(body)
     _check_no_ops(body)
     n = F.opt_int(body, "n", minimum=1)
     if n is not None and n != 1:
@@ -154,6 +154,8 @@ def parse_chat(body: dict[str, Any], opening: Opening, resumer: Resumer | None) 
         reasoning=sglang.thinking_switch(kwargs, effort),
         template_kwargs=kwargs,
         continue_final_message=F.opt_bool(body, "continue_final_message"),
+        separate_reasoning=separate,
+        stream_reasoning=streamed,
         client_controls=cache.client_controls,
     )
 

@@ -221,13 +221,10 @@ def thinking_switch(
     return ReasoningControl(enabled=switch, effort=effort)
 
 
-def check_reasoning_shape(body: Mapping[str, Any]) -> None:
-    """``separate_reasoning`` and ``stream_reasoning`` are honoured at their defaults (reasoning
-    apart from the answer, streamed as it comes); turning them off would change the answer's
-    shape, which this server does not implement."""
-    for key, why in (
-        ("separate_reasoning", "reasoning is always sent apart from the answer here."),
-        ("stream_reasoning", "reasoning is always streamed as it comes here."),
-    ):
-        if not F.opt_bool(body, key, default=True):
-            raise F.unsupported(key, why)
+def reasoning_shape(body: Mapping[str, Any]) -> tuple[bool, bool]:
+    """``separate_reasoning`` and ``stream_reasoning`` (both default ``true``): whether the
+    reasoning is split off the answer, and whether it is streamed as it comes."""
+    return (
+        F.opt_bool(body, "separate_reasoning", default=True),
+        F.opt_bool(body, "stream_reasoning", default=True),
+    )
