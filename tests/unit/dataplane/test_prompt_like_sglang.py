@@ -116,6 +116,11 @@ SAME: dict[str, dict[str, Any]] = {
         chat_template_kwargs={"enable_thinking": False},
     ),
     "continue without an assistant message": _body(continue_final_message=True),
+    "continue a message with reasoning (the text alone)": _body(
+        USER,
+        {"role": "assistant", "content": "It is", "reasoning_content": "Look it up."},
+        continue_final_message=True,
+    ),
     "tool_choice none": _body(tools=[WEATHER], tool_choice="none"),
     "assistant text in parts": _body(
         USER, {"role": "assistant", "content": [{"type": "text", "text": "Sunny."}]}, AGAIN

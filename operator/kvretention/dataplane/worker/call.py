@@ -153,12 +153,13 @@ def build_engine_prompt(
 
 def continued_text(request: PreprocessedRequest) -> str | None:
     """The assistant text the answer continues (``continue_final_message``), or ``None`` when the
-    request does not continue one: the last message must be the assistant's, text only."""
+    request does not continue one: the last message must be the assistant's, without tool calls
+    or images. Its replayed reasoning is not shown, as SGLang's server continues only the text."""
     messages = request.messages or []
     if not request.continue_final_message or not messages or request.token_ids is not None:
         return None
     last = messages[-1]
-    if last.role != "assistant" or last.tool_calls or last.reasoning or last.images():
+    if last.role != "assistant" or last.tool_calls or last.images():
         return None
     return last.text()
 
