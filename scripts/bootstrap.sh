@@ -44,6 +44,9 @@ if [ ! -e "$stamp" ]; then
   # devtools/: the local control plane (`kvretention cluster`), never shipped in the package
   "$VENV/bin/pip" install -q --no-deps -e devtools
   "$VENV/bin/pip" install -q --no-deps "sglang==$SGLANG_VERSION"
+  # SGLang's own pin: its Responses server imports it, and the tests compare Codex's prompts with
+  # that server's (here, not in pyproject: the worker images' dependency key stays as it is)
+  "$VENV/bin/pip" install -q "openai-harmony==0.0.4"
   "$VENV/bin/pip" install -q --no-deps "mooncake-transfer-engine==$MOONCAKE_VERSION"
   rm -f "$VENV"/.kvr-stamp-*
   touch "$stamp"
