@@ -44,7 +44,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, TypedDict, Unpack
 
 from kvretention.dataplane.compiled_template import (
     CompiledTemplate,
@@ -57,6 +57,7 @@ from kvretention.dataplane.compiled_template import (
 from kvretention.dataplane.protocol import (
     ChatMessage,
     ImagePart,
+    PreprocessedRequest,
     ReasoningControl,
     TextPart,
     ToolCall,
@@ -554,26 +555,40 @@ def has_chat_template(tokenizer: Any) -> bool:
     )
 
 
+class TemplateOptions(TypedDict, total=False):
+    """What a request adds to its messages for the template: :func:`build_template_input`'s
+    keywords of the same names, and their defaults there."""
+
+    tools: Sequence[ToolDefinition]
+    tool_choice: ToolChoice | None
+    reasoning: ReasoningControl | None
+    template_kwargs: Mapping[str, Any] | None
+
+
+def template_options(request: PreprocessedRequest) -> TemplateOptions:
+    """The request's own template options (its tools, tool choice, reasoning and kwargs)."""
+    return TemplateOptions(
+        tools=request.tools,
+        tool_choice=request.tool_choice,
+        reasoning=request.reasoning,
+        template_kwargs=request.template_kwargs,
+    )
+
+
 def render_prompt(
     tokenizer: Any,
     messages: Sequence[ChatMessage],
     *,
-    tools: Sequence[ToolDefinition] = (),
-    tool_choice: ToolChoice | None = None,
-    reasoning: ReasoningControl | None = None,
-    template_kwargs: Mapping[str, Any] | None = None,
     converted: ConvertedMessages | None = None,
+    **options: Unpack[TemplateOptions],
 ) -> tuple[str, list[str]]:
     """Convert and render with the model's template: the prompt text and its image URLs
     (``converted``: messages converted before, see :class:`ConvertedMessages`)."""
     template_input = build_template_input(
         messages,
-        tools=tools,
-        tool_choice=tool_choice,
-        reasoning=reasoning,
-        template_kwargs=template_kwargs,
         developer_role=template_has_developer_role(getattr(tokenizer, "chat_template", None)),
         converted=converted,
+        **options,
     )
     return render_template(tokenizer, template_input), template_input.image_urls
 
@@ -582,22 +597,12 @@ def render_and_encode(
     tokenizer: Any,
     messages: Sequence[ChatMessage],
     *,
-    tools: Sequence[ToolDefinition] = (),
-    tool_choice: ToolChoice | None = None,
-    reasoning: ReasoningControl | None = None,
-    template_kwargs: Mapping[str, Any] | None = None,
     with_offsets: bool = False,
+    **options: Unpack[TemplateOptions],
 ) -> RenderedPrompt:
     """Convert, render with the model's template, and tokenize once (with token offsets when
     asked: raises :class:`OffsetsUnavailable` if the tokenizer has none)."""
-    text, images = render_prompt(
-        tokenizer,
-        messages,
-        tools=tools,
-        tool_choice=tool_choice,
-        reasoning=reasoning,
-        template_kwargs=template_kwargs,
-    )
+    text, images = render_prompt(tokenizer, messages, **options)
     if with_offsets:
         ids, offsets = encode_with_offsets(tokenizer, text)
         return RenderedPrompt(text=text, token_ids=ids, image_urls=images, offsets=offsets)

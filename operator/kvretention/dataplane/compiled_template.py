@@ -35,7 +35,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Final, ParamSpec
+from typing import Any, Final, NotRequired, ParamSpec, TypedDict, Unpack
 
 from kvretention.dataplane.generation_block import block_reads_only_context, generation_block
 
@@ -290,6 +290,16 @@ def probe_inputs() -> list[ProbeInput]:
     return out
 
 
+class RenderCall(TypedDict):
+    """How :meth:`CompiledTemplate.render` renders: with the generation prompt or not, the
+    template's extra variables, and (``json_memo``) the conversation's ``tojson`` results (see
+    :class:`JsonMemo`)."""
+
+    add_generation_prompt: bool
+    kwargs: dict[str, Any]
+    json_memo: NotRequired[JsonMemo | None]
+
+
 class CompiledTemplate:
     """One chat template in a minijinja environment that mirrors transformers' Jinja2 one."""
 
@@ -398,17 +408,16 @@ class CompiledTemplate:
         self,
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
-        *,
-        add_generation_prompt: bool,
-        kwargs: dict[str, Any],
-        json_memo: JsonMemo | None = None,
+        **call: Unpack[RenderCall],
     ) -> str:
-        """minijinja's rendering alone (raises minijinja's ``TemplateError``); ``json_memo``:
-        the conversation's ``tojson`` results (see :class:`JsonMemo`)."""
+        """minijinja's rendering alone (raises minijinja's ``TemplateError``)."""
         context = self._context(
-            messages, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs
+            messages,
+            tools,
+            add_generation_prompt=call["add_generation_prompt"],
+            kwargs=call["kwargs"],
         )
-        self._local.memo = json_memo
+        self._local.memo = call.get("json_memo")
         try:
             return str(self._env.render_template("chat", **context))
         finally:
@@ -418,23 +427,14 @@ class CompiledTemplate:
         self,
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
-        *,
-        add_generation_prompt: bool,
-        kwargs: dict[str, Any],
-        json_memo: JsonMemo | None = None,
+        **call: Unpack[RenderCall],
     ) -> str | None:
         """The prompt as ``apply_chat_template`` renders it, or ``None`` where Jinja2 must render
         (minijinja refused, or is off for this template)."""
         if not self.enabled:
             return None
         try:
-            text = self.render_compiled(
-                messages,
-                tools,
-                add_generation_prompt=add_generation_prompt,
-                kwargs=kwargs,
-                json_memo=json_memo,
-            )
+            text = self.render_compiled(messages, tools, **call)
         except Exception:  # the template refused (raise_exception, bad input): Jinja2's outcome
             self.fallbacks += 1
             return None
@@ -446,7 +446,10 @@ class CompiledTemplate:
             check = self._verify_every > 0 and (self._renders - 1) % self._verify_every == 0
         if check:
             expected = self._reference(
-                messages, tools=tools, add_generation_prompt=add_generation_prompt, **kwargs
+                messages,
+                tools=tools,
+                add_generation_prompt=call["add_generation_prompt"],
+                **call["kwargs"],
             )
             self.verified += 1
             if expected != text:

@@ -14,7 +14,7 @@ import importlib
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from kvretention.dataplane.chat_template import render_and_encode
+from kvretention.dataplane.chat_template import render_and_encode, template_options
 from kvretention.dataplane.protocol import ChatMessage, PreprocessedRequest
 
 
@@ -47,14 +47,7 @@ class HfChatTokenizer:
         messages = request.messages or []
         if request.continue_final_message or any(m.images() for m in messages):
             return None
-        rendered = render_and_encode(
-            self._tokenizer,
-            messages,
-            tools=request.tools,
-            tool_choice=request.tool_choice,
-            reasoning=request.reasoning,
-            template_kwargs=request.template_kwargs,
-        )
+        rendered = render_and_encode(self._tokenizer, messages, **template_options(request))
         return rendered.token_ids
 
 

@@ -33,6 +33,7 @@ from kvretention.dataplane.chat_template import (
     render_and_encode,
     render_template_traced,
     template_has_developer_role,
+    template_options,
 )
 from kvretention.dataplane.protocol import (
     ChatMessage,
@@ -189,10 +190,7 @@ def _templated_prompt(
         render_and_encode,
         tokenizer,
         messages,
-        tools=request.tools,
-        tool_choice=request.tool_choice,
-        reasoning=request.reasoning,
-        template_kwargs=request.template_kwargs,
+        **template_options(request),
     )
     try:
         rendered = render(with_offsets=with_offsets)
@@ -226,12 +224,9 @@ def _reused_prompt(
     converted = memo.converted if memo is not None else ConvertedMessages()
     template_input = build_template_input(
         request.messages or [],
-        tools=request.tools,
-        tool_choice=request.tool_choice,
-        reasoning=request.reasoning,
-        template_kwargs=request.template_kwargs,
         developer_role=template_has_developer_role(getattr(tokenizer, "chat_template", None)),
         converted=converted,
+        **template_options(request),
     )
     text, compiled = render_template_traced(tokenizer, template_input)
     images = template_input.image_urls
