@@ -34,7 +34,7 @@ from kvretention.controller.leader import (
 )
 from kvretention.controller.metrics import Metrics
 from kvretention.controller.watch import Watches
-from kvretention.dataplane.cli_options import log_level_option
+from kvretention.dataplane.cli_options import log_level_option, switch_option
 from kvretention.dataplane.http import Readiness, add_metrics, add_probes, start_site
 from kvretention.ports import OPERATOR_HEALTH_PORT, OPERATOR_METRICS_PORT
 
@@ -302,12 +302,7 @@ def _own_signals_once(kopf_ready: asyncio.Event, stop: asyncio.Event) -> asyncio
 @click.option(
     "--metrics-port", default=OPERATOR_METRICS_PORT, show_default=True, help="Prometheus /metrics."
 )
-@click.option(
-    "--leader-elect/--no-leader-elect",
-    default=True,
-    show_default=True,
-    help="Hold the kvretention-operator Lease before acting.",
-)
+@switch_option("leader-elect", help_="Hold the kvretention-operator Lease before acting.")
 @click.option(
     "--leader-election-namespace",
     default=None,

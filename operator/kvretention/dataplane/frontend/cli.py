@@ -12,7 +12,12 @@ import click
 
 from kvretention.common.kv_retain import MAX_PRIORITY
 from kvretention.common.trace import TRACE_ENV, trace_from_env
-from kvretention.dataplane.cli_options import host_option
+from kvretention.dataplane.cli_options import (
+    choice_option,
+    host_option,
+    seconds_option,
+    switch_option,
+)
 from kvretention.dataplane.frontend.app import create_app
 from kvretention.dataplane.frontend.auth import (
     DEFAULT_RELOAD_S,
@@ -69,12 +74,10 @@ from kvretention.ports import FRONTEND_PORT
     multiple=True,
     help="As --worker, the aggregated workers' headless Service as host:port (repeatable).",
 )
-@click.option(
-    "--policy",
-    type=click.Choice(POLICIES),
-    default="cache-aware",
-    show_default=True,
-    help="With --worker/--worker-dns: placement without a session pin, as the router's --policy.",
+@choice_option(
+    "policy",
+    POLICIES,
+    help_="With --worker/--worker-dns: placement without a session pin, as the router's --policy.",
 )
 @click.option(
     "--kv-residency",
@@ -99,12 +102,10 @@ from kvretention.ports import FRONTEND_PORT
     "SERVED; answers echo ALIAS. An ALIAS with '*' is a pattern ('*' is any run of characters: "
     "claude-*=SERVED takes every Claude model name); exact aliases win, then patterns in order.",
 )
-@click.option(
+@seconds_option(
     "--body-timeout",
-    default=DEFAULT_BODY_TIMEOUT,
-    show_default=True,
-    type=click.FloatRange(min=0, min_open=True),
-    help="Seconds a request body may take to arrive; a stalled body gets a 408.",
+    DEFAULT_BODY_TIMEOUT,
+    "Seconds a request body may take to arrive; a stalled body gets a 408.",
 )
 @click.option(
     "--max-body-bytes",
@@ -113,12 +114,10 @@ from kvretention.ports import FRONTEND_PORT
     type=click.IntRange(1),
     help="Larger request bodies get a 413.",
 )
-@click.option(
+@seconds_option(
     "--upstream-timeout",
-    default=DEFAULT_UPSTREAM_TIMEOUT,
-    show_default=True,
-    type=click.FloatRange(min=0, min_open=True),
-    help="Seconds to wait for the router to connect and for each streamed read (504 after).",
+    DEFAULT_UPSTREAM_TIMEOUT,
+    "Seconds to wait for the router to connect and for each streamed read (504 after).",
 )
 @click.option(
     "--trace-file",
@@ -131,44 +130,34 @@ from kvretention.ports import FRONTEND_PORT
     default=None,
     help="HF tokenizer path: apply the chat template here and send token ids (needs transformers).",
 )
-@click.option(
-    "--openai-hints/--no-openai-hints",
-    default=True,
-    show_default=True,
+@switch_option(
+    "openai-hints",
     envvar="KVR_HINTS_OPENAI",
-    help="Turn OpenAI prompt_cache_options into KV hints; off: the fields are accepted and ignored.",
+    help_="Turn OpenAI prompt_cache_options into KV hints; off: the fields are accepted and ignored.",
 )
-@click.option(
-    "--anthropic-hints/--no-anthropic-hints",
-    default=True,
-    show_default=True,
+@switch_option(
+    "anthropic-hints",
     envvar="KVR_HINTS_ANTHROPIC",
-    help="Turn Anthropic top-level cache_control into KV hints; off: accepted and ignored.",
+    help_="Turn Anthropic top-level cache_control into KV hints; off: accepted and ignored.",
 )
 @session_keys_option(
     "Where a request's session is found, in order, comma-separated: header names or "
     "metadata.<field> of the body. The first present pins the conversation to a worker. "
     "Empty: no session affinity."
 )
-@click.option(
-    "--prefix-routing/--no-prefix-routing",
-    default=True,
-    show_default=True,
-    help="Send the router the prompt's prefix-hash chain for cache-aware placement.",
+@switch_option(
+    "prefix-routing",
+    help_="Send the router the prompt's prefix-hash chain for cache-aware placement.",
 )
-@click.option(
-    "--normalize-clients/--no-normalize-clients",
-    default=True,
-    show_default=True,
+@switch_option(
+    "normalize-clients",
     envvar="KVR_NORMALIZE_CLIENTS",
-    help="Drop Claude Code's per-request billing-header system block before templating.",
+    help_="Drop Claude Code's per-request billing-header system block before templating.",
 )
-@click.option(
-    "--breakpoints",
-    type=click.Choice(["prefix", "reject"]),
-    default="prefix",
-    show_default=True,
-    help="Block-level cache breakpoints: retain the prompt up to the end of each marked block "
+@choice_option(
+    "breakpoints",
+    ["prefix", "reject"],
+    help_="Block-level cache breakpoints: retain the prompt up to the end of each marked block "
     "(prefix, resolved to token offsets by the worker), or refuse them with the provider's 400 "
     "(reject, the v1 contract).",
 )

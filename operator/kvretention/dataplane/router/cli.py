@@ -23,7 +23,14 @@ from typing import cast
 
 import click
 
-from kvretention.dataplane.cli_options import configure_logging, host_option, log_level_option
+from kvretention.dataplane.cli_options import (
+    bootstrap_port_option,
+    choice_option,
+    configure_logging,
+    host_option,
+    log_level_option,
+    port_option,
+)
 from kvretention.dataplane.gc_tuning import tune_gc
 from kvretention.dataplane.hop_key import hop_key_file_option, load_hop_key_file
 from kvretention.dataplane.http import metrics_port_option, serve_until_signal
@@ -44,7 +51,7 @@ log = logging.getLogger("kvretention.router")
 
 @click.command("router")
 @host_option
-@click.option("--port", default=ROUTER_PORT, show_default=True, type=int, help="Port to listen on.")
+@port_option(ROUTER_PORT)
 @metrics_port_option
 @click.option("--worker", "workers", multiple=True, help="Aggregated worker URL (repeatable).")
 @click.option(
@@ -54,11 +61,8 @@ log = logging.getLogger("kvretention.router")
 @click.option("--decode-worker", "decode", multiple=True, help="Decode worker URL (repeatable).")
 @click.option("--prefill-dns", multiple=True, help="Prefill workers' headless Service host:port.")
 @click.option("--decode-dns", multiple=True, help="Decode workers' headless Service host:port.")
-@click.option(
-    "--bootstrap-port",
-    type=int,
-    default=None,
-    help="Prefill bootstrap port to use when a prefill worker's /v1/info does not report one.",
+@bootstrap_port_option(
+    "Prefill bootstrap port to use when a prefill worker's /v1/info does not report one."
 )
 @click.option("--health-interval", type=float, default=2.0, show_default=True)
 @click.option("--health-timeout", type=float, default=1.0, show_default=True)
@@ -81,12 +85,10 @@ log = logging.getLogger("kvretention.router")
     help="Longest silence between two streamed chunks before the request fails.",
 )
 @click.option("--max-sessions", type=int, default=DEFAULT_MAX_SESSIONS, show_default=True)
-@click.option(
-    "--policy",
-    type=click.Choice(POLICIES),
-    default="cache-aware",
-    show_default=True,
-    help="Placement without a session pin: the worker most likely to hold the prompt's longest "
+@choice_option(
+    "policy",
+    POLICIES,
+    help_="Placement without a session pin: the worker most likely to hold the prompt's longest "
     "prefix (with a load guard), or simply the least outstanding.",
 )
 @click.option(

@@ -26,7 +26,14 @@ import click
 from kvretention.api.names import Role
 from kvretention.common.hop_auth import HopKeyFile
 from kvretention.common.trace import trace_from_env
-from kvretention.dataplane.cli_options import configure_logging, host_option, log_level_option
+from kvretention.dataplane.cli_options import (
+    bootstrap_port_option,
+    choice_option,
+    configure_logging,
+    host_option,
+    log_level_option,
+    port_option,
+)
 from kvretention.dataplane.gc_tuning import tune_gc
 from kvretention.dataplane.hop_key import hop_key_file_option, load_hop_key_file
 from kvretention.dataplane.http import metrics_port_option, serve_until_signal
@@ -48,7 +55,7 @@ log = logging.getLogger("kvretention.worker")
 
 @click.command("worker", context_settings={"ignore_unknown_options": True})
 @host_option
-@click.option("--port", default=WORKER_PORT, show_default=True, type=int, help="Port to listen on.")
+@port_option(WORKER_PORT)
 @metrics_port_option
 @click.option(
     "--engine",
@@ -57,20 +64,16 @@ log = logging.getLogger("kvretention.worker")
     show_default=True,
     help="'sglang' (the real engine) or 'standin:none|flat|versioned' (no GPU, for tests).",
 )
-@click.option(
-    "--device",
-    type=click.Choice(["auto", "cuda", "cpu"]),
-    default="auto",
-    show_default=True,
-    help="Where --engine sglang runs: auto is the GPU when torch sees one, else SGLang's CPU engine "
+@choice_option(
+    "device",
+    ["auto", "cuda", "cpu"],
+    help_="Where --engine sglang runs: auto is the GPU when torch sees one, else SGLang's CPU engine "
     "(torch-native attention, no HiCache: docs/cpu-engine.md).",
 )
-@click.option(
-    "--role",
-    type=click.Choice(["aggregated", "prefill", "decode"]),
-    default="aggregated",
-    show_default=True,
-    help="This worker's place in the fleet; prefill/decode add SGLang's disaggregation flags "
+@choice_option(
+    "role",
+    ["aggregated", "prefill", "decode"],
+    help_="This worker's place in the fleet; prefill/decode add SGLang's disaggregation flags "
     "(mode, Mooncake transfer backend, bootstrap port, RDMA device) unless given after --.",
 )
 @click.option(
@@ -79,11 +82,8 @@ log = logging.getLogger("kvretention.worker")
     help="Host decode workers use to reach this prefill worker's bootstrap server "
     "(default: the address the router reaches this worker at).",
 )
-@click.option(
-    "--bootstrap-port",
-    type=int,
-    default=None,
-    help="This prefill worker's KV bootstrap port (SGLang --disaggregation-bootstrap-port).",
+@bootstrap_port_option(
+    "This prefill worker's KV bootstrap port (SGLang --disaggregation-bootstrap-port)."
 )
 @click.option(
     "--ib-device",
