@@ -35,6 +35,7 @@ from kvretention.dataplane.frontend.openai.responses_conversation import fold_it
 from kvretention.dataplane.frontend.openai.responses_tools import (
     ADDITIONAL_TOOLS,
     DEFAULT_NAMESPACE,
+    ToolOrigin,
     all_tools,
 )
 from kvretention.dataplane.frontend.resume import Resumer
@@ -116,7 +117,7 @@ def parse_responses(
 
     In ``prefix`` mode a part's ``prompt_cache_breakpoint`` puts ``retain_ttl`` on that part.
     """
-    cache, marks, encoded = opening.cache, opening.marks, opening.encoded
+    cache, encoded = opening.cache, opening.encoded
     envelope = cache.envelope
     model = F.required_str(body, "model")
     only_keys(body, where="", allowed=FIELDS)
@@ -131,21 +132,8 @@ def parse_responses(
         else resumer.names(listed, encoded, ADDITIONAL_TOOLS)
     )
     raw_tools, tools, origin = all_tools(body, named=additional)
-    messages: list[ChatMessage] = []
     instructions = F.opt_str(body, "instructions")
-    if instructions:
-        messages.append(trusted(ChatMessage, role="system", content=instructions))
-    if "input" not in body:
-        raise F.missing("input")
-    items = body["input"]
-    if isinstance(items, str):
-        messages.append(trusted(ChatMessage, role="user", content=items))
-    elif isinstance(items, list):
-        messages += fold_items(items, marks=marks, origin=origin, resumer=resumer, encoded=encoded)
-    else:
-        raise F.invalid_type("input", items, expected="a string or an array")
-    if not any(m.role != "system" for m in messages):
-        raise F.invalid_value("input", "the input has no user or assistant message.")
+    messages = _conversation(body, instructions, opening, origin=origin, resumer=resumer)
     tool_choice, allowed = _tool_choice(body.get("tool_choice"), tools=tools)
     parallel = F.opt_bool(body, "parallel_tool_calls", default=True)
     text_format, text_echo = _text(body.get("text"))
@@ -192,6 +180,35 @@ def parse_responses(
             if o.namespace is not None and o.namespace != DEFAULT_NAMESPACE
         },
     )
+
+
+def _conversation(
+    body: dict[str, Any],
+    instructions: str | None,
+    opening: Opening,
+    *,
+    origin: dict[str, ToolOrigin],
+    resumer: Resumer | None,
+) -> list[ChatMessage]:
+    """``instructions`` as the system message, then ``input`` (a string or items) folded into
+    the neutral conversation; a conversation with no user or assistant message is refused."""
+    messages: list[ChatMessage] = []
+    if instructions:
+        messages.append(trusted(ChatMessage, role="system", content=instructions))
+    if "input" not in body:
+        raise F.missing("input")
+    items = body["input"]
+    if isinstance(items, str):
+        messages.append(trusted(ChatMessage, role="user", content=items))
+    elif isinstance(items, list):
+        messages += fold_items(
+            items, marks=opening.marks, origin=origin, resumer=resumer, encoded=opening.encoded
+        )
+    else:
+        raise F.invalid_type("input", items, expected="a string or an array")
+    if not any(m.role != "system" for m in messages):
+        raise F.invalid_value("input", "the input has no user or assistant message.")
+    return messages
 
 
 def _no_ops(body: Mapping[str, Any]) -> dict[str, Any]:
