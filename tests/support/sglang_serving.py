@@ -76,6 +76,24 @@ def template_served(name: str | None = None, *, responses: bool = False) -> tupl
     return tokenizer, sglang_serving(tokenizer, responses=responses)
 
 
+def served_fixtures(*, responses: bool = False) -> tuple[Any, Any]:
+    """A test module's ``served`` fixture (each real template with SGLang's serving over it, one
+    module-scoped run each) and ``tiny`` (the tiny model's own template), as
+    :func:`template_served` makes them; assign both as module globals."""
+    from support.real_templates import TEMPLATES
+
+    @pytest.fixture(scope="module", params=sorted(TEMPLATES))
+    def served(request: pytest.FixtureRequest) -> tuple[Any, Any]:
+        """A tokenizer with one of the real templates, and SGLang's serving over it."""
+        return template_served(request.param, responses=responses)
+
+    @pytest.fixture(scope="module")
+    def tiny() -> tuple[Any, Any]:
+        return template_served(responses=responses)
+
+    return served, tiny
+
+
 def processed(server: Any, request: Any, generation: dict[str, Any] | None = None) -> EngineCall:
     """SGLang's engine call for a ``ChatCompletionRequest``, as its chat server makes it
     (``generation``: the model's generation-config sampling, its ``default_sampling_params``)."""

@@ -16,28 +16,19 @@ from typing import Any
 import pytest
 
 from kvretention.dataplane.frontend.anthropic import parse_messages
-from support.real_templates import TEMPLATES
 from support.sglang_serving import (
     EngineCall,
     outcome,
     planned,
     processed,
-    template_served,
+    served_fixtures,
     tools_as_the_client_wrote_them,
 )
 
 USER = {"role": "user", "content": "Weather in Paris?"}
 
 
-@pytest.fixture(scope="module", params=sorted(TEMPLATES))
-def served(request: pytest.FixtureRequest) -> tuple[Any, Any]:
-    """A tokenizer with one of the real templates, and SGLang's serving over it."""
-    return template_served(request.param)
-
-
-@pytest.fixture(scope="module")
-def tiny() -> tuple[Any, Any]:
-    return template_served()
+served, tiny = served_fixtures()
 
 
 ANTHROPIC_WEATHER = {

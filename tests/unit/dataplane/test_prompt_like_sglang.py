@@ -25,6 +25,7 @@ from support.sglang_serving import (
     outcome,
     planned,
     processed,
+    served_fixtures,
     template_served,
     tools_as_the_client_wrote_them,
 )
@@ -178,15 +179,7 @@ WITH_TOOLS: dict[str, dict[str, Any]] = {
 }
 
 
-@pytest.fixture(scope="module", params=sorted(TEMPLATES))
-def served(request: pytest.FixtureRequest) -> tuple[Any, Any]:
-    """A tokenizer with one of the real templates, and SGLang's serving over it."""
-    return template_served(request.param)
-
-
-@pytest.fixture(scope="module")
-def tiny() -> tuple[Any, Any]:
-    return template_served()
+served, tiny = served_fixtures()
 
 
 def _sglang(server: Any, body: dict[str, Any]) -> EngineCall:

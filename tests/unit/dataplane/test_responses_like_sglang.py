@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 
 from kvretention.dataplane.frontend.openai import parse_responses
-from support.real_templates import HELPERS, TEMPLATES
+from support.real_templates import HELPERS
 from support.sglang_serving import (
     EngineCall,
     outcome,
     planned,
     responses_processed,
-    template_served,
+    served_fixtures,
 )
 
 SHELL = {
@@ -79,15 +79,7 @@ WITH_TOOLS: dict[str, dict[str, Any]] = {
 }
 
 
-@pytest.fixture(scope="module", params=sorted(TEMPLATES))
-def served(request: pytest.FixtureRequest) -> tuple[Any, Any]:
-    """A tokenizer with one of the real templates, and SGLang's serving over it."""
-    return template_served(request.param, responses=True)
-
-
-@pytest.fixture(scope="module")
-def tiny() -> tuple[Any, Any]:
-    return template_served(responses=True)
+served, tiny = served_fixtures(responses=True)
 
 
 def _ours(tokenizer: Any, body: dict[str, Any]) -> EngineCall:
