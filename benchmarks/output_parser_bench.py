@@ -1,6 +1,6 @@
 """The worker's CPU per output token for parsing an answer with SGLang's tool-call parser.
 
-The worker feeds every engine chunk to ``OutputParser`` (``dataplane/worker/parsing.py``), which
+The worker feeds every engine chunk to ``OutputParser`` (``dataplane/worker/output_parser.py``), which
 runs SGLang's reasoning and tool-call detectors. Answers in the Qwen 2.5 format, streamed as an
 engine sends them: one token (~4 characters, special tokens whole) per chunk, and 16 tokens per
 chunk (an engine whose reader lags coalesces them), for a client that streams and one that reads
@@ -29,8 +29,8 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO / "tests"))
 
 from kvretention.dataplane.protocol import PreprocessedRequest  # noqa: E402
+from kvretention.dataplane.worker.output_parser import OutputParser  # noqa: E402
 from kvretention.dataplane.worker.parsing import (  # noqa: E402
-    OutputParser,
     ParserNames,
     plan_output,
 )

@@ -18,7 +18,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from kvretention.dataplane.worker import app as worker_app
-from kvretention.dataplane.worker import parsing
+from kvretention.dataplane.worker import output_parser
 from kvretention.dataplane.worker.app import WorkerState, build_app
 from kvretention.dataplane.worker.dialect import Dialect
 from kvretention.dataplane.worker.engine import EngineLoadError, LoadedEngine, load_engine
@@ -533,13 +533,13 @@ async def test_calls_unlike_the_whole_parse_are_counted(
     """The worker compares each streamed answer's calls with SGLang's whole parse of its text
     and counts those that differ, by parser, on ``/metrics``."""
     if unlike:  # a detector whose whole parse reads another call than it streamed
-        real = parsing.OutputParser._parsed_calls
+        real = output_parser.OutputParser._parsed_calls
 
         def another(self: Any, text: str) -> tuple[str, list[tuple[str, str]]]:
             rest, calls = real(self, text)
             return rest, [*calls, ("get_time", '{"zone": "UTC"}')]
 
-        monkeypatch.setattr(parsing.OutputParser, "_parsed_calls", another)
+        monkeypatch.setattr(output_parser.OutputParser, "_parsed_calls", another)
     client, _ = await worker()
     _, lines = await generate(
         client, body("Weather? [[standin:tool_call]]", tools=[WEATHER], stream=True)

@@ -9,12 +9,11 @@ from typing import Any
 import pytest
 
 from kvretention.dataplane.protocol import PreprocessedRequest, ToolCallDelta
-from kvretention.dataplane.worker import parsing
+from kvretention.dataplane.worker import output_parser, parsing
 from kvretention.dataplane.worker.call import StreamAdapter
+from kvretention.dataplane.worker.output_parser import BATCH_AFTER_CHARS, OutputParser
 from kvretention.dataplane.worker.parsing import (
-    BATCH_AFTER_CHARS,
     ConstraintConflict,
-    OutputParser,
     ParserNames,
     constrained_sampling,
     parser_names_from_argv,
@@ -210,7 +209,7 @@ def test_an_answer_read_whole_is_parsed_once_at_the_end(tool_format: str, tokens
     plan = plan_output(_request(tools=[WEATHER], stream=False), names)
     parser = OutputParser(plan)
     steps = [parser.feed(chunk) for chunk in chunks(text, tokens, tool_format)]
-    assert all(s == parsing.ParsedDelta() for s in steps)
+    assert all(s == output_parser.ParsedDelta() for s in steps)
     end, whole = parser.finish(), OutputParser(plan).parse_whole(text)
     assert [(d.index, d.name, d.arguments) for d in end.tool_calls] == [
         (d.index, d.name, d.arguments) for d in whole.tool_calls
@@ -342,7 +341,7 @@ def test_only_the_forms_streamed_wrong_wait_for_the_end(key: str, streams: bool)
     assert len([d for d in end.tool_calls if d.name]) == (0 if streams else 2)
 
 
-@pytest.mark.parametrize("tool_format", sorted(parsing.WHOLE_SECTION_PARSERS))
+@pytest.mark.parametrize("tool_format", sorted(output_parser.WHOLE_SECTION_PARSERS))
 def test_the_formats_held_whole_still_stream_wrong_in_sglang(tool_format: str) -> None:
     """Why their sections are held: SGLang's own streaming detector, fed the two calls a token
     at a time, gives other calls than its whole parse. When an SGLang upgrade fixes one, this
@@ -455,8 +454,8 @@ def test_streamed_calls_that_differ_from_the_whole_parse_are_told(
     """The worker counts an answer whose streamed calls are not what SGLang's whole parse of
     the same text reads (``kvretention_worker_tool_calls_unlike_whole_total``)."""
     plan = plan_output(_request(tools=[WEATHER]), ParserNames(tool_call_parser="qwen25"))
-    real = parsing._sglang_parsers()
-    monkeypatch.setattr(parsing, "_sglang_parsers", lambda: (detector, real[1]))
+    real = parsing.sglang_parsers()
+    monkeypatch.setattr(output_parser, "sglang_parsers", lambda: (detector, real[1]))
     parser = OutputParser(plan)
     for piece in ("a", "b", "c"):
         parser.feed(piece)
@@ -472,8 +471,8 @@ def test_a_call_the_detector_finishes_late_is_sent_whole(
     answer under ``parallel_tool_calls: false`` ends there."""
     request = _request(tools=[WEATHER], parallel_tool_calls=parallel)
     plan = plan_output(request, ParserNames(tool_call_parser="qwen25"))
-    real = parsing._sglang_parsers()
-    monkeypatch.setattr(parsing, "_sglang_parsers", lambda: (_LateDetector, real[1]))
+    real = parsing.sglang_parsers()
+    monkeypatch.setattr(output_parser, "sglang_parsers", lambda: (_LateDetector, real[1]))
     parser = OutputParser(plan)
     steps = [parser.feed(piece) for piece in ("a", "b", "c")]
     if parallel:

@@ -64,7 +64,8 @@ from kvretention.dataplane.worker.fast_paths import (
     FastPathCollector,
 )
 from kvretention.dataplane.worker.kv_feed import ResidencyFeed
-from kvretention.dataplane.worker.parsing import OutputParser, ParserConfigError
+from kvretention.dataplane.worker.output_parser import OutputParser
+from kvretention.dataplane.worker.parsing import ParserConfigError
 from kvretention.dataplane.worker.plan import PlannedCall, plan_call
 from kvretention.dataplane.worker.planning import DEFAULT_THREADS, MAX_BODY_BYTES, PlanningPool
 from kvretention.dataplane.worker.render_cache import DEFAULT_MAX_BYTES, RenderCache

@@ -42,7 +42,7 @@ from kvretention.dataplane.protocol import (
     PreprocessedRequest,
     Usage,
 )
-from kvretention.dataplane.worker.parsing import OutputParser, ParsedDelta
+from kvretention.dataplane.worker.output_parser import OutputParser, ParsedDelta
 from kvretention.dataplane.worker.render_cache import RenderCache
 from kvretention.dataplane.worker.wire import ConversationMemo
 
