@@ -6,8 +6,10 @@ an HTTP status plus an OpenAI ``type``/``code`` and an Anthropic ``type``; the r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import partial
 from typing import Any, Final
 
 from kvretention.dataplane.protocol import ErrorBody, ErrorCode
@@ -91,34 +93,45 @@ def invalid_json(detail: str) -> FrontendError:
     )
 
 
-def malformed_head() -> FrontendError:
-    """aiohttp's parser refused the request line or a header (the line is never echoed: it may
-    hold an API key)."""
-    return FrontendError(
-        status=400,
-        code="malformed_request",
-        message=(
-            "The request's HTTP head could not be parsed: a header line is malformed (a control "
-            "character, folding, a space before the colon, bare LF line endings) or too long."
-        ),
-    )
+def _fixed(
+    status: int, code: str, message: str, *, param: str | None = None
+) -> Callable[[], FrontendError]:
+    """The factory of a failure that says the same every time (a new exception each call)."""
+    return partial(FrontendError, status=status, code=code, message=message, param=param)
 
 
-def invalid_content_encoding() -> FrontendError:
-    return FrontendError(
-        status=400,
-        code="invalid_content_encoding",
-        message="The request body could not be decoded as its content-encoding header says.",
-        param="content-encoding",
-    )
-
-
-def unreadable_body() -> FrontendError:
-    return FrontendError(
-        status=400,
-        code="invalid_body",
-        message="The request body could not be read: its framing (chunked encoding) is invalid.",
-    )
+malformed_head: Final = _fixed(
+    400,
+    "malformed_request",
+    "The request's HTTP head could not be parsed: a header line is malformed (a control "
+    "character, folding, a space before the colon, bare LF line endings) or too long.",
+)
+"""aiohttp's parser refused the request line or a header (the line is never echoed: it may
+hold an API key)."""
+invalid_content_encoding: Final = _fixed(
+    400,
+    "invalid_content_encoding",
+    "The request body could not be decoded as its content-encoding header says.",
+    param="content-encoding",
+)
+unreadable_body: Final = _fixed(
+    400,
+    "invalid_body",
+    "The request body could not be read: its framing (chunked encoding) is invalid.",
+)
+internal_error: Final = _fixed(
+    500, "internal_error", "The server had an error processing the request."
+)
+router_unavailable: Final = _fixed(
+    503, "router_unavailable", "The request router is unavailable; try again shortly."
+)
+"""The detail (address, exception) is logged, never sent: it names internal endpoints."""
+upstream_disconnected: Final = _fixed(
+    502,
+    "upstream_disconnected",
+    "The router closed the connection before the response finished.",
+)
+"""The detail is logged, never sent."""
 
 
 def invalid_header(name: str) -> FrontendError:
@@ -187,36 +200,13 @@ def rate_limited(*, tenant: str, kind: str, retry_after: int) -> FrontendError:
     )
 
 
-def internal_error() -> FrontendError:
-    return FrontendError(
-        status=500, code="internal_error", message="The server had an error processing the request."
-    )
-
-
-def router_unavailable() -> FrontendError:
-    """The detail (address, exception) is logged, never sent: it names internal endpoints."""
-    return FrontendError(
-        status=503,
-        code="router_unavailable",
-        message="The request router is unavailable; try again shortly.",
-    )
+def _too_slow(status: int, code: str, what: str, seconds: float) -> FrontendError:
+    """``what`` did not happen within ``seconds``."""
+    return FrontendError(status=status, code=code, message=f"{what} within {seconds:g} seconds.")
 
 
 def upstream_timeout(seconds: float) -> FrontendError:
-    return FrontendError(
-        status=504,
-        code="upstream_timeout",
-        message=f"The router did not answer within {seconds:g} seconds.",
-    )
-
-
-def upstream_disconnected() -> FrontendError:
-    """The detail is logged, never sent."""
-    return FrontendError(
-        status=502,
-        code="upstream_disconnected",
-        message="The router closed the connection before the response finished.",
-    )
+    return _too_slow(504, "upstream_timeout", "The router did not answer", seconds)
 
 
 def upstream_refused(status: int) -> FrontendError:
@@ -242,10 +232,8 @@ RETRYABLE_CLIENT_STATUSES: Final = frozenset({408, 409, 429})
 
 
 def body_timeout(seconds: float) -> FrontendError:
-    return FrontendError(
-        status=408,
-        code="request_body_timeout",
-        message=f"The request body did not finish arriving within {seconds:g} seconds.",
+    return _too_slow(
+        408, "request_body_timeout", "The request body did not finish arriving", seconds
     )
 
 
