@@ -16,9 +16,11 @@ from kvretention.api.spec_shared import (
     LARGEST_HINT_TTL_SECONDS,
     MAX_SOFT_PIN_TTL_SECONDS,
     UNSET_REQUESTS,
+    Fraction,
     Image,
     PodOptions,
     ResourceRequirements,
+    Share,
     SoftPinTtlSeconds,
     _pod_field,
 )
@@ -79,10 +81,8 @@ class SoftPinSpec(WireModel):
             "(--allow_evict_soft_pinned_objects); false makes pins hold and needs budgetRatio."
         ),
     )
-    budget_ratio: float | None = Field(
+    budget_ratio: Fraction | None = Field(
         default=None,
-        gt=0.0,
-        lt=1.0,
         description=(
             "Retention budget: the share of the pool's capacity pinned objects may hold. "
             "Enforced by the workers' retention plugin: each worker pins at most this share of "
@@ -109,16 +109,12 @@ class EvictionSpec(WireModel):
 
     model_config = cel_config(("self.ratio < self.highWatermarkRatio", _EVICTION_RATIO_MESSAGE))
 
-    high_watermark_ratio: float = Field(
+    high_watermark_ratio: Share = Field(
         default=0.9,
-        gt=0.0,
-        le=1.0,
         description="Pool fill ratio that triggers eviction (--eviction_high_watermark_ratio).",
     )
-    ratio: float = Field(
+    ratio: Fraction = Field(
         default=0.05,
-        gt=0.0,
-        lt=1.0,
         description="Fraction of objects evicted per round (--eviction_ratio).",
     )
 

@@ -53,6 +53,11 @@ SoftPinTtlSeconds = Annotated[int, Field(ge=1, le=MAX_SOFT_PIN_TTL_SECONDS)]
 :data:`MAX_SOFT_PIN_TTL_SECONDS`."""
 MAX_REPLICAS: Final = 1000
 
+Share = Annotated[float, Field(gt=0.0, le=1.0)]
+"""A part of a whole: above 0, and at most all of it."""
+Fraction = Annotated[float, Field(gt=0.0, lt=1.0)]
+"""A part of a whole short of all of it: above 0 and below 1."""
+
 Replicas = Annotated[int, Field(ge=0, le=MAX_REPLICAS)]
 """A count of pods (or multinode workers) a spec asks for: replicas, a rollout's surge and
 unavailability; 0 is allowed."""

@@ -29,6 +29,7 @@ from kvretention.api.spec_shared import (
     PodOptions,
     Replicas,
     ResourceRequirements,
+    Share,
     _pod_field,
 )
 
@@ -422,10 +423,8 @@ class WorkersSpec(WireModel):
             f"default, {DEFAULT_PLANNING_THREADS}."
         ),
     )
-    radix_pin_ratio: float | None = Field(
+    radix_pin_ratio: Share | None = Field(
         default=None,
-        gt=0.0,
-        le=1.0,
         description=(
             "Share of each worker's GPU KV pool that kv.retain holds may keep pinned in SGLang's "
             "radix tree (never so much that a request of the model's context length finds no "
