@@ -16,7 +16,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any, Final
 
-from kvretention.controller.kube import Kube, ResourceKind
+from kvretention.controller.kinds import ResourceKind
+from kvretention.controller.kube import Kube
 from kvretention.controller.operator import operator_cmd
 
 HOLD_LOG: Final = "test hook: holding the apply"

@@ -22,6 +22,7 @@ from typing import Any, Final
 
 from kvretention.api.models import GROUP, KIND, PLURAL, VERSION
 from kvretention.api.names import LABEL_INSTANCE as _INSTANCE
+from kvretention.controller import kinds
 from kvretention.controller import kube as k
 from kvretention.controller.objects import (
     ChildKey,
@@ -32,9 +33,11 @@ from kvretention.controller.objects import (
     uid_of,
 )
 
-CR_KIND: Final = k.custom_kind(group=GROUP, version=VERSION, kind=KIND, plural=PLURAL)
+CR_KIND: Final = kinds.custom_kind(group=GROUP, version=VERSION, kind=KIND, plural=PLURAL)
 FLEETS_INDEX: Final = "fleets"
-CHILD_INDEXES: Final[dict[str, k.ResourceKind]] = {kind.plural: kind for kind in k.CHILD_KINDS}
+CHILD_INDEXES: Final[dict[str, kinds.ResourceKind]] = {
+    kind.plural: kind for kind in kinds.CHILD_KINDS
+}
 PODS_INDEX: Final = "pods"
 ENTRY_COMPRESSION: Final = 1
 """zlib's fastest level: most of the gain (JSON repeats its keys), at a fraction of the CPU."""
@@ -62,16 +65,16 @@ class ListedView:
         namespace, name = key
         fleet = await self.kube.get_or_none(CR_KIND, namespace, name)
         children: dict[ChildKey, Mapping[str, Any]] = {}
-        for kind in k.CHILD_KINDS:
+        for kind in kinds.CHILD_KINDS:
             try:
                 items = await self.kube.list(kind, namespace, selector=f"{_INSTANCE}={name}")
             except (k.NotFound, k.ApiError):
-                if kind not in k.OPTIONAL_KINDS:
+                if kind not in kinds.OPTIONAL_KINDS:
                     raise
                 items = []  # its API is absent or not granted: none exist for us
             for item in items:
                 children[(kind.kind, item["metadata"]["name"])] = item
-        pods = await self.kube.list(k.POD, namespace, selector=selector)
+        pods = await self.kube.list(kinds.POD, namespace, selector=selector)
         return Snapshot(fleet=fleet, children=children, pods=list(pods))
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar, cast
 
 from kvretention.api.names import fleet_pods_selector
+from kvretention.controller import kinds
 from kvretention.controller import kube as k
 from kvretention.controller import named_objects as named
 from kvretention.controller.cache import (
@@ -136,7 +137,7 @@ def _read_applies(
         if isinstance(result, k.ApiError) and result.status in REFUSED_STATUSES:
             applies.refused.append(refused_message(manifest, result.said))
             current = live.get(child_key(manifest))
-        elif isinstance(result, k.NotFound) and k.kind_of(manifest) in k.OPTIONAL_KINDS:
+        elif isinstance(result, k.NotFound) and kinds.kind_of(manifest) in kinds.OPTIONAL_KINDS:
             applies.unserved.add(str(manifest["kind"]))  # its CRD is not installed: status says so
             current = None
         elif isinstance(result, BaseException):
@@ -145,7 +146,7 @@ def _read_applies(
             current = result
         if manifest["kind"] in WORKLOAD_KINDS and current is not None:
             applies.deployments[manifest["metadata"]["name"]] = current
-        if k.kind_of(manifest) is k.INFERENCE_POOL:
+        if kinds.kind_of(manifest) is kinds.INFERENCE_POOL:
             applies.inference_pool = current  # its status.parents: which Gateways accepted it
     return applies
 
@@ -441,7 +442,9 @@ class Controller:
         missing = plan_lookups(plan.desired, live)
         found = await asyncio.gather(
             *(
-                _outcome(self.kube.get_or_none(k.kind_of(m), namespace, str(m["metadata"]["name"])))
+                _outcome(
+                    self.kube.get_or_none(kinds.kind_of(m), namespace, str(m["metadata"]["name"]))
+                )
                 for m in missing
             )
         )
@@ -529,7 +532,7 @@ class Controller:
         self, owner_uid: str, manifest: Mapping[str, Any], live: Mapping[str, Any] | None
     ) -> Mapping[str, Any]:
         """Apply ``manifest`` unless the live object already is what an apply would make it."""
-        kind = k.kind_of(manifest)
+        kind = kinds.kind_of(manifest)
         meta = manifest["metadata"]
         ck = child_key(manifest)
         digest = manifest_hash(manifest)
@@ -556,7 +559,7 @@ class Controller:
     async def _prune(self, namespace: str, prunes: list[Prune]) -> None:
         """Delete children this object controls that the spec no longer wants (mode changes)."""
         for prune in prunes:
-            kind = k.kind_of({"apiVersion": prune.api_version, "kind": prune.kind})
+            kind = kinds.kind_of({"apiVersion": prune.api_version, "kind": prune.kind})
             await self.kube.delete(kind, namespace, prune.name, uid=prune.uid)
             self.metrics.deletes.labels(prune.kind).inc()
             log.info("deleted %s %s/%s (no longer in the spec)", prune.kind, namespace, prune.name)

@@ -28,6 +28,7 @@ from kvretention.api.names import (
     FLEET_PODS_SELECTOR,
     LABEL_MANAGED_BY,
 )
+from kvretention.controller import kinds
 from kvretention.controller import kube as k
 from kvretention.controller.cache import PODS_INDEX, index_by_instance
 from kvretention.controller.objects import Key, owner_key, uid_of
@@ -44,9 +45,9 @@ OPTIONAL_RETRY_S: Final = 30.0
 
 MANAGED_SELECTOR: Final = f"{LABEL_MANAGED_BY}={FIELD_MANAGER}"
 POD_SELECTOR: Final = FLEET_PODS_SELECTOR
-WATCHED: Final[tuple[tuple[str, k.ResourceKind, str], ...]] = (
-    *((kind.plural, kind, MANAGED_SELECTOR) for kind in k.CHILD_KINDS),
-    (PODS_INDEX, k.POD, POD_SELECTOR),
+WATCHED: Final[tuple[tuple[str, kinds.ResourceKind, str], ...]] = (
+    *((kind.plural, kind, MANAGED_SELECTOR) for kind in kinds.CHILD_KINDS),
+    (PODS_INDEX, kinds.POD, POD_SELECTOR),
 )
 """(index id, kind, server-side label selector): only our objects are ever sent to us."""
 
@@ -117,7 +118,7 @@ class Informer:
 
     kube: k.Kube
     index: str
-    kind: k.ResourceKind
+    kind: kinds.ResourceKind
     selector: str
     namespace: str | None
     notify: Notify
@@ -126,7 +127,7 @@ class Informer:
 
     @property
     def pod(self) -> bool:
-        return self.kind is k.POD
+        return self.kind is kinds.POD
 
     async def run(self) -> None:
         """Forever: list, then watch until the version expires or the connection drops."""
@@ -140,7 +141,7 @@ class Informer:
             except Gone:
                 log.debug("%s watch expired: listing again", self.index)
             except (k.NotFound, k.ApiError) as exc:
-                if self.kind not in k.OPTIONAL_KINDS:
+                if self.kind not in kinds.OPTIONAL_KINDS:
                     log.warning(
                         "%s informer: %s (listing again in %.0fs)", self.index, exc, RETRY_S
                     )

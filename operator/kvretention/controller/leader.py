@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from kvretention.controller.kube import LEASE, ApiError, Kube, NotFound, RetryLater
+from kvretention.controller.kinds import LEASE
+from kvretention.controller.kube import ApiError, Kube, NotFound, RetryLater
 
 log = logging.getLogger(__name__)
 

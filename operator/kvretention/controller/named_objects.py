@@ -17,6 +17,7 @@ from typing import Any
 
 from prometheus_client import Counter
 
+from kvretention.controller import kinds
 from kvretention.controller import kube as k
 from kvretention.controller.objects import ChildKey, component_of, is_controlled_by, uid_of
 from kvretention.controller.planner import (
@@ -38,7 +39,7 @@ log = logging.getLogger("kvretention.controller.executor")
 
 async def _exists(kube: k.Kube, namespace: str, name: str) -> bool | Exception:
     try:
-        return await kube.exists(k.SECRET, namespace, name)
+        return await kube.exists(kinds.SECRET, namespace, name)
     except Exception as exc:  # said nothing: the frontend's own reason stands
         return exc
 
@@ -73,7 +74,7 @@ async def missing_codex_instructions(
     name, key = wanted
     namespace = plan.cr.namespace
     try:
-        found = await kube.get_or_none(k.CONFIGMAP, namespace, name)
+        found = await kube.get_or_none(kinds.CONFIGMAP, namespace, name)
     except Exception as exc:
         log.debug("ConfigMap %s/%s not checked: %s", namespace, name, exc)
         return None
@@ -102,12 +103,12 @@ async def ensure_hop_key(
         return []
     manifest = build_hop_key_secret(plan.cr, key=secrets.token_hex(HOP_KEY_BYTES))
     try:
-        created = await kube.create_if_absent(k.SECRET, plan.cr.namespace, manifest)
+        created = await kube.create_if_absent(kinds.SECRET, plan.cr.namespace, manifest)
     except Exception as exc:  # RBAC, admission, the API server: said in status, retried
         said = exc.said if isinstance(exc, k.ApiError) else str(exc)
         return [refused_message(manifest, said)]
     if created:
-        writes.labels(k.SECRET.kind).inc()
+        writes.labels(kinds.SECRET.kind).inc()
         log.info("created Secret %s/%s (the fleet's hop key)", plan.cr.namespace, name)
     ensured.add(key)
     return []
@@ -136,13 +137,13 @@ async def retire_hop_key(
     ensured.discard((plan.uid, name))  # auth turned on again makes the key anew
     retries.discard((plan.uid, name))
     try:
-        found = await kube.get_or_none(k.SECRET, namespace, name)
+        found = await kube.get_or_none(kinds.SECRET, namespace, name)
         if found is None:
             return
         if not is_controlled_by(found, plan.uid) or component_of(found) != HOP_KEY_COMPONENT:
             log.info("kept Secret %s/%s: the fleet did not make it", namespace, name)
             return
-        await kube.delete(k.SECRET, namespace, name, uid=uid_of(found))
+        await kube.delete(kinds.SECRET, namespace, name, uid=uid_of(found))
     except Exception as exc:
         retries.add((plan.uid, name))
         log.warning(
@@ -153,5 +154,5 @@ async def retire_hop_key(
             exc,
         )
         return
-    deletes.labels(k.SECRET.kind).inc()
+    deletes.labels(kinds.SECRET.kind).inc()
     log.info("deleted Secret %s/%s (auth is off: the fleet signs nothing)", namespace, name)

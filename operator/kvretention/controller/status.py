@@ -61,6 +61,7 @@ from kvretention.controller.diagnosis import (
     observe_group_workload,
     observe_workload,
 )
+from kvretention.controller.kinds import INFERENCE_POOL
 from kvretention.controller.kvstore_metrics import KvStoreReading
 from kvretention.controller.master_restart import check_pins_lost, find_master_restart
 from kvretention.controller.probe_reports import (
@@ -70,11 +71,6 @@ from kvretention.controller.probe_reports import (
     check_kv_hints,
     check_retention_applied,
     worker_reports,
-)
-from kvretention.controller.resources.inference_pool import (
-    INFERENCE_POOL_API_VERSION,
-    INFERENCE_POOL_CRD,
-    INFERENCE_POOL_KIND,
 )
 from kvretention.controller.resources.sglang_args import RetentionWiring
 from kvretention.controller.worker_metrics import HookIncrease
@@ -242,8 +238,8 @@ def lws_missing_message(name: str) -> str:
 
 def inference_pool_missing_message(name: str) -> str:
     return (
-        f"{INFERENCE_POOL_KIND} {name} cannot be created: the API server does not serve "
-        f"{INFERENCE_POOL_API_VERSION} (the {INFERENCE_POOL_CRD} CRD is not installed). Install "
+        f"{INFERENCE_POOL.kind} {name} cannot be created: the API server does not serve "
+        f"{INFERENCE_POOL.api_version} (the {INFERENCE_POOL.crd} CRD is not installed). Install "
         "the Gateway API Inference Extension CRDs with the cluster's Gateway, or set "
         "spec.gateway.inferencePool.enabled false; the rest of the fleet runs without it"
     )
@@ -252,9 +248,9 @@ def inference_pool_missing_message(name: str) -> str:
 def _inference_pool(fleet: Fleet, observed: Observed) -> Verdict:
     """``InferencePoolAccepted``'s verdict (only for a fleet that wants a pool)."""
     name = str(fleet.inference_pool)
-    key = (INFERENCE_POOL_KIND, name)
-    unserved = INFERENCE_POOL_KIND in observed.unserved_kinds
-    said = f"{INFERENCE_POOL_KIND} {fleet.namespace}/{name} "
+    key = (INFERENCE_POOL.kind, name)
+    unserved = INFERENCE_POOL.kind in observed.unserved_kinds
+    said = f"{INFERENCE_POOL.kind} {fleet.namespace}/{name} "
     conflict = next((c for c in observed.conflicts if c.startswith(said)), None)
     return check_inference_pool(
         name,

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from kvretention.api.names import FIELD_MANAGER, LABEL_COMPONENT, LABEL_INSTANCE
+from kvretention.controller import kinds
 from kvretention.controller import kube as k
 from kvretention.controller.cache import (
     CHILD_INDEXES,
@@ -63,7 +64,7 @@ class FakeKube:
         self._rv = itertools.count(1)
         self._uid = itertools.count(1)
 
-    def unserve(self, kind: k.ResourceKind) -> None:
+    def unserve(self, kind: kinds.ResourceKind) -> None:
         """The API server does not serve ``kind`` (its CRD is not installed): applies and lists of
         it are 404s, as the real server answers them."""
         real_apply, real_list = self.apply, self.list
@@ -73,7 +74,7 @@ class FakeKube:
                 raise k.NotFound(kind.collection_path(manifest["metadata"].get("namespace")))
             return await real_apply(manifest, **kwargs)
 
-        async def list_(of: k.ResourceKind, ns: str, **kwargs: Any) -> Any:
+        async def list_(of: kinds.ResourceKind, ns: str, **kwargs: Any) -> Any:
             if of is kind:
                 raise k.NotFound(of.collection_path(ns))
             return await real_list(of, ns, **kwargs)
@@ -81,7 +82,7 @@ class FakeKube:
         self.apply = apply  # type: ignore[method-assign]
         self.list = list_  # type: ignore[method-assign]
 
-    def put(self, kind: k.ResourceKind, body: dict[str, Any]) -> dict[str, Any]:
+    def put(self, kind: kinds.ResourceKind, body: dict[str, Any]) -> dict[str, Any]:
         body = copy.deepcopy(body)
         meta = body.setdefault("metadata", {})
         meta.setdefault("uid", f"uid-{next(self._uid)}")
@@ -90,16 +91,16 @@ class FakeKube:
         self.objects[(kind.plural, meta["namespace"], meta["name"])] = body
         return body
 
-    async def get_or_none(self, kind: k.ResourceKind, ns: str, name: str) -> Any:
+    async def get_or_none(self, kind: kinds.ResourceKind, ns: str, name: str) -> Any:
         self.reads.append(("GET", kind.plural))
         obj = self.objects.get((kind.plural, ns, name))
         return copy.deepcopy(obj) if obj else None
 
-    async def exists(self, kind: k.ResourceKind, ns: str, name: str) -> bool:
+    async def exists(self, kind: kinds.ResourceKind, ns: str, name: str) -> bool:
         self.reads.append(("GET", kind.plural))
         return (kind.plural, ns, name) in self.objects
 
-    async def create_if_absent(self, kind: k.ResourceKind, ns: str, body: Any) -> bool:
+    async def create_if_absent(self, kind: kinds.ResourceKind, ns: str, body: Any) -> bool:
         name = body["metadata"]["name"]
         if await self.exists(kind, ns, name):
             return False
@@ -107,7 +108,7 @@ class FakeKube:
         self.put(kind, body)
         return True
 
-    async def list(self, kind: k.ResourceKind, ns: str, *, selector: str = "") -> Any:
+    async def list(self, kind: kinds.ResourceKind, ns: str, *, selector: str = "") -> Any:
         self.reads.append(("LIST", kind.plural))
         return [
             copy.deepcopy(o)
@@ -121,11 +122,11 @@ class FakeKube:
         self,
         manifest: Mapping[str, Any],
         *,
-        kind: k.ResourceKind | None = None,
+        kind: kinds.ResourceKind | None = None,
         dry_run: bool = False,
         subresource: str = "",
     ) -> dict[str, Any]:
-        kind = kind or k.kind_of(manifest)
+        kind = kind or kinds.kind_of(manifest)
         meta = manifest["metadata"]
         key = (kind.plural, meta["namespace"], meta["name"])
         old = self.objects.get(key)
@@ -166,7 +167,7 @@ class FakeKube:
         self.objects[key] = new
         return copy.deepcopy(new)
 
-    async def delete(self, kind: k.ResourceKind, ns: str, name: str, *, uid: str) -> None:
+    async def delete(self, kind: kinds.ResourceKind, ns: str, name: str, *, uid: str) -> None:
         obj = self.objects.get((kind.plural, ns, name))
         if obj is not None and obj["metadata"]["uid"] == uid:
             del self.objects[(kind.plural, ns, name)]

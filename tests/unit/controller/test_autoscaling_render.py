@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from kvretention.api.models import API_VERSION, KvRetentionDeployment
-from kvretention.controller.kube import kind_of
+from kvretention.controller.kinds import kind_of
 from kvretention.controller.resources import build_children
 from kvretention.controller.resources.autoscaling import EXTERNAL_METRIC
 

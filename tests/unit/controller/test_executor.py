@@ -28,6 +28,7 @@ from fake_kube import (
 )
 
 from kvretention.api.names import FIELD_MANAGER
+from kvretention.controller import kinds
 from kvretention.controller import kube as k
 from kvretention.controller.cache import CR_KIND, encode_entry
 from kvretention.controller.executor import Controller
@@ -354,7 +355,7 @@ async def test_hook_failures_read_from_the_workers_turn_into_a_condition_and_an_
     """The workers' counters are read at most every READ_INTERVAL; an increase since the last
     read is HookFailures (a Warning Event), the counter staying flat is Applied again."""
     fake.put(CR_KIND, load_example("aggregated"))  # hints.policy Optional
-    fake.put(k.POD, _worker_pod("qwen-worker-a", ip="10.0.0.7"))
+    fake.put(kinds.POD, _worker_pod("qwen-worker-a", ip="10.0.0.7"))
     workers = FakeWorkers({"qwen-worker-a": {"checkpoint": 4}})
     now = [NOW]
     c = Controller(fake, clock=lambda: now[0], read_kvstore=FakeMaster(), read_worker=workers)  # type: ignore[arg-type]
@@ -387,7 +388,7 @@ async def test_a_missing_auth_secret_is_named_until_the_frontend_is_ready(fake: 
     assert "Secret fleet-keys not found in namespace ns" in message
     assert ("GET", "secrets") in fake.reads
 
-    fake.put(k.SECRET, {"metadata": {"name": "fleet-keys", "namespace": "ns"}})
+    fake.put(kinds.SECRET, {"metadata": {"name": "fleet-keys", "namespace": "ns"}})
     await c.reconcile(("ns", "qwen"))
     assert _condition(fake, "FrontendReady")[1] != "AuthSecretMissing"
     await reconcile_rolled_out(fake, c)
@@ -405,7 +406,7 @@ async def test_an_unreadable_secret_leaves_the_frontend_reason_alone(fake: FakeK
 
     readable = fake.exists
 
-    async def forbidden(kind: k.ResourceKind, ns: str, name: str) -> bool:
+    async def forbidden(kind: kinds.ResourceKind, ns: str, name: str) -> bool:
         if name != "fleet-keys":  # the fleet's hop key (test_executor_hop_key.py)
             return await readable(kind, ns, name)
         raise k.ApiError(403, "secrets is forbidden", what="GET secrets")

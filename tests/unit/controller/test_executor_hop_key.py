@@ -10,6 +10,7 @@ import pytest
 from fake_kube import FakeKube, controller, fake, load_example, make_ready
 
 from kvretention.common.hop_auth import parse_hop_keys
+from kvretention.controller import kinds
 from kvretention.controller import kube as k
 from kvretention.controller.cache import CR_KIND
 
@@ -22,7 +23,7 @@ SECRET = ("secrets", "ns", "qwen-hop-key")
 def auth_fleet(fake: FakeKube) -> dict[str, Any]:
     body = load_example("aggregated")
     body["spec"].setdefault("frontend", {})["auth"] = {"secretRefs": [{"name": "fleet-keys"}]}
-    fake.put(k.SECRET, {"metadata": {"name": "fleet-keys", "namespace": "ns"}})
+    fake.put(kinds.SECRET, {"metadata": {"name": "fleet-keys", "namespace": "ns"}})
     return fake.put(CR_KIND, body)
 
 
@@ -69,7 +70,7 @@ async def test_a_secret_of_that_name_is_used_as_it_is(fake: FakeKube) -> None:
     """How a fleet gets a key of its own choosing: the operator never rewrites it."""
     auth_fleet(fake)
     mine = {"metadata": {"name": "qwen-hop-key", "namespace": "ns"}, "data": {"hop-key": "eA=="}}
-    fake.put(k.SECRET, mine)
+    fake.put(kinds.SECRET, mine)
     await controller(fake).reconcile(FLEET)
     assert fake.objects[SECRET]["data"] == {"hop-key": "eA=="}
     assert not [w for w in fake.writes if w[0] == "create Secret"]
@@ -132,7 +133,7 @@ async def test_turning_auth_off_deletes_the_key_the_fleet_made_once(fake: FakeKu
 async def test_turning_auth_off_keeps_a_key_its_user_made(fake: FakeKube) -> None:
     auth_fleet(fake)
     mine = {"metadata": {"name": "qwen-hop-key", "namespace": "ns"}, "data": {"hop-key": "eA=="}}
-    fake.put(k.SECRET, mine)
+    fake.put(kinds.SECRET, mine)
     c = controller(fake)
     await c.reconcile(FLEET)
     set_auth(fake, False)

@@ -21,6 +21,7 @@ from fake_kube import (
 
 from kvretention.api.models import KvRetentionDeployment, SpecError
 from kvretention.api.spec_workers import DEFAULT_PLANNING_THREADS
+from kvretention.controller import kinds
 from kvretention.controller import kube as k
 from kvretention.controller.cache import CR_KIND
 from kvretention.controller.conditions import (
@@ -238,14 +239,14 @@ async def test_a_missing_codex_configmap_or_key_is_named_until_the_frontend_is_r
     assert (status, reason) == ("False", "CodexInstructionsMissing")
     assert "ConfigMap codex-prompt not found in namespace ns" in message
 
-    fake.put(k.CONFIGMAP, {"metadata": {"name": "codex-prompt", "namespace": "ns"}, "data": {}})
+    fake.put(kinds.CONFIGMAP, {"metadata": {"name": "codex-prompt", "namespace": "ns"}, "data": {}})
     await c.reconcile(("ns", "qwen"))
     status, reason, message = _condition(fake, "FrontendReady")
     assert reason == "CodexInstructionsMissing"
     assert "ConfigMap codex-prompt in namespace ns has no key instructions.md" in message
 
     fake.put(
-        k.CONFIGMAP,
+        kinds.CONFIGMAP,
         {"metadata": {"name": "codex-prompt", "namespace": "ns"}, "data": {"instructions.md": "x"}},
     )
     await c.reconcile(("ns", "qwen"))
@@ -287,8 +288,8 @@ async def test_an_unreadable_configmap_leaves_the_frontend_reason_alone(fake: Fa
     fake.put(CR_KIND, cr)
     real = fake.get_or_none
 
-    async def forbidden(kind: k.ResourceKind, ns: str, name: str) -> Any:
-        if kind == k.CONFIGMAP and name == "codex-prompt":
+    async def forbidden(kind: kinds.ResourceKind, ns: str, name: str) -> Any:
+        if kind == kinds.CONFIGMAP and name == "codex-prompt":
             raise k.ApiError(403, "configmaps is forbidden", what="GET configmaps")
         return await real(kind, ns, name)
 

@@ -27,6 +27,7 @@ from fake_kube import (
 )
 
 from kvretention.api.models import KIND
+from kvretention.controller import kinds
 from kvretention.controller import kube as k
 from kvretention.controller.cache import CHILD_INDEXES, CR_KIND, FLEETS_INDEX, PODS_INDEX
 from kvretention.controller.executor import Controller
@@ -270,7 +271,8 @@ def _fleet_pod(fake: FakeKube, name: str, component: str, status: dict[str, Any]
         "app.kubernetes.io/component": component,
     }
     fake.put(
-        k.POD, {"metadata": {"name": name, "namespace": "ns", "labels": labels}, "status": status}
+        kinds.POD,
+        {"metadata": {"name": name, "namespace": "ns", "labels": labels}, "status": status},
     )
 
 
@@ -301,7 +303,7 @@ async def test_a_pod_the_scheduler_cannot_place_names_the_reason_and_warns(
     )
     # Another fleet's pod in the same namespace is not looked at.
     fake.put(
-        k.POD,
+        kinds.POD,
         {
             "metadata": {
                 "name": "other-worker-x",
@@ -555,7 +557,7 @@ async def test_a_taken_child_name_is_a_conflict_never_adopted(
     fake.put(CR_KIND, load_example("aggregated"))
     theirs = copy.deepcopy(
         fake.put(
-            k.SERVICE,
+            kinds.SERVICE,
             {
                 "apiVersion": "v1",
                 "kind": "Service",
@@ -587,11 +589,11 @@ async def test_a_conflict_holds_what_would_use_the_foreign_object(fake: FakeKube
     fake.put(CR_KIND, load_example("aggregated"))
     foreign = {"namespace": "ns", "labels": {"app.kubernetes.io/instance": "qwen"}}
     fake.put(
-        k.SERVICE,
+        kinds.SERVICE,
         {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "qwen-frontend", **foreign}},
     )
     fake.put(
-        k.CONFIGMAP,
+        kinds.CONFIGMAP,
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",

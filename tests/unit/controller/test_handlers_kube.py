@@ -9,6 +9,7 @@ import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
+from kvretention.controller import kinds
 from kvretention.controller import kube as k
 
 
@@ -24,12 +25,12 @@ from kvretention.controller import kube as k
     ],
 )
 def test_kind_paths(manifest: dict[str, Any], path: str) -> None:
-    assert k.kind_of(manifest).object_path("ns", "x") == path
+    assert kinds.kind_of(manifest).object_path("ns", "x") == path
 
 
 def test_unknown_kind_is_refused() -> None:
     with pytest.raises(ValueError, match="does not manage Secret"):
-        k.kind_of({"apiVersion": "v1", "kind": "Secret"})
+        kinds.kind_of({"apiVersion": "v1", "kind": "Secret"})
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from fake_kube import (
 
 from kvretention.api.models import KvRetentionDeployment, SpecError
 from kvretention.api.names import CONDITION_TYPES, INFERENCE_POOL_ACCEPTED
-from kvretention.controller import kube as k
+from kvretention.controller import kinds
 from kvretention.controller.cache import CR_KIND
 from kvretention.controller.conditions import (
     CHILD_CONFLICT,
@@ -78,7 +78,9 @@ def test_the_pool_selects_the_frontend_pods_on_their_http_port_and_is_owned_by_t
     frontend = _of(children, "Deployment", POOL)
     service = _of(children, "Service", POOL)
     assert pool["apiVersion"] == "inference.networking.k8s.io/v1"
-    assert k.kind_of(pool) is k.INFERENCE_POOL and k.INFERENCE_POOL in k.OPTIONAL_KINDS
+    assert (
+        kinds.kind_of(pool) is kinds.INFERENCE_POOL and kinds.INFERENCE_POOL in kinds.OPTIONAL_KINDS
+    )
     # The very pods the frontend Service sends clients to, and nothing else of the fleet.
     assert pool["spec"]["selector"] == {"matchLabels": service["spec"]["selector"]}
     template = frontend["spec"]["template"]["metadata"]["labels"]
@@ -207,7 +209,7 @@ async def test_without_the_crd_status_says_so_and_the_rest_of_the_fleet_is_ready
     fake: FakeKube,
 ) -> None:
     _fleet(fake, {"enabled": True})
-    fake.unserve(k.INFERENCE_POOL)
+    fake.unserve(kinds.INFERENCE_POOL)
     await reconcile_unserved(fake, master_only_controller(fake), "InferencePool")
     conditions = condition_messages(fake.cr())
     status, reason, message = conditions[INFERENCE_POOL_ACCEPTED]
@@ -242,7 +244,7 @@ async def test_with_the_crd_the_pool_is_applied_and_a_gateway_accepting_it_shows
 async def test_a_foreign_pool_of_that_name_is_a_conflict_and_left_alone(fake: FakeKube) -> None:
     _fleet(fake, {"enabled": True})
     foreign = fake.put(
-        k.INFERENCE_POOL,
+        kinds.INFERENCE_POOL,
         {
             "apiVersion": "inference.networking.k8s.io/v1",
             "kind": "InferencePool",

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from kvretention.controller import kinds
 from kvretention.controller import kube as k
 from kvretention.controller.cache import PODS_INDEX, decode_entry
 from kvretention.controller.informer import POD_SELECTOR, Informer, Informers
@@ -52,7 +53,13 @@ class ScriptedKube:
     quiet: threading.Event = field(default_factory=threading.Event)
 
     async def list_page(
-        self, kind: k.ResourceKind, namespace: str | None, *, selector: str, limit: int, token: str
+        self,
+        kind: kinds.ResourceKind,
+        namespace: str | None,
+        *,
+        selector: str,
+        limit: int,
+        token: str,
     ) -> dict[str, Any]:
         self.list_calls.append((selector, token))
         pages = self.listings[0]
@@ -70,7 +77,7 @@ class ScriptedKube:
 
     def watch_lines(
         self,
-        kind: k.ResourceKind,
+        kind: kinds.ResourceKind,
         namespace: str | None,
         *,
         selector: str,
@@ -93,7 +100,7 @@ class Recorder:
 
 
 def informer_for(kube: ScriptedKube, notify: Recorder) -> Informer:
-    return Informer(kube, PODS_INDEX, k.POD, POD_SELECTOR, NS, notify)  # type: ignore[arg-type]
+    return Informer(kube, PODS_INDEX, kinds.POD, POD_SELECTOR, NS, notify)  # type: ignore[arg-type]
 
 
 async def until(check: Any, *, timeout_s: float = 10.0) -> None:
@@ -224,7 +231,9 @@ async def test_informers_merge_namespaces_into_one_index_and_sync_together(
 ) -> None:
     kube = ScriptedKube(listings=[])
 
-    async def list_page(kind: k.ResourceKind, namespace: str | None, **_: Any) -> dict[str, Any]:
+    async def list_page(
+        kind: kinds.ResourceKind, namespace: str | None, **_: Any
+    ) -> dict[str, Any]:
         items = (
             [
                 {
@@ -237,7 +246,7 @@ async def test_informers_merge_namespaces_into_one_index_and_sync_together(
                     },
                 }
             ]
-            if kind is k.POD
+            if kind is kinds.POD
             else []
         )
         return {"items": items, "metadata": {"resourceVersion": "1", "continue": ""}}

@@ -18,7 +18,7 @@ from fake_kube import (
 )
 
 from kvretention.api.models import KvRetentionDeployment, SpecError
-from kvretention.controller import kube as k
+from kvretention.controller import kinds
 from kvretention.controller.cache import CR_KIND
 from kvretention.controller.conditions import check_workloads
 from kvretention.controller.diagnosis import LEADER_WORKER_SET_MISSING, observe_group_workload
@@ -135,10 +135,10 @@ def test_one_node_per_replica_renders_exactly_todays_deployments(workers: dict[s
 
 def test_a_multinode_pool_is_a_leader_worker_set_with_the_routers_service_on_leaders() -> None:
     children = build_children(_cr(MULTINODE))
-    kinds = _kinds(children)
-    assert ("LeaderWorkerSet", "qwen-worker-lws") in kinds
-    assert ("Deployment", "qwen-worker") not in kinds
-    assert ("PodDisruptionBudget", "qwen-worker") in kinds
+    rendered = _kinds(children)
+    assert ("LeaderWorkerSet", "qwen-worker-lws") in rendered
+    assert ("Deployment", "qwen-worker") not in rendered
+    assert ("PodDisruptionBudget", "qwen-worker") in rendered
     service = next(c for c in children if _kinds([c]) == [("Service", "qwen-worker")])
     assert service["spec"]["selector"][WORKER_INDEX_LABEL] == "0"
     assert service["spec"]["clusterIP"] == "None"
@@ -338,7 +338,7 @@ async def test_without_the_lws_crd_status_says_so_and_the_rest_of_the_fleet_is_a
     fake: FakeKube,
 ) -> None:
     _multinode_fleet(fake)
-    fake.unserve(k.LEADER_WORKER_SET)
+    fake.unserve(kinds.LEADER_WORKER_SET)
     await reconcile_unserved(fake, master_only_controller(fake), "LeaderWorkerSet")
     conditions = condition_messages(fake.cr())
     assert conditions["WorkersReady"][:2] == ("False", LEADER_WORKER_SET_MISSING)

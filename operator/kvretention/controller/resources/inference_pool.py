@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Final
 
 from kvretention.api.models import KvRetentionDeployment
+from kvretention.controller.kinds import INFERENCE_POOL
 from kvretention.controller.resources.common import (
     COMPONENT_FRONTEND,
     FRONTEND_PORT,
@@ -30,10 +31,6 @@ from kvretention.controller.resources.endpoint_picker import (
 from kvretention.controller.resources.frontend import FRONTEND_SUFFIX
 from kvretention.controller.resources.router import ROUTER_SUFFIX
 
-INFERENCE_POOL_API_VERSION: Final = "inference.networking.k8s.io/v1"
-INFERENCE_POOL_KIND: Final = "InferencePool"
-INFERENCE_POOL_CRD: Final = "inferencepools.inference.networking.k8s.io"
-"""The CRD the cluster's Gateway stack installs; status names it when it is missing."""
 APP_PROTOCOL: Final = "http"
 """The frontend speaks HTTP/1.1 (streams as server-sent events)."""
 
@@ -67,8 +64,8 @@ def build_inference_pool(cr: KvRetentionDeployment) -> list[Manifest]:
         "endpointPickerRef": build_endpoint_picker_ref(cr),
     }
     pool = {
-        "apiVersion": INFERENCE_POOL_API_VERSION,
-        "kind": INFERENCE_POOL_KIND,
+        "apiVersion": INFERENCE_POOL.api_version,
+        "kind": INFERENCE_POOL.kind,
         "metadata": object_meta(cr, name=inference_pool_name(cr), component=COMPONENT_FRONTEND),
         "spec": spec,
     }

@@ -22,6 +22,7 @@ from typing import Any, Final
 
 from kvretention.api.models import KvRetentionDeployment
 from kvretention.api.names import Role
+from kvretention.controller.kinds import LEADER_WORKER_SET
 from kvretention.controller.resources.common import (
     METRICS_PORT_NAME,
     WORKER_PORT,
@@ -48,8 +49,6 @@ from kvretention.controller.resources.workers import (
     worker_template_annotations,
 )
 
-LWS_API_VERSION: Final = "leaderworkerset.x-k8s.io/v1"
-LWS_KIND: Final = "LeaderWorkerSet"
 LWS_SUFFIX: Final = "lws"
 """``<fleet>-<pool>-lws``: the LWS controller creates a headless Service named after the set."""
 LWS_NAME_LABEL: Final = "leaderworkerset.sigs.k8s.io/name"
@@ -155,8 +154,8 @@ def build_leader_worker_set(cr: KvRetentionDeployment, role: Role) -> Manifest:
     """The pool as a LeaderWorkerSet: ``replicas`` groups of ``nodesPerReplica`` pods."""
     rollout = cr.spec.workers.rollout
     return {
-        "apiVersion": LWS_API_VERSION,
-        "kind": LWS_KIND,
+        "apiVersion": LEADER_WORKER_SET.api_version,
+        "kind": LEADER_WORKER_SET.kind,
         "metadata": object_meta(cr, name=lws_name(cr, role), component=ROLE_COMPONENT[role]),
         "spec": {
             "replicas": role_replicas(cr, role),
