@@ -26,7 +26,6 @@ from kvretention.dataplane.frontend.common import (
     Opener,
     Opening,
     ParsedRequest,
-    records_ignored,
 )
 from kvretention.dataplane.frontend.resume import Resumer
 from kvretention.dataplane.protocol import (
@@ -39,7 +38,6 @@ from kvretention.dataplane.protocol import (
     trusted,
 )
 from kvretention.hints.anthropic import CACHE_CONTROL, hints_from_messages
-from kvretention.hints.intent import BreakpointMode
 
 _MAX_STOP_SEQUENCES: Final = 8
 _MIN_THINKING_BUDGET: Final = 1024
@@ -146,24 +144,20 @@ def parse_messages(
     )
 
 
-@records_ignored
+@_OPENER.parser
 def parse_count_tokens(
-    body: dict[str, Any],
-    *,
-    hints: bool = True,
-    breakpoints: BreakpointMode = "prefix",
-    resumer: Resumer | None = None,
+    body: dict[str, Any], opening: Opening, resumer: Resumer | None
 ) -> ParsedRequest:
     """A ``/v1/messages/count_tokens`` body: the same checks, without ``max_tokens``.
 
-    ``cache_control`` is validated as for ``/v1/messages`` but makes no hint: counting prefills
-    nothing, so there is nothing to retain.
+    ``cache_control`` is validated as for ``/v1/messages`` (the same opening) but makes no hint:
+    counting prefills nothing, so there is nothing to retain.
     """
-    if hints:
-        hints_from_messages(body, breakpoints=breakpoints)
     check_fields(body, allowed=COUNT_FIELDS)
     model = F.required_str(body, "model")
-    conversation = _conversation(body, max_tokens=None, marks={}, resumer=resumer)
+    conversation = _conversation(
+        body, max_tokens=None, marks={}, resumer=resumer, encoded=opening.encoded
+    )
     return conversation.request(model, sampling=SamplingParams(max_new_tokens=0), stream=False)
 
 
