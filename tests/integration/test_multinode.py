@@ -28,6 +28,7 @@ from operator_fixtures import (
 
 from kvretention.api.names import FIELD_MANAGER
 from support.controlplane import Cluster, wait_until
+from support.uneven_splits import UNEVEN_SPLITS
 
 RESYNC_S = 30.0
 WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
@@ -221,33 +222,7 @@ def test_the_operator_never_writes_a_pod_the_lws_controller_owns(
     assert operator.metric_sum("kvretention_operator_apply_writes_total") == writes
 
 
-@pytest.mark.parametrize(
-    ("workers", "message"),
-    [
-        ({"nodesPerReplica": 2}, "workers.aggregated.tensorParallelSize must be a multiple"),
-        (
-            {"nodesPerReplica": 3, "aggregated": {"tensorParallelSize": 8}},
-            "workers.aggregated.tensorParallelSize must be a multiple",
-        ),
-        (
-            {
-                "mode": "disaggregated",
-                "prefill": {"tensorParallelSize": 4, "nodesPerReplica": 3},
-                "decode": {},
-            },
-            "workers.prefill.tensorParallelSize must be a multiple",
-        ),
-        (
-            {
-                "mode": "disaggregated",
-                "nodesPerReplica": 2,
-                "prefill": {"tensorParallelSize": 2},
-                "decode": {"tensorParallelSize": 1},
-            },
-            "workers.decode.tensorParallelSize must be a multiple",
-        ),
-    ],
-)
+@pytest.mark.parametrize(("workers", "message"), UNEVEN_SPLITS)
 def test_the_api_server_refuses_ranks_that_do_not_split_across_the_nodes(
     operator: Operator, fleets: Fleets, workers: dict[str, Any], message: str
 ) -> None:

@@ -25,6 +25,7 @@ from kvretention.controller.diagnosis import LEADER_WORKER_SET_MISSING, observe_
 from kvretention.controller.resources import build_children, check_spec
 from kvretention.controller.resources.lws import DIST_INIT_PORT, WORKER_INDEX_LABEL
 from kvretention.controller.status import lws_missing_message
+from support.uneven_splits import UNEVEN_SPLITS
 
 __all__ = ["fake"]
 
@@ -55,17 +56,8 @@ MULTINODE = {"replicas": 2, "nodesPerReplica": 2, "aggregated": {"tensorParallel
 @pytest.mark.parametrize(
     ("workers", "error"),
     [
-        ({"nodesPerReplica": 2}, "workers.aggregated.tensorParallelSize must be a multiple"),
-        ({"nodesPerReplica": 3, "aggregated": {"tensorParallelSize": 8}}, "aggregated"),
+        *UNEVEN_SPLITS,
         ({"aggregated": {"tensorParallelSize": 4, "nodesPerReplica": 3}}, "aggregated"),
-        (
-            {
-                "mode": "disaggregated",
-                "prefill": {"tensorParallelSize": 8, "nodesPerReplica": 3},
-                "decode": {},
-            },
-            "workers.prefill.tensorParallelSize",
-        ),
         (
             {
                 "mode": "disaggregated",
