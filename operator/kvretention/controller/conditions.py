@@ -438,10 +438,13 @@ def check_codex_instructions(frontend: Verdict, missing: str | None) -> Verdict:
 
 
 def check_progressing(
-    workloads: Sequence[Workload], pods: Sequence[Mapping[str, Any]] = ()
+    workloads: Sequence[Workload],
+    pods: Sequence[Mapping[str, Any]] = (),
+    waiting: Sequence[str] = (),
 ) -> Verdict:
     """The Deployment controller's verdict first (a rollout past its deadline), then rollouts still
-    under way with their progress and what holds them up, else converged."""
+    under way with their progress and what holds them up, and Deployments ``waiting`` for the
+    workers' rollout before they take their new image; else converged."""
     stuck = next((w for w in workloads if w.deadline_exceeded), None)
     if stuck is not None:
         return Verdict(
@@ -456,8 +459,9 @@ def check_progressing(
         _, verdict = diagnose_workload(w, pods, what=w.component)
         held = f", {verdict.reason}" if verdict.reason in PROBLEM_REASONS else ""
         rolling.append(f"{w.name} ({w.progress}{held})")
-    if rolling:
-        return Verdict("True", ROLLING_OUT, "rolling out: " + "; ".join(rolling))
+    said = ["rolling out: " + "; ".join(rolling)] if rolling else []
+    if said or waiting:
+        return Verdict("True", ROLLING_OUT, "; ".join([*said, *waiting]))
     return Verdict(
         "False", "Converged", "every Deployment runs the current spec with all pods available"
     )

@@ -66,6 +66,7 @@ from kvretention.controller.planner import (
     status_patch,
     worker_pods,
 )
+from kvretention.controller.rollout_order import plan_workers_first, waiting_message
 from kvretention.controller.status import (
     WORKLOAD_KINDS,
     Observed,
@@ -370,7 +371,9 @@ class Controller:
         ]
         holds = plan_holds(plan.desired, taken)
         held = [held_message(ck, why) for ck, why in holds.items()]
-        ours = [m for m in plan.desired if child_key(m) not in taken and child_key(m) not in holds]
+        waits = plan_workers_first(plan.desired, live)
+        kept = {*taken, *holds, *waits}
+        ours = [m for m in plan.desired if child_key(m) not in kept]
         # Children are independent objects: apply them concurrently (server-side apply needs no
         # order; a pod waits for its ConfigMap by itself).
         results = await asyncio.gather(
@@ -384,7 +387,7 @@ class Controller:
         applies = _read_applies(ours, results, live)
         observed_deployments, inference_pool = applies.deployments, applies.inference_pool
         refused, unserved = applies.refused, applies.unserved
-        for ck in holds:
+        for ck in [*holds, *waits]:
             if ck[0] in WORKLOAD_KINDS and ck in live:
                 observed_deployments[ck[1]] = live[ck]
         refused += await self._hop_key(plan, previous)
@@ -412,6 +415,7 @@ class Controller:
             conflicts=conflicts,
             taken=frozenset(taken),
             held=dict(zip(holds, held, strict=True)),
+            waiting=[waiting_message(ck, why) for ck, why in waits.items()],
             unserved_kinds=frozenset(unserved),
             inference_pool=inference_pool,
         )

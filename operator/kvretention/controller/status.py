@@ -162,6 +162,9 @@ class Observed:
     """The (kind, name) of each child in ``conflicts``."""
     held: Mapping[tuple[str, str], str] = field(default_factory=dict)
     """Children not created or updated while a name they depend on is taken, and why."""
+    waiting: Sequence[str] = ()
+    """Frontend and router Deployments keeping their running image until the workers run their
+    new one (:mod:`~kvretention.controller.rollout_order`), in words."""
     unserved_kinds: frozenset[str] = frozenset()
     """Child kinds the API server does not serve (the LeaderWorkerSet CRD not installed)."""
     hook_failures: Sequence[HookIncrease] = ()
@@ -417,7 +420,7 @@ def compute_status(
         RETENTION_BUDGET: _budget_verdict(fleet, observed, master, plugin=plugin, now=now),
         PROGRESSING: check_conflicts(observed.conflicts, [*observed.held.values()])
         or check_applied(observed.apply_errors)
-        or check_progressing([w for ws in groups.values() for w in ws], pods),
+        or check_progressing([w for ws in groups.values() for w in ws], pods, observed.waiting),
     }
     if fleet.inference_pool is not None:
         verdicts[INFERENCE_POOL_ACCEPTED] = _inference_pool(fleet, observed)
