@@ -51,9 +51,10 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(HERE))
 
 from kvretention.dataplane import chat_template  # noqa: E402
-from kvretention.dataplane.chat_template import ConvertedMessages, render_template  # noqa: E402
+from kvretention.dataplane.chat_template import render_template  # noqa: E402
 from kvretention.dataplane.compiled_template import compiled_template_for  # noqa: E402
 from kvretention.dataplane.frontend import app as frontend  # noqa: E402
+from kvretention.dataplane.template_input import ConvertedMessages  # noqa: E402
 
 try:  # the steps the request flow calls, in their own module since the frontend's split
     from kvretention.dataplane.frontend import prepare

@@ -116,7 +116,7 @@ def tojson(
 class JsonMemo:
     """``tojson`` results of one conversation's turn, by the value object: an agent's
     conversation hands the template the same tool-call argument dicts turn after turn (the worker
-    keeps each converted message, :class:`~kvretention.dataplane.chat_template.ConvertedMessages`,
+    keeps each converted message, :class:`~kvretention.dataplane.template_input.ConvertedMessages`,
     which carries this memo), so each is encoded once. Exact because the result is a pure function
     of the value and the options, a hit needs the very object (held here, so its ``id`` cannot
     name another object), and nothing mutates a template input once built (templates only read;

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from kvretention.dataplane import compiled_template
-from kvretention.dataplane.chat_template import build_template_input, render_template
+from kvretention.dataplane.chat_template import render_template
 from kvretention.dataplane.compiled_template import (
     CompiledTemplate,
     JsonMemo,
@@ -38,6 +38,7 @@ from kvretention.dataplane.protocol import (
     ToolCall,
     ToolDefinition,
 )
+from kvretention.dataplane.template_input import build_template_input
 from kvretention.dataplane.worker.cpu.chat_format import CHAT_TEMPLATE
 from support import chat_tokenizer
 from support.real_templates import MISTRAL_STYLE, QWEN3_STYLE, TEMPLATES

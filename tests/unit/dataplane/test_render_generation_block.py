@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from test_render_compiled import CONVERSATIONS, TEMPLATES, _reference, _with_template
 
-from kvretention.dataplane.chat_template import build_template_input
 from kvretention.dataplane.compiled_template import CompiledTemplate, compile_template
 from kvretention.dataplane.generation_block import generation_block
+from kvretention.dataplane.template_input import build_template_input
 from support import chat_tokenizer
 
 PROVEN = {

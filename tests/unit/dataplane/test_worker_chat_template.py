@@ -6,21 +6,21 @@ from typing import Any
 
 import pytest
 
-from kvretention.dataplane.chat_template import (
+from kvretention.dataplane.chat_template import render_and_encode
+from kvretention.dataplane.protocol import (
+    ChatMessage,
+    ReasoningControl,
+    ToolChoice,
+    ToolDefinition,
+)
+from kvretention.dataplane.template_input import (
     TemplateInputError,
     build_template_input,
     build_template_kwargs,
     build_template_message,
     build_tool_schema,
     offered_tools,
-    render_and_encode,
     template_has_developer_role,
-)
-from kvretention.dataplane.protocol import (
-    ChatMessage,
-    ReasoningControl,
-    ToolChoice,
-    ToolDefinition,
 )
 
 WEATHER = ToolDefinition(

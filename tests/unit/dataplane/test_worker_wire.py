@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from kvretention.dataplane.chat_template import ConvertedMessages, build_template_input
 from kvretention.dataplane.frontend.affinity import drop_billing_header
 from kvretention.dataplane.frontend.anthropic import parse_messages
 from kvretention.dataplane.frontend.config import FrontendConfig
@@ -30,6 +29,7 @@ from kvretention.dataplane.protocol import (
     ToolCall,
     ToolDefinition,
 )
+from kvretention.dataplane.template_input import ConvertedMessages, build_template_input
 from kvretention.dataplane.worker.app import PlannedCall, RequestRejected, plan_call
 from kvretention.dataplane.worker.dialect import Dialect
 from kvretention.dataplane.worker.engine import LoadedEngine

@@ -9,13 +9,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvretention.dataplane.breakpoints import Marker
-from kvretention.dataplane.chat_template import TemplateInputError
 from kvretention.dataplane.frontend.affinity import header_safe, prefix_chain
 from kvretention.dataplane.frontend.common import ParsedRequest
 from kvretention.dataplane.frontend.config import FrontendConfig
 from kvretention.dataplane.frontend.repeats import conversation_markers
 from kvretention.dataplane.frontend.tokenizer import ChatTokenizer
 from kvretention.dataplane.protocol import HEADER_PREFIX, HEADER_SESSION, PreprocessedRequest
+from kvretention.dataplane.template_input import TemplateInputError
 from kvretention.hints.envelope import KvHintEnvelope, KvPrefixRetention
 from kvretention.hints.intent import CacheHints, build_envelope
 

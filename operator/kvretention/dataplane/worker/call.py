@@ -23,16 +23,13 @@ from kvretention.dataplane.breakpoints import (
     resolve_breakpoints,
 )
 from kvretention.dataplane.chat_template import (
-    ConvertedMessages,
     OffsetsUnavailable,
     Rendering,
     breakpoint_renderer,
-    build_template_input,
     encode_prompt,
     has_chat_template,
     render_and_encode,
     render_template_traced,
-    template_has_developer_role,
     template_options,
 )
 from kvretention.dataplane.protocol import (
@@ -41,6 +38,11 @@ from kvretention.dataplane.protocol import (
     GenerateChunk,
     PreprocessedRequest,
     Usage,
+)
+from kvretention.dataplane.template_input import (
+    ConvertedMessages,
+    build_template_input,
+    template_has_developer_role,
 )
 from kvretention.dataplane.worker.output_parser import OutputParser, ParsedDelta
 from kvretention.dataplane.worker.render_cache import RenderCache

@@ -15,8 +15,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from kvretention.dataplane.chat_template import CUSTOM_INPUT
 from kvretention.dataplane.protocol import ToolCallDelta
+from kvretention.dataplane.template_input import CUSTOM_INPUT
 from kvretention.dataplane.worker.parsing import OutputPlan, sglang_parsers
 
 BATCH_AFTER_CHARS: Final = 512

@@ -19,12 +19,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from kvretention.dataplane.chat_template import build_tool_schema
 from kvretention.dataplane.protocol import (
     PreprocessedRequest,
     ReasoningControl,
     ToolDefinition,
 )
+from kvretention.dataplane.template_input import build_tool_schema
 
 TOOL_CALL_PARSER_FLAG: Final = "--tool-call-parser"
 REASONING_PARSER_FLAG: Final = "--reasoning-parser"

@@ -23,7 +23,6 @@ from kvretention.common.tenancy import (
     tenant_of_headers,
 )
 from kvretention.dataplane.breakpoints import MarkerMismatch, Resolution
-from kvretention.dataplane.chat_template import TemplateInputError
 from kvretention.dataplane.protocol import (
     HEADER_BOOTSTRAP_HOST,
     HEADER_BOOTSTRAP_PORT,
@@ -34,6 +33,7 @@ from kvretention.dataplane.protocol import (
     PreprocessedRequest,
 )
 from kvretention.dataplane.router.placement import parse_prefix_header
+from kvretention.dataplane.template_input import TemplateInputError
 from kvretention.dataplane.worker.call import (
     Bootstrap,
     EnginePrompt,

@@ -26,7 +26,6 @@ import msgspec
 from pydantic import TypeAdapter, ValidationError
 
 from kvretention.common.tenancy import scoped_chain, scoped_session, tenant_of_headers
-from kvretention.dataplane.chat_template import ConvertedMessages
 from kvretention.dataplane.protocol import (
     HEADER_PREFIX,
     ChatMessage,
@@ -35,6 +34,7 @@ from kvretention.dataplane.protocol import (
     ToolDefinition,
 )
 from kvretention.dataplane.router.placement import parse_prefix_header
+from kvretention.dataplane.template_input import ConvertedMessages
 from kvretention.dataplane.worker.render_cache import RenderCache
 from kvretention.hints.envelope import WIRE_KEY, InvalidKvHint, KvHintEnvelope, envelope_or_none
 
