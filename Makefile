@@ -11,7 +11,8 @@ bootstrap:
 ## The main job: a real local control plane, the operator, a sample fleet reconciled, agent requests
 ## through it. Real pods where this machine allows (root, cgroups, ...), else kwok, saying why;
 ## KVR_DEMO_NODE=real|kwok chooses.
-demo: bootstrap
+demo:
+	@scripts/bootstrap.sh --demo
 	@scripts/demo.sh up
 
 ## Stop everything the demo started; a real node's teardown restores the host and checks it.

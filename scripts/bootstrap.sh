@@ -1,8 +1,20 @@
 #!/usr/bin/env bash
 # Install everything the tests, the demo and the benchmarks need, from a clean checkout.
 # Idempotent: a second run only checks stamps. Slow builds are cached outside the repo.
+#
+#   scripts/bootstrap.sh          everything (`make test`, `make bootstrap`)
+#   scripts/bootstrap.sh --demo   only what `make demo` runs: no LeaderWorkerSet controller, no
+#                                 Prometheus, no agent CLIs and none of the Debian packages only
+#                                 their tiers use (a newcomer's first demo waits for none of them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+demo_only=
+case "${1:-}" in
+  --demo) demo_only=1 ;;
+  "") ;;
+  *) printf 'usage: %s [--demo]\n' "$0" >&2; exit 2 ;;
+esac
 
 VENV=${KVR_VENV:-.venv}
 SGLANG_VERSION=0.5.23
@@ -15,12 +27,14 @@ log() { printf '[bootstrap] %s\n' "$*" >&2; }
 # npm (with Node.js) to install the real Claude Code and Codex CLIs the client tier runs,
 # postgresql for the throwaway store `claude gateway` needs to serve its /protocol (that tier).
 need_apt=()
-command -v npm >/dev/null || need_apt+=(npm)
 command -v openssl >/dev/null || need_apt+=(openssl)
-command -v lua5.1 >/dev/null || need_apt+=(lua5.1)
-command -v initdb >/dev/null || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need_apt+=(postgresql)
+if [ -z "$demo_only" ]; then
+  command -v npm >/dev/null || need_apt+=(npm)
+  command -v lua5.1 >/dev/null || need_apt+=(lua5.1)
+  command -v initdb >/dev/null || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need_apt+=(postgresql)
+fi
 command -v gcc >/dev/null && command -v nm >/dev/null || need_apt+=(gcc binutils)
-[ -e /usr/lib/x86_64-linux-gnu/libibverbs.so.1 ] || ldconfig -p | grep -q libibverbs.so.1 || need_apt+=(libibverbs1)
+[ -e /usr/lib/x86_64-linux-gnu/libibverbs.so.1 ] || [[ "$(ldconfig -p)" == *libibverbs.so.1* ]] || need_apt+=(libibverbs1)
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "installing Debian packages: ${need_apt[*]}"
   if [ "$(id -u)" = 0 ]; then
@@ -62,6 +76,11 @@ KVR_VENV="$VENV" scripts/build-cuda-standin.sh >/dev/null
 if [ -x scripts/build-kube.sh ]; then
   scripts/build-kube.sh >/dev/null
 fi
+if [ -n "$demo_only" ]; then
+  log "ready for the demo"
+  exit 0
+fi
+
 # The LeaderWorkerSet controller for multinode fleets on the local plane (its own cache entry,
 # ~/.cache/kvretention/lws/<version>-<hash>; 6.5 min cold on 2 cores beside the kube build, instant warm).
 if [ -x scripts/build-lws.sh ]; then

@@ -26,7 +26,10 @@ if [[ -x "$bin/promtool" && -x "$bin/prometheus" ]]; then
   exit 0
 fi
 
-if [[ -z "$build_only" ]] && apt-cache policy prometheus 2>/dev/null | grep -q 'Candidate: [0-9]'; then
+# (the policy read whole first: under pipefail, `apt-cache ... | grep -q` fails once grep stops
+# reading, so the check never saw the package and every fresh machine compiled it for ~11 minutes)
+policy="$(apt-cache policy prometheus 2>/dev/null || true)"
+if [[ -z "$build_only" && "$policy" =~ Candidate:\ [0-9] ]]; then
   log "installing Debian's prometheus package (prometheus, promtool)"
   sudo=()
   [[ "$(id -u)" = 0 ]] || sudo=(sudo)
