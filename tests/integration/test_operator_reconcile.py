@@ -7,11 +7,13 @@ has its own namespace. kwok makes pods Ready; the probe report is injected into 
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from typing import Any
 
 import pytest
-from kubernetes import client
+from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 from operator_fixtures import (
     CRD_PATH,
@@ -356,6 +358,84 @@ def test_spec_change_rolls_only_the_affected_deployments(
     final = generations()
     assert {n for n in final if final[n] != after[n]} == {"roll-worker"}
     assert fleets.get("roll")["status"]["observedGeneration"] == 3
+
+
+def _rollout_events(
+    fleets: Fleets, since: str, out: list[dict[str, Any]], watcher: watch.Watch
+) -> None:
+    """Every Deployment of the namespace as the API server showed it, in order, from ``since``
+    (the watch ends with the test's namespace; what it saw by then is what the test reads)."""
+    with contextlib.suppress(Exception):
+        for event in watcher.stream(
+            fleets.apps.list_namespaced_deployment,
+            fleets.ns,
+            resource_version=since,
+            timeout_seconds=180,
+        ):
+            out.append(event["raw_object"])
+
+
+def _image(deployment: dict[str, Any]) -> str:
+    return str(deployment["spec"]["template"]["spec"]["containers"][0]["image"])
+
+
+def _runs_its_template(deployment: dict[str, Any]) -> bool:
+    """Every pod on the Deployment's current template and none of the old ones left."""
+    spec, status = deployment["spec"], deployment.get("status") or {}
+    return (
+        status.get("observedGeneration", 0) >= deployment["metadata"]["generation"]
+        and status.get("updatedReplicas", 0) >= spec["replicas"]
+        and status.get("replicas", 0) <= spec["replicas"]
+    )
+
+
+def test_a_version_bump_rolls_the_workers_before_the_frontend_and_router(
+    operator: Operator, fleets: Fleets
+) -> None:
+    """One patch moves all three images; the real Deployment controller rolls the workers, and
+    the frontend and router take their new image only after no old worker pod is left."""
+    fleets.create(load_example("aggregated", name="bump"))
+    fleets.wait_condition("bump", "Progressing", "False", reason="Converged")
+    since = fleets._raw(fleets.apps.list_namespaced_deployment, fleets.ns)["metadata"][
+        "resourceVersion"
+    ]
+    seen: list[dict[str, Any]] = []
+    watcher = watch.Watch()
+    threading.Thread(
+        target=_rollout_events, args=(fleets, since, seen, watcher), daemon=True
+    ).start()
+    new, new_worker = "example.com/kvretention:next", "example.com/worker:next"
+    fleets.patch_spec(
+        "bump",
+        {"frontend": {"image": new}, "router": {"image": new}, "workers": {"image": new_worker}},
+    )
+    fleets.wait_condition("bump", "Progressing", "False", reason="Converged", generation=2)
+    assert _image(fleets.deployment("bump-frontend")) == new
+    assert _image(fleets.deployment("bump-router")) == new
+    wait_until(
+        "the watch saw the new frontend and router",
+        lambda: (
+            {"bump-frontend", "bump-router"}
+            <= {d["metadata"]["name"] for d in seen if _image(d) == new}
+        ),
+    )
+    watcher.stop()
+
+    def first(name: str, image: str) -> int:
+        return next(
+            i for i, d in enumerate(seen) if d["metadata"]["name"] == name and _image(d) == image
+        )
+
+    workers_done = next(
+        i
+        for i, d in enumerate(seen)
+        if d["metadata"]["name"] == "bump-worker"
+        and _image(d) == new_worker
+        and _runs_its_template(d)
+    )
+    assert first("bump-worker", new_worker) < workers_done
+    assert first("bump-frontend", new) > workers_done
+    assert first("bump-router", new) > workers_done
 
 
 def test_hand_deleted_and_hand_edited_children_are_repaired(
