@@ -53,6 +53,11 @@ class Snapshot:
     children: dict[ChildKey, Mapping[str, Any]]
     pods: list[Mapping[str, Any]]
 
+    def uids(self) -> set[str]:
+        """The uid of every object it shows."""
+        fleet = [] if self.fleet is None else [self.fleet]
+        return {uid_of(o) for o in [*self.children.values(), *self.pods, *fleet]}
+
 
 @dataclass
 class ListedView:

@@ -152,13 +152,6 @@ def _read_applies(
     return applies
 
 
-def _uids(snapshot: Snapshot) -> set[str]:
-    objs = [*snapshot.children.values(), *snapshot.pods]
-    if snapshot.fleet is not None:
-        objs.append(snapshot.fleet)
-    return {uid_of(o) for o in objs}
-
-
 @dataclass
 class Controller:
     """Owns the queue and the one reconcile; kopf handlers reach it through ``memo.controller``."""
@@ -315,7 +308,7 @@ class Controller:
         if self._verified.get(key, 0) >= epoch:
             return indexed
         listed = await ListedView(self.kube).snapshot(key, selector=selector)
-        self.tombstones.uids |= _uids(indexed) - _uids(listed)
+        self.tombstones.uids |= indexed.uids() - listed.uids()
         self._verified[key] = epoch
         return listed
 
@@ -372,8 +365,7 @@ class Controller:
         holds = plan_holds(plan.desired, taken)
         held = [held_message(ck, why) for ck, why in holds.items()]
         waits = plan_workers_first(plan.desired, live)
-        kept = {*taken, *holds, *waits}
-        ours = [m for m in plan.desired if child_key(m) not in kept]
+        ours = [m for m in plan.desired if child_key(m) not in {*taken, *holds, *waits}]
         # Children are independent objects: apply them concurrently (server-side apply needs no
         # order; a pod waits for its ConfigMap by itself).
         results = await asyncio.gather(
