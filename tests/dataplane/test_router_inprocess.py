@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from kvretention.dataplane.protocol import GENERATE_PATH, HEADER_SESSION
+from kvretention.dataplane.protocol import GENERATE_PATH, HEADER_SESSION, ErrorCode
 from kvretention.dataplane.router.app import RouterConfig, check_all, refresh_membership
 from support.router_inprocess import answer_line, start_router, start_servers, url_of, worker_app
 
@@ -28,6 +28,9 @@ class FakeWorker:
     bodies: list[bytes] = field(default_factory=list)
     stalled: asyncio.Event | None = None
     """Set: ``/readyz`` never answers (a worker too busy to), while requests are still served."""
+    outdated: bool = False
+    """Refuses a request that ``requires`` anything, as a worker older than its frontend does."""
+    refused: int = 0
 
     def app(self) -> web.Application:
         async def readyz(_: web.Request) -> web.Response:
@@ -36,7 +39,12 @@ class FakeWorker:
             return web.json_response({}, status=200 if self.ready else 503)
 
         async def generate(request: web.Request) -> web.Response:
-            self.bodies.append(await request.read())
+            body = await request.read()
+            if self.outdated and json.loads(body).get("requires"):
+                self.refused += 1
+                error = {"code": ErrorCode.WORKER_OUTDATED.value, "message": "older"}
+                return web.json_response({"error": error}, status=503)
+            self.bodies.append(body)
             return answer_line(self.name)
 
         return worker_app(generate, readyz=readyz)
@@ -119,6 +127,30 @@ async def test_no_ready_worker_is_a_503_no_workers_and_the_router_is_not_ready(
     assert status == 503
     assert json.loads(text)["error"]["code"] == "no_workers"
     assert (await fleet.router.get("/readyz")).status == 503
+
+
+async def test_a_request_an_older_worker_cannot_serve_goes_to_a_newer_one(fleet: Fleet) -> None:
+    """Mid-rollout: the old worker refuses what it predates and stays in rotation for the rest."""
+    old, new = fleet.workers
+    old.outdated = True
+    for n in range(4):
+        status, text = await fleet.generate(_body(f"new{n}", requires=["continue_final_message"]))
+        assert (status, json.loads(text)["text"]) == (200, "w1")
+    for n in range(4):
+        status, _ = await fleet.generate(_body(f"plain{n}"), **{HEADER_SESSION: "pinned-plain"})
+        assert status == 200
+    await fleet.settle(2)  # the old worker was never ejected
+    assert len(old.bodies) + len(new.bodies) == 8
+
+
+async def test_no_worker_new_enough_is_a_503_worker_outdated(fleet: Fleet) -> None:
+    for worker in fleet.workers:
+        worker.outdated = True
+    status, text = await fleet.generate(_body("future", requires=["from_a_later_release"]))
+    assert status == 503
+    assert json.loads(text)["error"]["code"] == "worker_outdated"
+    assert [w.refused for w in fleet.workers] == [1, 1]  # each tried once, then the client told
+    assert all(not w.bodies for w in fleet.workers)
 
 
 async def test_answered_requests_keep_a_worker_whose_polls_time_out() -> None:

@@ -58,6 +58,7 @@ class ErrorCode(StrEnum):
     ENGINE_ERROR = "engine_error"
     DRAINING = "draining"
     HOP_UNAUTHENTICATED = "hop_unauthenticated"  # a tenant the fleet's frontend did not sign
+    WORKER_OUTDATED = "worker_outdated"  # the request needs what this worker predates
 
 
 ERROR_STATUS: Final[dict[ErrorCode, int]] = {
@@ -69,6 +70,7 @@ ERROR_STATUS: Final[dict[ErrorCode, int]] = {
     ErrorCode.ENGINE_ERROR: 500,
     ErrorCode.DRAINING: 503,
     ErrorCode.HOP_UNAUTHENTICATED: 403,
+    ErrorCode.WORKER_OUTDATED: 503,
 }
 """HTTP status used between our own processes for each error code."""
 
@@ -520,6 +522,10 @@ class PreprocessedRequest(BaseModel):
     (``/v1/messages/count_tokens``)."""
     kv_hints: dict[str, Any] | None = None
     """The envelope's wire form, opaque to the router; absent when there is no hint."""
+    requires: list[str] = Field(default_factory=list)
+    """The request's features a worker must implement to answer it as asked
+    (:mod:`kvretention.dataplane.features`): a worker refuses one it does not know, before doing
+    anything, where one that predates this field takes a newer field as absent."""
 
     def to_json_bytes(
         self,

@@ -265,6 +265,7 @@ UPSTREAM_STATUS: Final[dict[ErrorCode, int]] = {
     ErrorCode.KV_HINTS_UNSUPPORTED: 501,
     ErrorCode.NO_WORKERS: 503,
     ErrorCode.DRAINING: 503,
+    ErrorCode.WORKER_OUTDATED: 503,
     ErrorCode.WORKER_UNAVAILABLE: 502,
     ErrorCode.UPSTREAM_TIMEOUT: 504,
     ErrorCode.ENGINE_ERROR: 500,

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvretention.dataplane.breakpoints import Marker
+from kvretention.dataplane.features import features_of
 from kvretention.dataplane.frontend.affinity import header_safe, prefix_chain
 from kvretention.dataplane.frontend.common import ParsedRequest
 from kvretention.dataplane.frontend.config import FrontendConfig
@@ -128,6 +129,7 @@ def build_preprocessed(
         count_only=count_only,
         kv_hints=wire,
     )
+    request.requires = features_of(request)
     if tokenizer is not None and (parsed.envelope is None or not parsed.envelope.prefix_count):
         # Breakpoints are resolved against the worker's own rendering, so those travel as
         # messages only. The conversation still travels: the worker needs the tools to parse the answer.

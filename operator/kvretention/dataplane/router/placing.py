@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Final
 
 import aiohttp
 
@@ -116,12 +117,21 @@ async def open_aggregated(
     state: RouterState, body: bytes, headers: Mapping[str, str], placement: Placement
 ) -> Opened | Refused:
     """Send the request to the worker placement picks; a worker that nothing reached (refused
-    connection) or that says it is draining is skipped for the next one."""
+    connection), that says it is draining, or that is older than the request
+    (``worker_outdated``: it stays in rotation for other requests) is skipped for the next one."""
     assert state.session is not None
     tried: set[str] = set()
+    outdated = False
     while True:
         choice = choose(state, "aggregated", placement, tried)
         if choice is None:
+            if outdated:
+                return Refused(
+                    ErrorCode.WORKER_OUTDATED,
+                    "no worker tried implements what this request needs (the fleet's workers are"
+                    " older than its frontend: retry once their rollout is done)",
+                    "worker_outdated",
+                )
             if tried:
                 return Refused(
                     ErrorCode.WORKER_UNAVAILABLE,
@@ -138,11 +148,14 @@ async def open_aggregated(
                 data=body,
                 headers={**headers, HEADER_ROLE: "aggregated"},
             )
-            if response.status == ERROR_STATUS[ErrorCode.DRAINING] and await _is_draining(response):
+            refused = await _refused_before_work(response)
+            if refused is not None:
                 # The worker refused before doing anything: another one may take it.
                 response.release()
-                state.observe(worker, "not_ready")
+                if refused is ErrorCode.DRAINING:
+                    state.observe(worker, "not_ready")
                 tried.add(worker.url)
+                outdated = outdated or refused is ErrorCode.WORKER_OUTDATED
                 state.end(worker)
                 continue
         except HopConnectError as exc:
@@ -165,10 +178,17 @@ async def open_aggregated(
         return Opened(worker=worker, response=response)
 
 
-async def _is_draining(resp: HopResponse) -> bool:
+_BEFORE_WORK: Final = frozenset({ErrorCode.DRAINING, ErrorCode.WORKER_OUTDATED})
+"""What a worker refuses before doing anything (both 503): another worker may take the request."""
+
+
+async def _refused_before_work(resp: HopResponse) -> ErrorCode | None:
+    if resp.status != ERROR_STATUS[ErrorCode.DRAINING]:
+        return None
     try:
         body = await resp.json(content_type=None)
     except (ValueError, aiohttp.ClientError):
-        return False
+        return None
     error = body.get("error") if isinstance(body, dict) else None
-    return isinstance(error, dict) and error.get("code") == ErrorCode.DRAINING.value
+    code = error.get("code") if isinstance(error, dict) else None
+    return next((c for c in _BEFORE_WORK if c.value == code), None)

@@ -23,6 +23,7 @@ from kvretention.common.tenancy import (
     tenant_of_headers,
 )
 from kvretention.dataplane.breakpoints import MarkerMismatch, Resolution
+from kvretention.dataplane.features import not_understood
 from kvretention.dataplane.protocol import (
     HEADER_BOOTSTRAP_HOST,
     HEADER_BOOTSTRAP_PORT,
@@ -99,6 +100,18 @@ class _Rendered:
     resolution: Resolution | None
 
 
+def _check_understood(request: PreprocessedRequest) -> None:
+    """Refuse, before anything is done, a request that needs what this worker predates: the
+    router tries another worker (:mod:`kvretention.dataplane.features`)."""
+    unknown = not_understood(request)
+    if unknown:
+        raise RequestRejected(
+            ErrorCode.WORKER_OUTDATED,
+            f"this worker is older than the request: it does not implement {', '.join(unknown)}"
+            " (a worker of the fleet's current version does)",
+        )
+
+
 def plan_call(
     body: bytes,
     *,
@@ -112,6 +125,7 @@ def plan_call(
     ``cache`` lends the conversation's previous prompt tokens (found by session id or by the
     ``x-kvr-prefix`` chain the router passes on)."""
     request, envelope, memo = _decode(body, headers=headers, cache=cache)
+    _check_understood(request)
     _check_engine_takes(request, envelope, engine=engine)
     role = _role_of(headers, default=state_role)
     bootstrap = _bootstrap_of(headers) if role != "aggregated" else None
