@@ -133,11 +133,12 @@ class JsonMemo:
         """The next turn's memo: this turn's results become its earlier ones."""
         return JsonMemo(self.current)
 
-    def tojson(self, value: Any, *options: Any) -> str:
+    def tojson(self, value: Any, *options: Any, **named: Any) -> str:
+        """:func:`tojson` of ``value`` with these options, encoded once per object and options."""
         key = id(value)
         found = self.current.get(key) or self.earlier.get(key)
-        if found is None or found[0] is not value or found[1] != options:
-            found = (value, options, tojson(value, *options))
+        if found is None or found[0] is not value or found[1] != (options, named):
+            found = (value, (options, named), tojson(value, *options, **named))
         self.current[key] = found
         return found[2]
 
@@ -351,18 +352,12 @@ class CompiledTemplate:
             return False
         return block_reads_only_context(source, reads)
 
-    def _tojson(
-        self,
-        value: Any,
-        ensure_ascii: bool = False,
-        indent: int | None = None,
-        separators: tuple[str, str] | None = None,
-        sort_keys: bool = False,
-    ) -> str:
+    def _tojson(self, value: Any, *options: Any, **named: Any) -> str:
+        """The ``tojson`` filter: :func:`tojson`'s options, through this render's memo if any."""
         memo: JsonMemo | None = getattr(self._local, "memo", None)
         if memo is None:
-            return tojson(value, ensure_ascii, indent, separators, sort_keys)
-        return memo.tojson(value, ensure_ascii, indent, separators, sort_keys)
+            return tojson(value, *options, **named)
+        return memo.tojson(value, *options, **named)
 
     def _context(
         self,
