@@ -341,6 +341,10 @@ class HopResponse:
             del out[n:]
         return bytes(out)
 
+    def unread(self, data: bytes) -> None:
+        """Put ``data`` back before what is not read yet: a body looked at, then passed on whole."""
+        self._body[:0] = data
+
     async def json(self, *, content_type: str | None = None) -> Any:
         """The body, decoded as JSON (the content type is not checked)."""
         return json.loads(await self.read())

@@ -8,6 +8,7 @@ response and calls ``state.end(worker)``. Placement reads headers only (``x-sess
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -125,20 +126,7 @@ async def open_aggregated(
     while True:
         choice = choose(state, "aggregated", placement, tried)
         if choice is None:
-            if outdated:
-                return Refused(
-                    ErrorCode.WORKER_OUTDATED,
-                    "no worker tried implements what this request needs (the fleet's workers are"
-                    " older than its frontend: retry once their rollout is done)",
-                    "worker_outdated",
-                )
-            if tried:
-                return Refused(
-                    ErrorCode.WORKER_UNAVAILABLE,
-                    "every worker tried was unreachable",
-                    "worker_unavailable",
-                )
-            return Refused(ErrorCode.NO_WORKERS, "no healthy workers", "no_workers")
+            return refused_by_all(tried=bool(tried), outdated=outdated, what="workers")
         worker = state.workers[choice.url]
         pin(state, "aggregated", placement.session, choice, placement.chain)
         state.begin(worker)
@@ -148,7 +136,7 @@ async def open_aggregated(
                 data=body,
                 headers={**headers, HEADER_ROLE: "aggregated"},
             )
-            refused = await _refused_before_work(response)
+            refused = await refused_before_work(response)
             if refused is not None:
                 # The worker refused before doing anything: another one may take it.
                 response.release()
@@ -178,17 +166,45 @@ async def open_aggregated(
         return Opened(worker=worker, response=response)
 
 
+def refused_by_all(*, tried: bool, outdated: bool, what: str) -> Refused:
+    """Why no worker (or pair: ``what``) is left to try: one older than the request was tried,
+    or every one tried was unreachable or draining, or none was healthy."""
+    if outdated:
+        return Refused(
+            ErrorCode.WORKER_OUTDATED,
+            "no worker tried implements what this request needs (the fleet's workers are"
+            " older than its frontend: retry once their rollout is done)",
+            "worker_outdated",
+        )
+    if tried:
+        return Refused(
+            ErrorCode.WORKER_UNAVAILABLE,
+            "every worker tried was unreachable",
+            "worker_unavailable",
+        )
+    return Refused(ErrorCode.NO_WORKERS, f"no healthy {what}", "no_workers")
+
+
 _BEFORE_WORK: Final = frozenset({ErrorCode.DRAINING, ErrorCode.WORKER_OUTDATED})
 """What a worker refuses before doing anything (both 503): another worker may take the request."""
 
 
-async def _refused_before_work(resp: HopResponse) -> ErrorCode | None:
+async def refused_before_work(resp: HopResponse) -> ErrorCode | None:
+    """The code of a 503 a worker sent before doing anything (``draining``,
+    ``worker_outdated``); None for any other answer, whose body is left to be read."""
     if resp.status != ERROR_STATUS[ErrorCode.DRAINING]:
         return None
     try:
-        body = await resp.json(content_type=None)
-    except (ValueError, aiohttp.ClientError):
+        data = await resp.read()
+    except (aiohttp.ClientError, TimeoutError):
         return None
+    try:
+        body = json.loads(data)
+    except ValueError:
+        body = None
     error = body.get("error") if isinstance(body, dict) else None
     code = error.get("code") if isinstance(error, dict) else None
-    return next((c for c in _BEFORE_WORK if c.value == code), None)
+    refused = next((c for c in _BEFORE_WORK if c.value == code), None)
+    if refused is None:
+        resp.unread(data)
+    return refused

@@ -44,6 +44,8 @@ from kvretention.dataplane.router.placing import (
     open_aggregated,
     pin,
     read_placement,
+    refused_before_work,
+    refused_by_all,
 )
 from kvretention.dataplane.router.state import STATE, RouterState, Worker, connect_evidence
 
@@ -171,12 +173,12 @@ async def _aggregated(
         state.end(opened.worker)
 
 
-def _choose_pair(state: RouterState, placement: Placement) -> PairChoice | None:
+def _choose_pair(state: RouterState, placement: Placement, tried: set[str]) -> PairChoice | None:
     pinned_prefill = state.pins.get("prefill", placement.session)
     chain = placement.chain
     return plan_pair(
-        [w.view() for w in state.pool("prefill")],
-        [w.view() for w in state.pool("decode")],
+        [w.view() for w in state.pool("prefill") if w.url not in tried],
+        [w.view() for w in state.pool("decode") if w.url not in tried],
         pinned_prefill=pinned_prefill,
         pinned_decode=state.pins.get("decode", placement.session),
         # The prompt is prefilled, and retained, on the prefill side.
@@ -186,16 +188,41 @@ def _choose_pair(state: RouterState, placement: Placement) -> PairChoice | None:
     )
 
 
+Refusals = list[tuple[Worker, ErrorCode]]
+"""The halves of a pair that refused before doing anything, and why (another pair may serve)."""
+
+
 async def _disaggregated(
     request: web.Request, state: RouterState, body: bytes, placement: Placement
 ) -> tuple[web.StreamResponse, str]:
+    """Serve the request on a prefill/decode pair; a half that refuses it before doing anything
+    (``draining``, ``worker_outdated``) is left out and another pair tried, as
+    :func:`~kvretention.dataplane.router.placing.open_aggregated` does for one worker. The other
+    half's request is closed, which aborts it in its engine."""
+    tried: set[str] = set()
+    outdated = False
+    while True:
+        pair = _choose_pair(state, placement, tried)
+        if pair is None:
+            refused = refused_by_all(
+                tried=bool(tried), outdated=outdated, what="prefill/decode worker pair"
+            )
+            return error_response(refused.code, refused.message), refused.outcome
+        served = await _serve_pair(request, state, body, placement, pair)
+        if not isinstance(served, list):
+            return served
+        for worker, code in served:
+            if code is ErrorCode.DRAINING:
+                state.observe(worker, "not_ready")
+            outdated = outdated or code is ErrorCode.WORKER_OUTDATED
+            tried.add(worker.url)
+
+
+async def _serve_pair(
+    request: web.Request, state: RouterState, body: bytes, placement: Placement, pair: PairChoice
+) -> tuple[web.StreamResponse, str] | Refusals:
     assert state.session is not None
     session, chain = placement.session, placement.chain
-    pair = _choose_pair(state, placement)
-    if pair is None:
-        return error_response(
-            ErrorCode.NO_WORKERS, "no healthy prefill/decode worker pair"
-        ), "no_workers"
     prefill, decode = state.workers[pair.prefill.url], state.workers[pair.decode.url]
     bootstrap = plan_bootstrap(prefill.url, prefill.info, default_port=state.config.bootstrap_port)
     if bootstrap is None:
@@ -241,6 +268,13 @@ async def _disaggregated(
         resp_p, resp_d = results
         assert isinstance(resp_p, HopResponse)
         assert isinstance(resp_d, HopResponse)
+        refusals = [
+            (worker, code)
+            for worker, resp in ((prefill, resp_p), (decode, resp_d))
+            if (code := await refused_before_work(resp)) is not None
+        ]
+        if refusals:
+            return refusals
         for resp in (resp_p, resp_d):
             if resp.status != 200:
                 return await _passthrough_error(resp), "upstream_error"
