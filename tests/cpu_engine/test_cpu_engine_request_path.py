@@ -500,3 +500,82 @@ def test_an_anthropic_prefill_is_continued_not_closed(fleet: Fleet) -> None:
         read, written = usage.cache_read_input_tokens or 0, usage.cache_creation_input_tokens or 0
         counts.append(usage.input_tokens + read + written)
     assert 1 <= counts[1] - counts[0] <= 4, counts
+
+
+PIXEL = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+IMAGE_BODIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "openai-chat": (
+        "/v1/chat/completions",
+        {
+            "max_tokens": 4,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "What is this?"},
+                        {
+                            "type": "image_url",
+                            "image_url": {"url": f"data:image/png;base64,{PIXEL}"},
+                        },
+                    ],
+                }
+            ],
+        },
+    ),
+    "openai-responses": (
+        "/v1/responses",
+        {
+            "max_output_tokens": 4,
+            "input": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_text", "text": "What is this?"},
+                        {"type": "input_image", "image_url": f"data:image/png;base64,{PIXEL}"},
+                    ],
+                }
+            ],
+        },
+    ),
+    "anthropic": (
+        "/v1/messages",
+        {
+            "max_tokens": 4,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "What is this?"},
+                        {
+                            "type": "image",
+                            "source": {"type": "base64", "media_type": "image/png", "data": PIXEL},
+                        },
+                    ],
+                }
+            ],
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("shape", IMAGE_BODIES)
+def test_an_image_to_the_text_only_model_is_a_400_not_an_answer_without_it(
+    fleet: Fleet, shape: str
+) -> None:
+    """The tiny model has no multimodal processor, so SGLang would drop the image and answer the
+    text alone: the client is told instead, in its provider's error shape."""
+    path, body = IMAGE_BODIES[shape]
+    headers = {"anthropic-version": "2023-06-01"} if path == "/v1/messages" else {}
+    resp = httpx.post(
+        fleet.frontend.base_url + path,
+        json={"model": SERVED_NAME, **body},
+        headers=headers,
+        timeout=60,
+    )
+    assert resp.status_code == 400, resp.text
+    error = resp.json()
+    if path == "/v1/messages":
+        assert error["type"] == "error"
+    assert error["error"]["type"] == "invalid_request_error"
+    assert "image input is not supported" in error["error"]["message"]
+    assert "1 image" in error["error"]["message"]

@@ -38,7 +38,8 @@ def tokenizer() -> Any:
 
 
 def engine(tokenizer: Any, dialect: Dialect = Dialect.VERSIONED) -> LoadedEngine:
-    manager = types.SimpleNamespace(tokenizer=tokenizer)
+    """A multimodal model's engine (some cases carry images)."""
+    manager = types.SimpleNamespace(tokenizer=tokenizer, mm_processor=object())
     return LoadedEngine(
         engine=types.SimpleNamespace(tokenizer_manager=manager), name="t", dialect=dialect
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import types
 from pathlib import Path
 from typing import Any
 
@@ -314,3 +315,39 @@ def test_max_new_tokens_fits_what_the_context_leaves(
     sampling = {} if wanted is None else {"max_new_tokens": wanted}
     fitted = fit_max_new_tokens(sampling, prompt_tokens=prompt, context_length=context)
     assert fitted.get("max_new_tokens") == sent
+
+
+def _with_images(count: int) -> bytes:
+    parts: list[dict[str, Any]] = [{"type": "text", "text": "What is in these?"}]
+    parts += [{"type": "image", "url": "data:image/png;base64,AA=="}] * count
+    return _body(token_ids=None, messages=[{"role": "user", "content": parts}])
+
+
+@pytest.mark.parametrize(
+    ("multimodal", "images", "refused"),
+    [
+        (False, 0, None),
+        (False, 1, "the request has 1 image;"),
+        (False, 3, "the request has 3 images;"),
+        (True, 2, None),
+    ],
+)
+def test_a_text_only_model_refuses_images_instead_of_dropping_them(
+    multimodal: bool, images: int, refused: str | None
+) -> None:
+    """SGLang drops ``image_data`` silently when the model has no multimodal processor, which
+    would answer a different question: the worker says so before calling the engine."""
+    manager = types.SimpleNamespace(tokenizer=None, mm_processor=object() if multimodal else None)
+    engine = LoadedEngine(
+        engine=types.SimpleNamespace(tokenizer_manager=manager), name="t", dialect=Dialect.FLAT
+    )
+    body = _with_images(images)
+    if refused is None:
+        planned = plan_call(body, headers={}, state_role="aggregated", engine=engine)
+        assert len(planned.kwargs.get("image_data") or []) == images
+        return
+    with pytest.raises(RequestRejected) as caught:
+        plan_call(body, headers={}, state_role="aggregated", engine=engine)
+    assert caught.value.code is ErrorCode.INVALID_REQUEST
+    assert "image input is not supported" in str(caught.value)
+    assert refused in str(caught.value)

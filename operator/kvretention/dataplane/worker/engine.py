@@ -87,6 +87,13 @@ class LoadedEngine:
         return getattr(manager, "tokenizer", None)
 
     @property
+    def takes_images(self) -> bool:
+        """Whether the engine reads a request's images: SGLang builds a multimodal processor only
+        for a multimodal model, and without one it drops ``image_data`` without a word."""
+        manager = getattr(self.engine, "tokenizer_manager", None)
+        return getattr(manager, "mm_processor", None) is not None
+
+    @property
     def context_length(self) -> int | None:
         """Tokens a request may span, prompt and answer, less what SGLang reserves (``None``:
         the engine does not say)."""

@@ -206,6 +206,15 @@ def _decode(
 def _check_engine_takes(
     request: PreprocessedRequest, envelope: KvHintEnvelope | None, *, engine: LoadedEngine
 ) -> None:
+    if not request.count_only and not engine.takes_images:
+        images = sum(len(m.images()) for m in request.messages or ())
+        if images:
+            raise RequestRejected(
+                ErrorCode.INVALID_REQUEST,
+                f"image input is not supported: the served model reads text only, and the"
+                f" request has {images} image{'s' if images > 1 else ''}; send the request"
+                " without image parts",
+            )
     if envelope is not None and engine.dialect is Dialect.NONE and not request.count_only:
         raise RequestRejected(
             ErrorCode.KV_HINTS_UNSUPPORTED,

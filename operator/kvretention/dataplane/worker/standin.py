@@ -135,6 +135,8 @@ class StandinTokenizerManager:
     tokenizer: Any = None
     """No tokenizer unless one is configured: the worker then falls back to its documented plain
     chat rendering."""
+    mm_processor: Any = "standin"
+    """Present, as on a multimodal model: the stand-in takes ``image_data`` and records it."""
 
     def __init__(self, recorder: _Recorder, tokenizer: Any = None) -> None:
         self._recorder = recorder
