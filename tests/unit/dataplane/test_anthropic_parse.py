@@ -184,6 +184,26 @@ def test_thinking_and_effort(fields: dict[str, Any], expected: ReasoningControl 
     assert parse_messages(body(**fields)).reasoning == expected
 
 
+@pytest.mark.parametrize(
+    "fields",
+    [
+        pytest.param(
+            {"thinking": {"type": "adaptive"}, "tool_choice": {"type": "auto"}}, id="thinking-auto"
+        ),
+        pytest.param(
+            {"thinking": {"type": "disabled"}, "tool_choice": {"type": "any"}}, id="disabled-any"
+        ),
+        pytest.param(
+            {"output_config": {"effort": "low"}, "tool_choice": {"type": "any"}}, id="effort-any"
+        ),
+    ],
+)
+def test_a_forced_tool_call_is_refused_only_with_thinking_on(fields: dict[str, Any]) -> None:
+    """Anthropic refuses thinking with a forced call; effort alone or thinking off is fine."""
+    parsed = parse_messages(body(tools=[WEATHER], **fields))
+    assert parsed.tool_choice.mode in ("auto", "required")
+
+
 def test_structured_output_and_images() -> None:
     parsed = parse_messages(
         body(
@@ -370,6 +390,25 @@ REFUSALS = [
         "missing_required_parameter",
     ),
     ({"thinking": {"type": "between_tools"}}, "thinking.type", "unsupported_parameter"),
+    (
+        {
+            "max_tokens": 2048,
+            "thinking": {"type": "enabled", "budget_tokens": 1024},
+            "tools": [WEATHER],
+            "tool_choice": {"type": "any"},
+        },
+        "tool_choice",
+        "invalid_value",
+    ),
+    (
+        {
+            "thinking": {"type": "adaptive"},
+            "tools": [WEATHER],
+            "tool_choice": {"type": "tool", "name": WEATHER["name"]},
+        },
+        "tool_choice",
+        "invalid_value",
+    ),
     ({"thinking": {"type": "sometimes"}}, "thinking.type", "invalid_value"),
     (
         {"output_config": {"format": {"type": "json_object"}}},

@@ -210,6 +210,12 @@ def _conversation(
     response_format = turn_format or response_format
     thinking = body.get("thinking")
     reasoning = _thinking(thinking, max_tokens=max_tokens, effort=effort)
+    thinks = isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
+    if thinks and tool_choice.mode in ("required", "named"):
+        # Anthropic's own rule: a forced call leaves the model no turn to think in.
+        raise F.invalid_value(
+            "tool_choice", "Thinking may not be enabled when tool_choice forces tool use."
+        )
     omit = isinstance(thinking, dict) and thinking.get("display") == "omitted"
     return _Conversation(
         messages=messages,
