@@ -579,3 +579,48 @@ def test_an_image_to_the_text_only_model_is_a_400_not_an_answer_without_it(
     assert error["error"]["type"] == "invalid_request_error"
     assert "image input is not supported" in error["error"]["message"]
     assert "1 image" in error["error"]["message"]
+
+
+LONG = "word " * 10_000
+"""About 10,000 tokens of the tiny model's: more than the fleet's 8,192 context."""
+OVERFLOWS: dict[str, tuple[str, dict[str, Any]]] = {
+    "openai-chat": (
+        "/v1/chat/completions",
+        {"max_tokens": 4, "messages": [{"role": "user", "content": LONG}]},
+    ),
+    "openai-responses": ("/v1/responses", {"max_output_tokens": 4, "input": LONG}),
+    "anthropic": (
+        "/v1/messages",
+        {"max_tokens": 4, "messages": [{"role": "user", "content": LONG}]},
+    ),
+    "anthropic-stream": (
+        "/v1/messages",
+        {"max_tokens": 4, "stream": True, "messages": [{"role": "user", "content": LONG}]},
+    ),
+}
+
+
+@pytest.mark.parametrize("shape", OVERFLOWS)
+def test_a_prompt_longer_than_the_context_gets_the_providers_own_error(
+    fleet: Fleet, shape: str
+) -> None:
+    """What agents act on: Codex reads the code ``context_length_exceeded``, Claude Code reads
+    ``prompt is too long: N tokens > M maximum`` (and compacts)."""
+    path, body = OVERFLOWS[shape]
+    headers = {"anthropic-version": "2023-06-01"} if path == "/v1/messages" else {}
+    resp = httpx.post(
+        fleet.frontend.base_url + path,
+        json={"model": SERVED_NAME, **body},
+        headers=headers,
+        timeout=120,
+    )
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    if path == "/v1/messages":
+        found = re.fullmatch(r"prompt is too long: (\d+) tokens > (\d+) maximum", error["message"])
+        assert found is not None, error["message"]
+        assert int(found[1]) > int(found[2]) > 8000
+    else:
+        assert error["code"] == "context_length_exceeded"
+        assert "maximum context length is" in error["message"]

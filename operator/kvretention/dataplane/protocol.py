@@ -75,6 +75,15 @@ ERROR_STATUS: Final[dict[ErrorCode, int]] = {
 """HTTP status used between our own processes for each error code."""
 
 
+class ContextOverflow(BaseModel):
+    """A prompt the model's context cannot hold: what each provider's own error reports."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    prompt_tokens: int
+    context_length: int
+
+
 class ErrorBody(BaseModel):
     """The ``error`` object of a failure line or a non-2xx body."""
 
@@ -83,6 +92,9 @@ class ErrorBody(BaseModel):
     code: ErrorCode
     message: str
     param: str | None = None
+    overflow: ContextOverflow | None = None
+    """With ``invalid_request``: the prompt is longer than the context (older readers ignore
+    it and show the message)."""
 
 
 class ErrorLine(BaseModel):

@@ -12,7 +12,7 @@ from enum import StrEnum
 from functools import partial
 from typing import Any, Final
 
-from kvretention.dataplane.protocol import ErrorBody, ErrorCode
+from kvretention.dataplane.protocol import ContextOverflow, ErrorBody, ErrorCode
 from kvretention.hints.errors import ClientError
 
 
@@ -55,6 +55,9 @@ class FrontendError(Exception):
     final: bool = False
     """The same request would fail the same way although the status is not one of
     :data:`DETERMINISTIC_STATUSES` (the router refused it as malformed)."""
+    overflow: ContextOverflow | None = None
+    """The prompt does not fit the context: each provider words it its own way, which agents
+    read (Codex the code ``context_length_exceeded``, Claude Code ``prompt is too long``)."""
 
     @property
     def openai_type(self) -> str:
@@ -257,7 +260,24 @@ def from_upstream(body: ErrorBody, *, hint_param: str | None) -> FrontendError:
             param=hint_param,
         )
     status = UPSTREAM_STATUS.get(code, 502)
+    if code is ErrorCode.INVALID_REQUEST and body.overflow is not None:
+        return context_length_exceeded(body.overflow)
     return FrontendError(status=status, code=code.value, message=body.message, param=body.param)
+
+
+def context_length_exceeded(overflow: ContextOverflow) -> FrontendError:
+    """OpenAI's context-length error (its code and wording); Anthropic's is made from
+    ``overflow`` when the body is written."""
+    return FrontendError(
+        status=400,
+        code="context_length_exceeded",
+        message=(
+            f"This model's maximum context length is {overflow.context_length} tokens. However,"
+            f" your messages resulted in {overflow.prompt_tokens} tokens. Please reduce the"
+            " length of the messages."
+        ),
+        overflow=overflow,
+    )
 
 
 UPSTREAM_STATUS: Final[dict[ErrorCode, int]] = {
@@ -288,7 +308,10 @@ def openai_error_body(err: FrontendError) -> dict[str, Any]:
 def anthropic_error_body(err: FrontendError) -> dict[str, Any]:
     """``{"type": "error", "error": {"type", "message"}}``; the code leads the message when useful."""
     message = err.message
-    if err.status >= 500 and not message.startswith(err.code):
+    if err.overflow is not None:
+        tokens, limit = err.overflow.prompt_tokens, err.overflow.context_length
+        message = f"prompt is too long: {tokens} tokens > {limit} maximum"
+    elif err.status >= 500 and not message.startswith(err.code):
         message = f"{err.code}: {message}"
     return {"type": "error", "error": {"type": err.anthropic_type, "message": message}}
 

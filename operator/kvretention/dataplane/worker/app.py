@@ -50,13 +50,14 @@ from kvretention.dataplane.protocol import (
     GENERATE_PATH,
     NDJSON,
     RESIDENCY_PATH,
+    ContextOverflow,
     ErrorBody,
     ErrorCode,
     ErrorLine,
     GenerateChunk,
     Usage,
 )
-from kvretention.dataplane.worker.call import StreamAdapter
+from kvretention.dataplane.worker.call import StreamAdapter, engine_overflow
 from kvretention.dataplane.worker.engine import LoadedEngine
 from kvretention.dataplane.worker.fast_paths import (
     COMPILED_TEMPLATE,
@@ -191,8 +192,14 @@ class WorkerState:
 STATE: Final = web.AppKey("worker_state", WorkerState)
 
 
-def error_response(code: ErrorCode, message: str, *, param: str | None = None) -> web.Response:
-    line = ErrorLine(error=ErrorBody(code=code, message=message, param=param))
+def error_response(
+    code: ErrorCode,
+    message: str,
+    *,
+    param: str | None = None,
+    overflow: ContextOverflow | None = None,
+) -> web.Response:
+    line = ErrorLine(error=ErrorBody(code=code, message=message, param=param, overflow=overflow))
     return web.Response(
         status=ERROR_STATUS[code], body=line.model_dump_json(), content_type="application/json"
     )
@@ -226,7 +233,7 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
     except RequestRejected as exc:
         state.metrics.requests.labels("rejected").inc()
         _trace(state, request_id=_request_id_of(body), outcome="rejected", code=str(exc.code))
-        return error_response(exc.code, str(exc), param=exc.param)
+        return error_response(exc.code, str(exc), param=exc.param, overflow=exc.overflow)
     finally:
         state.planning -= 1
     if planned.prompt_tokens:
@@ -304,7 +311,11 @@ async def _stream(
         except ValueError as exc:
             # SGLang rejects malformed requests (including kv_hints) with ValueError.
             outcome = "rejected"
-            return error_response(ErrorCode.INVALID_REQUEST, f"engine rejected request: {exc}")
+            return error_response(
+                ErrorCode.INVALID_REQUEST,
+                f"engine rejected request: {exc}",
+                overflow=engine_overflow(str(exc)),
+            )
         except Exception as exc:
             outcome = "error"
             log.exception("engine failed before the first chunk of %s", rid)

@@ -10,10 +10,11 @@ gets no ``kv_hints`` key at all); ``StreamAdapter`` turns SGLang's stream output
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from kvretention.dataplane.breakpoints import (
     DroppedBreakpoint,
@@ -34,6 +35,7 @@ from kvretention.dataplane.chat_template import (
 )
 from kvretention.dataplane.protocol import (
     ChatMessage,
+    ContextOverflow,
     FinishReason,
     GenerateChunk,
     PreprocessedRequest,
@@ -350,6 +352,21 @@ def fit_max_new_tokens(
     if room <= 0 or wanted <= room:
         return sampling
     return {**sampling, "max_new_tokens": room}
+
+
+_SGLANG_OVERFLOW: Final = re.compile(
+    r"The input \((\d+) tokens\) is longer than the model's context length \((\d+) tokens\)"
+)
+"""SGLang 0.5.23's refusal of a prompt the context cannot hold (``TokenizerManager``)."""
+
+
+def engine_overflow(message: str) -> ContextOverflow | None:
+    """The counts in SGLang's own refusal of a too-long prompt (one the worker could not count
+    itself: images), for the providers' context-length errors; None for any other refusal."""
+    found = _SGLANG_OVERFLOW.search(message)
+    if found is None:
+        return None
+    return ContextOverflow(prompt_tokens=int(found[1]), context_length=int(found[2]))
 
 
 EngineFinish = Literal["stop", "length", "abort"]

@@ -94,6 +94,12 @@ class LoadedEngine:
         return getattr(manager, "mm_processor", None) is not None
 
     @property
+    def truncates_long_prompts(self) -> bool:
+        """SGLang's ``--allow-auto-truncate``: a prompt longer than the context is cut, not refused."""
+        manager = getattr(self.engine, "tokenizer_manager", None)
+        return bool(getattr(manager, "allow_auto_truncate", False))
+
+    @property
     def context_length(self) -> int | None:
         """Tokens a request may span, prompt and answer, less what SGLang reserves (``None``:
         the engine does not say)."""

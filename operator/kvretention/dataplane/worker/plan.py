@@ -30,6 +30,7 @@ from kvretention.dataplane.protocol import (
     HEADER_BOOTSTRAP_ROOM,
     HEADER_PREFIX,
     HEADER_ROLE,
+    ContextOverflow,
     ErrorCode,
     PreprocessedRequest,
 )
@@ -247,6 +248,7 @@ def _plan_answer(
     request: PreprocessedRequest, prompt: EnginePrompt, *, engine: LoadedEngine, prefixes: int
 ) -> _Rendered:
     """How the answer is parsed and sampled, and where the breakpoints fall in the prompt."""
+    _check_fits(prompt, engine=engine)
     output = plan_output(request, engine.parsers, prompt_text=prompt.rendered)
     sampling = fit_max_new_tokens(
         {**engine.sampling_defaults, **constrained_sampling(request, output)},
@@ -259,6 +261,21 @@ def _plan_answer(
         else None
     )
     return _Rendered(prompt, output, sampling, resolution)
+
+
+def _check_fits(prompt: EnginePrompt, *, engine: LoadedEngine) -> None:
+    """Refuse a prompt the context cannot hold, as SGLang would (its tokens plus the ones it
+    reserves reach the context length), with the counts each provider's error reports."""
+    window = engine.context_length
+    if prompt.input_ids is None or window is None or engine.truncates_long_prompts:
+        return  # images: only the engine knows the count, and refuses itself
+    if prompt.prompt_tokens >= window:
+        raise RequestRejected(
+            ErrorCode.INVALID_REQUEST,
+            f"the prompt ({prompt.prompt_tokens} tokens) is longer than the model's context"
+            f" length ({window} tokens)",
+            overflow=ContextOverflow(prompt_tokens=prompt.prompt_tokens, context_length=window),
+        )
 
 
 @contextmanager

@@ -29,6 +29,7 @@ from kvretention.common.tenancy import scoped_chain, scoped_session, tenant_of_h
 from kvretention.dataplane.protocol import (
     HEADER_PREFIX,
     ChatMessage,
+    ContextOverflow,
     ErrorCode,
     PreprocessedRequest,
     ToolDefinition,
@@ -145,10 +146,18 @@ def _tools(
 class RequestRejected(Exception):
     """A request refused before the engine is called."""
 
-    def __init__(self, code: ErrorCode, message: str, *, param: str | None = None) -> None:
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        *,
+        param: str | None = None,
+        overflow: ContextOverflow | None = None,
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.param = param
+        self.overflow = overflow
 
 
 def decode_whole(body: bytes) -> tuple[PreprocessedRequest, KvHintEnvelope | None]:
