@@ -54,11 +54,14 @@ class Fleet:
 @pytest.fixture(scope="module")
 def fleet(start: StartKvretention, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     tmp = tmp_path_factory.mktemp("cpu-fleet")
+    instructions = tmp / "codex-instructions.md"
+    instructions.write_text("You are a coding agent.\n")
     started = start_cpu_fleet(
         start,
         tmp,
         sglang_args=["--max-total-tokens", "16384", "--context-length", "8192"],
         router_args=["--health-interval", "0.3"],
+        frontend_args=["--codex-instructions-file", str(instructions)],
     )
     worker, frontend = started.worker, started.frontend
     yield Fleet(
@@ -556,6 +559,18 @@ IMAGE_BODIES: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
 }
+
+
+def test_codex_is_told_the_text_only_model_takes_no_images(fleet: Fleet) -> None:
+    """The worker reports what SGLang's model reads; Codex's catalog says so, so Codex keeps a
+    pasted screenshot out of a conversation this model would refuse."""
+    with urllib.request.urlopen(fleet.worker.base_url + "/v1/info", timeout=5) as resp:
+        assert json.load(resp)["input_modalities"] == ["text"]
+    resp = httpx.get(
+        fleet.frontend.base_url + "/v1/models", params={"client_version": "0.171.0"}, timeout=30
+    )
+    assert resp.status_code == 200, resp.text
+    assert [m["input_modalities"] for m in resp.json()["models"]] == [["text"]]
 
 
 @pytest.mark.parametrize("shape", IMAGE_BODIES)

@@ -13,6 +13,7 @@ from kvretention.dataplane.frontend.discovery import (
     build_anthropic_page,
     build_codex_catalog,
     build_listed,
+    catalog_modalities,
     parse_anthropic_page,
 )
 from kvretention.dataplane.frontend.errors import FrontendError
@@ -136,3 +137,25 @@ def test_codex_catalog_entries_carry_every_required_field_and_only_what_the_flee
             assert absent not in entry
         assert entry["apply_patch_tool_type"] is None
     assert entries[2]["description"] == "Alias of qwen3-small."
+
+
+@pytest.mark.parametrize(
+    ("reports", "expected"),
+    [
+        pytest.param([], ("text", "image"), id="no-worker-says"),
+        pytest.param([None, None], ("text", "image"), id="older-workers"),
+        pytest.param([["text", "image"]], ("text", "image"), id="multimodal"),
+        pytest.param([["text"]], ("text",), id="text-only"),
+        pytest.param([["text", "image"], ["text"]], ("text",), id="one-text-only-worker"),
+        pytest.param([None, ["text"]], ("text",), id="an-older-beside-a-text-only"),
+    ],
+)
+def test_codex_may_attach_images_only_when_every_worker_that_says_takes_them(
+    reports: list[object], expected: tuple[str, ...]
+) -> None:
+    modalities = catalog_modalities(reports)
+    assert modalities == expected
+    catalog = build_codex_catalog(
+        build_listed(SERVED, ALIASES), instructions="x", input_modalities=modalities
+    )
+    assert {tuple(e["input_modalities"]) for e in catalog["models"]} == {expected}

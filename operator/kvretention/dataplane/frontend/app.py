@@ -541,14 +541,18 @@ async def _count(
 
 async def models(request: web.Request) -> web.Response:
     """The served names and exact aliases in the shape the client reads (``discovery``): Codex's
-    catalog when the query has ``client_version``, Anthropic's page when the request has an
-    ``anthropic-version`` header, else OpenAI's list."""
-    config = request.app[STATE].config
+    catalog when the query has ``client_version`` (with the input the workers' model reads),
+    Anthropic's page when the request has an ``anthropic-version`` header, else OpenAI's list."""
+    state = request.app[STATE]
+    config = state.config
     listed = discovery.build_listed(config.served_models, config.model_aliases)
     if discovery.CODEX_QUERY in request.query:
         if config.codex_instructions is None:
             return error_response(discovery.codex_catalog_not_configured(), Provider.OPENAI)
-        catalog = discovery.build_codex_catalog(listed, instructions=config.codex_instructions)
+        modalities = discovery.catalog_modalities(await state.router.modality_reports())
+        catalog = discovery.build_codex_catalog(
+            listed, instructions=config.codex_instructions, input_modalities=modalities
+        )
         return web.json_response(catalog)
     if discovery.ANTHROPIC_HEADER in request.headers:
         try:

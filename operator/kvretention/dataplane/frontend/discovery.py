@@ -10,7 +10,7 @@ reaches, where a picker shows it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -145,7 +145,25 @@ def build_anthropic_page(models: Sequence[ListedModel], page: AnthropicPage) -> 
     }
 
 
-def build_codex_catalog(models: Sequence[ListedModel], *, instructions: str) -> dict[str, Any]:
+BOTH_MODALITIES: Final = ("text", "image")
+
+
+def catalog_modalities(reports: Iterable[object]) -> tuple[str, ...]:
+    """What Codex may attach, from each healthy worker's ``input_modalities``: images only when
+    every worker that says takes them (a text-only model refuses them, and Codex then keeps a
+    pasted screenshot out of the conversation); both when none says (older workers, no answer)."""
+    said = [r for r in reports if isinstance(r, list)]
+    if said and not all("image" in r for r in said):
+        return ("text",)
+    return BOTH_MODALITIES
+
+
+def build_codex_catalog(
+    models: Sequence[ListedModel],
+    *,
+    instructions: str,
+    input_modalities: Sequence[str] = BOTH_MODALITIES,
+) -> dict[str, Any]:
     """Codex's catalog (``{"models": [ModelInfo]}``) with only what the fleet knows of its models.
 
     ``instructions`` become each entry's ``base_instructions``: Codex sends them as the first
@@ -174,7 +192,7 @@ def build_codex_catalog(models: Sequence[ListedModel], *, instructions: str) -> 
             "truncation_policy": {"mode": "bytes", "limit": 10_000},
             "supports_parallel_tool_calls": False,
             "experimental_supported_tools": [],
-            "input_modalities": ["text", "image"],
+            "input_modalities": list(input_modalities),
         }
         for index, m in enumerate(models)
     ]

@@ -70,6 +70,12 @@ class PlacingClient:
         """``None`` while a worker is healthy (the router's own readiness rule)."""
         return None if self.state.ready() else NO_WORKER
 
+    async def modality_reports(self) -> list[object]:
+        """Each healthy worker's ``input_modalities``, as its ``/v1/info`` gave it."""
+        return [
+            (w.info or {}).get("input_modalities") for w in self.state.workers.values() if w.healthy
+        ]
+
     @asynccontextmanager
     async def generate(
         self,

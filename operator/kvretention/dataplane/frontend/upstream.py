@@ -36,6 +36,7 @@ log = logging.getLogger("kvretention.frontend")
 
 _MAX_ERROR_BODY: Final = 64 * 1024
 _DRAIN_LIMIT_S: Final = 1.0
+WORKERS_PATH: Final = "/v1/workers"
 ROUTER_SLOW: Final = "the router did not answer in time"
 """The router's readiness poll timed out: a loaded node, not a verdict (see ``frontend.app``)."""
 
@@ -49,6 +50,10 @@ class Upstream(Protocol):
     async def close(self) -> None: ...
 
     async def ready(self, *, within: float = 1.0) -> str | None: ...
+
+    async def modality_reports(self) -> list[object]:
+        """Each healthy worker's ``input_modalities`` (None where a worker does not say)."""
+        ...
 
     def generate(
         self,
@@ -103,6 +108,25 @@ class RouterClient:
         except aiohttp.ClientError as exc:
             log.warning("router readiness: %s unreachable: %s", self.base_url, _describe(exc))
             return "the router is unreachable"
+
+    async def modality_reports(self, *, within: float = 1.0) -> list[object]:
+        """Each healthy worker's ``input_modalities`` from the router's ``/v1/workers``; none
+        when the router does not answer in time (the catalog then keeps both)."""
+        try:
+            async with asyncio.timeout(within):
+                resp = await self.session.get(f"{self.base_url}{WORKERS_PATH}", limit_s=within)
+                try:
+                    workers = await resp.json() if resp.status == 200 else []
+                finally:
+                    resp.release()
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
+            log.warning("router workers: %s", _describe(exc))
+            return []
+        if not isinstance(workers, list):
+            return []
+        return [
+            w.get("input_modalities") for w in workers if isinstance(w, dict) and w.get("healthy")
+        ]
 
     @asynccontextmanager
     async def generate(

@@ -95,7 +95,8 @@ async def refresh_membership(state: RouterState) -> None:
 
 
 async def check_worker(state: RouterState, worker: Worker) -> None:
-    """One readiness poll; prefill workers also report their bootstrap address once."""
+    """One readiness poll; a ready worker's ``/v1/info`` is read once (a prefill worker's
+    bootstrap address, the input its model reads)."""
     assert state.health_session is not None
     session = state.health_session
     timeout = aiohttp.ClientTimeout(total=state.config.health_timeout_s)
@@ -103,7 +104,7 @@ async def check_worker(state: RouterState, worker: Worker) -> None:
     try:
         async with session.get(worker.url + READY_PATH, timeout=timeout) as resp:
             evidence = ready_evidence(resp.status)
-        if evidence == "ok" and worker.role == "prefill" and worker.info is None:
+        if evidence == "ok" and worker.info is None:
             async with session.get(worker.url + INFO_PATH, timeout=timeout) as resp:
                 if resp.status == 200:
                     worker.info = await resp.json()
@@ -201,6 +202,7 @@ async def handle_workers(request: web.Request) -> web.Response:
                 "failures": w.health.failures,
                 "outstanding": w.outstanding,
                 "served": w.served,
+                "input_modalities": (w.info or {}).get("input_modalities"),
             }
             for w in sorted(state.workers.values(), key=lambda w: (w.role, w.url))
         ]

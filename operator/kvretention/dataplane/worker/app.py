@@ -463,6 +463,7 @@ async def handle_info(request: web.Request) -> web.Response:
             "dialect": str(state.engine.dialect),
             "device": state.engine.device,
             "model_type": state.engine.parsers.model_type,
+            "input_modalities": ["text", "image"] if state.engine.takes_images else ["text"],
             "sampling_defaults": dict(state.engine.sampling_defaults),
             "left_out": {
                 "flags": list(state.engine.left_out),
