@@ -21,7 +21,9 @@ Environment knobs (read at construction) let tests in another process observe an
 - ``KVR_STANDIN_RECORD``: append every call (and abort) as one JSON line to this file;
 - ``KVR_STANDIN_DELAY_S``: sleep this long before each chunk (in-flight requests for drain tests);
 - ``KVR_STANDIN_FAIL``: ``start`` (error before the first chunk), ``midstream`` (error after it),
-  ``die`` (the process exits after the first chunk, like a crashed worker).
+  ``die`` (the process exits after the first chunk, like a crashed worker);
+- ``KVR_STANDIN_TEXT_ONLY``: set, the model reads text only (no multimodal processor, as SGLang
+  has none for a text model).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from kvretention.hints.envelope import KvHintEnvelope
 RECORD_ENV: Final = "KVR_STANDIN_RECORD"
 DELAY_ENV: Final = "KVR_STANDIN_DELAY_S"
 FAIL_ENV: Final = "KVR_STANDIN_FAIL"
+TEXT_ONLY_ENV: Final = "KVR_STANDIN_TEXT_ONLY"
 
 FIRST_TOKEN_ID: Final = 1000
 DIE_EXIT_CODE: Final = 17
@@ -62,6 +65,7 @@ class StandinConfig:
     record_path: str | None = None
     delay_s: float = 0.0
     fail: str | None = None
+    text_only: bool = False
     tokenizer_path: str | None = None
     """A local Hugging Face tokenizer directory (``--tokenizer-path`` / ``--model-path``)."""
     tool_format: str = "qwen25"
@@ -93,6 +97,7 @@ class StandinConfig:
             record_path=source.get(RECORD_ENV) or None,
             delay_s=float(source.get(DELAY_ENV) or 0.0),
             fail=source.get(FAIL_ENV) or None,
+            text_only=bool(source.get(TEXT_ONLY_ENV)),
         )
 
 
@@ -161,6 +166,8 @@ class _StandinBase:
         if tokenizer is None and self.config.tokenizer_path:
             tokenizer = _load_tokenizer(self.config.tokenizer_path)
         self.tokenizer_manager = StandinTokenizerManager(self._recorder, tokenizer)
+        if self.config.text_only:
+            self.tokenizer_manager.mm_processor = None
         self._prompts: dict[str | None, list[list[int]]] = {}
         """Recent prompts per ``cache_salt``: SGLang's radix tree never matches across salts."""
 
