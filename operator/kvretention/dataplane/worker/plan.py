@@ -207,15 +207,6 @@ def _decode(
 def _check_engine_takes(
     request: PreprocessedRequest, envelope: KvHintEnvelope | None, *, engine: LoadedEngine
 ) -> None:
-    if not request.count_only and not engine.takes_images:
-        images = sum(len(m.images()) for m in request.messages or ())
-        if images:
-            raise RequestRejected(
-                ErrorCode.INVALID_REQUEST,
-                f"image input is not supported: the served model reads text only, and the"
-                f" request has {images} image{'s' if images > 1 else ''}; send the request"
-                " without image parts",
-            )
     if envelope is not None and engine.dialect is Dialect.NONE and not request.count_only:
         raise RequestRejected(
             ErrorCode.KV_HINTS_UNSUPPORTED,
@@ -248,6 +239,7 @@ def _plan_answer(
     request: PreprocessedRequest, prompt: EnginePrompt, *, engine: LoadedEngine, prefixes: int
 ) -> _Rendered:
     """How the answer is parsed and sampled, and where the breakpoints fall in the prompt."""
+    _check_reads(prompt, engine=engine)
     _check_fits(prompt, engine=engine)
     output = plan_output(request, engine.parsers, prompt_text=prompt.rendered)
     sampling = fit_max_new_tokens(
@@ -261,6 +253,18 @@ def _plan_answer(
         else None
     )
     return _Rendered(prompt, output, sampling, resolution)
+
+
+def _check_reads(prompt: EnginePrompt, *, engine: LoadedEngine) -> None:
+    """Refuse images the model cannot read: SGLang would drop them and answer the text alone."""
+    images = len(prompt.image_urls)
+    if images and not engine.takes_images:
+        raise RequestRejected(
+            ErrorCode.INVALID_REQUEST,
+            f"image input is not supported: the served model reads text only, and the"
+            f" request has {images} image{'s' if images > 1 else ''}; send the request"
+            " without image parts",
+        )
 
 
 def _check_fits(prompt: EnginePrompt, *, engine: LoadedEngine) -> None:
