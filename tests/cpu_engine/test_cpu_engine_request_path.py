@@ -573,6 +573,20 @@ def test_codex_is_told_the_text_only_model_takes_no_images(fleet: Fleet) -> None
     assert [m["input_modalities"] for m in resp.json()["models"]] == [["text"]]
 
 
+def refused(fleet: Fleet, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """POST ``body`` (with the served model) to the frontend's ``path``; its 400 body."""
+    headers = {"anthropic-version": "2023-06-01"} if path == "/v1/messages" else {}
+    resp = httpx.post(
+        fleet.frontend.base_url + path,
+        json={"model": SERVED_NAME, **body},
+        headers=headers,
+        timeout=120,
+    )
+    assert resp.status_code == 400, resp.text
+    answer: dict[str, Any] = resp.json()
+    return answer
+
+
 @pytest.mark.parametrize("shape", IMAGE_BODIES)
 def test_an_image_to_the_text_only_model_is_a_400_not_an_answer_without_it(
     fleet: Fleet, shape: str
@@ -580,15 +594,7 @@ def test_an_image_to_the_text_only_model_is_a_400_not_an_answer_without_it(
     """The tiny model has no multimodal processor, so SGLang would drop the image and answer the
     text alone: the client is told instead, in its provider's error shape."""
     path, body = IMAGE_BODIES[shape]
-    headers = {"anthropic-version": "2023-06-01"} if path == "/v1/messages" else {}
-    resp = httpx.post(
-        fleet.frontend.base_url + path,
-        json={"model": SERVED_NAME, **body},
-        headers=headers,
-        timeout=60,
-    )
-    assert resp.status_code == 400, resp.text
-    error = resp.json()
+    error = refused(fleet, path, body)
     if path == "/v1/messages":
         assert error["type"] == "error"
     assert error["error"]["type"] == "invalid_request_error"
@@ -622,15 +628,7 @@ def test_a_prompt_longer_than_the_context_gets_the_providers_own_error(
     """What agents act on: Codex reads the code ``context_length_exceeded``, Claude Code reads
     ``prompt is too long: N tokens > M maximum`` (and compacts)."""
     path, body = OVERFLOWS[shape]
-    headers = {"anthropic-version": "2023-06-01"} if path == "/v1/messages" else {}
-    resp = httpx.post(
-        fleet.frontend.base_url + path,
-        json={"model": SERVED_NAME, **body},
-        headers=headers,
-        timeout=120,
-    )
-    assert resp.status_code == 400, resp.text
-    error = resp.json()["error"]
+    error = refused(fleet, path, body)["error"]
     assert error["type"] == "invalid_request_error"
     if path == "/v1/messages":
         found = re.fullmatch(r"prompt is too long: (\d+) tokens > (\d+) maximum", error["message"])
