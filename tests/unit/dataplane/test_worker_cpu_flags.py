@@ -12,7 +12,14 @@ from kvretention.dataplane.worker.cpu.flags import (
     plan_cpu_argv,
 )
 
-CPU = ["--device", "cpu", "--attention-backend", "torch_native", "--disable-overlap-schedule"]
+CPU = [
+    "--device",
+    "cpu",
+    "--attention-backend",
+    "torch_native",
+    "--disable-overlap-schedule",
+    "--sleep-on-idle",
+]
 
 
 @pytest.mark.parametrize(
@@ -44,7 +51,13 @@ def test_choose_device(choice: str, cuda: bool, device: str) -> None:
         ),
         (
             ["--attention-backend", "sdpa", "--device=cpu"],
-            ["--attention-backend", "sdpa", "--device=cpu", "--disable-overlap-schedule"],
+            [
+                "--attention-backend",
+                "sdpa",
+                "--device=cpu",
+                "--disable-overlap-schedule",
+                "--sleep-on-idle",
+            ],
             [],
         ),
         (["--tp-size", "1"], ["--tp-size", "1", *CPU], []),

@@ -22,8 +22,12 @@ CPU_FLAGS: Final[tuple[tuple[str, str | None], ...]] = (
     ("--device", "cpu"),
     ("--attention-backend", "torch_native"),
     ("--disable-overlap-schedule", None),
+    ("--sleep-on-idle", None),
 )
-"""SGLang flags a CPU engine needs, each added only when the argv does not already give it."""
+"""SGLang flags a CPU engine needs, each added only when the argv does not already give it.
+``--sleep-on-idle``: without it SGLang's scheduler polls its sockets in a busy loop and an idle
+engine takes a whole core, the one the frontend, the router and the other engines on the node
+need; with it the scheduler waits on them and wakes as a request arrives."""
 HICACHE_FLAG_PREFIXES: Final = ("--enable-hierarchical-cache", "--hicache-")
 HICACHE_UNAVAILABLE: Final = (
     "HiCache needs a GPU in SGLang 0.5.23 (its host pool pins memory through torch.cuda.cudart() "
