@@ -561,16 +561,23 @@ IMAGE_BODIES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def test_codex_is_told_the_text_only_model_takes_no_images(fleet: Fleet) -> None:
-    """The worker reports what SGLang's model reads; Codex's catalog says so, so Codex keeps a
-    pasted screenshot out of a conversation this model would refuse."""
+def test_codex_is_told_what_the_model_reads_and_how_much(fleet: Fleet) -> None:
+    """The worker reports what SGLang's model reads and its context; Codex's catalog says so, so
+    Codex keeps a pasted screenshot out of a conversation this model would refuse, and compacts
+    before a prompt overflows the context."""
     with urllib.request.urlopen(fleet.worker.base_url + "/v1/info", timeout=5) as resp:
-        assert json.load(resp)["input_modalities"] == ["text"]
+        info = json.load(resp)
+    assert info["input_modalities"] == ["text"]
+    assert 8000 < info["context_length"] <= 8192  # --context-length 8192, less what SGLang keeps
     resp = httpx.get(
         fleet.frontend.base_url + "/v1/models", params={"client_version": "0.171.0"}, timeout=30
     )
     assert resp.status_code == 200, resp.text
-    assert [m["input_modalities"] for m in resp.json()["models"]] == [["text"]]
+    [entry] = resp.json()["models"]
+    assert (entry["input_modalities"], entry["context_window"]) == (
+        ["text"],
+        info["context_length"],
+    )
 
 
 def refused(fleet: Fleet, path: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -69,6 +69,7 @@ def test_codex_catalog_lists_what_every_worker_reads(
 ) -> None:
     catalog = _get(fleet.frontends[frontend].base_url + "/v1/models?client_version=0.171.0")
     assert [m["input_modalities"] for m in catalog["models"]] == [modalities]
+    assert "context_window" not in catalog["models"][0]  # the stand-in has no context length
 
 
 def test_each_worker_says_what_its_model_reads(fleet: Fleet) -> None:

@@ -9,11 +9,12 @@ import pytest
 
 from kvretention.dataplane.frontend.discovery import (
     AnthropicPage,
+    FleetModel,
     ListedModel,
     build_anthropic_page,
     build_codex_catalog,
     build_listed,
-    catalog_modalities,
+    fleet_model,
     parse_anthropic_page,
 )
 from kvretention.dataplane.frontend.errors import FrontendError
@@ -139,23 +140,39 @@ def test_codex_catalog_entries_carry_every_required_field_and_only_what_the_flee
     assert entries[2]["description"] == "Alias of qwen3-small."
 
 
+TEXT, BOTH = {"input_modalities": ["text"]}, {"input_modalities": ["text", "image"]}
+
+
 @pytest.mark.parametrize(
-    ("reports", "expected"),
+    ("reports", "modalities", "window"),
     [
-        pytest.param([], ("text", "image"), id="no-worker-says"),
-        pytest.param([None, None], ("text", "image"), id="older-workers"),
-        pytest.param([["text", "image"]], ("text", "image"), id="multimodal"),
-        pytest.param([["text"]], ("text",), id="text-only"),
-        pytest.param([["text", "image"], ["text"]], ("text",), id="one-text-only-worker"),
-        pytest.param([None, ["text"]], ("text",), id="an-older-beside-a-text-only"),
+        pytest.param([], ("text", "image"), None, id="no-worker-says"),
+        pytest.param([{}, {"role": "aggregated"}], ("text", "image"), None, id="older-workers"),
+        pytest.param([BOTH], ("text", "image"), None, id="multimodal"),
+        pytest.param([TEXT], ("text",), None, id="text-only"),
+        pytest.param([BOTH, TEXT], ("text",), None, id="one-text-only-worker"),
+        pytest.param([{}, TEXT], ("text",), None, id="an-older-beside-a-text-only"),
+        pytest.param(
+            [{**TEXT, "context_length": 32768}, {"context_length": 8192}],
+            ("text",),
+            8192,
+            id="the-smallest-context",
+        ),
+        pytest.param(
+            [{"context_length": None}, {"context_length": 0}, {"context_length": "big"}],
+            ("text", "image"),
+            None,
+            id="no-usable-context",
+        ),
     ],
 )
-def test_codex_may_attach_images_only_when_every_worker_that_says_takes_them(
-    reports: list[object], expected: tuple[str, ...]
+def test_the_catalog_says_what_every_worker_reports_of_its_model(
+    reports: list[dict[str, Any]], modalities: tuple[str, ...], window: int | None
 ) -> None:
-    modalities = catalog_modalities(reports)
-    assert modalities == expected
-    catalog = build_codex_catalog(
-        build_listed(SERVED, ALIASES), instructions="x", input_modalities=modalities
-    )
-    assert {tuple(e["input_modalities"]) for e in catalog["models"]} == {expected}
+    fleet = fleet_model(reports)
+    assert fleet == FleetModel(input_modalities=modalities, context_window=window)
+    catalog = build_codex_catalog(build_listed(SERVED, ALIASES), instructions="x", fleet=fleet)
+    for entry in catalog["models"]:
+        assert tuple(entry["input_modalities"]) == modalities
+        assert entry.get("context_window") == window
+        assert ("context_window" in entry) == (window is not None)

@@ -549,9 +549,9 @@ async def models(request: web.Request) -> web.Response:
     if discovery.CODEX_QUERY in request.query:
         if config.codex_instructions is None:
             return error_response(discovery.codex_catalog_not_configured(), Provider.OPENAI)
-        modalities = discovery.catalog_modalities(await state.router.modality_reports())
+        fleet = discovery.fleet_model(await state.router.worker_reports())
         catalog = discovery.build_codex_catalog(
-            listed, instructions=config.codex_instructions, input_modalities=modalities
+            listed, instructions=config.codex_instructions, fleet=fleet
         )
         return web.json_response(catalog)
     if discovery.ANTHROPIC_HEADER in request.headers:

@@ -148,29 +148,42 @@ def build_anthropic_page(models: Sequence[ListedModel], page: AnthropicPage) -> 
 BOTH_MODALITIES: Final = ("text", "image")
 
 
-def catalog_modalities(reports: Iterable[object]) -> tuple[str, ...]:
-    """What Codex may attach, from each healthy worker's ``input_modalities``: images only when
-    every worker that says takes them (a text-only model refuses them, and Codex then keeps a
-    pasted screenshot out of the conversation); both when none says (older workers, no answer)."""
-    said = [r for r in reports if isinstance(r, list)]
-    if said and not all("image" in r for r in said):
-        return ("text",)
-    return BOTH_MODALITIES
+@dataclass(frozen=True)
+class FleetModel:
+    """What the healthy workers report of the model they serve (their ``/v1/info``)."""
+
+    input_modalities: tuple[str, ...] = BOTH_MODALITIES
+    context_window: int | None = None
+    """The fewest tokens a prompt may span on any of them; None when none says."""
+
+
+def fleet_model(reports: Iterable[Mapping[str, object]]) -> FleetModel:
+    """Images only when every worker that says takes them (a text-only model refuses them, and
+    Codex then keeps a pasted screenshot out of the conversation); the smallest context any
+    worker reports (Codex compacts before it). Both modalities and no window when none says
+    (older workers, a router that did not answer)."""
+    reports = list(reports)
+    said = [m for r in reports if isinstance(m := r.get("input_modalities"), list)]
+    windows = [w for r in reports if isinstance(w := r.get("context_length"), int) and w > 0]
+    text_only = bool(said) and not all("image" in m for m in said)
+    return FleetModel(
+        input_modalities=("text",) if text_only else BOTH_MODALITIES,
+        context_window=min(windows) if windows else None,
+    )
 
 
 def build_codex_catalog(
-    models: Sequence[ListedModel],
-    *,
-    instructions: str,
-    input_modalities: Sequence[str] = BOTH_MODALITIES,
+    models: Sequence[ListedModel], *, instructions: str, fleet: FleetModel = FleetModel()
 ) -> dict[str, Any]:
     """Codex's catalog (``{"models": [ModelInfo]}``) with only what the fleet knows of its models.
 
     ``instructions`` become each entry's ``base_instructions``: Codex sends them as the first
     developer message in place of its own prompt (checked with 0.171.0), so they are the fleet's
-    choice (``--codex-instructions-file``), never made up here. No ``context_window`` (the
-    frontend does not know the engine's), no speed tiers, no ``minimal_client_version``.
+    choice (``--codex-instructions-file``), never made up here. ``context_window`` only when the
+    workers report their engine's (Codex then compacts before a prompt overflows it); no speed
+    tiers, no ``minimal_client_version``.
     """
+    window = {} if fleet.context_window is None else {"context_window": fleet.context_window}
     entries = [
         {
             "slug": m.id,
@@ -192,7 +205,8 @@ def build_codex_catalog(
             "truncation_policy": {"mode": "bytes", "limit": 10_000},
             "supports_parallel_tool_calls": False,
             "experimental_supported_tools": [],
-            "input_modalities": list(input_modalities),
+            "input_modalities": list(fleet.input_modalities),
+            **window,
         }
         for index, m in enumerate(models)
     ]

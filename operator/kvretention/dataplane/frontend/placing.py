@@ -70,11 +70,9 @@ class PlacingClient:
         """``None`` while a worker is healthy (the router's own readiness rule)."""
         return None if self.state.ready() else NO_WORKER
 
-    async def modality_reports(self) -> list[object]:
-        """Each healthy worker's ``input_modalities``, as its ``/v1/info`` gave it."""
-        return [
-            (w.info or {}).get("input_modalities") for w in self.state.workers.values() if w.healthy
-        ]
+    async def worker_reports(self) -> list[Mapping[str, object]]:
+        """Each healthy worker's ``/v1/info``, as the health polls read it."""
+        return [w.info or {} for w in self.state.workers.values() if w.healthy]
 
     @asynccontextmanager
     async def generate(

@@ -51,8 +51,9 @@ class Upstream(Protocol):
 
     async def ready(self, *, within: float = 1.0) -> str | None: ...
 
-    async def modality_reports(self) -> list[object]:
-        """Each healthy worker's ``input_modalities`` (None where a worker does not say)."""
+    async def worker_reports(self) -> list[Mapping[str, object]]:
+        """What each healthy worker reports of its model (``input_modalities``,
+        ``context_length``; a key is absent where a worker does not say)."""
         ...
 
     def generate(
@@ -109,9 +110,9 @@ class RouterClient:
             log.warning("router readiness: %s unreachable: %s", self.base_url, _describe(exc))
             return "the router is unreachable"
 
-    async def modality_reports(self, *, within: float = 1.0) -> list[object]:
-        """Each healthy worker's ``input_modalities`` from the router's ``/v1/workers``; none
-        when the router does not answer in time (the catalog then keeps both)."""
+    async def worker_reports(self, *, within: float = 1.0) -> list[Mapping[str, object]]:
+        """Each healthy worker's report from the router's ``/v1/workers``; none when the router
+        does not answer in time (the catalog then says what it says without reports)."""
         try:
             async with asyncio.timeout(within):
                 resp = await self.session.get(f"{self.base_url}{WORKERS_PATH}", limit_s=within)
@@ -124,9 +125,7 @@ class RouterClient:
             return []
         if not isinstance(workers, list):
             return []
-        return [
-            w.get("input_modalities") for w in workers if isinstance(w, dict) and w.get("healthy")
-        ]
+        return [w for w in workers if isinstance(w, dict) and w.get("healthy")]
 
     @asynccontextmanager
     async def generate(

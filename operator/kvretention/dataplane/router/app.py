@@ -203,6 +203,7 @@ async def handle_workers(request: web.Request) -> web.Response:
                 "outstanding": w.outstanding,
                 "served": w.served,
                 "input_modalities": (w.info or {}).get("input_modalities"),
+                "context_length": (w.info or {}).get("context_length"),
             }
             for w in sorted(state.workers.values(), key=lambda w: (w.role, w.url))
         ]

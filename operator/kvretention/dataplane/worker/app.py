@@ -464,6 +464,7 @@ async def handle_info(request: web.Request) -> web.Response:
             "device": state.engine.device,
             "model_type": state.engine.parsers.model_type,
             "input_modalities": ["text", "image"] if state.engine.takes_images else ["text"],
+            "context_length": state.engine.context_length,
             "sampling_defaults": dict(state.engine.sampling_defaults),
             "left_out": {
                 "flags": list(state.engine.left_out),
