@@ -39,6 +39,12 @@ files_hash() { # the content of the given paths (tracked or new, not ignored) an
 
 base_key=$(printf '%s\n' "$suite" "$base_packages" "$(sed -n '/^# --- base/,/^# --- end base/p' "$0")" | sha)
 pause_src="$(go env GOMODCACHE 2>/dev/null)/k8s.io/kubernetes@$k8s_version/build/pause/linux/pause.c"
+# The pause source comes from Go's module cache (filled when the node binaries were built); a
+# cleaned cache beside cached node binaries would otherwise key and build pause from nothing.
+if [[ ! -f "$pause_src" && "${1:-}" != --check ]]; then
+  log "fetching k8s.io/kubernetes@$k8s_version into Go's module cache (the pause source)"
+  (cd / && go mod download "k8s.io/kubernetes@$k8s_version") >&2
+fi
 pause_key=$( { cat "$pause_src" 2>/dev/null; gcc --version 2>/dev/null | head -1; } | sha)
 # The CPU worker's whole dependency set (the [cpu-engine] extra, ~3 GB of wheels with torch's
 # nvidia-* ones); the operator and runtime images take the package's own dependencies from it.
