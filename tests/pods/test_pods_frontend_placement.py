@@ -23,6 +23,7 @@ from pods_fixtures import (
     cached_tokens,
     component_pods,
     condition,
+    fleet_pods,
     fleet_service,
     get_json,
     kubectl,
@@ -50,11 +51,17 @@ def _placed_by(pod: dict[str, Any]) -> str:
 
 
 def _rolled_to(cluster: Cluster, fleet: str, placement: str) -> list[dict[str, Any]]:
-    """The frontend pods, once every one of them runs ``placement`` and is ready and the fleet
-    reports Ready and Converged; empty before."""
+    """The frontend pods, once every one of them runs ``placement`` and is ready, every replaced
+    pod is gone (not only going away: the next module lists the fleet's pods and must find none
+    of this module's), and the fleet reports Ready and Converged; empty before."""
     kvrd = get_json(cluster, "kvrd", "-n", FLEET_NS, fleet)
     replicas = kvrd["spec"]["frontend"]["replicas"]
     pods = component_pods(cluster, fleet, "frontend")
+    every = [
+        p
+        for p in fleet_pods(cluster, fleet)
+        if p["metadata"]["labels"].get("app.kubernetes.io/component") == "frontend"
+    ]
     ready = [
         p
         for p in pods
@@ -65,7 +72,7 @@ def _rolled_to(cluster: Cluster, fleet: str, placement: str) -> list[dict[str, A
         condition(kvrd, "Ready").get("status") == "True"
         and condition(kvrd, "Progressing").get("reason") == "Converged"
     )
-    return ready if converged and len(ready) == len(pods) == replicas else []
+    return ready if converged and len(ready) == len(pods) == len(every) == replicas else []
 
 
 def _place_in(cluster: Cluster, fleet: str, placement: str) -> list[dict[str, Any]]:
