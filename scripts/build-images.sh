@@ -130,6 +130,31 @@ exec 9>"$cache/.lock"
 flock 9
 total=$SECONDS
 
+# --- disk: a build that runs out of space fails after many minutes, so say so before it starts ---
+# GiB each missing piece takes while it is built (measured: wheels 3.1, the dependency image 6.9
+# in buildah's vfs storage and as much again while it is committed, the worker image the same
+# again plus its 7 GB archive; the intermediate images are removed only at the end).
+need_gib() {
+  local need=1
+  [[ -f "$cache/wheels-$wheels_key/.done" ]] || need=$((need + 4))
+  if [[ ! -s "$(archive worker)" ]]; then
+    need=$((need + 15))
+    [[ "$(buildah "${bflags[@]}" inspect --format '{{index .ImageAnnotations "kvr.deps"}}' "$deps_ref" 2>/dev/null || true)" == "$deps_key" ]] ||
+      need=$((need + 14))
+  fi
+  local name
+  for name in operator runtime; do [[ -s "$(archive "$name")" ]] || need=$((need + 2)); done
+  echo "$need"
+}
+need=$(need_gib)
+free=$(($(df -Pk "$cache" | awk 'NR == 2 {print $4}') / 1024 / 1024))
+if ((free < need)) && [[ "${KVR_IGNORE_DISK_CHECK:-}" != 1 ]]; then
+  log "error: building these images takes about ${need} GiB in $cache; its filesystem has ${free} GiB free."
+  log "       Free some space (the node imports the worker image again, ~7 GB more), or point"
+  log "       KVR_CACHE at a larger disk; KVR_IGNORE_DISK_CHECK=1 builds anyway."
+  exit 1
+fi
+
 # --- base: a minimal Debian bookworm with Debian's python3, the images' FROM ---
 base_tar="$cache/base-$base_key.tar"
 if [[ ! -s "$base_tar" ]]; then
