@@ -16,24 +16,21 @@ from typing import Any, Final
 from kvretention.dataplane.frontend.openai.fields import F, obj
 from kvretention.dataplane.protocol import ReasoningControl, ResponseFormat
 
-HONOURED: Final = frozenset(
-    {
-        "top_k",
-        "min_p",
-        "repetition_penalty",
-        "min_tokens",
-        "stop_token_ids",
-        "ignore_eos",
-        "no_stop_trim",
-        "skip_special_tokens",
-        "regex",
-        "ebnf",
-        "chat_template_kwargs",
-        "continue_final_message",
-        "separate_reasoning",
-        "stream_reasoning",
-    }
-)
+BOTH_HONOURED: Final = frozenset({"top_k", "min_p", "repetition_penalty", "chat_template_kwargs"})
+"""What both SGLang endpoints take beyond OpenAI's fields and act on, as ``PLACEMENT`` is what both
+ignore."""
+HONOURED: Final = BOTH_HONOURED | {
+    "min_tokens",
+    "stop_token_ids",
+    "ignore_eos",
+    "no_stop_trim",
+    "skip_special_tokens",
+    "regex",
+    "ebnf",
+    "continue_final_message",
+    "separate_reasoning",
+    "stream_reasoning",
+}
 PLACEMENT: Final = frozenset(
     {
         "extra_key",
@@ -93,17 +90,7 @@ REFUSED: Final[Mapping[str, str]] = {
 """Set to anything but ``null``, ``false`` or empty: a 400 naming the field."""
 FIELDS: Final = HONOURED | NO_OP | frozenset(REFUSED)
 
-RESPONSES_HONOURED: Final = frozenset(
-    {
-        "top_k",
-        "min_p",
-        "repetition_penalty",
-        "frequency_penalty",
-        "presence_penalty",
-        "stop",
-        "chat_template_kwargs",
-    }
-)
+RESPONSES_HONOURED: Final = BOTH_HONOURED | {"frequency_penalty", "presence_penalty", "stop"}
 """What SGLang's ``ResponsesRequest`` takes beyond OpenAI's Responses fields and acts on."""
 RESPONSES_NO_OP: Final = PLACEMENT | {"request_id"}
 RESPONSES_REFUSED: Final[Mapping[str, str]] = {"cache_salt": REFUSED["cache_salt"]}
