@@ -24,7 +24,13 @@ from typing import Final
 
 from kvretention.dataplane.frontend import errors
 from kvretention.dataplane.frontend.errors import FrontendError
-from kvretention.dataplane.frontend.upstream import chunks_of, error_from_status, router_body
+from kvretention.dataplane.frontend.upstream import (
+    chunks_of,
+    end_answer,
+    error_from_status,
+    hop_headers,
+    router_body,
+)
 from kvretention.dataplane.protocol import (
     ErrorBody,
     ErrorCode,
@@ -86,11 +92,7 @@ class PlacingClient:
         it (the router's error codes and statuses)."""
         state = self.state
         body = router_body(request)
-        passed = {
-            "content-type": "application/json",
-            "x-request-id": request.request_id,
-            **(headers or {}),
-        }
+        passed = hop_headers(request, headers)
         try:
             placement = read_placement(state, passed, body)
         except ValueError as exc:
@@ -116,10 +118,7 @@ class PlacingClient:
                 )
                 outcome = "ok"
             finally:
-                if resp.content.is_eof():
-                    resp.release()
-                else:
-                    resp.close()  # the worker sees the connection go and aborts the generation
+                end_answer(resp)
                 state.end(worker)
         except asyncio.CancelledError:
             outcome = "cancelled"

@@ -142,11 +142,7 @@ class RouterClient:
             resp = await self.session.post(
                 f"{self.base_url}{GENERATE_PATH}",
                 data=router_body(request),
-                headers={
-                    "content-type": "application/json",
-                    "x-request-id": request.request_id,
-                    **(headers or {}),
-                },
+                headers=hop_headers(request, headers),
             )
         except TimeoutError:
             raise errors.upstream_timeout(self.timeout) from None
@@ -161,13 +157,27 @@ class RouterClient:
                 raise await error_from_status(resp, hint_param=hint_param, limit_s=self.timeout)
             yield chunks_of(resp, hint_param=hint_param, limit_s=self.timeout)
         finally:
-            # An answer read to its end keeps the pooled connection; anything else (the client
-            # went away, a count that stopped at its first chunk) closes it, which is how the
-            # router learns to abort the generation.
-            if resp.content.is_eof():
-                resp.release()
-            else:
-                resp.close()
+            end_answer(resp)
+
+
+def hop_headers(request: PreprocessedRequest, headers: Mapping[str, str] | None) -> dict[str, str]:
+    """A generate hop's headers, to the router or straight to a worker: the body's type, the
+    request id, then the caller's placement data (the prefix chain)."""
+    return {
+        "content-type": "application/json",
+        "x-request-id": request.request_id,
+        **(headers or {}),
+    }
+
+
+def end_answer(resp: HopResponse) -> None:
+    """Done with a generate answer: one read to its end keeps the pooled connection; anything else
+    (the client went away, a count that stopped at its first chunk) closes it, which is how the
+    router or the worker learns to abort the generation."""
+    if resp.content.is_eof():
+        resp.release()
+    else:
+        resp.close()
 
 
 def router_body(request: PreprocessedRequest) -> bytes:
