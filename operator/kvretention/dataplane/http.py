@@ -133,6 +133,24 @@ def _plain_refusal(_path: str | None, _exc: HttpProcessingError) -> web.StreamRe
 
 
 @dataclass
+class _LogThrottle:
+    """One log line per ``every_s`` at most: the lines held back in between are counted, and the
+    next line written says how many, so a flood costs one line a period and loses no count."""
+
+    _last: float = -math.inf
+    _held: int = 0
+
+    def more(self, now: float, every_s: float) -> str | None:
+        """``None``: hold this line back; else what it adds about those held back since the last."""
+        if now - self._last < every_s:
+            self._held += 1
+            return None
+        more = f"; {self._held} more since the last such line" if self._held else ""
+        self._last, self._held = now, 0
+        return more
+
+
+@dataclass
 class ParserRefusals:
     """How a process answers and records requests aiohttp's parser refuses.
 
@@ -145,8 +163,7 @@ class ParserRefusals:
     registry: CollectorRegistry | None = None
     log_every_s: float = REFUSAL_LOG_EVERY_S
     clock: Callable[[], float] = time.monotonic
-    _last_log: float = field(default=-math.inf, init=False)
-    _unlogged: int = field(default=0, init=False)
+    _lines: _LogThrottle = field(default_factory=_LogThrottle, init=False)
     _counter: Counter | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -162,13 +179,9 @@ class ParserRefusals:
         reason = type(exc).__name__
         if self._counter is not None:
             self._counter.labels(reason).inc()
-        now = self.clock()
-        if now - self._last_log < self.log_every_s:
-            self._unlogged += 1
-            return
-        more = f"; {self._unlogged} more since the last such line" if self._unlogged else ""
-        log.warning("refused a malformed HTTP request from %s (%s)%s", peer, reason, more)
-        self._last_log, self._unlogged = now, 0
+        more = self._lines.more(self.clock(), self.log_every_s)
+        if more is not None:
+            log.warning("refused a malformed HTTP request from %s (%s)%s", peer, reason, more)
 
 
 PARSER_REFUSALS: Final = web.AppKey("kvretention_parser_refusals", ParserRefusals)
@@ -324,8 +337,7 @@ class AcceptErrors:
     previous: Callable[[asyncio.AbstractEventLoop, dict[str, Any]], object] | None
     log_every_s: float = ACCEPT_ERROR_LOG_EVERY_S
     clock: Callable[[], float] = time.monotonic
-    _last_log: float = field(default=-math.inf, init=False)
-    _unlogged: int = field(default=0, init=False)
+    _lines: _LogThrottle = field(default_factory=_LogThrottle, init=False)
 
     def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         if context.get("message") != _ACCEPT_ERROR:
@@ -334,14 +346,9 @@ class AcceptErrors:
             else:
                 loop.default_exception_handler(context)
             return
-        now = self.clock()
-        if now - self._last_log < self.log_every_s:
-            self._unlogged += 1
-            return
-        exc = context.get("exception")
-        more = f"; {self._unlogged} more since the last such line" if self._unlogged else ""
-        log.error("cannot accept connections: %s%s", exc, more)
-        self._last_log, self._unlogged = now, 0
+        more = self._lines.more(self.clock(), self.log_every_s)
+        if more is not None:
+            log.error("cannot accept connections: %s%s", context.get("exception"), more)
 
 
 def throttle_accept_errors(loop: asyncio.AbstractEventLoop) -> None:
