@@ -12,6 +12,7 @@
 #
 # Usage: scripts/build-images.sh           # progress on stderr, the cache dir last on stdout
 #        scripts/build-images.sh --check   # print the cache dir if every image is built, else exit 3
+#        scripts/build-images.sh --deps-files  # the files the CPU worker's dependency image is keyed on
 # The cache dir holds images.json: {"pause": {"ref": ..., "archive": ...}, "operator": ..., ...}.
 set -euo pipefail
 
@@ -36,6 +37,14 @@ files_hash() { # the content of the given paths (tracked or new, not ignored) an
   (cd "$root" && git ls-files -co --exclude-standard -z -- "$@" | LC_ALL=C sort -z |
     xargs -0 sha256sum) | sha
 }
+
+worker_dockerfile="$root/images/worker/Dockerfile"
+deps_stage=$(sed -n '/ AS cpu-deps$/,/^# Stage 2/p' "$worker_dockerfile")
+mapfile -t deps_files < <(awk '$1 == "COPY" { for (i = 2; i < NF; i++) if ($i !~ /^--/ && $i != "pyproject.toml") print $i }' <<<"$deps_stage")
+if [[ "${1:-}" == --deps-files ]]; then  # what the dependency image is keyed on (tests read it)
+  printf '%s\n' "${deps_files[@]}"
+  exit 0
+fi
 
 base_key=$(printf '%s\n' "$suite" "$base_packages" "$(sed -n '/^# --- base/,/^# --- end base/p' "$0")" | sha)
 pause_src="$(go env GOMODCACHE 2>/dev/null)/k8s.io/kubernetes@$k8s_version/build/pause/linux/pause.c"
@@ -75,17 +84,15 @@ else
   cuda_standin=$(KVR_VENV="$venv" "$root/scripts/build-cuda-standin.sh")
 fi
 cuda_key=$(cat "$cuda_standin/libcuda.so.1" "$cuda_standin/libcudart.so.12" | sha)
-worker_dockerfile="$root/images/worker/Dockerfile"
-# The CPU worker's dependency image: only what its Dockerfile stage reads (pyproject.toml's tables,
-# the tiny model's builder, the sgl_kernel shim), the stage itself, the wheelhouse and the libcuda
-# stand-in.
+# The CPU worker's dependency image: only what its Dockerfile stage reads, the stage itself, the
+# wheelhouse and the libcuda stand-in. The files are the stage's own COPY sources, so the key
+# cannot drift from the stage (pyproject.toml counts by the tables pip reads, as for the wheels):
+# an edit to any other file of the package never rebuilds the ~4 GB image.
 deps_key=$( {
   echo "$base_key $wheels_key $cuda_key"
   project_tables
-  files_hash operator/kvretention/__init__.py operator/kvretention/dataplane/__init__.py \
-    operator/kvretention/dataplane/worker/__init__.py operator/kvretention/dataplane/worker/cpu \
-    images/worker/cpu-shim
-  sed -n '/ AS cpu-deps$/,/^# Stage 2/p' "$worker_dockerfile"
+  files_hash "${deps_files[@]}"
+  echo "$deps_stage"
 } | sha)
 deps_ref=localhost/kvretention/worker-cpu-deps:$deps_key
 declare -A keys=(
