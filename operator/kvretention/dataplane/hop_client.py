@@ -148,6 +148,8 @@ class HopResponse:
         self._left = 0
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self._deadline = 0.0
+        self._timer: asyncio.TimerHandle | None = None
         self._paused = False
         self.status = 0
         self.reason = ""
@@ -175,6 +177,7 @@ class HopResponse:
         self._wake()
 
     def _lost(self, exc: Exception | None) -> None:
+        self._stop_timer()
         if self._phase == _UNTIL_CLOSE:
             self._phase = _DONE
         elif self._phase != _DONE:
@@ -192,56 +195,72 @@ class HopResponse:
             waiter.set_result(None)
 
     def _parse(self) -> None:
+        """Move what ``_raw`` holds into the head, the body and the framing state. Reads along
+        ``_raw`` and cuts what it read once at the end: a stream brings a chunk per token, and
+        a cut per framing step moved the rest of the buffer each time."""
         raw = self._raw
-        while raw:
-            if self._phase == _HEAD:
-                end = raw.find(b"\r\n\r\n")
-                if end < 0:
-                    if len(raw) > MAX_HEAD:
-                        raise HopError("the answer's head is too large")
-                    return
-                head = bytes(raw[:end])
-                del raw[: end + 4]
-                self._read_head(head)
-            elif self._phase in (_LENGTH, _CHUNK_DATA):  # body bytes, ``_left`` of them
-                take = min(self._left, len(raw))
-                self._body += raw[:take]
-                del raw[:take]
-                self._left -= take
-                if self._left == 0:
-                    self._phase = _DONE if self._phase == _LENGTH else _CHUNK_END
-            elif self._phase == _CHUNK_SIZE:
-                end = raw.find(b"\r\n")
-                if end < 0:
-                    if len(raw) > 1024:
-                        raise HopError("a chunk size line is too long")
-                    return
-                size_text = bytes(raw[:end]).split(b";", 1)[0].strip()
-                del raw[: end + 2]
-                if not size_text or size_text.strip(_HEX_DIGITS):  # int() would take 0x, +, _
-                    raise HopError(f"bad chunk size {size_text[:20]!r}")
-                self._left = int(size_text, 16)
-                self._phase = _CHUNK_DATA if self._left else _TRAILER
-            elif self._phase == _CHUNK_END:
-                if len(raw) < 2:
-                    return
-                if raw[:2] != b"\r\n":
-                    raise HopError("a chunk does not end with CRLF")
-                del raw[:2]
-                self._phase = _CHUNK_SIZE
-            elif self._phase == _TRAILER:
-                end = raw.find(b"\r\n")
-                if end < 0:
-                    return
-                del raw[: end + 2]
-                if end == 0:  # the empty line that ends the trailer
-                    self._phase = _DONE
-            elif self._phase == _UNTIL_CLOSE:
-                self._body += raw
-                raw.clear()
-            else:  # _DONE: bytes after the answer; it stands, the connection is not reused
-                self._keep_alive = False
-                raw.clear()
+        pos, size = 0, len(raw)
+        try:
+            while pos < size:
+                phase = self._phase
+                if phase == _CHUNK_SIZE:
+                    end = raw.find(b"\r\n", pos)
+                    if end < 0:
+                        if size - pos > 1024:
+                            raise HopError("a chunk size line is too long")
+                        return
+                    size_text = bytes(raw[pos:end]).split(b";", 1)[0].strip()
+                    pos = end + 2
+                    if not size_text or size_text.strip(_HEX_DIGITS):  # int() takes 0x, +, _
+                        raise HopError(f"bad chunk size {size_text[:20]!r}")
+                    left = int(size_text, 16)
+                    stop = pos + left
+                    if left and stop + 2 <= size:  # the whole chunk is here: one step, not three
+                        if raw[stop : stop + 2] != b"\r\n":
+                            raise HopError("a chunk does not end with CRLF")
+                        self._body += raw[pos:stop]
+                        pos = stop + 2
+                        continue
+                    self._left = left
+                    self._phase = _CHUNK_DATA if left else _TRAILER
+                elif phase in (_CHUNK_DATA, _LENGTH):  # ``_left`` body bytes
+                    take = min(self._left, size - pos)
+                    self._body += raw[pos : pos + take]
+                    pos += take
+                    self._left -= take
+                    if self._left == 0:
+                        self._phase = _DONE if phase == _LENGTH else _CHUNK_END
+                elif phase == _CHUNK_END:
+                    if size - pos < 2:
+                        return
+                    if raw[pos : pos + 2] != b"\r\n":
+                        raise HopError("a chunk does not end with CRLF")
+                    pos += 2
+                    self._phase = _CHUNK_SIZE
+                elif phase == _HEAD:
+                    end = raw.find(b"\r\n\r\n", pos)
+                    if end < 0:
+                        if size - pos > MAX_HEAD:
+                            raise HopError("the answer's head is too large")
+                        return
+                    head = bytes(raw[pos:end])
+                    pos = end + 4
+                    self._read_head(head)
+                elif phase == _TRAILER:
+                    end = raw.find(b"\r\n", pos)
+                    if end < 0:
+                        return
+                    if end == pos:  # the empty line that ends the trailer
+                        self._phase = _DONE
+                    pos = end + 2
+                elif phase == _UNTIL_CLOSE:
+                    self._body += raw[pos:]
+                    pos = size
+                else:  # _DONE: bytes after the answer; it stands, the connection is not reused
+                    self._keep_alive = False
+                    pos = size
+        finally:
+            del raw[:pos]
 
     def _read_head(self, head: bytes) -> None:
         try:
@@ -282,20 +301,39 @@ class HopResponse:
     # --- read by the caller ------------------------------------------------------------------
 
     async def _wait(self) -> None:
-        """Until the connection brings anything (bytes, the end, an error), or the read timeout."""
+        """Until the connection brings anything (bytes, the end, an error), or the read timeout.
+
+        One timer per answer, not one per wait: a stream waits once per token, and scheduling
+        and cancelling a timer each time cost more than the rest of the wait. Each wait moves
+        the deadline; the timer, when it fires early, sets itself again for the deadline."""
         loop = asyncio.get_running_loop()
         self._waiter = waiter = loop.create_future()
-        timer = (
-            loop.call_later(self._read_timeout, _expire, waiter)
-            if self._read_timeout is not None
-            else None
-        )
+        if self._read_timeout is not None:
+            self._deadline = loop.time() + self._read_timeout
+            if self._timer is None:
+                self._timer = loop.call_at(self._deadline, self._on_timer)
         try:
             await waiter
         finally:
             self._waiter = None
-            if timer is not None:
-                timer.cancel()
+            if self._phase == _DONE or self._error is not None:
+                self._stop_timer()  # no wait follows: the timer must not hold this answer
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return  # nobody is waiting: the next wait sets the timer again
+        loop = waiter.get_loop()
+        if loop.time() >= self._deadline:
+            waiter.set_exception(TimeoutError("no answer within the read timeout"))
+        else:
+            self._timer = loop.call_at(self._deadline, self._on_timer)
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     async def _head_ready(self) -> None:
         while self._phase == _HEAD:
@@ -351,6 +389,7 @@ class HopResponse:
 
     def release(self) -> None:
         """Done with the answer: a connection whose answer was read whole is pooled again."""
+        self._stop_timer()
         conn = self._conn
         if conn.answer is not self:
             return
@@ -363,14 +402,10 @@ class HopResponse:
     def close(self) -> None:
         """Done with the answer and its connection: the peer sees the connection go. After
         :meth:`release` it does nothing (the connection may carry another answer by then)."""
+        self._stop_timer()
         if self._conn.answer is self:
             self._conn.answer = None
             self._conn.close()
-
-
-def _expire(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_exception(TimeoutError("no answer within the read timeout"))
 
 
 class HopClient:

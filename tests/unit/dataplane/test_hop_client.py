@@ -4,7 +4,10 @@ timeouts and the failures a router or frontend acts on, against a real socket.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import socket
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -338,6 +341,72 @@ async def test_a_stream_that_stalls_times_out_on_the_read_not_before() -> None:
         with pytest.raises(TimeoutError):
             await resp.readany()
         resp.close()
+    await client.close()
+
+
+@asynccontextmanager
+async def trickling(gaps: Sequence[float]) -> AsyncIterator[str]:
+    """A peer whose chunked answer sends one chunk after each of ``gaps`` (seconds), then stalls."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(2)  # the client's ``{}``
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for i, gap in enumerate(gaps):
+            await asyncio.sleep(gap)
+            writer.write(b"1\r\n%d\r\n" % (i % 10))
+            await writer.drain()
+        with contextlib.suppress(ConnectionError):
+            await reader.read()  # until the client gives up
+        writer.close()
+
+    listener = await asyncio.start_server(handle, "127.0.0.1", 0)
+    async with listener:
+        yield f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
+
+
+async def test_a_stream_slower_than_nothing_but_its_gaps_runs_past_the_limit_then_stalls_out() -> None:
+    """Each gap is under the read limit and all of them together are five times it: nothing is
+    cut until the stall, which is, no sooner than the limit after the last read began."""
+    limit = 0.2
+    client = HopClient(connect_timeout=1.0, read_timeout=limit)
+    async with trickling([0.12] * 8) as url:
+        resp = await client.post(url + "/generate", data=b"{}", headers={})
+        loop = asyncio.get_running_loop()
+        got = b""
+        while len(got) < 8:
+            got += await resp.readany()
+        assert got == b"01234567"
+        stalled = loop.time()
+        with pytest.raises(TimeoutError):
+            await resp.readany()
+        assert limit <= loop.time() - stalled < limit + 0.5
+        resp.close()
+    await client.close()
+
+
+async def test_an_answer_done_with_is_not_held_by_its_read_timer() -> None:
+    """The read timer lives as long as the answer is read: released, the answer can go (a timer
+    left for the read limit would keep every streamed answer for minutes)."""
+    client = HopClient(connect_timeout=1.0, read_timeout=300.0)
+    chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+    async with serving(lambda _: chunked) as server:
+        for done in ("release", "close"):
+            resp = await post(client, server)
+            assert await resp.read() == b"abc"
+            getattr(resp, done)()
+            gone = weakref.ref(resp)
+            del resp
+            gc.collect()
+            assert gone() is None, done
+    async with trickling([0.0, 60.0]) as url:  # one chunk, then the client gives up mid-stream
+        resp = await client.post(url + "/generate", data=b"{}", headers={})
+        assert await resp.readany() == b"0"
+        resp.close()
+        gone = weakref.ref(resp)
+        del resp
+        gc.collect()
+        assert gone() is None, "closed mid-stream"
     await client.close()
 
 
