@@ -14,6 +14,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import msgspec
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -69,7 +70,7 @@ async def lines_of(
     client: TestClient[Any, Any], prompt: str, *, stream: bool
 ) -> list[GenerateChunk]:
     lines = await raw_lines(client, prompt, stream=stream)
-    return [GenerateChunk.model_validate(line) for line in lines]
+    return [msgspec.convert(line, GenerateChunk) for line in lines]
 
 
 def answer(chunks: list[GenerateChunk]) -> tuple[Any, ...]:

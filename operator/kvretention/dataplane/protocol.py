@@ -589,9 +589,14 @@ class PreprocessedRequest(BaseModel):
             return to_json(data, inf_nan_mode="null")
 
 
-class Usage(_Compact):
-    _keep: ClassVar[frozenset[str]] = frozenset({"prompt_tokens", "completion_tokens"})
+# The stream's types are msgspec structs, not pydantic models: one is made, written and read per
+# generated token at the worker and the frontend, where a model costs ~2 µs to build, ~5 µs to
+# write and ~2.5 µs to read, and a struct a tenth of that. Fields equal to their default (``""``,
+# ``[]``, ``None``, zero counts) are left out of the JSON, so a text delta stays small; a reader
+# takes a missing field as its default.
 
+
+class Usage(msgspec.Struct, kw_only=True, omit_defaults=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
@@ -602,17 +607,13 @@ class Usage(_Compact):
     usage counts the retained part the cache did not already hold as the cache write."""
 
 
-class ToolCallDelta(_Compact):
+class ToolCallDelta(msgspec.Struct, kw_only=True, omit_defaults=True):
     """A piece of an output tool call, streamed by ``index`` (0, 1, ... within one answer).
 
     The first delta of a call carries ``id`` and ``name``; later ones only argument fragments.
     """
 
-    model_config = ConfigDict(extra="ignore")
-
-    _keep: ClassVar[frozenset[str]] = frozenset({"index"})
-
-    index: int = Field(ge=0)
+    index: Annotated[int, msgspec.Meta(ge=0)]
     id: str | None = None
     name: str | None = None
     arguments: str = ""
@@ -622,21 +623,25 @@ class ToolCallDelta(_Compact):
 FinishReason = Literal["stop", "length", "tool_calls", "abort"]
 
 
-class GenerateChunk(_Compact):
+class GenerateChunk(msgspec.Struct, kw_only=True, omit_defaults=True):
     """One streamed piece of the answer, already parsed by the worker: text, reasoning and tool-call
     deltas; the last chunk carries the finish reason (``tool_calls`` when the answer called tools)
     and the usage."""
 
-    model_config = ConfigDict(extra="ignore")
-
     text: str = ""
     reasoning: str = ""
     """A delta of the model's reasoning, separated from ``text`` by SGLang's reasoning parser."""
-    tool_calls: list[ToolCallDelta] = Field(default_factory=list)
-    token_ids: list[int] = Field(default_factory=list)
+    tool_calls: list[ToolCallDelta] = msgspec.field(default_factory=list)
+    token_ids: list[int] = msgspec.field(default_factory=list)
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
     prompt_usage: Usage | None = None
     """Optional, on the first chunk: the prompt-side counts (``prompt_tokens``, ``cached_tokens``)
     as soon as they are known, so Anthropic's ``message_start`` can carry the real
     ``input_tokens``. The final chunk's ``usage`` stays the authoritative total."""
+
+
+chunk_line: Final = msgspec.json.Encoder().encode
+"""A ``GenerateChunk`` as one NDJSON line's JSON (without the newline)."""
+read_chunk: Final = msgspec.json.Decoder(GenerateChunk).decode
+"""One NDJSON line's JSON as a ``GenerateChunk`` (``msgspec.ValidationError`` / ``DecodeError``)."""

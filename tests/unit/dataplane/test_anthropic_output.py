@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 import pytest
 
 from kvretention.dataplane.frontend.anthropic import (
@@ -158,7 +159,7 @@ def test_non_streaming_message_orders_thinking_text_tool_use() -> None:
 def test_usage_splits_the_prompt(
     hinted: bool, retained: int | None, expected: tuple[int, int, int]
 ) -> None:
-    usage = USAGE.model_copy(update={"retained_tokens": retained})
+    usage = msgspec.structs.replace(USAGE, retained_tokens=retained)
     got = usage_object(usage, hinted=hinted)
     assert (
         got["input_tokens"],

@@ -365,7 +365,7 @@ async def trickling(gaps: Sequence[float]) -> AsyncIterator[str]:
         yield f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
 
 
-async def test_a_stream_slower_than_nothing_but_its_gaps_runs_past_the_limit_then_stalls_out() -> None:
+async def test_a_stream_runs_past_the_read_limit_while_it_sends_then_stalls_out() -> None:
     """Each gap is under the read limit and all of them together are five times it: nothing is
     cut until the stall, which is, no sooner than the limit after the last read began."""
     limit = 0.2

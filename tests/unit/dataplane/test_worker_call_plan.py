@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kvretention.dataplane.protocol import ChatMessage, ErrorCode, PreprocessedRequest
+from kvretention.dataplane.protocol import ChatMessage, ErrorCode, PreprocessedRequest, Usage
 from kvretention.dataplane.worker.app import RequestRejected, plan_call
 from kvretention.dataplane.worker.call import (
     Bootstrap,
@@ -194,11 +194,7 @@ def test_cumulative_stream_becomes_deltas() -> None:
     assert [c.token_ids for c in chunks] == [[1], [2], [3]]
     assert chunks[-1].finish_reason == "stop"
     assert chunks[-1].usage is not None
-    assert chunks[-1].usage.model_dump() == {
-        "prompt_tokens": 4,
-        "completion_tokens": 3,
-        "cached_tokens": 1,
-    }
+    assert chunks[-1].usage == Usage(prompt_tokens=4, completion_tokens=3, cached_tokens=1)
     assert chunks[0].usage is None
 
 

@@ -17,6 +17,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Final, Protocol
 
 import aiohttp
+import msgspec
 from pydantic import ValidationError
 
 from kvretention.api.names import READY_PATH
@@ -30,6 +31,7 @@ from kvretention.dataplane.protocol import (
     GenerateChunk,
     PreprocessedRequest,
     ToolDefinition,
+    read_chunk,
 )
 
 log = logging.getLogger("kvretention.frontend")
@@ -271,8 +273,8 @@ def _parse_line(line: bytes, *, hint_param: str | None) -> GenerateChunk:
     if b'"error"' not in line and b"\\u" not in line:  # a chunk: one typed decode, no dict
         # (an escaped key could spell "error" unseen: those lines take the path below)
         try:
-            chunk = GenerateChunk.model_validate_json(line)
-        except ValidationError:
+            chunk = read_chunk(line)
+        except msgspec.MsgspecError:
             pass  # said below, in the words the slow path picks
         else:
             return _checked(chunk)
@@ -287,8 +289,8 @@ def _parse_line(line: bytes, *, hint_param: str | None) -> GenerateChunk:
             raise errors.router_malformed("error line") from None
         raise errors.from_upstream(error, hint_param=hint_param)
     try:
-        chunk = GenerateChunk.model_validate(obj)
-    except ValidationError:
+        chunk = msgspec.convert(obj, GenerateChunk)
+    except msgspec.ValidationError:
         raise errors.router_malformed("chunk") from None
     return _checked(chunk)
 

@@ -35,6 +35,7 @@ from functools import partial
 from typing import Any, Final
 
 from aiohttp import web
+from msgspec.structs import replace
 from prometheus_client import CollectorRegistry
 
 from kvretention.api.names import Role
@@ -56,6 +57,7 @@ from kvretention.dataplane.protocol import (
     ErrorLine,
     GenerateChunk,
     Usage,
+    chunk_line,
 )
 from kvretention.dataplane.worker.call import StreamAdapter, engine_overflow
 from kvretention.dataplane.worker.engine import LoadedEngine
@@ -206,6 +208,8 @@ def error_response(
 
 
 def _line(model: GenerateChunk | ErrorLine) -> bytes:
+    if isinstance(model, GenerateChunk):
+        return chunk_line(model) + b"\n"
     return model.model_dump_json(exclude_none=True).encode() + b"\n"
 
 
@@ -274,8 +278,8 @@ def _with_retained(chunk: GenerateChunk, planned: PlannedCall) -> GenerateChunk:
     """The final chunk's usage says how much of the prompt the engine was asked to retain."""
     if chunk.usage is None or planned.retained_tokens is None:
         return chunk
-    usage = chunk.usage.model_copy(update={"retained_tokens": planned.retained_tokens})
-    return chunk.model_copy(update={"usage": usage})
+    usage = replace(chunk.usage, retained_tokens=planned.retained_tokens)
+    return replace(chunk, usage=usage)
 
 
 async def _stream(

@@ -15,6 +15,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from msgspec.structs import replace
+
 from kvretention.dataplane.protocol import ToolCallDelta
 from kvretention.dataplane.template_input import CUSTOM_INPUT
 from kvretention.dataplane.worker.parsing import OutputPlan, sglang_parsers
@@ -447,7 +449,7 @@ class OutputParser:
                     self._held_custom[index] = arguments
                     out.append(first)
                 else:
-                    out.append(first.model_copy(update={"arguments": arguments}))
+                    out.append(replace(first, arguments=arguments))
             elif arguments and index in self._held_custom:
                 self._held_custom[index] += arguments
             elif arguments:

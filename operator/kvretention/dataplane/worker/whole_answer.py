@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+from msgspec.structs import replace
+
 from kvretention.dataplane.protocol import GenerateChunk, ToolCallDelta
 
 WHOLE_ANSWER_FLUSH_S: Final = 0.5
@@ -38,7 +40,7 @@ def merge_chunks(chunks: Sequence[GenerateChunk]) -> GenerateChunk:
             calls[delta.index] = (
                 delta
                 if known is None
-                else known.model_copy(update={"arguments": known.arguments + delta.arguments})
+                else replace(known, arguments=known.arguments + delta.arguments)
             )
     return GenerateChunk(
         text="".join(c.text for c in chunks),
