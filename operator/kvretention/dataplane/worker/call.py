@@ -412,12 +412,12 @@ class StreamAdapter:
 
     def chunk(self, output: dict[str, Any]) -> GenerateChunk:
         text = output.get("text") or ""
-        ids = list(output.get("output_ids") or [])
+        ids = output.get("output_ids") or ()  # cumulative: not copied whole for every token
         if self._incremental:
-            delta_text, delta_ids = text, ids
+            delta_text, delta_ids = text, list(ids)
         else:
             delta_text = text[len(self._text) :] if text.startswith(self._text) else text
-            delta_ids = ids[self._ids :]
+            delta_ids = list(ids[self._ids :])
             self._text, self._ids = text, len(ids)
         meta = output.get("meta_info") or {}
         finish = finish_reason_of(meta)
