@@ -1,4 +1,5 @@
-"""``sse.plain_event``: the same bytes as ``sse.event`` for every float-free value."""
+"""``sse.plain_event``: the same bytes as ``sse.event`` for every float-free value, named or not
+(Anthropic's and Responses' per-token events are named)."""
 
 from __future__ import annotations
 
@@ -45,8 +46,9 @@ EVERY_CODE_POINT: Final = "".join(chr(c) for c in range(0x110000) if not 0xD800 
     ],
     ids=["every code point", "escaped key", "integers", "literals", "chat chunk", "edge chars"],
 )
-def test_plain_event_is_event(value: Any) -> None:
-    assert sse.plain_event(value) == sse.event(value)
+@pytest.mark.parametrize("name", [None, "content_block_delta", "response.output_text.delta"])
+def test_plain_event_is_event(value: Any, name: str | None) -> None:
+    assert sse.plain_event(value, name=name) == sse.event(value, name=name)
 
 
 def test_a_lone_surrogate_is_refused_alike() -> None:

@@ -20,13 +20,14 @@ def event(data: Any, *, name: str | None = None) -> bytes:
     return f"{head}data: {dumps(data)}\n\n".encode()
 
 
-def plain_event(data: Any) -> bytes:
-    """``event(data)`` for data that holds no float (strings, integers, booleans, ``None``,
-    lists and string-keyed dicts), in a fraction of the time: msgspec writes such a value byte
-    for byte as :func:`dumps` does (each code point escaped alike; ``tests/unit/dataplane/
+def plain_event(data: Any, *, name: str | None = None) -> bytes:
+    """``event(data, name=name)`` for data that holds no float (strings, integers, booleans,
+    ``None``, lists and string-keyed dicts), in a fraction of the time: msgspec writes such a value
+    byte for byte as :func:`dumps` does (each code point escaped alike; ``tests/unit/dataplane/
     test_frontend_sse.py`` checks every one). A float could be written otherwise (``1e22``
     for ``1e+22``): frames that may hold one go through :func:`event`."""
-    return b"data: " + _ENCODE(data) + b"\n\n"
+    head = b"event: " + name.encode() + b"\n" if name else b""
+    return head + b"data: " + _ENCODE(data) + b"\n\n"
 
 
 _ENCODE: Final = msgspec.json.Encoder().encode

@@ -141,7 +141,8 @@ class MessagesStream:
         self._usage = Usage()
         self._open: BlockKind | None = None
         self._index = -1
-        self._thinking = ""
+        self._thinking: list[str] = []
+        """The open thinking block's text, in pieces (joined once, for its signature)."""
         self._tools: dict[int, int] = {}
         """engine tool-call index -> content block index"""
 
@@ -159,7 +160,7 @@ class MessagesStream:
             self._usage = chunk.usage
         if chunk.reasoning:
             out.append(self._open_block("thinking"))
-            self._thinking += chunk.reasoning
+            self._thinking.append(chunk.reasoning)
             if not self._omit_thinking:
                 out.append(self._delta({"type": "thinking_delta", "thinking": chunk.reasoning}))
         if chunk.text:
@@ -215,7 +216,8 @@ class MessagesStream:
         return sse.event({"type": "message_start", "message": message}, name="message_start")
 
     def _event(self, name: str, **fields: Any) -> bytes:
-        return sse.event({"type": name, **fields}, name=name)
+        """A content block's event (strings and integers only: the fast writer)."""
+        return sse.plain_event({"type": name, **fields}, name=name)
 
     def _delta(self, delta: dict[str, Any]) -> bytes:
         return self._event("content_block_delta", index=self._index, delta=delta)
@@ -238,8 +240,8 @@ class MessagesStream:
             return b""
         out = b""
         if self._open == "thinking":
-            signature = thinking_signature(self._thinking)
+            signature = thinking_signature("".join(self._thinking))
             out = self._delta({"type": "signature_delta", "signature": signature})
-            self._thinking = ""
+            self._thinking = []
         self._open = None
         return out + self._event("content_block_stop", index=self._index)

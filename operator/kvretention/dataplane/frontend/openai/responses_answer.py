@@ -84,7 +84,9 @@ class _Output:
         self._rid = request_id
         self._event = events
         self._open: int | None = None
-        self._buf: dict[int, str] = {}
+        self._buf: dict[int, list[str]] = {}
+        """Each item's text so far, in pieces (joined once it is read: a string grown by ``+=``
+        per token would be copied whole each time)."""
         self._calls: dict[int, int] = {}
         self._custom = {t.name for t in parsed.tools if t.kind == "custom"}
         self._origin = parsed.tool_origin
@@ -93,7 +95,7 @@ class _Output:
         out = self.close()
         index = len(self.items)
         self.items.append(item)
-        self._buf[index] = ""
+        self._buf[index] = []
         self._open = index
         out.append(self._event("response.output_item.added", output_index=index, item=dict(item)))
         return index, out
@@ -118,7 +120,7 @@ class _Output:
             out.append(self._summary("response.reasoning_summary_part.added", index, part=part))
         current = self._open
         assert current is not None
-        self._buf[current] += delta
+        self._buf[current].append(delta)
         out.append(self._summary("response.reasoning_summary_text.delta", current, delta=delta))
         return out
 
@@ -131,7 +133,7 @@ class _Output:
         current = self._open
         assert current is not None
         if delta:
-            self._buf[current] += delta
+            self._buf[current].append(delta)
             out.append(self._part("response.output_text.delta", current, delta=delta, logprobs=[]))
         return out
 
@@ -155,11 +157,11 @@ class _Output:
             index, out = self._new(item)
             self._calls[delta.index] = index
         if delta.arguments:
-            self._buf[index] += delta.arguments
+            self._buf[index].append(delta.arguments)
             item = self.items[index]
             custom = item["type"] == "custom_tool_call"
             if index != self._open:  # a late fragment of a closed call: keep the item whole
-                item["input" if custom else "arguments"] = self._buf[index]
+                item["input" if custom else "arguments"] = "".join(self._buf[index])
             item_id = item["id"]
             kind = (
                 "response.custom_tool_call_input.delta"
@@ -177,7 +179,7 @@ class _Output:
         if index is None:
             return []
         self._open = None
-        item, text = self.items[index], self._buf[index]
+        item, text = self.items[index], "".join(self._buf[index])
         where = {"item_id": item["id"], "output_index": index}
         out: list[bytes] = []
         kind = item["type"]
@@ -306,7 +308,10 @@ class ResponsesStream:
         self._output = _Output(parsed, request_id=request_id, events=self._event)
 
     def _event(self, kind: str, /, **fields: Any) -> bytes:
-        frame = sse.event({"type": kind, "sequence_number": self._seq, **fields}, name=kind)
+        # a ``response`` object carries the request's sampling floats; every other event (the
+        # per-token deltas among them) holds strings and integers only
+        write = sse.event if "response" in fields else sse.plain_event
+        frame = write({"type": kind, "sequence_number": self._seq, **fields}, name=kind)
         self._seq += 1
         return frame
 
