@@ -93,6 +93,9 @@ AGENT_SHAPES: Final[dict[str, str]] = {
 }
 """Agent-shaped bodies (``agent_bodies.py``) and the endpoint each is sent to. ``cc-turns`` is
 sent without a session header (``agent_shapes_bench.py`` runs it and more shapes in detail)."""
+SMALL_SHAPES: Final[dict[str, str]] = {"messages": MESSAGES_PATH, "responses": RESPONSES_PATH}
+"""A small body on Messages or Responses (the long-answer scenarios: each endpoint's per-token
+events are its own)."""
 CC_TURNS: Final = 200
 """Tool rounds of the ``cc-turns`` body: 401 messages, ~185 KB."""
 BASELINE_SCENARIO: Final = "c64-json-small"
@@ -135,7 +138,7 @@ class Scenario:
 
     @property
     def path(self) -> str:
-        return AGENT_SHAPES.get(self.shape, CHAT_PATH)
+        return AGENT_SHAPES.get(self.shape) or SMALL_SHAPES.get(self.shape, CHAT_PATH)
 
     @property
     def agent(self) -> bool:
@@ -196,6 +199,18 @@ def build_scenarios(*, quick: bool) -> list[Scenario]:
                 requests=n(400),
             )
         )
+    for shape in SMALL_SHAPES:  # the same long answer streamed as Messages and Responses events
+        out.append(
+            Scenario(
+                name=f"c64-stream-{shape}-small-{LONG_STREAM_TOKENS}tok",
+                concurrency=64,
+                stream=True,
+                prompt_bytes=64,
+                max_tokens=LONG_STREAM_TOKENS,
+                requests=n(400),
+                shape=shape,
+            )
+        )
     out += agent_scenarios(n(400))
     return out
 
@@ -248,12 +263,32 @@ def agent_headers(scenario: Scenario) -> list[str]:
 
 
 def build_body(scenario: Scenario) -> bytes:
-    """One request: an agent's body, or an OpenAI chat request (a system turn plus a user turn
-    padded to ``prompt_bytes``)."""
+    """One request: an agent's body, or a system turn plus a user turn padded to ``prompt_bytes``
+    as Chat Completions (or as Messages or Responses for those shapes)."""
     if scenario.agent:
         return json.dumps(agent_body(scenario)).encode()
     words = "the quick brown fox jumps over a lazy dog "
     filler = (words * (scenario.prompt_bytes // len(words) + 1))[: scenario.prompt_bytes]
+    if scenario.shape == "messages":
+        return json.dumps(
+            {
+                "model": MODEL,
+                "system": "You are terse.",
+                "messages": [{"role": "user", "content": filler}],
+                "max_tokens": scenario.max_tokens,
+                "stream": scenario.stream,
+            }
+        ).encode()
+    if scenario.shape == "responses":
+        return json.dumps(
+            {
+                "model": MODEL,
+                "instructions": "You are terse.",
+                "input": filler,
+                "max_output_tokens": scenario.max_tokens,
+                "stream": scenario.stream,
+            }
+        ).encode()
     return json.dumps(
         {
             "model": MODEL,
