@@ -188,23 +188,14 @@ def build_scenarios(*, quick: bool) -> list[Scenario]:
                         requests=n(budget),
                     )
                 )
-    for stream in (True, False):  # a long answer, streamed and read whole
+    # a long answer, streamed and read whole; and streamed as Messages and Responses events
+    for shape, stream in (("chat", True), ("chat", False), *((s, True) for s in SMALL_SHAPES)):
+        endpoint = "" if shape == "chat" else f"{shape}-"
         out.append(
             Scenario(
-                name=f"c64-{'stream' if stream else 'json'}-small-{LONG_STREAM_TOKENS}tok",
+                name=f"c64-{'stream' if stream else 'json'}-{endpoint}small-{LONG_STREAM_TOKENS}tok",
                 concurrency=64,
                 stream=stream,
-                prompt_bytes=64,
-                max_tokens=LONG_STREAM_TOKENS,
-                requests=n(400),
-            )
-        )
-    for shape in SMALL_SHAPES:  # the same long answer streamed as Messages and Responses events
-        out.append(
-            Scenario(
-                name=f"c64-stream-{shape}-small-{LONG_STREAM_TOKENS}tok",
-                concurrency=64,
-                stream=True,
                 prompt_bytes=64,
                 max_tokens=LONG_STREAM_TOKENS,
                 requests=n(400),
