@@ -4,9 +4,10 @@ The worker feeds every engine chunk to ``OutputParser`` (``dataplane/worker/outp
 runs SGLang's reasoning and tool-call detectors. Answers in the Qwen 2.5 format, streamed as an
 engine sends them: one token (~4 characters, special tokens whole) per chunk, and 16 tokens per
 chunk (an engine whose reader lags coalesces them), for a client that streams and one that reads
-the answer whole (``stream: false``). Shapes: a 2,000-token text answer; one call whose arguments
-are a 2,000-token file (an agent writing code); text then two short calls. Process CPU per token,
-medians over repeats. Run it against two trees side by side::
+the answer whole (``stream: false``). Shapes: a 2,000- and a 20,000-token text answer (an agent
+writing a long file); one call whose arguments are a 2,000-token file (an agent writing code);
+text then two short calls. Process CPU per token, medians over repeats. Run it against two trees
+side by side::
 
     for t in before after; do PYTHONPATH=/tmp/kvr-$t/operator \\
       .venv/bin/python benchmarks/output_parser_bench.py --out /tmp/parser_$t.json; done
@@ -58,6 +59,7 @@ def shapes() -> dict[str, str]:
     words = " ".join(f"word{i % 97}" for i in range(1_600))[: 2_000 * 4]
     return {
         "text_2000_tokens": words,
+        "text_20000_tokens": (words + " ") * 10,
         "one_call_2000_token_arguments": _call("write", {"path": "a.py", "content": code}),
         "text_then_two_calls": "Let me check both cities. "
         + _call("get_weather", {"city": "Paris"})

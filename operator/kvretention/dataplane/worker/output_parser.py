@@ -75,7 +75,8 @@ class OutputParser:
         self._index_of: dict[int, int] = {}
         """The detector's index of a call -> the client's (see :meth:`_client_index`)."""
         self._calls_begun = 0
-        self._held_custom: dict[int, str] = {}
+        self._held_custom: dict[int, list[str]] = {}
+        """A custom tool's input, in pieces, until its call is complete."""
         self._held_space = ""
         """Whitespace-only answer text not sent yet: dropped when a tool call follows it (the
         template's ``"\n\n"`` before a call), sent with the next text otherwise."""
@@ -83,9 +84,11 @@ class OutputParser:
         """Text for the detector held while it streams a call's arguments (batched)."""
         self._call_chars = 0
         """How much of the current call the detector has been fed (the batch grows with it)."""
-        self._answer = ""
-        """The whole answer so far, when the plan reads it whole (parsed at :meth:`finish`)."""
-        self._answer_text = ""
+        self._answer: list[str] = []
+        """The whole answer so far, when the plan reads it whole (parsed at :meth:`finish`). This
+        and the texts below are kept in pieces and joined once: a string grown by ``+=`` is copied
+        whole per token, the square of a long answer (an agent writing a file)."""
+        self._answer_text: list[str] = []
         """The answer's text past the reasoning, as the tool-call parser was fed it."""
         self._sent: list[ToolCallDelta] = []
         """Every call delta sent, for :meth:`_check_against_whole`."""
@@ -139,7 +142,7 @@ class OutputParser:
 
     def feed(self, delta: str) -> ParsedDelta:
         if self._plan.read_whole:
-            self._answer += delta
+            self._answer.append(delta)
             return ParsedDelta()
         out = ParsedDelta()
         text = delta
@@ -202,7 +205,7 @@ class OutputParser:
         end)."""
         if self._tools is None or not (text or drain):
             return text, []
-        self._answer_text += text
+        self._answer_text.append(text)
         if self._section_marker:
             text = self._held_section(text)
             if self._section_marker:
@@ -311,7 +314,7 @@ class OutputParser:
 
     def finish(self) -> ParsedDelta:
         if self._plan.read_whole:
-            return self.parse_whole(self._answer)
+            return self.parse_whole("".join(self._answer))
         out = ParsedDelta()
         tail = ""
         if self._reasoning is not None:
@@ -403,9 +406,10 @@ class OutputParser:
         around; this makes a new one visible). One whole parse per answer with a call in it;
         an answer of text with no call's marker in it is passed by the detector's own check."""
         has_call = getattr(self._detector, "has_tool_call", None)
-        if not self._sent and callable(has_call) and not has_call(self._answer_text):
+        answer_text = "".join(self._answer_text)
+        if not self._sent and callable(has_call) and not has_call(answer_text):
             return
-        _, whole = self._parsed_calls(self._answer_text)
+        _, whole = self._parsed_calls(answer_text)
         if not self._plan.parallel_tool_calls:
             whole = whole[:1]
         streamed: dict[int, tuple[str, str]] = {}
@@ -446,12 +450,12 @@ class OutputParser:
                     index=index, id=self._call_ids[index], name=call.name, kind=kind
                 )
                 if kind == "custom":
-                    self._held_custom[index] = arguments
+                    self._held_custom[index] = [arguments]
                     out.append(first)
                 else:
                     out.append(replace(first, arguments=arguments))
             elif arguments and index in self._held_custom:
-                self._held_custom[index] += arguments
+                self._held_custom[index].append(arguments)
             elif arguments:
                 out.append(ToolCallDelta(index=index, arguments=arguments))
         return out
@@ -473,7 +477,7 @@ class OutputParser:
         stream ended)."""
         out = []
         for index in sorted(self._held_custom):
-            raw = self._held_custom.pop(index)
+            raw = "".join(self._held_custom.pop(index))
             out.append(ToolCallDelta(index=index, arguments=_custom_input(raw), kind="custom"))
         return out
 
@@ -498,7 +502,7 @@ class OutputParser:
             return []
         streamed[index] = actual + remaining  # sent now: a later check must not send it again
         if index in self._held_custom:
-            self._held_custom[index] += remaining
+            self._held_custom[index].append(remaining)
             return []
         return [ToolCallDelta(index=index, arguments=remaining)]
 
