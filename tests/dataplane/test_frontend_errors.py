@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import re
 import socket
 import threading
 import time
@@ -38,7 +39,7 @@ def frontend(router_standin: RouterStandIn, kvretention_process: Any) -> Any:
         [
             *args,
             *["--upstream-timeout", "1", "--max-body-bytes", str(MAX_BODY)],
-            *["--body-timeout", str(BODY_TIMEOUT_S)],
+            *["--body-timeout", str(BODY_TIMEOUT_S), "--remembered-conversations", "7"],
         ]
     )
 
@@ -436,6 +437,10 @@ def test_probes_models_and_metrics(frontend: Any) -> None:
         'kvretention_frontend_upstream_latency_seconds_count{endpoint="messages",phase="total"}'
         in text
     )
+    assert "kvretention_frontend_remembered_conversations_capacity 7.0" in text
+    parsed = re.search(r'conversation_items_total\{outcome="parsed"\} (\S+)', text)
+    assert parsed is not None and float(parsed.group(1)) >= 1  # the hinted message at least
+    assert 'kvretention_frontend_conversation_items_total{outcome="resumed"}' in text
 
 
 # -- retries, readiness, disconnects, stalled bodies, leaks (issue 10) -------------------------

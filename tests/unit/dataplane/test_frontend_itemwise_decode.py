@@ -20,7 +20,6 @@ from kvretention.dataplane.frontend.openai import parse_chat, parse_responses
 from kvretention.dataplane.frontend.resume import (
     BACK,
     CONTROL_KEY,
-    PER_HEAD,
     Resumer,
     encode_items,
 )
@@ -74,6 +73,9 @@ def _responses_breakpoints(bodies: list[Body]) -> list[Body]:
     return out
 
 
+ALIKE: Final = 16
+"""Conversations that open alike, as many sub-agents as a task may start at once (more than
+were ever kept per first message: 4)."""
 ADDITIONAL_TOOLS: Final = {
     "type": "additional_tools",
     "role": "developer",
@@ -230,9 +232,9 @@ def test_conversations_that_open_alike_each_reuse_their_own_items(
     first message and then diverge: each one's next turn must reuse its own last body, not
     lose it to the others' turns (they used to take one memory slot per first message)."""
     monkeypatch.setattr(frontend_body, "ITEMWISE_BYTES", 0)
-    sessions = [claude_code_bodies(8) for _ in range(PER_HEAD)]
+    sessions = [claude_code_bodies(8) for _ in range(ALIKE)]
     assert len({json.dumps(s[-1]["messages"][0]) for s in sessions}) == 1  # they open alike
-    assert len({json.dumps(s[-1]["messages"][1]) for s in sessions}) == PER_HEAD  # then diverge
+    assert len({json.dumps(s[-1]["messages"][1]) for s in sessions}) == ALIKE  # then diverge
     resumer = Resumer()
     for session in sessions:
         decode_json_body(json.dumps(session[2]).encode(), resumer=resumer)
@@ -253,10 +255,10 @@ def _conversation(n: int) -> bytes:
     return _padded(b", ".join([own] * 3))
 
 
-def test_conversations_kept_per_first_message_are_bounded() -> None:
-    resumer = Resumer()
-    bodies = [_conversation(n) for n in range(PER_HEAD + 1)]
-    for raw in bodies:  # one more conversation than are kept per first message
+def test_conversations_that_open_alike_are_bounded_by_the_capacity() -> None:
+    resumer = Resumer(capacity=3)
+    bodies = [_conversation(n) for n in range(4)]
+    for raw in bodies:  # one more conversation than are kept
         decode_json_body(raw, resumer=resumer)
     before = resumer.reused_items
     decode_json_body(bodies[0], resumer=resumer)

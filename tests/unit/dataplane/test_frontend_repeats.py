@@ -14,7 +14,12 @@ import pytest
 from kvretention.dataplane.breakpoints import find_markers
 from kvretention.dataplane.frontend import affinity
 from kvretention.dataplane.frontend.affinity import prefix_chain
-from kvretention.dataplane.frontend.repeats import common_prefix, conversation_markers
+from kvretention.dataplane.frontend.repeats import (
+    MIN_ELEMENTS,
+    Walks,
+    common_prefix,
+    conversation_markers,
+)
 from kvretention.dataplane.frontend.upstream import router_body
 from kvretention.dataplane.protocol import (
     ChatMessage,
@@ -35,6 +40,51 @@ def test_common_prefix_finds_the_first_difference_anywhere(n: int) -> None:
         changed = [*base[:at], -1, *base[at + 1 :]]
         assert common_prefix(base, changed) == at
         assert common_prefix(changed, base[: at + 1]) == at
+
+
+ALIKE: Final = 16
+"""Conversations that open with the same message object (sub-agents of one task)."""
+
+
+@pytest.mark.parametrize("n", [20, 400])
+def test_common_prefix_of_lists_that_differ_early_or_late(n: int) -> None:
+    base = [f"item {i}" for i in range(n)]
+    for at in (1, 3, 7, 8, 9, n // 2, n - 2, n - 1):
+        assert common_prefix(base, [*base[:at], "other", *base[at + 1 :]]) == at
+
+
+def test_conversations_that_open_alike_each_find_their_own_walk() -> None:
+    """Each next turn repeats its own conversation's last walk, however many open alike; a
+    conversation's new walk takes its last one's place."""
+    task = _message(0)
+    conversations = [
+        [task, *(_message(i) for i in range(1, MIN_ELEMENTS + 1))] for _ in range(ALIKE)
+    ]
+    walks: Walks[int] = Walks(capacity=ALIKE)
+    for history in conversations:  # the first turns: only the task is shared
+        same, after, ids = walks.repeated(history, context=None)
+        assert same <= 1
+        walks.keep(history, ids, [*after, *range(same, len(history))], context=None)
+    for _ in range(3):
+        for history in conversations:  # interleaved, as concurrent agents send them
+            history.append(_message(len(history)))
+            same, after, ids = walks.repeated(history, context=None)
+            assert same == len(history) - 1
+            assert after == list(range(same))
+            walks.keep(history, ids, [*after, *range(same, len(history))], context=None)
+            assert len(walks) == ALIKE
+
+
+def test_walks_are_bounded_by_their_capacity() -> None:
+    task = _message(0)
+    conversations = [[task, *(_message(i) for i in range(1, MIN_ELEMENTS + 1))] for _ in range(4)]
+    walks: Walks[int] = Walks(capacity=3)
+    for history in conversations:
+        same, after, ids = walks.repeated(history, context=None)
+        walks.keep(history, ids, [*after, *range(same, len(history))], context=None)
+    assert len(walks) == 3
+    assert walks.repeated(conversations[0], context=None)[0] == 1  # forgotten: only the task
+    assert walks.repeated(conversations[-1], context=None)[0] == MIN_ELEMENTS + 1
 
 
 def _message(i: int, *, ttl: int | None = None) -> ChatMessage:
@@ -89,8 +139,23 @@ def _another_head() -> Turns:
     return [last, [other, *last[1:]], last[1:], last]
 
 
+def _opening_alike() -> Turns:
+    """Six conversations from one task message (the same object: the decode shares it), each
+    growing its own, their turns interleaved; one then edits an early message."""
+    task = _message(0)
+    conversations = [[task, *(_message(i + 100 * c) for i in range(1, 20))] for c in range(6)]
+    turns = []
+    for t in range(4):
+        for history in conversations:
+            history += [_message(1000 + t), _message(1001 + t, ttl=60)]
+            turns.append([SYSTEM.model_copy(), *history])
+    turns.append([SYSTEM, *conversations[2][:5], _message(7), *conversations[2][6:]])
+    return [*turns, [SYSTEM, *conversations[2]]]
+
+
 SESSIONS: Final[dict[str, Callable[[], Turns]]] = {
     "growing": _growing,
+    "conversations that open alike": _opening_alike,
     "an early message edited": _edited_early,
     "equal copies": _equal_copies,
     "shorter, then empty": _shorter,

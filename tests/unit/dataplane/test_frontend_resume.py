@@ -254,6 +254,23 @@ def test_growing_conversations_round_robin_each_hold_one_entry() -> None:
             )
 
 
+def test_conversations_that_open_alike_each_resume_their_own_last_turn() -> None:
+    """Sub-agents started from one task share its message and then diverge; served in turn,
+    each resumes its own last turn, however many there are (4 per first message were kept)."""
+    sessions = [claude_code_bodies(6) for _ in range(12)]
+    assert len({json.dumps(s[-1]["messages"][0]) for s in sessions}) == 1
+    resumer = Resumer()
+    for turn in range(6):
+        resumed = resumer.resumed_items
+        for session in sessions:
+            body = session[turn]
+            parsed = parse_messages(copy.deepcopy(body), resumer=resumer)
+            assert parsed == parse_messages(copy.deepcopy(body))
+        if turn:
+            repeated = sum(len(s[turn - 1]["messages"]) - 2 for s in sessions)
+            assert resumer.resumed_items - resumed >= repeated
+
+
 def test_a_claude_code_turn_is_known_to_resume_though_its_billing_header_changed() -> None:
     """Claude Code's first system block (``x-anthropic-billing-header: cc_version=...;
     cch=...;``) changes on every request: the scheduling guess must look past it, or every turn

@@ -53,6 +53,7 @@ from kvretention.dataplane.frontend.endpoints import (
 from kvretention.dataplane.frontend.errors import FrontendError, Provider, error_body
 from kvretention.dataplane.frontend.metrics import FrontendMetrics
 from kvretention.dataplane.frontend.prepare import build_preprocessed, hint_policy, router_headers
+from kvretention.dataplane.frontend.repeats import Walks
 from kvretention.dataplane.frontend.resume import Resumer
 from kvretention.dataplane.frontend.tokenizer import ChatTokenizer
 from kvretention.dataplane.frontend.upstream import ROUTER_SLOW, RouterClient, Upstream
@@ -125,7 +126,10 @@ def create_app(
         metrics=metrics or FrontendMetrics(),
         trace=trace,
         tokenizer=tokenizer,
+        resumer=Resumer(config.remembered_conversations),
     )
+    Walks.capacity = config.remembered_conversations  # the walks are per process, as is the app
+    state.metrics.watch_memory(state.resumer)
     app = web.Application(
         client_max_size=config.max_body_bytes, middlewares=[error_middleware, framing_middleware]
     )

@@ -30,6 +30,7 @@ from kvretention.dataplane.frontend.config import (
     DEFAULT_BODY_TIMEOUT,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_UPSTREAM_TIMEOUT,
+    REMEMBERED_CONVERSATIONS,
     FrontendConfig,
 )
 from kvretention.dataplane.frontend.errors import Provider
@@ -218,6 +219,18 @@ from kvretention.ports import FRONTEND_PORT
     "file's text as every model's base_instructions, which Codex sends in place of its own "
     "prompt. Unset: Codex's catalog request gets a 404 and Codex keeps its built-in prompt.",
 )
+@click.option(
+    "--remembered-conversations",
+    "remembered_conversations",
+    type=click.IntRange(min=1),
+    default=REMEMBERED_CONVERSATIONS,
+    show_default=True,
+    envvar="KVR_REMEMBERED_CONVERSATIONS",
+    help="Agent conversations whose last request stays parsed, so that the next one parses only "
+    "its new messages. Each costs about 15x its body in memory (~3 MB for a 200 KB agent "
+    "conversation); past this many live conversations every request is parsed whole, at about "
+    "5x the CPU (watch kvretention_frontend_conversation_items_total).",
+)
 @hop_key_file_option
 @click.option("--log-level", default="info", show_default=True)
 def frontend_cmd(
@@ -249,6 +262,7 @@ def frontend_cmd(
     tenant_default_limits: str,
     tenant_limit_overrides: tuple[str, ...],
     codex_instructions_file: Path | None,
+    remembered_conversations: int,
     hop_key_file: Path | None,
     log_level: str,
 ) -> None:
@@ -286,6 +300,7 @@ def frontend_cmd(
         breakpoints="reject" if breakpoints == "reject" else "prefix",
         hint_priority=hint_priority,
         default_ttl_seconds=default_ttl_seconds,
+        remembered_conversations=remembered_conversations,
         codex_instructions=(
             codex_instructions_file.read_text(encoding="utf-8")
             if codex_instructions_file is not None

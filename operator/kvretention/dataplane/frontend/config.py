@@ -9,6 +9,7 @@ from typing import Any, Final
 
 from kvretention.dataplane.frontend import errors, model_names
 from kvretention.dataplane.frontend.errors import Provider
+from kvretention.dataplane.frontend.repeats import CAPACITY
 from kvretention.dataplane.protocol import DEFAULT_SESSION_KEYS
 from kvretention.hints.envelope import DEFAULT_PRIORITY
 from kvretention.hints.intent import BreakpointMode
@@ -16,6 +17,7 @@ from kvretention.hints.intent import BreakpointMode
 DEFAULT_MAX_BODY_BYTES: Final = 8 * 1024 * 1024
 DEFAULT_UPSTREAM_TIMEOUT: Final = 300.0
 DEFAULT_BODY_TIMEOUT: Final = 30.0
+REMEMBERED_CONVERSATIONS: Final = CAPACITY
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,8 @@ class FrontendConfig:
     hint_priority: int = DEFAULT_PRIORITY
     default_ttl_seconds: int | None = None
     """Fleet policy for requests with no cache control (off when ``None``)."""
+    remembered_conversations: int = REMEMBERED_CONVERSATIONS
+    """Conversations whose last parse the frontend keeps (``resume.py``, ``repeats.py``)."""
     codex_instructions: str | None = None
     """The ``base_instructions`` of Codex's model catalog (``GET /v1/models?client_version=``);
     ``None``: no catalog (a 404, and Codex keeps its built-in metadata and prompt)."""

@@ -2,13 +2,63 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Protocol
+
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from kvretention.dataplane.frontend.compat import LabelBudget
 from kvretention.dataplane.labelled import Children
 from kvretention.dataplane.metric_decl import counter, histogram
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class ConversationMemory(Protocol):
+    """What :class:`MemoryCollector` reads (``resume.Resumer``)."""
+
+    @property
+    def resumed_items(self) -> int: ...
+
+    @property
+    def parsed_items(self) -> int: ...
+
+    @property
+    def capacity(self) -> int: ...
+
+    def __len__(self) -> int: ...
+
+
+class MemoryCollector:
+    """The parse memory's counts, read at scrape time: items resumed against items parsed tell
+    whether ``--remembered-conversations`` covers the conversations this frontend serves."""
+
+    def __init__(self, memory: ConversationMemory) -> None:
+        self.memory = memory
+
+    def collect(self) -> Iterator[Metric]:
+        items = CounterMetricFamily(
+            "kvretention_frontend_conversation_items",
+            "Conversation items (messages, input items) of requests, by whether the parse of the "
+            "conversation's last request covered them (resumed) or they were parsed (parsed). "
+            "Agents resend every item each turn: a falling resumed share means more live "
+            "conversations than --remembered-conversations.",
+            labels=["outcome"],
+        )
+        items.add_metric(["resumed"], self.memory.resumed_items)
+        items.add_metric(["parsed"], self.memory.parsed_items)
+        yield items
+        yield GaugeMetricFamily(
+            "kvretention_frontend_remembered_conversations",
+            "Conversations whose last parse is kept, of --remembered-conversations.",
+            value=len(self.memory),
+        )
+        yield GaugeMetricFamily(
+            "kvretention_frontend_remembered_conversations_capacity",
+            "--remembered-conversations.",
+            value=self.memory.capacity,
+        )
 
 
 class FrontendMetrics:
@@ -65,6 +115,15 @@ class FrontendMetrics:
         # Every request moves these; each label set is resolved once (kvretention.dataplane.labelled).
         self.requests_of = Children(self.requests)
         self.latency_of = Children(self.upstream_latency)
+        self._memory: MemoryCollector | None = None
+
+    def watch_memory(self, memory: ConversationMemory) -> None:
+        """Serve the parse memory's counts (:class:`MemoryCollector`) from this registry (the
+        latest app's memory, when one ``FrontendMetrics`` serves several apps)."""
+        if self._memory is None:
+            self._memory = MemoryCollector(memory)
+            self.registry.register(self._memory)
+        self._memory.memory = memory
 
     def count_ignored(self, endpoint: str, fields: tuple[str, ...]) -> None:
         """One count per ignored field of one request (a bounded set of label values)."""

@@ -15,33 +15,49 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Generic, TypeVar
+from typing import Any, ClassVar, Final, Generic, TypeVar
 
 from kvretention.dataplane.breakpoints import Marker, find_markers
 from kvretention.dataplane.protocol import ChatMessage, ToolDefinition, message_json
 
 _T = TypeVar("_T")
 
-CAPACITY: Final = 32
+CAPACITY: Final = 64
 """Conversations remembered per walk, least recently used out first: as many as ``resume.py``
-remembers, since a conversation it forgot comes back as new message objects anyway."""
+remembers, since a conversation it forgot comes back as new message objects anyway. The
+frontend's ``--remembered-conversations`` default: each conversation costs about 15 times its
+body (~3 MB for a 200 KB agent body, measured with tracemalloc: its items' bytes and decoded
+values, the neutral messages, the checkpoints, these walks and the messages' memos), and a
+frontend that serves more live conversations than this parses every request whole (~5x the CPU
+per request)."""
 MIN_ELEMENTS: Final = 16
 """Shorter conversations are walked whole, not remembered."""
+HEAD: Final = 8
+"""Leading elements :func:`common_prefix` looks at first."""
+BACK: Final = 2
+"""A walk that repeats all but the last ``BACK`` elements of an earlier one is that
+conversation's next turn and takes its place (Claude Code rewrites its newest message)."""
 
 
 def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
-    """How many leading elements ``a`` and ``b`` share (``==``). The first difference is usually among the last few: one slice comparison when there
-    is none, then steps back from the end and bisects, never a Python loop over every element."""
+    """How many leading elements ``a`` and ``b`` share (``==``), never in a Python loop over every
+    element. One slice comparison when they agree; when the first :data:`HEAD` differ already
+    (another conversation that opens alike), a bisect within them; else steps back from the end
+    (where a conversation's next turn differs) and bisects."""
     n = min(len(a), len(b))
     if a[:n] == b[:n]:
         return n
-    good, bad, step = 0, n, 1
-    while bad - step > good:  # a[:bad] differs; step back until a prefix agrees
-        k = bad - step
-        if a[:k] == b[:k]:
-            good = k
-            break
-        bad, step = k, step * 2
+    head = min(n, HEAD)
+    if a[:head] != b[:head]:
+        good, bad = 0, head
+    else:
+        good, bad, step = head, n, 1
+        while bad - step > good:  # a[:bad] differs; step back until a prefix agrees
+            k = bad - step
+            if a[:k] == b[:k]:
+                good = k
+                break
+            bad, step = k, step * 2
     while bad - good > 1:
         mid = (good + bad) // 2
         if a[:mid] == b[:mid]:
@@ -64,11 +80,20 @@ class Walk(Generic[_T]):
 
 
 class Walks(Generic[_T]):
-    """The last walk per conversation, bounded (see the module docstring)."""
+    """The last walk per conversation, bounded (see the module docstring). Conversations that
+    open alike (sub-agents started from one task, the same prompt sent again) share their first
+    message object, so each keeps its own walk under it and a request takes the walk it repeats
+    most of."""
 
-    def __init__(self, capacity: int = CAPACITY) -> None:
+    capacity: ClassVar[int] = CAPACITY
+    """The bound of every instance made without one: the frontend sets it from its
+    ``--remembered-conversations`` before serving."""
+
+    def __init__(self, capacity: int | None = None) -> None:
         self._capacity = capacity
         self._walks: OrderedDict[int, Walk[_T]] = OrderedDict()
+        """By the identity of the walk's ``ids`` list, least recently kept first."""
+        self._by_head: dict[int, list[Walk[_T]]] = {}
         self._lock = threading.Lock()
 
     def repeated(
@@ -81,22 +106,43 @@ class Walks(Generic[_T]):
             return 0, [], []  # walked whole: cheaper than remembering (keep() keeps nothing)
         ids = list(map(id, elements))
         with self._lock:
-            last = self._walks.get(ids[0])
-        if last is None or last.context is not context or last.ids[0] != ids[0]:
-            return 0, [], ids
-        same = common_prefix(last.ids, ids)
-        return same, last.after[:same], ids
+            candidates = list(self._by_head.get(ids[0], ()))
+        best: Walk[_T] | None = None
+        same = 0
+        for walk in candidates:
+            if walk.context is context:
+                shared = common_prefix(walk.ids, ids)
+                if shared > same:
+                    best, same = walk, shared
+        return same, best.after[:same] if best is not None else [], ids
 
     def keep(
         self, elements: Sequence[Any], ids: list[int], after: list[_T], *, context: object
     ) -> None:
+        """Remember this walk, in place of the walk of this conversation's last request."""
         if not ids:
             return
+        walk = Walk(context, list(elements), ids, after)
+        limit = self.capacity if self._capacity is None else self._capacity
         with self._lock:
-            self._walks.pop(ids[0], None)
-            self._walks[ids[0]] = Walk(context, list(elements), ids, after)
-            while len(self._walks) > self._capacity:
-                self._walks.popitem(last=False)
+            kept = []
+            for old in self._by_head.get(ids[0], ()):
+                if old.context is context and common_prefix(old.ids, ids) >= len(old.ids) - BACK:
+                    del self._walks[id(old.ids)]  # this conversation's last walk
+                else:
+                    kept.append(old)
+            self._by_head[ids[0]] = [walk, *kept]
+            self._walks[id(walk.ids)] = walk
+            while len(self._walks) > limit:
+                _, oldest = self._walks.popitem(last=False)
+                left = [w for w in self._by_head[oldest.ids[0]] if w is not oldest]
+                if left:
+                    self._by_head[oldest.ids[0]] = left
+                else:
+                    del self._by_head[oldest.ids[0]]
+
+    def __len__(self) -> int:
+        return len(self._walks)
 
 
 def conversation_markers(

@@ -22,8 +22,8 @@ same item of the conversation's last body is that body's decoded value, not deco
 encoded again for the comparison above (:meth:`Resumer.encode_items`). The same bytes decode to
 the same value, and nothing downstream changes a decoded body, so the body equals a full decode.
 Conversations that open alike (the same task sent again, sub-agents started from one prompt) keep
-one decoded list each, up to :data:`PER_HEAD` per first item, as the checkpoints do: a body takes
-the list it repeats most of, and replaces it only when it is that conversation's next turn.
+one decoded list each, as the checkpoints do, however many open alike: a body takes the list it
+repeats most of, and replaces it only when it is that conversation's next turn.
 
 Every entry is the tenant's (:meth:`Resumer.scoped`): a body is only ever compared with the same
 tenant's bodies. A memory shared between tenants would answer a tenant that sends another's recent
@@ -46,16 +46,13 @@ import msgspec
 
 from kvretention.dataplane.frontend import compat
 from kvretention.dataplane.frontend.affinity import BILLING_HEADER
+from kvretention.dataplane.frontend.repeats import CAPACITY as WALKS_CAPACITY
 from kvretention.dataplane.frontend.repeats import common_prefix
 
 _S = TypeVar("_S")
 
-CAPACITY: Final = 32
-"""Conversations remembered, least recently used out first: about 3 MB each for a 200 KB agent
-body, the walks of ``repeats.py`` and the messages' memos included (its items' bytes and decoded
-values, the neutral messages, the checkpoints; measured with tracemalloc over 7 conversations)."""
-PER_HEAD: Final = 4
-"""Conversations remembered per first item (sub-agents and retries often share it)."""
+CAPACITY: Final = WALKS_CAPACITY
+"""Conversations remembered, least recently used out first (``--remembered-conversations``)."""
 BACK: Final = 2
 """Checkpoints before the last item, for a client that rewrote its newest items (Claude Code
 moves its newest breakpoint, so the last item comes back changed)."""
@@ -139,6 +136,7 @@ class _Counts:
     entries: int = 0
     item_lists: int = 0
     resumed_items: int = 0
+    parsed_items: int = 0
     reused_items: int = 0
 
 
@@ -164,8 +162,8 @@ class Resumer:
         self._heads: OrderedDict[tuple[str | None, bytes], None] = OrderedDict()
         self._lock = threading.Lock()
         self._items: OrderedDict[tuple[str | None, str, bytes], list[_Items]] = OrderedDict()
-        """The last bodies' items per list and first item's bytes, newest first: up to
-        :data:`PER_HEAD` conversations that open alike (the same task sent again, sub-agents),
+        """The last bodies' items per list and first item's bytes, newest first: one list per
+        conversation, however many open alike (the same task sent again, sub-agents),
         ``capacity`` lists in all (least recently used out first)."""
         self._by_list: dict[int, _Items] = {}
         """The same, by the identity of the decoded list a body holds (for :meth:`encode_items`)."""
@@ -186,9 +184,19 @@ class Resumer:
         return self._tenant
 
     @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
     def resumed_items(self) -> int:
         """Items taken from checkpoints so far, by every view (for tests and benchmarks)."""
         return self._counts.resumed_items
+
+    @property
+    def parsed_items(self) -> int:
+        """Items parsed (not taken from a checkpoint) so far, by every view: beside
+        :attr:`resumed_items`, how well the memory serves the conversations it sees."""
+        return self._counts.parsed_items
 
     @property
     def reused_items(self) -> int:
@@ -253,8 +261,8 @@ class Resumer:
         holds the lock)."""
         lists = self._items.pop(key, [])
         kept = [old for old in lists if old is not replacing]
-        dropped = [old for old in lists if old is replacing] + kept[PER_HEAD - 1 :]
-        self._items[key] = [items, *kept[: PER_HEAD - 1]]
+        dropped = [old for old in lists if old is replacing]
+        self._items[key] = [items, *kept]
         self._by_list[id(items.values)] = items
         self._counts.item_lists += 1 - len(dropped)
         while self._counts.item_lists > self._capacity:
@@ -362,7 +370,7 @@ class Resumer:
         with self._lock:
             self._heads[head] = None
             self._heads.move_to_end(head)
-            while len(self._heads) > self._capacity * PER_HEAD:
+            while len(self._heads) > 2 * self._capacity:
                 self._heads.popitem(last=False)
 
     def clear(self) -> None:
@@ -397,6 +405,8 @@ class Resumer:
         if encoded is None or len(encoded) != len(items):
             encoded = self.encode_items(items) if context is not None else None
         if context is None or not encoded:
+            with self._lock:
+                self._counts.parsed_items += len(items)
             return _run(items, start(), step)
         blobs = list(encoded)
         key = (self._tenant, scope, blobs[0])
@@ -422,6 +432,8 @@ class Resumer:
                     before = _before(marked, i + 1)
                     checkpoints.append(_Checkpoint(i + 1, copy(state), tuple(ignored), before))
         compat.record(ignored)
+        with self._lock:
+            self._counts.parsed_items += len(items) - first
         if checkpoints and context is not None:
             checkpoints.sort(key=lambda c: c.items, reverse=True)
             self._keep(key, _Entry(context, blobs, tuple(checkpoints)))
@@ -462,12 +474,15 @@ class Resumer:
         with self._lock:
             entries = self._entries.pop(key, [])
             # the new entry replaces any it extends (same context, a prefix of its items)
-            kept = [e for e in entries if not _extends(entry, e)][: PER_HEAD - 1]
+            kept = [e for e in entries if not _extends(entry, e)]
             self._counts.entries += len(kept) + 1 - len(entries)
             self._entries[key] = [entry, *kept]
-            while self._counts.entries > self._capacity:
-                _, dropped = self._entries.popitem(last=False)
-                self._counts.entries -= len(dropped)
+            while self._counts.entries > self._capacity:  # the oldest of the least recent key
+                oldest = next(iter(self._entries))
+                self._entries[oldest].pop()
+                self._counts.entries -= 1
+                if not self._entries[oldest]:
+                    del self._entries[oldest]
 
     def __len__(self) -> int:
         """Conversations remembered, every tenant's."""
@@ -550,8 +565,8 @@ def _extends(new: _Entry, old: _Entry) -> bool:
     """Whether ``new`` is a later turn of ``old``'s conversation: the same context, and every
     item of ``old`` but its last repeated (the last one a client may rewrite: Claude Code moves
     its newest breakpoint). Such an ``old`` is dropped; kept, every Claude Code conversation
-    would hold :data:`PER_HEAD` entries, and :data:`CAPACITY` growing conversations round-robin
-    would push each other out before their next turn."""
+    would hold an entry per turn, and :data:`CAPACITY` growing conversations round-robin would
+    push each other out before their next turn."""
     n = len(old.encoded)
     if new.context != old.context or len(new.encoded) < n:
         return False
