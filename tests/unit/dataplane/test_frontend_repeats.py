@@ -49,8 +49,12 @@ ALIKE: Final = 16
 @pytest.mark.parametrize("n", [20, 400])
 def test_common_prefix_of_lists_that_differ_early_or_late(n: int) -> None:
     base = [f"item {i}" for i in range(n)]
-    for at in (1, 3, 7, 8, 9, n // 2, n - 2, n - 1):
-        assert common_prefix(base, [*base[:at], "other", *base[at + 1 :]]) == at
+    for at in (0, 1, 3, 7, 8, 9, n // 2, n - 2, n - 1):
+        changed = [*base[:at], "other", *base[at + 1 :]]
+        assert common_prefix(base, changed) == at
+        for upto in (0, 1, at, at + 1, n):
+            assert common_prefix(base, changed, upto) == min(at, upto)
+            assert common_prefix(base, base, upto) == upto
 
 
 def test_conversations_that_open_alike_each_find_their_own_walk() -> None:

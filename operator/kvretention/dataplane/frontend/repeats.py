@@ -39,17 +39,18 @@ BACK: Final = 2
 conversation's next turn and takes its place (Claude Code rewrites its newest message)."""
 
 
-def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
-    """How many leading elements ``a`` and ``b`` share (``==``), never in a Python loop over every
-    element. One slice comparison when they agree; when the first :data:`HEAD` differ already
-    (another conversation that opens alike), a bisect within them; else steps back from the end
-    (where a conversation's next turn differs) and bisects."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
+def common_prefix(a: Sequence[Any], b: Sequence[Any], upto: int | None = None) -> int:
+    """How many leading elements ``a`` and ``b`` share (``==``), at most ``upto``, never in a
+    Python loop over every element. The first :data:`HEAD` first: another conversation that
+    opens alike differs there, and costs a few short slices. Then the whole: one comparison when
+    they agree, else steps back from the end (where a conversation's next turn differs) and
+    bisects."""
+    n = min(len(a), len(b)) if upto is None else min(len(a), len(b), upto)
     head = min(n, HEAD)
     if a[:head] != b[:head]:
         good, bad = 0, head
+    elif a[:n] == b[:n]:
+        return n
     else:
         good, bad, step = head, n, 1
         while bad - step > good:  # a[:bad] differs; step back until a prefix agrees
@@ -127,7 +128,7 @@ class Walks(Generic[_T]):
         with self._lock:
             kept = []
             for old in self._by_head.get(ids[0], ()):
-                if old.context is context and common_prefix(old.ids, ids) >= len(old.ids) - BACK:
+                if old.context is context and _extends(ids, old.ids):
                     del self._walks[id(old.ids)]  # this conversation's last walk
                 else:
                     kept.append(old)
@@ -143,6 +144,15 @@ class Walks(Generic[_T]):
 
     def __len__(self) -> int:
         return len(self._walks)
+
+
+def _extends(new: Sequence[Any], old: Sequence[Any]) -> bool:
+    """Whether ``new`` repeats all of ``old`` but its last :data:`BACK` elements (the element
+    just before those first: one comparison rules out a conversation that only opened alike)."""
+    keep = max(len(old) - BACK, 0)
+    if keep > len(new) or (keep and new[keep - 1] != old[keep - 1]):
+        return False
+    return common_prefix(new, old, keep) == keep
 
 
 def conversation_markers(

@@ -558,7 +558,7 @@ def _run(items: Sequence[Any], state: _S, step: Callable[[_S, int, Any], None]) 
 
 def _common(a: Sequence[object], b: Sequence[object], *, upto: int) -> int:
     """How many leading items ``a`` and ``b`` share, up to ``upto``."""
-    return common_prefix(a[:upto], b)
+    return common_prefix(a, b, upto)
 
 
 def _extends(new: _Entry, old: _Entry) -> bool:
@@ -571,4 +571,6 @@ def _extends(new: _Entry, old: _Entry) -> bool:
     if new.context != old.context or len(new.encoded) < n:
         return False
     keep = n - 1 if n >= 2 else n
-    return new.encoded[:keep] == old.encoded[:keep]
+    if keep and new.encoded[keep - 1] != old.encoded[keep - 1]:  # one comparison rules most out
+        return False
+    return common_prefix(new.encoded, old.encoded, keep) == keep
