@@ -58,6 +58,12 @@ def _turns(last_body: Callable[[int], Body], target_bytes: int) -> int:
     return turns
 
 
+def session_turns(make_session: Callable[..., list[Any]], target_bytes: int) -> int:
+    """How many turns make a ``make_session`` (``replay.sessions``) session's last body reach
+    ``target_bytes``."""
+    return _turns(lambda turns: make_session(turns=turns)[-1][1], target_bytes)
+
+
 def claude_code_turns(target_bytes: int = TARGET_BYTES) -> tuple[Body, Body]:
     """The last two requests of the Claude Code session whose last one is :func:`claude_code_body`:
     the turn before, and the turn that extends it (what a frontend sees one after the other)."""

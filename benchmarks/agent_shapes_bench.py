@@ -15,8 +15,9 @@ this process right after the run (so every ratio is taken side by side):
 =====================  ======================================================================
 
 Each shape is sent ``identical`` (every client the same bytes, every request) or ``growing`` (each
-client its own conversation, each request the last one plus one tool round; ``cc-turns`` only),
-with and without Claude Code's ``x-claude-code-session-id`` header (``+session``); ``cc-turns
+client its own conversation, each request the last one plus one tool round; ``cc-turns``,
+``codex growing`` and ``chat-agent growing``, whose conversations all open with the agent's own
+instructions or system prompt, as every user's of one agent do), with and without Claude Code's ``x-claude-code-session-id`` header (``+session``); ``cc-turns
 same task`` grows each client's own conversation from one shared task message (the same prompt
 sent by several agents at once), each request with a new Claude Code billing header. Each client's
 first request (a conversation's first body, decoded whole) is sent before the count starts; the
@@ -53,11 +54,14 @@ sys.path.insert(0, str(HERE))
 
 import request_path_bench as rpb  # noqa: E402
 from agent_bodies import (  # noqa: E402
+    TARGET_BYTES,
     chat_agent_body,
     claude_code_body,
     codex_body,
+    session_turns,
     small_turns_body,
 )
+from kvretention.replay.sessions import claude_code_session, codex_session  # noqa: E402
 from loadgen import tree_cpu_seconds  # noqa: E402
 
 RESULTS: Final = HERE / "results" / "agent_shapes.json"
@@ -127,6 +131,21 @@ def body_maker(shape: Shape, *, stream: bool, requests_per_client: int) -> BodyM
             return json.dumps(_fixed(body, stream=stream)).encode()
 
         return grow
+    if shape.growing:  # codex / chat-agent: each client its own session of the agent
+        make_session = codex_session if shape.name.startswith("codex") else claude_code_session
+        turns = session_turns(make_session, TARGET_BYTES)
+        sessions: dict[int, list[bytes]] = {}
+
+        def session_turn(client: int, i: int) -> bytes:
+            if client not in sessions:
+                requests = make_session(turns=turns, marker=f"{tag}-{client}")
+                bodies = [body for _, body in requests[-requests_per_client:]]
+                if make_session is claude_code_session:
+                    bodies = [chat_agent_body(body) for body in bodies]
+                sessions[client] = [json.dumps(_fixed(b, stream=stream)).encode() for b in bodies]
+            return sessions[client][i]
+
+        return session_turn
     if shape.name.startswith("claude-code"):
         base = claude_code_body()
     elif shape.name.startswith("codex"):
@@ -150,6 +169,8 @@ def shapes(*, quick: bool) -> list[Shape]:
             Shape("claude-code", rpb.MESSAGES_PATH, growing=False, session=False),
             Shape("codex", rpb.RESPONSES_PATH, growing=False, session=False),
             Shape("chat-agent", rpb.CHAT_PATH, growing=False, session=False),
+            Shape("codex growing", rpb.RESPONSES_PATH, growing=True, session=False),
+            Shape("chat-agent growing", rpb.CHAT_PATH, growing=True, session=False),
         ]
     return out
 
