@@ -276,6 +276,17 @@ BAD_CRS: list[tuple[str, dict[str, Any], str]] = [
     ),
     *(
         (
+            f"rememberedConversations {count}",
+            {"frontend": {"rememberedConversations": count}},
+            message,
+        )
+        for count, message in (
+            (0, "should be greater than or equal to 1"),
+            (100_001, "should be less than or equal to 100000"),
+        )
+    ),
+    *(
+        (
             f"external master port {port}",
             {
                 "kvStore": {

@@ -150,6 +150,10 @@ class CodexInstructionsSpec(WireModel):
     )
 
 
+MAX_REMEMBERED_CONVERSATIONS: Final = 100_000
+"""A bound the schema states, far past any pod's memory (~3 MB a conversation)."""
+
+
 class FrontendSpec(WireModel):
     """The OpenAI/Anthropic-compatible HTTP frontend."""
 
@@ -166,6 +170,20 @@ class FrontendSpec(WireModel):
             "Require API keys (from Secrets), keep each key's tenant apart in the KV caches and "
             "the pin budget, and limit each tenant's requests. Unset: no auth, every client is "
             "one tenant (only where the Service is reachable by trusted clients alone)."
+        ),
+    )
+    remembered_conversations: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_REMEMBERED_CONVERSATIONS,
+        description=(
+            "Agent conversations each frontend pod keeps parsed, so that a conversation's next "
+            "request parses only its new messages. The Service spreads requests over the pods, "
+            "so each pod sees every live conversation: size it to the fleet's live conversations. "
+            "Each costs about 15x its request body in memory (~3 MB for a 200 KB agent "
+            "conversation, at most). Past it, requests are parsed whole at about 5x the CPU "
+            "(watch kvretention_frontend_conversation_items_total). Unset: the frontend's "
+            "default, 64."
         ),
     )
     codex_instructions: CodexInstructionsSpec | None = Field(

@@ -12,6 +12,7 @@ from fake_kube import load_example
 from kvretention.api.models import KvRetentionDeployment
 from kvretention.controller.resources import build_children
 from kvretention.dataplane.frontend.cli import frontend_cmd
+from kvretention.dataplane.frontend.config import REMEMBERED_CONVERSATIONS
 from kvretention.ports import WORKER_PORT
 
 NAME = "qwen"
@@ -107,3 +108,21 @@ def test_placement_in_the_frontend_is_refused_for_a_disaggregated_fleet() -> Non
         ValueError, match=r"router\.placement Frontend places on aggregated workers"
     ):
         KvRetentionDeployment.from_k8s(body)
+
+
+@pytest.mark.parametrize("remembered", [None, 1, 500])
+def test_the_frontend_remembers_as_many_conversations_as_the_spec_says(
+    remembered: int | None,
+) -> None:
+    """Unset renders no flag (the frontend's own default, and fleets that never set it keep the
+    command they had); set, the frontend's CLI reads the number back."""
+    body = load_example("aggregated")
+    body["metadata"] = {**body["metadata"], "name": NAME, "namespace": "ns", "uid": "u-1"}
+    if remembered is not None:
+        body["spec"].setdefault("frontend", {})["rememberedConversations"] = remembered
+    command = _command(build_children(KvRetentionDeployment.from_k8s(body)), f"{NAME}-frontend")
+    parsed = frontend_cmd.make_context("frontend", command[2:]).params
+    assert parsed["remembered_conversations"] == (remembered or REMEMBERED_CONVERSATIONS)
+    assert any(arg.startswith("--remembered-conversations") for arg in command) == (
+        remembered is not None
+    )

@@ -156,7 +156,15 @@ def build_frontend_command(cr: KvRetentionDeployment) -> list[str]:
         *build_auth_args(cr),
         *build_hop_key_args(cr),
         *build_codex_instructions(cr)[0],
+        *build_memory_args(cr),
     ]
+
+
+def build_memory_args(cr: KvRetentionDeployment) -> list[str]:
+    """``--remembered-conversations`` when the spec sets it (unset: the frontend's default, and
+    the rendered command of fleets that never set it stays as it was)."""
+    remembered = cr.spec.frontend.remembered_conversations
+    return [] if remembered is None else [f"--remembered-conversations={remembered}"]
 
 
 def build_frontend(cr: KvRetentionDeployment) -> list[Manifest]:
