@@ -7,7 +7,7 @@ import json
 import logging
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 import pytest
 from aiohttp import web
@@ -17,6 +17,7 @@ from kvretention.dataplane.frontend import app as frontend_app
 from kvretention.dataplane.frontend.app import create_app
 from kvretention.dataplane.frontend.config import FrontendConfig
 from kvretention.dataplane.frontend.errors import Provider
+from kvretention.dataplane.frontend.resume import Resumer
 from kvretention.dataplane.protocol import ChatMessage, PreprocessedRequest
 from support.router_standin import Received, RouterStandIn, parse_sse
 
@@ -585,6 +586,58 @@ async def test_large_bodies_are_parsed_off_the_event_loop(
     (ran_on,) = threads
     assert ran_on.startswith(thread)
     assert waited == ([True] if large else [])
+
+
+ROLES: Final = ("assistant", "user")
+
+
+async def test_a_new_conversation_that_opens_like_another_is_parsed_off_the_loop(
+    router_standin: RouterStandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every Codex or Chat agent session opens with the agent's own instructions, so a new one
+    looks like a conversation parsed lately. Its decode takes what repeats (here, right on the
+    loop); its parse follows what is new: 100 KB of new messages go to the parse thread, the
+    conversation's next turn stays on the loop."""
+    decoded: list[str] = []
+    parsed: list[str] = []
+    real_decode, real_parsed = frontend_app.decode_json_body, Resumer.parsed
+
+    def decode(raw: bytes, **kwargs: Any) -> dict[str, Any]:
+        decoded.append(threading.current_thread().name)
+        return real_decode(raw, **kwargs)
+
+    def note(self: Resumer, raw: bytes) -> None:  # the parse's last step, in its thread
+        parsed.append(threading.current_thread().name)
+        real_parsed(self, raw)
+
+    monkeypatch.setattr(frontend_app, "decode_json_body", decode)
+    monkeypatch.setattr(Resumer, "parsed", note)
+    client = await _client(create_app(FrontendConfig(router_url=router_standin.base_url)))
+    instructions = {"role": "user", "content": "the agent's instructions " * 4_000}
+    sessions = [
+        [
+            instructions,
+            *({"role": role, "content": f"{name} {i}"} for i in range(3) for role in ROLES),
+            {"role": "user", "content": f"{name} " * 40_000},
+        ]
+        for name in ("first", "second")
+    ]
+    try:
+        for turn in range(2):
+            for history in sessions:
+                body = {"model": "m", "max_tokens": 4, "messages": history}
+                assert (await client.post("/v1/messages", json=body)).status == 200
+                history += [
+                    {"role": "assistant", "content": f"answer {turn}"},
+                    {"role": "user", "content": f"turn {turn}"},
+                ]
+    finally:
+        await client.close()
+    on_loop = "MainThread"
+    # first: new, all in the thread; second: decoded on the loop, its 200 KB parse in the
+    # thread; then each one's next turn entirely on the loop
+    assert [t == on_loop for t in decoded] == [False, True, True, True]
+    assert [t == on_loop for t in parsed] == [False, False, True, True]
 
 
 async def test_a_conversations_next_large_body_is_parsed_on_the_loop(

@@ -171,13 +171,23 @@ class Resumer:
         """Top-level lists by tenant, field and exact bytes (LRU, ``capacity``)."""
         self._shared_by_list: dict[int, _Shared] = {}
         """The same, by the identity of the decoded list (for :meth:`derived`)."""
+        self._fresh: int | None = None
+        """Bytes of items and shared lists the last :meth:`decode` of this view did not find
+        (``None``: it decoded nothing item by item)."""
 
     def scoped(self, tenant: str | None) -> Resumer:
         """This memory as ``tenant``'s requests use it: they find only entries made through a
         view of the same tenant (``None``: auth off, one tenant)."""
         view = copy.copy(self)  # the same tables, lock and counts
         view._tenant = tenant
+        view._fresh = None
         return view
+
+    def fresh_bytes(self, default: int) -> int:
+        """How many bytes of its item lists (and shared lists) the last body this view decoded
+        had that no earlier body held: what its parse will mostly have to read. ``default`` when
+        it was not decoded item by item (a small body, or one msgspec refused)."""
+        return default if self._fresh is None else self._fresh
 
     @property
     def tenant(self) -> str | None:
@@ -211,21 +221,28 @@ class Resumer:
         :data:`SHARED_KEYS` whose bytes an earlier body of this tenant held exactly taken whole
         from that body (shared, read-only). ``None`` when msgspec refuses the text or it is not
         an object: the caller decodes it whole and answers its own error."""
+        self._fresh = None
+        fresh = 0
         try:
             body = _DECODE_TOP(text)
             for key, value in body.items():
                 if type(value) is list:
                     if key in ITEM_KEYS and value:
-                        body[key] = self._decoded_items(key, value)
+                        body[key], new = self._decoded_items(key, value)
+                        fresh += new
                     elif key in SHARED_KEYS and value:
-                        body[key] = self._shared_list(key, value)
+                        body[key], new = self._shared_list(key, value)
+                        fresh += new
                     else:
                         body[key] = [_DECODE(item) for item in value]
         except (msgspec.DecodeError, RecursionError):
             return None
+        self._fresh = fresh
         return body
 
-    def _decoded_items(self, key: str, raws: list[msgspec.Raw]) -> list[Any]:
+    def _decoded_items(self, key: str, raws: list[msgspec.Raw]) -> tuple[list[Any], int]:
+        """The list's values, and how many bytes of it were decoded (not taken from a body
+        before)."""
         mkey = (self._tenant, key, bytes(raws[0]))
         with self._lock:
             candidates = list(self._items.get(mkey, ()))
@@ -251,7 +268,7 @@ class Resumer:
         with self._lock:
             self._counts.reused_items += same
             self._keep_items(mkey, items, replacing=extended)
-        return values
+        return values, sum(map(len, raws[same:]))
 
     def _keep_items(
         self, key: tuple[str | None, str, bytes], items: _Items, *, replacing: _Items | None
@@ -275,19 +292,19 @@ class Resumer:
             if self._by_list.get(id(old.values)) is old:
                 del self._by_list[id(old.values)]
 
-    def _shared_list(self, key: str, raws: list[msgspec.Raw]) -> list[Any]:
+    def _shared_list(self, key: str, raws: list[msgspec.Raw]) -> tuple[list[Any], int]:
         # "[" + the elements' bytes joined by "," + "]" is the list's JSON: one decoded value
         mkey = (self._tenant, key, b",".join(raws))
         with self._lock:
             known = self._shared.get(mkey)
             if known is not None:
                 self._shared.move_to_end(mkey)
-                return known.values
+                return known.values, 0
         values = [_DECODE(raw) for raw in raws]
         shared = _Shared(values, {})
         with self._lock:
             _remember(self._shared, self._shared_by_list, mkey, shared, capacity=self._capacity)
-        return values
+        return values, len(mkey[2])
 
     def derived(self, values: Any, tag: str, make: Callable[[Any], _S]) -> _S:
         """``make(values)``, made once per list :meth:`decode` shares (:data:`SHARED_KEYS`) and
