@@ -34,7 +34,6 @@ are then never another tenant's either, so the memos keyed by them (``repeats.py
 
 from __future__ import annotations
 
-import copy
 import operator
 import threading
 from collections import OrderedDict
@@ -178,7 +177,8 @@ class Resumer:
     def scoped(self, tenant: str | None) -> Resumer:
         """This memory as ``tenant``'s requests use it: they find only entries made through a
         view of the same tenant (``None``: auth off, one tenant)."""
-        view = copy.copy(self)  # the same tables, lock and counts
+        view = object.__new__(Resumer)  # the same tables, lock and counts (copy.copy, 5x faster)
+        view.__dict__.update(self.__dict__)
         view._tenant = tenant
         view._fresh = None
         return view
